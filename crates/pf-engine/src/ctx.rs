@@ -1,0 +1,283 @@
+//! Run-wide and section-wide state, and the helpers that register host functions.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::future::Future;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use mlua::{Function, IntoLuaMulti, Lua, MultiValue, Table, Value};
+use pf_harness::{ActivePlugin, CancellationToken, HostServices, ModelProvider};
+use pf_syntax::{Prompt, RoleDecl};
+use serde_json::Value as Json;
+
+use crate::error::{error_table, HostError, HostResult, Raise};
+
+/// A tool slot bound at prepare.
+pub(crate) struct BoundTool {
+    pub alias: String,
+    pub path: String,
+    pub description: String,
+    pub parameters: Json,
+    pub structured: bool,
+    pub trusted: bool,
+    pub plugin: Arc<dyn ActivePlugin>,
+}
+
+impl BoundTool {
+    pub fn short_name(&self) -> &str {
+        self.path.rsplit('/').next().unwrap_or(&self.path)
+    }
+}
+
+/// A checkpoint recorded by `log`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checkpoint {
+    pub section: String,
+    pub message: String,
+}
+
+/// State shared by every chain of one run.
+pub(crate) struct RunCtx {
+    pub prompt: Arc<Prompt>,
+    pub args: String,
+    pub argv: Option<Json>,
+    pub execution: String,
+    pub when: String,
+    pub nonce: String,
+    pub cancel: CancellationToken,
+    pub services: HostServices,
+    pub ui: Option<Json>,
+    pub store_dir: std::path::PathBuf,
+    /// Bound slots in declaration order.
+    pub bound: Vec<BoundTool>,
+    /// Aliases declared under `tools:` (bound or not), in declaration order.
+    pub declared_aliases: Vec<String>,
+    pub always: RefCell<Vec<String>>,
+    pub always_desc: RefCell<HashMap<String, String>>,
+    pub model: Option<Arc<dyn ModelProvider>>,
+    pub roles: Vec<RoleDecl>,
+    pub default_role: RefCell<Option<String>>,
+    pub max_rounds: u32,
+    pub checkpoints: RefCell<Vec<Checkpoint>>,
+    pub section_count: usize,
+    /// The walk's current `var`.
+    pub var: RefCell<Json>,
+    pub log_event_quota: u32,
+    pub memory_limit: usize,
+}
+
+impl RunCtx {
+    pub fn bound(&self, alias: &str) -> Option<&BoundTool> {
+        self.bound.iter().find(|b| b.alias == alias)
+    }
+    pub fn bound_aliases(&self) -> Vec<String> {
+        self.bound.iter().map(|b| b.alias.clone()).collect()
+    }
+    pub fn role(&self, label: &str) -> Option<&RoleDecl> {
+        self.roles.iter().find(|r| r.label == label)
+    }
+}
+
+/// A local tool registered by `tools.add_local`.
+pub(crate) struct LocalTool {
+    pub alias: String,
+    pub description: String,
+    pub parameters: Json,
+    pub handler: Function,
+}
+
+/// Options a section picked with `models.use`.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RoleChoice {
+    pub label: String,
+    pub temperature: Option<f64>,
+    pub max_tokens: Option<u64>,
+}
+
+/// State of one section entry (one section VM).
+pub(crate) struct SectionCtx {
+    pub run: Rc<RunCtx>,
+    pub name: String,
+    pub id: String,
+    pub is_h1: bool,
+    pub added: RefCell<Vec<String>>,
+    pub add_desc: RefCell<HashMap<String, String>>,
+    pub locals: RefCell<Vec<LocalTool>>,
+    /// Call counts in the order aliases were first counted; `None` before the first call.
+    pub calls: RefCell<Option<Vec<(String, u64)>>>,
+    pub role: RefCell<Option<RoleChoice>>,
+    pub handler_depth: Cell<u32>,
+    pub sys_model_readable: Cell<bool>,
+    pub log_events: Cell<u32>,
+    pub log_bytes: Cell<u64>,
+    pub var: RefCell<Json>,
+    /// A `jump` requested by the running block.
+    pub jump: RefCell<Option<String>>,
+    /// True while the shared library replays (alias globals are not yet installed).
+    pub loading_shared: Cell<bool>,
+    /// The running block's pending prose: the raw Markdown and, once read, its rendering.
+    pub prose: RefCell<(String, Option<String>)>,
+    /// Counter for chains started by `call` from this entry.
+    pub call_counter: Cell<u32>,
+}
+
+impl SectionCtx {
+    pub fn new(run: Rc<RunCtx>, name: String, id: String, is_h1: bool, var: Json) -> Self {
+        SectionCtx {
+            run,
+            name,
+            id,
+            is_h1,
+            added: RefCell::new(Vec::new()),
+            add_desc: RefCell::new(HashMap::new()),
+            locals: RefCell::new(Vec::new()),
+            calls: RefCell::new(None),
+            role: RefCell::new(None),
+            handler_depth: Cell::new(0),
+            sys_model_readable: Cell::new(false),
+            log_events: Cell::new(0),
+            log_bytes: Cell::new(0),
+            var: RefCell::new(var),
+            jump: RefCell::new(None),
+            loading_shared: Cell::new(false),
+            prose: RefCell::new((String::new(), None)),
+            call_counter: Cell::new(0),
+        }
+    }
+
+    /// The bound scope: `tools.always` aliases first, then this section's additions, each once.
+    pub fn bound_scope(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for a in self.run.always.borrow().iter().chain(self.added.borrow().iter()) {
+            if !out.contains(a) {
+                out.push(a.clone());
+            }
+        }
+        out
+    }
+
+    pub fn has_local(&self, alias: &str) -> bool {
+        self.locals.borrow().iter().any(|l| l.alias == alias)
+    }
+
+    /// Count one call attempt (before the tool runs), seeding the scope's aliases first.
+    pub fn count_call(&self, alias: &str) {
+        let scope = self.bound_scope();
+        let mut calls = self.calls.borrow_mut();
+        let counts = calls.get_or_insert_with(Vec::new);
+        for a in scope {
+            if !counts.iter().any(|(k, _)| *k == a) {
+                counts.push((a, 0));
+            }
+        }
+        match counts.iter_mut().find(|(k, _)| k == alias) {
+            Some(entry) => entry.1 += 1,
+            None => counts.push((alias.to_string(), 1)),
+        }
+        self.sys_model_readable.set(true);
+    }
+}
+
+pub(crate) fn section(lua: &Lua) -> mlua::Result<Rc<SectionCtx>> {
+    lua.app_data_ref::<Rc<SectionCtx>>()
+        .map(|r| Rc::clone(&r))
+        .ok_or_else(|| mlua::Error::runtime("internal invariant violated: section state missing"))
+}
+
+pub(crate) fn helpers(lua: &Lua) -> mlua::Result<Table> {
+    lua.named_registry_value("pf.helpers")
+}
+
+/// Turn a raise into the `(false, value)` pair the Lua shim re-raises.
+pub(crate) fn raise_values(lua: &Lua, raise: Raise) -> mlua::Result<MultiValue> {
+    let h = helpers(lua)?;
+    let value = match raise {
+        Raise::Host(e) => Value::Table(error_table(lua, &h, &e)?),
+        Raise::Value(v) => v,
+        Raise::Mlua(e) => {
+            let e = HostError::lua(mlua_message(&e));
+            Value::Table(error_table(lua, &h, &e)?)
+        }
+    };
+    Ok(MultiValue::from(vec![Value::Boolean(false), value]))
+}
+
+/// The message of an mlua error without mlua's decorations.
+pub(crate) fn mlua_message(e: &mlua::Error) -> String {
+    match e {
+        mlua::Error::RuntimeError(m) => m.clone(),
+        mlua::Error::MemoryError(m) => m.clone(),
+        mlua::Error::CallbackError { cause, .. } => mlua_message(cause),
+        mlua::Error::WithContext { cause, .. } => mlua_message(cause),
+        other => other.to_string(),
+    }
+}
+
+fn ok_values(lua: &Lua, r: impl IntoLuaMulti) -> mlua::Result<MultiValue> {
+    let mut mv = r.into_lua_multi(lua)?;
+    mv.push_front(Value::Boolean(true));
+    Ok(mv)
+}
+
+fn wrap(lua: &Lua, raw: Function) -> mlua::Result<Function> {
+    let h = helpers(lua)?;
+    let wrap: Function = h.get("wrap")?;
+    wrap.call(raw)
+}
+
+/// Register a host function whose failures raise error values.
+pub(crate) fn host_fn<R, F>(lua: &Lua, f: F) -> mlua::Result<Function>
+where
+    R: IntoLuaMulti,
+    F: Fn(&Lua, MultiValue) -> HostResult<R> + 'static,
+{
+    let raw = lua.create_function(move |lua, args: MultiValue| match f(lua, args) {
+        Ok(r) => ok_values(lua, r),
+        Err(e) => raise_values(lua, e),
+    })?;
+    wrap(lua, raw)
+}
+
+/// Register a suspending host function.
+pub(crate) fn host_async<R, F, Fut>(lua: &Lua, f: F) -> mlua::Result<Function>
+where
+    R: IntoLuaMulti + 'static,
+    F: Fn(Lua, MultiValue) -> Fut + 'static,
+    Fut: Future<Output = HostResult<R>> + 'static,
+{
+    let raw = lua.create_async_function(move |lua, args: MultiValue| {
+        let fut = f(lua.clone(), args);
+        async move {
+            match fut.await {
+                Ok(r) => ok_values(&lua, r),
+                Err(e) => raise_values(&lua, e),
+            }
+        }
+    })?;
+    wrap(lua, raw)
+}
+
+/// The `n`th argument (0-based), nil when absent.
+pub(crate) fn arg(args: &MultiValue, n: usize) -> Value {
+    args.get(n).cloned().unwrap_or(Value::Nil)
+}
+
+/// A string argument, with the guide's two message shapes.
+pub(crate) fn string_arg(args: &MultiValue, n: usize, name: &str) -> Result<String, HostError> {
+    match arg(args, n) {
+        Value::String(s) => match s.to_str() {
+            Ok(t) => Ok(t.to_string()),
+            Err(_) => Err(HostError::lua(format!("{name} must be a valid UTF-8 string"))),
+        },
+        other => Err(HostError::lua(format!(
+            "{name} must be a string, got {}",
+            crate::text::lua_type_name(&other)
+        ))),
+    }
+}
+
+/// A cancelled error value.
+pub(crate) fn cancelled_error() -> HostError {
+    HostError::new("cancelled", "interrupted by Ctrl-C")
+}

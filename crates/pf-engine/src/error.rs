@@ -1,0 +1,168 @@
+//! Error values (the twelve kinds Lua sees) and run error kinds (how a run fails).
+
+use mlua::{Lua, Table, Value};
+
+/// How a failed run is classified (guide ch. 17).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunErrorKind {
+    Binding,
+    Completion,
+    ContextExhausted,
+    Determinism,
+    Input,
+    Internal,
+    Lua,
+    Parse,
+    Quota,
+    RequirementsUnmet,
+    Store,
+    Tool,
+    Version,
+}
+
+impl RunErrorKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunErrorKind::Binding => "Binding",
+            RunErrorKind::Completion => "Completion",
+            RunErrorKind::ContextExhausted => "ContextExhausted",
+            RunErrorKind::Determinism => "Determinism",
+            RunErrorKind::Input => "Input",
+            RunErrorKind::Internal => "Internal",
+            RunErrorKind::Lua => "Lua",
+            RunErrorKind::Parse => "Parse",
+            RunErrorKind::Quota => "Quota",
+            RunErrorKind::RequirementsUnmet => "RequirementsUnmet",
+            RunErrorKind::Store => "Store",
+            RunErrorKind::Tool => "Tool",
+            RunErrorKind::Version => "Version",
+        }
+    }
+    fn from_str(s: &str) -> Option<Self> {
+        Some(match s {
+            "Binding" => RunErrorKind::Binding,
+            "Completion" => RunErrorKind::Completion,
+            "ContextExhausted" => RunErrorKind::ContextExhausted,
+            "Determinism" => RunErrorKind::Determinism,
+            "Input" => RunErrorKind::Input,
+            "Internal" => RunErrorKind::Internal,
+            "Lua" => RunErrorKind::Lua,
+            "Quota" => RunErrorKind::Quota,
+            "RequirementsUnmet" => RunErrorKind::RequirementsUnmet,
+            "Store" => RunErrorKind::Store,
+            "Tool" => RunErrorKind::Tool,
+            _ => return None,
+        })
+    }
+}
+
+/// A failed run: its kind and message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunError {
+    pub kind: RunErrorKind,
+    pub message: String,
+}
+
+impl RunError {
+    pub fn new(kind: RunErrorKind, message: impl Into<String>) -> Self {
+        RunError { kind, message: message.into() }
+    }
+}
+
+/// An error value the host raises into Lua.
+#[derive(Debug, Clone)]
+pub(crate) struct HostError {
+    pub kind: &'static str,
+    pub message: String,
+    pub fields: Vec<(&'static str, String)>,
+    /// The run error kind when this value ends the run uncaught, if not the kind's default.
+    pub run_kind: Option<RunErrorKind>,
+}
+
+impl HostError {
+    pub fn new(kind: &'static str, message: impl Into<String>) -> Self {
+        HostError { kind, message: message.into(), fields: Vec::new(), run_kind: None }
+    }
+    pub fn lua(message: impl Into<String>) -> Self {
+        HostError::new("lua", message)
+    }
+    pub fn with(mut self, field: &'static str, value: impl Into<String>) -> Self {
+        self.fields.push((field, value.into()));
+        self
+    }
+    pub fn run_kind(mut self, kind: RunErrorKind) -> Self {
+        self.run_kind = Some(kind);
+        self
+    }
+    /// The default run error kind of an uncaught value of this kind.
+    pub fn default_run_kind(kind: &str) -> RunErrorKind {
+        match kind {
+            "tool" | "out_of_scope_tool" | "unbound_tool" | "tool_loop_exhausted" => RunErrorKind::Tool,
+            "context_exhausted" => RunErrorKind::ContextExhausted,
+            "empty_model_reply" => RunErrorKind::Completion,
+            "internal" => RunErrorKind::Internal,
+            _ => RunErrorKind::Lua,
+        }
+    }
+}
+
+/// Something a host function raises: a value it built, or a Lua value to raise again as is.
+pub(crate) enum Raise {
+    Host(HostError),
+    Value(Value),
+    Mlua(mlua::Error),
+}
+
+impl From<HostError> for Raise {
+    fn from(e: HostError) -> Self {
+        Raise::Host(e)
+    }
+}
+impl From<mlua::Error> for Raise {
+    fn from(e: mlua::Error) -> Self {
+        Raise::Mlua(e)
+    }
+}
+
+pub(crate) type HostResult<T> = Result<T, Raise>;
+
+/// Build the Lua table for an error value.
+pub(crate) fn error_table(lua: &Lua, helpers: &Table, e: &HostError) -> mlua::Result<Table> {
+    let t = lua.create_table()?;
+    t.raw_set("kind", e.kind)?;
+    t.raw_set("message", e.message.as_str())?;
+    for (k, v) in &e.fields {
+        t.raw_set(*k, v.as_str())?;
+    }
+    let mt: Table = helpers.get("ERR_MT")?;
+    t.set_metatable(Some(mt))?;
+    if let Some(rk) = e.run_kind {
+        let kinds: Table = helpers.get("run_kinds")?;
+        kinds.raw_set(t.clone(), rk.as_str())?;
+    }
+    Ok(t)
+}
+
+/// What an error value that left a block says about the run.
+pub(crate) struct ErrorInfo {
+    pub kind: String,
+    pub message: String,
+    pub run_kind: RunErrorKind,
+}
+
+/// Read an error value raised by the host (a table with the error metatable).
+pub(crate) fn read_error_value(helpers: &Table, v: &Value) -> Option<ErrorInfo> {
+    let Value::Table(t) = v else { return None };
+    let mt: Table = helpers.get("ERR_MT").ok()?;
+    if t.metatable().as_ref() != Some(&mt) {
+        return None;
+    }
+    let kind: String = t.raw_get("kind").ok()?;
+    let message: String = t.raw_get("message").unwrap_or_default();
+    let kinds: Option<Table> = helpers.get("run_kinds").ok();
+    let explicit = kinds
+        .and_then(|k| k.raw_get::<Option<String>>(t.clone()).ok().flatten())
+        .and_then(|s| RunErrorKind::from_str(&s));
+    let run_kind = explicit.unwrap_or_else(|| HostError::default_run_kind(&kind));
+    Some(ErrorInfo { kind, message, run_kind })
+}

@@ -1,0 +1,192 @@
+//! The Engine: prepares and runs a parsed prompt.
+//!
+//! Architecture invariant: the Engine sees Plugins, Host services and model
+//! providers only through the `pf-harness` traits; it never reads the host file,
+//! never prints, and knows nothing of the CLI or the JSON report.
+
+mod ctx;
+mod error;
+mod json;
+mod models;
+mod prepare;
+mod storeapi;
+mod subst;
+mod text;
+mod tools;
+mod var;
+mod vm;
+mod walk;
+
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use pf_harness::{CancellationToken, Harness, ModelProvider};
+use pf_syntax::{Prompt, VersionValue};
+use rand::{RngCore, SeedableRng};
+
+pub use ctx::Checkpoint;
+pub use error::{RunError, RunErrorKind};
+pub use text::{envelope, format_when};
+
+/// Everything the Host supplies for one run.
+pub struct RunSetup {
+    pub seed: u64,
+    /// The run's start instant, in milliseconds since the Unix epoch.
+    pub start_ms: i64,
+    /// The run's argument string.
+    pub args: String,
+    pub store_dir: PathBuf,
+    pub harness: Harness,
+    pub model: Option<Arc<dyn ModelProvider>>,
+    pub cancel: CancellationToken,
+    /// The host-state snapshot for `ui()`, when the Host has one.
+    pub ui: Option<serde_json::Value>,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Completed(String),
+    Failed(RunError),
+    Cancelled,
+}
+
+/// The outcome with what the run recorded.
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    pub outcome: Outcome,
+    pub execution: String,
+    pub checkpoints: Vec<Checkpoint>,
+}
+
+/// The version rules: `Ok` when the prompt may run.
+pub fn check_version(prompt: &Prompt) -> Result<(), RunError> {
+    match &prompt.frontmatter.version {
+        None => Err(RunError::new(RunErrorKind::Parse, pf_syntax::NOT_A_PROMPT)),
+        Some(VersionValue::Major(0)) => Ok(()),
+        Some(VersionValue::Major(n)) => Err(RunError::new(
+            RunErrorKind::Version,
+            format!("unsupported promptforge version: {n} (this build supports major 0)"),
+        )),
+    }
+}
+
+/// The run's execution name and untrusted-envelope nonce, both derived from the seed.
+pub fn seeded_names(seed: u64) -> (String, String) {
+    let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(seed);
+    let mut exec = [0u8; 8];
+    rng.fill_bytes(&mut exec);
+    let mut nonce = [0u8; 16];
+    rng.fill_bytes(&mut nonce);
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    (format!("run-{}", hex(&exec)), hex(&nonce))
+}
+
+const DEFAULT_ROUND_CAP: u32 = 24;
+const DEFAULT_LOG_EVENTS: u32 = 1024;
+const DEFAULT_MEMORY: usize = 64 * 1024 * 1024;
+
+/// Prepare and run a prompt. Must be polled on a current-thread runtime (Lua is not `Send`).
+pub async fn run(prompt: Arc<Prompt>, setup: RunSetup) -> RunReport {
+    let (execution, nonce) = seeded_names(setup.seed);
+    if let Err(e) = check_version(&prompt) {
+        return RunReport { outcome: Outcome::Failed(e), execution, checkpoints: Vec::new() };
+    }
+    if let Err(e) = std::fs::create_dir_all(&setup.store_dir) {
+        tracing::error!("store directory cannot be created: {e}");
+        return RunReport {
+            outcome: Outcome::Failed(RunError::new(RunErrorKind::Store, "store operation failed")),
+            execution,
+            checkpoints: Vec::new(),
+        };
+    }
+    let info = setup.model.as_ref().map(|m| m.info());
+    let prepared = prepare::prepare(&prompt, &setup.harness, info.as_ref(), &setup.store_dir, &setup.cancel).await;
+    let (bound, active) = match prepared {
+        Ok(p) => (p.bound, p.active),
+        Err((notice, active)) => {
+            for a in active {
+                a.shutdown().await;
+            }
+            return RunReport {
+                outcome: Outcome::Failed(RunError::new(RunErrorKind::RequirementsUnmet, notice)),
+                execution,
+                checkpoints: Vec::new(),
+            };
+        }
+    };
+    let argv = match args_value(&prompt, &setup.args) {
+        Ok(v) => v,
+        Err(e) => {
+            for a in active {
+                a.shutdown().await;
+            }
+            return RunReport { outcome: Outcome::Failed(e), execution, checkpoints: Vec::new() };
+        }
+    };
+    let run_ctx = Rc::new(ctx::RunCtx {
+        prompt: Arc::clone(&prompt),
+        args: setup.args.clone(),
+        argv,
+        execution: execution.clone(),
+        when: format_when(setup.start_ms),
+        nonce,
+        cancel: setup.cancel.clone(),
+        services: setup.harness.services.clone(),
+        ui: setup.ui.clone(),
+        store_dir: setup.store_dir.clone(),
+        bound,
+        declared_aliases: prompt.frontmatter.tools.iter().map(|t| t.alias.clone()).collect(),
+        always: Default::default(),
+        always_desc: Default::default(),
+        model: setup.model.clone(),
+        roles: prompt.frontmatter.models.clone(),
+        default_role: Default::default(),
+        max_rounds: prompt.frontmatter.max_tool_iterations.unwrap_or(DEFAULT_ROUND_CAP),
+        checkpoints: Default::default(),
+        section_count: prompt.sections.len(),
+        var: std::cell::RefCell::new(serde_json::Value::Object(Default::default())),
+        log_event_quota: DEFAULT_LOG_EVENTS,
+        memory_limit: DEFAULT_MEMORY,
+    });
+    let outcome = walk::run_main(Rc::clone(&run_ctx)).await;
+    // The first outcome wins: a cancel that landed before the end is the outcome.
+    let outcome = match outcome {
+        Outcome::Failed(_) | Outcome::Completed(_) if setup.cancel.is_cancelled() => Outcome::Cancelled,
+        o => o,
+    };
+    for a in active {
+        a.shutdown().await;
+    }
+    let checkpoints = run_ctx.checkpoints.borrow().clone();
+    RunReport { outcome, execution, checkpoints }
+}
+
+/// `argv`: `{ prose = args }` without `args:`, else the parsed structured input.
+fn args_value(prompt: &Prompt, args: &str) -> Result<Option<serde_json::Value>, RunError> {
+    let Some(decls) = &prompt.frontmatter.args else {
+        return Ok(Some(serde_json::json!({ "prose": args })));
+    };
+    let parsed: serde_json::Value = match serde_json::from_str(args) {
+        Ok(v @ serde_json::Value::Object(_)) => v,
+        _ => return Ok(None),
+    };
+    let mut out = serde_json::Map::new();
+    let obj = parsed.as_object().cloned().unwrap_or_default();
+    for d in decls {
+        match obj.get(&d.name) {
+            Some(v) => {
+                out.insert(d.name.clone(), v.clone());
+            }
+            None => {
+                if let Some(def) = &d.default {
+                    out.insert(d.name.clone(), def.clone());
+                } else if !d.optional {
+                    return Err(RunError::new(RunErrorKind::Lua, format!("missing required argument '{}'", d.name)));
+                }
+            }
+        }
+    }
+    Ok(Some(serde_json::Value::Object(out)))
+}

@@ -1,0 +1,219 @@
+-- Runs once in every fresh section VM, before anything else, with the full
+-- base library still present. It captures what the engine's own Lua helpers
+-- need, installs the deterministic pairs/next, then removes every global the
+-- sandbox does not allow. Returns the helper table the engine keeps.
+local H = ...
+local rawget, rawset, rawequal, rawlen, next = rawget, rawset, rawequal, rawlen, next
+local type, error, select, tostring, pcall, xpcall = type, error, select, tostring, pcall, xpcall
+local setmetatable, getmetatable = setmetatable, getmetatable
+local debug_getmetatable, debug_getinfo, debug_traceback = debug.getmetatable, debug.getinfo, debug.traceback
+local math_type, tsort, tpack, tunpack = math.type, table.sort, table.pack, table.unpack
+local utf8_len = utf8.len
+
+-- Error values --------------------------------------------------------------
+local ERR_MT = {}
+ERR_MT.__tostring = function(e) return rawget(e, 'message') end
+ERR_MT.__concat = function(a, b)
+  if getmetatable(a) == ERR_MT then a = rawget(a, 'message') end
+  if getmetatable(b) == ERR_MT then b = rawget(b, 'message') end
+  return a .. b
+end
+ERR_MT.__name = 'error value'
+H.ERR_MT = ERR_MT
+
+function H.make_error(kind, message, fields)
+  local e = { kind = kind, message = message }
+  if fields then for k, v in next, fields do rawset(e, k, v) end end
+  return setmetatable(e, ERR_MT)
+end
+function H.is_error(v) return type(v) == 'table' and debug_getmetatable(v) == ERR_MT end
+
+-- Host calls return (true, ...) or (false, err): raise the error value here so
+-- pcall sees exactly the value the host built.
+local function check(ok, ...)
+  if ok then return ... end
+  error((...), 2)
+end
+function H.wrap(raw)
+  return function(...) return check(raw(...)) end
+end
+H.check = check
+
+-- Deterministic iteration ----------------------------------------------------
+local function key_class(k)
+  local t = type(k)
+  if t == 'boolean' then return 1 end
+  if t == 'number' then
+    if k ~= k or k == math.huge or k == -math.huge then return 4 end
+    return 2
+  end
+  if t == 'string' then
+    if utf8_len(k) == nil then return 4 end
+    return 3
+  end
+  return 4
+end
+local function key_less(a, b)
+  local ca, cb = key_class(a), key_class(b)
+  if ca ~= cb then return ca < cb end
+  if ca == 1 then return (not a) and b end
+  if ca == 2 or ca == 3 then return a < b end
+  return false
+end
+local function ordered_keys(t)
+  local n = rawlen(t)
+  local keys, others = {}, {}
+  for i = 1, n do
+    if rawget(t, i) ~= nil then keys[#keys + 1] = i end
+  end
+  local k = next(t)
+  while k ~= nil do
+    if not (math_type(k) == 'integer' and k >= 1 and k <= n) then others[#others + 1] = k end
+    k = next(t, k)
+  end
+  -- the trailing group keeps a stable but unspecified order; sort only scalars
+  local scalars, trailing = {}, {}
+  for i = 1, #others do
+    if key_class(others[i]) == 4 then trailing[#trailing + 1] = others[i] else scalars[#scalars + 1] = others[i] end
+  end
+  tsort(scalars, key_less)
+  for i = 1, #scalars do keys[#keys + 1] = scalars[i] end
+  for i = 1, #trailing do keys[#keys + 1] = trailing[i] end
+  return keys
+end
+H.ordered_keys = ordered_keys
+
+local function ordered_next(t, k)
+  if type(t) ~= 'table' then
+    error("bad argument #1 to 'next' (table expected, got " .. type(t) .. ")", 2)
+  end
+  local keys = ordered_keys(t)
+  local start = 1
+  if k ~= nil then
+    start = nil
+    for i = 1, #keys do
+      if rawequal(keys[i], k) then start = i + 1 break end
+    end
+    if start == nil then
+      -- the key was cleared: continue after the position it would sort to
+      start = #keys + 1
+      for i = 1, #keys do
+        if key_less(k, keys[i]) then start = i break end
+      end
+    end
+  end
+  for i = start, #keys do
+    local v = rawget(t, keys[i])
+    if v ~= nil then return keys[i], v end
+  end
+  return nil, nil
+end
+
+local function ordered_pairs(t)
+  if type(t) ~= 'table' then
+    error("bad argument #1 to 'pairs' (table expected, got " .. type(t) .. ")", 2)
+  end
+  local mt = debug_getmetatable(t)
+  local mp = mt and rawget(mt, '__pairs')
+  if mp ~= nil then
+    if type(mp) ~= 'function' then
+      error("attempt to call a " .. type(mp) .. " value (metamethod '__pairs')", 2)
+    end
+    return mp(t)
+  end
+  local keys = ordered_keys(t)
+  local i = 0
+  local function iter()
+    while true do
+      i = i + 1
+      local key = keys[i]
+      if key == nil then return nil, nil end
+      local v = rawget(t, key)
+      if v ~= nil then return key, v end
+    end
+  end
+  return iter, t, nil
+end
+
+-- pcall/xpcall: unchanged semantics, but the engine's cancel marker must not be swallowed
+-- forever: the instruction hook raises again at the next poll.
+
+-- Block runner: returns true, results... or false, error value, line info.
+local function find_user_line(level)
+  while true do
+    local info = debug_getinfo(level, 'Sl')
+    if info == nil then return nil, nil end
+    if info.what ~= 'C' and info.source and H.is_region(info.source) and info.currentline and info.currentline > 0 then
+      return info.source, info.currentline
+    end
+    level = level + 1
+  end
+end
+function H.run_block(f, ...)
+  local where_src, where_line, trace
+  local function handler(e)
+    where_src, where_line = find_user_line(3)
+    trace = debug_traceback(nil, 2)
+    return e
+  end
+  local r = tpack(xpcall(f, handler, ...))
+  if r[1] then return true, tpack(tunpack(r, 2, r.n)) end
+  return false, r[2], where_src, where_line, trace
+end
+function H.pcall_values(f, ...)
+  local r = tpack(pcall(f, ...))
+  if r[1] then return true, tpack(tunpack(r, 2, r.n)) end
+  return false, r[2]
+end
+
+-- table.concat honouring __tostring (ch. 05)
+local tconcat = table.concat
+local function concat(list, sep, i, j)
+  sep = sep or ''
+  i = i or 1
+  j = j or #list
+  local parts = {}
+  for k = i, j do
+    local v = list[k]
+    local tv = type(v)
+    if tv == 'string' or tv == 'number' then
+      parts[#parts + 1] = v
+    elseif v == nil then
+      error("invalid value (nil) at index " .. k .. " in table for 'concat'", 2)
+    else
+      local mt = debug_getmetatable(v)
+      if mt and rawget(mt, '__tostring') then
+        parts[#parts + 1] = tostring(v)
+      else
+        error("invalid value (" .. tv .. ") at index " .. k .. " in table for 'concat'", 2)
+      end
+    end
+  end
+  return tconcat(parts, sep)
+end
+table.concat = concat
+
+-- The sandbox ---------------------------------------------------------------
+local G = _G
+local allowed = {
+  assert = true, error = true, pcall = true, xpcall = true, getmetatable = true, setmetatable = true,
+  ipairs = true, pairs = true, next = true, select = true, tonumber = true, tostring = true, type = true,
+  _G = true, _VERSION = true, string = true, table = true, math = true,
+}
+G.pairs = ordered_pairs
+G.next = ordered_next
+local remove = {}
+for k in next, G do
+  if not allowed[k] then remove[#remove + 1] = k end
+end
+for i = 1, #remove do rawset(G, remove[i], nil) end
+string.dump = nil
+
+-- getmetatable / setmetatable see guards through __metatable as usual.
+H.rawget, H.rawset, H.rawequal, H.rawlen = rawget, rawset, rawequal, rawlen
+H.debug_getmetatable = debug_getmetatable
+H.utf8_len = utf8_len
+H.setmetatable, H.getmetatable = setmetatable, getmetatable
+H.select, H.type, H.tostring = select, type, tostring
+H.tpack, H.tunpack = tpack, tunpack
+return H

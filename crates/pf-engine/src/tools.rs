@@ -1,0 +1,495 @@
+//! The `tools` table: scope (`always`, `add`), `call`, `add_local`, `calls`,
+//! Tool objects, and the tool-call machinery shared with `models.loop`.
+
+use std::rc::Rc;
+
+use mlua::{AnyUserData, Lua, MetaMethod, MultiValue, Table, UserData, UserDataFields, UserDataMethods, Value};
+use serde_json::{json, Map, Value as Json};
+
+use crate::ctx::{arg, cancelled_error, helpers, host_async, host_fn, section, LocalTool, SectionCtx};
+use crate::error::{HostError, HostResult, Raise};
+use crate::json::{json_to_lua, lua_to_json};
+use crate::text::{envelope, lua_type_name, scalar_text};
+
+/// The four names the Engine's own task tools use.
+pub(crate) const ENGINE_TOOL_NAMES: [&str; 4] = ["task", "task_cancel", "task_status", "await_tasks"];
+
+/// The alias grammar `[A-Za-z][A-Za-z0-9_-]{0,63}`.
+pub(crate) fn valid_alias(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 64
+        && b[0].is_ascii_alphabetic()
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_' || *c == b'-')
+}
+
+fn check_alias(s: &str) -> Result<(), HostError> {
+    if valid_alias(s) {
+        Ok(())
+    } else {
+        Err(HostError::lua(format!("invalid alias \"{s}\": expected [A-Za-z][A-Za-z0-9_-]{{0,63}}")))
+    }
+}
+
+/// A list in the `["a", "b"]` form the messages use.
+pub(crate) fn list_text(items: &[String]) -> String {
+    let quoted: Vec<String> = items.iter().map(|s| format!("{s:?}")).collect();
+    format!("[{}]", quoted.join(", "))
+}
+
+// ---------------------------------------------------------------------------
+// Tool objects
+// ---------------------------------------------------------------------------
+
+/// The Lua value an alias global holds.
+pub(crate) struct ToolObject {
+    pub alias: String,
+}
+
+impl UserData for ToolObject {
+    fn add_fields<F: UserDataFields<Self>>(fields: &mut F) {
+        fields.add_meta_field_with("__newindex", |lua| {
+            host_fn(lua, |_, args| -> Result<(), Raise> {
+                let key = match arg(&args, 1) {
+                    Value::String(s) => s.to_string_lossy(),
+                    other => lua_type_name(&other).to_string(),
+                };
+                Err(HostError::lua(format!("Tool objects are frozen: cannot assign field \"{key}\"")).into())
+            })
+        });
+    }
+    fn add_methods<M: UserDataMethods<Self>>(methods: &mut M) {
+        methods.add_meta_method(MetaMethod::Index, |lua, this, key: Value| {
+            let Value::String(key) = key else { return Ok(Value::Nil) };
+            let sec = section(lua)?;
+            let Some(b) = sec.run.bound(&this.alias) else { return Ok(Value::Nil) };
+            Ok(match &*key.to_string_lossy() {
+                "name" => Value::String(lua.create_string(&b.alias)?),
+                "description" => Value::String(lua.create_string(&b.description)?),
+                "parameters" => Value::Table(lua.create_table()?),
+                "wire_name" => Value::String(lua.create_string(b.short_name())?),
+                "untrusted" => Value::Boolean(false),
+                _ => Value::Nil,
+            })
+        });
+        methods.add_meta_method(MetaMethod::ToString, |_, this, ()| Ok(format!("Tool object {}", this.alias)));
+    }
+}
+
+pub(crate) fn make_tool_object(lua: &Lua, alias: &str) -> mlua::Result<AnyUserData> {
+    lua.create_userdata(ToolObject { alias: alias.to_string() })
+}
+
+fn tool_object_alias(v: &Value) -> Option<String> {
+    match v {
+        Value::UserData(ud) => ud.borrow::<ToolObject>().ok().map(|t| t.alias.clone()),
+        _ => None,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The tools table
+// ---------------------------------------------------------------------------
+
+pub(crate) fn make_tools(lua: &Lua) -> mlua::Result<Table> {
+    let t = lua.create_table()?;
+    t.raw_set("always", host_fn(lua, tools_always)?)?;
+    t.raw_set("add", host_fn(lua, tools_add)?)?;
+    t.raw_set("add_local", host_fn(lua, tools_add_local)?)?;
+    t.raw_set("allow_tasks", host_fn(lua, |_, _| -> HostResult<()> { Ok(()) })?)?;
+    t.raw_set("call", host_async(lua, |lua, args| async move { tools_call(lua, args).await })?)?;
+    let mt = lua.create_table()?;
+    let calls_proxy = make_calls_proxy(lua)?;
+    mt.raw_set(
+        "__index",
+        lua.create_function(move |lua, (_t, key): (Value, Value)| {
+            if let Value::String(k) = &key {
+                if k.as_bytes() == b"calls" && section(lua)?.calls.borrow().is_some() {
+                    return Ok(Value::Table(calls_proxy.clone()));
+                }
+            }
+            Ok(Value::Nil)
+        })?,
+    )?;
+    t.set_metatable(Some(mt))?;
+    Ok(t)
+}
+
+fn make_calls_proxy(lua: &Lua) -> mlua::Result<Table> {
+    let proxy = lua.create_table()?;
+    let mt = lua.create_table()?;
+    mt.raw_set(
+        "__index",
+        host_fn(lua, |lua, args| -> HostResult<Value> {
+            let sec = section(lua)?;
+            let key = match arg(&args, 1) {
+                Value::String(s) => s.to_string_lossy(),
+                other => format!("{}", lua_type_name(&other)),
+            };
+            let calls = sec.calls.borrow();
+            let counts = calls.as_deref().unwrap_or(&[]);
+            if let Some((_, n)) = counts.iter().find(|(k, _)| *k == key) {
+                return Ok(Value::Integer(*n as i64));
+            }
+            let mut seeded: Vec<String> = counts.iter().map(|(k, _)| k.clone()).collect();
+            seeded.sort();
+            let mut msg = format!("tools.calls: \"{key}\" has no seeded count; seeded aliases: {}", list_text(&seeded));
+            if sec.run.bound(&key).is_some() {
+                msg.push_str(" (alias is a bound tool slot but was neither added to this section's scope nor dispatched by tools.call)");
+            } else if !counts.is_empty() {
+                msg.push_str(" - check for typos or add it via tools.add");
+            }
+            Err(HostError::lua(msg).into())
+        })?,
+    )?;
+    mt.raw_set(
+        "__newindex",
+        host_fn(lua, |_, _| -> HostResult<()> { Err(HostError::lua("tools.calls is read-only").into()) })?,
+    )?;
+    mt.raw_set("__metatable", "tools.calls is read-only")?;
+    proxy.set_metatable(Some(mt))?;
+    Ok(proxy)
+}
+
+fn alias_of(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.to_string_lossy()),
+        other => tool_object_alias(other),
+    }
+}
+
+fn tools_always(lua: &Lua, args: MultiValue) -> HostResult<()> {
+    let sec = section(lua)?;
+    let alias = match alias_of(&arg(&args, 0)) {
+        Some(a) => a,
+        None => {
+            return Err(HostError::lua(format!(
+                "tools.always expects an alias string, got {}",
+                lua_type_name(&arg(&args, 0))
+            ))
+            .into())
+        }
+    };
+    let desc = match arg(&args, 1) {
+        Value::Nil => None,
+        Value::String(s) => Some(s.to_string_lossy()),
+        other => {
+            return Err(HostError::lua(format!("tools.always override must be a string, got {}", lua_type_name(&other))).into())
+        }
+    };
+    check_alias(&alias)?;
+    if sec.run.bound(&alias).is_none() {
+        return Err(HostError::lua(format!("tools.always alias \"{alias}\" is not a bound tool slot")).into());
+    }
+    let mut always = sec.run.always.borrow_mut();
+    if !always.contains(&alias) {
+        always.push(alias.clone());
+    }
+    if let Some(d) = desc {
+        sec.run.always_desc.borrow_mut().insert(alias, d);
+    }
+    Ok(())
+}
+
+fn tools_add(lua: &Lua, args: MultiValue) -> HostResult<()> {
+    let sec = section(lua)?;
+    let first = arg(&args, 0);
+    let second = arg(&args, 1);
+    let third = arg(&args, 2);
+    if args.len() >= 3 && !matches!(third, Value::Nil) {
+        return Err(HostError::lua(format!(
+            "tools.add takes one alias plus an optional override, got extra {}",
+            lua_type_name(&third)
+        ))
+        .into());
+    }
+    let not_alias = |v: &Value| {
+        HostError::lua(format!(
+            "tools.add expects strings, Tool objects, or arrays of either, got {}",
+            lua_type_name(v)
+        ))
+    };
+    let mut aliases: Vec<String> = Vec::new();
+    let mut desc: Option<String> = None;
+    match &first {
+        Value::Nil => return Ok(()),
+        Value::Table(t) => {
+            if !matches!(second, Value::Nil) {
+                return Err(HostError::lua("tools.add array form takes no override").into());
+            }
+            let n = t.raw_len();
+            for i in 1..=n {
+                let v: Value = t.raw_get(i)?;
+                match alias_of(&v) {
+                    Some(a) => aliases.push(a),
+                    None => return Err(not_alias(&v).into()),
+                }
+            }
+        }
+        other => {
+            match &second {
+                Value::Nil => {}
+                Value::String(s) => desc = Some(s.to_string_lossy()),
+                bad => {
+                    return Err(HostError::lua(format!("tools.add override must be a string, got {}", lua_type_name(bad))).into())
+                }
+            }
+            match alias_of(other) {
+                Some(a) => aliases.push(a),
+                None => return Err(not_alias(other).into()),
+            }
+        }
+    }
+    for a in &aliases {
+        check_alias(a)?;
+    }
+    for a in &aliases {
+        if sec.run.bound(a).is_none() {
+            return Err(HostError::lua(format!("tools.add alias \"{a}\" is not a bound tool slot")).into());
+        }
+    }
+    let mut added = sec.added.borrow_mut();
+    for a in &aliases {
+        if !added.contains(a) {
+            added.push(a.clone());
+        }
+    }
+    if let (Some(d), Some(a)) = (desc, aliases.first()) {
+        sec.add_desc.borrow_mut().insert(a.clone(), d);
+    }
+    Ok(())
+}
+
+fn tools_add_local(lua: &Lua, args: MultiValue) -> HostResult<()> {
+    let sec = section(lua)?;
+    let alias = match arg(&args, 0) {
+        Value::String(s) => s.to_string_lossy(),
+        other => {
+            return Err(HostError::lua(format!("tools.add_local alias must be a string, got {}", lua_type_name(&other))).into())
+        }
+    };
+    check_alias(&alias)?;
+    if sec.run.bound(&alias).is_some() || sec.run.declared_aliases.contains(&alias) {
+        return Err(HostError::lua(format!("tools.add_local alias \"{alias}\" duplicates a bound tool slot")).into());
+    }
+    if sec.has_local(&alias) {
+        return Err(HostError::lua(format!("tools.add_local alias \"{alias}\" is already registered")).into());
+    }
+    let description = match arg(&args, 1) {
+        Value::String(s) => s.to_string_lossy(),
+        other => {
+            return Err(HostError::lua(format!(
+                "tools.add_local description must be a string, got {}",
+                lua_type_name(&other)
+            ))
+            .into())
+        }
+    };
+    let params = match arg(&args, 2) {
+        Value::Table(t) => t,
+        other => {
+            return Err(HostError::lua(format!("tools.add_local params must be a table, got {}", lua_type_name(&other))).into())
+        }
+    };
+    let handler = match arg(&args, 3) {
+        Value::Function(f) => f,
+        other => {
+            return Err(HostError::lua(format!("tools.add_local handler must be a function, got {}", lua_type_name(&other))).into())
+        }
+    };
+    let mut entries: Vec<(String, String, Option<String>)> = Vec::new();
+    for pair in params.pairs::<Value, Value>() {
+        let (k, v) = pair?;
+        let name = match &k {
+            Value::String(s) => s.to_string_lossy(),
+            other => {
+                return Err(HostError::lua(format!(
+                    "tools.add_local param names must be strings, got {}",
+                    lua_type_name(other)
+                ))
+                .into())
+            }
+        };
+        let (ty, d) = match &v {
+            Value::String(s) => (s.to_string_lossy(), None),
+            Value::Table(t) => {
+                let ty = match t.raw_get::<Value>(1)? {
+                    Value::String(s) => s.to_string_lossy(),
+                    _ => {
+                        return Err(HostError::lua(format!(
+                            "tools.add_local param \"{name}\" must be a type string or a {{type, description}} array"
+                        ))
+                        .into())
+                    }
+                };
+                let d = match t.raw_get::<Value>(2)? {
+                    Value::Nil => None,
+                    Value::String(s) => Some(s.to_string_lossy()),
+                    _ => {
+                        return Err(HostError::lua(format!(
+                            "tools.add_local param \"{name}\" must be a type string or a {{type, description}} array"
+                        ))
+                        .into())
+                    }
+                };
+                (ty, d)
+            }
+            _ => {
+                return Err(HostError::lua(format!(
+                    "tools.add_local param \"{name}\" must be a type string or a {{type, description}} array"
+                ))
+                .into())
+            }
+        };
+        if !matches!(ty.as_str(), "string" | "integer" | "number" | "boolean") {
+            return Err(HostError::lua(format!(
+                "tools.add_local param \"{name}\" has unsupported type \"{ty}\": expected \"string\", \"integer\", \"number\", or \"boolean\""
+            ))
+            .into());
+        }
+        entries.push((name, ty, d));
+    }
+    entries.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+    let mut props = Map::new();
+    let mut required = Vec::new();
+    for (name, ty, d) in entries {
+        let mut p = Map::new();
+        p.insert("type".into(), Json::String(ty));
+        if let Some(d) = d {
+            p.insert("description".into(), Json::String(d));
+        }
+        props.insert(name.clone(), Json::Object(p));
+        required.push(Json::String(name));
+    }
+    let schema = json!({"type": "object", "properties": Json::Object(props), "required": required});
+    sec.locals.borrow_mut().push(LocalTool { alias, description, parameters: schema, handler });
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Calls
+// ---------------------------------------------------------------------------
+
+/// How a bound tool call ended.
+pub(crate) enum BoundOutcome {
+    /// The output text, already wrapped when the tool is untrusted.
+    Output(String),
+    /// The tool's own failure message.
+    Failed(String),
+}
+
+/// Run one bound tool (Harness work); counts nothing.
+pub(crate) async fn run_bound(sec: &Rc<SectionCtx>, alias: &str, args: Json) -> Result<BoundOutcome, HostError> {
+    let Some(b) = sec.run.bound(alias) else {
+        return Err(unbound(sec, alias));
+    };
+    let cancel = sec.run.cancel.clone();
+    let plugin = b.plugin.clone();
+    let path = b.path.clone();
+    let child = cancel.child_token();
+    let result = tokio::select! {
+        _ = cancel.cancelled() => return Err(cancelled_error()),
+        r = plugin.call(&path, args, child) => r,
+    };
+    Ok(match result {
+        Ok(text) if b.trusted => BoundOutcome::Output(text),
+        Ok(text) => BoundOutcome::Output(envelope(&text, &sec.run.nonce)),
+        Err(f) => BoundOutcome::Failed(f.0),
+    })
+}
+
+pub(crate) fn unbound(sec: &SectionCtx, name: &str) -> HostError {
+    let mut aliases = sec.run.bound_aliases();
+    aliases.sort();
+    HostError::new("unbound_tool", format!("tool \"{name}\" is not bound in this run; bound aliases: {}", list_text(&aliases)))
+        .with("name", name)
+}
+
+struct HandlerGuard(Rc<SectionCtx>);
+impl Drop for HandlerGuard {
+    fn drop(&mut self) {
+        self.0.handler_depth.set(self.0.handler_depth.get().saturating_sub(1));
+    }
+}
+
+/// Run a local tool's handler in this chain; its errors come back as the raised value.
+pub(crate) async fn run_local(lua: &Lua, sec: &Rc<SectionCtx>, alias: &str, args: &Json) -> HostResult<String> {
+    let handler = sec
+        .locals
+        .borrow()
+        .iter()
+        .find(|l| l.alias == alias)
+        .map(|l| l.handler.clone())
+        .ok_or_else(|| unbound(sec, alias))?;
+    let arg_table = json_to_lua(lua, args)?;
+    let pcall_values: mlua::Function = helpers(lua)?.get("pcall_values")?;
+    sec.handler_depth.set(sec.handler_depth.get() + 1);
+    let guard = HandlerGuard(Rc::clone(sec));
+    let r: MultiValue = pcall_values.call_async((handler, arg_table)).await?;
+    drop(guard);
+    let ok = matches!(r.front(), Some(Value::Boolean(true)));
+    let payload = r.get(1).cloned().unwrap_or(Value::Nil);
+    if !ok {
+        return Err(Raise::Value(payload));
+    }
+    let first = match payload {
+        Value::Table(t) => t.raw_get::<Value>(1)?,
+        _ => Value::Nil,
+    };
+    match scalar_text(&first) {
+        Ok(text) => Ok(text.unwrap_or_default()),
+        Err(msg) => Err(HostError::lua(msg).into()),
+    }
+}
+
+async fn tools_call(lua: Lua, args: MultiValue) -> HostResult<Value> {
+    let sec = section(&lua)?;
+    let first = arg(&args, 0);
+    let name = match &first {
+        Value::String(s) => s.to_string_lossy(),
+        other => match tool_object_alias(other) {
+            Some(a) => a,
+            None => {
+                return Err(HostError::lua(format!(
+                    "tools.call alias must be a string or Tool object, got {}",
+                    lua_type_name(other)
+                ))
+                .into())
+            }
+        },
+    };
+    let call_args = match arg(&args, 1) {
+        Value::Nil => Json::Object(Map::new()),
+        Value::Table(t) => match lua_to_json(&Value::Table(t), "args") {
+            Ok(Json::Array(a)) if a.is_empty() => Json::Object(Map::new()),
+            Ok(j @ Json::Object(_)) => j,
+            _ => return Err(HostError::lua("args must be a JSON-representable table").into()),
+        },
+        other => return Err(HostError::lua(format!("args must be a table, got {}", lua_type_name(&other))).into()),
+    };
+    if ENGINE_TOOL_NAMES.contains(&name.as_str()) {
+        return Err(unbound(&sec, &name).into());
+    }
+    if sec.has_local(&name) {
+        sec.count_call(&name);
+        let text = run_local(&lua, &sec, &name, &call_args).await?;
+        return Ok(Value::String(lua.create_string(&text)?));
+    }
+    let Some(b) = sec.run.bound(&name) else {
+        return Err(unbound(&sec, &name).into());
+    };
+    let structured = b.structured;
+    sec.count_call(&name);
+    match run_bound(&sec, &name, call_args).await? {
+        BoundOutcome::Output(text) if structured => match serde_json::from_str::<Json>(&text) {
+            Ok(j) => Ok(json_to_lua(&lua, &j)?),
+            Err(_) => Err(HostError::new(
+                "tool",
+                format!("tool call failure: structured tool \"{name}\" returned invalid JSON"),
+            )
+            .into()),
+        },
+        BoundOutcome::Output(text) => Ok(Value::String(lua.create_string(&text)?)),
+        BoundOutcome::Failed(msg) => Err(HostError::new("tool", format!("tool call failure: {msg}")).into()),
+    }
+}

@@ -1,0 +1,258 @@
+//! Building a section VM: the sandbox, the host globals in their fixed order.
+
+use std::rc::Rc;
+
+use mlua::{HookTriggers, Lua, LuaOptions, MultiValue, StdLib, Table, Value, VmState};
+
+use crate::ctx::{arg, helpers, host_async, host_fn, section, string_arg, SectionCtx};
+use crate::error::{HostError, Raise};
+use crate::json::{json_to_lua, lua_to_json};
+use crate::text::{envelope, float_text, lua_type_name};
+
+const PRELUDE: &str = include_str!("lua/prelude.lua");
+const ENV: &str = include_str!("lua/env.lua");
+
+/// How often the cancel flag is polled while Lua runs.
+pub(crate) const CANCEL_POLL_INSTRUCTIONS: u32 = 10_000;
+
+/// A fresh section VM with every host global installed except the shared library
+/// and the alias/role globals (installed by the walk after the replay).
+pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
+    // SAFETY: the debug library is loaded only so the prelude can capture what the
+    // engine needs; the prelude removes it from the globals before any prompt code runs.
+    let lua = unsafe {
+        Lua::unsafe_new_with(
+            StdLib::STRING | StdLib::TABLE | StdLib::MATH | StdLib::UTF8 | StdLib::DEBUG,
+            LuaOptions::default(),
+        )
+    };
+    let cancel = sec.run.cancel.clone();
+    lua.set_global_hook(
+        HookTriggers::new().every_nth_instruction(CANCEL_POLL_INSTRUCTIONS),
+        move |_, _| {
+            if cancel.is_cancelled() {
+                Err(mlua::Error::runtime("interrupted by Ctrl-C"))
+            } else {
+                Ok(VmState::Continue)
+            }
+        },
+    )?;
+    let memory_limit = sec.run.memory_limit;
+    lua.set_app_data(Rc::clone(&sec));
+
+    let h = lua.create_table()?;
+    let kinds = lua.create_table()?;
+    let weak = lua.create_table()?;
+    weak.raw_set("__mode", "k")?;
+    kinds.set_metatable(Some(weak))?;
+    h.raw_set("run_kinds", kinds)?;
+    h.raw_set(
+        "is_region",
+        lua.create_function(|_, src: mlua::String| {
+            let s = src.as_bytes();
+            Ok(!s.starts_with(b"=") && !s.starts_with(b"@"))
+        })?,
+    )?;
+    let h: Table = lua.load(PRELUDE).set_name("=[promptforge prelude]").call(h)?;
+    lua.set_named_registry_value("pf.helpers", h.clone())?;
+
+    let g = lua.globals();
+    // 1. host values
+    g.raw_set("args", sec.run.args.as_str())?;
+    match &sec.run.argv {
+        Some(j) => g.raw_set("argv", json_to_lua(&lua, j)?)?,
+        None => g.raw_set("argv", Value::Nil)?,
+    }
+    g.raw_set("sys", make_sys(&lua)?)?;
+    let var_root = crate::var::make_proxy(&lua, Vec::new())?;
+    lua.set_named_registry_value("pf.var_root", var_root.clone())?;
+    g.raw_set("var", var_root)?;
+    // 2. host functions
+    g.raw_set("log", make_log(&lua)?)?;
+    g.raw_set("store", crate::storeapi::make_store(&lua)?)?;
+    g.raw_set("tools", crate::tools::make_tools(&lua)?)?;
+    g.raw_set("models", crate::models::make_models(&lua)?)?;
+    g.raw_set("messages", crate::models::make_messages(&lua)?)?;
+    g.raw_set("compactors", crate::models::make_compactors(&lua)?)?;
+    g.raw_set(
+        "untrusted",
+        host_fn(&lua, |lua, args| {
+            let sec = section(lua)?;
+            let text = match arg(&args, 0) {
+                Value::String(s) => s.to_string_lossy(),
+                Value::Integer(i) => i.to_string(),
+                Value::Number(n) => float_text(n),
+                other => {
+                    return Err(HostError::lua(format!(
+                        "untrusted expects a string, got {}",
+                        lua_type_name(&other)
+                    ))
+                    .into())
+                }
+            };
+            Ok(envelope(&text, &sec.run.nonce))
+        })?,
+    )?;
+    // 3. ui
+    if let Some(snapshot) = sec.run.ui.clone() {
+        g.raw_set(
+            "ui",
+            lua.create_function(move |lua, ()| json_to_lua(lua, &snapshot))?,
+        )?;
+    }
+    // 5. jump and list_from_section
+    g.raw_set("jump", crate::walk::make_jump(&lua)?)?;
+    g.raw_set("list_from_section", crate::walk::make_list_from_section(&lua)?)?;
+    // 6. suspending calls
+    g.raw_set("call", crate::walk::make_call(&lua)?)?;
+    g.raw_set("input", make_input(&lua)?)?;
+    g.raw_set("tasks", lua.create_table()?)?;
+    // prose
+    h.raw_set(
+        "prose_read",
+        host_fn(&lua, |lua, _| Ok(crate::walk::read_prose(lua)?))?,
+    )?;
+    lua.load(ENV).set_name("=[promptforge env]").call::<()>(h)?;
+    lua.set_memory_limit(memory_limit)?;
+    Ok(lua)
+}
+
+/// Install the declared alias globals and role globals (after the shared library replays).
+pub(crate) fn install_name_globals(lua: &Lua) -> mlua::Result<()> {
+    let sec = section(lua)?;
+    let g = lua.globals();
+    for label in sec.run.roles.iter().map(|r| r.label.clone()) {
+        if sec.run.model.is_some() {
+            g.raw_set(label.as_str(), crate::models::make_handle(lua, &label, None)?)?;
+        }
+    }
+    for b in &sec.run.bound {
+        g.raw_set(b.alias.as_str(), crate::tools::make_tool_object(lua, &b.alias)?)?;
+    }
+    Ok(())
+}
+
+fn make_sys(lua: &Lua) -> mlua::Result<Table> {
+    let proxy = lua.create_table()?;
+    let mt = lua.create_table()?;
+    mt.raw_set(
+        "__index",
+        host_fn(lua, |lua, args| {
+            let key = match arg(&args, 1) {
+                Value::String(s) => s.to_string_lossy(),
+                _ => return Err(HostError::lua("sys fields must be accessed by string key").into()),
+            };
+            let sec = section(lua)?;
+            let run = &sec.run;
+            let v: Value = match key.as_str() {
+                "when" => Value::String(lua.create_string(&run.when)?),
+                "id" => Value::String(lua.create_string(&sec.id)?),
+                "taskid" => Value::String(lua.create_string("0")?),
+                "section_name" => Value::String(lua.create_string(&sec.name)?),
+                "execution" => Value::String(lua.create_string(&run.execution)?),
+                "section_count" => Value::Integer(run.section_count as i64),
+                "model" if sec.sys_model_readable.get() && crate::models::section_has_model(&sec) => {
+                    match &run.model {
+                        Some(m) => Value::String(lua.create_string(m.info().id)?),
+                        None => Value::Nil,
+                    }
+                }
+                _ => {
+                    return Err(HostError::lua(format!("runtime error: unknown sys field '{key}'")).into())
+                }
+            };
+            Ok(v)
+        })?,
+    )?;
+    mt.raw_set(
+        "__newindex",
+        host_fn(lua, |_, args| -> Result<(), Raise> {
+            let key = match arg(&args, 1) {
+                Value::String(s) => s.to_string_lossy(),
+                other => lua_type_name(&other).to_string(),
+            };
+            Err(HostError::lua(format!("sys is read-only; cannot set '{key}'")).into())
+        })?,
+    )?;
+    mt.raw_set("__metatable", "sys is sealed")?;
+    proxy.set_metatable(Some(mt))?;
+    Ok(proxy)
+}
+
+fn make_log(lua: &Lua) -> mlua::Result<mlua::Function> {
+    host_fn(lua, |lua, args: MultiValue| {
+        if args.len() != 1 {
+            return Err(HostError::lua("log expects exactly one argument").into());
+        }
+        let sec = section(lua)?;
+        let quota = sec.run.log_event_quota;
+        if sec.log_events.get() >= quota {
+            return Err(HostError::lua("lua log event budget exceeded").run_kind(crate::RunErrorKind::Quota).into());
+        }
+        sec.log_events.set(sec.log_events.get() + 1);
+        let msg = match arg(&args, 0) {
+            Value::String(s) => match s.to_str() {
+                Ok(t) => t.to_string(),
+                Err(_) => return Err(HostError::lua("log message must be a UTF-8 string").into()),
+            },
+            _ => return Err(HostError::lua("log message must be a UTF-8 string").into()),
+        };
+        if msg.chars().count() > 256 {
+            return Err(HostError::lua("log message must be at most 256 characters").into());
+        }
+        if msg.chars().any(|c| c.is_control() || c == '\u{2028}' || c == '\u{2029}') {
+            return Err(HostError::lua("log message must not contain newline or control characters").into());
+        }
+        let bytes = sec.log_bytes.get() + msg.len() as u64;
+        if bytes > u64::from(quota) * 256 {
+            return Err(HostError::lua("lua log cumulative byte budget exceeded").run_kind(crate::RunErrorKind::Quota).into());
+        }
+        sec.log_bytes.set(bytes);
+        tracing::info!(section = %sec.name, "checkpoint: {msg}");
+        sec.run.checkpoints.borrow_mut().push(crate::Checkpoint { section: sec.name.clone(), message: msg });
+        Ok(())
+    })
+}
+
+const INPUT_UNAVAILABLE: &str = "User input is unavailable in this host; continue without it.";
+
+fn make_input(lua: &Lua) -> mlua::Result<Table> {
+    let t = lua.create_table()?;
+    t.raw_set(
+        "ask",
+        host_async(lua, |lua, args| async move {
+            let sec = section(&lua)?;
+            let question = match arg(&args, 0) {
+                Value::Nil => String::new(),
+                _ => string_arg(&args, 0, "question")?,
+            };
+            let Some(broker) = sec.run.services.input_broker.clone() else {
+                return Ok((INPUT_UNAVAILABLE.to_string(), false));
+            };
+            let cancel = sec.run.cancel.clone();
+            let answer = tokio::select! {
+                _ = cancel.cancelled() => return Err(crate::ctx::cancelled_error().into()),
+                a = broker.ask(&question, cancel.clone()) => a,
+            };
+            match answer {
+                Ok(Some(text)) => Ok((text, true)),
+                Ok(None) => Ok((INPUT_UNAVAILABLE.to_string(), false)),
+                Err(msg) => Err(HostError::new("internal", format!("user input request was not answered: {msg}"))
+                    .run_kind(crate::RunErrorKind::Input)
+                    .into()),
+            }
+        })?,
+    )?;
+    Ok(t)
+}
+
+/// Convert a Lua value to JSON for `var`, with the guard's message.
+pub(crate) fn var_json(value: &Value, path: &str) -> Result<serde_json::Value, HostError> {
+    lua_to_json(value, path).map_err(|e| HostError::lua(format!("{} must be JSON data, got {}", e.path, e.found)))
+}
+
+/// The mapped helper table (for modules that need H).
+#[allow(dead_code)]
+pub(crate) fn h(lua: &Lua) -> mlua::Result<Table> {
+    helpers(lua)
+}

@@ -1,0 +1,722 @@
+//! The OpenAI-compatible provider against a local server that checks each
+//! request field by field and then misbehaves in every way we guard against.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use pf_harness::{
+    CancellationToken, ChatMessage, ChatRequest, ModelProvider, ProviderError, ThinkingSupport,
+    ToolCall, ToolDecl, Usage,
+};
+use pf_models::{HttpProviderConfig, HttpSettings, OpenAiProvider};
+use serde_json::{json, Value as Json};
+use support::{fast_http, impatient_http, model_info, Behaviour, Reply, TestServer};
+
+fn provider(
+    base_url: &str,
+    api_key_env: Option<&str>,
+    thinking: ThinkingSupport,
+) -> OpenAiProvider {
+    provider_with(base_url, api_key_env, thinking, fast_http())
+}
+
+fn provider_with(
+    base_url: &str,
+    api_key_env: Option<&str>,
+    thinking: ThinkingSupport,
+    http: HttpSettings,
+) -> OpenAiProvider {
+    OpenAiProvider::new(
+        model_info("gpt-test", thinking),
+        HttpProviderConfig {
+            base_url: base_url.to_string(),
+            model: "gpt-test".to_string(),
+            api_key_env: api_key_env.map(str::to_string),
+            http,
+        },
+    )
+    .expect("provider")
+}
+
+fn message(role: &str, content: Json) -> ChatMessage {
+    ChatMessage {
+        role: role.to_string(),
+        content,
+        tool_calls: Vec::new(),
+        tool_call_id: None,
+    }
+}
+
+fn hello() -> ChatRequest {
+    ChatRequest {
+        messages: vec![message("user", json!("hello"))],
+        ..ChatRequest::default()
+    }
+}
+
+fn text_reply(text: &str) -> Reply {
+    Reply::json(
+        200,
+        json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]}),
+    )
+}
+
+async fn failure(provider: &OpenAiProvider) -> String {
+    match provider.complete(hello(), CancellationToken::new()).await {
+        Err(ProviderError::Failed(message)) => message,
+        other => panic!("expected a failure, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn sends_every_field_and_reads_the_reply() {
+    std::env::set_var("PF_MODELS_TEST_OPENAI_KEY_FIELDS", "sk-fields-secret");
+    let server = TestServer::sequence(vec![Reply::json(
+        200,
+        json!({
+            "id": "chatcmpl-1",
+            "choices": [{
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": "let me look",
+                    "tool_calls": [
+                        {"id": "call_a", "type": "function", "function": {"name": "fetch", "arguments": "{\"url\":\"https://example.com\"}"}},
+                        {"id": "call_b", "type": "function", "function": {"name": "grab", "arguments": "{oops"}}
+                    ]
+                },
+                "finish_reason": "tool_calls"
+            }],
+            "usage": {"prompt_tokens": 31, "completion_tokens": 7, "total_tokens": 38}
+        }),
+    )])
+    .await;
+    let provider = provider(
+        &format!("{}/v1/", server.base_url),
+        Some("PF_MODELS_TEST_OPENAI_KEY_FIELDS"),
+        ThinkingSupport::Switchable,
+    );
+    let request = ChatRequest {
+        messages: vec![
+            message("system", json!("be brief")),
+            message(
+                "user",
+                json!([
+                    {"type": "text", "text": "what is this?"},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+                ]),
+            ),
+            ChatMessage {
+                role: "assistant".into(),
+                content: Json::Null,
+                tool_calls: vec![ToolCall {
+                    id: "call_1".into(),
+                    name: "fetch".into(),
+                    arguments: "{\"url\":\"https://a.example\"}".into(),
+                }],
+                tool_call_id: None,
+            },
+            ChatMessage {
+                role: "tool".into(),
+                content: json!("page text"),
+                tool_calls: Vec::new(),
+                tool_call_id: Some("call_1".into()),
+            },
+        ],
+        tools: Some(vec![ToolDecl {
+            name: "fetch".into(),
+            description: "Fetch a page".into(),
+            parameters: json!({"type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]}),
+        }]),
+        temperature: Some(0.25),
+        max_tokens: Some(300),
+        thinking: Some(true),
+    };
+
+    let response = provider
+        .complete(request, CancellationToken::new())
+        .await
+        .expect("reply");
+
+    assert_eq!(response.content.as_deref(), Some("let me look"));
+    assert_eq!(
+        response.tool_calls,
+        vec![
+            ToolCall {
+                id: "call_a".into(),
+                name: "fetch".into(),
+                arguments: "{\"url\":\"https://example.com\"}".into()
+            },
+            ToolCall {
+                id: "call_b".into(),
+                name: "grab".into(),
+                arguments: "{oops".into()
+            },
+        ]
+    );
+    assert_eq!(response.finish_reason.as_deref(), Some("tool_calls"));
+    assert_eq!(
+        response.usage,
+        Some(Usage {
+            input_tokens: 31,
+            output_tokens: 7
+        })
+    );
+
+    let requests = server.requests();
+    assert_eq!(requests.len(), 1);
+    let sent = &requests[0];
+    assert_eq!(sent.method, "POST");
+    assert_eq!(sent.path, "/v1/chat/completions");
+    assert_eq!(
+        sent.header("authorization"),
+        Some("Bearer sk-fields-secret")
+    );
+    assert_eq!(sent.header("content-type"), Some("application/json"));
+    assert_eq!(
+        sent.json(),
+        json!({
+            "model": "gpt-test",
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": [
+                    {"type": "text", "text": "what is this?"},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+                ]},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "fetch", "arguments": "{\"url\":\"https://a.example\"}"}}
+                ]},
+                {"role": "tool", "content": "page text", "tool_call_id": "call_1"}
+            ],
+            "tools": [{"type": "function", "function": {
+                "name": "fetch",
+                "description": "Fetch a page",
+                "parameters": {"type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]}
+            }}],
+            "temperature": 0.25,
+            "max_tokens": 300,
+            "reasoning_effort": "medium"
+        })
+    );
+}
+
+#[tokio::test]
+async fn leaves_out_what_the_request_does_not_set() {
+    let server = TestServer::sequence(vec![text_reply("hi")]).await;
+    let provider = provider(&server.base_url, None, ThinkingSupport::Switchable);
+    let response = provider
+        .complete(hello(), CancellationToken::new())
+        .await
+        .expect("reply");
+    assert_eq!(response.content.as_deref(), Some("hi"));
+    assert_eq!(response.tool_calls, Vec::new());
+    assert_eq!(response.finish_reason.as_deref(), Some("stop"));
+    assert_eq!(response.usage, None);
+    let sent = &server.requests()[0];
+    assert_eq!(sent.path, "/chat/completions");
+    assert_eq!(sent.header("authorization"), None);
+    assert_eq!(
+        sent.json(),
+        json!({"model": "gpt-test", "messages": [{"role": "user", "content": "hello"}]})
+    );
+}
+
+#[tokio::test]
+async fn the_thinking_switch_is_sent_only_to_switchable_models() {
+    let server = TestServer::start(|_, _| text_reply("ok")).await;
+    let switch_off = ChatRequest {
+        thinking: Some(false),
+        ..hello()
+    };
+    let switchable = provider(&server.base_url, None, ThinkingSupport::Switchable);
+    switchable
+        .complete(switch_off.clone(), CancellationToken::new())
+        .await
+        .expect("reply");
+    let fixed = provider(&server.base_url, None, ThinkingSupport::Never);
+    fixed
+        .complete(switch_off, CancellationToken::new())
+        .await
+        .expect("reply");
+    let requests = server.requests();
+    assert_eq!(requests[0].json()["reasoning_effort"], json!("none"));
+    assert_eq!(requests[1].json().get("reasoning_effort"), None);
+}
+
+#[tokio::test]
+async fn an_empty_tool_list_is_left_out() {
+    let server = TestServer::sequence(vec![text_reply("ok")]).await;
+    let provider = provider(&server.base_url, None, ThinkingSupport::Never);
+    let request = ChatRequest {
+        tools: Some(Vec::new()),
+        ..hello()
+    };
+    provider
+        .complete(request, CancellationToken::new())
+        .await
+        .expect("reply");
+    assert_eq!(server.requests()[0].json().get("tools"), None);
+}
+
+#[tokio::test]
+async fn a_missing_key_variable_fails_before_sending() {
+    let server = TestServer::sequence(vec![text_reply("never")]).await;
+    let provider = provider(
+        &server.base_url,
+        Some("PF_MODELS_TEST_OPENAI_KEY_UNSET"),
+        ThinkingSupport::Never,
+    );
+    assert_eq!(
+        failure(&provider).await,
+        "the API key variable PF_MODELS_TEST_OPENAI_KEY_UNSET is not set"
+    );
+    assert_eq!(server.requests().len(), 0);
+}
+
+#[tokio::test]
+async fn the_key_never_shows_in_errors_or_debug_output() {
+    std::env::set_var("PF_MODELS_TEST_OPENAI_KEY_ECHO", "sk-echoed-secret");
+    let server = TestServer::start(|_, request| {
+        let auth = request.header("authorization").unwrap_or("").to_string();
+        Reply::json(
+            401,
+            json!({"error": {"message": format!("bad key: {auth}"), "code": "invalid_api_key"}}),
+        )
+    })
+    .await;
+    let provider = provider(
+        &server.base_url,
+        Some("PF_MODELS_TEST_OPENAI_KEY_ECHO"),
+        ThinkingSupport::Never,
+    );
+    let url = format!("{}/chat/completions", server.base_url);
+    assert_eq!(
+        failure(&provider).await,
+        format!("model request to {url} failed: HTTP 401 Unauthorized: bad key: Bearer [redacted]")
+    );
+    assert_eq!(server.requests().len(), 1, "a 401 is not retried");
+    assert!(!format!("{provider:?}").contains("sk-echoed-secret"));
+}
+
+#[tokio::test]
+async fn malformed_replies_fail_clearly() {
+    let cases: Vec<(Reply, &str)> = vec![
+        (
+            Reply::raw(200, "not json"),
+            "not JSON (expected ident at line 1 column 2)",
+        ),
+        (
+            Reply::json(200, json!([1, 2])),
+            "the reply is not a JSON object",
+        ),
+        (Reply::json(200, json!({"id": "x"})), "no `choices` array"),
+        (
+            Reply::json(200, json!({"choices": []})),
+            "the `choices` array is empty",
+        ),
+        (
+            Reply::json(200, json!({"choices": [{"finish_reason": "stop"}]})),
+            "the first choice has no `message` object",
+        ),
+        (
+            Reply::json(200, json!({"choices": [{"message": {"content": 5}}]})),
+            "`content` is neither text nor a list of parts",
+        ),
+        (
+            Reply::json(
+                200,
+                json!({"choices": [{"message": {"tool_calls": [{"id": "c", "type": "function"}]}}]}),
+            ),
+            "tool call 1 has no `function` object",
+        ),
+        (
+            Reply::json(
+                200,
+                json!({"choices": [{"message": {"tool_calls": [{"id": "c", "function": {"arguments": "{}"}}]}}]}),
+            ),
+            "tool call 1 has no function `name`",
+        ),
+        (
+            Reply::json(
+                200,
+                json!({"choices": [{"message": {"tool_calls": {"id": "c"}}}]}),
+            ),
+            "`tool_calls` is not a list",
+        ),
+        (
+            Reply::json(
+                200,
+                json!({"choices": [{"message": {"content": "x"}}], "usage": {"prompt_tokens": "many"}}),
+            ),
+            "usage `prompt_tokens` is not a whole number",
+        ),
+    ];
+    for (reply, detail) in cases {
+        let server = TestServer::sequence(vec![reply]).await;
+        let provider = provider(&server.base_url, None, ThinkingSupport::Never);
+        assert_eq!(
+            failure(&provider).await,
+            format!(
+                "the model server at {}/chat/completions sent a malformed reply: {detail}",
+                server.base_url
+            )
+        );
+    }
+}
+
+#[tokio::test]
+async fn tool_calls_without_ids_get_numbered_ids_and_object_arguments_become_text() {
+    let server = TestServer::sequence(vec![Reply::json(
+        200,
+        json!({"choices": [{"message": {"content": null, "tool_calls": [
+            {"function": {"name": "a", "arguments": {"x": 1}}},
+            {"function": {"name": "b"}}
+        ]}, "finish_reason": "tool_calls"}]}),
+    )])
+    .await;
+    let provider = provider(&server.base_url, None, ThinkingSupport::Never);
+    let response = provider
+        .complete(hello(), CancellationToken::new())
+        .await
+        .expect("reply");
+    assert_eq!(response.content, None);
+    assert_eq!(
+        response.tool_calls,
+        vec![
+            ToolCall {
+                id: "call_1".into(),
+                name: "a".into(),
+                arguments: "{\"x\":1}".into()
+            },
+            ToolCall {
+                id: "call_2".into(),
+                name: "b".into(),
+                arguments: "{}".into()
+            },
+        ]
+    );
+}
+
+#[tokio::test]
+async fn context_overflow_is_recognized() {
+    let openai_style = Reply::json(
+        400,
+        json!({"error": {"message": "This model's maximum context length is 8192 tokens.", "type": "invalid_request_error", "code": "context_length_exceeded"}}),
+    );
+    let code_only = Reply::json(
+        400,
+        json!({"error": {"message": "too big", "code": "context_length_exceeded"}}),
+    );
+    let llama_style = Reply::json(
+        400,
+        json!({"error": {"code": 400, "message": "the request exceeds the available context size, try increasing it", "type": "exceed_context_size_error"}}),
+    );
+    for (reply, message) in [
+        (
+            openai_style,
+            "This model's maximum context length is 8192 tokens.",
+        ),
+        (code_only, "too big"),
+        (
+            llama_style,
+            "the request exceeds the available context size, try increasing it",
+        ),
+    ] {
+        let server = TestServer::sequence(vec![reply]).await;
+        let provider = provider(&server.base_url, None, ThinkingSupport::Never);
+        assert_eq!(
+            provider.complete(hello(), CancellationToken::new()).await,
+            Err(ProviderError::ContextOverflow(message.to_string()))
+        );
+    }
+    let other = TestServer::sequence(vec![Reply::json(
+        400,
+        json!({"error": {"message": "unknown model"}}),
+    )])
+    .await;
+    let provider = provider(&other.base_url, None, ThinkingSupport::Never);
+    assert_eq!(
+        failure(&provider).await,
+        format!(
+            "model request to {}/chat/completions failed: HTTP 400 Bad Request: unknown model",
+            other.base_url
+        )
+    );
+}
+
+#[tokio::test]
+async fn a_body_over_the_cap_fails() {
+    let huge = vec![b' '; 20 * 1024 * 1024];
+    for reply in [
+        Reply::raw(200, huge.clone()),
+        Reply::raw(200, huge.clone()).without_length(),
+    ] {
+        let server = TestServer::sequence(vec![reply]).await;
+        let provider = provider(&server.base_url, None, ThinkingSupport::Never);
+        assert_eq!(
+            failure(&provider).await,
+            format!(
+                "model request to {}/chat/completions failed: the response body is larger than the 16 MiB cap",
+                server.base_url
+            )
+        );
+        assert_eq!(server.requests().len(), 1);
+    }
+}
+
+#[tokio::test]
+async fn a_slow_drip_hits_the_receive_timeout() {
+    let body = json!({"choices": [{"message": {"content": "late"}}]}).to_string();
+    let server = TestServer::sequence(vec![Reply::raw(200, body).behave(Behaviour::PauseAfter {
+        bytes: 10,
+        pause: Duration::from_secs(2),
+    })])
+    .await;
+    let provider = provider_with(
+        &server.base_url,
+        None,
+        ThinkingSupport::Never,
+        impatient_http(),
+    );
+    let started = Instant::now();
+    assert_eq!(
+        failure(&provider).await,
+        format!(
+            "model request to {}/chat/completions failed: the response stalled for more than 200 ms after 10 bytes",
+            server.base_url
+        )
+    );
+    assert!(started.elapsed() < Duration::from_secs(1));
+}
+
+#[tokio::test]
+async fn a_silent_server_hits_the_receive_timeout() {
+    let server = TestServer::sequence(vec![text_reply("late").behave(Behaviour::Silent {
+        pause: Duration::from_secs(2),
+    })])
+    .await;
+    let provider = provider_with(
+        &server.base_url,
+        None,
+        ThinkingSupport::Never,
+        impatient_http(),
+    );
+    assert_eq!(
+        failure(&provider).await,
+        format!(
+            "model request to {}/chat/completions failed: no response within 200 ms",
+            server.base_url
+        )
+    );
+    assert_eq!(server.requests().len(), 1, "a timeout is not retried");
+}
+
+#[tokio::test]
+async fn a_429_waits_for_retry_after_then_succeeds() {
+    let server = TestServer::sequence(vec![
+        Reply::json(429, json!({"error": {"message": "slow down"}})).header("Retry-After", "1"),
+        text_reply("after the wait"),
+    ])
+    .await;
+    let provider = provider(&server.base_url, None, ThinkingSupport::Never);
+    let started = Instant::now();
+    let response = provider
+        .complete(hello(), CancellationToken::new())
+        .await
+        .expect("reply");
+    assert_eq!(response.content.as_deref(), Some("after the wait"));
+    assert_eq!(server.requests().len(), 2);
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_secs(1), "waited only {waited:?}");
+    assert!(waited < Duration::from_secs(4), "waited {waited:?}");
+}
+
+#[tokio::test]
+async fn a_long_retry_after_is_capped() {
+    let server = TestServer::sequence(vec![
+        Reply::json(429, json!({"error": {"message": "slow down"}})).header("Retry-After", "3600"),
+        text_reply("soon"),
+    ])
+    .await;
+    let settings = HttpSettings {
+        max_retry_after: Duration::from_millis(50),
+        ..fast_http()
+    };
+    let provider = provider_with(&server.base_url, None, ThinkingSupport::Never, settings);
+    let started = Instant::now();
+    let response = provider
+        .complete(hello(), CancellationToken::new())
+        .await
+        .expect("reply");
+    assert_eq!(response.content.as_deref(), Some("soon"));
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+#[tokio::test]
+async fn server_errors_are_retried_then_succeed() {
+    let server = TestServer::sequence(vec![
+        Reply::raw(500, "boom"),
+        Reply::raw(503, "busy"),
+        text_reply("third time"),
+    ])
+    .await;
+    let provider = provider(&server.base_url, None, ThinkingSupport::Never);
+    let response = provider
+        .complete(hello(), CancellationToken::new())
+        .await
+        .expect("reply");
+    assert_eq!(response.content.as_deref(), Some("third time"));
+    let requests = server.requests();
+    assert_eq!(requests.len(), 3);
+    assert!(requests
+        .iter()
+        .all(|request| request.body == requests[0].body));
+}
+
+#[tokio::test]
+async fn retries_are_bounded() {
+    let server =
+        TestServer::start(|_, _| Reply::json(500, json!({"error": {"message": "always broken"}})))
+            .await;
+    let provider = provider(&server.base_url, None, ThinkingSupport::Never);
+    assert_eq!(
+        failure(&provider).await,
+        format!(
+            "model request to {}/chat/completions failed: HTTP 500 Internal Server Error: always broken (after 4 attempts)",
+            server.base_url
+        )
+    );
+    assert_eq!(server.requests().len(), 4);
+}
+
+#[tokio::test]
+async fn a_connection_closed_mid_response_is_retried() {
+    let body = json!({"choices": [{"message": {"content": "whole"}}]}).to_string();
+    let server = TestServer::sequence(vec![
+        Reply::raw(200, body.clone()).behave(Behaviour::HangUpAfter { bytes: 12 }),
+        Reply::raw(200, body.clone()).behave(Behaviour::CloseAtOnce),
+        Reply::raw(200, body),
+    ])
+    .await;
+    let provider = provider(&server.base_url, None, ThinkingSupport::Never);
+    let response = provider
+        .complete(hello(), CancellationToken::new())
+        .await
+        .expect("reply");
+    assert_eq!(response.content.as_deref(), Some("whole"));
+    assert_eq!(server.requests().len(), 3);
+}
+
+#[tokio::test]
+async fn a_connection_that_always_breaks_fails_after_the_retries() {
+    let body = json!({"choices": [{"message": {"content": "whole"}}]}).to_string();
+    let server = TestServer::sequence(vec![
+        Reply::raw(200, body).behave(Behaviour::HangUpAfter { bytes: 12 })
+    ])
+    .await;
+    let provider = provider(&server.base_url, None, ThinkingSupport::Never);
+    assert_eq!(
+        failure(&provider).await,
+        format!(
+            "model request to {}/chat/completions failed: the connection broke while the response was arriving: \
+             error reading a body from connection: end of file before message length reached (after 4 attempts)",
+            server.base_url
+        )
+    );
+    assert_eq!(server.requests().len(), 4);
+}
+
+#[tokio::test]
+async fn a_refused_connection_fails_without_retrying() {
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("address").port()
+    };
+    let base_url = format!("http://127.0.0.1:{port}");
+    let provider = provider(&base_url, None, ThinkingSupport::Never);
+    let started = Instant::now();
+    assert_eq!(
+        failure(&provider).await,
+        format!("model request to {base_url}/chat/completions failed: cannot connect: tcp connect error: Connection refused (os error 111)")
+    );
+    assert!(started.elapsed() < Duration::from_secs(1));
+}
+
+#[tokio::test]
+async fn cancellation_cuts_a_slow_response_short() {
+    let server = TestServer::sequence(vec![text_reply("late").behave(Behaviour::Silent {
+        pause: Duration::from_secs(5),
+    })])
+    .await;
+    let settings = HttpSettings {
+        receive_timeout: Duration::from_secs(10),
+        ..fast_http()
+    };
+    let provider = provider_with(&server.base_url, None, ThinkingSupport::Never, settings);
+    let cancel = CancellationToken::new();
+    let trigger = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        trigger.cancel();
+    });
+    let started = Instant::now();
+    assert_eq!(
+        provider.complete(hello(), cancel).await,
+        Err(ProviderError::Cancelled)
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+#[tokio::test]
+async fn cancellation_cuts_a_backoff_sleep_short() {
+    let server = TestServer::sequence(vec![
+        Reply::json(429, json!({"error": {"message": "slow down"}})).header("Retry-After", "4"),
+        text_reply("too late"),
+    ])
+    .await;
+    let provider = provider(&server.base_url, None, ThinkingSupport::Never);
+    let cancel = CancellationToken::new();
+    let trigger = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        trigger.cancel();
+    });
+    let started = Instant::now();
+    assert_eq!(
+        provider.complete(hello(), cancel).await,
+        Err(ProviderError::Cancelled)
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!(server.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn an_already_cancelled_call_sends_nothing() {
+    let server = TestServer::sequence(vec![text_reply("never")]).await;
+    let provider = provider(&server.base_url, None, ThinkingSupport::Never);
+    let cancel = CancellationToken::new();
+    cancel.cancel();
+    assert_eq!(
+        provider.complete(hello(), cancel).await,
+        Err(ProviderError::Cancelled)
+    );
+    assert_eq!(server.requests().len(), 0);
+}
+
+#[tokio::test]
+async fn a_redirect_is_not_followed() {
+    let server = TestServer::start(|_, _| {
+        Reply::raw(307, "").header("Location", "http://127.0.0.2:9/steal")
+    })
+    .await;
+    let provider = provider(&server.base_url, None, ThinkingSupport::Never);
+    assert_eq!(
+        failure(&provider).await,
+        format!(
+            "model request to {}/chat/completions failed: HTTP 307 Temporary Redirect",
+            server.base_url
+        )
+    );
+    assert_eq!(server.requests().len(), 1);
+}

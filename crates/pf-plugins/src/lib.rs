@@ -1,0 +1,18 @@
+//! First-party Plugins and Host services for promptforge:
+//!
+//! - [`WebPlugin`]: `promptforge/web` with the tools `fetch` and `search`;
+//! - [`McpPlugin`]: an MCP server (stdio or streamable HTTP) offered as a Plugin;
+//! - [`FixedAnswersBroker`] and [`StdinInputBroker`]: the `promptforge/input-broker` service.
+
+mod input;
+mod mcp;
+mod web;
+
+pub use input::{FixedAnswersBroker, StdinInputBroker};
+pub use mcp::{
+    McpConfig, McpPlugin, DEFAULT_CALL_TIMEOUT, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_START_TIMEOUT,
+};
+pub use web::{
+    FetchLimits, HostResolver, SearchBackend, SystemResolver, WebConfig, WebPlugin,
+    FETCH_TOOL, FETCH_USER_AGENT, SEARCH_TOOL, WEB_PLUGIN_ID,
+};

@@ -1,0 +1,585 @@
+//! MCP servers as Plugins, against real server processes (tests/mcp_server.py)
+//! and a small streamable-HTTP responder.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pf_harness::{ActivationContext, ActivePlugin, CancellationToken, HostServices, Plugin, ToolFailure};
+use pf_plugins::{McpConfig, McpPlugin};
+use serde_json::{json, Value as Json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn server_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp_server.py")
+}
+
+fn context(cancel: CancellationToken) -> ActivationContext {
+    ActivationContext {
+        store_dir: std::env::temp_dir(),
+        cancel,
+        services: HostServices::default(),
+        config: None,
+    }
+}
+
+/// Writes the server spec and returns a Plugin that starts the script with it.
+struct Server {
+    dir: tempfile::TempDir,
+}
+
+impl Server {
+    fn new(spec: Json) -> Server {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut spec = spec;
+        if let Some(object) = spec.as_object_mut() {
+            object.insert(
+                "pid_file".into(),
+                json!(dir.path().join("pid").to_string_lossy()),
+            );
+        }
+        std::fs::write(dir.path().join("spec.json"), spec.to_string()).expect("spec written");
+        Server { dir }
+    }
+
+    fn config(&self) -> McpConfig {
+        McpConfig {
+            command: Some(vec![
+                "python3".into(),
+                server_script().to_string_lossy().into_owned(),
+                self.dir.path().join("spec.json").to_string_lossy().into_owned(),
+            ]),
+            url: None,
+            trusted: false,
+            conflicts: Vec::new(),
+        }
+    }
+
+    fn plugin(&self) -> McpPlugin {
+        McpPlugin::new("acme/kit", self.config())
+    }
+
+    fn pid(&self) -> u32 {
+        let text = std::fs::read_to_string(self.dir.path().join("pid")).expect("pid file");
+        text.trim().parse().expect("pid")
+    }
+
+    /// True when the server is gone within `within`; a server killed before it
+    /// could even write its pid file is gone too.
+    async fn gone_within(&self, within: Duration) -> bool {
+        match std::fs::read_to_string(self.dir.path().join("pid")) {
+            Ok(text) => match text.trim().parse() {
+                Ok(pid) => wait_until_gone(pid, within).await,
+                Err(_) => true,
+            },
+            Err(_) => true,
+        }
+    }
+}
+
+fn process_exists(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+async fn wait_until_gone(pid: u32, within: Duration) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if !process_exists(pid) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    !process_exists(pid)
+}
+
+async fn activate(plugin: &McpPlugin) -> Arc<dyn ActivePlugin> {
+    match plugin.activate(context(CancellationToken::new())).await {
+        Ok(active) => active,
+        Err(error) => panic!("activation failed: {error}"),
+    }
+}
+
+async fn call(active: &Arc<dyn ActivePlugin>, path: &str, arguments: Json) -> Result<String, ToolFailure> {
+    active.call(path, arguments, CancellationToken::new()).await
+}
+
+fn kit_tools() -> Json {
+    json!([
+        {"name": "echo", "description": "Echo the arguments", "inputSchema": {"type": "object", "properties": {"q": {"type": "string"}}},
+         "result": {"texts": ["got {{ARGS}}"]}},
+        {"name": "two", "description": "Two text parts", "result": {"texts": ["first", "second"]}},
+        {"name": "form", "description": "Structured", "outputSchema": {"type": "object"},
+         "result": {"structured": {"text": "typed", "images": []}, "text": "ignored text"}},
+        {"name": "form-text", "description": "Structured without structuredContent", "outputSchema": {"type": "object"},
+         "result": {"texts": ["{\"a\": 1}"]}},
+        {"name": "fails", "description": "isError", "result": {"error": "page unavailable"}},
+        {"name": "rpc", "description": "JSON-RPC error", "result": {"rpc_error": "backend exploded"}},
+        {"name": "Bad", "description": "upper case"},
+        {"name": "has space", "description": "space"},
+        {"name": "a/b", "description": "slash"},
+        {"name": "dup", "description": "first dup", "result": {"texts": ["first"]}},
+        {"name": "dup", "description": "second dup", "result": {"texts": ["second"]}}
+    ])
+}
+
+#[tokio::test]
+async fn activation_lists_valid_tools_under_the_plugin_id() {
+    let server = Server::new(json!({"tools": kit_tools()}));
+    let mut config = server.config();
+    config.trusted = true;
+    config.conflicts = vec!["acme/other".into()];
+    let plugin = McpPlugin::new("acme/kit", config);
+    assert_eq!(plugin.id(), "acme/kit");
+    assert_eq!(plugin.conflicts(), vec!["acme/other".to_string()]);
+    let active = activate(&plugin).await;
+    let tools = active.tools();
+    let paths: Vec<&str> = tools.iter().map(|t| t.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "acme/kit/echo",
+            "acme/kit/two",
+            "acme/kit/form",
+            "acme/kit/form-text",
+            "acme/kit/fails",
+            "acme/kit/rpc",
+            "acme/kit/dup"
+        ]
+    );
+    let echo = &tools[0];
+    assert_eq!(echo.description, "Echo the arguments");
+    assert_eq!(
+        echo.parameters,
+        json!({"type": "object", "properties": {"q": {"type": "string"}}})
+    );
+    assert!(!echo.structured);
+    assert!(echo.trusted);
+    assert!(tools[2].structured);
+    assert!(tools[3].structured);
+    assert_eq!(tools[6].description, "first dup");
+    active.shutdown().await;
+}
+
+#[tokio::test]
+async fn call_results_plain_structured_and_failures() {
+    let server = Server::new(json!({"tools": kit_tools()}));
+    let active = activate(&server.plugin()).await;
+    assert!(!active.tools()[0].trusted);
+    assert_eq!(
+        call(&active, "acme/kit/echo", json!({"q": "x", "n": 2})).await,
+        Ok("got {\"n\": 2, \"q\": \"x\"}".to_string())
+    );
+    assert_eq!(
+        call(&active, "acme/kit/two", json!({})).await,
+        Ok("first\nsecond".to_string())
+    );
+    assert_eq!(
+        call(&active, "acme/kit/form", json!({})).await,
+        Ok("{\"text\":\"typed\",\"images\":[]}".to_string())
+    );
+    assert_eq!(
+        call(&active, "acme/kit/form-text", Json::Null).await,
+        Ok("{\"a\": 1}".to_string())
+    );
+    assert_eq!(
+        call(&active, "acme/kit/fails", json!({})).await,
+        Err(ToolFailure("page unavailable".into()))
+    );
+    assert_eq!(
+        call(&active, "acme/kit/rpc", json!({})).await,
+        Err(ToolFailure("backend exploded".into()))
+    );
+    assert_eq!(
+        call(&active, "acme/kit/dup", json!({})).await,
+        Ok("first".to_string())
+    );
+    assert_eq!(
+        call(&active, "acme/kit/nope", json!({})).await,
+        Err(ToolFailure("unknown tool acme/kit/nope".into()))
+    );
+    assert_eq!(
+        call(&active, "acme/kit/echo", json!([1])).await,
+        Err(ToolFailure("tool arguments must be a JSON object".into()))
+    );
+    active.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_shared_conformance_fixture_works_when_present() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/conformance/mcp_fixture.py");
+    if !fixture.exists() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let spec = dir.path().join("tools.json");
+    std::fs::write(
+        &spec,
+        json!({"tools": [
+            {"name": "finder", "description": "Look up entries", "inputSchema": {"type": "object"},
+             "result": {"text": "found {{ARGS}}"}},
+            {"name": "form", "description": "Fill a form", "outputSchema": {"type": "object"},
+             "result": {"structured": {"text": "typed", "images": []}}}
+        ]})
+        .to_string(),
+    )
+    .expect("spec");
+    let config = McpConfig {
+        command: Some(vec![
+            "python3".into(),
+            fixture.to_string_lossy().into_owned(),
+            spec.to_string_lossy().into_owned(),
+        ]),
+        ..McpConfig::default()
+    };
+    let active = activate(&McpPlugin::new("acme/kit", config)).await;
+    assert_eq!(
+        call(&active, "acme/kit/finder", json!({"k": 1})).await,
+        Ok("found {\"k\": 1}".to_string())
+    );
+    assert_eq!(
+        call(&active, "acme/kit/form", json!({})).await,
+        Ok("{\"text\":\"typed\",\"images\":[]}".to_string())
+    );
+    active.shutdown().await;
+}
+
+#[tokio::test]
+async fn tool_list_pages_are_followed() {
+    let tools: Vec<Json> = (0..7)
+        .map(|i| json!({"name": format!("t{i}"), "result": {"texts": [format!("from t{i}")]}}))
+        .collect();
+    let server = Server::new(json!({"tools": tools, "page_size": 3}));
+    let active = activate(&server.plugin()).await;
+    let paths: Vec<String> = active.tools().into_iter().map(|t| t.path).collect();
+    assert_eq!(
+        paths,
+        (0..7).map(|i| format!("acme/kit/t{i}")).collect::<Vec<_>>()
+    );
+    assert_eq!(call(&active, "acme/kit/t6", json!({})).await, Ok("from t6".into()));
+    active.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_server_that_cannot_start_or_initialize_fails_activation() {
+    let server = Server::new(json!({"fail_start": true}));
+    let error = server
+        .plugin()
+        .activate(context(CancellationToken::new()))
+        .await
+        .err()
+        .expect("activation fails");
+    assert!(error.starts_with("MCP server acme/kit failed to initialize: "), "{error}");
+    assert!(error.ends_with("(exit status: 3)"), "{error}");
+
+    let missing = McpPlugin::new(
+        "acme/kit",
+        McpConfig {
+            command: Some(vec!["/nonexistent/mcp-server".into()]),
+            ..McpConfig::default()
+        },
+    );
+    let error = missing.activate(context(CancellationToken::new())).await.err().expect("fails");
+    assert!(
+        error.starts_with("MCP server acme/kit: cannot start `/nonexistent/mcp-server`: "),
+        "{error}"
+    );
+
+    let neither = McpPlugin::new("acme/kit", McpConfig::default());
+    assert_eq!(
+        neither.activate(context(CancellationToken::new())).await.err().as_deref(),
+        Some("MCP server acme/kit: set exactly one of `command` and `url`")
+    );
+
+    let garbage = Server::new(json!({"init": "garbage"}));
+    let error = garbage.plugin().activate(context(CancellationToken::new())).await.err().expect("fails");
+    assert!(error.starts_with("MCP server acme/kit failed to initialize: "), "{error}");
+    assert!(garbage.gone_within(Duration::from_secs(5)).await);
+}
+
+#[tokio::test]
+async fn a_silent_server_times_out_at_start_and_is_killed() {
+    let server = Server::new(json!({"init": "silent"}));
+    let plugin = server.plugin().with_start_timeout(Duration::from_millis(500));
+    let started = Instant::now();
+    let error = plugin.activate(context(CancellationToken::new())).await.err().expect("fails");
+    assert_eq!(
+        error,
+        "MCP server acme/kit failed to initialize: no answer within 0.5 s (signal: 9 (SIGKILL))"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(server.gone_within(Duration::from_secs(5)).await);
+}
+
+#[tokio::test]
+async fn cancelling_the_run_stops_a_hanging_start() {
+    let server = Server::new(json!({"init": "silent"}));
+    let cancel = CancellationToken::new();
+    let trigger = cancel.clone();
+    let pid_file = server.dir.path().join("pid");
+    tokio::spawn(async move {
+        // Cancel once the server is up and waiting on the handshake.
+        while !pid_file.exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        trigger.cancel();
+    });
+    let started = Instant::now();
+    let error = server.plugin().activate(context(cancel)).await.err().expect("fails");
+    assert!(error.starts_with("MCP server acme/kit failed to initialize: cancelled"), "{error}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(server.gone_within(Duration::from_secs(5)).await);
+}
+
+fn behaviour_tools() -> Json {
+    json!([
+        {"name": "ok", "result": {"texts": ["fine"]}},
+        {"name": "exit", "result": {"behaviour": "exit"}},
+        {"name": "silent", "result": {"behaviour": "silent"}},
+        {"name": "huge", "result": {"behaviour": "huge", "size": 5000}},
+        {"name": "malformed", "result": {"behaviour": "malformed"}},
+        {"name": "noisy", "result": {"behaviour": "garbage_then_text", "text": "still fine"}}
+    ])
+}
+
+#[tokio::test]
+async fn a_server_exiting_mid_call_fails_the_call() {
+    let server = Server::new(json!({"tools": behaviour_tools()}));
+    let active = activate(&server.plugin()).await;
+    assert_eq!(
+        call(&active, "acme/kit/exit", json!({})).await,
+        Err(ToolFailure("MCP server acme/kit closed its connection".into()))
+    );
+    assert_eq!(
+        call(&active, "acme/kit/ok", json!({})).await,
+        Err(ToolFailure("MCP server acme/kit closed its connection".into()))
+    );
+    active.shutdown().await;
+    assert!(!process_exists(server.pid()));
+}
+
+#[tokio::test]
+async fn garbage_lines_are_skipped_and_malformed_answers_fail_their_call() {
+    let server = Server::new(json!({"tools": behaviour_tools()}));
+    let active = activate(&server.plugin()).await;
+    assert_eq!(
+        call(&active, "acme/kit/noisy", json!({})).await,
+        Ok("still fine".to_string())
+    );
+    assert_eq!(
+        call(&active, "acme/kit/malformed", json!({})).await,
+        Err(ToolFailure(
+            "MCP server acme/kit sent a malformed answer to tools/call".into()
+        ))
+    );
+    assert_eq!(call(&active, "acme/kit/ok", json!({})).await, Ok("fine".to_string()));
+    active.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_call_that_never_answers_times_out_or_is_cancelled() {
+    let server = Server::new(json!({"tools": behaviour_tools()}));
+    let plugin = server.plugin().with_call_timeout(Duration::from_millis(400));
+    let active = activate(&plugin).await;
+    let started = Instant::now();
+    assert_eq!(
+        call(&active, "acme/kit/silent", json!({})).await,
+        Err(ToolFailure("MCP server acme/kit did not answer within 0.4 s".into()))
+    );
+    assert!(started.elapsed() < Duration::from_secs(3));
+
+    let cancel = CancellationToken::new();
+    let trigger = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        trigger.cancel();
+    });
+    let slow = McpPlugin::new("acme/kit", server.config());
+    let patient = activate(&slow).await;
+    let started = Instant::now();
+    assert_eq!(
+        patient.call("acme/kit/silent", json!({}), cancel).await,
+        Err(ToolFailure("cancelled".into()))
+    );
+    assert!(started.elapsed() < Duration::from_secs(3));
+    // The session survives an abandoned call.
+    assert_eq!(call(&patient, "acme/kit/ok", json!({})).await, Ok("fine".to_string()));
+    active.shutdown().await;
+    patient.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_oversized_answer_fails_the_call_with_a_clear_message() {
+    let server = Server::new(json!({"tools": behaviour_tools()}));
+    let plugin = server.plugin().with_max_message_bytes(1000);
+    let active = activate(&plugin).await;
+    assert_eq!(
+        call(&active, "acme/kit/huge", json!({})).await,
+        Err(ToolFailure(
+            "MCP server acme/kit sent a message larger than 1000 bytes; its connection was closed"
+                .into()
+        ))
+    );
+    active.shutdown().await;
+    assert!(!process_exists(server.pid()));
+}
+
+#[tokio::test]
+async fn shutdown_reaps_the_server_even_when_it_ignores_end_of_input() {
+    let server = Server::new(json!({"tools": behaviour_tools(), "ignore_eof": true}));
+    let active = activate(&server.plugin()).await;
+    let pid = server.pid();
+    assert!(process_exists(pid));
+    let started = Instant::now();
+    active.shutdown().await;
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // Reaped, not a zombie: the /proc entry is gone right after shutdown returns.
+    assert!(!process_exists(pid));
+    assert_eq!(
+        call(&active, "acme/kit/ok", json!({})).await,
+        Err(ToolFailure("MCP server acme/kit closed its connection".into()))
+    );
+    // A second shutdown is harmless.
+    active.shutdown().await;
+}
+
+#[tokio::test]
+async fn dropping_without_shutdown_still_kills_the_server() {
+    let server = Server::new(json!({"tools": behaviour_tools(), "ignore_eof": true}));
+    let active = activate(&server.plugin()).await;
+    let pid = server.pid();
+    assert!(process_exists(pid));
+    drop(active);
+    assert!(wait_until_gone(pid, Duration::from_secs(10)).await);
+}
+
+// ---------------------------------------------------------------------------
+// Streamable HTTP
+// ---------------------------------------------------------------------------
+
+/// A stateless streamable-HTTP MCP responder: one JSON answer per POST.
+async fn http_mcp_server() -> (String, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = listener.local_addr().expect("address");
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut data = Vec::new();
+                let mut buffer = [0u8; 4096];
+                let (head_end, content_length) = loop {
+                    let n = socket.read(&mut buffer).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    data.extend_from_slice(&buffer[..n]);
+                    if let Some(at) = data.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head = String::from_utf8_lossy(&data[..at]).to_ascii_lowercase();
+                        let length = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse::<usize>().ok())
+                            .unwrap_or(0);
+                        break (at + 4, length);
+                    }
+                };
+                while data.len() < head_end + content_length {
+                    let n = socket.read(&mut buffer).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    data.extend_from_slice(&buffer[..n]);
+                }
+                let head = String::from_utf8_lossy(&data[..head_end]).to_string();
+                let body: Json = serde_json::from_slice(&data[head_end..head_end + content_length])
+                    .unwrap_or(Json::Null);
+                let answer = if !head.starts_with("POST ") {
+                    None
+                } else {
+                    let id = body.get("id").cloned();
+                    let method = body.get("method").and_then(Json::as_str).unwrap_or("");
+                    id.map(|id| {
+                        let result = match method {
+                            "initialize" => json!({"protocolVersion": "2025-03-26", "capabilities": {"tools": {}},
+                                                   "serverInfo": {"name": "http-test", "version": "1"}}),
+                            "tools/list" => json!({"tools": [
+                                {"name": "hello", "description": "Say hello", "inputSchema": {"type": "object"}},
+                                {"name": "shape", "description": "Structured", "inputSchema": {"type": "object"},
+                                 "outputSchema": {"type": "object"}}]}),
+                            "tools/call" => {
+                                let name = body["params"]["name"].as_str().unwrap_or("");
+                                if name == "shape" {
+                                    json!({"content": [{"type": "text", "text": "{}"}], "structuredContent": {"ok": true}})
+                                } else {
+                                    json!({"content": [{"type": "text", "text": format!("hello over http, {}", body["params"]["arguments"]["who"].as_str().unwrap_or("?"))}]})
+                                }
+                            }
+                            _ => json!({}),
+                        };
+                        json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string()
+                    })
+                };
+                let response = match (head.starts_with("POST "), answer) {
+                    (true, Some(body)) => format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{}",
+                        body.len(),
+                        body
+                    ),
+                    (true, None) => "HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_string(),
+                    (false, _) => "HTTP/1.1 405 Method Not Allowed\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_string(),
+                };
+                let _ = socket.write_all(response.as_bytes()).await;
+                let _ = socket.shutdown().await;
+            });
+        }
+    });
+    (format!("http://{address}/mcp"), task)
+}
+
+#[tokio::test]
+async fn a_streamable_http_server_is_a_plugin_too() {
+    let (url, server) = http_mcp_server().await;
+    let plugin = McpPlugin::new(
+        "acme/remote",
+        McpConfig {
+            url: Some(url),
+            ..McpConfig::default()
+        },
+    );
+    let active = activate(&plugin).await;
+    let tools = active.tools();
+    let paths: Vec<&str> = tools.iter().map(|t| t.path.as_str()).collect();
+    assert_eq!(paths, ["acme/remote/hello", "acme/remote/shape"]);
+    assert!(!tools[0].structured);
+    assert!(tools[1].structured);
+    assert_eq!(
+        call(&active, "acme/remote/hello", json!({"who": "tests"})).await,
+        Ok("hello over http, tests".to_string())
+    );
+    assert_eq!(
+        call(&active, "acme/remote/shape", json!({})).await,
+        Ok("{\"ok\":true}".to_string())
+    );
+    active.shutdown().await;
+    server.abort();
+}
+
+#[tokio::test]
+async fn an_unreachable_http_server_fails_activation() {
+    // Bind then drop a listener so the port is closed.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let address = listener.local_addr().expect("address");
+    drop(listener);
+    let plugin = McpPlugin::new(
+        "acme/remote",
+        McpConfig {
+            url: Some(format!("http://{address}/mcp")),
+            ..McpConfig::default()
+        },
+    )
+    .with_start_timeout(Duration::from_secs(5));
+    let error = plugin.activate(context(CancellationToken::new())).await.err().expect("fails");
+    assert!(error.starts_with("MCP server acme/remote failed to initialize: "), "{error}");
+}

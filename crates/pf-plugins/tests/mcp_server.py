@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""A small MCP server over stdio (newline-delimited JSON-RPC 2.0) for the pf-plugins tests,
+good and bad behaviour alike.
+
+Usage: mcp_server.py SPEC.json
+SPEC.json: {"fail_start": false,          # exit 3 before reading anything
+            "pid_file": "path",           # write our pid here at start
+            "ignore_eof": false,          # keep running after stdin closes
+            "page_size": 0,               # paginate tools/list with this many tools per page
+            "init": "ok" | "silent" | "garbage",
+            "tools": [{"name": "...", "description": "...", "inputSchema": {...},
+                       "outputSchema": {...},                       # optional
+                       "result": {"texts": ["a", "b"]}              # several text parts
+                               | {"structured": {...}, "text": "..."}   # structuredContent (+ text)
+                               | {"error": "text"}                  # isError result
+                               | {"rpc_error": "message"}           # JSON-RPC error
+                               | {"behaviour": "exit" | "silent" | "huge" | "malformed" | "garbage_then_text",
+                                  "size": 100000, "text": "..."}}]}
+"""
+import json, os, sys, time
+
+spec = json.load(open(sys.argv[1]))
+if spec.get("pid_file"):
+    with open(spec["pid_file"], "w") as f:
+        f.write(str(os.getpid()))
+if spec.get("fail_start"):
+    sys.exit(3)
+
+
+def send(obj):
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def reply(i, result=None, error=None):
+    msg = {"jsonrpc": "2.0", "id": i}
+    if error is not None:
+        msg["error"] = error
+    else:
+        msg["result"] = result
+    send(msg)
+
+
+def describe(t):
+    d = {"name": t["name"], "description": t.get("description", ""),
+         "inputSchema": t.get("inputSchema", {"type": "object"})}
+    if "outputSchema" in t:
+        d["outputSchema"] = t["outputSchema"]
+    return d
+
+
+def call(i, params):
+    t = next((t for t in spec.get("tools", []) if t["name"] == params.get("name")), None)
+    if t is None:
+        reply(i, error={"code": -32602, "message": f"unknown tool {params.get('name')}"})
+        return
+    r = t.get("result", {"texts": [""]})
+    args = json.dumps(params.get("arguments", {}), sort_keys=True)
+    b = r.get("behaviour")
+    if b == "exit":
+        sys.exit(1)
+    if b == "silent":
+        return
+    if b == "huge":
+        reply(i, {"content": [{"type": "text", "text": "x" * r.get("size", 100000)}]})
+        return
+    if b == "malformed":
+        send({"jsonrpc": "2.0", "id": i, "result": {"content": "not a list", "isError": "maybe"}})
+        return
+    if b == "garbage_then_text":
+        sys.stdout.write("this is not json at all\n")
+        sys.stdout.write("{\"half\": \n")
+        sys.stdout.flush()
+        reply(i, {"content": [{"type": "text", "text": r.get("text", "")}]})
+        return
+    if "rpc_error" in r:
+        reply(i, error={"code": -32000, "message": r["rpc_error"]})
+    elif "error" in r:
+        reply(i, {"content": [{"type": "text", "text": r["error"]}], "isError": True})
+    elif "structured" in r:
+        content = [{"type": "text", "text": r.get("text", json.dumps(r["structured"]))}]
+        reply(i, {"content": content, "structuredContent": r["structured"]})
+    else:
+        texts = [x.replace("{{ARGS}}", args) for x in r.get("texts", [])]
+        reply(i, {"content": [{"type": "text", "text": x} for x in texts]})
+
+
+def main():
+    for line in sys.stdin:
+        line = line.strip()
+        if not line:
+            continue
+        req = json.loads(line)
+        method, i = req.get("method"), req.get("id")
+        if i is None:
+            continue
+        if method == "initialize":
+            mode = spec.get("init", "ok")
+            if mode == "silent":
+                continue
+            if mode == "garbage":
+                sys.stdout.write("hello, I am not an MCP server\n")
+                sys.stdout.flush()
+                sys.exit(0)
+            reply(i, {"protocolVersion": req.get("params", {}).get("protocolVersion", "2025-06-18"),
+                      "capabilities": {"tools": {}}, "serverInfo": {"name": "test", "version": "1"}})
+        elif method == "tools/list":
+            tools = [describe(t) for t in spec.get("tools", [])]
+            size = spec.get("page_size", 0)
+            if size:
+                start = int((req.get("params") or {}).get("cursor") or 0)
+                page = {"tools": tools[start:start + size]}
+                if start + size < len(tools):
+                    page["nextCursor"] = str(start + size)
+                reply(i, page)
+            else:
+                reply(i, {"tools": tools})
+        elif method == "tools/call":
+            call(i, req.get("params", {}))
+        elif method == "ping":
+            reply(i, {})
+        else:
+            reply(i, error={"code": -32601, "message": f"method not found: {method}"})
+    if spec.get("ignore_eof"):
+        while True:
+            time.sleep(1)
+
+
+main()

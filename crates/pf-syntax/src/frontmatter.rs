@@ -1,0 +1,621 @@
+//! The frontmatter contract: every top-level key, its value rules, and the
+//! cross-key checks, with the exact messages of the guide and the seed.
+
+use crate::ast::*;
+use crate::names::{
+    check_plugin_id, check_tool_path, is_reserved_name, is_valid_name, NAME_GRAMMAR,
+};
+use crate::yaml::{parse_int, IntValue, Mark, Node, NodeKind, ScalarType};
+use std::collections::HashSet;
+
+const TOP_LEVEL_KEYS: &[&str] = &[
+    "name",
+    "description",
+    "promptforge",
+    "max_tool_iterations",
+    "input",
+    "output",
+    "plugins",
+    "tools",
+    "args",
+    "models",
+];
+const PLUGIN_ENTRY_KEYS: &[&str] = &["ref", "optional", "config"];
+const FILE_DECL_KEYS: &[&str] = &["path", "description"];
+const ARG_KEYS: &[&str] = &["type", "optional", "default", "description"];
+const ARG_TYPES: &[&str] = &["string", "boolean", "integer", "number"];
+const ROLE_KEYS: &[&str] = &["keywords", "min_context", "description"];
+/// The seven role keywords: the hard ones first, then the soft ones.
+pub const ROLE_KEYWORDS: &[&str] = &[
+    "thinking",
+    "no-thinking",
+    "frontier",
+    "fast",
+    "small",
+    "creative",
+    "chat",
+];
+
+/// A frontmatter error: `invalid frontmatter: {detail}`, located when `mark` is set.
+pub(crate) fn fm_error(detail: impl std::fmt::Display, mark: Option<Mark>) -> ParseError {
+    ParseError {
+        kind: ParseErrorKind::Frontmatter,
+        message: format!("invalid frontmatter: {detail}"),
+        line: mark.map(|m| m.line),
+        column: mark.map(|m| m.column),
+    }
+}
+
+fn at(detail: impl std::fmt::Display, mark: Mark) -> ParseError {
+    fm_error(detail, Some(mark))
+}
+
+/// serde's wording for the accepted keys: "expected `a`", "expected `a` or `b`",
+/// "expected one of `a`, `b`, `c`".
+fn expected_keys(keys: &[&str]) -> String {
+    match keys {
+        [] => "there are no fields".to_string(),
+        [one] => format!("expected `{one}`"),
+        [a, b] => format!("expected `{a}` or `{b}`"),
+        _ => {
+            let list: Vec<String> = keys.iter().map(|k| format!("`{k}`")).collect();
+            format!("expected one of {}", list.join(", "))
+        }
+    }
+}
+
+fn unknown_field(key: &str, keys: &[&str]) -> String {
+    format!("unknown field `{key}`, {}", expected_keys(keys))
+}
+
+fn invalid_type(node: &Node, expected: &str) -> ParseError {
+    at(
+        format!("invalid type: {}, {expected}", node.describe()),
+        node.mark,
+    )
+}
+
+fn key_text(key: &Node) -> String {
+    match key.text() {
+        Some(text) => text.to_string(),
+        None => key.describe(),
+    }
+}
+
+/// A free-text string value: any non-null scalar, kept as written.
+fn text_value(node: &Node) -> Result<String, ParseError> {
+    match node.scalar_type() {
+        Some(ScalarType::Null) | None => Err(invalid_type(node, "expected a string")),
+        Some(_) => Ok(node.text().unwrap_or_default().to_string()),
+    }
+}
+
+fn bool_value(node: &Node) -> Result<bool, ParseError> {
+    match node.scalar_type() {
+        Some(ScalarType::Bool(b)) => Ok(b),
+        _ => Err(invalid_type(node, "expected a boolean")),
+    }
+}
+
+/// Walks a map's entries, rejecting a key written twice (`duplicate field`) and
+/// any key outside `keys` (`unknown field`), both at `error_mark` when given,
+/// else at the key itself.
+fn struct_entries<'n>(
+    entries: &'n [(Node, Node)],
+    keys: &[&str],
+    error_mark: Option<Mark>,
+) -> Result<Vec<(&'n str, &'n Node)>, ParseError> {
+    let mut seen: Vec<(&'n str, &'n Node)> = Vec::new();
+    for (key, value) in entries {
+        let name = match key.text() {
+            Some(text) => text,
+            None => {
+                return Err(at(
+                    unknown_field(&key.describe(), keys),
+                    error_mark.unwrap_or(key.mark),
+                ))
+            }
+        };
+        if !keys.contains(&name) {
+            return Err(at(
+                unknown_field(name, keys),
+                error_mark.unwrap_or(key.mark),
+            ));
+        }
+        if seen.iter().any(|(k, _)| *k == name) {
+            return Err(at(
+                format!("duplicate field `{name}`"),
+                error_mark.unwrap_or(key.mark),
+            ));
+        }
+        seen.push((name, value));
+    }
+    Ok(seen)
+}
+
+fn field<'n>(fields: &[(&str, &'n Node)], name: &str) -> Option<&'n Node> {
+    fields.iter().find(|(k, _)| *k == name).map(|(_, v)| *v)
+}
+
+/// Parses the frontmatter document. `document` is `None` for an empty
+/// frontmatter; `top_mark` is where the YAML begins.
+pub(crate) fn build(document: Option<&Node>, top_mark: Mark) -> Result<Frontmatter, ParseError> {
+    let empty: Vec<(Node, Node)> = Vec::new();
+    let (entries, map_mark) = match document {
+        None => (&empty, top_mark),
+        Some(node) => match &node.kind {
+            NodeKind::Map(entries) => (entries, node.mark),
+            _ if node.is_null() => (&empty, node.mark),
+            _ => return Err(invalid_type(node, "expected a map of frontmatter keys")),
+        },
+    };
+
+    let mut frontmatter = Frontmatter::default();
+    let mut seen: Vec<String> = Vec::new();
+    let mut has_name = false;
+    let mut has_description = false;
+    let mut tool_key_marks: Vec<Mark> = Vec::new();
+    let mut role_labels: HashSet<String> = HashSet::new();
+
+    for (key, value) in entries {
+        let name = key_text(key);
+        if !TOP_LEVEL_KEYS.contains(&name.as_str()) {
+            return Err(at(unknown_field(&name, TOP_LEVEL_KEYS), key.mark));
+        }
+        if seen.contains(&name) {
+            return Err(at(format!("duplicate field `{name}`"), key.mark));
+        }
+        seen.push(name.clone());
+        match name.as_str() {
+            "name" => {
+                frontmatter.name = text_value(value)?;
+                has_name = true;
+            }
+            "description" => {
+                frontmatter.description = text_value(value)?;
+                has_description = true;
+            }
+            "promptforge" => frontmatter.version = version(value)?,
+            "max_tool_iterations" => frontmatter.max_tool_iterations = max_tool_iterations(value)?,
+            "input" => frontmatter.input = file_decl(value)?,
+            "output" => frontmatter.output = file_decl(value)?,
+            "plugins" => frontmatter.plugins = plugins(value)?,
+            "tools" => {
+                let (slots, marks) = tools(value)?;
+                frontmatter.tools = slots;
+                tool_key_marks = marks;
+            }
+            "args" => frontmatter.args = args(value)?,
+            "models" => {
+                frontmatter.models = models(value)?;
+                role_labels = frontmatter.models.iter().map(|r| r.label.clone()).collect();
+            }
+            _ => {}
+        }
+    }
+
+    if !has_name {
+        return Err(at("missing field `name`", map_mark));
+    }
+    if !has_description {
+        return Err(at("missing field `description`", map_mark));
+    }
+
+    let mut declared = HashSet::new();
+    for plugin in &frontmatter.plugins {
+        if !declared.insert(plugin.id.as_str()) {
+            return Err(fm_error(
+                format!(
+                    "Plugin {} is declared more than once under plugins",
+                    plugin.id
+                ),
+                None,
+            ));
+        }
+    }
+
+    for (slot, mark) in frontmatter.tools.iter().zip(tool_key_marks.iter()) {
+        if is_reserved_name(&slot.alias) {
+            return Err(at(
+                format!(
+                    "invalid tool alias `{0}`: `{0}` is a reserved global name",
+                    slot.alias
+                ),
+                *mark,
+            ));
+        }
+        if role_labels.contains(&slot.alias) {
+            return Err(at(
+                format!(
+                    "invalid tool alias `{0}`: `{0}` is also a model role label under models; a tool alias may not repeat a role label",
+                    slot.alias
+                ),
+                *mark,
+            ));
+        }
+    }
+
+    let optional_ids: HashSet<&str> = frontmatter
+        .plugins
+        .iter()
+        .filter(|p| p.optional)
+        .map(|p| p.id.as_str())
+        .collect();
+    let optional_backed = frontmatter
+        .tools
+        .iter()
+        .filter(|slot| optional_ids.contains(slot.plugin_id()))
+        .min_by(|a, b| a.alias.as_bytes().cmp(b.alias.as_bytes()));
+    if let Some(slot) = optional_backed {
+        return Err(fm_error(
+            format!(
+                "tool alias '{}' names {}, whose Plugin {} is declared optional; a tool slot requires its Plugin",
+                slot.alias,
+                slot.path,
+                slot.plugin_id()
+            ),
+            None,
+        ));
+    }
+
+    Ok(frontmatter)
+}
+
+fn version(node: &Node) -> Result<Option<VersionValue>, ParseError> {
+    match node.scalar_type() {
+        Some(ScalarType::Null) => Ok(None),
+        Some(ScalarType::Int) => match parse_int(node.text().unwrap_or_default()) {
+            Some(IntValue::Unsigned(major)) => Ok(Some(VersionValue::Major(major))),
+            Some(IntValue::Signed(0)) => Ok(Some(VersionValue::Major(0))),
+            _ => Err(at(
+                format!(
+                    "invalid value: integer `{}`, expected a non-negative whole number",
+                    node.text().unwrap_or_default()
+                ),
+                node.mark,
+            )),
+        },
+        _ => Err(invalid_type(node, "expected a non-negative whole number")),
+    }
+}
+
+fn max_tool_iterations(node: &Node) -> Result<Option<u32>, ParseError> {
+    let raw = match node.scalar_type() {
+        Some(ScalarType::Null) => return Ok(None),
+        Some(_) => node.text().unwrap_or_default(),
+        None => return Err(invalid_type(node, "expected a whole number from 1 to 1000")),
+    };
+    let too_small = || {
+        at(
+            format!("max_tool_iterations must be a positive integer (>= 1), got {raw}"),
+            node.mark,
+        )
+    };
+    let too_large = || {
+        at(
+            format!("max_tool_iterations must be <= 1000, got {raw}"),
+            node.mark,
+        )
+    };
+    if node.scalar_type() != Some(ScalarType::Int) {
+        return Err(too_small());
+    }
+    match parse_int(raw) {
+        Some(IntValue::Unsigned(0)) | Some(IntValue::Signed(_)) => Err(too_small()),
+        Some(IntValue::Unsigned(n)) if n > 1000 => Err(too_large()),
+        Some(IntValue::Unsigned(n)) => Ok(Some(n as u32)),
+        // Too big for 64 bits: negative ones are below 1, others above 1000.
+        None if raw.starts_with('-') => Err(too_small()),
+        None => Err(too_large()),
+    }
+}
+
+fn file_decl(node: &Node) -> Result<Option<FileDecl>, ParseError> {
+    if node.is_null() {
+        return Ok(None);
+    }
+    let NodeKind::Map(entries) = &node.kind else {
+        return Err(invalid_type(
+            node,
+            "expected a map with `path` and `description`",
+        ));
+    };
+    let fields = struct_entries(entries, FILE_DECL_KEYS, None)?;
+    let path = match field(&fields, "path") {
+        Some(value) => text_value(value)?,
+        None => return Err(at("missing field `path`", node.mark)),
+    };
+    let description = match field(&fields, "description") {
+        Some(value) => text_value(value)?,
+        None => return Err(at("missing field `description`", node.mark)),
+    };
+    Ok(Some(FileDecl { path, description }))
+}
+
+fn plugins(node: &Node) -> Result<Vec<PluginDecl>, ParseError> {
+    if node.is_null() {
+        return Ok(Vec::new());
+    }
+    let NodeKind::Seq(items) = &node.kind else {
+        return Err(invalid_type(
+            node,
+            "expected a sequence of Plugin declarations",
+        ));
+    };
+    let mut declared = Vec::with_capacity(items.len());
+    for entry in items {
+        let (id, optional, config) =
+            match &entry.kind {
+                NodeKind::Map(entries) => {
+                    let fields = struct_entries(entries, PLUGIN_ENTRY_KEYS, Some(entry.mark))?;
+                    let optional = match field(&fields, "optional") {
+                        Some(value) => bool_value(value)?,
+                        None => false,
+                    };
+                    let config = field(&fields, "config").map(Node::to_json);
+                    let id = match field(&fields, "ref") {
+                        Some(value) => match value.as_str() {
+                            Some(text) => text.to_string(),
+                            None => return Err(invalid_type(value, "expected a Plugin id string")),
+                        },
+                        None => return Err(at("missing field `ref`", entry.mark)),
+                    };
+                    (id, optional, config)
+                }
+                _ => match entry.as_str() {
+                    Some(text) => (text.to_string(), false, None),
+                    None => return Err(invalid_type(
+                        entry,
+                        "expected a Plugin id string or a map with `ref`, `optional`, and `config`",
+                    )),
+                },
+            };
+        if let Err(detail) = check_plugin_id(&id) {
+            return Err(at(detail, entry.mark));
+        }
+        declared.push(PluginDecl {
+            id,
+            optional,
+            config,
+            line: entry.mark.line,
+            column: entry.mark.column,
+        });
+    }
+    Ok(declared)
+}
+
+/// The entries of a contract map (`tools:`, `models:`, `args:`), each key
+/// checked against the name grammar; uniqueness is checked by [`check_unique`].
+fn contract_map<'n>(node: &'n Node, kind: &str) -> Result<&'n [(Node, Node)], ParseError> {
+    let NodeKind::Map(entries) = &node.kind else {
+        return Err(invalid_type(
+            node,
+            &format!("expected a map of {kind} keys to declarations"),
+        ));
+    };
+    Ok(entries)
+}
+
+fn check_name(key: &Node, kind: &str) -> Result<String, ParseError> {
+    let name = key_text(key);
+    if key.text().is_none() || !is_valid_name(&name) {
+        return Err(at(
+            format!("invalid {kind} `{name}`: expected {NAME_GRAMMAR}"),
+            key.mark,
+        ));
+    }
+    Ok(name)
+}
+
+fn check_unique(entries: &[(Node, Node)], kind: &str) -> Result<(), ParseError> {
+    let mut seen = HashSet::new();
+    for (key, _) in entries {
+        let name = key_text(key);
+        if !seen.insert(name.clone()) {
+            return Err(at(
+                format!("duplicate {kind} `{name}`: contract map keys must be unique"),
+                key.mark,
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn tools(node: &Node) -> Result<(Vec<ToolSlot>, Vec<Mark>), ParseError> {
+    if node.is_null() {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let entries = contract_map(node, "tool alias")?;
+    let mut slots = Vec::with_capacity(entries.len());
+    let mut marks = Vec::with_capacity(entries.len());
+    for (key, value) in entries {
+        let alias = check_name(key, "tool alias")?;
+        let path = match value.as_str() {
+            Some(text) => text.to_string(),
+            None => return Err(invalid_type(value, "expected an exact tool path string")),
+        };
+        if let Err(detail) = check_tool_path(&path) {
+            return Err(at(detail, value.mark));
+        }
+        slots.push(ToolSlot {
+            alias,
+            path,
+            line: value.mark.line,
+            column: value.mark.column,
+        });
+        marks.push(key.mark);
+    }
+    check_unique(entries, "tool alias")?;
+    Ok((slots, marks))
+}
+
+fn args(node: &Node) -> Result<Option<Vec<ArgDecl>>, ParseError> {
+    if node.is_null() {
+        return Ok(None);
+    }
+    let entries = contract_map(node, "arg name")?;
+    let mut declared = Vec::with_capacity(entries.len());
+    for (key, value) in entries {
+        let name = check_name(key, "arg name")?;
+        declared.push(arg_decl(name, value)?);
+    }
+    check_unique(entries, "arg name")?;
+    Ok(Some(declared))
+}
+
+fn arg_decl(name: String, node: &Node) -> Result<ArgDecl, ParseError> {
+    let NodeKind::Map(entries) = &node.kind else {
+        return Err(invalid_type(node, "expected an arg declaration map"));
+    };
+    let fields = struct_entries(entries, ARG_KEYS, None)?;
+    let optional = match field(&fields, "optional") {
+        Some(value) => bool_value(value)?,
+        None => false,
+    };
+    let description = match field(&fields, "description") {
+        Some(value) => Some(text_value(value)?),
+        None => None,
+    };
+    let type_node = match field(&fields, "type") {
+        Some(value) => value,
+        None => return Err(at("missing field `type`", node.mark)),
+    };
+    let type_word = match type_node.text() {
+        Some(text) => text,
+        None => {
+            return Err(invalid_type(
+                type_node,
+                "expected one of `string`, `boolean`, `integer`, `number`",
+            ))
+        }
+    };
+    let ty = match type_word {
+        "string" => ArgType::String,
+        "boolean" => ArgType::Boolean,
+        "integer" => ArgType::Integer,
+        "number" => ArgType::Number,
+        other => {
+            let list: Vec<String> = ARG_TYPES.iter().map(|t| format!("`{t}`")).collect();
+            return Err(at(
+                format!(
+                    "unknown variant `{other}`, expected one of {}",
+                    list.join(", ")
+                ),
+                type_node.mark,
+            ));
+        }
+    };
+    let default = match field(&fields, "default") {
+        None => None,
+        Some(value) if value.is_null() => None,
+        Some(value) => Some(default_value(value, ty, type_word)?),
+    };
+    Ok(ArgDecl {
+        name,
+        ty,
+        optional,
+        description,
+        default,
+    })
+}
+
+fn default_value(
+    node: &Node,
+    ty: ArgType,
+    type_word: &str,
+) -> Result<serde_json::Value, ParseError> {
+    let scalar = node.scalar_type();
+    let json = node.to_json();
+    let matches = match ty {
+        ArgType::String => scalar == Some(ScalarType::Str),
+        ArgType::Boolean => matches!(scalar, Some(ScalarType::Bool(_))),
+        ArgType::Integer => scalar == Some(ScalarType::Int) && json.is_i64(),
+        ArgType::Number => {
+            matches!(scalar, Some(ScalarType::Int) | Some(ScalarType::Float)) && json.is_number()
+        }
+    };
+    if matches {
+        Ok(json)
+    } else {
+        Err(at(
+            format!("the default does not match the declared type `{type_word}`"),
+            node.mark,
+        ))
+    }
+}
+
+fn models(node: &Node) -> Result<Vec<RoleDecl>, ParseError> {
+    if node.is_null() {
+        return Ok(Vec::new());
+    }
+    let entries = contract_map(node, "model role label")?;
+    let mut roles = Vec::with_capacity(entries.len());
+    for (key, value) in entries {
+        let label = check_name(key, "model role label")?;
+        roles.push(role_decl(label, value)?);
+    }
+    check_unique(entries, "model role label")?;
+    Ok(roles)
+}
+
+fn role_decl(label: String, node: &Node) -> Result<RoleDecl, ParseError> {
+    let mut role = RoleDecl {
+        label,
+        keywords: Vec::new(),
+        min_context: None,
+        description: None,
+    };
+    if node.is_null() {
+        return Ok(role);
+    }
+    let NodeKind::Map(entries) = &node.kind else {
+        return Err(invalid_type(node, "expected a role declaration map"));
+    };
+    let fields = struct_entries(entries, ROLE_KEYS, None)?;
+    if let Some(value) = field(&fields, "keywords") {
+        let NodeKind::Seq(words) = &value.kind else {
+            return Err(invalid_type(value, "expected a sequence of keywords"));
+        };
+        for word in words {
+            match word.text() {
+                Some(text) if ROLE_KEYWORDS.contains(&text) => role.keywords.push(text.to_string()),
+                Some(text) => {
+                    let list: Vec<String> =
+                        ROLE_KEYWORDS.iter().map(|k| format!("`{k}`")).collect();
+                    return Err(at(
+                        format!(
+                            "unknown variant `{text}`, expected one of {}",
+                            list.join(", ")
+                        ),
+                        word.mark,
+                    ));
+                }
+                None => return Err(invalid_type(word, "expected a keyword string")),
+            }
+        }
+    }
+    if let Some(value) = field(&fields, "min_context") {
+        const EXPECTED: &str = "expected a whole number of tokens from 1 to 4294967295";
+        if value.scalar_type() != Some(ScalarType::Int) {
+            return Err(invalid_type(value, EXPECTED));
+        }
+        match parse_int(value.text().unwrap_or_default()) {
+            Some(IntValue::Unsigned(n)) if (1..=u32::MAX as u64).contains(&n) => {
+                role.min_context = Some(n)
+            }
+            _ => {
+                return Err(at(
+                    format!(
+                        "invalid value: integer `{}`, {EXPECTED}",
+                        value.text().unwrap_or_default()
+                    ),
+                    value.mark,
+                ))
+            }
+        }
+    }
+    if let Some(value) = field(&fields, "description") {
+        role.description = Some(text_value(value)?);
+    }
+    Ok(role)
+}

@@ -1,0 +1,234 @@
+//! Name grammars shared by the frontmatter and the engine: prompt-local names
+//! (tool aliases, model role labels, arg names), reserved global names, Plugin
+//! ids and tool paths.
+
+/// The grammar every prompt-local name follows, as quoted in error messages.
+pub const NAME_GRAMMAR: &str = "[A-Za-z][A-Za-z0-9_-]{0,63}";
+
+/// Whether `name` fits `[A-Za-z][A-Za-z0-9_-]{0,63}`.
+pub fn is_valid_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    match bytes.split_first() {
+        Some((first, rest)) => {
+            bytes.len() <= 64
+                && first.is_ascii_alphabetic()
+                && rest
+                    .iter()
+                    .all(|b| b.is_ascii_alphanumeric() || *b == b'_' || *b == b'-')
+        }
+        None => false,
+    }
+}
+
+/// Names a tool alias may not take, because each alias becomes a Lua global of
+/// its own name: the sandbox's base functions and libraries, the host globals,
+/// and Lua's own keywords (a global named by a keyword could never be read).
+pub const RESERVED_NAMES: &[&str] = &[
+    // sandbox libraries and base functions
+    "string",
+    "table",
+    "math",
+    "assert",
+    "error",
+    "pcall",
+    "xpcall",
+    "getmetatable",
+    "setmetatable",
+    "ipairs",
+    "pairs",
+    "next",
+    "select",
+    "tonumber",
+    "tostring",
+    "type",
+    "_G",
+    "_VERSION",
+    "_ENV",
+    // host globals
+    "args",
+    "argv",
+    "sys",
+    "var",
+    "prose",
+    "log",
+    "input",
+    "user_input",
+    "store",
+    "untrusted",
+    "models",
+    "tools",
+    "messages",
+    "compactors",
+    "call",
+    "jump",
+    "fanout",
+    "list_from_section",
+    "tasks",
+    "ui",
+    "item",
+    // Lua keywords
+    "and",
+    "break",
+    "do",
+    "else",
+    "elseif",
+    "end",
+    "false",
+    "for",
+    "function",
+    "global",
+    "goto",
+    "if",
+    "in",
+    "local",
+    "nil",
+    "not",
+    "or",
+    "repeat",
+    "return",
+    "then",
+    "true",
+    "until",
+    "while",
+];
+
+/// Whether `name` is a reserved global name (see [`RESERVED_NAMES`]).
+pub fn is_reserved_name(name: &str) -> bool {
+    RESERVED_NAMES.contains(&name)
+}
+
+/// Whether `segment` is a valid Plugin id / tool path segment: one or more of
+/// `a-z 0-9 - _ .`.
+pub fn is_valid_segment(segment: &str) -> bool {
+    !segment.is_empty()
+        && segment.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'_' | b'.')
+        })
+}
+
+const REASON_EMPTY: &str = "segments must not be empty";
+const REASON_CONTROL: &str = "segments must not contain a control character";
+const REASON_CHARSET: &str =
+    "segments may contain only lowercase ASCII letters, digits, '-', '_', '.'";
+const REASON_PLUGIN_COUNT: &str =
+    "must have exactly 2 segments (namespace/plugin) or 3 (namespace/plugin/name)";
+const REASON_TOOL_COUNT: &str = "a tool id must have exactly 3 segments (namespace/plugin/name)";
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum NameKind {
+    Plugin,
+    Tool,
+}
+
+/// The segment checks shared by both kinds, in the documented order: the
+/// overall count (2 or 3), then each segment left to right, an empty segment
+/// before its characters, the first bad character deciding the reason.
+fn check_segments(text: &str, kind: NameKind) -> Result<usize, &'static str> {
+    let segments: Vec<&str> = text.split('/').collect();
+    if segments.len() != 2 && segments.len() != 3 {
+        return Err(match kind {
+            NameKind::Plugin => REASON_PLUGIN_COUNT,
+            NameKind::Tool => REASON_TOOL_COUNT,
+        });
+    }
+    for segment in &segments {
+        if segment.is_empty() {
+            return Err(REASON_EMPTY);
+        }
+        if let Some(bad) = segment.chars().find(|c| {
+            !(c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.'))
+        }) {
+            let is_control = (bad as u32) < 0x20 || bad as u32 == 0x7f;
+            return Err(if is_control && kind == NameKind::Plugin {
+                REASON_CONTROL
+            } else {
+                REASON_CHARSET
+            });
+        }
+    }
+    Ok(segments.len())
+}
+
+/// Checks a Plugin id (`namespace/plugin`). The error is the whole message
+/// detail, e.g. ``invalid Plugin id `a/b/c`: a Plugin id has exactly 2 segments (namespace/plugin)``.
+pub fn check_plugin_id(text: &str) -> Result<(), String> {
+    match check_segments(text, NameKind::Plugin) {
+        Ok(2) => Ok(()),
+        Ok(_) => Err(format!(
+            "invalid Plugin id `{text}`: a Plugin id has exactly 2 segments (namespace/plugin)"
+        )),
+        Err(reason) => Err(format!(
+            "invalid Plugin id `{text}`: invalid global name: {reason}"
+        )),
+    }
+}
+
+/// Checks an exact tool path (`namespace/plugin/name`). The error is the whole
+/// message detail, e.g. ``invalid exact tool path `a/b`: invalid tool id: ...``.
+pub fn check_tool_path(text: &str) -> Result<(), String> {
+    match check_segments(text, NameKind::Tool) {
+        Ok(3) => Ok(()),
+        Ok(_) => Err(format!(
+            "invalid exact tool path `{text}`: invalid tool id: {REASON_TOOL_COUNT}"
+        )),
+        Err(reason) => Err(format!(
+            "invalid exact tool path `{text}`: invalid tool id: {reason}"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn name_grammar() {
+        assert!(is_valid_name("a"));
+        assert!(is_valid_name("web-fetch2"));
+        assert!(is_valid_name(&"a".repeat(64)));
+        assert!(!is_valid_name(&"a".repeat(65)));
+        assert!(!is_valid_name(""));
+        assert!(!is_valid_name("1a"));
+        assert!(!is_valid_name("_a"));
+        assert!(!is_valid_name("a.b"));
+        assert!(!is_valid_name("é"));
+    }
+
+    #[test]
+    fn plugin_id_reasons_in_order() {
+        assert_eq!(check_plugin_id("promptforge/web"), Ok(()));
+        assert_eq!(
+            check_plugin_id("a/B/c/d").unwrap_err(),
+            "invalid Plugin id `a/B/c/d`: invalid global name: must have exactly 2 segments (namespace/plugin) or 3 (namespace/plugin/name)"
+        );
+        assert_eq!(
+            check_plugin_id("").unwrap_err(),
+            "invalid Plugin id ``: invalid global name: must have exactly 2 segments (namespace/plugin) or 3 (namespace/plugin/name)"
+        );
+        assert_eq!(
+            check_plugin_id("/A").unwrap_err(),
+            "invalid Plugin id `/A`: invalid global name: segments must not be empty"
+        );
+        assert_eq!(
+            check_plugin_id("a/\u{7f}").unwrap_err(),
+            "invalid Plugin id `a/\u{7f}`: invalid global name: segments must not contain a control character"
+        );
+        assert_eq!(
+            check_plugin_id("a/ \t").unwrap_err(),
+            "invalid Plugin id `a/ \t`: invalid global name: segments may contain only lowercase ASCII letters, digits, '-', '_', '.'"
+        );
+    }
+
+    #[test]
+    fn tool_path_reasons() {
+        assert_eq!(check_tool_path("a/b/c"), Ok(()));
+        assert_eq!(
+            check_tool_path("a/b").unwrap_err(),
+            "invalid exact tool path `a/b`: invalid tool id: a tool id must have exactly 3 segments (namespace/plugin/name)"
+        );
+        assert_eq!(
+            check_tool_path("a/b\u{1}/c").unwrap_err(),
+            "invalid exact tool path `a/b\u{1}/c`: invalid tool id: segments may contain only lowercase ASCII letters, digits, '-', '_', '.'"
+        );
+    }
+}

@@ -1,0 +1,239 @@
+//! The `promptforge` CLI: the Host.
+//!
+//! Architecture invariant: only this crate knows the host file, the command line,
+//! the process exit codes and the JSON report.
+
+mod host;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use pf_engine::{Outcome, RunSetup};
+use pf_harness::CancellationToken;
+use serde_json::json;
+
+#[derive(Parser)]
+#[command(name = "promptforge", version, about = "Runs promptforge prompt files")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a prompt; ARGS is the run's argument string.
+    Run {
+        file: PathBuf,
+        args: Option<String>,
+        /// Host file (TOML). Default: $PROMPTFORGE_HOST, else ~/.config/promptforge/host.toml.
+        #[arg(long)]
+        host: Option<PathBuf>,
+        /// Run seed. Default: random.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Run start instant (RFC 3339). Default: now.
+        #[arg(long)]
+        start: Option<String>,
+        /// The run's store directory. Default: a fresh directory.
+        #[arg(long)]
+        store: Option<PathBuf>,
+        /// Print the run report as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Parse only; print each problem as FILE:LINE:COL: Kind: message.
+    Check { file: PathBuf },
+}
+
+const EXIT_FAILED: u8 = 1;
+const EXIT_USAGE: u8 = 2;
+const EXIT_CANCELLED: u8 = 130;
+
+fn main() -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("PROMPTFORGE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { EXIT_USAGE } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    match cli.command {
+        Command::Check { file } => check(&file),
+        Command::Run { file, args, host, seed, start, store, json } => {
+            run(&file, args.unwrap_or_default(), host, seed, start, store, json)
+        }
+    }
+}
+
+fn usage(msg: &str) -> ExitCode {
+    eprintln!("error: {msg}");
+    ExitCode::from(EXIT_USAGE)
+}
+
+fn read_prompt(file: &Path) -> Result<Vec<u8>, String> {
+    std::fs::read(file).map_err(|e| format!("cannot read {}: {e}", file.display()))
+}
+
+fn check(file: &Path) -> ExitCode {
+    let source = match read_prompt(file) {
+        Ok(s) => s,
+        Err(m) => return usage(&m),
+    };
+    match pf_syntax::parse(&source) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            println!(
+                "{}:{}:{}: {}: {}",
+                file.display(),
+                e.line.unwrap_or(1),
+                e.column.unwrap_or(1),
+                e.kind.as_str(),
+                e.message
+            );
+            ExitCode::from(EXIT_FAILED)
+        }
+    }
+}
+
+fn parse_start(text: &str) -> Result<i64, String> {
+    let t = time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+        .map_err(|e| format!("--start {text:?} is not an RFC 3339 instant: {e}"))?;
+    Ok((t.unix_timestamp_nanos() / 1_000_000) as i64)
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn run(
+    file: &Path,
+    args: String,
+    host_path: Option<PathBuf>,
+    seed: Option<u64>,
+    start: Option<String>,
+    store: Option<PathBuf>,
+    json_out: bool,
+) -> ExitCode {
+    let source = match read_prompt(file) {
+        Ok(s) => s,
+        Err(m) => return usage(&m),
+    };
+    let start_ms = match start.as_deref().map(parse_start).transpose() {
+        Ok(v) => v.unwrap_or_else(now_ms),
+        Err(m) => return usage(&m),
+    };
+    let seed = seed.unwrap_or_else(rand::random);
+    let prompt = match pf_syntax::parse(&source) {
+        Ok(p) => p,
+        Err(e) => return parse_failure(file, &e, json_out),
+    };
+    if prompt.frontmatter.version.is_none() {
+        let e = pf_syntax::ParseError {
+            kind: pf_syntax::ParseErrorKind::Structure,
+            message: pf_syntax::NOT_A_PROMPT.to_string(),
+            line: None,
+            column: None,
+        };
+        return parse_failure(file, &e, json_out);
+    }
+    let host_path = host_path.or_else(host::default_host_path);
+    let host_file = match host::load(host_path.as_deref()) {
+        Ok(h) => h,
+        Err(m) => return usage(&m),
+    };
+    let base_dir = host_path
+        .as_deref()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    let (execution, _) = pf_engine::seeded_names(seed);
+    let store_dir = store.unwrap_or_else(|| std::env::temp_dir().join(format!("promptforge-{execution}-{}", std::process::id())));
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => return usage(&format!("cannot start the async runtime: {e}")),
+    };
+    let cancel = CancellationToken::new();
+    let report = runtime.block_on(async {
+        let host = match host::build(&host_file, &base_dir) {
+            Ok(h) => h,
+            Err(m) => return Err(m),
+        };
+        let signal_cancel = cancel.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                signal_cancel.cancel();
+                // A second Ctrl-C stops at once.
+                if tokio::signal::ctrl_c().await.is_ok() {
+                    std::process::exit(i32::from(EXIT_CANCELLED));
+                }
+            }
+        });
+        let setup = RunSetup {
+            seed,
+            start_ms,
+            args,
+            store_dir: store_dir.clone(),
+            harness: host.harness,
+            model: host.model,
+            cancel: cancel.clone(),
+            ui: None,
+        };
+        Ok(pf_engine::run(Arc::new(prompt), setup).await)
+    });
+    let report = match report {
+        Ok(r) => r,
+        Err(m) => return usage(&m),
+    };
+    let (value, code) = match &report.outcome {
+        Outcome::Completed(text) => (
+            json!({"outcome": "completed", "result": text, "seed": seed, "execution": report.execution, "store": store_dir}),
+            ExitCode::SUCCESS,
+        ),
+        Outcome::Failed(e) => (
+            json!({"outcome": "failed", "error": {"kind": e.kind.as_str(), "message": e.message}, "seed": seed, "execution": report.execution, "store": store_dir}),
+            ExitCode::from(EXIT_FAILED),
+        ),
+        Outcome::Cancelled => (
+            json!({"outcome": "cancelled", "seed": seed, "execution": report.execution, "store": store_dir}),
+            ExitCode::from(EXIT_CANCELLED),
+        ),
+    };
+    if json_out {
+        println!("{value}");
+    } else {
+        match &report.outcome {
+            Outcome::Completed(text) => println!("{text}"),
+            Outcome::Failed(e) => eprintln!("error[{}]: {}", e.kind.as_str(), e.message),
+            Outcome::Cancelled => eprintln!("cancelled"),
+        }
+    }
+    code
+}
+
+fn parse_failure(file: &Path, e: &pf_syntax::ParseError, json_out: bool) -> ExitCode {
+    if json_out {
+        let mut err = json!({"kind": e.kind.as_str(), "phase": "parse", "message": e.message});
+        if let Some(l) = e.line {
+            err["line"] = json!(l);
+        }
+        if let Some(c) = e.column {
+            err["column"] = json!(c);
+        }
+        println!("{}", json!({"outcome": "failed", "error": err}));
+    } else {
+        match (e.line, e.column) {
+            (Some(l), Some(c)) => eprintln!("{}:{l}:{c}: error[{}]: {}", file.display(), e.kind.as_str(), e.message),
+            _ => eprintln!("{}: error[{}]: {}", file.display(), e.kind.as_str(), e.message),
+        }
+    }
+    ExitCode::from(EXIT_FAILED)
+}
