@@ -79,6 +79,52 @@ impl RunCtx {
     }
 }
 
+/// One chain: a walk over sibling sections that something began (the run, a `call`,
+/// a task, a fanout arm). Entry ids, child ids, input and `var` belong to it.
+pub(crate) struct Chain {
+    /// The chain id, such as `0` for the main walk or `0.1` for a call's chain.
+    pub id: String,
+    /// The next entry counter (the main walk reserves entry 0 for the H1 pass).
+    pub entries: Cell<u64>,
+    /// The next child chain counter, shared by calls, tasks and fanout arms.
+    pub children: Cell<u64>,
+    /// The chain's argument string and its parsed, frozen `argv`.
+    pub args: String,
+    pub argv: RefCell<Option<Json>>,
+    /// Nesting depth: 0 for the main walk, one more per call, task or arm.
+    pub depth: u32,
+    /// The chain's current `var`.
+    pub var: RefCell<Json>,
+}
+
+impl Chain {
+    pub fn new(id: String, args: String, argv: Option<Json>, depth: u32, var: Json) -> Self {
+        Chain {
+            id,
+            entries: Cell::new(0),
+            children: Cell::new(0),
+            args,
+            argv: RefCell::new(argv),
+            depth,
+            var: RefCell::new(var),
+        }
+    }
+
+    /// The id for this chain's next section entry.
+    pub fn next_entry_id(&self) -> String {
+        let n = self.entries.get();
+        self.entries.set(n + 1);
+        format!("{}.{n}", self.id)
+    }
+
+    /// The id for this chain's next child chain.
+    pub fn next_child_id(&self) -> String {
+        let n = self.children.get();
+        self.children.set(n + 1);
+        format!("{}.{n}", self.id)
+    }
+}
+
 /// A local tool registered by `tools.add_local`.
 pub(crate) struct LocalTool {
     pub alias: String,
@@ -118,14 +164,17 @@ pub(crate) struct SectionCtx {
     pub loading_shared: Cell<bool>,
     /// The running block's pending prose: the raw Markdown and, once read, its rendering.
     pub prose: RefCell<(String, Option<String>)>,
-    /// Counter for chains started by `call` from this entry.
-    pub call_counter: Cell<u32>,
+    /// The chain this entry runs in.
+    pub chain: RefCell<Rc<Chain>>,
+    /// The section's index path in the prompt (empty for the H1 pass).
+    pub path: RefCell<Vec<usize>>,
 }
 
 impl SectionCtx {
     pub fn new(run: Rc<RunCtx>, name: String, id: String, is_h1: bool, var: Json) -> Self {
+        // The walk replaces this with the entry's real chain before the VM is built.
+        let chain = Rc::new(Chain::new("0".to_string(), run.args.clone(), run.argv.clone(), 0, var.clone()));
         SectionCtx {
-            run,
             name,
             id,
             is_h1,
@@ -142,7 +191,9 @@ impl SectionCtx {
             jump: RefCell::new(None),
             loading_shared: Cell::new(false),
             prose: RefCell::new((String::new(), None)),
-            call_counter: Cell::new(0),
+            chain: RefCell::new(chain),
+            path: RefCell::new(Vec::new()),
+            run,
         }
     }
 
@@ -163,6 +214,10 @@ impl SectionCtx {
 
     /// Count one call attempt (before the tool runs), seeding the scope's aliases first.
     pub fn count_call(&self, alias: &str) {
+        // sys.model appears only when the section has a model at its first tool call.
+        if self.calls.borrow().is_none() && crate::models::section_has_model(self) {
+            self.sys_model_readable.set(true);
+        }
         let scope = self.bound_scope();
         let mut calls = self.calls.borrow_mut();
         let counts = calls.get_or_insert_with(Vec::new);
@@ -175,7 +230,6 @@ impl SectionCtx {
             Some(entry) => entry.1 += 1,
             None => counts.push((alias.to_string(), 1)),
         }
-        self.sys_model_readable.set(true);
     }
 }
 

@@ -77,11 +77,14 @@ pub(crate) struct HostError {
     pub fields: Vec<(&'static str, String)>,
     /// The run error kind when this value ends the run uncaught, if not the kind's default.
     pub run_kind: Option<RunErrorKind>,
+    /// True when the message already carries its prompt location (a failure passed up
+    /// from a called chain), so leaving another block adds no second location.
+    pub located: bool,
 }
 
 impl HostError {
     pub fn new(kind: &'static str, message: impl Into<String>) -> Self {
-        HostError { kind, message: message.into(), fields: Vec::new(), run_kind: None }
+        HostError { kind, message: message.into(), fields: Vec::new(), run_kind: None, located: false }
     }
     pub fn lua(message: impl Into<String>) -> Self {
         HostError::new("lua", message)
@@ -92,6 +95,10 @@ impl HostError {
     }
     pub fn run_kind(mut self, kind: RunErrorKind) -> Self {
         self.run_kind = Some(kind);
+        self
+    }
+    pub fn located(mut self) -> Self {
+        self.located = true;
         self
     }
     /// The default run error kind of an uncaught value of this kind.
@@ -140,14 +147,40 @@ pub(crate) fn error_table(lua: &Lua, helpers: &Table, e: &HostError) -> mlua::Re
         let kinds: Table = helpers.get("run_kinds")?;
         kinds.raw_set(t.clone(), rk.as_str())?;
     }
+    if e.located {
+        let located: Table = helpers.get("located")?;
+        located.raw_set(t.clone(), true)?;
+    }
     Ok(t)
 }
+
+/// The twelve error kinds, as static names (anything else reads as `lua`).
+const KINDS: &[&str] = &[
+    "tool_loop_exhausted",
+    "context_exhausted",
+    "empty_model_reply",
+    "out_of_scope_tool",
+    "unbound_tool",
+    "tool",
+    "task_not_owned",
+    "task_consumed",
+    "tasks_live",
+    "cancelled",
+    "lua",
+    "internal",
+];
+
+/// The fields error kinds carry beside `kind` and `message`.
+const FIELDS: &[&str] = &["reason", "finish_reason", "name", "task", "tasks"];
 
 /// What an error value that left a block says about the run.
 pub(crate) struct ErrorInfo {
     pub kind: String,
     pub message: String,
     pub run_kind: RunErrorKind,
+    pub located: bool,
+    /// The same value, rebuilt so it can be raised again in another section VM.
+    pub value: HostError,
 }
 
 /// Read an error value raised by the host (a table with the error metatable).
@@ -164,5 +197,18 @@ pub(crate) fn read_error_value(helpers: &Table, v: &Value) -> Option<ErrorInfo> 
         .and_then(|k| k.raw_get::<Option<String>>(t.clone()).ok().flatten())
         .and_then(|s| RunErrorKind::from_str(&s));
     let run_kind = explicit.unwrap_or_else(|| HostError::default_run_kind(&kind));
-    Some(ErrorInfo { kind, message, run_kind })
+    let located = helpers
+        .get::<Table>("located")
+        .ok()
+        .and_then(|l| l.raw_get::<Option<bool>>(t.clone()).ok().flatten())
+        .unwrap_or(false);
+    let static_kind = KINDS.iter().copied().find(|k| *k == kind).unwrap_or("lua");
+    let mut value = HostError::new(static_kind, message.clone()).run_kind(run_kind);
+    value.located = located;
+    for field in FIELDS {
+        if let Ok(Some(text)) = t.raw_get::<Option<String>>(*field) {
+            value = value.with(field, text);
+        }
+    }
+    Some(ErrorInfo { kind, message, run_kind, located, value })
 }

@@ -8,6 +8,7 @@ mod ctx;
 mod error;
 mod json;
 mod models;
+mod models_check;
 mod prepare;
 mod storeapi;
 mod subst;
@@ -116,15 +117,7 @@ pub async fn run(prompt: Arc<Prompt>, setup: RunSetup) -> RunReport {
             };
         }
     };
-    let argv = match args_value(&prompt, &setup.args) {
-        Ok(v) => v,
-        Err(e) => {
-            for a in active {
-                a.shutdown().await;
-            }
-            return RunReport { outcome: Outcome::Failed(e), execution, checkpoints: Vec::new() };
-        }
-    };
+    let argv = args_value(&prompt, &setup.args);
     let run_ctx = Rc::new(ctx::RunCtx {
         prompt: Arc::clone(&prompt),
         args: setup.args.clone(),
@@ -163,30 +156,16 @@ pub async fn run(prompt: Arc<Prompt>, setup: RunSetup) -> RunReport {
     RunReport { outcome, execution, checkpoints }
 }
 
-/// `argv`: `{ prose = args }` without `args:`, else the parsed structured input.
-fn args_value(prompt: &Prompt, args: &str) -> Result<Option<serde_json::Value>, RunError> {
-    let Some(decls) = &prompt.frontmatter.args else {
-        return Ok(Some(serde_json::json!({ "prose": args })));
-    };
-    let parsed: serde_json::Value = match serde_json::from_str(args) {
-        Ok(v @ serde_json::Value::Object(_)) => v,
-        _ => return Ok(None),
-    };
-    let mut out = serde_json::Map::new();
-    let obj = parsed.as_object().cloned().unwrap_or_default();
-    for d in decls {
-        match obj.get(&d.name) {
-            Some(v) => {
-                out.insert(d.name.clone(), v.clone());
-            }
-            None => {
-                if let Some(def) = &d.default {
-                    out.insert(d.name.clone(), def.clone());
-                } else if !d.optional {
-                    return Err(RunError::new(RunErrorKind::Lua, format!("missing required argument '{}'", d.name)));
-                }
-            }
-        }
+/// `argv` for an argument string: `{ prose = args }` without `args:`; with an
+/// explicit declaration, the parsed JSON, or `None` when it does not parse or is
+/// `null`. The declaration is advertised, never enforced: no type checks, and
+/// defaults are not applied.
+pub(crate) fn args_value(prompt: &Prompt, args: &str) -> Option<serde_json::Value> {
+    if prompt.frontmatter.args.is_none() {
+        return Some(serde_json::json!({ "prose": args }));
     }
-    Ok(Some(serde_json::Value::Object(out)))
+    match serde_json::from_str::<serde_json::Value>(args) {
+        Ok(serde_json::Value::Null) | Err(_) => None,
+        Ok(v) => Some(v),
+    }
 }

@@ -1,179 +1,300 @@
-//! `models`, `messages`, `compactors`: roles, handles, `models.infer` and `models.loop`.
+//! `models`, `messages`, `compactors`: roles, handles, `models.infer` and `models.loop`
+//! (guide chapters 10 and 11).
 
 use std::rc::Rc;
 
-use mlua::{Lua, MetaMethod, MultiValue, Table, UserData, UserDataFields, UserDataMethods, Value};
-use pf_harness::{ChatMessage, ChatRequest, ChatResponse, ProviderError, ThinkingSupport, ToolCall, ToolDecl};
-use serde_json::{Map, Value as Json};
+use mlua::{
+    AnyUserData, Function, Lua, MetaMethod, MultiValue, Table, UserData, UserDataFields,
+    UserDataMethods, Value,
+};
+use pf_harness::{
+    ChatMessage, ChatRequest, ChatResponse, ProviderError, ThinkingSupport, ToolCall, ToolDecl,
+};
+use serde_json::Value as Json;
 
-use crate::ctx::{arg, cancelled_error, host_async, host_fn, section, RoleChoice, SectionCtx};
+use crate::ctx::{
+    arg, cancelled_error, helpers, host_async, host_fn, section, RoleChoice, RunCtx, SectionCtx,
+};
 use crate::error::{HostError, HostResult, Raise, RunErrorKind};
-use crate::json::{json_to_lua, lua_to_json};
-use crate::text::{envelope, lua_type_name};
-use crate::tools::{list_text, run_bound, run_local, BoundOutcome, ENGINE_TOOL_NAMES};
+use crate::json::json_to_lua;
+use crate::models_check::{check_across, compose, estimate_tokens, read_list, to_wire};
+use crate::text::{envelope, float_text, lua_type_name};
+use crate::tools::{list_text, run_bound, run_local, valid_alias, BoundOutcome, ENGINE_TOOL_NAMES};
 
-/// A model handle: a frozen userdata with nine read-only fields.
+/// The context window of a handle made for a raw model id.
+const MODEL_ID_CONTEXT: u64 = 8192;
+
+const NAME_GRAMMAR: &str = "[A-Za-z][A-Za-z0-9_-]{0,63}";
+
+// ---------------------------------------------------------------------------
+// Model handles
+// ---------------------------------------------------------------------------
+
+/// A model handle: a frozen snapshot of one role (or a raw model id) with nine
+/// read-only fields. The values are fixed when the handle is made.
+#[derive(Clone, Debug)]
 pub(crate) struct ModelHandle {
-    pub label: String,
+    pub name: String,
+    pub description: String,
+    pub capabilities: Vec<String>,
+    pub model_id: String,
+    pub context: u64,
+    pub thinking: Option<bool>,
     pub temperature: Option<f64>,
     pub max_tokens: Option<u64>,
 }
 
+impl ModelHandle {
+    fn field(&self, lua: &Lua, key: &str) -> mlua::Result<Option<Value>> {
+        let text = |s: &str| lua.create_string(s).map(Value::String);
+        Ok(Some(match key {
+            "name" | "label" => text(&self.name)?,
+            "description" => text(&self.description)?,
+            "model_id" => text(&self.model_id)?,
+            "capabilities" => {
+                // A fresh table on every read, so changing it leaves the handle alone.
+                let t = lua.create_table()?;
+                for (i, k) in self.capabilities.iter().enumerate() {
+                    t.raw_set(i + 1, k.as_str())?;
+                }
+                Value::Table(t)
+            }
+            "context" => Value::Integer(i64::try_from(self.context).unwrap_or(i64::MAX)),
+            "thinking" => self.thinking.map(Value::Boolean).unwrap_or(Value::Nil),
+            "temperature" => self.temperature.map(Value::Number).unwrap_or(Value::Nil),
+            "max_tokens" => self
+                .max_tokens
+                .map(|n| Value::Integer(n as i64))
+                .unwrap_or(Value::Nil),
+            _ => return Ok(None),
+        }))
+    }
+}
+
 impl UserData for ModelHandle {
     fn add_fields<F: UserDataFields<Self>>(fields: &mut F) {
+        fields.add_meta_field_with("__index", |lua| {
+            host_fn(lua, |lua, args| -> HostResult<Value> {
+                let key = match arg(&args, 1) {
+                    Value::String(s) => s.to_string_lossy(),
+                    other => lua_type_name(&other).to_string(),
+                };
+                let found = match arg(&args, 0) {
+                    Value::UserData(ud) => match ud.borrow::<ModelHandle>() {
+                        Ok(h) => h.field(lua, &key)?,
+                        Err(_) => None,
+                    },
+                    _ => None,
+                };
+                found.ok_or_else(|| {
+                    HostError::lua(format!("attempt to get an unknown field '{key}'")).into()
+                })
+            })
+        });
         fields.add_meta_field_with("__newindex", |lua| {
             host_fn(lua, |_, args| -> Result<(), Raise> {
                 let key = match arg(&args, 1) {
                     Value::String(s) => s.to_string_lossy(),
                     other => lua_type_name(&other).to_string(),
                 };
-                Err(HostError::lua(format!("model handles are frozen: cannot assign field \"{key}\"")).into())
+                Err(HostError::lua(format!(
+                    "model handles are read-only: cannot assign field '{key}'"
+                ))
+                .into())
             })
         });
     }
     fn add_methods<M: UserDataMethods<Self>>(methods: &mut M) {
-        methods.add_meta_method(MetaMethod::Index, |lua, this, key: Value| {
-            let Value::String(key) = key else { return Ok(Value::Nil) };
-            let sec = section(lua)?;
-            let run = &sec.run;
-            let role = run.role(&this.label);
-            let info = run.model.as_ref().map(|m| m.info());
-            Ok(match &*key.to_string_lossy() {
-                "name" | "label" => Value::String(lua.create_string(&this.label)?),
-                "model_id" => match &info {
-                    Some(i) => Value::String(lua.create_string(&i.id)?),
-                    None => Value::Nil,
-                },
-                "context" => info.as_ref().map(|i| Value::Integer(i.context as i64)).unwrap_or(Value::Nil),
-                "description" => {
-                    let d = role
-                        .and_then(|r| r.description.clone())
-                        .or_else(|| info.as_ref().map(|i| i.description.clone()))
-                        .unwrap_or_default();
-                    Value::String(lua.create_string(&d)?)
-                }
-                "capabilities" => {
-                    let t = lua.create_table()?;
-                    if let Some(r) = role {
-                        for (i, k) in r.keywords.iter().enumerate() {
-                            t.raw_set(i + 1, k.as_str())?;
-                        }
-                    }
-                    Value::Table(t)
-                }
-                "thinking" => match role.map(role_thinking) {
-                    Some(Some(b)) => Value::Boolean(b),
-                    _ => Value::Nil,
-                },
-                "temperature" => this.temperature.map(Value::Number).unwrap_or(Value::Nil),
-                "max_tokens" => this.max_tokens.map(|n| Value::Integer(n as i64)).unwrap_or(Value::Nil),
-                _ => Value::Nil,
-            })
+        methods.add_meta_method(MetaMethod::ToString, |_, this, ()| {
+            Ok(format!("model handle {}", this.name))
         });
-        methods.add_meta_method(MetaMethod::ToString, |_, this, ()| Ok(format!("model handle {}", this.label)));
     }
 }
 
-fn role_thinking(r: &pf_syntax::RoleDecl) -> Option<bool> {
-    if r.keywords.iter().any(|k| k == "thinking") {
-        Some(true)
-    } else if r.keywords.iter().any(|k| k == "no-thinking") {
-        Some(false)
-    } else {
-        None
-    }
-}
-
-pub(crate) fn make_handle(lua: &Lua, label: &str, choice: Option<&RoleChoice>) -> mlua::Result<mlua::AnyUserData> {
-    lua.create_userdata(ModelHandle {
-        label: label.to_string(),
-        temperature: choice.and_then(|c| c.temperature),
-        max_tokens: choice.and_then(|c| c.max_tokens),
+/// The role's thinking switch: the later hard keyword wins.
+fn role_thinking(role: &pf_syntax::RoleDecl) -> Option<bool> {
+    role.keywords.iter().rev().find_map(|k| match k.as_str() {
+        "thinking" => Some(true),
+        "no-thinking" => Some(false),
+        _ => None,
     })
+}
+
+/// The handle of a bound role: a declared role while the host has a current model.
+fn role_handle(
+    run: &RunCtx,
+    label: &str,
+    temperature: Option<f64>,
+    max_tokens: Option<u64>,
+) -> Option<ModelHandle> {
+    let role = run.role(label)?;
+    let info = run.model.as_ref()?.info();
+    Some(ModelHandle {
+        name: role.label.clone(),
+        description: role.description.clone().unwrap_or(info.description),
+        capabilities: role.keywords.clone(),
+        model_id: info.id,
+        context: info.context.max(1),
+        thinking: role_thinking(role),
+        temperature,
+        max_tokens,
+    })
+}
+
+fn is_bound(run: &RunCtx, label: &str) -> bool {
+    run.model.is_some() && run.role(label).is_some()
+}
+
+/// A role handle as a Lua value (role globals and the `models` functions).
+pub(crate) fn make_handle(
+    lua: &Lua,
+    label: &str,
+    choice: Option<&RoleChoice>,
+) -> mlua::Result<AnyUserData> {
+    let sec = section(lua)?;
+    let handle = role_handle(
+        &sec.run,
+        label,
+        choice.and_then(|c| c.temperature),
+        choice.and_then(|c| c.max_tokens),
+    )
+    .ok_or_else(|| {
+        mlua::Error::runtime(format!(
+            "internal invariant violated: role '{label}' is not bound"
+        ))
+    })?;
+    lua.create_userdata(handle)
 }
 
 /// Whether the section has a model selected (its own or the prompt-wide default).
 pub(crate) fn section_has_model(sec: &SectionCtx) -> bool {
-    sec.run.model.is_some() && (sec.role.borrow().is_some() || sec.run.default_role.borrow().is_some())
+    sec.run.model.is_some()
+        && (sec.role.borrow().is_some() || sec.run.default_role.borrow().is_some())
 }
 
-fn label_arg(args: &MultiValue, call: &str) -> Result<String, HostError> {
+// ---------------------------------------------------------------------------
+// models.use / models.default / models.get
+// ---------------------------------------------------------------------------
+
+fn label_text(args: &MultiValue, call: &str) -> Result<String, HostError> {
     match arg(args, 0) {
         Value::String(s) => Ok(s.to_string_lossy()),
-        Value::UserData(ud) => match ud.borrow::<ModelHandle>() {
-            Ok(h) => Ok(h.label.clone()),
-            Err(_) => Err(HostError::lua(format!("{call} label must be a string, got userdata"))),
-        },
-        other => Err(HostError::lua(format!("{call} label must be a string, got {}", lua_type_name(&other)))),
+        other => Err(HostError::lua(format!(
+            "{call} label must be a string, got {}",
+            lua_type_name(&other)
+        ))),
     }
 }
 
-fn check_role(sec: &SectionCtx, label: &str) -> Result<(), HostError> {
-    if sec.run.role(label).is_none() {
-        let mut labels: Vec<String> = sec.run.roles.iter().map(|r| r.label.clone()).collect();
-        labels.sort();
+fn check_grammar(name: &str) -> Result<(), HostError> {
+    if valid_alias(name) {
+        Ok(())
+    } else {
+        Err(HostError::lua(format!(
+            "invalid alias \"{name}\": expected {NAME_GRAMMAR}"
+        )))
+    }
+}
+
+/// A label for `models.use` / `models.default`: the grammar, then a bound role.
+fn bound_label(sec: &SectionCtx, args: &MultiValue, call: &str) -> Result<String, HostError> {
+    let label = label_text(args, call)?;
+    check_grammar(&label)?;
+    if !is_bound(&sec.run, &label) {
         return Err(HostError::lua(format!(
-            "model role '{label}' is not declared under models:; declared roles: {}",
-            list_text(&labels)
+            "{call} label \"{label}\" is not a bound model role"
         )));
     }
-    if sec.run.model.is_none() {
-        return Err(HostError::new("internal", format!("no model is bound to role '{label}': the host has no current model"))
-            .run_kind(RunErrorKind::Binding));
-    }
-    Ok(())
+    Ok(label)
 }
 
+/// A number as the option messages show it.
+fn number_text(v: &Value) -> Option<String> {
+    match v {
+        Value::Integer(i) => Some(i.to_string()),
+        Value::Number(n) => Some(float_text(*n)),
+        _ => None,
+    }
+}
+
+fn temperature_option(v: &Value) -> Result<f64, HostError> {
+    let n = match v {
+        Value::Integer(i) => *i as f64,
+        Value::Number(n) => *n,
+        other => {
+            return Err(HostError::lua(format!(
+                "models.use option temperature must be a number, got {}",
+                lua_type_name(other)
+            )))
+        }
+    };
+    let shown = number_text(v).unwrap_or_default();
+    if !n.is_finite() {
+        return Err(HostError::lua(format!(
+            "models.use option temperature must be finite, got {shown}"
+        )));
+    }
+    if !(0.0..=2.0).contains(&n) {
+        return Err(HostError::lua(format!(
+            "models.use option temperature {shown} is outside the supported range [0.0, 2.0]"
+        )));
+    }
+    Ok(n)
+}
+
+fn max_tokens_option(v: &Value) -> Result<u64, HostError> {
+    const MAX: u64 = 4_294_967_295;
+    let whole = match v {
+        Value::Integer(i) => u64::try_from(*i).ok().filter(|n| (1..=MAX).contains(n)),
+        Value::Number(n) if n.fract() == 0.0 && (1.0..=MAX as f64).contains(n) => Some(*n as u64),
+        _ => None,
+    };
+    whole.ok_or_else(|| {
+        let actual = number_text(v).unwrap_or_else(|| lua_type_name(v).to_string());
+        HostError::lua(format!(
+            "models.use option max_tokens must be an integer in [1, 4294967295], got {actual}"
+        ))
+    })
+}
+
+/// The options table of `models.use`. Problems are reported in a fixed order:
+/// non-string keys first (by type name), then string names in bytewise order.
 fn parse_options(v: &Value) -> Result<(Option<f64>, Option<u64>), HostError> {
-    let t = match v {
+    let table = match v {
         Value::Nil => return Ok((None, None)),
         Value::Table(t) => t,
-        other => return Err(HostError::lua(format!("models.use options must be a table, got {}", lua_type_name(other)))),
+        other => {
+            return Err(HostError::lua(format!(
+                "models.use options must be a table, got {}",
+                lua_type_name(other)
+            )))
+        }
     };
-    let mut temperature = None;
-    let mut max_tokens = None;
-    for pair in t.clone().pairs::<Value, Value>() {
-        let (k, val) = pair.map_err(|e| HostError::lua(e.to_string()))?;
-        let key = match &k {
-            Value::String(s) => s.to_string_lossy(),
-            other => return Err(HostError::lua(format!("models.use option names must be strings, got {}", lua_type_name(other)))),
-        };
-        match key.as_str() {
-            "temperature" => {
-                let n = match val {
-                    Value::Integer(i) => i as f64,
-                    Value::Number(n) => n,
-                    other => {
-                        return Err(HostError::lua(format!(
-                            "models.use option temperature must be a number, got {}",
-                            lua_type_name(&other)
-                        )))
-                    }
-                };
-                if !n.is_finite() || !(0.0..=2.0).contains(&n) {
-                    return Err(HostError::lua("models.use option temperature must be a finite number from 0.0 to 2.0"));
-                }
-                temperature = Some(n);
-            }
-            "max_tokens" => {
-                let n = match val {
-                    Value::Integer(i) => i,
-                    Value::Number(n) if n.fract() == 0.0 => n as i64,
-                    other => {
-                        return Err(HostError::lua(format!(
-                            "models.use option max_tokens must be a whole number, got {}",
-                            lua_type_name(&other)
-                        )))
-                    }
-                };
-                if !(1..=4_294_967_295).contains(&n) {
-                    return Err(HostError::lua("models.use option max_tokens must be a whole number from 1 to 4294967295"));
-                }
-                max_tokens = Some(n as u64);
-            }
+    let mut bad_key_types: Vec<&'static str> = Vec::new();
+    let mut named: Vec<(Vec<u8>, Value)> = Vec::new();
+    for pair in table.clone().pairs::<Value, Value>() {
+        let (k, val) = pair.map_err(|e| HostError::lua(crate::ctx::mlua_message(&e)))?;
+        match &k {
+            Value::String(s) => named.push((s.as_bytes().to_vec(), val)),
+            other => bad_key_types.push(lua_type_name(other)),
+        }
+    }
+    bad_key_types.sort_unstable();
+    if let Some(t) = bad_key_types.first() {
+        return Err(HostError::lua(format!(
+            "models.use option names must be strings, got {t}"
+        )));
+    }
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    let (mut temperature, mut max_tokens) = (None, None);
+    for (name, val) in &named {
+        match name.as_slice() {
+            b"temperature" => temperature = Some(temperature_option(val)?),
+            b"max_tokens" => max_tokens = Some(max_tokens_option(val)?),
             other => {
                 return Err(HostError::lua(format!(
-                    "models.use has no option '{other}'; options are temperature and max_tokens"
+                    "models.use option \"{}\" is unknown: expected temperature or max_tokens",
+                    String::from_utf8_lossy(other)
                 )))
             }
         }
@@ -181,51 +302,119 @@ fn parse_options(v: &Value) -> Result<(Option<f64>, Option<u64>), HostError> {
     Ok((temperature, max_tokens))
 }
 
+fn models_use(lua: &Lua, args: MultiValue) -> HostResult<AnyUserData> {
+    let sec = section(lua)?;
+    if args.len() > 2 {
+        return Err(HostError::lua(format!(
+            "models.use takes at most 2 arguments, got {}",
+            args.len()
+        ))
+        .into());
+    }
+    let label = bound_label(&sec, &args, "models.use")?;
+    let (temperature, max_tokens) = parse_options(&arg(&args, 1))?;
+    let choice = RoleChoice {
+        label: label.clone(),
+        temperature,
+        max_tokens,
+    };
+    let handle = make_handle(lua, &label, Some(&choice))?;
+    *sec.role.borrow_mut() = Some(choice);
+    Ok(handle)
+}
+
+fn models_default(lua: &Lua, args: MultiValue) -> HostResult<AnyUserData> {
+    let sec = section(lua)?;
+    let label = bound_label(&sec, &args, "models.default")?;
+    {
+        let mut current = sec.run.default_role.borrow_mut();
+        match current.as_ref() {
+            Some(existing) if *existing != label => {
+                return Err(HostError::lua(format!(
+                    "models.default is already \"{existing}\": the prompt-wide default cannot change mid-run"
+                ))
+                .into())
+            }
+            Some(_) => {}
+            None => *current = Some(label.clone()),
+        }
+    }
+    Ok(make_handle(lua, &label, None)?)
+}
+
+fn check_model_id(id: &str) -> Result<(), HostError> {
+    let reason = if id.is_empty() {
+        "it must not be empty"
+    } else if id.chars().any(char::is_control) {
+        "it must not contain control characters"
+    } else {
+        return Ok(());
+    };
+    Err(HostError::lua(format!(
+        "models.get model id \"{id}\" is invalid: {reason}"
+    )))
+}
+
+fn models_get(lua: &Lua, args: MultiValue) -> HostResult<AnyUserData> {
+    let sec = section(lua)?;
+    let name = label_text(&args, "models.get")?;
+    if is_bound(&sec.run, &name) {
+        return Ok(make_handle(lua, &name, None)?);
+    }
+    if sec.run.ui.is_some() {
+        // With a host-state snapshot, a name that is no bound role is a catalog model id.
+        check_model_id(&name)?;
+        let handle = ModelHandle {
+            name: name.clone(),
+            description: name.clone(),
+            capabilities: Vec::new(),
+            model_id: name,
+            context: MODEL_ID_CONTEXT,
+            thinking: None,
+            temperature: None,
+            max_tokens: None,
+        };
+        return Ok(lua.create_userdata(handle)?);
+    }
+    check_grammar(&name)?;
+    Err(HostError::lua(format!(
+        "models.get alias \"{name}\" is not a bound model role"
+    ))
+    .into())
+}
+
 pub(crate) fn make_models(lua: &Lua) -> mlua::Result<Table> {
     let t = lua.create_table()?;
+    t.raw_set("use", host_fn(lua, models_use)?)?;
+    t.raw_set("default", host_fn(lua, models_default)?)?;
+    t.raw_set("get", host_fn(lua, models_get)?)?;
     t.raw_set(
-        "use",
-        host_fn(lua, |lua, args| -> HostResult<mlua::AnyUserData> {
-            let sec = section(lua)?;
-            let label = label_arg(&args, "models.use")?;
-            let (temperature, max_tokens) = parse_options(&arg(&args, 1))?;
-            check_role(&sec, &label)?;
-            let choice = RoleChoice { label: label.clone(), temperature, max_tokens };
-            *sec.role.borrow_mut() = Some(choice.clone());
-            Ok(make_handle(lua, &label, Some(&choice))?)
-        })?,
+        "infer",
+        host_async(
+            lua,
+            |lua, args| async move { models_infer(lua, args).await },
+        )?,
     )?;
     t.raw_set(
-        "default",
-        host_fn(lua, |lua, args| -> HostResult<mlua::AnyUserData> {
-            let sec = section(lua)?;
-            let label = label_arg(&args, "models.default")?;
-            check_role(&sec, &label)?;
-            let mut d = sec.run.default_role.borrow_mut();
-            if let Some(existing) = d.as_ref() {
-                if *existing != label {
-                    return Err(HostError::lua(format!(
-                        "models.default was already set to '{existing}' for this run; it can be set once"
-                    ))
-                    .into());
-                }
-            }
-            *d = Some(label.clone());
-            Ok(make_handle(lua, &label, None)?)
-        })?,
+        "loop",
+        host_async(lua, |lua, args| async move { models_loop(lua, args).await })?,
     )?;
-    t.raw_set(
-        "get",
-        host_fn(lua, |lua, args| -> HostResult<mlua::AnyUserData> {
-            let sec = section(lua)?;
-            let label = label_arg(&args, "models.get")?;
-            check_role(&sec, &label)?;
-            Ok(make_handle(lua, &label, None)?)
-        })?,
-    )?;
-    t.raw_set("infer", host_async(lua, |lua, args| async move { models_infer(lua, args).await })?)?;
-    t.raw_set("loop", host_async(lua, |lua, args| async move { models_loop(lua, args).await })?)?;
     Ok(t)
+}
+
+// ---------------------------------------------------------------------------
+// compactors
+// ---------------------------------------------------------------------------
+
+fn context_exhausted(reason: &str) -> HostError {
+    let words = if reason == "precheck" {
+        "the request precheck overflowed the model's context window"
+    } else {
+        "the provider rejected the request as exceeding the model's context window"
+    };
+    HostError::new("context_exhausted", format!("context exhausted: {words}"))
+        .with("reason", reason)
+        .run_kind(RunErrorKind::ContextExhausted)
 }
 
 pub(crate) fn make_compactors(lua: &Lua) -> mlua::Result<Table> {
@@ -233,13 +422,17 @@ pub(crate) fn make_compactors(lua: &Lua) -> mlua::Result<Table> {
     t.raw_set(
         "fail",
         host_fn(lua, |_, args| -> HostResult<()> {
-            let reason = match arg(&args, 0) {
+            let tag = match arg(&args, 0) {
                 Value::String(s) => s.to_string_lossy(),
-                _ => "precheck".to_string(),
+                other => lua_type_name(&other).to_string(),
             };
-            Err(HostError::new("context_exhausted", format!("context exhausted: {reason}"))
-                .with("reason", reason)
-                .into())
+            if tag == "precheck" || tag == "provider" {
+                return Err(context_exhausted(&tag).into());
+            }
+            Err(HostError::lua(format!(
+                "unknown overflow reason \"{tag}\"; expected \"precheck\" or \"provider\""
+            ))
+            .into())
         })?,
     )?;
     Ok(t)
@@ -249,6 +442,7 @@ pub(crate) fn make_compactors(lua: &Lua) -> mlua::Result<Table> {
 // messages
 // ---------------------------------------------------------------------------
 
+// The builders check nothing: `models.loop` checks the list where it is called.
 const MESSAGES_METHODS: &str = r#"
 local M = {}
 M.__index = M
@@ -266,112 +460,127 @@ return messages, M
 "#;
 
 pub(crate) fn make_messages(lua: &Lua) -> mlua::Result<Table> {
-    let (messages, mt): (Table, Table) = lua.load(MESSAGES_METHODS).set_name("=[promptforge messages]").call(())?;
+    let (messages, mt): (Table, Table) = lua
+        .load(MESSAGES_METHODS)
+        .set_name("=[promptforge messages]")
+        .call(())?;
     lua.set_named_registry_value("pf.messages_mt", mt)?;
     Ok(messages)
-}
-
-fn to_chat_messages(list: &Table) -> Result<Vec<ChatMessage>, HostError> {
-    let mut out = Vec::new();
-    let n = list.raw_len();
-    for i in 1..=n {
-        let rec: Value = list.raw_get(i).map_err(|e| HostError::lua(e.to_string()))?;
-        let Value::Table(rec) = rec else {
-            return Err(HostError::lua(format!("message {i} must be a table, got {}", lua_type_name(&rec))));
-        };
-        let role: String = match rec.raw_get::<Value>("role") {
-            Ok(Value::String(s)) => s.to_string_lossy(),
-            _ => return Err(HostError::lua(format!("message {i} has no role"))),
-        };
-        if !matches!(role.as_str(), "system" | "user" | "assistant" | "tool") {
-            return Err(HostError::lua(format!("message {i} has an unknown role '{role}'")));
-        }
-        let content_v: Value = rec.raw_get("content").map_err(|e| HostError::lua(e.to_string()))?;
-        let content = match &content_v {
-            Value::Nil => Json::Null,
-            Value::String(s) => Json::String(s.to_string_lossy()),
-            Value::Table(_) => lua_to_json(&content_v, "content")
-                .map_err(|_| HostError::lua(format!("message {i} content must be a string or an array of content parts")))?,
-            other => {
-                return Err(HostError::lua(format!(
-                    "message {i} content must be a string or an array of content parts, got {}",
-                    lua_type_name(other)
-                )))
-            }
-        };
-        let mut tool_calls = Vec::new();
-        if let Ok(Value::Table(calls)) = rec.raw_get::<Value>("tool_calls") {
-            for j in 1..=calls.raw_len() {
-                let Ok(Value::Table(c)) = calls.raw_get::<Value>(j) else { continue };
-                let id: String = c.raw_get::<Option<String>>("id").ok().flatten().unwrap_or_default();
-                let name: String = c.raw_get::<Option<String>>("name").ok().flatten().unwrap_or_default();
-                let arguments = match c.raw_get::<Value>("arguments") {
-                    Ok(Value::Nil) | Err(_) => "{}".to_string(),
-                    Ok(Value::String(s)) => s.to_string_lossy(),
-                    Ok(v) => match lua_to_json(&v, "arguments") {
-                        Ok(j) => crate::json::compact_sorted(&j),
-                        Err(_) => "{}".to_string(),
-                    },
-                };
-                tool_calls.push(ToolCall { id, name, arguments });
-            }
-        }
-        let tool_call_id = match rec.raw_get::<Value>("tool_call_id") {
-            Ok(Value::String(s)) => Some(s.to_string_lossy()),
-            _ => None,
-        };
-        out.push(ChatMessage { role, content, tool_calls, tool_call_id });
-    }
-    Ok(out)
 }
 
 // ---------------------------------------------------------------------------
 // Rounds
 // ---------------------------------------------------------------------------
 
-/// The role a model call runs on, with its options.
-fn pick_role(sec: &SectionCtx, handle: Option<&ModelHandle>) -> Result<RoleChoice, HostError> {
-    if let Some(h) = handle {
-        return Ok(RoleChoice { label: h.label.clone(), temperature: h.temperature, max_tokens: h.max_tokens });
-    }
-    if let Some(c) = sec.role.borrow().clone() {
-        return Ok(c);
-    }
-    if let Some(label) = sec.run.default_role.borrow().clone() {
-        return Ok(RoleChoice { label, temperature: None, max_tokens: None });
-    }
-    Err(HostError::lua(format!("model binding required for section {}", sec.name)).run_kind(RunErrorKind::Binding))
+/// What a round runs on: the frozen settings of a handle or of the section's model.
+struct Target {
+    context: u64,
+    thinking: Option<bool>,
+    temperature: Option<f64>,
+    max_tokens: Option<u64>,
 }
 
-async fn one_round(sec: &Rc<SectionCtx>, choice: &RoleChoice, messages: Vec<ChatMessage>, tools: Option<Vec<ToolDecl>>) -> Result<ChatResponse, HostError> {
-    let Some(model) = sec.run.model.clone() else {
-        return Err(HostError::new("internal", format!("no model is bound to role '{}'", choice.label)).run_kind(RunErrorKind::Binding));
+impl From<&ModelHandle> for Target {
+    fn from(h: &ModelHandle) -> Self {
+        Target {
+            context: h.context,
+            thinking: h.thinking,
+            temperature: h.temperature,
+            max_tokens: h.max_tokens,
+        }
+    }
+}
+
+fn missing_model(sec: &SectionCtx) -> HostError {
+    HostError::new(
+        "internal",
+        format!("model binding required for section {}", sec.name),
+    )
+    .run_kind(RunErrorKind::Binding)
+}
+
+/// The model a round runs on: a pinned handle, else the section's selection, else
+/// the prompt-wide default, else the missing-model error.
+fn pick_target(sec: &SectionCtx, handle: Option<&ModelHandle>) -> Result<Target, HostError> {
+    if let Some(h) = handle {
+        return Ok(h.into());
+    }
+    let selected = sec.role.borrow().clone();
+    let chosen = match selected {
+        Some(c) => role_handle(&sec.run, &c.label, c.temperature, c.max_tokens),
+        None => {
+            let default = sec.run.default_role.borrow().clone();
+            default.and_then(|label| role_handle(&sec.run, &label, None, None))
+        }
     };
-    let thinking = match (sec.run.role(&choice.label).and_then(role_thinking), model.info().thinking) {
-        (Some(b), ThinkingSupport::Switchable) => Some(b),
+    chosen
+        .as_ref()
+        .map(Target::from)
+        .ok_or_else(|| missing_model(sec))
+}
+
+/// Why a round did not return a reply.
+enum RoundFailure {
+    /// The provider rejected the request as too large for the context window.
+    Overflow,
+    Error(HostError),
+}
+
+async fn send_round(
+    sec: &Rc<SectionCtx>,
+    target: &Target,
+    messages: Vec<ChatMessage>,
+    tools: Option<Vec<ToolDecl>>,
+) -> Result<ChatResponse, RoundFailure> {
+    let Some(model) = sec.run.model.clone() else {
+        return Err(RoundFailure::Error(missing_model(sec)));
+    };
+    // The switch reaches only a model that can switch thinking per request.
+    let thinking = match model.info().thinking {
+        ThinkingSupport::Switchable => target.thinking,
         _ => None,
     };
-    let request = ChatRequest { messages, tools, temperature: choice.temperature, max_tokens: choice.max_tokens, thinking };
+    let request = ChatRequest {
+        messages,
+        tools,
+        temperature: target.temperature,
+        max_tokens: target.max_tokens,
+        thinking,
+    };
     let cancel = sec.run.cancel.clone();
-    let r = tokio::select! {
-        _ = cancel.cancelled() => return Err(cancelled_error()),
+    let reply = tokio::select! {
+        _ = cancel.cancelled() => return Err(RoundFailure::Error(cancelled_error())),
         r = model.complete(request, cancel.child_token()) => r,
     };
-    match r {
+    match reply {
         Ok(resp) => Ok(resp),
-        Err(ProviderError::Cancelled) => Err(cancelled_error()),
-        Err(ProviderError::ContextOverflow(_)) => Err(HostError::new("context_exhausted", "context exhausted: provider")
-            .with("reason", "provider")
-            .run_kind(RunErrorKind::ContextExhausted)),
-        Err(ProviderError::Failed(m)) => Err(HostError::new("internal", format!("model call failed: {m}")).run_kind(RunErrorKind::Completion)),
+        Err(ProviderError::Cancelled) => Err(RoundFailure::Error(cancelled_error())),
+        Err(ProviderError::ContextOverflow(_)) => Err(RoundFailure::Overflow),
+        Err(ProviderError::Failed(message)) => Err(RoundFailure::Error(
+            HostError::new("internal", message).run_kind(RunErrorKind::Completion),
+        )),
     }
 }
 
-fn handle_arg(v: &Value, call: &str) -> Result<Option<ModelHandle>, HostError> {
+fn is_empty_reply(text: Option<&str>) -> bool {
+    text.is_none_or(|t| t.trim().is_empty())
+}
+
+fn empty_reply(resp: &ChatResponse) -> HostError {
+    let mut e =
+        HostError::new("empty_model_reply", "empty model reply").run_kind(RunErrorKind::Completion);
+    if let Some(f) = &resp.finish_reason {
+        e = e.with("finish_reason", f.clone());
+    }
+    e
+}
+
+/// A model handle argument; `None` for any value that is not userdata.
+fn handle_arg(v: &Value, message: &str) -> Result<Option<ModelHandle>, HostError> {
     match v {
         Value::UserData(ud) => match ud.borrow::<ModelHandle>() {
-            Ok(h) => Ok(Some(ModelHandle { label: h.label.clone(), temperature: h.temperature, max_tokens: h.max_tokens })),
-            Err(_) => Err(HostError::lua(format!("{call} handle must be a model handle"))),
+            Ok(h) => Ok(Some(h.clone())),
+            Err(_) => Err(HostError::lua(message)),
         },
         _ => Ok(None),
     }
@@ -379,16 +588,19 @@ fn handle_arg(v: &Value, call: &str) -> Result<Option<ModelHandle>, HostError> {
 
 async fn models_infer(lua: Lua, args: MultiValue) -> HostResult<String> {
     let sec = section(&lua)?;
-    if args.len() >= 3 {
+    if args.len() > 2 {
         return Err(HostError::lua("models.infer takes (handle?, prompt)").into());
     }
     let (handle, prompt_v) = if args.len() == 2 {
-        let h = arg(&args, 0);
-        let handle = match &h {
-            Value::UserData(_) => handle_arg(&h, "models.infer")?,
-            Value::Nil => None,
+        let first = arg(&args, 0);
+        let handle = match &first {
+            Value::UserData(_) => handle_arg(&first, "models.infer handle must be a model handle")?,
             other => {
-                return Err(HostError::lua(format!("models.infer handle must be a model handle, got {}", lua_type_name(other))).into())
+                return Err(HostError::lua(format!(
+                    "models.infer handle must be a model handle, got {}",
+                    lua_type_name(other)
+                ))
+                .into())
             }
         };
         (handle, arg(&args, 1))
@@ -400,33 +612,57 @@ async fn models_infer(lua: Lua, args: MultiValue) -> HostResult<String> {
             Ok(t) => t.to_string(),
             Err(_) => return Err(HostError::lua("prompt must be a valid UTF-8 string").into()),
         },
-        other => return Err(HostError::lua(format!("prompt must be a string, got {}", lua_type_name(&other))).into()),
+        other => {
+            return Err(HostError::lua(format!(
+                "prompt must be a string, got {}",
+                lua_type_name(&other)
+            ))
+            .into())
+        }
     };
-    let choice = pick_role(&sec, handle.as_ref())?;
-    let msg = ChatMessage { role: "user".into(), content: Json::String(prompt), tool_calls: vec![], tool_call_id: None };
-    let resp = one_round(&sec, &choice, vec![msg], None).await?;
-    match resp.content {
-        Some(text) if !text.is_empty() => Ok(text),
-        _ => Err(empty_reply(&resp).into()),
+    let target = pick_target(&sec, handle.as_ref())?;
+    let message = ChatMessage {
+        role: "user".into(),
+        content: Json::String(prompt),
+        tool_calls: vec![],
+        tool_call_id: None,
+    };
+    let resp = match send_round(&sec, &target, vec![message], None).await {
+        Ok(r) => r,
+        Err(RoundFailure::Error(e)) => return Err(e.into()),
+        Err(RoundFailure::Overflow) => {
+            return Err(HostError::new(
+                "internal",
+                "the provider rejected the request as exceeding the model's context window",
+            )
+            .run_kind(RunErrorKind::Completion)
+            .into())
+        }
+    };
+    if !resp.tool_calls.is_empty() {
+        return Err(HostError::lua(
+            "model inference received tool calls but no tools were advertised",
+        )
+        .into());
     }
-}
-
-fn empty_reply(resp: &ChatResponse) -> HostError {
-    let mut e = HostError::new("empty_model_reply", "empty model reply");
-    if let Some(f) = &resp.finish_reason {
-        e = e.with("finish_reason", f.clone());
+    if is_empty_reply(resp.content.as_deref()) {
+        return Err(empty_reply(&resp).into());
     }
-    e
+    Ok(resp.content.unwrap_or_default())
 }
 
 /// The tools offered this round: bound scope (with overrides), then locals.
 fn offered_tools(sec: &SectionCtx) -> Result<Vec<ToolDecl>, HostError> {
     let mut out = Vec::new();
     for alias in sec.bound_scope() {
-        let Some(b) = sec.run.bound(&alias) else { continue };
+        let Some(b) = sec.run.bound(&alias) else {
+            continue;
+        };
         if !b.parameters.is_object() {
-            return Err(HostError::lua(format!("model-facing schema build failure for tool alias \"{alias}\""))
-                .run_kind(RunErrorKind::Binding));
+            return Err(HostError::lua(format!(
+                "model-facing schema build failure for tool alias \"{alias}\""
+            ))
+            .run_kind(RunErrorKind::Binding));
         }
         let description = sec
             .add_desc
@@ -435,52 +671,173 @@ fn offered_tools(sec: &SectionCtx) -> Result<Vec<ToolDecl>, HostError> {
             .cloned()
             .or_else(|| sec.run.always_desc.borrow().get(&alias).cloned())
             .unwrap_or_else(|| b.description.clone());
-        out.push(ToolDecl { name: alias.clone(), description, parameters: b.parameters.clone() });
+        out.push(ToolDecl {
+            name: alias.clone(),
+            description,
+            parameters: b.parameters.clone(),
+        });
     }
     for l in sec.locals.borrow().iter() {
-        out.push(ToolDecl { name: l.alias.clone(), description: l.description.clone(), parameters: l.parameters.clone() });
+        out.push(ToolDecl {
+            name: l.alias.clone(),
+            description: l.description.clone(),
+            parameters: l.parameters.clone(),
+        });
     }
     Ok(out)
 }
 
-fn parse_arguments(text: &str) -> Json {
-    match serde_json::from_str::<Json>(text) {
-        Ok(j @ Json::Object(_)) => j,
-        _ => Json::Object(Map::new()),
+/// The calls of a tool round with their decoded arguments, or a malformed reply.
+fn decode_calls(calls: &[ToolCall]) -> Result<Vec<(ToolCall, Json)>, HostError> {
+    let malformed = |detail: String| {
+        HostError::new("internal", format!("malformed response: {detail}"))
+            .run_kind(RunErrorKind::Completion)
+    };
+    let mut out: Vec<(ToolCall, Json)> = Vec::with_capacity(calls.len());
+    for (i, call) in calls.iter().enumerate() {
+        let n = i + 1;
+        if call.id.trim().is_empty() {
+            return Err(malformed(format!("tool call {n} has a blank id")));
+        }
+        if call.name.trim().is_empty() {
+            return Err(malformed(format!("tool call {n} has a blank name")));
+        }
+        if out.iter().any(|(c, _)| c.id == call.id) {
+            return Err(malformed(format!(
+                "tool call id \"{}\" repeats within the round",
+                call.id
+            )));
+        }
+        let arguments = match serde_json::from_str::<Json>(&call.arguments) {
+            Ok(j @ Json::Object(_)) => j,
+            _ => {
+                return Err(malformed(format!(
+                    "tool call {n} arguments do not decode to a JSON object"
+                )))
+            }
+        };
+        out.push((call.clone(), arguments));
     }
+    Ok(out)
+}
+
+/// A round overflowed: run the compactor, which must end by raising.
+async fn overflow(lua: &Lua, compactor: Option<&Function>, reason: &str) -> Raise {
+    let Some(f) = compactor else {
+        return context_exhausted(reason).into();
+    };
+    let pcall_values: Function = match helpers(lua).and_then(|h| h.get("pcall_values")) {
+        Ok(f) => f,
+        Err(e) => return e.into(),
+    };
+    match pcall_values.call_async::<MultiValue>((f.clone(), reason)).await {
+        Ok(r) if matches!(r.front(), Some(Value::Boolean(false))) => Raise::Value(r.get(1).cloned().unwrap_or(Value::Nil)),
+        Ok(_) => HostError::lua(
+            "the compactor returned instead of raising; a compactor must end by raising an error, as compactors.fail does",
+        )
+        .into(),
+        Err(e) => e.into(),
+    }
+}
+
+fn append_record(list: &Table, record: Table) -> mlua::Result<()> {
+    list.raw_set(list.raw_len() + 1, record)
+}
+
+fn text_record(lua: &Lua, role: &str, content: &str) -> mlua::Result<Table> {
+    let rec = lua.create_table()?;
+    rec.raw_set("role", role)?;
+    rec.raw_set("content", content)?;
+    Ok(rec)
+}
+
+/// Check the list as it stands: each record's fields, then the rules across records.
+fn checked_records(list_v: &Value) -> Result<Vec<crate::models_check::Record>, HostError> {
+    let records = read_list(list_v).map_err(HostError::lua)?;
+    check_across(&records).map_err(HostError::lua)?;
+    Ok(records)
 }
 
 async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
     let sec = section(&lua)?;
     let first = arg(&args, 0);
-    let (handle, list_v) = match &first {
-        Value::UserData(_) => (handle_arg(&first, "models.loop")?, arg(&args, 1)),
-        _ => (None, first.clone()),
+    let pinned = matches!(first, Value::UserData(_));
+    if args.len() > if pinned { 3 } else { 2 } {
+        return Err(HostError::lua("models.loop takes (handle?, messages, compactor?)").into());
+    }
+    let (handle, list_v, compactor_v) = if pinned {
+        (
+            handle_arg(&first, "models.loop handle must be a model handle")?,
+            arg(&args, 1),
+            arg(&args, 2),
+        )
+    } else {
+        (None, first, arg(&args, 1))
     };
-    let Value::Table(list) = list_v else {
-        return Err(HostError::lua(format!("models.loop messages must be a message list, got {}", lua_type_name(&list_v))).into());
+    let compactor = match compactor_v {
+        Value::Nil => None,
+        Value::Function(f) => Some(f),
+        other => {
+            return Err(HostError::lua(format!(
+                "compactor must be a function, got {}",
+                lua_type_name(&other)
+            ))
+            .into())
+        }
     };
-    let choice = pick_role(&sec, handle.as_ref())?;
-    let max_rounds = sec.run.max_rounds;
-    for _round in 0..max_rounds {
-        let messages = to_chat_messages(&list)?;
+    checked_records(&list_v)?;
+    let Value::Table(list) = &list_v else {
+        return Err(HostError::lua(format!(
+            "messages must be a table of message tables, got {}",
+            lua_type_name(&list_v)
+        ))
+        .into());
+    };
+    let mut answered_any = false;
+    for _round in 0..sec.run.max_rounds {
+        let target = pick_target(&sec, handle.as_ref())?;
         let offered = offered_tools(&sec)?;
+        let records = checked_records(&list_v)?;
+        let composed = compose(&records);
+        if estimate_tokens(&composed) > target.context {
+            return Err(overflow(&lua, compactor.as_ref(), "precheck").await);
+        }
         let names: Vec<String> = offered.iter().map(|t| t.name.clone()).collect();
-        let tools = if offered.is_empty() { None } else { Some(offered) };
-        let resp = one_round(&sec, &choice, messages, tools).await?;
+        let tools = if offered.is_empty() {
+            None
+        } else {
+            Some(offered)
+        };
+        let resp = match send_round(&sec, &target, to_wire(&composed), tools).await {
+            Ok(r) => r,
+            Err(RoundFailure::Overflow) => {
+                return Err(overflow(&lua, compactor.as_ref(), "provider").await)
+            }
+            Err(RoundFailure::Error(e)) => return Err(e.into()),
+        };
         if resp.tool_calls.is_empty() {
-            let text = resp.content.clone().unwrap_or_default();
-            if text.is_empty() {
+            if is_empty_reply(resp.content.as_deref()) {
+                // The clean exit: an empty "stop" after the loop answered a tool call.
+                if answered_any && resp.finish_reason.as_deref() == Some("stop") {
+                    append_record(list, text_record(&lua, "assistant", "")?)?;
+                    return Ok(());
+                }
                 return Err(empty_reply(&resp).into());
             }
-            let rec = lua.create_table()?;
-            rec.raw_set("role", "assistant")?;
-            rec.raw_set("content", text)?;
-            list.raw_set(list.raw_len() + 1, rec)?;
+            append_record(
+                list,
+                text_record(
+                    &lua,
+                    "assistant",
+                    resp.content.as_deref().unwrap_or_default(),
+                )?,
+            )?;
             return Ok(());
         }
-        for call in &resp.tool_calls {
-            let allowed = names.contains(&call.name) && !ENGINE_TOOL_NAMES.contains(&call.name.as_str());
+        let calls = decode_calls(&resp.tool_calls)?;
+        for (call, _) in &calls {
+            let allowed =
+                names.contains(&call.name) && !ENGINE_TOOL_NAMES.contains(&call.name.as_str());
             if !allowed {
                 let mut msg = format!(
                     "tool \"{}\" is not in this section's scope; in-scope aliases: {}",
@@ -488,49 +845,313 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
                     list_text(&names)
                 );
                 if sec.run.bound(&call.name).is_some() {
-                    msg.push_str(" (alias is a bound tool slot but was not added to this section's scope)");
+                    msg.push_str(
+                        " (alias is a bound tool slot but was not added to this section's scope)",
+                    );
                 }
-                return Err(HostError::new("out_of_scope_tool", msg).with("name", call.name.clone()).into());
+                return Err(HostError::new("out_of_scope_tool", msg)
+                    .with("name", call.name.clone())
+                    .into());
             }
         }
-        let mut results: Vec<(String, String)> = Vec::new();
-        for call in &resp.tool_calls {
-            let arguments = parse_arguments(&call.arguments);
+        // Run the batch in call order, then append it whole.
+        let mut results: Vec<String> = Vec::with_capacity(calls.len());
+        for (call, arguments) in &calls {
             sec.count_call(&call.name);
             let text = if sec.has_local(&call.name) {
-                run_local(&lua, &sec, &call.name, &arguments).await?
+                run_local(&lua, &sec, &call.name, arguments).await?
             } else {
-                match run_bound(&sec, &call.name, arguments).await? {
+                match run_bound(&sec, &call.name, arguments.clone()).await? {
                     BoundOutcome::Output(t) => t,
                     BoundOutcome::Failed(m) => envelope(&m, &sec.run.nonce),
                 }
             };
-            results.push((call.id.clone(), text));
+            results.push(text);
         }
-        let rec = lua.create_table()?;
-        rec.raw_set("role", "assistant")?;
-        if let Some(c) = &resp.content {
-            if !c.is_empty() {
-                rec.raw_set("content", c.as_str())?;
-            }
-        }
-        let calls = lua.create_table()?;
-        for (i, call) in resp.tool_calls.iter().enumerate() {
+        answered_any = true;
+        let rec = text_record(
+            &lua,
+            "assistant",
+            resp.content.as_deref().unwrap_or_default(),
+        )?;
+        let call_list = lua.create_table()?;
+        for (i, (call, arguments)) in calls.iter().enumerate() {
             let c = lua.create_table()?;
             c.raw_set("id", call.id.as_str())?;
             c.raw_set("name", call.name.as_str())?;
-            c.raw_set("arguments", json_to_lua(&lua, &parse_arguments(&call.arguments))?)?;
-            calls.raw_set(i + 1, c)?;
+            let args_table = match json_to_lua(&lua, arguments)? {
+                Value::Table(t) => t,
+                _ => lua.create_table()?,
+            };
+            c.raw_set("arguments", args_table)?;
+            call_list.raw_set(i + 1, c)?;
         }
-        rec.raw_set("tool_calls", calls)?;
-        list.raw_set(list.raw_len() + 1, rec)?;
-        for (id, text) in results {
-            let r = lua.create_table()?;
-            r.raw_set("role", "tool")?;
-            r.raw_set("content", text)?;
-            r.raw_set("tool_call_id", id)?;
-            list.raw_set(list.raw_len() + 1, r)?;
+        rec.raw_set("tool_calls", call_list)?;
+        append_record(list, rec)?;
+        for ((call, _), text) in calls.iter().zip(results) {
+            let r = text_record(&lua, "tool", &text)?;
+            r.raw_set("tool_call_id", call.id.as_str())?;
+            append_record(list, r)?;
         }
     }
     Err(HostError::new("tool_loop_exhausted", "tool-call loop did not converge").into())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use async_trait::async_trait;
+    use pf_harness::{CancellationToken, Harness, ModelInfo, ModelProvider};
+
+    use super::*;
+    use crate::{Outcome, RunSetup};
+
+    /// A provider that records every request and answers with fixed replies.
+    struct Recorder {
+        thinking: ThinkingSupport,
+        replies: Mutex<Vec<ChatResponse>>,
+        seen: Mutex<Vec<ChatRequest>>,
+    }
+
+    #[async_trait]
+    impl ModelProvider for Recorder {
+        fn info(&self) -> ModelInfo {
+            ModelInfo {
+                id: "rec-model".into(),
+                context: 50_000,
+                thinking: self.thinking,
+                description: "Recorder".into(),
+            }
+        }
+        async fn complete(
+            &self,
+            request: ChatRequest,
+            _: CancellationToken,
+        ) -> Result<ChatResponse, ProviderError> {
+            self.seen
+                .lock()
+                .map_err(|_| ProviderError::Failed("poisoned".into()))?
+                .push(request);
+            let mut replies = self
+                .replies
+                .lock()
+                .map_err(|_| ProviderError::Failed("poisoned".into()))?;
+            if replies.is_empty() {
+                return Err(ProviderError::Failed("no reply left".into()));
+            }
+            Ok(replies.remove(0))
+        }
+    }
+
+    fn text(t: &str) -> ChatResponse {
+        ChatResponse {
+            content: Some(t.into()),
+            finish_reason: Some("stop".into()),
+            ..Default::default()
+        }
+    }
+
+    fn run_prompt(source: &str, provider: Arc<Recorder>, ui: Option<Json>) -> Outcome {
+        let prompt = match pf_syntax::parse(source.as_bytes()) {
+            Ok(p) => p,
+            Err(e) => panic!("test prompt does not parse: {e:?}"),
+        };
+        let store = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let setup = RunSetup {
+            seed: 1,
+            start_ms: 0,
+            args: String::new(),
+            store_dir: store.path().to_path_buf(),
+            harness: Harness::new(),
+            model: Some(provider),
+            cancel: CancellationToken::new(),
+            ui,
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("runtime: {e}"));
+        rt.block_on(crate::run(Arc::new(prompt), setup)).outcome
+    }
+
+    fn recorder(thinking: ThinkingSupport, replies: Vec<ChatResponse>) -> Arc<Recorder> {
+        Arc::new(Recorder {
+            thinking,
+            replies: Mutex::new(replies),
+            seen: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn seen(r: &Recorder) -> Vec<ChatRequest> {
+        r.seen.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    const SWITCH_PROMPT: &str = "---\nname: t\ndescription: t\npromptforge: 0\nmodels:\n  deep:\n    keywords: [thinking, no-thinking]\n  plain: {}\n  eager:\n    keywords: [no-thinking, thinking]\n---\n\n# T\n\n```lua\nmodels.default('eager')\n```\n\n## S\n\n```lua\nlocal a = models.infer('default')\nmodels.use('deep')\nlocal b = models.infer('deep')\nlocal c = models.infer(plain, 'plain')\nmodels.loop(messages.new():user('loop'))\nreturn 'ok'\n```\n";
+
+    #[test]
+    fn the_later_hard_keyword_sets_the_switch_on_a_switchable_model() {
+        let r = recorder(
+            ThinkingSupport::Switchable,
+            vec![text("1"), text("2"), text("3"), text("4")],
+        );
+        assert_eq!(
+            run_prompt(SWITCH_PROMPT, Arc::clone(&r), None),
+            Outcome::Completed("ok".into())
+        );
+        let thinking: Vec<Option<bool>> = seen(&r).iter().map(|q| q.thinking).collect();
+        assert_eq!(thinking, vec![Some(true), Some(false), None, Some(false)]);
+    }
+
+    #[test]
+    fn models_that_cannot_switch_get_no_switch() {
+        let source = SWITCH_PROMPT
+            .replace("[thinking, no-thinking]", "[thinking]")
+            .replace("[no-thinking, thinking]", "[thinking]");
+        let r = recorder(
+            ThinkingSupport::Always,
+            vec![text("1"), text("2"), text("3"), text("4")],
+        );
+        assert_eq!(
+            run_prompt(&source, Arc::clone(&r), None),
+            Outcome::Completed("ok".into())
+        );
+        assert_eq!(seen(&r).len(), 4);
+        assert!(seen(&r).iter().all(|q| q.thinking.is_none()));
+    }
+
+    #[test]
+    fn sampling_options_reach_only_rounds_on_the_selection() {
+        let source = "---\nname: t\ndescription: t\npromptforge: 0\nmodels:\n  w: {}\n---\n\n# T\n\n```lua\nmodels.default('w')\n```\n\n## S\n\n```lua\nmodels.infer('on default')\nlocal h = models.use('w', { temperature = 0.3, max_tokens = 256 })\nmodels.infer('on selection')\nmodels.infer(models.get('w'), 'on get handle')\nmodels.use('w')\nmodels.infer('cleared')\nmodels.infer(h, 'on kept handle')\nmodels.use('w', { max_tokens = 9 })\nmodels.loop(messages.new():user('loop'))\nreturn 'ok'\n```\n";
+        let r = recorder(
+            ThinkingSupport::Never,
+            (0..6).map(|i| text(&i.to_string())).collect(),
+        );
+        assert_eq!(
+            run_prompt(source, Arc::clone(&r), None),
+            Outcome::Completed("ok".into())
+        );
+        let sampling: Vec<(Option<f64>, Option<u64>)> = seen(&r)
+            .iter()
+            .map(|q| (q.temperature, q.max_tokens))
+            .collect();
+        assert_eq!(
+            sampling,
+            vec![
+                (None, None),
+                (Some(0.3), Some(256)),
+                (None, None),
+                (None, None),
+                (Some(0.3), Some(256)),
+                (None, Some(9))
+            ]
+        );
+    }
+
+    #[test]
+    fn model_ids_resolve_through_models_get_only_with_a_snapshot() {
+        let source = "---\nname: t\ndescription: t\npromptforge: 0\nmodels:\n  w: {}\n---\n\n# T\n\n## S\n\n```lua\nlocal h = models.get('qwen/qwen3-8b')\nlocal ok, err = pcall(models.get, '')\nlocal ok2, err2 = pcall(models.get, 'a\\tb')\nlocal ok3, err3 = pcall(models.use, 'qwen/qwen3-8b')\nlocal reply = models.infer(h, 'hi')\nreturn table.concat({ h.name, h.label, h.model_id, h.description, #h.capabilities, h.context, tostring(h.thinking), models.get('w').model_id, tostring(err), tostring(err2), tostring(err3), reply }, '|')\n```\n";
+        let r = recorder(ThinkingSupport::Switchable, vec![text("hello")]);
+        let outcome = run_prompt(
+            source,
+            Arc::clone(&r),
+            Some(serde_json::json!({"selected_model": "qwen/qwen3-8b"})),
+        );
+        assert_eq!(
+            outcome,
+            Outcome::Completed(
+                "qwen/qwen3-8b|qwen/qwen3-8b|qwen/qwen3-8b|qwen/qwen3-8b|0|8192|nil|rec-model|models.get model id \"\" is invalid: it must not be empty|models.get model id \"a\tb\" is invalid: it must not contain control characters|invalid alias \"qwen/qwen3-8b\": expected [A-Za-z][A-Za-z0-9_-]{0,63}|hello"
+                    .into()
+            )
+        );
+    }
+
+    #[test]
+    fn loop_records_replay_as_function_calls_with_json_arguments() {
+        let call = ToolCall {
+            id: "id-1".into(),
+            name: "stamp".into(),
+            arguments: "{\"b\":2,\"a\":1}".into(),
+        };
+        let replies = vec![
+            ChatResponse {
+                tool_calls: vec![call],
+                finish_reason: Some("tool_calls".into()),
+                ..Default::default()
+            },
+            text("done"),
+        ];
+        let source = "---\nname: t\ndescription: t\npromptforge: 0\nmodels:\n  w: {}\n---\n\n# T\n\n## S\n\n```lua\nmodels.use('w')\ntools.add_local('stamp', 'Stamp', { a = 'integer', b = 'integer' }, function(x) return x.a + x.b end)\nlocal msgs = messages.new():user('go')\nmodels.loop(msgs)\nreturn msgs[3].content .. msgs[4].content\n```\n";
+        let r = recorder(ThinkingSupport::Never, replies);
+        assert_eq!(
+            run_prompt(source, Arc::clone(&r), None),
+            Outcome::Completed("3done".into())
+        );
+        let second = seen(&r).get(1).cloned().unwrap_or_default();
+        let roles: Vec<&str> = second.messages.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, vec!["user", "assistant", "tool"]);
+        let replayed = second
+            .messages
+            .get(1)
+            .map(|m| m.tool_calls.clone())
+            .unwrap_or_default();
+        assert_eq!(
+            replayed,
+            vec![ToolCall {
+                id: "id-1".into(),
+                name: "stamp".into(),
+                arguments: "{\"a\":1,\"b\":2}".into()
+            }]
+        );
+        assert_eq!(
+            second.messages.get(2).and_then(|m| m.tool_call_id.clone()),
+            Some("id-1".into())
+        );
+        let tools: Vec<String> = second
+            .tools
+            .unwrap_or_default()
+            .into_iter()
+            .map(|t| t.name)
+            .collect();
+        assert_eq!(tools, vec!["stamp".to_string()]);
+    }
+
+    #[test]
+    fn malformed_tool_calls_are_internal_failures() {
+        let blank = ToolCall {
+            id: " ".into(),
+            name: "x".into(),
+            arguments: "{}".into(),
+        };
+        assert_eq!(
+            decode_calls(&[blank]).err().map(|e| (e.kind, e.message)),
+            Some((
+                "internal",
+                "malformed response: tool call 1 has a blank id".to_string()
+            ))
+        );
+        let twice = ToolCall {
+            id: "a".into(),
+            name: "x".into(),
+            arguments: "{}".into(),
+        };
+        assert_eq!(
+            decode_calls(&[twice.clone(), twice])
+                .err()
+                .map(|e| e.message),
+            Some("malformed response: tool call id \"a\" repeats within the round".to_string())
+        );
+        let missing = ToolCall {
+            id: "a".into(),
+            name: "x".into(),
+            arguments: String::new(),
+        };
+        assert!(decode_calls(&[missing]).is_err());
+        let list = ToolCall {
+            id: "a".into(),
+            name: "x".into(),
+            arguments: "[1]".into(),
+        };
+        assert!(decode_calls(&[list]).is_err());
+    }
 }

@@ -1,4 +1,5 @@
-//! Prose substitution: `{{ path }}` placeholders filled at the first read of `prose`.
+//! Prose substitution (guide ch. 07): `{{ path }}` placeholders filled in one
+//! left-to-right pass at the first read of `prose`.
 
 use mlua::{Lua, Value};
 use serde_json::Value as Json;
@@ -8,25 +9,46 @@ use crate::error::HostError;
 use crate::json::{compact_sorted, lua_to_json};
 use crate::text::float_text;
 
+/// Why a placeholder could not be filled: its substitution kind and message.
+struct Failure {
+    kind: &'static str,
+    message: String,
+}
+
+fn failure(kind: &'static str, message: impl Into<String>) -> Failure {
+    Failure { kind, message: message.into() }
+}
+
+/// A path as messages show it: control characters escaped, long paths cut at 80 characters.
+fn shown(path: &str) -> String {
+    let count = path.chars().count();
+    let cut: String = path.chars().take(80).collect();
+    let mut out = String::with_capacity(cut.len());
+    for c in cut.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => out.push_str(&format!("\\u{{{:04x}}}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    if count > 80 {
+        out.push_str("...");
+    }
+    out
+}
+
 /// Render prose text against the section's state.
 pub(crate) fn render(lua: &Lua, sec: &SectionCtx, raw: &str) -> Result<String, HostError> {
     let mut out = String::with_capacity(raw.len());
-    let bytes = raw.as_bytes();
     let mut i = 0;
     let mut literal_start = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 1 < bytes.len() {
-            let rest = &raw[i + 1..];
-            let esc = if rest.starts_with("{{") {
-                Some("{{")
-            } else if rest.starts_with("}}") {
-                Some("}}")
-            } else if rest.starts_with('\\') {
-                Some("\\")
-            } else {
-                None
-            };
-            if let Some(e) = esc {
+    while i < raw.len() {
+        let rest = &raw[i..];
+        if rest.starts_with('\\') {
+            let escaped = ["{{", "}}", "\\"].into_iter().find(|e| rest[1..].starts_with(e));
+            if let Some(e) = escaped {
                 out.push_str(&raw[literal_start..i]);
                 out.push_str(e);
                 i += 1 + e.len();
@@ -34,21 +56,19 @@ pub(crate) fn render(lua: &Lua, sec: &SectionCtx, raw: &str) -> Result<String, H
                 continue;
             }
         }
-        if bytes[i] == b'{' && raw[i..].starts_with("{{") {
-            let Some(close) = raw[i + 2..].find("}}") else {
-                return Err(HostError::lua(format!(
-                    "substitution failed in section `{}`: unclosed placeholder `{{{{`",
-                    sec.name
-                )));
+        if rest.starts_with("{{") {
+            let fail_at = |f: Failure| HostError::lua(format!("{} [{} at byte {i}]", f.message, f.kind));
+            let Some(close) = rest[2..].find("}}") else {
+                return Err(fail_at(failure("Unclosed", "unclosed '{{' in prose")));
             };
             out.push_str(&raw[literal_start..i]);
-            let inner = raw[i + 2..i + 2 + close].trim();
-            out.push_str(&resolve(lua, sec, inner)?);
-            i = i + 2 + close + 2;
+            let path = rest[2..2 + close].trim();
+            out.push_str(&resolve(lua, sec, path).map_err(fail_at)?);
+            i += 2 + close + 2;
             literal_start = i;
             continue;
         }
-        i += 1;
+        i += rest.chars().next().map_or(1, char::len_utf8);
     }
     out.push_str(&raw[literal_start..]);
     Ok(out)
@@ -67,54 +87,81 @@ fn render_json(v: &Json) -> String {
     }
 }
 
-fn resolve(lua: &Lua, sec: &SectionCtx, path: &str) -> Result<String, HostError> {
-    let fail = |why: &str| HostError::lua(format!("substitution of `{{{{ {path} }}}}` failed in section `{}`: {why}", sec.name));
-    if path.is_empty() {
-        return Err(fail("empty placeholder"));
-    }
+/// The `sys` fields as substitution sees them.
+fn sys_object(sec: &SectionCtx) -> Json {
+    let mut m = serde_json::Map::new();
+    m.insert("when".into(), Json::String(sec.run.when.clone()));
+    m.insert("id".into(), Json::String(sec.id.clone()));
+    m.insert("taskid".into(), Json::String("0".into()));
+    m.insert("section_name".into(), Json::String(sec.name.clone()));
+    m.insert("execution".into(), Json::String(sec.run.execution.clone()));
+    m.insert("section_count".into(), Json::from(sec.run.section_count as u64));
+    Json::Object(m)
+}
+
+fn resolve(lua: &Lua, sec: &SectionCtx, path: &str) -> Result<String, Failure> {
     let segments: Vec<&str> = path.split('.').collect();
-    if segments.iter().any(|s| s.is_empty()) {
-        return Err(fail("empty path segment"));
+    if path.is_empty() || segments.iter().any(|s| s.is_empty() || s.chars().any(char::is_whitespace)) {
+        return Err(failure("EmptySegment", format!("empty or padded path segment in {{{{ {} }}}}", shown(path))));
     }
-    let root: Json = match segments[0] {
-        "args" => Json::String(sec.run.args.clone()),
-        "argv" => sec.run.argv.clone().unwrap_or(Json::Null),
-        "var" => sec.var.borrow().clone(),
-        "sys" => {
-            let mut m = serde_json::Map::new();
-            m.insert("when".into(), Json::String(sec.run.when.clone()));
-            m.insert("id".into(), Json::String(sec.id.clone()));
-            m.insert("taskid".into(), Json::String("0".into()));
-            m.insert("section_name".into(), Json::String(sec.name.clone()));
-            m.insert("execution".into(), Json::String(sec.run.execution.clone()));
-            m.insert("section_count".into(), Json::from(sec.run.section_count as u64));
-            if segments.len() > 1 && !m.contains_key(segments[1]) {
-                return Err(HostError::lua(format!("unknown sys field '{}'", segments[1])));
+    let (root, keys) = match segments.split_first() {
+        Some((root, keys)) => (*root, keys),
+        None => return Err(failure("EmptySegment", format!("empty or padded path segment in {{{{ {} }}}}", shown(path)))),
+    };
+    let missing = || failure("MissingKey", format!("missing {{{{ {} }}}}", shown(path)));
+    let value: Json = match root {
+        "args" | "item" if !keys.is_empty() => {
+            return Err(failure("NotATable", format!("{root} is a string, not a table")));
+        }
+        "args" => return Ok(sec.chain.borrow().args.clone()),
+        "item" => return Err(failure("NilItem", "{{ item }} is nil (not inside a fanout arm)")),
+        "var" | "sys" if keys.is_empty() => return Err(failure("BadPath", format!("bad path: {{{{ {root} }}}}"))),
+        "argv" => match sec.chain.borrow().argv.borrow().clone() {
+            Some(v) => v,
+            None => {
+                return Err(failure("NilArgv", format!("{{{{ {} }}}} is nil (the args string is not JSON)", shown(path))))
             }
-            Json::Object(m)
+        },
+        "var" => sec.var.borrow().clone(),
+        "sys" => sys_object(sec),
+        "prose" => {
+            return Err(failure("Serialize", format!("global 'prose' in {{{{ {} }}}} is not JSON data", shown(path))));
         }
         name => {
-            let v: Value = lua.globals().get(name).map_err(|e| fail(&e.to_string()))?;
+            let unknown = || {
+                failure("UnknownNamespace", format!("unknown namespace or global '{name}' in {{{{ {} }}}}", shown(path)))
+            };
+            let v: Value = lua.globals().get(name).map_err(|_| unknown())?;
             if v.is_nil() {
-                return Err(fail(&format!("`{name}` is not set")));
+                return Err(unknown());
             }
-            lua_to_json(&v, name).map_err(|e| fail(&format!("{} is not JSON data ({})", e.path, e.found)))?
+            lua_to_json(&v, name).map_err(|_| {
+                failure("Serialize", format!("global '{name}' in {{{{ {} }}}} is not JSON data", shown(path)))
+            })?
         }
     };
-    let mut node = &root;
-    for seg in &segments[1..] {
-        let next = match node {
-            Json::Object(m) => m.get(*seg),
-            Json::Array(a) => seg.parse::<usize>().ok().filter(|i| *i >= 1).and_then(|i| a.get(i - 1)),
-            _ => None,
+    let mut node = &value;
+    for key in keys {
+        node = match node {
+            Json::Object(m) => m.get(*key).ok_or_else(missing)?,
+            _ => return Err(missing()),
         };
-        match next {
-            Some(n) => node = n,
-            None => return Err(fail("the path names no value")),
-        }
     }
-    if node.is_null() && segments[0] != "item" {
-        return Err(fail("the path names no value"));
+    if node.is_null() {
+        return Err(failure("NullValue", format!("missing {{{{ {} }}}}", shown(path))));
     }
     Ok(render_json(node))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shown;
+
+    #[test]
+    fn paths_are_shown_escaped_and_cut() {
+        assert_eq!(shown("a\nb\tc\u{1b}"), "a\\nb\\tc\\u{001b}");
+        let long = "x".repeat(81);
+        assert_eq!(shown(&long), format!("{}...", "x".repeat(80)));
+        assert_eq!(shown(&"y".repeat(80)), "y".repeat(80));
+    }
 }

@@ -37,7 +37,8 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
             }
         },
     )?;
-    let memory_limit = sec.run.memory_limit;
+    // The memory ceiling covers everything from the first instruction, the setup included.
+    lua.set_memory_limit(sec.run.memory_limit)?;
     lua.set_app_data(Rc::clone(&sec));
 
     let h = lua.create_table()?;
@@ -46,6 +47,11 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     weak.raw_set("__mode", "k")?;
     kinds.set_metatable(Some(weak))?;
     h.raw_set("run_kinds", kinds)?;
+    let located = lua.create_table()?;
+    let weak = lua.create_table()?;
+    weak.raw_set("__mode", "k")?;
+    located.set_metatable(Some(weak))?;
+    h.raw_set("located", located)?;
     h.raw_set(
         "is_region",
         lua.create_function(|_, src: mlua::String| {
@@ -58,10 +64,18 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
 
     let g = lua.globals();
     // 1. host values
-    g.raw_set("args", sec.run.args.as_str())?;
-    match &sec.run.argv {
-        Some(j) => g.raw_set("argv", json_to_lua(&lua, j)?)?,
-        None => g.raw_set("argv", Value::Nil)?,
+    let chain = Rc::clone(&sec.chain.borrow());
+    g.raw_set("args", chain.args.as_str())?;
+    let argv = match &*chain.argv.borrow() {
+        Some(j) => json_to_lua(&lua, j)?,
+        None => Value::Nil,
+    };
+    if sec.is_h1 {
+        // The H1 body may repair argv: there it is an ordinary global.
+        g.raw_set("argv", argv)?;
+    } else {
+        let freeze: mlua::Function = h.get("freeze_argv")?;
+        freeze.call::<()>(argv)?;
     }
     g.raw_set("sys", make_sys(&lua)?)?;
     let var_root = crate::var::make_proxy(&lua, Vec::new())?;
@@ -113,7 +127,6 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
         host_fn(&lua, |lua, _| Ok(crate::walk::read_prose(lua)?))?,
     )?;
     lua.load(ENV).set_name("=[promptforge env]").call::<()>(h)?;
-    lua.set_memory_limit(memory_limit)?;
     Ok(lua)
 }
 

@@ -1,25 +1,40 @@
-//! The run itself: the H1 pass, the main walk, section entries, blocks,
+//! The run itself: the H1 pass, chains and their walks, section entries, blocks,
 //! `jump`, `call`, `list_from_section`, and how failures are classified.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use mlua::{ChunkMode, Function, Lua, MultiValue, Table, Value};
-use pf_syntax::{Block, LuaBlock, Section};
+use pf_syntax::{resolve_heading, Block, LuaBlock, Prompt, Section};
 use serde_json::Value as Json;
 
-use crate::ctx::{arg, helpers, host_async, host_fn, section, string_arg, RunCtx, SectionCtx};
+use crate::ctx::{arg, helpers, host_async, host_fn, section, Chain, RunCtx, SectionCtx};
 use crate::error::{read_error_value, HostError, HostResult, Raise, RunError, RunErrorKind};
-use crate::text::scalar_text;
+use crate::text::{lua_type_name, scalar_text};
 use crate::vm::{install_name_globals, new_vm};
 use crate::Outcome;
+
+/// Calls, tasks and fanout arms nest up to this many levels.
+pub(crate) const DEPTH_CAP: u32 = 8;
 
 /// How a run stopped early.
 #[derive(Debug, Clone)]
 pub(crate) enum Failure {
-    Error(RunError),
+    /// A failure, with the error value that caused it when there was one
+    /// (so a `call` can raise it again unchanged in its caller).
+    Error(RunError, Option<HostError>),
     Cancelled,
+}
+
+impl Failure {
+    fn lua(message: impl Into<String>) -> Self {
+        Failure::Error(RunError::new(RunErrorKind::Lua, message), None)
+    }
+    fn internal(e: impl std::fmt::Display) -> Self {
+        Failure::Error(RunError::new(RunErrorKind::Internal, format!("internal invariant violated: {e}")), None)
+    }
 }
 
 /// How one section entry ended.
@@ -41,103 +56,144 @@ pub(crate) struct EntrySpec {
     pub name: String,
     pub id: String,
     pub is_h1: bool,
+    /// The section's index path (empty for the H1 pass).
+    pub path: Vec<usize>,
     pub blocks: Vec<Block>,
 }
 
+impl EntrySpec {
+    fn section(chain: &Chain, path: Vec<usize>, s: &Section) -> Self {
+        EntrySpec { name: s.name.clone(), id: chain.next_entry_id(), is_h1: false, path, blocks: s.blocks.clone() }
+    }
+}
+
+/// Whether the H1 body holds anything that runs: a `lua` block or prose.
+fn h1_runs(prompt: &Prompt) -> bool {
+    prompt.h1_blocks.iter().any(|b| match b {
+        Block::Lua(_) => true,
+        Block::Prose(p) => !p.text.is_empty(),
+    })
+}
+
 pub(crate) async fn run_main(run: Rc<RunCtx>) -> Outcome {
-    let prompt = Rc::new(run.prompt.clone());
-    let sections = &prompt.sections;
-    let mut index = 0usize;
-    if prompt.h1_blocks.iter().any(|b| matches!(b, Block::Lua(_)) || matches!(b, Block::Prose(p) if !p.text.is_empty())) {
-        let spec = EntrySpec { name: prompt.title.clone(), id: "0.0".into(), is_h1: true, blocks: prompt.h1_blocks.clone() };
-        match run_entry(Rc::clone(&run), spec).await {
-            EntryEnd::Return(t) => return Outcome::Completed(t),
-            EntryEnd::Jump(target) => match resolve_top(sections, &target) {
-                Ok(i) => index = i,
-                Err(m) => return Outcome::Failed(RunError::new(RunErrorKind::Lua, m)),
+    let prompt = Arc::clone(&run.prompt);
+    let main = Rc::new(Chain::new(
+        "0".to_string(),
+        run.args.clone(),
+        run.argv.clone(),
+        0,
+        Json::Object(Default::default()),
+    ));
+    // The H1 pass is always entry 0.0, whether or not it runs.
+    let h1_id = main.next_entry_id();
+    let mut start = if prompt.sections.is_empty() { None } else { Some(vec![0]) };
+    if h1_runs(&prompt) {
+        let spec = EntrySpec { name: prompt.title.clone(), id: h1_id, is_h1: true, path: Vec::new(), blocks: prompt.h1_blocks.clone() };
+        match run_entry(Rc::clone(&run), Rc::clone(&main), spec).await {
+            EntryEnd::Return(t) => return finish(&run, &main, Outcome::Completed(t)),
+            EntryEnd::Jump(target) => match resolve_heading(&prompt, &[], &target) {
+                Ok((path, _)) => start = Some(path),
+                Err(m) => return finish(&run, &main, Outcome::Failed(RunError::new(RunErrorKind::Lua, m))),
             },
             EntryEnd::FallThrough => {}
-            EntryEnd::Fail(f) => return failure_outcome(f),
+            EntryEnd::Fail(f) => return finish(&run, &main, failure_outcome(f)),
         }
     }
-    let mut counter = 1u64;
-    while index < sections.len() {
-        if run.cancel.is_cancelled() {
-            return Outcome::Cancelled;
-        }
-        let s = &sections[index];
-        let spec = EntrySpec { name: s.name.clone(), id: format!("0.{counter}"), is_h1: false, blocks: s.blocks.clone() };
-        counter += 1;
-        match run_entry(Rc::clone(&run), spec).await {
-            EntryEnd::Return(t) => return Outcome::Completed(t),
-            EntryEnd::Jump(target) => match resolve_top(sections, &target) {
-                Ok(i) => index = i,
-                Err(m) => return Outcome::Failed(RunError::new(RunErrorKind::Lua, m)),
-            },
-            EntryEnd::FallThrough => index += 1,
-            EntryEnd::Fail(f) => return failure_outcome(f),
-        }
-    }
-    if run.cancel.is_cancelled() {
-        return Outcome::Cancelled;
-    }
-    Outcome::Completed("done".into())
+    let outcome = match start {
+        None => Ok(None),
+        Some(path) => walk_chain(&run, &main, path).await,
+    };
+    let outcome = match outcome {
+        Ok(Some(t)) => Outcome::Completed(t),
+        Ok(None) if run.cancel.is_cancelled() => Outcome::Cancelled,
+        Ok(None) => Outcome::Completed("done".into()),
+        Err(f) => failure_outcome(f),
+    };
+    finish(&run, &main, outcome)
+}
+
+fn finish(run: &RunCtx, main: &Chain, outcome: Outcome) -> Outcome {
+    *run.var.borrow_mut() = main.var.borrow().clone();
+    outcome
 }
 
 fn failure_outcome(f: Failure) -> Outcome {
     match f {
-        Failure::Error(e) => Outcome::Failed(e),
+        Failure::Error(e, _) => Outcome::Failed(e),
         Failure::Cancelled => Outcome::Cancelled,
     }
 }
 
-/// Split a heading reference `'## Name'` into its level and name.
-pub(crate) fn parse_heading_ref(text: &str) -> Option<(usize, &str)> {
-    let level = text.bytes().take_while(|b| *b == b'#').count();
-    if level < 2 {
-        return None;
+/// The sibling list under a parent path (the top level for the empty path).
+fn siblings<'p>(prompt: &'p Prompt, parent: &[usize]) -> &'p [Section] {
+    if parent.is_empty() {
+        return &prompt.sections;
     }
-    let rest = text[level..].strip_prefix(' ')?.trim();
-    if rest.is_empty() {
-        return None;
+    match prompt.section(parent) {
+        Some(s) => &s.children,
+        None => &[],
     }
-    Some((level, rest))
 }
 
-fn resolve_top(sections: &[Section], target: &str) -> Result<usize, String> {
-    let Some((level, name)) = parse_heading_ref(target) else {
-        return Err(format!("invalid heading reference '{target}': expected '## Name'"));
+/// Walk a chain from the section at `start`: run it, fall through its following
+/// siblings, descend into a child walk on a jump to a child, and resume the parent
+/// level after the jumper when a child level runs out. `Ok(None)` means the walk
+/// ran off its last section without a result.
+pub(crate) async fn walk_chain(run: &Rc<RunCtx>, chain: &Rc<Chain>, start: Vec<usize>) -> Result<Option<String>, Failure> {
+    let prompt = Arc::clone(&run.prompt);
+    let Some((first, parent)) = start.split_last() else {
+        return Err(Failure::internal("a walk must start at a section"));
     };
-    let hits: Vec<usize> = sections
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| level == 2 && s.name == name)
-        .map(|(i, _)| i)
-        .collect();
-    match hits.as_slice() {
-        [i] => Ok(*i),
-        [] => Err(format!("jump target '{target}' matches no top-level section")),
-        _ => Err(format!("jump target '{target}' matches more than one top-level section")),
-    }
-}
-
-/// Find every section (at any depth) a heading reference names, with its sibling list.
-fn find_sections<'a>(sections: &'a [Section], level: usize, name: &str, out: &mut Vec<(&'a [Section], usize)>) {
-    for (i, s) in sections.iter().enumerate() {
-        if usize::from(s.level) == level && s.name == name {
-            out.push((sections, i));
+    // Each level: the parent path and the index of the sibling to run next.
+    let mut levels: Vec<(Vec<usize>, usize)> = vec![(parent.to_vec(), *first)];
+    loop {
+        if run.cancel.is_cancelled() {
+            return Err(Failure::Cancelled);
         }
-        find_sections(&s.children, level, name, out);
+        let Some((parent, index)) = levels.last().cloned() else { return Ok(None) };
+        let level = siblings(&prompt, &parent);
+        let Some(section) = level.get(index) else {
+            levels.pop();
+            if let Some(top) = levels.last_mut() {
+                top.1 += 1;
+            }
+            continue;
+        };
+        let mut path = parent.clone();
+        path.push(index);
+        let spec = EntrySpec::section(chain, path.clone(), section);
+        match run_entry(Rc::clone(run), Rc::clone(chain), spec).await {
+            EntryEnd::Return(t) => return Ok(Some(t)),
+            EntryEnd::FallThrough => {
+                if let Some(top) = levels.last_mut() {
+                    top.1 += 1;
+                }
+            }
+            EntryEnd::Jump(target) => {
+                let (target_path, _) = resolve_heading(&prompt, &path, &target).map_err(Failure::lua)?;
+                let Some((target_index, target_parent)) = target_path.split_last() else {
+                    return Err(Failure::internal("a heading resolved to the H1 body"));
+                };
+                if target_parent == path.as_slice() {
+                    levels.push((path, *target_index));
+                } else if let Some(top) = levels.last_mut() {
+                    top.1 = *target_index;
+                }
+            }
+            EntryEnd::Fail(f) => return Err(f),
+        }
     }
 }
 
-fn run_entry(run: Rc<RunCtx>, spec: EntrySpec) -> Pin<Box<dyn Future<Output = EntryEnd>>> {
+fn run_entry(run: Rc<RunCtx>, chain: Rc<Chain>, spec: EntrySpec) -> Pin<Box<dyn Future<Output = EntryEnd>>> {
     Box::pin(async move {
-        let var = run.var.borrow().clone();
-        let sec = Rc::new(SectionCtx::new(Rc::clone(&run), spec.name.clone(), spec.id.clone(), spec.is_h1, var));
+        let var = chain.var.borrow().clone();
+        let sec = Rc::new(SectionCtx::new(run, spec.name.clone(), spec.id.clone(), spec.is_h1, var));
+        *sec.chain.borrow_mut() = Rc::clone(&chain);
+        *sec.path.borrow_mut() = spec.path.clone();
         let end = run_entry_in(&sec, &spec).await;
-        // Read back var: the section's final var becomes the walk's.
-        *run.var.borrow_mut() = sec.var.borrow().clone();
+        // Read back var: the entry's final var becomes the chain's.
+        *chain.var.borrow_mut() = sec.var.borrow().clone();
         end
     })
 }
@@ -145,32 +201,26 @@ fn run_entry(run: Rc<RunCtx>, spec: EntrySpec) -> Pin<Box<dyn Future<Output = En
 async fn run_entry_in(sec: &Rc<SectionCtx>, spec: &EntrySpec) -> EntryEnd {
     let lua = match new_vm(Rc::clone(sec)) {
         Ok(l) => l,
-        Err(e) => return EntryEnd::Fail(Failure::Error(RunError::new(RunErrorKind::Internal, format!("internal invariant violated: {e}")))),
+        Err(e) => return EntryEnd::Fail(Failure::internal(e)),
     };
     // The shared library replays in every section VM.
     if let Some(shared) = sec.run.prompt.shared.clone() {
         sec.loading_shared.set(true);
+        let flag = helpers(&lua).and_then(|h| h.raw_set("loading_shared", true));
         let end = run_block(&lua, sec, &shared).await;
+        let unflag = helpers(&lua).and_then(|h| h.raw_set("loading_shared", false));
         sec.loading_shared.set(false);
+        if let Err(e) = flag.and(unflag) {
+            return EntryEnd::Fail(Failure::internal(e));
+        }
         match end {
             BlockEnd::Value(_) => {}
-            BlockEnd::Jump(_) => {
-                return EntryEnd::Fail(Failure::Error(RunError::new(
-                    RunErrorKind::Lua,
-                    "the shared library cannot call jump while it loads",
-                )))
-            }
-            BlockEnd::Fail(Failure::Error(mut e)) => {
-                if e.kind == RunErrorKind::RequirementsUnmet {
-                    e.kind = RunErrorKind::Lua;
-                }
-                return EntryEnd::Fail(Failure::Error(e));
-            }
+            BlockEnd::Jump(_) => return EntryEnd::Fail(Failure::lua("jump is not available during shared library load")),
             BlockEnd::Fail(f) => return EntryEnd::Fail(f),
         }
     }
     if let Err(e) = install_name_globals(&lua) {
-        return EntryEnd::Fail(Failure::Error(RunError::new(RunErrorKind::Internal, format!("internal invariant violated: {e}"))));
+        return EntryEnd::Fail(Failure::internal(e));
     }
     let mut pending = String::new();
     for block in &spec.blocks {
@@ -179,19 +229,40 @@ async fn run_entry_in(sec: &Rc<SectionCtx>, spec: &EntrySpec) -> EntryEnd {
             Block::Lua(b) => {
                 *sec.prose.borrow_mut() = (std::mem::take(&mut pending), None);
                 let end = run_block(&lua, sec, b).await;
+                if matches!(end, BlockEnd::Fail(Failure::Cancelled)) {
+                    return EntryEnd::Fail(Failure::Cancelled);
+                }
                 if let Err(m) = crate::var::check_var_global(&lua) {
-                    return EntryEnd::Fail(Failure::Error(RunError::new(RunErrorKind::Lua, m)));
+                    return EntryEnd::Fail(Failure::lua(m));
                 }
                 match end {
                     BlockEnd::Value(Some(text)) => return EntryEnd::Return(text),
                     BlockEnd::Value(None) => {}
-                    BlockEnd::Jump(t) => return EntryEnd::Jump(t),
+                    BlockEnd::Jump(t) => return freeze_argv(&lua, sec, EntryEnd::Jump(t)),
                     BlockEnd::Fail(f) => return EntryEnd::Fail(f),
                 }
             }
         }
     }
-    EntryEnd::FallThrough
+    freeze_argv(&lua, sec, EntryEnd::FallThrough)
+}
+
+/// At the end of the H1 pass, read `argv` back: what the H1 left there is what
+/// every later section reads.
+fn freeze_argv(lua: &Lua, sec: &SectionCtx, end: EntryEnd) -> EntryEnd {
+    if !sec.is_h1 {
+        return end;
+    }
+    let value: Value = match lua.globals().raw_get("argv") {
+        Ok(v) => v,
+        Err(e) => return EntryEnd::Fail(Failure::internal(e)),
+    };
+    match crate::json::lua_to_json(&value, "argv") {
+        Ok(Json::Null) => *sec.chain.borrow().argv.borrow_mut() = None,
+        Ok(j) => *sec.chain.borrow().argv.borrow_mut() = Some(j),
+        Err(e) => return EntryEnd::Fail(Failure::lua(format!("{} must be JSON data, got {}", e.path, e.found))),
+    }
+    end
 }
 
 /// `label:line: ` from the first `[string "label"]:line:` marker in a message.
@@ -208,63 +279,98 @@ fn location_tag(msg: &str) -> Option<String> {
     Some(format!("{label}:{digits}: "))
 }
 
+/// The text of a raised value that is not a host error value.
+fn raised_text(lua: &Lua, payload: &Value) -> String {
+    match payload {
+        Value::String(s) => s.to_string_lossy(),
+        Value::Integer(i) => i.to_string(),
+        Value::Number(n) => crate::text::float_text(*n),
+        Value::Nil => "nil".to_string(),
+        other => {
+            let has_tostring = match other {
+                Value::Table(t) => t.metatable().is_some_and(|m| m.contains_key("__tostring").unwrap_or(false)),
+                Value::UserData(_) | Value::Error(_) => true,
+                _ => false,
+            };
+            let rendered = if has_tostring {
+                helpers(lua)
+                    .and_then(|h| h.get::<Function>("tostring"))
+                    .and_then(|f| f.call::<String>(other.clone()))
+                    .ok()
+            } else {
+                None
+            };
+            rendered.unwrap_or_else(|| format!("(error object is a {} value)", lua_type_name(other)))
+        }
+    }
+}
+
+/// The run-level message of a refused `log` call.
+fn quota_message(message: &str) -> String {
+    match message {
+        "lua log event budget exceeded" => "lua log event quota exceeded".to_string(),
+        "lua log cumulative byte budget exceeded" => "lua log byte quota exceeded".to_string(),
+        other => other.to_string(),
+    }
+}
+
 async fn run_block(lua: &Lua, sec: &Rc<SectionCtx>, block: &LuaBlock) -> BlockEnd {
+    // Pad with newlines so Lua's own line numbers are the prompt file's lines.
     let padding = "\n".repeat(block.first_line.saturating_sub(1) as usize);
     let source = format!("{padding}{}", block.source);
     let func = match lua.load(source).set_name(block.label.clone()).set_mode(ChunkMode::Text).into_function() {
         Ok(f) => f,
-        Err(e) => return fail(sec, RunErrorKind::Lua, crate::ctx::mlua_message(&e)),
+        Err(e) => return fail(sec, RunErrorKind::Lua, crate::ctx::mlua_message(&e), None),
     };
-    let runner: Function = match helpers(lua).and_then(|h| h.get("run_block")) {
+    let h = match helpers(lua) {
+        Ok(h) => h,
+        Err(e) => return BlockEnd::Fail(Failure::internal(e)),
+    };
+    let runner: Function = match h.get("run_block") {
         Ok(f) => f,
-        Err(e) => return fail(sec, RunErrorKind::Internal, format!("internal invariant violated: {e}")),
+        Err(e) => return BlockEnd::Fail(Failure::internal(e)),
     };
     let result = runner.call_async::<MultiValue>(func).await;
     if sec.run.cancel.is_cancelled() {
         return BlockEnd::Fail(Failure::Cancelled);
     }
+    // A recorded jump wins over the block's own return value or error.
+    if let Some(target) = sec.jump.borrow_mut().take() {
+        return BlockEnd::Jump(target);
+    }
     let values = match result {
         Ok(v) => v,
-        Err(e) => return fail(sec, RunErrorKind::Lua, crate::ctx::mlua_message(&e)),
+        Err(e) => return fail(sec, RunErrorKind::Lua, crate::ctx::mlua_message(&e), None),
     };
     let ok = matches!(values.front(), Some(Value::Boolean(true)));
     let payload = values.get(1).cloned().unwrap_or(Value::Nil);
     if ok {
-        if let Some(target) = sec.jump.borrow_mut().take() {
-            return BlockEnd::Jump(target);
-        }
         let first = match &payload {
             Value::Table(t) => t.raw_get::<Value>(1).unwrap_or(Value::Nil),
             _ => Value::Nil,
         };
         return match scalar_text(&first) {
             Ok(v) => BlockEnd::Value(v),
-            Err(m) => fail(sec, RunErrorKind::Lua, m),
+            Err(m) => fail(sec, RunErrorKind::Lua, m, None),
         };
     }
     // The block raised.
-    if let Some(target) = sec.jump.borrow_mut().take() {
-        if is_jump_sentinel(lua, &payload) {
-            return BlockEnd::Jump(target);
-        }
-    }
-    let where_src = match values.get(2) {
-        Some(Value::String(s)) => Some(s.to_string_lossy()),
-        _ => None,
-    };
-    let where_line = match values.get(3) {
-        Some(Value::Integer(i)) => Some(*i),
-        _ => None,
-    };
-    let h = match helpers(lua) {
-        Ok(h) => h,
-        Err(e) => return fail(sec, RunErrorKind::Internal, format!("internal invariant violated: {e}")),
-    };
     if let Some(info) = read_error_value(&h, &payload) {
-        if info.kind == "cancelled" {
+        if info.kind == "cancelled" && !info.value.fields.iter().any(|(k, _)| *k == "task") {
             return BlockEnd::Fail(Failure::Cancelled);
         }
-        let message = if info.kind == "lua" {
+        let where_src = match values.get(2) {
+            Some(Value::String(s)) => Some(s.to_string_lossy()),
+            _ => None,
+        };
+        let where_line = match values.get(3) {
+            Some(Value::Integer(i)) => Some(*i),
+            _ => None,
+        };
+        let mut value = info.value;
+        let message = if info.run_kind == RunErrorKind::Quota {
+            quota_message(&info.message)
+        } else if info.kind == "lua" && !info.located {
             match (where_src, where_line) {
                 (Some(src), Some(line)) => format!("{src}:{line}: {}", info.message),
                 _ => info.message,
@@ -272,46 +378,33 @@ async fn run_block(lua: &Lua, sec: &Rc<SectionCtx>, block: &LuaBlock) -> BlockEn
         } else {
             info.message
         };
-        return fail(sec, info.run_kind, message);
+        value.message = message.clone();
+        value.located = true;
+        return fail(sec, info.run_kind, message, Some(value));
     }
-    let message = match &payload {
-        Value::String(s) => s.to_string_lossy(),
-        Value::Nil => "nil".to_string(),
-        other => match lua.coerce_string(other.clone()) {
-            Ok(Some(s)) => s.to_string_lossy(),
-            _ => match other {
-                Value::UserData(_) | Value::Error(_) => {
-                    let tostring: Option<Function> = lua.globals().raw_get("tostring").ok();
-                    tostring
-                        .and_then(|f| f.call::<String>(other.clone()).ok())
-                        .unwrap_or_else(|| "(error object is a userdata value)".into())
-                }
-                v => format!("(error object is a {} value)", v.type_name()),
-            },
-        },
-    };
+    let message = raised_text(lua, &payload);
     let message = match location_tag(&message) {
         Some(tag) => format!("{tag}{message}"),
         None => message,
     };
-    let kind = if message.contains("not enough memory") { RunErrorKind::Lua } else { RunErrorKind::Lua };
-    fail(sec, kind, message)
+    fail(sec, RunErrorKind::Lua, message, None)
 }
 
 /// A block failure, with the H1 pass's hard gate applied.
-fn fail(sec: &SectionCtx, kind: RunErrorKind, message: String) -> BlockEnd {
+fn fail(sec: &SectionCtx, kind: RunErrorKind, message: String, value: Option<HostError>) -> BlockEnd {
     let kind = if sec.is_h1 && kind == RunErrorKind::Lua && !sec.loading_shared.get() {
         RunErrorKind::RequirementsUnmet
     } else {
         kind
     };
-    BlockEnd::Fail(Failure::Error(RunError::new(kind, message)))
+    BlockEnd::Fail(Failure::Error(RunError::new(kind, message), value))
 }
 
-fn is_jump_sentinel(lua: &Lua, v: &Value) -> bool {
-    match (lua.named_registry_value::<Table>("pf.jump_sentinel"), v) {
-        (Ok(s), Value::Table(t)) => s == *t,
-        _ => false,
+/// The target of `call`, `jump` and `list_from_section`: a string.
+fn target_arg(args: &MultiValue) -> Result<String, HostError> {
+    match arg(args, 0) {
+        Value::String(s) => Ok(s.to_string_lossy()),
+        other => Err(HostError::lua(format!("section target must be a string, got {}", lua_type_name(&other)))),
     }
 }
 
@@ -327,12 +420,10 @@ pub(crate) fn make_jump(lua: &Lua) -> mlua::Result<Function> {
             .into());
         }
         if sec.loading_shared.get() {
-            return Err(HostError::lua("the shared library cannot call jump while it loads").into());
+            return Err(HostError::lua("jump is not available during shared library load").into());
         }
-        let target = string_arg(&args, 0, "target")?;
-        if parse_heading_ref(&target).is_none() {
-            return Err(HostError::lua(format!("invalid heading reference '{target}': expected '## Name'")).into());
-        }
+        // Only the type is checked here: the reference is resolved after the block ends.
+        let target = target_arg(&args)?;
         *sec.jump.borrow_mut() = Some(target);
         let sentinel: Table = lua.named_registry_value("pf.jump_sentinel")?;
         Err(Raise::Value(Value::Table(sentinel)))
@@ -342,74 +433,69 @@ pub(crate) fn make_jump(lua: &Lua) -> mlua::Result<Function> {
 pub(crate) fn make_list_from_section(lua: &Lua) -> mlua::Result<Function> {
     host_fn(lua, |lua, args| -> HostResult<Table> {
         let sec = section(lua)?;
-        let target = string_arg(&args, 0, "heading")?;
-        let Some((level, name)) = parse_heading_ref(&target) else {
-            return Err(HostError::lua(format!("invalid heading reference '{target}': expected '## Name'")).into());
-        };
-        let mut hits = Vec::new();
-        find_sections(&sec.run.prompt.sections, level, name, &mut hits);
-        let (siblings, i) = match hits.as_slice() {
-            [one] => *one,
-            [] => return Err(HostError::lua(format!("list_from_section: '{target}' matches no section")).into()),
-            _ => return Err(HostError::lua(format!("list_from_section: '{target}' matches more than one section")).into()),
-        };
-        let Some(items) = siblings[i].list_items.clone() else {
-            return Err(HostError::lua(format!("list_from_section: '{target}' is not a list section")).into());
+        let target = target_arg(&args)?;
+        let prompt = Arc::clone(&sec.run.prompt);
+        let caller = sec.path.borrow().clone();
+        let (_, found) = resolve_heading(&prompt, &caller, &target).map_err(HostError::lua)?;
+        let Some(items) = &found.list_items else {
+            return Err(HostError::lua(format!("section `{}` has no pre-parsed items", found.name)).into());
         };
         let t = lua.create_table()?;
-        for (k, item) in items.into_iter().enumerate() {
-            t.raw_set(k + 1, item)?;
+        for (k, item) in items.iter().enumerate() {
+            t.raw_set(k + 1, item.as_str())?;
         }
         Ok(t)
     })
 }
 
+/// The `argv` a chain started with `input` gets, under the prompt's declaration.
+fn chain_argv(sec: &SectionCtx, lua: &Lua, input: &Option<String>) -> Result<Option<Json>, Raise> {
+    if let Some(text) = input {
+        return Ok(crate::args_value(&sec.run.prompt, text));
+    }
+    if sec.is_h1 {
+        // From the H1 pass, `argv` is an ordinary global: hand on what it holds now.
+        let current: Value = lua.globals().raw_get("argv")?;
+        return match crate::json::lua_to_json(&current, "argv") {
+            Ok(Json::Null) => Ok(None),
+            Ok(j) => Ok(Some(j)),
+            Err(e) => Err(HostError::lua(format!("{} must be JSON data, got {}", e.path, e.found)).into()),
+        };
+    }
+    Ok(sec.chain.borrow().argv.borrow().clone())
+}
+
 pub(crate) fn make_call(lua: &Lua) -> mlua::Result<Function> {
     host_async(lua, |lua, args: MultiValue| async move {
         let sec = section(&lua)?;
-        let target = string_arg(&args, 0, "target")?;
+        let target = target_arg(&args)?;
         let input = match arg(&args, 1) {
             Value::Nil => None,
-            _ => Some(string_arg(&args, 1, "input")?),
+            _ => Some(crate::ctx::string_arg(&args, 1, "input")?),
         };
-        let _ = input;
-        let Some((level, name)) = parse_heading_ref(&target) else {
-            return Err(HostError::lua(format!("invalid heading reference '{target}': expected '## Name'")).into());
-        };
-        let prompt = sec.run.prompt.clone();
-        let mut hits = Vec::new();
-        find_sections(&prompt.sections, level, name, &mut hits);
-        let (siblings, mut index) = match hits.as_slice() {
-            [one] => *one,
-            [] => return Err(HostError::lua(format!("call target '{target}' matches no section")).into()),
-            _ => return Err(HostError::lua(format!("call target '{target}' matches more than one section")).into()),
-        };
-        let n = sec.call_counter.get();
-        sec.call_counter.set(n + 1);
-        let chain = format!("{}.{n}", sec.id);
-        let mut counter = 0u64;
-        // The called chain starts from a copy of the caller's var.
-        let saved = sec.run.var.replace(sec.var.borrow().clone());
-        let result = loop {
-            if index >= siblings.len() {
-                break Ok(String::new());
-            }
-            let s = &siblings[index];
-            let spec = EntrySpec { name: s.name.clone(), id: format!("{chain}.{counter}"), is_h1: false, blocks: s.blocks.clone() };
-            counter += 1;
-            match run_entry(Rc::clone(&sec.run), spec).await {
-                EntryEnd::Return(t) => break Ok(t),
-                EntryEnd::FallThrough => index += 1,
-                EntryEnd::Jump(t) => match parse_heading_ref(&t).and_then(|(_, nm)| siblings.iter().position(|x| x.name == nm)) {
-                    Some(i) => index = i,
-                    None => break Err(HostError::lua(format!("jump target '{t}' matches no sibling section"))),
-                },
-                EntryEnd::Fail(Failure::Cancelled) => break Err(crate::ctx::cancelled_error()),
-                EntryEnd::Fail(Failure::Error(e)) => break Err(HostError::lua(e.message).run_kind(e.kind)),
-            }
-        };
-        *sec.run.var.borrow_mut() = saved;
-        Ok(result?)
+        let prompt = Arc::clone(&sec.run.prompt);
+        let caller = sec.path.borrow().clone();
+        let (target_path, _) = resolve_heading(&prompt, &caller, &target).map_err(HostError::lua)?;
+        let parent = Rc::clone(&sec.chain.borrow());
+        if parent.depth >= DEPTH_CAP {
+            return Err(HostError::lua(format!("call recursion exceeded cap of {DEPTH_CAP}")).located().into());
+        }
+        // The called chain takes its copy of var now: the var global must still be in place.
+        crate::var::check_var_global(&lua).map_err(HostError::lua)?;
+        let argv = chain_argv(&sec, &lua, &input)?;
+        let chain = Rc::new(Chain::new(
+            parent.next_child_id(),
+            input.unwrap_or_else(|| parent.args.clone()),
+            argv,
+            parent.depth + 1,
+            sec.var.borrow().clone(),
+        ));
+        match walk_chain(&sec.run, &chain, target_path).await {
+            Ok(result) => Ok(result.unwrap_or_default()),
+            Err(Failure::Cancelled) => Err(crate::ctx::cancelled_error().into()),
+            Err(Failure::Error(_, Some(value))) => Err(value.into()),
+            Err(Failure::Error(e, None)) => Err(HostError::lua(e.message).run_kind(e.kind).located().into()),
+        }
     })
 }
 
@@ -428,5 +514,135 @@ pub(crate) fn read_prose(lua: &Lua) -> Result<String, Raise> {
     Ok(rendered)
 }
 
-#[allow(dead_code)]
-fn json_unused(_: Json) {}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{run, RunSetup};
+    use pf_harness::{CancellationToken, Harness, HostServices, InputBroker};
+    use std::time::Duration;
+
+    /// An input source that never answers on its own.
+    struct SilentOperator;
+
+    #[async_trait::async_trait]
+    impl InputBroker for SilentOperator {
+        async fn ask(&self, _question: &str, cancel: CancellationToken) -> Result<Option<String>, String> {
+            cancel.cancelled().await;
+            Ok(None)
+        }
+    }
+
+    /// An input source that fails every request.
+    struct BrokenOperator;
+
+    #[async_trait::async_trait]
+    impl InputBroker for BrokenOperator {
+        async fn ask(&self, _question: &str, _cancel: CancellationToken) -> Result<Option<String>, String> {
+            Err("the terminal went away".to_string())
+        }
+    }
+
+    fn prompt(body: &str) -> Arc<Prompt> {
+        let text = format!("---\nname: t\ndescription: test\npromptforge: 0\n---\n\n# T\n\n{body}");
+        match pf_syntax::parse(text.as_bytes()) {
+            Ok(p) => Arc::new(p),
+            Err(e) => panic!("test prompt must parse: {e:?}"),
+        }
+    }
+
+    /// Run a prompt on a current-thread runtime; `cancel_after` cancels from another thread.
+    fn run_prompt(body: &str, services: HostServices, cancel_after: Option<Duration>) -> Outcome {
+        let store = tempfile::tempdir().expect("temporary store directory");
+        let cancel = CancellationToken::new();
+        let mut harness = Harness::new();
+        harness.services = services;
+        let setup = RunSetup {
+            seed: 7,
+            start_ms: 0,
+            args: String::new(),
+            store_dir: store.path().to_path_buf(),
+            harness,
+            model: None,
+            cancel: cancel.clone(),
+            ui: None,
+        };
+        if let Some(delay) = cancel_after {
+            std::thread::spawn(move || {
+                std::thread::sleep(delay);
+                cancel.cancel();
+            });
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        runtime.block_on(run(prompt(body), setup)).outcome
+    }
+
+    #[test]
+    fn a_busy_loop_is_cancelled() {
+        let body = "## Loop\n\n```lua\nlocal n = 0\nwhile true do n = n + 1 end\n```\n";
+        assert_eq!(run_prompt(body, HostServices::default(), Some(Duration::from_millis(200))), Outcome::Cancelled);
+    }
+
+    #[test]
+    fn pcall_cannot_keep_a_cancelled_run_going() {
+        let body = "## Loop\n\n```lua\nwhile true do pcall(function() while true do end end) end\n```\n";
+        assert_eq!(run_prompt(body, HostServices::default(), Some(Duration::from_millis(200))), Outcome::Cancelled);
+    }
+
+    #[test]
+    fn a_busy_h1_pass_is_cancelled() {
+        let body = "```lua\nwhile true do end\n```\n\n## Never\n\n```lua\nreturn 'x'\n```\n";
+        assert_eq!(run_prompt(body, HostServices::default(), Some(Duration::from_millis(200))), Outcome::Cancelled);
+    }
+
+    #[test]
+    fn a_cancel_reaches_a_called_chain() {
+        let body = "## Main\n\n```lua\nreturn call('## Spin')\n```\n\n## Spin\n\n```lua\nwhile true do end\n```\n";
+        assert_eq!(run_prompt(body, HostServices::default(), Some(Duration::from_millis(200))), Outcome::Cancelled);
+    }
+
+    #[test]
+    fn a_cancel_stops_a_wait_for_input() {
+        let services = HostServices { input_broker: Some(Arc::new(SilentOperator)) };
+        let body = "## Ask\n\n```lua\nlocal ok, err = pcall(input.ask, 'q')\nvar.kind = err.kind\nreturn 'after the wait'\n```\n";
+        assert_eq!(run_prompt(body, services, Some(Duration::from_millis(200))), Outcome::Cancelled);
+    }
+
+    #[test]
+    fn a_failed_input_source_is_internal_then_input() {
+        let services = HostServices { input_broker: Some(Arc::new(BrokenOperator)) };
+        let caught = "## Ask\n\n```lua\nlocal ok, err = pcall(input.ask, 'q')\nreturn err.kind .. ': ' .. tostring(err)\n```\n";
+        assert_eq!(
+            run_prompt(caught, services.clone(), None),
+            Outcome::Completed("internal: user input request was not answered: the terminal went away".into())
+        );
+        let uncaught = "## Ask\n\n```lua\nreturn input.ask('q')\n```\n";
+        assert_eq!(
+            run_prompt(uncaught, services, None),
+            Outcome::Failed(RunError::new(
+                RunErrorKind::Input,
+                "user input request was not answered: the terminal went away"
+            ))
+        );
+    }
+
+    #[test]
+    fn a_run_completes_without_a_cancel() {
+        let body = "## Only\n\n```lua\nfor i = 1, 100000 do end\nreturn 'done counting'\n```\n";
+        assert_eq!(run_prompt(body, HostServices::default(), None), Outcome::Completed("done counting".into()));
+    }
+
+    #[test]
+    fn location_tags_come_from_the_first_marker() {
+        assert_eq!(
+            location_tag("[string \"section `Check` epilog\"]:14: assertion failed!").as_deref(),
+            Some("section `Check` epilog:14: ")
+        );
+        assert_eq!(location_tag("no marker here"), None);
+    }
+
+    #[test]
+    fn refused_log_calls_read_as_quotas() {
+        assert_eq!(quota_message("lua log event budget exceeded"), "lua log event quota exceeded");
+        assert_eq!(quota_message("lua log cumulative byte budget exceeded"), "lua log byte quota exceeded");
+    }
+}

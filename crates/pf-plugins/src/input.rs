@@ -23,7 +23,11 @@ impl FixedAnswersBroker {
 
 #[async_trait]
 impl InputBroker for FixedAnswersBroker {
-    async fn ask(&self, _question: &str, _cancel: CancellationToken) -> Result<Option<String>, String> {
+    async fn ask(
+        &self,
+        _question: &str,
+        _cancel: CancellationToken,
+    ) -> Result<Option<String>, String> {
         let mut answers = self
             .answers
             .lock()
@@ -61,7 +65,11 @@ impl Default for StdinInputBroker {
 
 #[async_trait]
 impl InputBroker for StdinInputBroker {
-    async fn ask(&self, question: &str, cancel: CancellationToken) -> Result<Option<String>, String> {
+    async fn ask(
+        &self,
+        question: &str,
+        cancel: CancellationToken,
+    ) -> Result<Option<String>, String> {
         if !self.interactive {
             return Ok(None);
         }
@@ -124,8 +132,14 @@ mod tests {
     async fn fixed_answers_come_in_order_then_none() {
         let broker = FixedAnswersBroker::new(["yes".to_string(), "no".to_string()]);
         let cancel = CancellationToken::new();
-        assert_eq!(broker.ask("q1", cancel.clone()).await, Ok(Some("yes".into())));
-        assert_eq!(broker.ask("q2", cancel.clone()).await, Ok(Some("no".into())));
+        assert_eq!(
+            broker.ask("q1", cancel.clone()).await,
+            Ok(Some("yes".into()))
+        );
+        assert_eq!(
+            broker.ask("q2", cancel.clone()).await,
+            Ok(Some("no".into()))
+        );
         assert_eq!(broker.ask("q3", cancel.clone()).await, Ok(None));
         assert_eq!(broker.ask("q4", cancel).await, Ok(None));
     }

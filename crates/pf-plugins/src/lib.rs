@@ -13,6 +13,6 @@ pub use mcp::{
     McpConfig, McpPlugin, DEFAULT_CALL_TIMEOUT, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_START_TIMEOUT,
 };
 pub use web::{
-    FetchLimits, HostResolver, SearchBackend, SystemResolver, WebConfig, WebPlugin,
-    FETCH_TOOL, FETCH_USER_AGENT, SEARCH_TOOL, WEB_PLUGIN_ID,
+    FetchLimits, HostResolver, SearchBackend, SystemResolver, WebConfig, WebPlugin, FETCH_TOOL,
+    FETCH_USER_AGENT, SEARCH_TOOL, WEB_PLUGIN_ID,
 };

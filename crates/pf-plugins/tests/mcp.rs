@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pf_harness::{ActivationContext, ActivePlugin, CancellationToken, HostServices, Plugin, ToolFailure};
+use pf_harness::{
+    ActivationContext, ActivePlugin, CancellationToken, HostServices, Plugin, ToolFailure,
+};
 use pf_plugins::{McpConfig, McpPlugin};
 use serde_json::{json, Value as Json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -47,7 +49,11 @@ impl Server {
             command: Some(vec![
                 "python3".into(),
                 server_script().to_string_lossy().into_owned(),
-                self.dir.path().join("spec.json").to_string_lossy().into_owned(),
+                self.dir
+                    .path()
+                    .join("spec.json")
+                    .to_string_lossy()
+                    .into_owned(),
             ]),
             url: None,
             trusted: false,
@@ -99,7 +105,11 @@ async fn activate(plugin: &McpPlugin) -> Arc<dyn ActivePlugin> {
     }
 }
 
-async fn call(active: &Arc<dyn ActivePlugin>, path: &str, arguments: Json) -> Result<String, ToolFailure> {
+async fn call(
+    active: &Arc<dyn ActivePlugin>,
+    path: &str,
+    arguments: Json,
+) -> Result<String, ToolFailure> {
     active.call(path, arguments, CancellationToken::new()).await
 }
 
@@ -206,7 +216,8 @@ async fn call_results_plain_structured_and_failures() {
 
 #[tokio::test]
 async fn the_shared_conformance_fixture_works_when_present() {
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/conformance/mcp_fixture.py");
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/conformance/mcp_fixture.py");
     if !fixture.exists() {
         return;
     }
@@ -255,7 +266,10 @@ async fn tool_list_pages_are_followed() {
         paths,
         (0..7).map(|i| format!("acme/kit/t{i}")).collect::<Vec<_>>()
     );
-    assert_eq!(call(&active, "acme/kit/t6", json!({})).await, Ok("from t6".into()));
+    assert_eq!(
+        call(&active, "acme/kit/t6", json!({})).await,
+        Ok("from t6".into())
+    );
     active.shutdown().await;
 }
 
@@ -268,7 +282,10 @@ async fn a_server_that_cannot_start_or_initialize_fails_activation() {
         .await
         .err()
         .expect("activation fails");
-    assert!(error.starts_with("MCP server acme/kit failed to initialize: "), "{error}");
+    assert!(
+        error.starts_with("MCP server acme/kit failed to initialize: "),
+        "{error}"
+    );
     assert!(error.ends_with("(exit status: 3)"), "{error}");
 
     let missing = McpPlugin::new(
@@ -278,7 +295,11 @@ async fn a_server_that_cannot_start_or_initialize_fails_activation() {
             ..McpConfig::default()
         },
     );
-    let error = missing.activate(context(CancellationToken::new())).await.err().expect("fails");
+    let error = missing
+        .activate(context(CancellationToken::new()))
+        .await
+        .err()
+        .expect("fails");
     assert!(
         error.starts_with("MCP server acme/kit: cannot start `/nonexistent/mcp-server`: "),
         "{error}"
@@ -286,22 +307,40 @@ async fn a_server_that_cannot_start_or_initialize_fails_activation() {
 
     let neither = McpPlugin::new("acme/kit", McpConfig::default());
     assert_eq!(
-        neither.activate(context(CancellationToken::new())).await.err().as_deref(),
+        neither
+            .activate(context(CancellationToken::new()))
+            .await
+            .err()
+            .as_deref(),
         Some("MCP server acme/kit: set exactly one of `command` and `url`")
     );
 
     let garbage = Server::new(json!({"init": "garbage"}));
-    let error = garbage.plugin().activate(context(CancellationToken::new())).await.err().expect("fails");
-    assert!(error.starts_with("MCP server acme/kit failed to initialize: "), "{error}");
+    let error = garbage
+        .plugin()
+        .activate(context(CancellationToken::new()))
+        .await
+        .err()
+        .expect("fails");
+    assert!(
+        error.starts_with("MCP server acme/kit failed to initialize: "),
+        "{error}"
+    );
     assert!(garbage.gone_within(Duration::from_secs(5)).await);
 }
 
 #[tokio::test]
 async fn a_silent_server_times_out_at_start_and_is_killed() {
     let server = Server::new(json!({"init": "silent"}));
-    let plugin = server.plugin().with_start_timeout(Duration::from_millis(500));
+    let plugin = server
+        .plugin()
+        .with_start_timeout(Duration::from_millis(500));
     let started = Instant::now();
-    let error = plugin.activate(context(CancellationToken::new())).await.err().expect("fails");
+    let error = plugin
+        .activate(context(CancellationToken::new()))
+        .await
+        .err()
+        .expect("fails");
     assert_eq!(
         error,
         "MCP server acme/kit failed to initialize: no answer within 0.5 s (signal: 9 (SIGKILL))"
@@ -325,8 +364,16 @@ async fn cancelling_the_run_stops_a_hanging_start() {
         trigger.cancel();
     });
     let started = Instant::now();
-    let error = server.plugin().activate(context(cancel)).await.err().expect("fails");
-    assert!(error.starts_with("MCP server acme/kit failed to initialize: cancelled"), "{error}");
+    let error = server
+        .plugin()
+        .activate(context(cancel))
+        .await
+        .err()
+        .expect("fails");
+    assert!(
+        error.starts_with("MCP server acme/kit failed to initialize: cancelled"),
+        "{error}"
+    );
     assert!(started.elapsed() < Duration::from_secs(5));
     assert!(server.gone_within(Duration::from_secs(5)).await);
 }
@@ -348,11 +395,15 @@ async fn a_server_exiting_mid_call_fails_the_call() {
     let active = activate(&server.plugin()).await;
     assert_eq!(
         call(&active, "acme/kit/exit", json!({})).await,
-        Err(ToolFailure("MCP server acme/kit closed its connection".into()))
+        Err(ToolFailure(
+            "MCP server acme/kit closed its connection".into()
+        ))
     );
     assert_eq!(
         call(&active, "acme/kit/ok", json!({})).await,
-        Err(ToolFailure("MCP server acme/kit closed its connection".into()))
+        Err(ToolFailure(
+            "MCP server acme/kit closed its connection".into()
+        ))
     );
     active.shutdown().await;
     assert!(!process_exists(server.pid()));
@@ -372,19 +423,26 @@ async fn garbage_lines_are_skipped_and_malformed_answers_fail_their_call() {
             "MCP server acme/kit sent a malformed answer to tools/call".into()
         ))
     );
-    assert_eq!(call(&active, "acme/kit/ok", json!({})).await, Ok("fine".to_string()));
+    assert_eq!(
+        call(&active, "acme/kit/ok", json!({})).await,
+        Ok("fine".to_string())
+    );
     active.shutdown().await;
 }
 
 #[tokio::test]
 async fn a_call_that_never_answers_times_out_or_is_cancelled() {
     let server = Server::new(json!({"tools": behaviour_tools()}));
-    let plugin = server.plugin().with_call_timeout(Duration::from_millis(400));
+    let plugin = server
+        .plugin()
+        .with_call_timeout(Duration::from_millis(400));
     let active = activate(&plugin).await;
     let started = Instant::now();
     assert_eq!(
         call(&active, "acme/kit/silent", json!({})).await,
-        Err(ToolFailure("MCP server acme/kit did not answer within 0.4 s".into()))
+        Err(ToolFailure(
+            "MCP server acme/kit did not answer within 0.4 s".into()
+        ))
     );
     assert!(started.elapsed() < Duration::from_secs(3));
 
@@ -403,7 +461,10 @@ async fn a_call_that_never_answers_times_out_or_is_cancelled() {
     );
     assert!(started.elapsed() < Duration::from_secs(3));
     // The session survives an abandoned call.
-    assert_eq!(call(&patient, "acme/kit/ok", json!({})).await, Ok("fine".to_string()));
+    assert_eq!(
+        call(&patient, "acme/kit/ok", json!({})).await,
+        Ok("fine".to_string())
+    );
     active.shutdown().await;
     patient.shutdown().await;
 }
@@ -437,7 +498,9 @@ async fn shutdown_reaps_the_server_even_when_it_ignores_end_of_input() {
     assert!(!process_exists(pid));
     assert_eq!(
         call(&active, "acme/kit/ok", json!({})).await,
-        Err(ToolFailure("MCP server acme/kit closed its connection".into()))
+        Err(ToolFailure(
+            "MCP server acme/kit closed its connection".into()
+        ))
     );
     // A second shutdown is harmless.
     active.shutdown().await;
@@ -459,7 +522,9 @@ async fn dropping_without_shutdown_still_kills_the_server() {
 
 /// A stateless streamable-HTTP MCP responder: one JSON answer per POST.
 async fn http_mcp_server() -> (String, tokio::task::JoinHandle<()>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let address = listener.local_addr().expect("address");
     let task = tokio::spawn(async move {
         loop {
@@ -580,6 +645,13 @@ async fn an_unreachable_http_server_fails_activation() {
         },
     )
     .with_start_timeout(Duration::from_secs(5));
-    let error = plugin.activate(context(CancellationToken::new())).await.err().expect("fails");
-    assert!(error.starts_with("MCP server acme/remote failed to initialize: "), "{error}");
+    let error = plugin
+        .activate(context(CancellationToken::new()))
+        .await
+        .err()
+        .expect("fails");
+    assert!(
+        error.starts_with("MCP server acme/remote failed to initialize: "),
+        "{error}"
+    );
 }

@@ -103,6 +103,7 @@ pub struct PluginDecl {
     pub id: String,
     pub optional: bool,
     pub config: Option<Json>,
+    /// Where the entry starts in the prompt file (1-based line, byte column).
     pub line: u32,
     pub column: u32,
 }
@@ -112,6 +113,7 @@ pub struct ToolSlot {
     pub alias: String,
     /// The exact tool path `namespace/plugin/name`.
     pub path: String,
+    /// Where the path value is written in the prompt file (1-based line, byte column).
     pub line: u32,
     pub column: u32,
 }

@@ -352,7 +352,13 @@ fn plugins(node: &Node) -> Result<Vec<PluginDecl>, ParseError> {
                         Some(value) => bool_value(value)?,
                         None => false,
                     };
-                    let config = field(&fields, "config").map(Node::to_json);
+                    let config = match field(&fields, "config") {
+                        Some(value) => {
+                            check_no_duplicate_keys(value)?;
+                            Some(value.to_json())
+                        }
+                        None => None,
+                    };
                     let id = match field(&fields, "ref") {
                         Some(value) => match value.as_str() {
                             Some(text) => text.to_string(),
@@ -382,6 +388,26 @@ fn plugins(node: &Node) -> Result<Vec<PluginDecl>, ParseError> {
         });
     }
     Ok(declared)
+}
+
+/// Free-form YAML (a Plugin `config`) may hold any value, but YAML forbids a
+/// key written twice in one map.
+fn check_no_duplicate_keys(node: &Node) -> Result<(), ParseError> {
+    match &node.kind {
+        NodeKind::Scalar { .. } => Ok(()),
+        NodeKind::Seq(items) => items.iter().try_for_each(check_no_duplicate_keys),
+        NodeKind::Map(entries) => {
+            let mut seen = HashSet::new();
+            for (key, value) in entries {
+                let name = key_text(key);
+                if !seen.insert(name.clone()) {
+                    return Err(at(format!("duplicate entry with key `{name}`"), key.mark));
+                }
+                check_no_duplicate_keys(value)?;
+            }
+            Ok(())
+        }
+    }
 }
 
 /// The entries of a contract map (`tools:`, `models:`, `args:`), each key

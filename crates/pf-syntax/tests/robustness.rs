@@ -215,11 +215,21 @@ fn five_megabyte_of_blank_lines_and_one_line() {
         "*[a".repeat(1024 * 1024)
     );
     let _ = parse(long_line.as_bytes());
-    let long_heading = format!(
-        "---\nname: big\ndescription: d\n---\n# {}\n",
-        "`x".repeat(1024 * 1024)
+    for pattern in ["`x", "[", "*a", "_a*", "<a "] {
+        let long_heading = format!(
+            "---\nname: big\ndescription: d\n---\n# {}\n## {}\n",
+            pattern.repeat(200_000),
+            pattern.repeat(200_000)
+        );
+        let _ = parse(long_heading.as_bytes());
+    }
+    let deep_lua = format!(
+        "---\nname: big\ndescription: d\n---\n# T\n```lua\nreturn {}1{}\n```\n",
+        "(".repeat(100_000),
+        ")".repeat(100_000)
     );
-    let _ = parse(long_heading.as_bytes());
+    let error = parse(deep_lua.as_bytes()).expect_err("too deep for Lua");
+    assert_eq!(error.kind, ParseErrorKind::Lua);
 }
 
 #[test]

@@ -162,21 +162,12 @@ fn run(
         Err(e) => return usage(&format!("cannot start the async runtime: {e}")),
     };
     let cancel = CancellationToken::new();
+    watch_ctrl_c(cancel.clone());
     let report = runtime.block_on(async {
         let host = match host::build(&host_file, &base_dir) {
             Ok(h) => h,
             Err(m) => return Err(m),
         };
-        let signal_cancel = cancel.clone();
-        tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                signal_cancel.cancel();
-                // A second Ctrl-C stops at once.
-                if tokio::signal::ctrl_c().await.is_ok() {
-                    std::process::exit(i32::from(EXIT_CANCELLED));
-                }
-            }
-        });
         let setup = RunSetup {
             seed,
             start_ms,
@@ -217,6 +208,26 @@ fn run(
         }
     }
     code
+}
+
+/// Ctrl-C cancels the run. The watcher has a thread of its own because the run's
+/// thread may be busy inside Lua; the engine polls the token from an instruction hook.
+fn watch_ctrl_c(cancel: CancellationToken) {
+    let spawned = std::thread::Builder::new().name("ctrl-c".into()).spawn(move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
+        rt.block_on(async {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                cancel.cancel();
+                // A second Ctrl-C stops at once.
+                if tokio::signal::ctrl_c().await.is_ok() {
+                    std::process::exit(i32::from(EXIT_CANCELLED));
+                }
+            }
+        });
+    });
+    if let Err(e) = spawned {
+        tracing::warn!("Ctrl-C will not cancel the run: {e}");
+    }
 }
 
 fn parse_failure(file: &Path, e: &pf_syntax::ParseError, json_out: bool) -> ExitCode {

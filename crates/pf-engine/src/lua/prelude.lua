@@ -9,6 +9,7 @@ local setmetatable, getmetatable = setmetatable, getmetatable
 local debug_getmetatable, debug_getinfo, debug_traceback = debug.getmetatable, debug.getinfo, debug.traceback
 local math_type, tsort, tpack, tunpack = math.type, table.sort, table.pack, table.unpack
 local utf8_len = utf8.len
+local collectgarbage = collectgarbage
 
 -- Error values --------------------------------------------------------------
 local ERR_MT = {}
@@ -83,6 +84,34 @@ local function ordered_keys(t)
 end
 H.ordered_keys = ordered_keys
 
+-- The position in `keys` where stepping continues after `k`, a key that is no
+-- longer in the table (it was cleared during the walk). `n` is the array border.
+local function resume_after_cleared(t, keys, k, n)
+  if math_type(k) == 'integer' and k >= 1 then
+    -- Treated as an array index: later array slots, then every other key from the start.
+    for i = 1, #keys do
+      local key = keys[i]
+      local in_array = math_type(key) == 'integer' and key >= 1 and key <= n
+      if not in_array or key > k then return i end
+    end
+    return #keys + 1
+  end
+  local ck = key_class(k)
+  for i = 1, #keys do
+    local key = keys[i]
+    local in_array = math_type(key) == 'integer' and key >= 1 and key <= n
+    if not in_array then
+      if ck == 4 then
+        -- an unordered key: resume at the trailing group
+        if key_class(key) == 4 then return i end
+      elseif key_less(k, key) then
+        return i
+      end
+    end
+  end
+  return #keys + 1
+end
+
 local function ordered_next(t, k)
   if type(t) ~= 'table' then
     error("bad argument #1 to 'next' (table expected, got " .. type(t) .. ")", 2)
@@ -94,13 +123,7 @@ local function ordered_next(t, k)
     for i = 1, #keys do
       if rawequal(keys[i], k) then start = i + 1 break end
     end
-    if start == nil then
-      -- the key was cleared: continue after the position it would sort to
-      start = #keys + 1
-      for i = 1, #keys do
-        if key_less(k, keys[i]) then start = i break end
-      end
-    end
+    if start == nil then start = resume_after_cleared(t, keys, k, rawlen(t)) end
   end
   for i = start, #keys do
     local v = rawget(t, keys[i])
@@ -135,8 +158,29 @@ local function ordered_pairs(t)
   return iter, t, nil
 end
 
--- pcall/xpcall: unchanged semantics, but the engine's cancel marker must not be swallowed
--- forever: the instruction hook raises again at the next poll.
+-- pcall/xpcall: running past the memory ceiling comes back as a `lua` error value
+-- (Lua itself raises a bare string); everything else comes back exactly as raised.
+-- A cancel needs nothing here: the instruction hook raises again at the next poll.
+local MEMORY = 'not enough memory'
+local function memory_error()
+  collectgarbage('collect')
+  return H.make_error('lua', MEMORY)
+end
+local function caught(ok, ...)
+  if not ok and rawequal((...), MEMORY) then return false, memory_error() end
+  return ok, ...
+end
+local base_pcall, base_xpcall = pcall, xpcall
+local function sandbox_pcall(f, ...)
+  return caught(base_pcall(f, ...))
+end
+local function sandbox_xpcall(f, handler, ...)
+  if type(handler) ~= 'function' then return base_xpcall(f, handler, ...) end
+  return base_xpcall(f, function(e)
+    if rawequal(e, MEMORY) then e = memory_error() end
+    return handler(e)
+  end, ...)
+end
 
 -- Block runner: returns true, results... or false, error value, line info.
 local function find_user_line(level)
@@ -202,12 +246,39 @@ local allowed = {
 }
 G.pairs = ordered_pairs
 G.next = ordered_next
+G.pcall = sandbox_pcall
+G.xpcall = sandbox_xpcall
 local remove = {}
 for k in next, G do
   if not allowed[k] then remove[#remove + 1] = k end
 end
 for i = 1, #remove do rawset(G, remove[i], nil) end
 string.dump = nil
+
+-- A frozen `argv` (outside the H1 body): empty stand-ins that forward reads to the
+-- data and refuse every write.
+local function frozen_key(k)
+  if type(k) == 'string' then return "'" .. k .. "'" end
+  if math_type(k) == 'integer' then return 'Integer(' .. tostring(k) .. ')' end
+  if type(k) == 'number' then return 'Number(' .. tostring(k) .. ')' end
+  if type(k) == 'boolean' then return 'Boolean(' .. tostring(k) .. ')' end
+  return type(k)
+end
+local function freeze(value)
+  if type(value) ~= 'table' then return value end
+  local data = value
+  return setmetatable({}, {
+    __index = function(_, k) return freeze(rawget(data, k)) end,
+    __newindex = function(_, k)
+      error(H.make_error('lua', 'argv is frozen outside H1: cannot set field ' .. frozen_key(k)))
+    end,
+    __metatable = 'argv is frozen',
+  })
+end
+function H.freeze_argv(value)
+  H.argv_frozen = true
+  H.argv_value = freeze(value)
+end
 
 -- getmetatable / setmetatable see guards through __metatable as usual.
 H.rawget, H.rawset, H.rawequal, H.rawlen = rawget, rawset, rawequal, rawlen

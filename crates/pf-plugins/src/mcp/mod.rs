@@ -9,11 +9,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use pf_harness::{ActivationContext, ActivePlugin, CancellationToken, Plugin, ToolFailure, ToolSpec};
+use pf_harness::{
+    ActivationContext, ActivePlugin, CancellationToken, Plugin, ToolFailure, ToolSpec,
+};
 use rmcp::model::{
-    CallToolRequest, CallToolRequestParam, CallToolResult, CancelledNotificationParam,
-    ClientInfo, ClientRequest, Implementation, ListToolsRequest, PaginatedRequestParam,
-    RawContent, ResourceContents, ServerResult, Tool,
+    CallToolRequest, CallToolRequestParam, CallToolResult, CancelledNotificationParam, ClientInfo,
+    ClientRequest, Implementation, ListToolsRequest, PaginatedRequestParam, RawContent,
+    ResourceContents, ServerResult, Tool,
 };
 use rmcp::service::{Peer, PeerRequestOptions, RunningService, ServiceError};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -144,12 +146,18 @@ impl McpPlugin {
                     Ok(Some(status)) => format!(" ({status})"),
                     _ => String::new(),
                 };
-                Err(format!("MCP server {id} failed to initialize: {reason}{status}"))
+                Err(format!(
+                    "MCP server {id} failed to initialize: {reason}{status}"
+                ))
             }
         }
     }
 
-    async fn start_http(&self, url: &str, cancel: &CancellationToken) -> Result<Connection, String> {
+    async fn start_http(
+        &self,
+        url: &str,
+        cancel: &CancellationToken,
+    ) -> Result<Connection, String> {
         let id = &self.id;
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
@@ -188,12 +196,18 @@ impl McpPlugin {
     }
 
     /// Lists every tool page by page, bounded per page.
-    async fn list_tools(&self, peer: &Peer<RoleClient>, cancel: &CancellationToken) -> Result<Vec<Tool>, String> {
+    async fn list_tools(
+        &self,
+        peer: &Peer<RoleClient>,
+        cancel: &CancellationToken,
+    ) -> Result<Vec<Tool>, String> {
         let mut tools = Vec::new();
         let mut cursor = None;
         for _ in 0..MAX_TOOL_PAGES {
             let request = ClientRequest::ListToolsRequest(ListToolsRequest {
-                params: Some(PaginatedRequestParam { cursor: cursor.clone() }),
+                params: Some(PaginatedRequestParam {
+                    cursor: cursor.clone(),
+                }),
                 ..Default::default()
             });
             let answer = bounded_request(peer, request, self.call_timeout, cancel).await?;
@@ -207,7 +221,9 @@ impl McpPlugin {
                 None => return Ok(tools),
             }
         }
-        Err(format!("tools/list did not end within {MAX_TOOL_PAGES} pages"))
+        Err(format!(
+            "tools/list did not end within {MAX_TOOL_PAGES} pages"
+        ))
     }
 }
 
@@ -334,7 +350,9 @@ impl Plugin for McpPlugin {
             Ok(listed) => listed,
             Err(reason) => {
                 stop(connection.service, connection.child.take()).await;
-                return Err(format!("MCP server {id} failed to list its tools: {reason}"));
+                return Err(format!(
+                    "MCP server {id} failed to list its tools: {reason}"
+                ));
             }
         };
         let mut tools = Vec::new();
@@ -382,7 +400,10 @@ impl Plugin for McpPlugin {
 async fn stop(service: Service, child: Option<Child>) {
     let _ = tokio::time::timeout(Duration::from_secs(2), service.cancel()).await;
     if let Some(mut child) = child {
-        if tokio::time::timeout(EXIT_GRACE, child.wait()).await.is_err() {
+        if tokio::time::timeout(EXIT_GRACE, child.wait())
+            .await
+            .is_err()
+        {
             // kill() also waits, so the process is reaped either way.
             let _ = child.kill().await;
         }
@@ -428,9 +449,10 @@ impl ActiveMcp {
             }
             RequestError::Service(ServiceError::TransportClosed)
             | RequestError::Service(ServiceError::TransportSend(_)) => self.connection_lost(),
-            RequestError::Service(other) => {
-                ToolFailure(format!("MCP server {id} call failed: {}", short(&other.to_string())))
-            }
+            RequestError::Service(other) => ToolFailure(format!(
+                "MCP server {id} call failed: {}",
+                short(&other.to_string())
+            )),
             RequestError::TimedOut => ToolFailure(format!(
                 "MCP server {id} did not answer within {} s",
                 self.call_timeout.as_secs_f64()
@@ -553,7 +575,10 @@ mod tests {
             "command": ["corp-mcp", "--stdio"], "trusted": true
         }))
         .expect("valid");
-        assert_eq!(config.command, Some(vec!["corp-mcp".into(), "--stdio".into()]));
+        assert_eq!(
+            config.command,
+            Some(vec!["corp-mcp".into(), "--stdio".into()])
+        );
         assert!(config.trusted);
         assert!(config.conflicts.is_empty());
         assert!(serde_json::from_value::<McpConfig>(serde_json::json!({"cmd": []})).is_err());

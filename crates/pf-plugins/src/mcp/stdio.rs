@@ -152,37 +152,33 @@ where
         }
     }
 
-    fn receive(
-        &mut self,
-    ) -> impl std::future::Future<Output = Option<RxJsonRpcMessage<RoleClient>>> + Send {
-        async move {
-            loop {
-                match read_line_bounded(&mut self.reader, self.max_line, &mut self.line).await {
-                    Err(_) | Ok(LineRead::End) => return None,
-                    Ok(LineRead::TooLong) => {
-                        self.oversize.store(true, Ordering::SeqCst);
-                        tracing::warn!(
-                            plugin = %self.plugin_id,
-                            "MCP server sent a message over {} bytes; closing the connection",
-                            self.max_line
-                        );
-                        return None;
-                    }
-                    Ok(LineRead::Line) => {}
+    async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
+        loop {
+            match read_line_bounded(&mut self.reader, self.max_line, &mut self.line).await {
+                Err(_) | Ok(LineRead::End) => return None,
+                Ok(LineRead::TooLong) => {
+                    self.oversize.store(true, Ordering::SeqCst);
+                    tracing::warn!(
+                        plugin = %self.plugin_id,
+                        "MCP server sent a message over {} bytes; closing the connection",
+                        self.max_line
+                    );
+                    return None;
                 }
-                let line = self.line.as_slice();
-                if line.iter().all(u8::is_ascii_whitespace) {
-                    continue;
-                }
-                match serde_json::from_slice::<RxJsonRpcMessage<RoleClient>>(line) {
-                    Ok(message) => return Some(message),
-                    Err(_) => {
-                        if let Some(answer) = unreadable_answer(line) {
-                            tracing::warn!(plugin = %self.plugin_id, "MCP server sent a malformed answer: {}", excerpt(line));
-                            return Some(answer);
-                        }
-                        tracing::warn!(plugin = %self.plugin_id, "ignoring a line that is not an MCP message: {}", excerpt(line));
+                Ok(LineRead::Line) => {}
+            }
+            let line = self.line.as_slice();
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            match serde_json::from_slice::<RxJsonRpcMessage<RoleClient>>(line) {
+                Ok(message) => return Some(message),
+                Err(_) => {
+                    if let Some(answer) = unreadable_answer(line) {
+                        tracing::warn!(plugin = %self.plugin_id, "MCP server sent a malformed answer: {}", excerpt(line));
+                        return Some(answer);
                     }
+                    tracing::warn!(plugin = %self.plugin_id, "ignoring a line that is not an MCP message: {}", excerpt(line));
                 }
             }
         }
@@ -207,14 +203,29 @@ mod tests {
         let data = b"short\n0123456789abc\nnext\nlast".to_vec();
         let mut reader = BufReader::with_capacity(4, data.as_slice());
         let mut line = Vec::new();
-        assert_eq!(read_line_bounded(&mut reader, 10, &mut line).await.ok(), Some(LineRead::Line));
+        assert_eq!(
+            read_line_bounded(&mut reader, 10, &mut line).await.ok(),
+            Some(LineRead::Line)
+        );
         assert_eq!(line, b"short");
-        assert_eq!(read_line_bounded(&mut reader, 10, &mut line).await.ok(), Some(LineRead::TooLong));
-        assert_eq!(read_line_bounded(&mut reader, 10, &mut line).await.ok(), Some(LineRead::Line));
+        assert_eq!(
+            read_line_bounded(&mut reader, 10, &mut line).await.ok(),
+            Some(LineRead::TooLong)
+        );
+        assert_eq!(
+            read_line_bounded(&mut reader, 10, &mut line).await.ok(),
+            Some(LineRead::Line)
+        );
         assert_eq!(line, b"next");
-        assert_eq!(read_line_bounded(&mut reader, 10, &mut line).await.ok(), Some(LineRead::Line));
+        assert_eq!(
+            read_line_bounded(&mut reader, 10, &mut line).await.ok(),
+            Some(LineRead::Line)
+        );
         assert_eq!(line, b"last");
-        assert_eq!(read_line_bounded(&mut reader, 10, &mut line).await.ok(), Some(LineRead::End));
+        assert_eq!(
+            read_line_bounded(&mut reader, 10, &mut line).await.ok(),
+            Some(LineRead::End)
+        );
     }
 
     #[test]
@@ -223,7 +234,10 @@ mod tests {
         match answer {
             Some(JsonRpcMessage::Error(error)) => {
                 assert_eq!(error.id, NumberOrString::Number(7));
-                assert_eq!(error.error.message, "the MCP server sent a malformed answer");
+                assert_eq!(
+                    error.error.message,
+                    "the MCP server sent a malformed answer"
+                );
             }
             other => panic!("unexpected {other:?}"),
         }

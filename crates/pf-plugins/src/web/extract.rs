@@ -65,9 +65,7 @@ fn is_token(text: &str) -> bool {
 }
 
 /// The decoder for a declared charset; `Err` when the label is unknown.
-pub(crate) fn decoder_for(
-    charset: Option<&str>,
-) -> Result<&'static encoding_rs::Encoding, String> {
+pub(crate) fn decoder_for(charset: Option<&str>) -> Result<&'static encoding_rs::Encoding, String> {
     match charset {
         None => Ok(encoding_rs::UTF_8),
         Some(label) => encoding_rs::Encoding::for_label(label.trim().as_bytes())
@@ -130,15 +128,48 @@ fn render_whole_page(html: &str) -> String {
     let config = config();
     let rendered = config
         .parse_html(html.as_bytes())
-        .and_then(|dom| config.dom_to_render_tree(&dom))
+        .and_then(|dom| {
+            limit_depth(&dom.document);
+            config.dom_to_render_tree(&dom)
+        })
         .and_then(|tree| config.render_to_string(tree, RENDER_WIDTH));
     tidy(rendered.unwrap_or_default())
+}
+
+/// Deepest element nesting handed to the renderer, which recurses per level.
+const MAX_DEPTH: usize = 256;
+
+/// Flattens anything nested deeper than [`MAX_DEPTH`]: the leaves (text
+/// included) below that level become direct children of the node at it, in
+/// document order, so a hostile page cannot exhaust the stack.
+fn limit_depth(root: &Handle) {
+    let mut stack = vec![(root.clone(), 0usize)];
+    while let Some((node, depth)) = stack.pop() {
+        if depth >= MAX_DEPTH {
+            let mut leaves = Vec::new();
+            let mut pending: Vec<Handle> = std::mem::take(&mut *node.children.borrow_mut());
+            pending.reverse();
+            while let Some(next) = pending.pop() {
+                let children = std::mem::take(&mut *next.children.borrow_mut());
+                if children.is_empty() {
+                    leaves.push(next);
+                } else {
+                    pending.extend(children.into_iter().rev());
+                }
+            }
+            *node.children.borrow_mut() = leaves;
+            continue;
+        }
+        let children = node.children.borrow();
+        stack.extend(children.iter().map(|child| (child.clone(), depth + 1)));
+    }
 }
 
 /// Finds the main article, drops the boilerplate inside it, and renders it.
 fn extract_article(html: &str) -> Option<String> {
     let config = config();
     let dom = config.parse_html(html.as_bytes()).ok()?;
+    limit_depth(&dom.document);
     let body = find_element(&dom.document, "body")?;
     strip_boilerplate(&body);
     let article = choose_article(&body).unwrap_or_else(|| body.clone());
@@ -207,8 +238,8 @@ fn find_element(node: &Handle, wanted: &str) -> Option<Handle> {
 
 /// Elements that never hold article text.
 const NEVER_CONTENT: [&str; 14] = [
-    "script", "style", "noscript", "template", "nav", "aside", "form", "iframe", "svg",
-    "button", "select", "input", "dialog", "menu",
+    "script", "style", "noscript", "template", "nav", "aside", "form", "iframe", "svg", "button",
+    "select", "input", "dialog", "menu",
 ];
 
 /// ARIA roles of page furniture.
@@ -278,7 +309,10 @@ fn strip_boilerplate(root: &Handle) {
     let mut stack = vec![(root.clone(), false)];
     while let Some((node, inside_article)) = stack.pop() {
         let here = inside_article
-            || matches!(element_name(&node).as_deref(), Some("article") | Some("main"));
+            || matches!(
+                element_name(&node).as_deref(),
+                Some("article") | Some("main")
+            );
         node.children
             .borrow_mut()
             .retain(|child| !is_boilerplate(child, here));
@@ -301,7 +335,11 @@ fn choose_article(body: &Handle) -> Option<Handle> {
             .filter(|child| {
                 matches!(
                     element_name(child).as_deref(),
-                    Some("p") | Some("pre") | Some("blockquote") | Some("ul") | Some("ol")
+                    Some("p")
+                        | Some("pre")
+                        | Some("blockquote")
+                        | Some("ul")
+                        | Some("ol")
                         | Some("table")
                 )
             })
@@ -380,7 +418,10 @@ mod tests {
         assert_eq!(decode(b"caf\xe9", latin1), "café");
         let sjis = decoder_for(Some("shift_jis")).expect("known");
         assert_eq!(decode(b"\x82\xa0", sjis), "あ");
-        assert_eq!(decode(b"ok\xff", decoder_for(None).expect("utf8")), "ok\u{fffd}");
+        assert_eq!(
+            decode(b"ok\xff", decoder_for(None).expect("utf8")),
+            "ok\u{fffd}"
+        );
         assert_eq!(
             decoder_for(Some("not-a-charset")).err(),
             Some("not-a-charset".to_string())
@@ -446,5 +487,20 @@ mod tests {
         assert!(text.len() < 100);
         let (text, extraction) = html_to_markdown("", false);
         assert_eq!((text.as_str(), extraction), ("", Extraction::RawHtml));
+    }
+}
+#[cfg(test)]
+mod deep {
+    #[test]
+    fn deep_nesting() {
+        for depth in [1_000usize, 100_000, 1_000_000] {
+            let page = format!("<html><body>{}<p>deep text</p>{}</body></html>", "<div>".repeat(depth), "</div>".repeat(depth));
+            let handle = std::thread::Builder::new().stack_size(2 * 1024 * 1024).spawn(move || {
+                let (a, _) = super::html_to_markdown(&page, false);
+                let (b, _) = super::html_to_markdown(&page, true);
+                (a.len(), b.len())
+            }).unwrap();
+            eprintln!("{depth}: {:?}", handle.join().is_ok());
+        }
     }
 }

@@ -112,15 +112,17 @@ impl Fetcher {
             let client = self.client_for(&target, &addresses)?;
             let deadline = Instant::now() + self.limits.request_timeout;
             let shown = policy::display_url(&target.url);
-            let response =
-                match tokio::time::timeout_at(deadline, client.get(target.url.clone()).send())
-                    .await
-                {
-                    Err(_) => return Err(timed_out(&shown)),
-                    Ok(Err(error)) if error.is_timeout() => return Err(timed_out(&shown)),
-                    Ok(Err(_)) => return Err(network_error(&target.url)),
-                    Ok(Ok(response)) => response,
-                };
+            let response = match tokio::time::timeout_at(
+                deadline,
+                client.get(target.url.clone()).send(),
+            )
+            .await
+            {
+                Err(_) => return Err(timed_out(&shown)),
+                Ok(Err(error)) if error.is_timeout() => return Err(timed_out(&shown)),
+                Ok(Err(_)) => return Err(network_error(&target.url)),
+                Ok(Ok(response)) => response,
+            };
             let status = response.status();
             if matches!(status.as_u16(), 301 | 302 | 303 | 307 | 308) {
                 if let Some(location) = response.headers().get(LOCATION) {
@@ -144,7 +146,9 @@ impl Fetcher {
     fn next_hop(&self, from: &Target, location: &str, hops: usize) -> Result<Target, Stop> {
         let shown_from = policy::display_url(&from.url);
         let refused = |to: &str, reason: &str| {
-            Stop::Soft(format!("redirect from {shown_from} to {to} refused: {reason}"))
+            Stop::Soft(format!(
+                "redirect from {shown_from} to {to} refused: {reason}"
+            ))
         };
         let Ok(next) = from.url.join(location) else {
             let to = location.split(['?', '#']).next().unwrap_or("");
@@ -220,7 +224,9 @@ impl Fetcher {
                 "response from {shown} declared no content type; refusing to guess its format; try a different URL"
             )));
         };
-        let declared = String::from_utf8_lossy(declared.as_bytes()).trim().to_string();
+        let declared = String::from_utf8_lossy(declared.as_bytes())
+            .trim()
+            .to_string();
         let Some(content_type) = extract::classify_content_type(&declared) else {
             return Err(Stop::Soft(format!(
                 "content type {declared} from {shown} cannot be returned as text; try an HTML version of the page or a different URL"
@@ -350,7 +356,9 @@ mod tests {
         );
         for bad in [json!(0), json!(-3), json!(2.5), json!("10"), json!(true)] {
             assert_eq!(
-                parse(json!({"url": "u", "max_chars": bad})).err().as_deref(),
+                parse(json!({"url": "u", "max_chars": bad}))
+                    .err()
+                    .as_deref(),
                 Some("web_fetch: max_chars must be a positive integer")
             );
         }

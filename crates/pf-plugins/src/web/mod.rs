@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use pf_harness::{ActivationContext, ActivePlugin, CancellationToken, Plugin, ToolFailure, ToolSpec};
+use pf_harness::{
+    ActivationContext, ActivePlugin, CancellationToken, Plugin, ToolFailure, ToolSpec,
+};
 use serde::Deserialize;
 use serde_json::{json, Value as Json};
 
@@ -280,7 +282,10 @@ mod tests {
         assert_eq!(config.search, SearchBackend::Searxng);
         assert!(config.allow_loopback);
         assert!(serde_json::from_value::<WebConfig>(json!({"bogus": 1})).is_err());
-        assert_eq!(SearchBackend::from_name("brave"), Some(SearchBackend::Brave));
+        assert_eq!(
+            SearchBackend::from_name("brave"),
+            Some(SearchBackend::Brave)
+        );
         assert_eq!(SearchBackend::from_name("Brave"), None);
     }
 }

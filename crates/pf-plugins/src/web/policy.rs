@@ -267,7 +267,9 @@ mod tests {
         );
         assert_eq!(
             admit_text("http://[::ffff:127.0.0.1]/", true).err(),
-            Some(Refusal::hard("ip literal host not allowed: ::ffff:127.0.0.1"))
+            Some(Refusal::hard(
+                "ip literal host not allowed: ::ffff:127.0.0.1"
+            ))
         );
         assert_eq!(
             admit_text("ftp://127.0.0.1/", true).err(),

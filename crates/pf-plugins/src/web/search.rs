@@ -94,9 +94,7 @@ pub(crate) fn parse_search_args(args: &Json) -> Result<SearchArgs, String> {
         ("exclude_domains", &parsed.exclude_domains),
     ] {
         if list.len() > 20 {
-            return Err(format!(
-                "web_search: {field} may list at most 20 hostnames"
-            ));
+            return Err(format!("web_search: {field} may list at most 20 hostnames"));
         }
         if !list.iter().all(|host| is_bare_hostname(host)) {
             return Err(format!("web_search: {field} contains an invalid hostname"));
@@ -276,7 +274,10 @@ fn failure(message: impl Into<String>) -> ToolFailure {
 }
 
 /// Reads a backend answer: a 2xx body within the cap as UTF-8, or the failure.
-async fn read_answer(mut response: reqwest::Response, deadline: Instant) -> Result<String, ToolFailure> {
+async fn read_answer(
+    mut response: reqwest::Response,
+    deadline: Instant,
+) -> Result<String, ToolFailure> {
     let status = response.status();
     if !status.is_success() {
         let code = status.as_u16();
@@ -303,7 +304,9 @@ async fn read_answer(mut response: reqwest::Response, deadline: Instant) -> Resu
         } else {
             body
         };
-        return Err(failure(format!("web_search: backend returned {code}: {body}")));
+        return Err(failure(format!(
+            "web_search: backend returned {code}: {body}"
+        )));
     }
     let mut bytes = Vec::new();
     loop {
@@ -388,7 +391,12 @@ fn map_rows(
         None => &Vec::new(),
         Some(rows) => rows.as_array().ok_or_else(|| failure(MALFORMED))?,
     };
-    let text = |row: &Json, key: &str| row.get(key).and_then(Json::as_str).unwrap_or("").to_string();
+    let text = |row: &Json, key: &str| {
+        row.get(key)
+            .and_then(Json::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
     let mut results = Vec::new();
     for row in rows {
         let url = text(row, "url");
@@ -454,8 +462,14 @@ mod tests {
 
     #[test]
     fn each_rule_has_its_own_message() {
-        assert_eq!(error(json!({"query": "  \n"})), "web_search: query must not be empty");
-        assert_eq!(error(json!({"query": ""})), "web_search: query must not be empty");
+        assert_eq!(
+            error(json!({"query": "  \n"})),
+            "web_search: query must not be empty"
+        );
+        assert_eq!(
+            error(json!({"query": ""})),
+            "web_search: query must not be empty"
+        );
         assert_eq!(
             error(json!({"query": "é".repeat(401)})),
             "web_search: query exceeds 400 characters"
@@ -485,7 +499,14 @@ mod tests {
             error(json!({"query": "q", "exclude_domains": many})),
             "web_search: exclude_domains may list at most 20 hostnames"
         );
-        for bad in ["", " ", "example.com/path", "a b", "bad\u{7}", &"x".repeat(129)] {
+        for bad in [
+            "",
+            " ",
+            "example.com/path",
+            "a b",
+            "bad\u{7}",
+            &"x".repeat(129),
+        ] {
             assert_eq!(
                 error(json!({"query": "q", "include_domains": [bad]})),
                 "web_search: include_domains contains an invalid hostname"
@@ -508,7 +529,14 @@ mod tests {
         let keys: Vec<&String> = parsed.body.keys().collect();
         assert_eq!(
             keys,
-            ["query", "count", "freshness", "safesearch", "country", "include_domains"]
+            [
+                "query",
+                "count",
+                "freshness",
+                "safesearch",
+                "country",
+                "include_domains"
+            ]
         );
     }
 
@@ -527,8 +555,18 @@ mod tests {
     fn gateway_shape_checks() {
         assert!(check_results(r#"{"results":[]}"#).is_ok());
         assert!(check_results(r#"{"results":[{"url":"https://e.com","x":1}]}"#).is_ok());
-        for bad in ["not json", "{}", r#"{"results":{}}"#, r#"{"results":[{"title":"t"}]}"#, r#"{"results":[{"url":5}]}"#] {
-            assert_eq!(check_results(bad), Err(ToolFailure(MALFORMED.into())), "{bad}");
+        for bad in [
+            "not json",
+            "{}",
+            r#"{"results":{}}"#,
+            r#"{"results":[{"title":"t"}]}"#,
+            r#"{"results":[{"url":5}]}"#,
+        ] {
+            assert_eq!(
+                check_results(bad),
+                Err(ToolFailure(MALFORMED.into())),
+                "{bad}"
+            );
         }
         assert_eq!(
             check_results(r#"{"results":[{"url":"https://e.com"},{"url":"  "}]}"#),

@@ -1,0 +1,673 @@
+//! Message lists for `models.loop`: reading and checking a Lua list (guide ch. 11,
+//! "Checking the list"), composing what the model receives (merge rules), and the
+//! precheck's token estimate.
+
+use mlua::{Table, Value};
+use pf_harness::{ChatMessage, ToolCall};
+use serde_json::{json, Map, Value as Json};
+
+use crate::json::{compact_sorted, lua_to_json};
+
+/// Deeper nesting than this is treated as not JSON-representable (it also stops cycles).
+const MAX_DEPTH: usize = 200;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    System,
+    User,
+    Assistant,
+    Tool,
+}
+
+impl Role {
+    fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Part {
+    Text(String),
+    Image(String),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct CallRecord {
+    pub id: String,
+    pub name: String,
+    /// Always a JSON object.
+    pub arguments: Json,
+}
+
+/// One record of a message list, with only the fields the model may see.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Record {
+    pub role: Role,
+    pub content: Content,
+    pub tool_call_id: Option<String>,
+    /// `Some` when the record sets `tool_calls` (possibly empty).
+    pub tool_calls: Option<Vec<CallRecord>>,
+}
+
+// ---------------------------------------------------------------------------
+// Reading a Lua list: the whole-list rules and each record's own fields
+// ---------------------------------------------------------------------------
+
+/// Read and check a message list value; the `Err` is the guide's exact message.
+pub(crate) fn read_list(value: &Value) -> Result<Vec<Record>, String> {
+    let Value::Table(list) = value else {
+        return Err(format!(
+            "messages must be a table of message tables, got {}",
+            lua_type(value)
+        ));
+    };
+    let mut path = Vec::new();
+    if !representable(list, &mut path) {
+        return Err("messages must be a JSON-representable table".into());
+    }
+    let Some(len) = sequence_len(list) else {
+        return Err("messages must be an array of message tables".into());
+    };
+    if len == 0 {
+        return Err("messages must not be empty".into());
+    }
+    let mut records = Vec::with_capacity(len);
+    for index in 1..=len {
+        let value: Value = list.raw_get(index).unwrap_or(Value::Nil);
+        records.push(read_record(index, &value)?);
+    }
+    Ok(records)
+}
+
+/// `type()` as Lua reports it (the list messages name plain Lua types).
+fn lua_type(value: &Value) -> &'static str {
+    match value {
+        Value::Integer(_) | Value::Number(_) => "number",
+        other => crate::text::lua_type_name(other),
+    }
+}
+
+/// Every key and value is a string, number, boolean or table, with no cycles.
+fn representable(table: &Table, path: &mut Vec<*const std::ffi::c_void>) -> bool {
+    let ptr = table.to_pointer();
+    if path.len() > MAX_DEPTH || path.contains(&ptr) {
+        return false;
+    }
+    path.push(ptr);
+    let mut ok = true;
+    for pair in table.clone().pairs::<Value, Value>() {
+        let Ok((key, value)) = pair else {
+            ok = false;
+            break;
+        };
+        let scalar = |v: &Value| {
+            matches!(
+                v,
+                Value::String(_) | Value::Integer(_) | Value::Number(_) | Value::Boolean(_)
+            )
+        };
+        let key_ok = scalar(&key) || matches!(&key, Value::Table(t) if representable(t, path));
+        let value_ok =
+            scalar(&value) || matches!(&value, Value::Table(t) if representable(t, path));
+        if !key_ok || !value_ok {
+            ok = false;
+            break;
+        }
+    }
+    path.pop();
+    ok
+}
+
+/// `Some(n)` when the table's keys are exactly the integers `1..=n` (0 for an empty table).
+fn sequence_len(table: &Table) -> Option<usize> {
+    let mut count = 0usize;
+    let mut max = 0i64;
+    for pair in table.clone().pairs::<Value, Value>() {
+        let Ok((key, _)) = pair else { return None };
+        match key {
+            Value::Integer(i) if i >= 1 => {
+                count += 1;
+                max = max.max(i);
+            }
+            _ => return None,
+        }
+    }
+    (usize::try_from(max).ok() == Some(count)).then_some(count)
+}
+
+fn string_field(table: &Table, key: &str) -> Value {
+    table.raw_get(key).unwrap_or(Value::Nil)
+}
+
+fn text_of(value: &Value) -> Option<String> {
+    match value {
+        Value::String(s) => Some(s.to_string_lossy()),
+        _ => None,
+    }
+}
+
+fn read_record(index: usize, value: &Value) -> Result<Record, String> {
+    let Value::Table(rec) = value else {
+        return Err(format!("messages[{index}] must be a message table"));
+    };
+    let role = match string_field(rec, "role") {
+        Value::String(s) => match &*s.to_string_lossy() {
+            "system" => Role::System,
+            "user" => Role::User,
+            "assistant" => Role::Assistant,
+            "tool" => Role::Tool,
+            other => {
+                return Err(format!(
+                    "messages[{index}] role \"{other}\" is unknown; known roles: system, user, assistant, tool"
+                ))
+            }
+        },
+        _ => {
+            return Err(format!(
+                "messages[{index}] role must be a string, one of: system, user, assistant, tool"
+            ))
+        }
+    };
+    let content = read_content(index, &string_field(rec, "content"))?;
+    let tool_call_id = match string_field(rec, "tool_call_id") {
+        Value::Nil => None,
+        Value::String(s) => Some(s.to_string_lossy()),
+        _ => return Err(format!("messages[{index}] tool_call_id must be a string")),
+    };
+    if role == Role::Tool && tool_call_id.is_none() {
+        return Err(format!(
+            "messages[{index}] is a tool message and must set a string tool_call_id"
+        ));
+    }
+    let tool_calls = match string_field(rec, "tool_calls") {
+        Value::Nil => None,
+        Value::Table(calls) => {
+            let Some(len) = sequence_len(&calls) else {
+                return Err(format!("messages[{index}] tool_calls must be an array"));
+            };
+            let mut out = Vec::with_capacity(len);
+            for call_index in 1..=len {
+                let call: Value = calls.raw_get(call_index).unwrap_or(Value::Nil);
+                out.push(read_call(index, call_index, &call)?);
+            }
+            Some(out)
+        }
+        _ => return Err(format!("messages[{index}] tool_calls must be an array")),
+    };
+    Ok(Record {
+        role,
+        content,
+        tool_call_id,
+        tool_calls,
+    })
+}
+
+fn read_content(index: usize, value: &Value) -> Result<Content, String> {
+    let bad_content = || {
+        format!("messages[{index}] content must be a string or a non-empty array of content parts")
+    };
+    match value {
+        Value::String(s) => Ok(Content::Text(s.to_string_lossy())),
+        Value::Table(parts) => {
+            let len = match sequence_len(parts) {
+                Some(n) if n > 0 => n,
+                _ => return Err(bad_content()),
+            };
+            let mut out = Vec::with_capacity(len);
+            for part_index in 1..=len {
+                let part: Value = parts.raw_get(part_index).unwrap_or(Value::Nil);
+                out.push(read_part(index, part_index, &part)?);
+            }
+            Ok(Content::Parts(out))
+        }
+        _ => Err(bad_content()),
+    }
+}
+
+fn read_part(index: usize, part_index: usize, value: &Value) -> Result<Part, String> {
+    let prefix = format!("messages[{index}] content part {part_index}");
+    let type_error = || format!("{prefix} must be a table with a string type field");
+    let Value::Table(part) = value else {
+        return Err(type_error());
+    };
+    let Some(kind) = text_of(&string_field(part, "type")) else {
+        return Err(type_error());
+    };
+    match kind.as_str() {
+        "text" => match text_of(&string_field(part, "text")) {
+            Some(text) => Ok(Part::Text(text)),
+            None => Err(format!(
+                "{prefix} is a text part and must set a string text field"
+            )),
+        },
+        "image_url" => {
+            let url = match string_field(part, "image_url") {
+                Value::Table(image) => text_of(&string_field(&image, "url")),
+                _ => None,
+            };
+            url.map(Part::Image).ok_or_else(|| {
+                format!(
+                    "{prefix} is an image_url part and must set an image_url table with a string url field"
+                )
+            })
+        }
+        other => Err(format!(
+            "{prefix} has unknown type \"{other}\"; known types: text, image_url"
+        )),
+    }
+}
+
+fn read_call(index: usize, call_index: usize, value: &Value) -> Result<CallRecord, String> {
+    let prefix = format!("messages[{index}] tool_calls[{call_index}]");
+    let Value::Table(call) = value else {
+        return Err(format!("{prefix} must be a table"));
+    };
+    let Some(id) = text_of(&string_field(call, "id")) else {
+        return Err(format!("{prefix} must set a string id"));
+    };
+    let Some(name) = text_of(&string_field(call, "name")) else {
+        return Err(format!("{prefix} must set a string name"));
+    };
+    let arguments = match string_field(call, "arguments") {
+        Value::Nil => Json::Object(Map::new()),
+        // A keyed table: no sequence part (an empty table is an empty object).
+        Value::Table(t) if t.raw_len() == 0 => match lua_to_json(&Value::Table(t), "arguments") {
+            Ok(j @ Json::Object(_)) => j,
+            Ok(Json::Array(a)) if a.is_empty() => Json::Object(Map::new()),
+            _ => return Err(format!("{prefix} arguments must be a table")),
+        },
+        _ => return Err(format!("{prefix} arguments must be a table")),
+    };
+    Ok(CallRecord {
+        id,
+        name,
+        arguments,
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Rules across records
+// ---------------------------------------------------------------------------
+
+/// The cross-record rules, in the guide's order; `Err` is the exact message.
+pub(crate) fn check_across(records: &[Record]) -> Result<(), String> {
+    let leading = records
+        .iter()
+        .take_while(|r| r.role == Role::System)
+        .count();
+    if leading >= 2 {
+        if let Some(i) = records[..leading]
+            .iter()
+            .position(|r| matches!(r.content, Content::Parts(_)))
+        {
+            return Err(format!(
+                "messages[{}] is a system message with content parts; only plain text system messages can be composed",
+                i + 1
+            ));
+        }
+    }
+    let mut seen_ids: Vec<&str> = Vec::new();
+    // The open batch: the assistant record's position and its calls still unanswered, in call order.
+    let mut open: Option<(usize, Vec<&str>)> = None;
+    let unanswered = |open: &Option<(usize, Vec<&str>)>| -> Result<(), String> {
+        match open {
+            Some((at, pending)) if !pending.is_empty() => Err(format!(
+                "messages[{at}] tool call \"{}\" has no tool result",
+                pending.first().copied().unwrap_or_default()
+            )),
+            _ => Ok(()),
+        }
+    };
+    for (i, rec) in records.iter().enumerate() {
+        let n = i + 1;
+        if rec.tool_calls.is_some() && rec.role != Role::Assistant {
+            return Err(format!(
+                "messages[{n}] sets tool_calls but is not an assistant message"
+            ));
+        }
+        if rec.tool_call_id.is_some() && rec.role != Role::Tool {
+            return Err(format!(
+                "messages[{n}] sets a tool_call_id but is not a tool message"
+            ));
+        }
+        match rec.role {
+            Role::System => {
+                if i >= leading {
+                    return Err(format!(
+                        "messages[{n}] is a system message outside the leading system block"
+                    ));
+                }
+            }
+            Role::User => {
+                unanswered(&open)?;
+                open = None;
+            }
+            Role::Assistant => {
+                unanswered(&open)?;
+                open = None;
+                let calls = rec.tool_calls.as_deref().unwrap_or_default();
+                for call in calls {
+                    if seen_ids.contains(&call.id.as_str()) {
+                        return Err(format!(
+                            "messages[{n}] tool call id \"{}\" duplicates an earlier tool call",
+                            call.id
+                        ));
+                    }
+                    seen_ids.push(&call.id);
+                }
+                if !calls.is_empty() {
+                    open = Some((n, calls.iter().map(|c| c.id.as_str()).collect()));
+                }
+            }
+            Role::Tool => {
+                let id = rec.tool_call_id.as_deref().unwrap_or_default();
+                let answered = match open.as_mut() {
+                    Some((_, pending)) => match pending.iter().position(|p| *p == id) {
+                        Some(pos) => {
+                            pending.remove(pos);
+                            true
+                        }
+                        None => false,
+                    },
+                    None => false,
+                };
+                if !answered {
+                    return Err(format!(
+                        "messages[{n}] is an orphan tool record: no pending assistant tool call with id \"{id}\""
+                    ));
+                }
+            }
+        }
+    }
+    unanswered(&open)
+}
+
+// ---------------------------------------------------------------------------
+// Composing what the model receives
+// ---------------------------------------------------------------------------
+
+fn parts_of(content: Content) -> Vec<Part> {
+    match content {
+        Content::Text(t) if t.is_empty() => Vec::new(),
+        Content::Text(t) => vec![Part::Text(t)],
+        Content::Parts(p) => p,
+    }
+}
+
+/// Join two contents: plain texts join cleanly (an empty side adds nothing); with
+/// parts on either side the result is a parts array, the separator its own part.
+fn merge(a: Content, b: Content, separator: &str) -> Content {
+    match (a, b) {
+        (Content::Text(x), Content::Text(y)) => {
+            if x.is_empty() {
+                Content::Text(y)
+            } else if y.is_empty() {
+                Content::Text(x)
+            } else {
+                Content::Text(format!("{x}{separator}{y}"))
+            }
+        }
+        (a, b) => {
+            let mut parts = parts_of(a);
+            if !separator.is_empty() {
+                parts.push(Part::Text(separator.to_string()));
+            }
+            parts.extend(parts_of(b));
+            Content::Parts(parts)
+        }
+    }
+}
+
+fn is_text_only_assistant(r: &Record) -> bool {
+    r.role == Role::Assistant && r.tool_calls.as_ref().is_none_or(|c| c.is_empty())
+}
+
+/// Apply the merge rules to a checked list (the list itself is never changed).
+pub(crate) fn compose(records: &[Record]) -> Vec<Record> {
+    let mut out: Vec<Record> = Vec::new();
+    let leading = records
+        .iter()
+        .take_while(|r| r.role == Role::System)
+        .count();
+    for (i, rec) in records.iter().enumerate() {
+        let rec = rec.clone();
+        let Some(last) = out.last_mut() else {
+            out.push(rec);
+            continue;
+        };
+        let joined = match (last.role, rec.role) {
+            (Role::System, Role::System) if i < leading => Some("\n\n"),
+            (Role::User, Role::User) => Some("\n\n"),
+            (Role::Assistant, Role::Assistant) if is_text_only_assistant(last) => Some(""),
+            _ => None,
+        };
+        match joined {
+            Some(separator) => {
+                let previous = std::mem::replace(&mut last.content, Content::Text(String::new()));
+                last.content = merge(previous, rec.content, separator);
+                if rec.tool_calls.as_ref().is_some_and(|c| !c.is_empty()) {
+                    last.tool_calls = rec.tool_calls;
+                }
+            }
+            None => out.push(rec),
+        }
+    }
+    out
+}
+
+fn content_json(content: &Content) -> Json {
+    match content {
+        Content::Text(t) => Json::String(t.clone()),
+        Content::Parts(parts) => Json::Array(
+            parts
+                .iter()
+                .map(|p| match p {
+                    Part::Text(t) => json!({"type": "text", "text": t}),
+                    Part::Image(url) => json!({"type": "image_url", "image_url": {"url": url}}),
+                })
+                .collect(),
+        ),
+    }
+}
+
+fn wire_call(call: &CallRecord) -> ToolCall {
+    ToolCall {
+        id: call.id.clone(),
+        name: call.name.clone(),
+        arguments: compact_sorted(&call.arguments),
+    }
+}
+
+/// The composed records as the provider receives them.
+pub(crate) fn to_wire(records: &[Record]) -> Vec<ChatMessage> {
+    records
+        .iter()
+        .map(|r| ChatMessage {
+            role: r.role.as_str().to_string(),
+            content: content_json(&r.content),
+            tool_calls: r
+                .tool_calls
+                .as_deref()
+                .unwrap_or_default()
+                .iter()
+                .map(wire_call)
+                .collect(),
+            tool_call_id: r.tool_call_id.clone(),
+        })
+        .collect()
+}
+
+/// The precheck's estimate: UTF-8 bytes of all text and serialized tool calls,
+/// divided by 4 once over the whole conversation, plus 4 per composed record.
+pub(crate) fn estimate_tokens(composed: &[Record]) -> u64 {
+    let mut bytes = 0usize;
+    for r in composed {
+        bytes += match &r.content {
+            Content::Text(t) => t.len(),
+            Content::Parts(parts) => parts
+                .iter()
+                .map(|p| match p {
+                    Part::Text(t) => t.len(),
+                    Part::Image(_) => 0,
+                })
+                .sum(),
+        };
+        for call in r.tool_calls.as_deref().unwrap_or_default() {
+            bytes += serde_json::to_string(&wire_call(call))
+                .map(|s| s.len())
+                .unwrap_or(0);
+        }
+    }
+    (bytes / 4) as u64 + 4 * composed.len() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(role: Role, t: &str) -> Record {
+        Record {
+            role,
+            content: Content::Text(t.into()),
+            tool_call_id: None,
+            tool_calls: None,
+        }
+    }
+    fn calls(ids: &[&str]) -> Record {
+        Record {
+            role: Role::Assistant,
+            content: Content::Text(String::new()),
+            tool_call_id: None,
+            tool_calls: Some(
+                ids.iter()
+                    .map(|id| CallRecord {
+                        id: id.to_string(),
+                        name: "t".into(),
+                        arguments: json!({}),
+                    })
+                    .collect(),
+            ),
+        }
+    }
+    fn result(id: &str) -> Record {
+        Record {
+            role: Role::Tool,
+            content: Content::Text("r".into()),
+            tool_call_id: Some(id.into()),
+            tool_calls: None,
+        }
+    }
+
+    #[test]
+    fn pairing_rules_report_the_guide_messages() {
+        let ok = [
+            text(Role::User, "q"),
+            calls(&["a", "b"]),
+            result("b"),
+            result("a"),
+            text(Role::Assistant, "x"),
+        ];
+        assert_eq!(check_across(&ok), Ok(()));
+        let open = [text(Role::User, "q"), calls(&["a", "b"]), result("b")];
+        assert_eq!(
+            check_across(&open),
+            Err("messages[2] tool call \"a\" has no tool result".into())
+        );
+        let interrupted = [
+            text(Role::User, "q"),
+            calls(&["a"]),
+            text(Role::User, "more"),
+        ];
+        assert_eq!(
+            check_across(&interrupted),
+            Err("messages[2] tool call \"a\" has no tool result".into())
+        );
+        let orphan = [
+            text(Role::User, "q"),
+            calls(&["a"]),
+            result("a"),
+            result("a"),
+        ];
+        assert_eq!(
+            check_across(&orphan),
+            Err("messages[4] is an orphan tool record: no pending assistant tool call with id \"a\"".into())
+        );
+        let dup = [
+            text(Role::User, "q"),
+            calls(&["a"]),
+            result("a"),
+            calls(&["a"]),
+            result("a"),
+        ];
+        assert_eq!(
+            check_across(&dup),
+            Err("messages[4] tool call id \"a\" duplicates an earlier tool call".into())
+        );
+        let late_system = [text(Role::User, "q"), text(Role::System, "s")];
+        assert_eq!(
+            check_across(&late_system),
+            Err("messages[2] is a system message outside the leading system block".into())
+        );
+    }
+
+    #[test]
+    fn merge_rules_follow_the_guide() {
+        let list = [
+            text(Role::System, "You are terse."),
+            text(Role::System, "Answer in French."),
+            text(Role::User, "Hello."),
+            text(Role::User, ""),
+            text(Role::User, "What time is it?"),
+            text(Role::Assistant, "a"),
+            text(Role::Assistant, "b"),
+            calls(&["c1"]),
+            result("c1"),
+        ];
+        let composed = compose(&list);
+        assert_eq!(composed.len(), 4);
+        assert_eq!(
+            composed[0].content,
+            Content::Text("You are terse.\n\nAnswer in French.".into())
+        );
+        assert_eq!(
+            composed[1].content,
+            Content::Text("Hello.\n\nWhat time is it?".into())
+        );
+        assert_eq!(composed[2].content, Content::Text("ab".into()));
+        assert_eq!(composed[2].tool_calls.as_ref().map(Vec::len), Some(1));
+        assert_eq!(composed[3].role, Role::Tool);
+        let parts = merge(
+            Content::Text("look".into()),
+            Content::Parts(vec![Part::Image("data:x".into())]),
+            "\n\n",
+        );
+        assert_eq!(
+            parts,
+            Content::Parts(vec![
+                Part::Text("look".into()),
+                Part::Text("\n\n".into()),
+                Part::Image("data:x".into())
+            ])
+        );
+    }
+
+    #[test]
+    fn estimate_divides_once_and_adds_four_per_record() {
+        let one = [text(Role::User, &"a".repeat(396))];
+        assert_eq!(estimate_tokens(&one), 103);
+        let two = compose(&[text(Role::User, "abc"), text(Role::User, "de")]);
+        // "abc\n\nde" is 7 bytes: 1 token, plus 4 for the one merged record.
+        assert_eq!(estimate_tokens(&two), 5);
+    }
+}
