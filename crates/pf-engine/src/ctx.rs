@@ -49,6 +49,8 @@ pub(crate) struct RunCtx {
     pub services: HostServices,
     pub ui: Option<Json>,
     pub store_dir: std::path::PathBuf,
+    /// The run's store, opened once at run start; clones share its change lock.
+    pub store: pf_store::Store,
     /// Bound slots in declaration order.
     pub bound: Vec<BoundTool>,
     /// Aliases declared under `tools:` (bound or not), in declaration order.

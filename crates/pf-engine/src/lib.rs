@@ -6,6 +6,7 @@
 
 mod ctx;
 mod error;
+mod io_files;
 mod json;
 mod models;
 mod models_check;
@@ -28,6 +29,7 @@ use rand::{RngCore, SeedableRng};
 
 pub use ctx::Checkpoint;
 pub use error::{RunError, RunErrorKind};
+pub use io_files::{collect_output, missing_input, place_input, CollectedOutput};
 pub use text::{envelope, format_when};
 
 /// Everything the Host supplies for one run.
@@ -94,14 +96,19 @@ pub async fn run(prompt: Arc<Prompt>, setup: RunSetup) -> RunReport {
     if let Err(e) = check_version(&prompt) {
         return RunReport { outcome: Outcome::Failed(e), execution, checkpoints: Vec::new() };
     }
-    if let Err(e) = std::fs::create_dir_all(&setup.store_dir) {
-        tracing::error!("store directory cannot be created: {e}");
-        return RunReport {
-            outcome: Outcome::Failed(RunError::new(RunErrorKind::Store, "store operation failed")),
-            execution,
-            checkpoints: Vec::new(),
-        };
-    }
+    // A store that fails as the run starts fails the run (kind `Store`), rather
+    // than letting it run against a throwaway store.
+    let store = match pf_store::Store::open(&setup.store_dir) {
+        Ok(store) => store,
+        Err(e) => {
+            tracing::error!("the store cannot be opened: {e}");
+            return RunReport {
+                outcome: Outcome::Failed(RunError::new(RunErrorKind::Store, pf_store::messages::STORE_OPERATION_FAILED)),
+                execution,
+                checkpoints: Vec::new(),
+            };
+        }
+    };
     let info = setup.model.as_ref().map(|m| m.info());
     let prepared = prepare::prepare(&prompt, &setup.harness, info.as_ref(), &setup.store_dir, &setup.cancel).await;
     let (bound, active) = match prepared {
@@ -129,6 +136,7 @@ pub async fn run(prompt: Arc<Prompt>, setup: RunSetup) -> RunReport {
         services: setup.harness.services.clone(),
         ui: setup.ui.clone(),
         store_dir: setup.store_dir.clone(),
+        store,
         bound,
         declared_aliases: prompt.frontmatter.tools.iter().map(|t| t.alias.clone()).collect(),
         always: Default::default(),

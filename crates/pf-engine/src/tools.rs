@@ -124,7 +124,7 @@ fn make_calls_proxy(lua: &Lua) -> mlua::Result<Table> {
             let sec = section(lua)?;
             let key = match arg(&args, 1) {
                 Value::String(s) => s.to_string_lossy(),
-                other => format!("{}", lua_type_name(&other)),
+                other => lua_type_name(&other).to_string(),
             };
             let calls = sec.calls.borrow();
             let counts = calls.as_deref().unwrap_or(&[]);

@@ -124,6 +124,7 @@ fn kit_tools() -> Json {
          "result": {"texts": ["{\"a\": 1}"]}},
         {"name": "fails", "description": "isError", "result": {"error": "page unavailable"}},
         {"name": "rpc", "description": "JSON-RPC error", "result": {"rpc_error": "backend exploded"}},
+        {"name": "odd", "description": "Schema is not an object", "inputSchema": ["not", "an", "object"]},
         {"name": "Bad", "description": "upper case"},
         {"name": "has space", "description": "space"},
         {"name": "a/b", "description": "slash"},
@@ -153,9 +154,12 @@ async fn activation_lists_valid_tools_under_the_plugin_id() {
             "acme/kit/form-text",
             "acme/kit/fails",
             "acme/kit/rpc",
+            "acme/kit/odd",
             "acme/kit/dup"
         ]
     );
+    // A schema that is not an object reaches the Engine as sent; it judges it at binding.
+    assert_eq!(tools[6].parameters, json!(["not", "an", "object"]));
     let echo = &tools[0];
     assert_eq!(echo.description, "Echo the arguments");
     assert_eq!(
@@ -166,7 +170,7 @@ async fn activation_lists_valid_tools_under_the_plugin_id() {
     assert!(echo.trusted);
     assert!(tools[2].structured);
     assert!(tools[3].structured);
-    assert_eq!(tools[6].description, "first dup");
+    assert_eq!(tools[7].description, "first dup");
     active.shutdown().await;
 }
 

@@ -157,6 +157,13 @@ fn run(
         .unwrap_or_else(|| PathBuf::from("."));
     let (execution, _) = pf_engine::seeded_names(seed);
     let store_dir = store.unwrap_or_else(|| std::env::temp_dir().join(format!("promptforge-{execution}-{}", std::process::id())));
+    // A declared input file is read from the store directory itself: the operator
+    // puts it there and passes `--store DIR`. A missing one is only a warning,
+    // because the run never checks the declaration (guide ch. 02).
+    if let Some(notice) = pf_engine::missing_input(&prompt, &store_dir) {
+        eprintln!("warning: {notice} (store directory {})", store_dir.display());
+    }
+    let prompt = Arc::new(prompt);
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => return usage(&format!("cannot start the async runtime: {e}")),
@@ -178,13 +185,13 @@ fn run(
             cancel: cancel.clone(),
             ui: None,
         };
-        Ok(pf_engine::run(Arc::new(prompt), setup).await)
+        Ok(pf_engine::run(Arc::clone(&prompt), setup).await)
     });
     let report = match report {
         Ok(r) => r,
         Err(m) => return usage(&m),
     };
-    let (value, code) = match &report.outcome {
+    let (mut value, code) = match &report.outcome {
         Outcome::Completed(text) => (
             json!({"outcome": "completed", "result": text, "seed": seed, "execution": report.execution, "store": store_dir}),
             ExitCode::SUCCESS,
@@ -198,6 +205,9 @@ fn run(
             ExitCode::from(EXIT_CANCELLED),
         ),
     };
+    if matches!(report.outcome, Outcome::Completed(_)) {
+        collect_output(&prompt, &store_dir, &mut value, json_out);
+    }
     if json_out {
         println!("{value}");
     } else {
@@ -208,6 +218,32 @@ fn run(
         }
     }
     code
+}
+
+/// After a completed run, the declared output file stays in the store directory:
+/// the report names it (`"output"`), and a missing one is a warning, never a
+/// failure, because the run never checks the declaration (guide ch. 02).
+fn collect_output(prompt: &pf_syntax::Prompt, store_dir: &Path, report: &mut serde_json::Value, json_out: bool) {
+    let Some(collected) = pf_engine::collect_output(prompt, store_dir) else { return };
+    let declared = prompt.frontmatter.output.as_ref().map(|o| o.path.clone()).unwrap_or_default();
+    report["output"] = match collected {
+        Ok(output) => {
+            if !json_out {
+                match &output.file {
+                    Some(file) => eprintln!("output file {}: {}", output.path, file.display()),
+                    None => eprintln!("output file {} is in the store {}", output.path, store_dir.display()),
+                }
+            }
+            match output.file {
+                Some(file) => json!({"path": output.path, "file": file}),
+                None => json!({"path": output.path}),
+            }
+        }
+        Err(message) => {
+            eprintln!("warning: {message}");
+            json!({"path": declared, "error": message})
+        }
+    };
 }
 
 /// Ctrl-C cancels the run. The watcher has a thread of its own because the run's

@@ -317,6 +317,15 @@ async fn bounded_request(
     Err(outcome)
 }
 
+/// The schema as the server sent it, undoing the transport's wrapping of a
+/// schema that is not an object.
+fn unwrap_schema(schema: &serde_json::Map<String, Json>) -> Json {
+    match (schema.len(), schema.get(stdio::WRAPPED_SCHEMA)) {
+        (1, Some(original)) => original.clone(),
+        _ => Json::Object(schema.clone()),
+    }
+}
+
 fn valid_segment(name: &str) -> bool {
     !name.is_empty()
         && name
@@ -376,7 +385,7 @@ impl Plugin for McpPlugin {
             tools.push(ToolSpec {
                 path: path.clone(),
                 description: tool.description.as_deref().unwrap_or("").to_string(),
-                parameters: Json::Object((*tool.input_schema).clone()),
+                parameters: unwrap_schema(&tool.input_schema),
                 structured,
                 trusted: self.config.trusted,
             });

@@ -127,6 +127,37 @@ fn unreadable_answer(line: &[u8]) -> Option<RxJsonRpcMessage<RoleClient>> {
     }))
 }
 
+/// The key under which a tool schema that is not a JSON object travels
+/// through rmcp's typed model (which only holds objects).
+pub(crate) const WRAPPED_SCHEMA: &str = "x-promptforge-wrapped-schema";
+
+/// A `tools/list` answer with every non-object `inputSchema`/`outputSchema`
+/// wrapped as `{WRAPPED_SCHEMA: value}`, so one odd tool neither hides the
+/// whole list nor loses its schema (the Engine judges the schema at binding).
+fn normalized_tool_list(line: &[u8]) -> Option<Json> {
+    let marker = b"\"tools\"";
+    if !line.windows(marker.len()).any(|window| window == marker) {
+        return None;
+    }
+    let mut value: Json = serde_json::from_slice(line).ok()?;
+    let tools = value.get_mut("result")?.get_mut("tools")?.as_array_mut()?;
+    for tool in tools.iter_mut().filter_map(Json::as_object_mut) {
+        let input = tool.remove("inputSchema").unwrap_or(Json::Null);
+        let input = if input.is_object() {
+            input
+        } else {
+            serde_json::json!({ WRAPPED_SCHEMA: input })
+        };
+        tool.insert("inputSchema".into(), input);
+        if let Some(output) = tool.get_mut("outputSchema") {
+            if !output.is_object() && !output.is_null() {
+                *output = serde_json::json!({ WRAPPED_SCHEMA: output.take() });
+            }
+        }
+    }
+    Some(value)
+}
+
 impl<R, W> Transport<RoleClient> for StdioTransport<R, W>
 where
     R: tokio::io::AsyncRead + Send + Unpin + 'static,
@@ -171,7 +202,11 @@ where
             if line.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-            match serde_json::from_slice::<RxJsonRpcMessage<RoleClient>>(line) {
+            let parsed = match normalized_tool_list(line) {
+                Some(value) => serde_json::from_value::<RxJsonRpcMessage<RoleClient>>(value),
+                None => serde_json::from_slice::<RxJsonRpcMessage<RoleClient>>(line),
+            };
+            match parsed {
                 Ok(message) => return Some(message),
                 Err(_) => {
                     if let Some(answer) = unreadable_answer(line) {
@@ -226,6 +261,34 @@ mod tests {
             read_line_bounded(&mut reader, 10, &mut line).await.ok(),
             Some(LineRead::End)
         );
+    }
+
+    #[test]
+    fn odd_tool_schemas_are_wrapped_not_lost() {
+        let line = br#"{"jsonrpc":"2.0","id":2,"result":{"tools":[
+            {"name":"a","inputSchema":{"type":"object"}},
+            {"name":"b","inputSchema":["not","an","object"],"outputSchema":true},
+            {"name":"c"}]}}"#;
+        let line: Vec<u8> = line.iter().copied().filter(|b| *b != b'\n').collect();
+        let value = normalized_tool_list(&line).expect("a tool list");
+        let tools = &value["result"]["tools"];
+        assert_eq!(
+            tools[0]["inputSchema"],
+            serde_json::json!({"type": "object"})
+        );
+        assert_eq!(
+            tools[1]["inputSchema"],
+            serde_json::json!({ WRAPPED_SCHEMA: ["not", "an", "object"] })
+        );
+        assert_eq!(
+            tools[1]["outputSchema"],
+            serde_json::json!({ WRAPPED_SCHEMA: true })
+        );
+        assert_eq!(
+            tools[2]["inputSchema"],
+            serde_json::json!({ WRAPPED_SCHEMA: null })
+        );
+        assert!(normalized_tool_list(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#).is_none());
     }
 
     #[test]
