@@ -34,7 +34,10 @@ pub fn missing_input(prompt: &Prompt, store_dir: &Path) -> Option<String> {
     let store = Store::open(store_dir).ok()?;
     match store.exists(&declared.path) {
         Ok(true) => None,
-        Ok(false) => Some(format!("input file not found in the store: {}", declared.path)),
+        Ok(false) => Some(format!(
+            "input file not found in the store: {}",
+            declared.path
+        )),
         Err(e) => Some(e.message),
     }
 }
@@ -43,7 +46,11 @@ pub fn missing_input(prompt: &Prompt, store_dir: &Path) -> Option<String> {
 /// input path, replacing any file there. Returns the store path, or `None` when
 /// the prompt declares no input. Fails with the store's message, such as
 /// `cannot read input file {from}: {detail}`.
-pub fn place_input(prompt: &Prompt, store_dir: &Path, from: &Path) -> Result<Option<String>, String> {
+pub fn place_input(
+    prompt: &Prompt,
+    store_dir: &Path,
+    from: &Path,
+) -> Result<Option<String>, String> {
     let Some(declared) = prompt.frontmatter.input.as_ref() else {
         return Ok(None);
     };
@@ -55,13 +62,22 @@ pub fn place_input(prompt: &Prompt, store_dir: &Path, from: &Path) -> Result<Opt
 /// After the run: collects the declared output file. `None` when the prompt
 /// declares no output; an error with `output file not found: {path}` when the
 /// run never wrote it, or the store's message when it cannot be read.
-pub fn collect_output(prompt: &Prompt, store_dir: &Path) -> Option<Result<CollectedOutput, String>> {
+pub fn collect_output(
+    prompt: &Prompt,
+    store_dir: &Path,
+) -> Option<Result<CollectedOutput, String>> {
     let declared = prompt.frontmatter.output.as_ref()?;
     let collected = Store::open(store_dir).and_then(|store| {
         let contents = store.read_out(&declared.path)?;
         let candidate = store.root().join(&declared.path);
-        let is_file = std::fs::symlink_metadata(&candidate).map(|m| m.is_file()).unwrap_or(false);
-        Ok(CollectedOutput { path: declared.path.clone(), contents, file: is_file.then_some(candidate) })
+        let is_file = std::fs::symlink_metadata(&candidate)
+            .map(|m| m.is_file())
+            .unwrap_or(false);
+        Ok(CollectedOutput {
+            path: declared.path.clone(),
+            contents,
+            file: is_file.then_some(candidate),
+        })
     });
     Some(collected.map_err(|e| e.message))
 }
@@ -71,7 +87,9 @@ mod tests {
     use super::*;
 
     fn prompt(frontmatter: &str) -> Prompt {
-        let source = format!("---\nname: files\ndescription: d\npromptforge: 0\n{frontmatter}---\n\n# Files\n");
+        let source = format!(
+            "---\nname: files\ndescription: d\npromptforge: 0\n{frontmatter}---\n\n# Files\n"
+        );
         pf_syntax::parse(source.as_bytes()).unwrap_or_else(|e| panic!("parse: {}", e.message))
     }
 
@@ -87,7 +105,10 @@ mod tests {
         let dir = store_dir();
         let plain = prompt("");
         assert_eq!(missing_input(&plain, dir.path()), None);
-        assert_eq!(place_input(&plain, dir.path(), Path::new("/nonexistent")), Ok(None));
+        assert_eq!(
+            place_input(&plain, dir.path(), Path::new("/nonexistent")),
+            Ok(None)
+        );
         assert_eq!(collect_output(&plain, dir.path()), None);
     }
 
@@ -98,10 +119,17 @@ mod tests {
         let from = host.path().join("paper.md");
         std::fs::write(&from, "the paper body").unwrap_or_else(|e| panic!("{e}"));
         let p = prompt(BOTH);
-        assert_eq!(missing_input(&p, dir.path()).as_deref(), Some("input file not found in the store: in/paper.md"));
-        assert_eq!(place_input(&p, dir.path(), &from), Ok(Some("in/paper.md".to_string())));
+        assert_eq!(
+            missing_input(&p, dir.path()).as_deref(),
+            Some("input file not found in the store: in/paper.md")
+        );
+        assert_eq!(
+            place_input(&p, dir.path(), &from),
+            Ok(Some("in/paper.md".to_string()))
+        );
         assert_eq!(missing_input(&p, dir.path()), None);
-        let placed = std::fs::read_to_string(dir.path().join("in/paper.md")).unwrap_or_else(|e| panic!("{e}"));
+        let placed = std::fs::read_to_string(dir.path().join("in/paper.md"))
+            .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(placed, "the paper body");
     }
 
@@ -110,8 +138,13 @@ mod tests {
         let dir = store_dir();
         let p = prompt(BOTH);
         let missing = dir.path().join("no-such-file");
-        let err = place_input(&p, dir.path(), &missing).err().unwrap_or_default();
-        assert!(err.starts_with(&format!("cannot read input file {}: ", missing.display())), "{err}");
+        let err = place_input(&p, dir.path(), &missing)
+            .err()
+            .unwrap_or_default();
+        assert!(
+            err.starts_with(&format!("cannot read input file {}: ", missing.display())),
+            "{err}"
+        );
     }
 
     #[test]
@@ -128,10 +161,15 @@ mod tests {
     fn the_output_is_collected_or_reported_missing() {
         let dir = store_dir();
         let p = prompt(BOTH);
-        assert_eq!(collect_output(&p, dir.path()), Some(Err("output file not found: report.md".to_string())));
+        assert_eq!(
+            collect_output(&p, dir.path()),
+            Some(Err("output file not found: report.md".to_string()))
+        );
         let store = Store::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(store.write("report.md", "report on: it"), Ok(()));
-        let collected = collect_output(&p, dir.path()).and_then(Result::ok).unwrap_or_else(|| panic!("collected"));
+        let collected = collect_output(&p, dir.path())
+            .and_then(Result::ok)
+            .unwrap_or_else(|| panic!("collected"));
         assert_eq!(collected.path, "report.md");
         assert_eq!(collected.contents, b"report on: it");
         assert_eq!(collected.file, Some(store.root().join("report.md")));
@@ -143,6 +181,9 @@ mod tests {
         let p = prompt(BOTH);
         let store = Store::open(dir.path()).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(store.write("report.md/inner.txt", "x"), Ok(()));
-        assert_eq!(collect_output(&p, dir.path()), Some(Err("store backend failure".to_string())));
+        assert_eq!(
+            collect_output(&p, dir.path()),
+            Some(Err("store backend failure".to_string()))
+        );
     }
 }

@@ -26,11 +26,19 @@ struct CallSite {
 
 impl CallSite {
     fn of(lua: &Lua) -> mlua::Result<CallSite> {
-        Ok(CallSite { loading_shared: section(lua)?.loading_shared.get() })
+        Ok(CallSite {
+            loading_shared: section(lua)?.loading_shared.get(),
+        })
     }
 
     /// A required string argument (`path`, `contents`, `old`, `new`, `pattern`).
-    fn text(&self, lua: &Lua, args: &MultiValue, n: usize, name: &str) -> Result<String, HostError> {
+    fn text(
+        &self,
+        lua: &Lua,
+        args: &MultiValue,
+        n: usize,
+        name: &str,
+    ) -> Result<String, HostError> {
         if !self.loading_shared {
             return string_arg(args, n, name);
         }
@@ -48,13 +56,26 @@ impl CallSite {
 
     /// An optional line bound (`start`, `end`): an integer, or a float with a
     /// whole value anywhere in the 64-bit signed range; nil leaves it open.
-    fn bound(&self, lua: &Lua, args: &MultiValue, n: usize, name: &str) -> Result<Option<i64>, HostError> {
+    fn bound(
+        &self,
+        lua: &Lua,
+        args: &MultiValue,
+        n: usize,
+        name: &str,
+    ) -> Result<Option<i64>, HostError> {
         let value = arg(args, n);
-        let not_an_integer = |found: &Value| HostError::lua(pf_store::messages::not_an_integer(name, lua_type_name(found)));
+        let not_an_integer = |found: &Value| {
+            HostError::lua(pf_store::messages::not_an_integer(
+                name,
+                lua_type_name(found),
+            ))
+        };
         match &value {
             Value::Nil => Ok(None),
             Value::Integer(i) => Ok(Some(*i)),
-            Value::Number(f) => pf_store::bound_from_float(*f).map(Some).ok_or_else(|| not_an_integer(&value)),
+            Value::Number(f) => pf_store::bound_from_float(*f)
+                .map(Some)
+                .ok_or_else(|| not_an_integer(&value)),
             _ if self.loading_shared => {
                 Option::<i64>::from_lua(value, lua).map_err(|e| HostError::lua(e.to_string()))
             }

@@ -5,7 +5,10 @@
 //! everything but the `web` and `mcp` fixtures, which the plugin crates test.
 
 use std::path::{Path, PathBuf};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
 use std::process::Command;
+use std::sync::Arc;
 
 use serde_json::{json, Value};
 
@@ -26,14 +29,89 @@ fn toml_str(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_default()
 }
 
+/// A local web server for `web` fixtures: `pages` by path, `search` for `/search`.
+struct Web {
+    base: String,
+}
+
+fn start_web(spec: Value) -> Result<Web, String> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let spec = Arc::new(spec);
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let spec = Arc::clone(&spec);
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(match stream.try_clone() {
+                    Ok(s) => s,
+                    Err(_) => return,
+                });
+                let mut line = String::new();
+                if reader.read_line(&mut line).is_err() {
+                    return;
+                }
+                let mut parts = line.split_whitespace();
+                let method = parts.next().unwrap_or("").to_string();
+                let target = parts.next().unwrap_or("/").to_string();
+                let mut length = 0usize;
+                loop {
+                    let mut h = String::new();
+                    if reader.read_line(&mut h).is_err() || h.trim().is_empty() {
+                        break;
+                    }
+                    if let Some((k, v)) = h.split_once(':') {
+                        if k.trim().eq_ignore_ascii_case("content-length") {
+                            length = v.trim().parse().unwrap_or(0);
+                        }
+                    }
+                }
+                let mut body = vec![0u8; length];
+                let _ = reader.read_exact(&mut body);
+                let path = target.split('?').next().unwrap_or("/").to_string();
+                let mut page = spec.get("pages").and_then(|p| p.get(&path)).cloned();
+                if (path == "/search" || method == "POST") && spec.get("search").is_some() {
+                    let mut s = spec["search"].clone();
+                    s["content_type"] = json!("application/json");
+                    page = Some(s);
+                }
+                let page = page.unwrap_or(json!({"status": 404, "body": "not found", "content_type": "text/plain"}));
+                let body = match &page["body"] {
+                    Value::String(s) => s.clone().into_bytes(),
+                    Value::Null => Vec::new(),
+                    other => other.to_string().into_bytes(),
+                };
+                let status = page["status"].as_u64().unwrap_or(200);
+                let ctype = page["content_type"].as_str().unwrap_or("text/html; charset=utf-8");
+                let head = format!(
+                    "HTTP/1.1 {status} X\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = stream.write_all(head.as_bytes());
+                let _ = stream.write_all(&body);
+            });
+        }
+    });
+    Ok(Web { base: format!("http://{addr}") })
+}
+
+fn substitute(v: &Value, base: &str) -> Value {
+    match v {
+        Value::String(s) => Value::String(s.replace("{{WEB}}", base)),
+        Value::Array(a) => Value::Array(a.iter().map(|x| substitute(x, base)).collect()),
+        Value::Object(m) => Value::Object(m.iter().map(|(k, x)| (k.clone(), substitute(x, base))).collect()),
+        other => other.clone(),
+    }
+}
+
 struct RunOutput {
     report: Value,
     requests: Vec<Value>,
     store: PathBuf,
 }
 
-fn run_case(dir: &Path, case: &Value, work: &Path, seed: u64) -> Result<RunOutput, String> {
-    let prompt = std::fs::read_to_string(dir.join("prompt.md")).map_err(|e| e.to_string())?;
+fn run_case(dir: &Path, case: &Value, work: &Path, seed: u64, base: &str) -> Result<RunOutput, String> {
+    let prompt = std::fs::read_to_string(dir.join("prompt.md")).map_err(|e| e.to_string())?.replace("{{WEB}}", base);
     let prompt_file = work.join("prompt.md");
     std::fs::write(&prompt_file, prompt).map_err(|e| e.to_string())?;
     let record = work.join("requests.jsonl");
@@ -58,6 +136,29 @@ fn run_case(dir: &Path, case: &Value, work: &Path, seed: u64) -> Result<RunOutpu
         let list: Vec<String> = answers.iter().map(|a| toml_str(a.as_str().unwrap_or(""))).collect();
         host.push("[input]".into());
         host.push(format!("answers = [{}]", list.join(", ")));
+        host.push(String::new());
+    }
+    if case.get("web").is_some() {
+        host.push("[web]".into());
+        host.push("allow_loopback = true".into());
+        host.push("search = \"gateway\"".into());
+        host.push(format!("search_url = {}", toml_str(&format!("{base}/search"))));
+        host.push(String::new());
+    }
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mcp_fixture.py");
+    for (id, m) in case.get("mcp").and_then(Value::as_object).into_iter().flatten() {
+        let tools_file = work.join(format!("mcp-{}.json", id.replace('/', "_")));
+        let spec = json!({"fail_start": m.get("fail_start").cloned().unwrap_or(json!(false)), "tools": m.get("tools").cloned().unwrap_or(json!([]))});
+        std::fs::write(&tools_file, spec.to_string()).map_err(|e| e.to_string())?;
+        let command: Vec<String> = ["python3".to_string(), fixture.to_string_lossy().into_owned(), tools_file.to_string_lossy().into_owned()]
+            .iter()
+            .map(|x| toml_str(x))
+            .collect();
+        let conflicts: Vec<String> = m.get("conflicts").and_then(Value::as_array).into_iter().flatten().map(|c| toml_str(c.as_str().unwrap_or(""))).collect();
+        host.push(format!("[plugins.{}]", toml_str(id)));
+        host.push(format!("command = [{}]", command.join(", ")));
+        host.push(format!("trusted = {}", m.get("trusted").and_then(Value::as_bool).unwrap_or(false)));
+        host.push(format!("conflicts = [{}]", conflicts.join(", ")));
         host.push(String::new());
     }
     if let Some(extra) = case.get("host_extra").and_then(Value::as_str) {
@@ -171,7 +272,7 @@ fn check(case: &Value, out: &RunOutput) -> Vec<String> {
             let want = pair[1].as_str().unwrap_or("");
             let content = msgs.get(idx).map(|m| match &m["content"] {
                 Value::String(s) => s.clone(),
-                other => other.to_string(),
+                other => py_dumps(other),
             });
             if !content.as_deref().unwrap_or("").contains(want) {
                 bad.push(format!("request #{i} message {idx} lacks {want:?}: {content:?}"));
@@ -186,6 +287,19 @@ fn check(case: &Value, out: &RunOutput) -> Vec<String> {
         }
     }
     bad
+}
+
+/// JSON text the way Python's `json.dumps` writes it (`", "` and `": "`), as the
+/// conformance runner compares non-string message content in that form.
+fn py_dumps(v: &Value) -> String {
+    match v {
+        Value::Array(a) => format!("[{}]", a.iter().map(py_dumps).collect::<Vec<_>>().join(", ")),
+        Value::Object(m) => format!(
+            "{{{}}}",
+            m.iter().map(|(k, x)| format!("{}: {}", Value::String(k.clone()), py_dumps(x))).collect::<Vec<_>>().join(", ")
+        ),
+        other => other.to_string(),
+    }
 }
 
 fn key(r: &Value) -> (Value, Value, Value) {
@@ -205,21 +319,23 @@ fn every_data_case_holds() {
         let outcome = (|| -> Result<Vec<String>, String> {
             let text = std::fs::read_to_string(dir.join("case.json")).map_err(|e| e.to_string())?;
             let case: Value = serde_json::from_str(&text).map_err(|e| format!("case.json: {e}"))?;
-            if case.get("web").is_some() || case.get("mcp").is_some() {
-                return Err("web and mcp fixtures are not supported by this runner".into());
-            }
+            let base = match case.get("web") {
+                Some(spec) => start_web(spec.clone())?.base,
+                None => "http://127.0.0.1:9".to_string(),
+            };
+            let case = substitute(&case, &base);
             let seed = case.get("seed").and_then(Value::as_u64).unwrap_or(7);
-            let first = run_case(dir, &case, work.path(), seed)?;
+            let first = run_case(dir, &case, work.path(), seed, &base)?;
             let mut bad = check(&case, &first);
             let e = &case["expect"];
             if bad.is_empty() && e["same_seed_same_result"] == json!(true) {
-                let again = run_case(dir, &case, work.path(), seed)?;
+                let again = run_case(dir, &case, work.path(), seed, &base)?;
                 if key(&again.report) != key(&first.report) {
                     bad.push("the same seed gave a different report".into());
                 }
             }
             if bad.is_empty() && e["other_seed_other_result"] == json!(true) {
-                let other = run_case(dir, &case, work.path(), seed + 1)?;
+                let other = run_case(dir, &case, work.path(), seed + 1, &base)?;
                 if other.report["result"] == first.report["result"] {
                     bad.push("another seed gave the same result".into());
                 }
