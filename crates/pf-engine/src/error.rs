@@ -65,7 +65,10 @@ pub struct RunError {
 
 impl RunError {
     pub fn new(kind: RunErrorKind, message: impl Into<String>) -> Self {
-        RunError { kind, message: message.into() }
+        RunError {
+            kind,
+            message: message.into(),
+        }
     }
 }
 
@@ -84,7 +87,13 @@ pub(crate) struct HostError {
 
 impl HostError {
     pub fn new(kind: &'static str, message: impl Into<String>) -> Self {
-        HostError { kind, message: message.into(), fields: Vec::new(), run_kind: None, located: false }
+        HostError {
+            kind,
+            message: message.into(),
+            fields: Vec::new(),
+            run_kind: None,
+            located: false,
+        }
     }
     pub fn lua(message: impl Into<String>) -> Self {
         HostError::new("lua", message)
@@ -104,7 +113,9 @@ impl HostError {
     /// The default run error kind of an uncaught value of this kind.
     pub fn default_run_kind(kind: &str) -> RunErrorKind {
         match kind {
-            "tool" | "out_of_scope_tool" | "unbound_tool" | "tool_loop_exhausted" => RunErrorKind::Tool,
+            "tool" | "out_of_scope_tool" | "unbound_tool" | "tool_loop_exhausted" => {
+                RunErrorKind::Tool
+            }
             "context_exhausted" => RunErrorKind::ContextExhausted,
             "empty_model_reply" => RunErrorKind::Completion,
             "internal" => RunErrorKind::Internal,
@@ -210,5 +221,11 @@ pub(crate) fn read_error_value(helpers: &Table, v: &Value) -> Option<ErrorInfo> 
             value = value.with(field, text);
         }
     }
-    Some(ErrorInfo { kind, message, run_kind, located, value })
+    Some(ErrorInfo {
+        kind,
+        message,
+        run_kind,
+        located,
+        value,
+    })
 }

@@ -19,7 +19,12 @@ pub(crate) fn lua_to_json(value: &Value, path: &str) -> Result<Json, NotJson> {
 }
 
 fn to_json(value: &Value, path: &str, depth: usize) -> Result<Json, NotJson> {
-    let bad = |found| Err(NotJson { path: path.to_string(), found });
+    let bad = |found| {
+        Err(NotJson {
+            path: path.to_string(),
+            found,
+        })
+    };
     match value {
         Value::Nil => Ok(Json::Null),
         Value::Boolean(b) => Ok(Json::Bool(*b)),
@@ -58,12 +63,19 @@ fn table_to_json(t: &Table, path: &str, depth: usize) -> Result<Json, NotJson> {
     for pair in t.clone().pairs::<Value, Value>() {
         match pair {
             Ok(p) => pairs.push(p),
-            Err(_) => return Err(NotJson { path: path.to_string(), found: "table" }),
+            Err(_) => {
+                return Err(NotJson {
+                    path: path.to_string(),
+                    found: "table",
+                })
+            }
         }
     }
     let is_array = len > 0
         && pairs.len() == len
-        && pairs.iter().all(|(k, _)| matches!(k, Value::Integer(i) if *i >= 1 && (*i as usize) <= len));
+        && pairs
+            .iter()
+            .all(|(k, _)| matches!(k, Value::Integer(i) if *i >= 1 && (*i as usize) <= len));
     if is_array {
         let mut items = vec![Json::Null; len];
         for (k, v) in &pairs {
@@ -80,12 +92,22 @@ fn table_to_json(t: &Table, path: &str, depth: usize) -> Result<Json, NotJson> {
         let key = match k {
             Value::String(s) => match s.to_str() {
                 Ok(text) => text.to_string(),
-                Err(_) => return Err(NotJson { path: key_path(path, k), found: "string" }),
+                Err(_) => {
+                    return Err(NotJson {
+                        path: key_path(path, k),
+                        found: "string",
+                    })
+                }
             },
             Value::Integer(i) => i.to_string(),
             Value::Number(n) => crate::text::float_text(*n),
             Value::Boolean(b) => b.to_string(),
-            other => return Err(NotJson { path: path.to_string(), found: lua_type_name(other) }),
+            other => {
+                return Err(NotJson {
+                    path: path.to_string(),
+                    found: lua_type_name(other),
+                })
+            }
         };
         entries.push((key.clone(), to_json(v, &key_path(path, k), depth + 1)?));
     }

@@ -94,7 +94,11 @@ const DEFAULT_MEMORY: usize = 64 * 1024 * 1024;
 pub async fn run(prompt: Arc<Prompt>, setup: RunSetup) -> RunReport {
     let (execution, nonce) = seeded_names(setup.seed);
     if let Err(e) = check_version(&prompt) {
-        return RunReport { outcome: Outcome::Failed(e), execution, checkpoints: Vec::new() };
+        return RunReport {
+            outcome: Outcome::Failed(e),
+            execution,
+            checkpoints: Vec::new(),
+        };
     }
     // A store that fails as the run starts fails the run (kind `Store`), rather
     // than letting it run against a throwaway store.
@@ -103,14 +107,24 @@ pub async fn run(prompt: Arc<Prompt>, setup: RunSetup) -> RunReport {
         Err(e) => {
             tracing::error!("the store cannot be opened: {e}");
             return RunReport {
-                outcome: Outcome::Failed(RunError::new(RunErrorKind::Store, pf_store::messages::STORE_OPERATION_FAILED)),
+                outcome: Outcome::Failed(RunError::new(
+                    RunErrorKind::Store,
+                    pf_store::messages::STORE_OPERATION_FAILED,
+                )),
                 execution,
                 checkpoints: Vec::new(),
             };
         }
     };
     let info = setup.model.as_ref().map(|m| m.info());
-    let prepared = prepare::prepare(&prompt, &setup.harness, info.as_ref(), &setup.store_dir, &setup.cancel).await;
+    let prepared = prepare::prepare(
+        &prompt,
+        &setup.harness,
+        info.as_ref(),
+        &setup.store_dir,
+        &setup.cancel,
+    )
+    .await;
     let (bound, active) = match prepared {
         Ok(p) => (p.bound, p.active),
         Err((notice, active)) => {
@@ -138,13 +152,21 @@ pub async fn run(prompt: Arc<Prompt>, setup: RunSetup) -> RunReport {
         store_dir: setup.store_dir.clone(),
         store,
         bound,
-        declared_aliases: prompt.frontmatter.tools.iter().map(|t| t.alias.clone()).collect(),
+        declared_aliases: prompt
+            .frontmatter
+            .tools
+            .iter()
+            .map(|t| t.alias.clone())
+            .collect(),
         always: Default::default(),
         always_desc: Default::default(),
         model: setup.model.clone(),
         roles: prompt.frontmatter.models.clone(),
         default_role: Default::default(),
-        max_rounds: prompt.frontmatter.max_tool_iterations.unwrap_or(DEFAULT_ROUND_CAP),
+        max_rounds: prompt
+            .frontmatter
+            .max_tool_iterations
+            .unwrap_or(DEFAULT_ROUND_CAP),
         checkpoints: Default::default(),
         section_count: prompt.sections.len(),
         var: std::cell::RefCell::new(serde_json::Value::Object(Default::default())),
@@ -154,14 +176,20 @@ pub async fn run(prompt: Arc<Prompt>, setup: RunSetup) -> RunReport {
     let outcome = walk::run_main(Rc::clone(&run_ctx)).await;
     // The first outcome wins: a cancel that landed before the end is the outcome.
     let outcome = match outcome {
-        Outcome::Failed(_) | Outcome::Completed(_) if setup.cancel.is_cancelled() => Outcome::Cancelled,
+        Outcome::Failed(_) | Outcome::Completed(_) if setup.cancel.is_cancelled() => {
+            Outcome::Cancelled
+        }
         o => o,
     };
     for a in active {
         a.shutdown().await;
     }
     let checkpoints = run_ctx.checkpoints.borrow().clone();
-    RunReport { outcome, execution, checkpoints }
+    RunReport {
+        outcome,
+        execution,
+        checkpoints,
+    }
 }
 
 /// `argv` for an argument string: `{ prose = args }` without `args:`; with an

@@ -16,7 +16,10 @@ struct Failure {
 }
 
 fn failure(kind: &'static str, message: impl Into<String>) -> Failure {
-    Failure { kind, message: message.into() }
+    Failure {
+        kind,
+        message: message.into(),
+    }
 }
 
 /// A path as messages show it: control characters escaped, long paths cut at 80 characters.
@@ -47,7 +50,9 @@ pub(crate) fn render(lua: &Lua, sec: &SectionCtx, raw: &str) -> Result<String, H
     while i < raw.len() {
         let rest = &raw[i..];
         if rest.starts_with('\\') {
-            let escaped = ["{{", "}}", "\\"].into_iter().find(|e| rest[1..].starts_with(e));
+            let escaped = ["{{", "}}", "\\"]
+                .into_iter()
+                .find(|e| rest[1..].starts_with(e));
             if let Some(e) = escaped {
                 out.push_str(&raw[literal_start..i]);
                 out.push_str(e);
@@ -56,13 +61,14 @@ pub(crate) fn render(lua: &Lua, sec: &SectionCtx, raw: &str) -> Result<String, H
                 continue;
             }
         }
-        if rest.starts_with("{{") {
-            let fail_at = |f: Failure| HostError::lua(format!("{} [{} at byte {i}]", f.message, f.kind));
-            let Some(close) = rest[2..].find("}}") else {
+        if let Some(inner) = rest.strip_prefix("{{") {
+            let fail_at =
+                |f: Failure| HostError::lua(format!("{} [{} at byte {i}]", f.message, f.kind));
+            let Some(close) = inner.find("}}") else {
                 return Err(fail_at(failure("Unclosed", "unclosed '{{' in prose")));
             };
             out.push_str(&raw[literal_start..i]);
-            let path = rest[2..2 + close].trim();
+            let path = inner[..close].trim();
             out.push_str(&resolve(lua, sec, path).map_err(fail_at)?);
             i += 2 + close + 2;
             literal_start = i;
@@ -95,48 +101,97 @@ fn sys_object(sec: &SectionCtx) -> Json {
     m.insert("taskid".into(), Json::String("0".into()));
     m.insert("section_name".into(), Json::String(sec.name.clone()));
     m.insert("execution".into(), Json::String(sec.run.execution.clone()));
-    m.insert("section_count".into(), Json::from(sec.run.section_count as u64));
+    m.insert(
+        "section_count".into(),
+        Json::from(sec.run.section_count as u64),
+    );
     Json::Object(m)
 }
 
 fn resolve(lua: &Lua, sec: &SectionCtx, path: &str) -> Result<String, Failure> {
     let segments: Vec<&str> = path.split('.').collect();
-    if path.is_empty() || segments.iter().any(|s| s.is_empty() || s.chars().any(char::is_whitespace)) {
-        return Err(failure("EmptySegment", format!("empty or padded path segment in {{{{ {} }}}}", shown(path))));
+    if path.is_empty()
+        || segments
+            .iter()
+            .any(|s| s.is_empty() || s.chars().any(char::is_whitespace))
+    {
+        return Err(failure(
+            "EmptySegment",
+            format!("empty or padded path segment in {{{{ {} }}}}", shown(path)),
+        ));
     }
     let (root, keys) = match segments.split_first() {
         Some((root, keys)) => (*root, keys),
-        None => return Err(failure("EmptySegment", format!("empty or padded path segment in {{{{ {} }}}}", shown(path)))),
+        None => {
+            return Err(failure(
+                "EmptySegment",
+                format!("empty or padded path segment in {{{{ {} }}}}", shown(path)),
+            ))
+        }
     };
     let missing = || failure("MissingKey", format!("missing {{{{ {} }}}}", shown(path)));
     let value: Json = match root {
         "args" | "item" if !keys.is_empty() => {
-            return Err(failure("NotATable", format!("{root} is a string, not a table")));
+            return Err(failure(
+                "NotATable",
+                format!("{root} is a string, not a table"),
+            ));
         }
         "args" => return Ok(sec.chain.borrow().args.clone()),
-        "item" => return Err(failure("NilItem", "{{ item }} is nil (not inside a fanout arm)")),
-        "var" | "sys" if keys.is_empty() => return Err(failure("BadPath", format!("bad path: {{{{ {root} }}}}"))),
+        "item" => {
+            return Err(failure(
+                "NilItem",
+                "{{ item }} is nil (not inside a fanout arm)",
+            ))
+        }
+        "var" | "sys" if keys.is_empty() => {
+            return Err(failure("BadPath", format!("bad path: {{{{ {root} }}}}")))
+        }
         "argv" => match sec.chain.borrow().argv.borrow().clone() {
             Some(v) => v,
             None => {
-                return Err(failure("NilArgv", format!("{{{{ {} }}}} is nil (the args string is not JSON)", shown(path))))
+                return Err(failure(
+                    "NilArgv",
+                    format!(
+                        "{{{{ {} }}}} is nil (the args string is not JSON)",
+                        shown(path)
+                    ),
+                ))
             }
         },
         "var" => sec.var.borrow().clone(),
         "sys" => sys_object(sec),
         "prose" => {
-            return Err(failure("Serialize", format!("global 'prose' in {{{{ {} }}}} is not JSON data", shown(path))));
+            return Err(failure(
+                "Serialize",
+                format!(
+                    "global 'prose' in {{{{ {} }}}} is not JSON data",
+                    shown(path)
+                ),
+            ));
         }
         name => {
             let unknown = || {
-                failure("UnknownNamespace", format!("unknown namespace or global '{name}' in {{{{ {} }}}}", shown(path)))
+                failure(
+                    "UnknownNamespace",
+                    format!(
+                        "unknown namespace or global '{name}' in {{{{ {} }}}}",
+                        shown(path)
+                    ),
+                )
             };
             let v: Value = lua.globals().get(name).map_err(|_| unknown())?;
             if v.is_nil() {
                 return Err(unknown());
             }
             lua_to_json(&v, name).map_err(|_| {
-                failure("Serialize", format!("global '{name}' in {{{{ {} }}}} is not JSON data", shown(path)))
+                failure(
+                    "Serialize",
+                    format!(
+                        "global '{name}' in {{{{ {} }}}} is not JSON data",
+                        shown(path)
+                    ),
+                )
             })?
         }
     };
@@ -148,7 +203,10 @@ fn resolve(lua: &Lua, sec: &SectionCtx, path: &str) -> Result<String, Failure> {
         };
     }
     if node.is_null() {
-        return Err(failure("NullValue", format!("missing {{{{ {} }}}}", shown(path))));
+        return Err(failure(
+            "NullValue",
+            format!("missing {{{{ {} }}}}", shown(path)),
+        ));
     }
     Ok(render_json(node))
 }

@@ -11,7 +11,10 @@ pub(crate) fn scalar_text(value: &Value) -> Result<Option<String>, String> {
         Value::Integer(i) => Ok(Some(i.to_string())),
         Value::Number(n) => Ok(Some(float_text(*n))),
         Value::String(s) => Ok(Some(String::from_utf8_lossy(&s.as_bytes()).into_owned())),
-        other => Err(format!("cannot return a {} as a result", lua_type_name(other))),
+        other => Err(format!(
+            "cannot return a {} as a result",
+            lua_type_name(other)
+        )),
     }
 }
 
@@ -20,7 +23,11 @@ pub(crate) fn float_text(n: f64) -> String {
     if n.is_nan() {
         "NaN".to_string()
     } else if n.is_infinite() {
-        if n > 0.0 { "inf".to_string() } else { "-inf".to_string() }
+        if n > 0.0 {
+            "inf".to_string()
+        } else {
+            "-inf".to_string()
+        }
     } else {
         format!("{n}")
     }
@@ -159,9 +166,15 @@ mod tests {
 
     #[test]
     fn envelope_escapes_and_spaces_markers() {
-        assert_eq!(envelope("a<b>c [INST] ok", NONCE), wrapped("a&lt;b>c [ INST] ok"));
+        assert_eq!(
+            envelope("a<b>c [INST] ok", NONCE),
+            wrapped("a&lt;b>c [ INST] ok")
+        );
         assert_eq!(envelope("", NONCE), wrapped(""));
-        assert_eq!(envelope("x &lt; \"q\" & > é\n", NONCE), wrapped("x &lt; \"q\" & > é\n"));
+        assert_eq!(
+            envelope("x &lt; \"q\" & > é\n", NONCE),
+            wrapped("x &lt; \"q\" & > é\n")
+        );
     }
 
     #[test]
@@ -182,7 +195,15 @@ mod tests {
 
     #[test]
     fn control_tokens_lose_their_angle_brackets() {
-        for token in ["<|im_start|>", "<|name>", "<|/name|>", "</s>", "<<SYS>>", "<</SYS>>", "<｜User｜>"] {
+        for token in [
+            "<|im_start|>",
+            "<|name>",
+            "<|/name|>",
+            "</s>",
+            "<<SYS>>",
+            "<</SYS>>",
+            "<｜User｜>",
+        ] {
             assert!(!encode_untrusted(token, NONCE).contains('<'), "{token}");
         }
     }
@@ -191,9 +212,16 @@ mod tests {
     fn nonce_copies_are_split_even_in_a_forged_envelope() {
         let forged = envelope("x", NONCE);
         let twice = envelope(&forged, NONCE);
-        let body = twice.split('\n').skip(2).take(4).collect::<Vec<_>>().join("\n");
+        let body = twice
+            .split('\n')
+            .skip(2)
+            .take(4)
+            .collect::<Vec<_>>()
+            .join("\n");
         assert!(!body.contains(NONCE));
-        assert!(body.starts_with("The text inside the untrusted_input_0 123456789abcdef0123456789abcdef XML tags"));
+        assert!(body.starts_with(
+            "The text inside the untrusted_input_0 123456789abcdef0123456789abcdef XML tags"
+        ));
         assert!(body.contains("&lt;/untrusted_input_0 123456789abcdef0123456789abcdef>"));
         assert_eq!(twice.matches('<').count(), 2);
     }

@@ -138,7 +138,9 @@ pub(crate) fn make_proxy(lua: &Lua, path: Vec<Key>) -> mlua::Result<Table> {
     mt.raw_set(
         "__index",
         host_fn(lua, move |lua, args| -> Result<Value, Raise> {
-            let Some(key) = to_key(&arg(&args, 1)) else { return Ok(Value::Nil) };
+            let Some(key) = to_key(&arg(&args, 1)) else {
+                return Ok(Value::Nil);
+            };
             let sec = section(lua)?;
             let var = sec.var.borrow();
             let mut full = read_path.clone();
@@ -158,7 +160,11 @@ pub(crate) fn make_proxy(lua: &Lua, path: Vec<Key>) -> mlua::Result<Table> {
         "__newindex",
         host_fn(lua, move |lua, args| -> Result<(), Raise> {
             let Some(key) = to_key(&arg(&args, 1)) else {
-                return Err(HostError::lua(format!("{} keys must be strings or integers", path_text(&write_path))).into());
+                return Err(HostError::lua(format!(
+                    "{} keys must be strings or integers",
+                    path_text(&write_path)
+                ))
+                .into());
             };
             let mut full = write_path.clone();
             full.push(key.clone());
@@ -174,12 +180,21 @@ pub(crate) fn make_proxy(lua: &Lua, path: Vec<Key>) -> mlua::Result<Table> {
             }
             match lookup_mut(&mut var, &write_path) {
                 Some(node) => assign(node, key, json),
-                None => return Err(HostError::lua(format!("{} no longer exists", path_text(&write_path))).into()),
+                None => {
+                    return Err(HostError::lua(format!(
+                        "{} no longer exists",
+                        path_text(&write_path)
+                    ))
+                    .into())
+                }
             }
             Ok(())
         })?,
     )?;
-    mt.raw_set("__len", lua.create_function(|_, _: mlua::MultiValue| Ok(0))?)?;
+    mt.raw_set(
+        "__len",
+        lua.create_function(|_, _: mlua::MultiValue| Ok(0))?,
+    )?;
     mt.raw_set("__metatable", "var is guarded")?;
     proxy.set_metatable(Some(mt))?;
     Ok(proxy)
@@ -187,7 +202,9 @@ pub(crate) fn make_proxy(lua: &Lua, path: Vec<Key>) -> mlua::Result<Table> {
 
 /// Check the `var` global was not reassigned (the read-back rule).
 pub(crate) fn check_var_global(lua: &Lua) -> Result<(), String> {
-    let root: Table = lua.named_registry_value("pf.var_root").map_err(|e| e.to_string())?;
+    let root: Table = lua
+        .named_registry_value("pf.var_root")
+        .map_err(|e| e.to_string())?;
     match lua.globals().raw_get::<Value>("var") {
         Ok(Value::Table(t)) if t == root => Ok(()),
         _ => Err("the `var` global was reassigned; write `var.<field>` instead".to_string()),

@@ -59,7 +59,15 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
             Ok(!s.starts_with(b"=") && !s.starts_with(b"@"))
         })?,
     )?;
-    let h: Table = lua.load(PRELUDE).set_name("=[promptforge prelude]").call(h)?;
+    let cancel_flag = sec.run.cancel.clone();
+    h.raw_set(
+        "cancelled",
+        lua.create_function(move |_, ()| Ok(cancel_flag.is_cancelled()))?,
+    )?;
+    let h: Table = lua
+        .load(PRELUDE)
+        .set_name("=[promptforge prelude]")
+        .call(h)?;
     lua.set_named_registry_value("pf.helpers", h.clone())?;
 
     let g = lua.globals();
@@ -116,7 +124,10 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     }
     // 5. jump and list_from_section
     g.raw_set("jump", crate::walk::make_jump(&lua)?)?;
-    g.raw_set("list_from_section", crate::walk::make_list_from_section(&lua)?)?;
+    g.raw_set(
+        "list_from_section",
+        crate::walk::make_list_from_section(&lua)?,
+    )?;
     // 6. suspending calls
     g.raw_set("call", crate::walk::make_call(&lua)?)?;
     g.raw_set("input", make_input(&lua)?)?;
@@ -124,7 +135,7 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     // prose
     h.raw_set(
         "prose_read",
-        host_fn(&lua, |lua, _| Ok(crate::walk::read_prose(lua)?))?,
+        host_fn(&lua, |lua, _| crate::walk::read_prose(lua))?,
     )?;
     lua.load(ENV).set_name("=[promptforge env]").call::<()>(h)?;
     Ok(lua)
@@ -136,11 +147,17 @@ pub(crate) fn install_name_globals(lua: &Lua) -> mlua::Result<()> {
     let g = lua.globals();
     for label in sec.run.roles.iter().map(|r| r.label.clone()) {
         if sec.run.model.is_some() {
-            g.raw_set(label.as_str(), crate::models::make_handle(lua, &label, None)?)?;
+            g.raw_set(
+                label.as_str(),
+                crate::models::make_handle(lua, &label, None)?,
+            )?;
         }
     }
     for b in &sec.run.bound {
-        g.raw_set(b.alias.as_str(), crate::tools::make_tool_object(lua, &b.alias)?)?;
+        g.raw_set(
+            b.alias.as_str(),
+            crate::tools::make_tool_object(lua, &b.alias)?,
+        )?;
     }
     Ok(())
 }
@@ -164,14 +181,18 @@ fn make_sys(lua: &Lua) -> mlua::Result<Table> {
                 "section_name" => Value::String(lua.create_string(&sec.name)?),
                 "execution" => Value::String(lua.create_string(&run.execution)?),
                 "section_count" => Value::Integer(run.section_count as i64),
-                "model" if sec.sys_model_readable.get() && crate::models::section_has_model(&sec) => {
+                "model"
+                    if sec.sys_model_readable.get() && crate::models::section_has_model(&sec) =>
+                {
                     match &run.model {
                         Some(m) => Value::String(lua.create_string(m.info().id)?),
                         None => Value::Nil,
                     }
                 }
                 _ => {
-                    return Err(HostError::lua(format!("runtime error: unknown sys field '{key}'")).into())
+                    return Err(
+                        HostError::lua(format!("runtime error: unknown sys field '{key}'")).into(),
+                    )
                 }
             };
             Ok(v)
@@ -200,7 +221,9 @@ fn make_log(lua: &Lua) -> mlua::Result<mlua::Function> {
         let sec = section(lua)?;
         let quota = sec.run.log_event_quota;
         if sec.log_events.get() >= quota {
-            return Err(HostError::lua("lua log event budget exceeded").run_kind(crate::RunErrorKind::Quota).into());
+            return Err(HostError::lua("lua log event budget exceeded")
+                .run_kind(crate::RunErrorKind::Quota)
+                .into());
         }
         sec.log_events.set(sec.log_events.get() + 1);
         let msg = match arg(&args, 0) {
@@ -213,16 +236,27 @@ fn make_log(lua: &Lua) -> mlua::Result<mlua::Function> {
         if msg.chars().count() > 256 {
             return Err(HostError::lua("log message must be at most 256 characters").into());
         }
-        if msg.chars().any(|c| c.is_control() || c == '\u{2028}' || c == '\u{2029}') {
-            return Err(HostError::lua("log message must not contain newline or control characters").into());
+        if msg
+            .chars()
+            .any(|c| c.is_control() || c == '\u{2028}' || c == '\u{2029}')
+        {
+            return Err(HostError::lua(
+                "log message must not contain newline or control characters",
+            )
+            .into());
         }
         let bytes = sec.log_bytes.get() + msg.len() as u64;
         if bytes > u64::from(quota) * 256 {
-            return Err(HostError::lua("lua log cumulative byte budget exceeded").run_kind(crate::RunErrorKind::Quota).into());
+            return Err(HostError::lua("lua log cumulative byte budget exceeded")
+                .run_kind(crate::RunErrorKind::Quota)
+                .into());
         }
         sec.log_bytes.set(bytes);
         tracing::info!(section = %sec.name, "checkpoint: {msg}");
-        sec.run.checkpoints.borrow_mut().push(crate::Checkpoint { section: sec.name.clone(), message: msg });
+        sec.run.checkpoints.borrow_mut().push(crate::Checkpoint {
+            section: sec.name.clone(),
+            message: msg,
+        });
         Ok(())
     })
 }
@@ -250,9 +284,12 @@ fn make_input(lua: &Lua) -> mlua::Result<Table> {
             match answer {
                 Ok(Some(text)) => Ok((text, true)),
                 Ok(None) => Ok((INPUT_UNAVAILABLE.to_string(), false)),
-                Err(msg) => Err(HostError::new("internal", format!("user input request was not answered: {msg}"))
-                    .run_kind(crate::RunErrorKind::Input)
-                    .into()),
+                Err(msg) => Err(HostError::new(
+                    "internal",
+                    format!("user input request was not answered: {msg}"),
+                )
+                .run_kind(crate::RunErrorKind::Input)
+                .into()),
             }
         })?,
     )?;
@@ -261,7 +298,8 @@ fn make_input(lua: &Lua) -> mlua::Result<Table> {
 
 /// Convert a Lua value to JSON for `var`, with the guard's message.
 pub(crate) fn var_json(value: &Value, path: &str) -> Result<serde_json::Value, HostError> {
-    lua_to_json(value, path).map_err(|e| HostError::lua(format!("{} must be JSON data, got {}", e.path, e.found)))
+    lua_to_json(value, path)
+        .map_err(|e| HostError::lua(format!("{} must be JSON data, got {}", e.path, e.found)))
 }
 
 /// The mapped helper table (for modules that need H).

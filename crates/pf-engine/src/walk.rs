@@ -33,7 +33,13 @@ impl Failure {
         Failure::Error(RunError::new(RunErrorKind::Lua, message), None)
     }
     fn internal(e: impl std::fmt::Display) -> Self {
-        Failure::Error(RunError::new(RunErrorKind::Internal, format!("internal invariant violated: {e}")), None)
+        Failure::Error(
+            RunError::new(
+                RunErrorKind::Internal,
+                format!("internal invariant violated: {e}"),
+            ),
+            None,
+        )
     }
 }
 
@@ -63,7 +69,13 @@ pub(crate) struct EntrySpec {
 
 impl EntrySpec {
     fn section(chain: &Chain, path: Vec<usize>, s: &Section) -> Self {
-        EntrySpec { name: s.name.clone(), id: chain.next_entry_id(), is_h1: false, path, blocks: s.blocks.clone() }
+        EntrySpec {
+            name: s.name.clone(),
+            id: chain.next_entry_id(),
+            is_h1: false,
+            path,
+            blocks: s.blocks.clone(),
+        }
     }
 }
 
@@ -86,14 +98,30 @@ pub(crate) async fn run_main(run: Rc<RunCtx>) -> Outcome {
     ));
     // The H1 pass is always entry 0.0, whether or not it runs.
     let h1_id = main.next_entry_id();
-    let mut start = if prompt.sections.is_empty() { None } else { Some(vec![0]) };
+    let mut start = if prompt.sections.is_empty() {
+        None
+    } else {
+        Some(vec![0])
+    };
     if h1_runs(&prompt) {
-        let spec = EntrySpec { name: prompt.title.clone(), id: h1_id, is_h1: true, path: Vec::new(), blocks: prompt.h1_blocks.clone() };
+        let spec = EntrySpec {
+            name: prompt.title.clone(),
+            id: h1_id,
+            is_h1: true,
+            path: Vec::new(),
+            blocks: prompt.h1_blocks.clone(),
+        };
         match run_entry(Rc::clone(&run), Rc::clone(&main), spec).await {
             EntryEnd::Return(t) => return finish(&run, &main, Outcome::Completed(t)),
             EntryEnd::Jump(target) => match resolve_heading(&prompt, &[], &target) {
                 Ok((path, _)) => start = Some(path),
-                Err(m) => return finish(&run, &main, Outcome::Failed(RunError::new(RunErrorKind::Lua, m))),
+                Err(m) => {
+                    return finish(
+                        &run,
+                        &main,
+                        Outcome::Failed(RunError::new(RunErrorKind::Lua, m)),
+                    )
+                }
             },
             EntryEnd::FallThrough => {}
             EntryEnd::Fail(f) => return finish(&run, &main, failure_outcome(f)),
@@ -139,7 +167,11 @@ fn siblings<'p>(prompt: &'p Prompt, parent: &[usize]) -> &'p [Section] {
 /// siblings, descend into a child walk on a jump to a child, and resume the parent
 /// level after the jumper when a child level runs out. `Ok(None)` means the walk
 /// ran off its last section without a result.
-pub(crate) async fn walk_chain(run: &Rc<RunCtx>, chain: &Rc<Chain>, start: Vec<usize>) -> Result<Option<String>, Failure> {
+pub(crate) async fn walk_chain(
+    run: &Rc<RunCtx>,
+    chain: &Rc<Chain>,
+    start: Vec<usize>,
+) -> Result<Option<String>, Failure> {
     let prompt = Arc::clone(&run.prompt);
     let Some((first, parent)) = start.split_last() else {
         return Err(Failure::internal("a walk must start at a section"));
@@ -150,7 +182,9 @@ pub(crate) async fn walk_chain(run: &Rc<RunCtx>, chain: &Rc<Chain>, start: Vec<u
         if run.cancel.is_cancelled() {
             return Err(Failure::Cancelled);
         }
-        let Some((parent, index)) = levels.last().cloned() else { return Ok(None) };
+        let Some((parent, index)) = levels.last().cloned() else {
+            return Ok(None);
+        };
         let level = siblings(&prompt, &parent);
         let Some(section) = level.get(index) else {
             levels.pop();
@@ -170,7 +204,8 @@ pub(crate) async fn walk_chain(run: &Rc<RunCtx>, chain: &Rc<Chain>, start: Vec<u
                 }
             }
             EntryEnd::Jump(target) => {
-                let (target_path, _) = resolve_heading(&prompt, &path, &target).map_err(Failure::lua)?;
+                let (target_path, _) =
+                    resolve_heading(&prompt, &path, &target).map_err(Failure::lua)?;
                 let Some((target_index, target_parent)) = target_path.split_last() else {
                     return Err(Failure::internal("a heading resolved to the H1 body"));
                 };
@@ -185,10 +220,20 @@ pub(crate) async fn walk_chain(run: &Rc<RunCtx>, chain: &Rc<Chain>, start: Vec<u
     }
 }
 
-fn run_entry(run: Rc<RunCtx>, chain: Rc<Chain>, spec: EntrySpec) -> Pin<Box<dyn Future<Output = EntryEnd>>> {
+fn run_entry(
+    run: Rc<RunCtx>,
+    chain: Rc<Chain>,
+    spec: EntrySpec,
+) -> Pin<Box<dyn Future<Output = EntryEnd>>> {
     Box::pin(async move {
         let var = chain.var.borrow().clone();
-        let sec = Rc::new(SectionCtx::new(run, spec.name.clone(), spec.id.clone(), spec.is_h1, var));
+        let sec = Rc::new(SectionCtx::new(
+            run,
+            spec.name.clone(),
+            spec.id.clone(),
+            spec.is_h1,
+            var,
+        ));
         *sec.chain.borrow_mut() = Rc::clone(&chain);
         *sec.path.borrow_mut() = spec.path.clone();
         let end = run_entry_in(&sec, &spec).await;
@@ -215,7 +260,11 @@ async fn run_entry_in(sec: &Rc<SectionCtx>, spec: &EntrySpec) -> EntryEnd {
         }
         match end {
             BlockEnd::Value(_) => {}
-            BlockEnd::Jump(_) => return EntryEnd::Fail(Failure::lua("jump is not available during shared library load")),
+            BlockEnd::Jump(_) => {
+                return EntryEnd::Fail(Failure::lua(
+                    "jump is not available during shared library load",
+                ))
+            }
             BlockEnd::Fail(f) => return EntryEnd::Fail(f),
         }
     }
@@ -260,7 +309,12 @@ fn freeze_argv(lua: &Lua, sec: &SectionCtx, end: EntryEnd) -> EntryEnd {
     match crate::json::lua_to_json(&value, "argv") {
         Ok(Json::Null) => *sec.chain.borrow().argv.borrow_mut() = None,
         Ok(j) => *sec.chain.borrow().argv.borrow_mut() = Some(j),
-        Err(e) => return EntryEnd::Fail(Failure::lua(format!("{} must be JSON data, got {}", e.path, e.found))),
+        Err(e) => {
+            return EntryEnd::Fail(Failure::lua(format!(
+                "{} must be JSON data, got {}",
+                e.path, e.found
+            )))
+        }
     }
     end
 }
@@ -288,7 +342,9 @@ fn raised_text(lua: &Lua, payload: &Value) -> String {
         Value::Nil => "nil".to_string(),
         other => {
             let has_tostring = match other {
-                Value::Table(t) => t.metatable().is_some_and(|m| m.contains_key("__tostring").unwrap_or(false)),
+                Value::Table(t) => t
+                    .metatable()
+                    .is_some_and(|m| m.contains_key("__tostring").unwrap_or(false)),
                 Value::UserData(_) | Value::Error(_) => true,
                 _ => false,
             };
@@ -300,7 +356,8 @@ fn raised_text(lua: &Lua, payload: &Value) -> String {
             } else {
                 None
             };
-            rendered.unwrap_or_else(|| format!("(error object is a {} value)", lua_type_name(other)))
+            rendered
+                .unwrap_or_else(|| format!("(error object is a {} value)", lua_type_name(other)))
         }
     }
 }
@@ -318,7 +375,12 @@ async fn run_block(lua: &Lua, sec: &Rc<SectionCtx>, block: &LuaBlock) -> BlockEn
     // Pad with newlines so Lua's own line numbers are the prompt file's lines.
     let padding = "\n".repeat(block.first_line.saturating_sub(1) as usize);
     let source = format!("{padding}{}", block.source);
-    let func = match lua.load(source).set_name(block.label.clone()).set_mode(ChunkMode::Text).into_function() {
+    let func = match lua
+        .load(source)
+        .set_name(block.label.clone())
+        .set_mode(ChunkMode::Text)
+        .into_function()
+    {
         Ok(f) => f,
         Err(e) => return fail(sec, RunErrorKind::Lua, crate::ctx::mlua_message(&e), None),
     };
@@ -391,7 +453,12 @@ async fn run_block(lua: &Lua, sec: &Rc<SectionCtx>, block: &LuaBlock) -> BlockEn
 }
 
 /// A block failure, with the H1 pass's hard gate applied.
-fn fail(sec: &SectionCtx, kind: RunErrorKind, message: String, value: Option<HostError>) -> BlockEnd {
+fn fail(
+    sec: &SectionCtx,
+    kind: RunErrorKind,
+    message: String,
+    value: Option<HostError>,
+) -> BlockEnd {
     let kind = if sec.is_h1 && kind == RunErrorKind::Lua && !sec.loading_shared.get() {
         RunErrorKind::RequirementsUnmet
     } else {
@@ -404,7 +471,10 @@ fn fail(sec: &SectionCtx, kind: RunErrorKind, message: String, value: Option<Hos
 fn target_arg(args: &MultiValue) -> Result<String, HostError> {
     match arg(args, 0) {
         Value::String(s) => Ok(s.to_string_lossy()),
-        other => Err(HostError::lua(format!("section target must be a string, got {}", lua_type_name(&other)))),
+        other => Err(HostError::lua(format!(
+            "section target must be a string, got {}",
+            lua_type_name(&other)
+        ))),
     }
 }
 
@@ -438,7 +508,11 @@ pub(crate) fn make_list_from_section(lua: &Lua) -> mlua::Result<Function> {
         let caller = sec.path.borrow().clone();
         let (_, found) = resolve_heading(&prompt, &caller, &target).map_err(HostError::lua)?;
         let Some(items) = &found.list_items else {
-            return Err(HostError::lua(format!("section `{}` has no pre-parsed items", found.name)).into());
+            return Err(HostError::lua(format!(
+                "section `{}` has no pre-parsed items",
+                found.name
+            ))
+            .into());
         };
         let t = lua.create_table()?;
         for (k, item) in items.iter().enumerate() {
@@ -459,7 +533,9 @@ fn chain_argv(sec: &SectionCtx, lua: &Lua, input: &Option<String>) -> Result<Opt
         return match crate::json::lua_to_json(&current, "argv") {
             Ok(Json::Null) => Ok(None),
             Ok(j) => Ok(Some(j)),
-            Err(e) => Err(HostError::lua(format!("{} must be JSON data, got {}", e.path, e.found)).into()),
+            Err(e) => {
+                Err(HostError::lua(format!("{} must be JSON data, got {}", e.path, e.found)).into())
+            }
         };
     }
     Ok(sec.chain.borrow().argv.borrow().clone())
@@ -475,10 +551,15 @@ pub(crate) fn make_call(lua: &Lua) -> mlua::Result<Function> {
         };
         let prompt = Arc::clone(&sec.run.prompt);
         let caller = sec.path.borrow().clone();
-        let (target_path, _) = resolve_heading(&prompt, &caller, &target).map_err(HostError::lua)?;
+        let (target_path, _) =
+            resolve_heading(&prompt, &caller, &target).map_err(HostError::lua)?;
         let parent = Rc::clone(&sec.chain.borrow());
         if parent.depth >= DEPTH_CAP {
-            return Err(HostError::lua(format!("call recursion exceeded cap of {DEPTH_CAP}")).located().into());
+            return Err(
+                HostError::lua(format!("call recursion exceeded cap of {DEPTH_CAP}"))
+                    .located()
+                    .into(),
+            );
         }
         // The called chain takes its copy of var now: the var global must still be in place.
         crate::var::check_var_global(&lua).map_err(HostError::lua)?;
@@ -494,7 +575,9 @@ pub(crate) fn make_call(lua: &Lua) -> mlua::Result<Function> {
             Ok(result) => Ok(result.unwrap_or_default()),
             Err(Failure::Cancelled) => Err(crate::ctx::cancelled_error().into()),
             Err(Failure::Error(_, Some(value))) => Err(value.into()),
-            Err(Failure::Error(e, None)) => Err(HostError::lua(e.message).run_kind(e.kind).located().into()),
+            Err(Failure::Error(e, None)) => {
+                Err(HostError::lua(e.message).run_kind(e.kind).located().into())
+            }
         }
     })
 }
@@ -526,7 +609,11 @@ mod tests {
 
     #[async_trait::async_trait]
     impl InputBroker for SilentOperator {
-        async fn ask(&self, _question: &str, cancel: CancellationToken) -> Result<Option<String>, String> {
+        async fn ask(
+            &self,
+            _question: &str,
+            cancel: CancellationToken,
+        ) -> Result<Option<String>, String> {
             cancel.cancelled().await;
             Ok(None)
         }
@@ -537,7 +624,11 @@ mod tests {
 
     #[async_trait::async_trait]
     impl InputBroker for BrokenOperator {
-        async fn ask(&self, _question: &str, _cancel: CancellationToken) -> Result<Option<String>, String> {
+        async fn ask(
+            &self,
+            _question: &str,
+            _cancel: CancellationToken,
+        ) -> Result<Option<String>, String> {
             Err("the terminal went away".to_string())
         }
     }
@@ -572,48 +663,89 @@ mod tests {
                 cancel.cancel();
             });
         }
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
         runtime.block_on(run(prompt(body), setup)).outcome
     }
 
     #[test]
     fn a_busy_loop_is_cancelled() {
         let body = "## Loop\n\n```lua\nlocal n = 0\nwhile true do n = n + 1 end\n```\n";
-        assert_eq!(run_prompt(body, HostServices::default(), Some(Duration::from_millis(200))), Outcome::Cancelled);
+        assert_eq!(
+            run_prompt(
+                body,
+                HostServices::default(),
+                Some(Duration::from_millis(200))
+            ),
+            Outcome::Cancelled
+        );
     }
 
     #[test]
     fn pcall_cannot_keep_a_cancelled_run_going() {
-        let body = "## Loop\n\n```lua\nwhile true do pcall(function() while true do end end) end\n```\n";
-        assert_eq!(run_prompt(body, HostServices::default(), Some(Duration::from_millis(200))), Outcome::Cancelled);
+        let body =
+            "## Loop\n\n```lua\nwhile true do pcall(function() while true do end end) end\n```\n";
+        assert_eq!(
+            run_prompt(
+                body,
+                HostServices::default(),
+                Some(Duration::from_millis(200))
+            ),
+            Outcome::Cancelled
+        );
     }
 
     #[test]
     fn a_busy_h1_pass_is_cancelled() {
         let body = "```lua\nwhile true do end\n```\n\n## Never\n\n```lua\nreturn 'x'\n```\n";
-        assert_eq!(run_prompt(body, HostServices::default(), Some(Duration::from_millis(200))), Outcome::Cancelled);
+        assert_eq!(
+            run_prompt(
+                body,
+                HostServices::default(),
+                Some(Duration::from_millis(200))
+            ),
+            Outcome::Cancelled
+        );
     }
 
     #[test]
     fn a_cancel_reaches_a_called_chain() {
         let body = "## Main\n\n```lua\nreturn call('## Spin')\n```\n\n## Spin\n\n```lua\nwhile true do end\n```\n";
-        assert_eq!(run_prompt(body, HostServices::default(), Some(Duration::from_millis(200))), Outcome::Cancelled);
+        assert_eq!(
+            run_prompt(
+                body,
+                HostServices::default(),
+                Some(Duration::from_millis(200))
+            ),
+            Outcome::Cancelled
+        );
     }
 
     #[test]
     fn a_cancel_stops_a_wait_for_input() {
-        let services = HostServices { input_broker: Some(Arc::new(SilentOperator)) };
+        let services = HostServices {
+            input_broker: Some(Arc::new(SilentOperator)),
+        };
         let body = "## Ask\n\n```lua\nlocal ok, err = pcall(input.ask, 'q')\nvar.kind = err.kind\nreturn 'after the wait'\n```\n";
-        assert_eq!(run_prompt(body, services, Some(Duration::from_millis(200))), Outcome::Cancelled);
+        assert_eq!(
+            run_prompt(body, services, Some(Duration::from_millis(200))),
+            Outcome::Cancelled
+        );
     }
 
     #[test]
     fn a_failed_input_source_is_internal_then_input() {
-        let services = HostServices { input_broker: Some(Arc::new(BrokenOperator)) };
+        let services = HostServices {
+            input_broker: Some(Arc::new(BrokenOperator)),
+        };
         let caught = "## Ask\n\n```lua\nlocal ok, err = pcall(input.ask, 'q')\nreturn err.kind .. ': ' .. tostring(err)\n```\n";
         assert_eq!(
             run_prompt(caught, services.clone(), None),
-            Outcome::Completed("internal: user input request was not answered: the terminal went away".into())
+            Outcome::Completed(
+                "internal: user input request was not answered: the terminal went away".into()
+            )
         );
         let uncaught = "## Ask\n\n```lua\nreturn input.ask('q')\n```\n";
         assert_eq!(
@@ -628,7 +760,10 @@ mod tests {
     #[test]
     fn a_run_completes_without_a_cancel() {
         let body = "## Only\n\n```lua\nfor i = 1, 100000 do end\nreturn 'done counting'\n```\n";
-        assert_eq!(run_prompt(body, HostServices::default(), None), Outcome::Completed("done counting".into()));
+        assert_eq!(
+            run_prompt(body, HostServices::default(), None),
+            Outcome::Completed("done counting".into())
+        );
     }
 
     #[test]
@@ -642,7 +777,13 @@ mod tests {
 
     #[test]
     fn refused_log_calls_read_as_quotas() {
-        assert_eq!(quota_message("lua log event budget exceeded"), "lua log event quota exceeded");
-        assert_eq!(quota_message("lua log cumulative byte budget exceeded"), "lua log byte quota exceeded");
+        assert_eq!(
+            quota_message("lua log event budget exceeded"),
+            "lua log event quota exceeded"
+        );
+        assert_eq!(
+            quota_message("lua log cumulative byte budget exceeded"),
+            "lua log byte quota exceeded"
+        );
     }
 }

@@ -166,8 +166,16 @@ local function memory_error()
   collectgarbage('collect')
   return H.make_error('lua', MEMORY)
 end
+-- After a host cancel nothing may swallow the interrupt: raise it on, past every pcall.
+local function check_cancel(e)
+  local cancelled = H.cancelled
+  if cancelled and cancelled() then error(e, 0) end
+end
 local function caught(ok, ...)
-  if not ok and rawequal((...), MEMORY) then return false, memory_error() end
+  if not ok then
+    check_cancel((...))
+    if rawequal((...), MEMORY) then return false, memory_error() end
+  end
   return ok, ...
 end
 local base_pcall, base_xpcall = pcall, xpcall
@@ -175,11 +183,11 @@ local function sandbox_pcall(f, ...)
   return caught(base_pcall(f, ...))
 end
 local function sandbox_xpcall(f, handler, ...)
-  if type(handler) ~= 'function' then return base_xpcall(f, handler, ...) end
-  return base_xpcall(f, function(e)
+  if type(handler) ~= 'function' then return caught(base_xpcall(f, handler, ...)) end
+  return caught(base_xpcall(f, function(e)
     if rawequal(e, MEMORY) then e = memory_error() end
     return handler(e)
-  end, ...)
+  end, ...))
 end
 
 -- Block runner: returns true, results... or false, error value, line info.
