@@ -162,7 +162,24 @@ pub(crate) fn error_table(lua: &Lua, helpers: &Table, e: &HostError) -> mlua::Re
         let located: Table = helpers.get("located")?;
         located.raw_set(t.clone(), true)?;
     }
+    // Remember how many suspending calls the section had made when the value was built.
+    let born: Table = helpers.get("born")?;
+    born.raw_set(
+        t.clone(),
+        helpers.get::<Option<i64>>("suspends")?.unwrap_or(0),
+    )?;
     Ok(t)
+}
+
+/// How a value raised again after another suspending call ends the run: rebuilt
+/// from its kind and fields alone (guide ch. 17, "Raising a caught error again").
+fn rebuilt_run_kind(kind: &str, has_reason: bool) -> RunErrorKind {
+    match kind {
+        "tool_loop_exhausted" | "tool" => RunErrorKind::Tool,
+        "empty_model_reply" => RunErrorKind::Completion,
+        "context_exhausted" if has_reason => RunErrorKind::ContextExhausted,
+        _ => RunErrorKind::Lua,
+    }
 }
 
 /// The twelve error kinds, as static names (anything else reads as `lua`).
@@ -189,6 +206,9 @@ pub(crate) struct ErrorInfo {
     pub kind: String,
     pub message: String,
     pub run_kind: RunErrorKind,
+    /// False for the task errors, which stay `Lua` in the H1 pass instead of
+    /// becoming `RequirementsUnmet`.
+    pub gated: bool,
     pub located: bool,
     /// The same value, rebuilt so it can be raised again in another section VM.
     pub value: HostError,
@@ -207,7 +227,28 @@ pub(crate) fn read_error_value(helpers: &Table, v: &Value) -> Option<ErrorInfo> 
     let explicit = kinds
         .and_then(|k| k.raw_get::<Option<String>>(t.clone()).ok().flatten())
         .and_then(|s| RunErrorKind::from_str(&s));
-    let run_kind = explicit.unwrap_or_else(|| HostError::default_run_kind(&kind));
+    let born: Option<i64> = helpers
+        .get::<Table>("born")
+        .ok()
+        .and_then(|b| b.raw_get::<Option<i64>>(t.clone()).ok().flatten());
+    let now: i64 = helpers
+        .get::<Option<i64>>("suspends")
+        .ok()
+        .flatten()
+        .unwrap_or(0);
+    let stale = born.is_some_and(|b| b != now);
+    let has_field = |name: &str| matches!(t.raw_get::<Value>(name), Ok(Value::String(_)));
+    let run_kind = if stale {
+        rebuilt_run_kind(&kind, has_field("reason"))
+    } else {
+        explicit.unwrap_or_else(|| HostError::default_run_kind(&kind))
+    };
+    let gated = match kind.as_str() {
+        "task_not_owned" | "task_consumed" => stale && !has_field("task"),
+        "tasks_live" => stale,
+        "cancelled" => !has_field("task"),
+        _ => true,
+    };
     let located = helpers
         .get::<Table>("located")
         .ok()
@@ -225,6 +266,7 @@ pub(crate) fn read_error_value(helpers: &Table, v: &Value) -> Option<ErrorInfo> 
         kind,
         message,
         run_kind,
+        gated,
         located,
         value,
     })

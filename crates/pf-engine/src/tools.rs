@@ -134,7 +134,9 @@ fn make_calls_proxy(lua: &Lua) -> mlua::Result<Table> {
             let mut seeded: Vec<String> = counts.iter().map(|(k, _)| k.clone()).collect();
             seeded.sort();
             let mut msg = format!("tools.calls: \"{key}\" has no seeded count; seeded aliases: {}", list_text(&seeded));
-            if sec.run.bound(&key).is_some() {
+            // A bound alias already in the scope was scoped after the latest call:
+            // the bound-slot ending would wrongly say it was never added.
+            if sec.run.bound(&key).is_some() && !sec.bound_scope().contains(&key) {
                 msg.push_str(" (alias is a bound tool slot but was neither added to this section's scope nor dispatched by tools.call)");
             } else if !counts.is_empty() {
                 msg.push_str(" - check for typos or add it via tools.add");

@@ -52,6 +52,12 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     weak.raw_set("__mode", "k")?;
     located.set_metatable(Some(weak))?;
     h.raw_set("located", located)?;
+    let born = lua.create_table()?;
+    let weak = lua.create_table()?;
+    weak.raw_set("__mode", "k")?;
+    born.set_metatable(Some(weak))?;
+    h.raw_set("born", born)?;
+    h.raw_set("suspends", 0)?;
     h.raw_set(
         "is_region",
         lua.create_function(|_, src: mlua::String| {

@@ -442,6 +442,11 @@ async fn run_block(lua: &Lua, sec: &Rc<SectionCtx>, block: &LuaBlock) -> BlockEn
         };
         value.message = message.clone();
         value.located = true;
+        if !info.gated {
+            // Task errors keep their kind in the H1 pass too.
+            let error = RunError::new(info.run_kind, message);
+            return BlockEnd::Fail(Failure::Error(error, Some(value)));
+        }
         return fail(sec, info.run_kind, message, Some(value));
     }
     let message = raised_text(lua, &payload);
@@ -752,6 +757,29 @@ mod tests {
             run_prompt(uncaught, services, None),
             Outcome::Failed(RunError::new(
                 RunErrorKind::Input,
+                "user input request was not answered: the terminal went away"
+            ))
+        );
+    }
+
+    #[test]
+    fn an_input_failure_raised_again_later_is_rebuilt_as_lua() {
+        let services = HostServices {
+            input_broker: Some(Arc::new(BrokenOperator)),
+        };
+        let at_once = "## Ask\n\n```lua\nlocal ok, err = pcall(input.ask, 'q')\nerror(err)\n```\n";
+        assert_eq!(
+            run_prompt(at_once, services.clone(), None),
+            Outcome::Failed(RunError::new(
+                RunErrorKind::Input,
+                "user input request was not answered: the terminal went away"
+            ))
+        );
+        let later = "## Ask\n\n```lua\nlocal ok, err = pcall(input.ask, 'q')\nstore.write('a.txt', 'x')\nerror(err)\n```\n";
+        assert_eq!(
+            run_prompt(later, services, None),
+            Outcome::Failed(RunError::new(
+                RunErrorKind::Lua,
                 "user input request was not answered: the terminal went away"
             ))
         );

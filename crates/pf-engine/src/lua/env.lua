@@ -42,28 +42,33 @@ end
 -- The sandbox has no coroutine library, whatever the runtime loaded for itself.
 if rawget(G, 'coroutine') ~= nil then rawset(G, 'coroutine', nil) end
 
--- The shared library's top-level code runs directly, not as a block: the calls that
--- wait on the host (other than the store's) refuse while it loads.
-local function refuse_while_loading(f)
+-- Suspending calls are counted, so an error value raised again after a later one is
+-- classified from its kind alone. The shared library's top-level code runs directly,
+-- not as a block: there the calls that wait on the host, other than the store's,
+-- refuse.
+local function suspending(f, refuse_at_load)
   return function(...)
-    if H.loading_shared then error('attempt to yield from outside a coroutine', 2) end
+    if refuse_at_load and H.loading_shared then error('attempt to yield from outside a coroutine', 2) end
+    H.suspends = H.suspends + 1
     return f(...)
   end
 end
-local function guard(t, name)
+local function guard(t, name, refuse_at_load)
   if type(t) == 'table' and type(rawget(t, name)) == 'function' then
-    rawset(t, name, refuse_while_loading(rawget(t, name)))
+    rawset(t, name, suspending(rawget(t, name), refuse_at_load))
   end
 end
-guard(rawget(G, 'models'), 'infer')
-guard(rawget(G, 'models'), 'loop')
-guard(rawget(G, 'tools'), 'call')
-guard(rawget(G, 'input'), 'ask')
-guard(G, 'call')
-guard(G, 'fanout')
-local tasks = rawget(G, 'tasks')
-if type(tasks) == 'table' then
+local function guard_all(t, refuse_at_load)
+  if type(t) ~= 'table' then return end
   local names = {}
-  for k in next, tasks do names[#names + 1] = k end
-  for i = 1, #names do guard(tasks, names[i]) end
+  for k in next, t do names[#names + 1] = k end
+  for i = 1, #names do guard(t, names[i], refuse_at_load) end
 end
+guard(rawget(G, 'models'), 'infer', true)
+guard(rawget(G, 'models'), 'loop', true)
+guard(rawget(G, 'tools'), 'call', true)
+guard(rawget(G, 'input'), 'ask', true)
+guard(G, 'call', true)
+guard(G, 'fanout', true)
+guard_all(rawget(G, 'tasks'), true)
+guard_all(rawget(G, 'store'), false)
