@@ -105,6 +105,12 @@ fn sys_object(sec: &SectionCtx) -> Json {
         "section_count".into(),
         Json::from(sec.run.section_count as u64),
     );
+    // sys.model exists only once the section's first tool call made it readable.
+    if sec.sys_model_readable.get() && crate::models::section_has_model(sec) {
+        if let Some(model) = &sec.run.model {
+            m.insert("model".into(), Json::String(model.info().id));
+        }
+    }
     Json::Object(m)
 }
 
