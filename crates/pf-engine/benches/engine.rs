@@ -42,19 +42,29 @@ fn loop_prompt() -> String {
 fn scripted(rounds: usize) -> Arc<dyn ModelProvider> {
     let mut replies: Vec<ScriptedReply> = Vec::new();
     for _ in 0..rounds {
-        let r: ScriptedReply = serde_json::from_value(serde_json::json!({"tool_calls": [{"name": "tick", "arguments": {"step": 1}}]}))
-            .expect("a scripted reply");
+        let r: ScriptedReply = serde_json::from_value(
+            serde_json::json!({"tool_calls": [{"name": "tick", "arguments": {"step": 1}}]}),
+        )
+        .expect("a scripted reply");
         replies.push(r);
     }
     replies.push(serde_json::from_value(serde_json::json!("done")).expect("a scripted reply"));
     Arc::new(ScriptProvider::new(
         replies,
-        ModelInfo { id: "bench".into(), context: 128_000, thinking: ThinkingSupport::Never, description: String::new() },
+        ModelInfo {
+            id: "bench".into(),
+            context: 128_000,
+            thinking: ThinkingSupport::Never,
+            description: String::new(),
+        },
     ))
 }
 
 fn bench(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     let store = tempfile::tempdir().expect("tempdir");
     let many = Arc::new(pf_syntax::parse(hundred_sections().as_bytes()).expect("parses"));
     c.bench_function("run of a 100-section prompt", |b| {
@@ -64,16 +74,22 @@ fn bench(c: &mut Criterion) {
         })
     });
     let one = Arc::new(pf_syntax::parse(one_section().as_bytes()).expect("parses"));
-    c.bench_function("one section VM (create, replay shared, run, tear down)", |b| {
-        b.iter(|| {
-            let r = rt.block_on(run(Arc::clone(&one), setup(store.path(), None)));
-            assert_eq!(r.outcome, Outcome::Completed("42".into()));
-        })
-    });
+    c.bench_function(
+        "one section VM (create, replay shared, run, tear down)",
+        |b| {
+            b.iter(|| {
+                let r = rt.block_on(run(Arc::clone(&one), setup(store.path(), None)));
+                assert_eq!(r.outcome, Outcome::Completed("42".into()));
+            })
+        },
+    );
     let looping = Arc::new(pf_syntax::parse(loop_prompt().as_bytes()).expect("parses"));
     c.bench_function("50-round tool loop, scripted model", |b| {
         b.iter(|| {
-            let r = rt.block_on(run(Arc::clone(&looping), setup(store.path(), Some(scripted(50)))));
+            let r = rt.block_on(run(
+                Arc::clone(&looping),
+                setup(store.path(), Some(scripted(50))),
+            ));
             assert_eq!(r.outcome, Outcome::Completed("50".into()));
         })
     });

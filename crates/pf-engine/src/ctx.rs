@@ -175,7 +175,13 @@ pub(crate) struct SectionCtx {
 impl SectionCtx {
     pub fn new(run: Rc<RunCtx>, name: String, id: String, is_h1: bool, var: Json) -> Self {
         // The walk replaces this with the entry's real chain before the VM is built.
-        let chain = Rc::new(Chain::new("0".to_string(), run.args.clone(), run.argv.clone(), 0, var.clone()));
+        let chain = Rc::new(Chain::new(
+            "0".to_string(),
+            run.args.clone(),
+            run.argv.clone(),
+            0,
+            var.clone(),
+        ));
         SectionCtx {
             name,
             id,
@@ -202,7 +208,13 @@ impl SectionCtx {
     /// The bound scope: `tools.always` aliases first, then this section's additions, each once.
     pub fn bound_scope(&self) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
-        for a in self.run.always.borrow().iter().chain(self.added.borrow().iter()) {
+        for a in self
+            .run
+            .always
+            .borrow()
+            .iter()
+            .chain(self.added.borrow().iter())
+        {
             if !out.contains(a) {
                 out.push(a.clone());
             }
@@ -324,7 +336,9 @@ pub(crate) fn string_arg(args: &MultiValue, n: usize, name: &str) -> Result<Stri
     match arg(args, n) {
         Value::String(s) => match s.to_str() {
             Ok(t) => Ok(t.to_string()),
-            Err(_) => Err(HostError::lua(format!("{name} must be a valid UTF-8 string"))),
+            Err(_) => Err(HostError::lua(format!(
+                "{name} must be a valid UTF-8 string"
+            ))),
         },
         other => Err(HostError::lua(format!(
             "{name} must be a string, got {}",

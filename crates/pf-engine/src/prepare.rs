@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use pf_harness::{tool_path_under, ActivationContext, ActivePlugin, Harness, ModelInfo, ThinkingSupport, ToolSpec};
+use pf_harness::{
+    tool_path_under, ActivationContext, ActivePlugin, Harness, ModelInfo, ThinkingSupport, ToolSpec,
+};
 use pf_syntax::Prompt;
 
 use crate::ctx::BoundTool;
@@ -31,8 +33,12 @@ pub(crate) async fn prepare(
     let mut in_conflict = vec![false; decls.len()];
     for i in 0..decls.len() {
         for j in (i + 1)..decls.len() {
-            let (Some(a), Some(b)) = (harness.get(&decls[i].id), harness.get(&decls[j].id)) else { continue };
-            if a.conflicts().iter().any(|c| *c == decls[j].id) || b.conflicts().iter().any(|c| *c == decls[i].id) {
+            let (Some(a), Some(b)) = (harness.get(&decls[i].id), harness.get(&decls[j].id)) else {
+                continue;
+            };
+            if a.conflicts().iter().any(|c| *c == decls[j].id)
+                || b.conflicts().iter().any(|c| *c == decls[i].id)
+            {
                 conflicts.push(format!(
                     "- conflicting Plugins: {} and {} cannot be activated together; declare one or the other",
                     decls[i].id, decls[j].id
@@ -114,7 +120,9 @@ pub(crate) async fn prepare(
                     plugin: Arc::clone(p),
                 },
             )),
-            None => tracing::warn!(alias = %slot.alias, path = %slot.path, "tool slot stays unbound: its Plugin contributed no tool at that path"),
+            None => {
+                tracing::warn!(alias = %slot.alias, path = %slot.path, "tool slot stays unbound: its Plugin contributed no tool at that path")
+            }
         }
     }
     // Keep bound slots in declaration order.
@@ -161,7 +169,10 @@ pub(crate) async fn prepare(
 
     let actives: Vec<Arc<dyn ActivePlugin>> = active.into_iter().map(|(_, a)| a).collect();
     if missing.is_empty() && conflicts.is_empty() && role_lines.is_empty() {
-        return Ok(Prepared { bound, active: actives });
+        return Ok(Prepared {
+            bound,
+            active: actives,
+        });
     }
     let mut notice = String::from(NOTICE_HEADER);
     for m in &missing {

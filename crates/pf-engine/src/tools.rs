@@ -3,16 +3,22 @@
 
 use std::rc::Rc;
 
-use mlua::{AnyUserData, Lua, MetaMethod, MultiValue, Table, UserData, UserDataFields, UserDataMethods, Value};
+use mlua::{
+    AnyUserData, Lua, MetaMethod, MultiValue, Table, UserData, UserDataFields, UserDataMethods,
+    Value,
+};
 use serde_json::{json, Map, Value as Json};
 
-use crate::ctx::{arg, cancelled_error, helpers, host_async, host_fn, section, LocalTool, SectionCtx};
+use crate::ctx::{
+    arg, cancelled_error, helpers, host_async, host_fn, section, LocalTool, SectionCtx,
+};
 use crate::error::{HostError, HostResult, Raise};
 use crate::json::{json_to_lua, lua_to_json};
 use crate::text::{envelope, lua_type_name, scalar_text};
 
 /// The four names the Engine's own task tools use.
-pub(crate) const ENGINE_TOOL_NAMES: [&str; 4] = ["task", "task_cancel", "task_status", "await_tasks"];
+pub(crate) const ENGINE_TOOL_NAMES: [&str; 4] =
+    ["task", "task_cancel", "task_status", "await_tasks"];
 
 /// The alias grammar `[A-Za-z][A-Za-z0-9_-]{0,63}`.
 pub(crate) fn valid_alias(s: &str) -> bool {
@@ -20,14 +26,17 @@ pub(crate) fn valid_alias(s: &str) -> bool {
     !b.is_empty()
         && b.len() <= 64
         && b[0].is_ascii_alphabetic()
-        && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_' || *c == b'-')
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || *c == b'_' || *c == b'-')
 }
 
 fn check_alias(s: &str) -> Result<(), HostError> {
     if valid_alias(s) {
         Ok(())
     } else {
-        Err(HostError::lua(format!("invalid alias \"{s}\": expected [A-Za-z][A-Za-z0-9_-]{{0,63}}")))
+        Err(HostError::lua(format!(
+            "invalid alias \"{s}\": expected [A-Za-z][A-Za-z0-9_-]{{0,63}}"
+        )))
     }
 }
 
@@ -54,15 +63,22 @@ impl UserData for ToolObject {
                     Value::String(s) => s.to_string_lossy(),
                     other => lua_type_name(&other).to_string(),
                 };
-                Err(HostError::lua(format!("Tool objects are frozen: cannot assign field \"{key}\"")).into())
+                Err(HostError::lua(format!(
+                    "Tool objects are frozen: cannot assign field \"{key}\""
+                ))
+                .into())
             })
         });
     }
     fn add_methods<M: UserDataMethods<Self>>(methods: &mut M) {
         methods.add_meta_method(MetaMethod::Index, |lua, this, key: Value| {
-            let Value::String(key) = key else { return Ok(Value::Nil) };
+            let Value::String(key) = key else {
+                return Ok(Value::Nil);
+            };
             let sec = section(lua)?;
-            let Some(b) = sec.run.bound(&this.alias) else { return Ok(Value::Nil) };
+            let Some(b) = sec.run.bound(&this.alias) else {
+                return Ok(Value::Nil);
+            };
             Ok(match &*key.to_string_lossy() {
                 "name" => Value::String(lua.create_string(&b.alias)?),
                 "description" => Value::String(lua.create_string(&b.description)?),
@@ -72,12 +88,16 @@ impl UserData for ToolObject {
                 _ => Value::Nil,
             })
         });
-        methods.add_meta_method(MetaMethod::ToString, |_, this, ()| Ok(format!("Tool object {}", this.alias)));
+        methods.add_meta_method(MetaMethod::ToString, |_, this, ()| {
+            Ok(format!("Tool object {}", this.alias))
+        });
     }
 }
 
 pub(crate) fn make_tool_object(lua: &Lua, alias: &str) -> mlua::Result<AnyUserData> {
-    lua.create_userdata(ToolObject { alias: alias.to_string() })
+    lua.create_userdata(ToolObject {
+        alias: alias.to_string(),
+    })
 }
 
 fn tool_object_alias(v: &Value) -> Option<String> {
@@ -96,8 +116,14 @@ pub(crate) fn make_tools(lua: &Lua) -> mlua::Result<Table> {
     t.raw_set("always", host_fn(lua, tools_always)?)?;
     t.raw_set("add", host_fn(lua, tools_add)?)?;
     t.raw_set("add_local", host_fn(lua, tools_add_local)?)?;
-    t.raw_set("allow_tasks", host_fn(lua, |_, _| -> HostResult<()> { Ok(()) })?)?;
-    t.raw_set("call", host_async(lua, |lua, args| async move { tools_call(lua, args).await })?)?;
+    t.raw_set(
+        "allow_tasks",
+        host_fn(lua, |_, _| -> HostResult<()> { Ok(()) })?,
+    )?;
+    t.raw_set(
+        "call",
+        host_async(lua, |lua, args| async move { tools_call(lua, args).await })?,
+    )?;
     let mt = lua.create_table()?;
     let calls_proxy = make_calls_proxy(lua)?;
     mt.raw_set(
@@ -146,7 +172,9 @@ fn make_calls_proxy(lua: &Lua) -> mlua::Result<Table> {
     )?;
     mt.raw_set(
         "__newindex",
-        host_fn(lua, |_, _| -> HostResult<()> { Err(HostError::lua("tools.calls is read-only").into()) })?,
+        host_fn(lua, |_, _| -> HostResult<()> {
+            Err(HostError::lua("tools.calls is read-only").into())
+        })?,
     )?;
     mt.raw_set("__metatable", "tools.calls is read-only")?;
     proxy.set_metatable(Some(mt))?;
@@ -176,12 +204,19 @@ fn tools_always(lua: &Lua, args: MultiValue) -> HostResult<()> {
         Value::Nil => None,
         Value::String(s) => Some(s.to_string_lossy()),
         other => {
-            return Err(HostError::lua(format!("tools.always override must be a string, got {}", lua_type_name(&other))).into())
+            return Err(HostError::lua(format!(
+                "tools.always override must be a string, got {}",
+                lua_type_name(&other)
+            ))
+            .into())
         }
     };
     check_alias(&alias)?;
     if sec.run.bound(&alias).is_none() {
-        return Err(HostError::lua(format!("tools.always alias \"{alias}\" is not a bound tool slot")).into());
+        return Err(HostError::lua(format!(
+            "tools.always alias \"{alias}\" is not a bound tool slot"
+        ))
+        .into());
     }
     let mut always = sec.run.always.borrow_mut();
     if !always.contains(&alias) {
@@ -233,7 +268,11 @@ fn tools_add(lua: &Lua, args: MultiValue) -> HostResult<()> {
                 Value::Nil => {}
                 Value::String(s) => desc = Some(s.to_string_lossy()),
                 bad => {
-                    return Err(HostError::lua(format!("tools.add override must be a string, got {}", lua_type_name(bad))).into())
+                    return Err(HostError::lua(format!(
+                        "tools.add override must be a string, got {}",
+                        lua_type_name(bad)
+                    ))
+                    .into())
                 }
             }
             match alias_of(other) {
@@ -247,7 +286,10 @@ fn tools_add(lua: &Lua, args: MultiValue) -> HostResult<()> {
     }
     for a in &aliases {
         if sec.run.bound(a).is_none() {
-            return Err(HostError::lua(format!("tools.add alias \"{a}\" is not a bound tool slot")).into());
+            return Err(HostError::lua(format!(
+                "tools.add alias \"{a}\" is not a bound tool slot"
+            ))
+            .into());
         }
     }
     let mut added = sec.added.borrow_mut();
@@ -267,15 +309,25 @@ fn tools_add_local(lua: &Lua, args: MultiValue) -> HostResult<()> {
     let alias = match arg(&args, 0) {
         Value::String(s) => s.to_string_lossy(),
         other => {
-            return Err(HostError::lua(format!("tools.add_local alias must be a string, got {}", lua_type_name(&other))).into())
+            return Err(HostError::lua(format!(
+                "tools.add_local alias must be a string, got {}",
+                lua_type_name(&other)
+            ))
+            .into())
         }
     };
     check_alias(&alias)?;
     if sec.run.bound(&alias).is_some() || sec.run.declared_aliases.contains(&alias) {
-        return Err(HostError::lua(format!("tools.add_local alias \"{alias}\" duplicates a bound tool slot")).into());
+        return Err(HostError::lua(format!(
+            "tools.add_local alias \"{alias}\" duplicates a bound tool slot"
+        ))
+        .into());
     }
     if sec.has_local(&alias) {
-        return Err(HostError::lua(format!("tools.add_local alias \"{alias}\" is already registered")).into());
+        return Err(HostError::lua(format!(
+            "tools.add_local alias \"{alias}\" is already registered"
+        ))
+        .into());
     }
     let description = match arg(&args, 1) {
         Value::String(s) => s.to_string_lossy(),
@@ -290,13 +342,21 @@ fn tools_add_local(lua: &Lua, args: MultiValue) -> HostResult<()> {
     let params = match arg(&args, 2) {
         Value::Table(t) => t,
         other => {
-            return Err(HostError::lua(format!("tools.add_local params must be a table, got {}", lua_type_name(&other))).into())
+            return Err(HostError::lua(format!(
+                "tools.add_local params must be a table, got {}",
+                lua_type_name(&other)
+            ))
+            .into())
         }
     };
     let handler = match arg(&args, 3) {
         Value::Function(f) => f,
         other => {
-            return Err(HostError::lua(format!("tools.add_local handler must be a function, got {}", lua_type_name(&other))).into())
+            return Err(HostError::lua(format!(
+                "tools.add_local handler must be a function, got {}",
+                lua_type_name(&other)
+            ))
+            .into())
         }
     };
     let mut entries: Vec<(String, String, Option<String>)> = Vec::new();
@@ -364,7 +424,12 @@ fn tools_add_local(lua: &Lua, args: MultiValue) -> HostResult<()> {
         required.push(Json::String(name));
     }
     let schema = json!({"type": "object", "properties": Json::Object(props), "required": required});
-    sec.locals.borrow_mut().push(LocalTool { alias, description, parameters: schema, handler });
+    sec.locals.borrow_mut().push(LocalTool {
+        alias,
+        description,
+        parameters: schema,
+        handler,
+    });
     Ok(())
 }
 
@@ -381,7 +446,11 @@ pub(crate) enum BoundOutcome {
 }
 
 /// Run one bound tool (Harness work); counts nothing.
-pub(crate) async fn run_bound(sec: &Rc<SectionCtx>, alias: &str, args: Json) -> Result<BoundOutcome, HostError> {
+pub(crate) async fn run_bound(
+    sec: &Rc<SectionCtx>,
+    alias: &str,
+    args: Json,
+) -> Result<BoundOutcome, HostError> {
     let Some(b) = sec.run.bound(alias) else {
         return Err(unbound(sec, alias));
     };
@@ -403,19 +472,32 @@ pub(crate) async fn run_bound(sec: &Rc<SectionCtx>, alias: &str, args: Json) -> 
 pub(crate) fn unbound(sec: &SectionCtx, name: &str) -> HostError {
     let mut aliases = sec.run.bound_aliases();
     aliases.sort();
-    HostError::new("unbound_tool", format!("tool \"{name}\" is not bound in this run; bound aliases: {}", list_text(&aliases)))
-        .with("name", name)
+    HostError::new(
+        "unbound_tool",
+        format!(
+            "tool \"{name}\" is not bound in this run; bound aliases: {}",
+            list_text(&aliases)
+        ),
+    )
+    .with("name", name)
 }
 
 struct HandlerGuard(Rc<SectionCtx>);
 impl Drop for HandlerGuard {
     fn drop(&mut self) {
-        self.0.handler_depth.set(self.0.handler_depth.get().saturating_sub(1));
+        self.0
+            .handler_depth
+            .set(self.0.handler_depth.get().saturating_sub(1));
     }
 }
 
 /// Run a local tool's handler in this chain; its errors come back as the raised value.
-pub(crate) async fn run_local(lua: &Lua, sec: &Rc<SectionCtx>, alias: &str, args: &Json) -> HostResult<String> {
+pub(crate) async fn run_local(
+    lua: &Lua,
+    sec: &Rc<SectionCtx>,
+    alias: &str,
+    args: &Json,
+) -> HostResult<String> {
     let handler = sec
         .locals
         .borrow()
@@ -467,7 +549,13 @@ async fn tools_call(lua: Lua, args: MultiValue) -> HostResult<Value> {
             Ok(j @ Json::Object(_)) => j,
             _ => return Err(HostError::lua("args must be a JSON-representable table").into()),
         },
-        other => return Err(HostError::lua(format!("args must be a table, got {}", lua_type_name(&other))).into()),
+        other => {
+            return Err(HostError::lua(format!(
+                "args must be a table, got {}",
+                lua_type_name(&other)
+            ))
+            .into())
+        }
     };
     if ENGINE_TOOL_NAMES.contains(&name.as_str()) {
         return Err(unbound(&sec, &name).into());
@@ -492,6 +580,8 @@ async fn tools_call(lua: Lua, args: MultiValue) -> HostResult<Value> {
             .into()),
         },
         BoundOutcome::Output(text) => Ok(Value::String(lua.create_string(&text)?)),
-        BoundOutcome::Failed(msg) => Err(HostError::new("tool", format!("tool call failure: {msg}")).into()),
+        BoundOutcome::Failed(msg) => {
+            Err(HostError::new("tool", format!("tool call failure: {msg}")).into())
+        }
     }
 }

@@ -109,7 +109,11 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
             let text = match arg(&args, 0) {
                 Value::String(s) => s.to_string_lossy(),
                 Value::Integer(i) => i.to_string(),
-                Value::Number(n) => float_text(n),
+                // Lua's own number-to-text conversion, so 3.0 reads `3.0`.
+                Value::Number(n) => match lua.coerce_string(Value::Number(n)) {
+                    Ok(Some(s)) => s.to_string_lossy(),
+                    _ => float_text(n),
+                },
                 other => {
                     return Err(HostError::lua(format!(
                         "untrusted expects a string, got {}",

@@ -97,7 +97,11 @@ pub const INPUT_BROKER: &str = "promptforge/input-broker";
 #[async_trait]
 pub trait InputBroker: Send + Sync {
     /// `Ok(Some(text))` an answer, `Ok(None)` no input available, `Err` the source failed.
-    async fn ask(&self, question: &str, cancel: CancellationToken) -> Result<Option<String>, String>;
+    async fn ask(
+        &self,
+        question: &str,
+        cancel: CancellationToken,
+    ) -> Result<Option<String>, String>;
 }
 
 /// The services the Host provides, by id.
@@ -266,8 +270,14 @@ mod tests {
     #[test]
     fn tool_path_under_compares_whole_segments() {
         assert!(tool_path_under("promptforge/web/fetch", "promptforge/web"));
-        assert!(!tool_path_under("promptforge/web2/fetch", "promptforge/web"));
-        assert!(!tool_path_under("promptforge/other/fetch", "promptforge/web"));
+        assert!(!tool_path_under(
+            "promptforge/web2/fetch",
+            "promptforge/web"
+        ));
+        assert!(!tool_path_under(
+            "promptforge/other/fetch",
+            "promptforge/web"
+        ));
         assert!(!tool_path_under("promptforge/web/a/b", "promptforge/web"));
         assert!(!tool_path_under("promptforge/web/", "promptforge/web"));
         assert!(!tool_path_under("promptforge/web", "promptforge/web"));

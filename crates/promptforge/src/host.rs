@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use pf_harness::{Harness, HostServices, ModelProvider};
 use pf_models::ModelConfig;
-use pf_plugins::{FixedAnswersBroker, McpConfig, McpPlugin, SearchBackend, StdinInputBroker, WebConfig, WebPlugin};
+use pf_plugins::{
+    FixedAnswersBroker, McpConfig, McpPlugin, SearchBackend, StdinInputBroker, WebConfig, WebPlugin,
+};
 use serde::Deserialize;
 
 #[derive(Debug, Default, Deserialize)]
@@ -62,9 +64,13 @@ pub fn default_host_path() -> Option<PathBuf> {
 
 /// Read and parse a host file; errors name the file and the problem.
 pub fn load(path: Option<&Path>) -> Result<HostFile, String> {
-    let Some(path) = path else { return Ok(HostFile::default()) };
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read host file {}: {e}", path.display()))?;
-    toml::from_str::<HostFile>(&text).map_err(|e| format!("host file {}: {}", path.display(), e.to_string().trim_end()))
+    let Some(path) = path else {
+        return Ok(HostFile::default());
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read host file {}: {e}", path.display()))?;
+    toml::from_str::<HostFile>(&text)
+        .map_err(|e| format!("host file {}: {}", path.display(), e.to_string().trim_end()))
 }
 
 /// Register the Plugins and services the host file describes, and build the model provider.
@@ -83,11 +89,15 @@ pub fn build(file: &HostFile, base_dir: &Path) -> Result<Host, String> {
                 return Err(format!("host file: [plugins.\"{id}\"] needs `command` (stdio) or `url` (streamable HTTP)"));
             }
             if p.command.is_some() && p.url.is_some() {
-                return Err(format!("host file: [plugins.\"{id}\"] takes `command` or `url`, not both"));
+                return Err(format!(
+                    "host file: [plugins.\"{id}\"] takes `command` or `url`, not both"
+                ));
             }
             if let Some(cmd) = &p.command {
                 if cmd.is_empty() {
-                    return Err(format!("host file: [plugins.\"{id}\"] `command` must name a program"));
+                    return Err(format!(
+                        "host file: [plugins.\"{id}\"] `command` must name a program"
+                    ));
                 }
             }
             harness.register(Arc::new(McpPlugin::new(
@@ -101,13 +111,18 @@ pub fn build(file: &HostFile, base_dir: &Path) -> Result<Host, String> {
             )));
         }
     }
-    let broker: Arc<dyn pf_harness::InputBroker> = match file.input.as_ref().and_then(|i| i.answers.clone()) {
-        Some(answers) => Arc::new(FixedAnswersBroker::new(answers)),
-        None => Arc::new(StdinInputBroker::new()),
+    let broker: Arc<dyn pf_harness::InputBroker> =
+        match file.input.as_ref().and_then(|i| i.answers.clone()) {
+            Some(answers) => Arc::new(FixedAnswersBroker::new(answers)),
+            None => Arc::new(StdinInputBroker::new()),
+        };
+    harness.services = HostServices {
+        input_broker: Some(broker),
     };
-    harness.services = HostServices { input_broker: Some(broker) };
     let model = match &file.model {
-        Some(cfg) => Some(pf_models::build_provider(cfg, base_dir).map_err(|e| format!("host file: {e}"))?),
+        Some(cfg) => {
+            Some(pf_models::build_provider(cfg, base_dir).map_err(|e| format!("host file: {e}"))?)
+        }
         None => None,
     };
     Ok(Host { harness, model })

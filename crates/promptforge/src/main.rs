@@ -54,7 +54,11 @@ const EXIT_CANCELLED: u8 = 130;
 fn main() -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_from_env("PROMPTFORGE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -65,9 +69,23 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Check { file } => check(&file),
-        Command::Run { file, args, host, seed, start, store, json } => {
-            run(&file, args.unwrap_or_default(), host, seed, start, store, json)
-        }
+        Command::Run {
+            file,
+            args,
+            host,
+            seed,
+            start,
+            store,
+            json,
+        } => run(
+            &file,
+            args.unwrap_or_default(),
+            host,
+            seed,
+            start,
+            store,
+            json,
+        ),
     }
 }
 
@@ -156,15 +174,23 @@ fn run(
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("."));
     let (execution, _) = pf_engine::seeded_names(seed);
-    let store_dir = store.unwrap_or_else(|| std::env::temp_dir().join(format!("promptforge-{execution}-{}", std::process::id())));
+    let store_dir = store.unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("promptforge-{execution}-{}", std::process::id()))
+    });
     // A declared input file is read from the store directory itself: the operator
     // puts it there and passes `--store DIR`. A missing one is only a warning,
     // because the run never checks the declaration (guide ch. 02).
     if let Some(notice) = pf_engine::missing_input(&prompt, &store_dir) {
-        eprintln!("warning: {notice} (store directory {})", store_dir.display());
+        eprintln!(
+            "warning: {notice} (store directory {})",
+            store_dir.display()
+        );
     }
     let prompt = Arc::new(prompt);
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => return usage(&format!("cannot start the async runtime: {e}")),
     };
@@ -223,15 +249,31 @@ fn run(
 /// After a completed run, the declared output file stays in the store directory:
 /// the report names it (`"output"`), and a missing one is a warning, never a
 /// failure, because the run never checks the declaration (guide ch. 02).
-fn collect_output(prompt: &pf_syntax::Prompt, store_dir: &Path, report: &mut serde_json::Value, json_out: bool) {
-    let Some(collected) = pf_engine::collect_output(prompt, store_dir) else { return };
-    let declared = prompt.frontmatter.output.as_ref().map(|o| o.path.clone()).unwrap_or_default();
+fn collect_output(
+    prompt: &pf_syntax::Prompt,
+    store_dir: &Path,
+    report: &mut serde_json::Value,
+    json_out: bool,
+) {
+    let Some(collected) = pf_engine::collect_output(prompt, store_dir) else {
+        return;
+    };
+    let declared = prompt
+        .frontmatter
+        .output
+        .as_ref()
+        .map(|o| o.path.clone())
+        .unwrap_or_default();
     report["output"] = match collected {
         Ok(output) => {
             if !json_out {
                 match &output.file {
                     Some(file) => eprintln!("output file {}: {}", output.path, file.display()),
-                    None => eprintln!("output file {} is in the store {}", output.path, store_dir.display()),
+                    None => eprintln!(
+                        "output file {} is in the store {}",
+                        output.path,
+                        store_dir.display()
+                    ),
                 }
             }
             match output.file {
@@ -249,18 +291,25 @@ fn collect_output(prompt: &pf_syntax::Prompt, store_dir: &Path, report: &mut ser
 /// Ctrl-C cancels the run. The watcher has a thread of its own because the run's
 /// thread may be busy inside Lua; the engine polls the token from an instruction hook.
 fn watch_ctrl_c(cancel: CancellationToken) {
-    let spawned = std::thread::Builder::new().name("ctrl-c".into()).spawn(move || {
-        let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
-        rt.block_on(async {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                cancel.cancel();
-                // A second Ctrl-C stops at once.
+    let spawned = std::thread::Builder::new()
+        .name("ctrl-c".into())
+        .spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async {
                 if tokio::signal::ctrl_c().await.is_ok() {
-                    std::process::exit(i32::from(EXIT_CANCELLED));
+                    cancel.cancel();
+                    // A second Ctrl-C stops at once.
+                    if tokio::signal::ctrl_c().await.is_ok() {
+                        std::process::exit(i32::from(EXIT_CANCELLED));
+                    }
                 }
-            }
+            });
         });
-    });
     if let Err(e) = spawned {
         tracing::warn!("Ctrl-C will not cancel the run: {e}");
     }
@@ -278,8 +327,18 @@ fn parse_failure(file: &Path, e: &pf_syntax::ParseError, json_out: bool) -> Exit
         println!("{}", json!({"outcome": "failed", "error": err}));
     } else {
         match (e.line, e.column) {
-            (Some(l), Some(c)) => eprintln!("{}:{l}:{c}: error[{}]: {}", file.display(), e.kind.as_str(), e.message),
-            _ => eprintln!("{}: error[{}]: {}", file.display(), e.kind.as_str(), e.message),
+            (Some(l), Some(c)) => eprintln!(
+                "{}:{l}:{c}: error[{}]: {}",
+                file.display(),
+                e.kind.as_str(),
+                e.message
+            ),
+            _ => eprintln!(
+                "{}: error[{}]: {}",
+                file.display(),
+                e.kind.as_str(),
+                e.message
+            ),
         }
     }
     ExitCode::from(EXIT_FAILED)

@@ -24,7 +24,13 @@ const OK_PROMPT: &str = "---\nname: ok\ndescription: returns ok\npromptforge: 0\
 fn run_prints_the_result_and_exits_zero() {
     let dir = tempfile::tempdir().expect("tempdir");
     let p = write(dir.path(), "p.md", OK_PROMPT);
-    let out = bin().arg("run").arg(&p).arg("there").env_remove("PROMPTFORGE_HOST").output().expect("run");
+    let out = bin()
+        .arg("run")
+        .arg(&p)
+        .arg("there")
+        .env_remove("PROMPTFORGE_HOST")
+        .output()
+        .expect("run");
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "ok there\n");
 }
@@ -37,7 +43,14 @@ fn json_report_has_the_contract_shape() {
     let out = bin()
         .args(["run"])
         .arg(&p)
-        .args(["--seed", "7", "--start", "2026-01-02T03:04:05Z", "--json", "--store"])
+        .args([
+            "--seed",
+            "7",
+            "--start",
+            "2026-01-02T03:04:05Z",
+            "--json",
+            "--store",
+        ])
         .arg(&store)
         .env_remove("PROMPTFORGE_HOST")
         .output()
@@ -58,12 +71,26 @@ fn a_failed_run_reports_kind_and_message_and_exits_one() {
         "p.md",
         "---\nname: f\ndescription: fails\npromptforge: 0\n---\n\n# F\n\n## Only\n\n```lua\nerror('boom')\n```\n",
     );
-    let out = bin().arg("run").arg(&p).env_remove("PROMPTFORGE_HOST").output().expect("run");
+    let out = bin()
+        .arg("run")
+        .arg(&p)
+        .env_remove("PROMPTFORGE_HOST")
+        .output()
+        .expect("run");
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("error[Lua]: section `Only` prologue:12: "), "{err}");
+    assert!(
+        err.contains("error[Lua]: section `Only` prologue:12: "),
+        "{err}"
+    );
     assert!(err.contains("boom"), "{err}");
-    let out = bin().arg("run").arg(&p).arg("--json").env_remove("PROMPTFORGE_HOST").output().expect("run");
+    let out = bin()
+        .arg("run")
+        .arg(&p)
+        .arg("--json")
+        .env_remove("PROMPTFORGE_HOST")
+        .output()
+        .expect("run");
     let v: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v["outcome"], "failed");
     assert_eq!(v["error"]["kind"], "Lua");
@@ -72,8 +99,18 @@ fn a_failed_run_reports_kind_and_message_and_exits_one() {
 #[test]
 fn parse_failures_carry_phase_line_and_column() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let p = write(dir.path(), "p.md", "---\nname: x\ndescription: y\npromptforge: 0\nbogus: 1\n---\n\n# T\n");
-    let out = bin().arg("run").arg(&p).arg("--json").env_remove("PROMPTFORGE_HOST").output().expect("run");
+    let p = write(
+        dir.path(),
+        "p.md",
+        "---\nname: x\ndescription: y\npromptforge: 0\nbogus: 1\n---\n\n# T\n",
+    );
+    let out = bin()
+        .arg("run")
+        .arg(&p)
+        .arg("--json")
+        .env_remove("PROMPTFORGE_HOST")
+        .output()
+        .expect("run");
     assert_eq!(out.status.code(), Some(1));
     let v: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v["outcome"], "failed");
@@ -90,7 +127,11 @@ fn check_is_silent_on_a_clean_file_and_names_the_problem_otherwise() {
     let out = bin().arg("check").arg(&good).output().expect("check");
     assert_eq!(out.status.code(), Some(0));
     assert!(out.stdout.is_empty());
-    let bad = write(dir.path(), "bad.md", "---\nname: x\ndescription: y\npromptforge: 0\nbogus: 1\n---\n\n# T\n");
+    let bad = write(
+        dir.path(),
+        "bad.md",
+        "---\nname: x\ndescription: y\npromptforge: 0\nbogus: 1\n---\n\n# T\n",
+    );
     let out = bin().arg("check").arg(&bad).output().expect("check");
     assert_eq!(out.status.code(), Some(1));
     let text = String::from_utf8_lossy(&out.stdout);
@@ -100,7 +141,10 @@ fn check_is_silent_on_a_clean_file_and_names_the_problem_otherwise() {
 
 #[test]
 fn usage_errors_exit_two() {
-    let out = bin().args(["run", "/nonexistent/prompt.md"]).output().expect("run");
+    let out = bin()
+        .args(["run", "/nonexistent/prompt.md"])
+        .output()
+        .expect("run");
     assert_eq!(out.status.code(), Some(2));
     let out = bin().args(["run"]).output().expect("run");
     assert_eq!(out.status.code(), Some(2));
@@ -108,7 +152,12 @@ fn usage_errors_exit_two() {
     assert_eq!(out.status.code(), Some(2));
     let dir = tempfile::tempdir().expect("tempdir");
     let p = write(dir.path(), "p.md", OK_PROMPT);
-    let out = bin().arg("run").arg(&p).args(["--start", "yesterday"]).output().expect("run");
+    let out = bin()
+        .arg("run")
+        .arg(&p)
+        .args(["--start", "yesterday"])
+        .output()
+        .expect("run");
     assert_eq!(out.status.code(), Some(2));
 }
 
@@ -116,8 +165,18 @@ fn usage_errors_exit_two() {
 fn unknown_host_file_keys_are_named() {
     let dir = tempfile::tempdir().expect("tempdir");
     let p = write(dir.path(), "p.md", OK_PROMPT);
-    let h = write(dir.path(), "host.toml", "[model]\nprovider = \"script\"\nreplies = \"r.json\"\nbogus_key = 1\n");
-    let out = bin().arg("run").arg(&p).arg("--host").arg(&h).output().expect("run");
+    let h = write(
+        dir.path(),
+        "host.toml",
+        "[model]\nprovider = \"script\"\nreplies = \"r.json\"\nbogus_key = 1\n",
+    );
+    let out = bin()
+        .arg("run")
+        .arg(&p)
+        .arg("--host")
+        .arg(&h)
+        .output()
+        .expect("run");
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("bogus_key"), "{err}");
@@ -128,8 +187,17 @@ fn the_host_file_comes_from_the_environment_when_not_given() {
     let dir = tempfile::tempdir().expect("tempdir");
     let p = write(dir.path(), "p.md", OK_PROMPT);
     let h = write(dir.path(), "host.toml", "[nonsense]\n");
-    let out = bin().arg("run").arg(&p).env("PROMPTFORGE_HOST", &h).output().expect("run");
-    assert_eq!(out.status.code(), Some(2), "the bad host file named by PROMPTFORGE_HOST was read");
+    let out = bin()
+        .arg("run")
+        .arg(&p)
+        .env("PROMPTFORGE_HOST", &h)
+        .output()
+        .expect("run");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "the bad host file named by PROMPTFORGE_HOST was read"
+    );
 }
 
 #[test]
@@ -156,7 +224,10 @@ fn sigint_cancels_a_busy_run_with_status_130() {
     while !store.join("before.txt").exists() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    let status = Command::new("kill").args(["-INT", &child.id().to_string()]).status().expect("kill");
+    let status = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill");
     assert!(status.success());
     let deadline = Instant::now() + Duration::from_secs(30);
     while child.try_wait().expect("poll").is_none() {

@@ -4,16 +4,18 @@
 //! runner's (see the README's "Language tests" section); this runner supports
 //! everything but the `web` and `mcp` fixtures, which the plugin crates test.
 
-use std::path::{Path, PathBuf};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
 use serde_json::{json, Value};
 
 fn cases(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
     let mut entries: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
     entries.sort();
     for p in entries {
@@ -75,14 +77,18 @@ fn start_web(spec: Value) -> Result<Web, String> {
                     s["content_type"] = json!("application/json");
                     page = Some(s);
                 }
-                let page = page.unwrap_or(json!({"status": 404, "body": "not found", "content_type": "text/plain"}));
+                let page = page.unwrap_or(
+                    json!({"status": 404, "body": "not found", "content_type": "text/plain"}),
+                );
                 let body = match &page["body"] {
                     Value::String(s) => s.clone().into_bytes(),
                     Value::Null => Vec::new(),
                     other => other.to_string().into_bytes(),
                 };
                 let status = page["status"].as_u64().unwrap_or(200);
-                let ctype = page["content_type"].as_str().unwrap_or("text/html; charset=utf-8");
+                let ctype = page["content_type"]
+                    .as_str()
+                    .unwrap_or("text/html; charset=utf-8");
                 let head = format!(
                     "HTTP/1.1 {status} X\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
                     body.len()
@@ -92,14 +98,20 @@ fn start_web(spec: Value) -> Result<Web, String> {
             });
         }
     });
-    Ok(Web { base: format!("http://{addr}") })
+    Ok(Web {
+        base: format!("http://{addr}"),
+    })
 }
 
 fn substitute(v: &Value, base: &str) -> Value {
     match v {
         Value::String(s) => Value::String(s.replace("{{WEB}}", base)),
         Value::Array(a) => Value::Array(a.iter().map(|x| substitute(x, base)).collect()),
-        Value::Object(m) => Value::Object(m.iter().map(|(k, x)| (k.clone(), substitute(x, base))).collect()),
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, x)| (k.clone(), substitute(x, base)))
+                .collect(),
+        ),
         other => other.clone(),
     }
 }
@@ -110,8 +122,16 @@ struct RunOutput {
     store: PathBuf,
 }
 
-fn run_case(dir: &Path, case: &Value, work: &Path, seed: u64, base: &str) -> Result<RunOutput, String> {
-    let prompt = std::fs::read_to_string(dir.join("prompt.md")).map_err(|e| e.to_string())?.replace("{{WEB}}", base);
+fn run_case(
+    dir: &Path,
+    case: &Value,
+    work: &Path,
+    seed: u64,
+    base: &str,
+) -> Result<RunOutput, String> {
+    let prompt = std::fs::read_to_string(dir.join("prompt.md"))
+        .map_err(|e| e.to_string())?
+        .replace("{{WEB}}", base);
     let prompt_file = work.join("prompt.md");
     std::fs::write(&prompt_file, prompt).map_err(|e| e.to_string())?;
     let record = work.join("requests.jsonl");
@@ -119,13 +139,46 @@ fn run_case(dir: &Path, case: &Value, work: &Path, seed: u64, base: &str) -> Res
     let mut host: Vec<String> = Vec::new();
     if let Some(model) = case.get("model") {
         let replies = work.join("replies.json");
-        std::fs::write(&replies, model.get("replies").cloned().unwrap_or(json!([])).to_string()).map_err(|e| e.to_string())?;
+        std::fs::write(
+            &replies,
+            model
+                .get("replies")
+                .cloned()
+                .unwrap_or(json!([]))
+                .to_string(),
+        )
+        .map_err(|e| e.to_string())?;
         host.push("[model]".into());
         host.push("provider = \"script\"".into());
-        host.push(format!("model = {}", toml_str(model.get("id").and_then(Value::as_str).unwrap_or("scripted-model"))));
-        host.push(format!("context = {}", model.get("context").and_then(Value::as_u64).unwrap_or(128_000)));
-        host.push(format!("thinking = {}", toml_str(model.get("thinking").and_then(Value::as_str).unwrap_or("Switchable"))));
-        host.push(format!("replies = {}", toml_str(&replies.to_string_lossy())));
+        host.push(format!(
+            "model = {}",
+            toml_str(
+                model
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .unwrap_or("scripted-model")
+            )
+        ));
+        host.push(format!(
+            "context = {}",
+            model
+                .get("context")
+                .and_then(Value::as_u64)
+                .unwrap_or(128_000)
+        ));
+        host.push(format!(
+            "thinking = {}",
+            toml_str(
+                model
+                    .get("thinking")
+                    .and_then(Value::as_str)
+                    .unwrap_or("Switchable")
+            )
+        ));
+        host.push(format!(
+            "replies = {}",
+            toml_str(&replies.to_string_lossy())
+        ));
         host.push(format!("record = {}", toml_str(&record.to_string_lossy())));
         if let Some(d) = model.get("description").and_then(Value::as_str) {
             host.push(format!("description = {}", toml_str(d)));
@@ -133,7 +186,10 @@ fn run_case(dir: &Path, case: &Value, work: &Path, seed: u64, base: &str) -> Res
         host.push(String::new());
     }
     if let Some(answers) = case.get("input").and_then(Value::as_array) {
-        let list: Vec<String> = answers.iter().map(|a| toml_str(a.as_str().unwrap_or(""))).collect();
+        let list: Vec<String> = answers
+            .iter()
+            .map(|a| toml_str(a.as_str().unwrap_or("")))
+            .collect();
         host.push("[input]".into());
         host.push(format!("answers = [{}]", list.join(", ")));
         host.push(String::new());
@@ -142,22 +198,43 @@ fn run_case(dir: &Path, case: &Value, work: &Path, seed: u64, base: &str) -> Res
         host.push("[web]".into());
         host.push("allow_loopback = true".into());
         host.push("search = \"gateway\"".into());
-        host.push(format!("search_url = {}", toml_str(&format!("{base}/search"))));
+        host.push(format!(
+            "search_url = {}",
+            toml_str(&format!("{base}/search"))
+        ));
         host.push(String::new());
     }
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mcp_fixture.py");
-    for (id, m) in case.get("mcp").and_then(Value::as_object).into_iter().flatten() {
+    for (id, m) in case
+        .get("mcp")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
         let tools_file = work.join(format!("mcp-{}.json", id.replace('/', "_")));
         let spec = json!({"fail_start": m.get("fail_start").cloned().unwrap_or(json!(false)), "tools": m.get("tools").cloned().unwrap_or(json!([]))});
         std::fs::write(&tools_file, spec.to_string()).map_err(|e| e.to_string())?;
-        let command: Vec<String> = ["python3".to_string(), fixture.to_string_lossy().into_owned(), tools_file.to_string_lossy().into_owned()]
-            .iter()
-            .map(|x| toml_str(x))
+        let command: Vec<String> = [
+            "python3".to_string(),
+            fixture.to_string_lossy().into_owned(),
+            tools_file.to_string_lossy().into_owned(),
+        ]
+        .iter()
+        .map(|x| toml_str(x))
+        .collect();
+        let conflicts: Vec<String> = m
+            .get("conflicts")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .map(|c| toml_str(c.as_str().unwrap_or("")))
             .collect();
-        let conflicts: Vec<String> = m.get("conflicts").and_then(Value::as_array).into_iter().flatten().map(|c| toml_str(c.as_str().unwrap_or(""))).collect();
         host.push(format!("[plugins.{}]", toml_str(id)));
         host.push(format!("command = [{}]", command.join(", ")));
-        host.push(format!("trusted = {}", m.get("trusted").and_then(Value::as_bool).unwrap_or(false)));
+        host.push(format!(
+            "trusted = {}",
+            m.get("trusted").and_then(Value::as_bool).unwrap_or(false)
+        ));
         host.push(format!("conflicts = [{}]", conflicts.join(", ")));
         host.push(String::new());
     }
@@ -173,26 +250,51 @@ fn run_case(dir: &Path, case: &Value, work: &Path, seed: u64, base: &str) -> Res
     if let Some(a) = case.get("args").and_then(Value::as_str) {
         cmd.arg(a);
     }
-    cmd.arg("--host").arg(&host_file).arg("--seed").arg(seed.to_string());
-    cmd.arg("--start").arg(case.get("start").and_then(Value::as_str).unwrap_or("2026-01-02T03:04:05Z"));
+    cmd.arg("--host")
+        .arg(&host_file)
+        .arg("--seed")
+        .arg(seed.to_string());
+    cmd.arg("--start").arg(
+        case.get("start")
+            .and_then(Value::as_str)
+            .unwrap_or("2026-01-02T03:04:05Z"),
+    );
     cmd.arg("--store").arg(&store).arg("--json");
-    let out = cmd.output().map_err(|e| format!("cannot run the binary: {e}"))?;
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run the binary: {e}"))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let last = stdout.lines().last().unwrap_or("");
     let report: Value = serde_json::from_str(last).map_err(|_| {
-        format!("no JSON report (exit {:?}): {stdout:?} {:?}", out.status.code(), String::from_utf8_lossy(&out.stderr))
+        format!(
+            "no JSON report (exit {:?}): {stdout:?} {:?}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        )
     })?;
     let requests = std::fs::read_to_string(&record)
-        .map(|t| t.lines().filter(|l| !l.trim().is_empty()).filter_map(|l| serde_json::from_str(l).ok()).collect())
+        .map(|t| {
+            t.lines()
+                .filter(|l| !l.trim().is_empty())
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect()
+        })
         .unwrap_or_default();
-    Ok(RunOutput { report, requests, store })
+    Ok(RunOutput {
+        report,
+        requests,
+        store,
+    })
 }
 
 fn check(case: &Value, out: &RunOutput) -> Vec<String> {
     let mut bad = Vec::new();
     let e = case.get("expect").cloned().unwrap_or(json!({}));
     let report = &out.report;
-    let want_outcome = e.get("outcome").and_then(Value::as_str).unwrap_or("completed");
+    let want_outcome = e
+        .get("outcome")
+        .and_then(Value::as_str)
+        .unwrap_or("completed");
     if report.get("outcome").and_then(Value::as_str) != Some(want_outcome) {
         bad.push(format!("outcome {}, wanted {want_outcome}", report));
         return bad;
@@ -205,7 +307,12 @@ fn check(case: &Value, out: &RunOutput) -> Vec<String> {
             bad.push(format!("result {result:?}, wanted {want:?}"));
         }
     }
-    for s in e.get("result_contains").and_then(Value::as_array).into_iter().flatten() {
+    for s in e
+        .get("result_contains")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         let s = s.as_str().unwrap_or("");
         if !result.contains(s) {
             bad.push(format!("result lacks {s:?}: {result:?}"));
@@ -213,7 +320,10 @@ fn check(case: &Value, out: &RunOutput) -> Vec<String> {
     }
     if let Some(k) = e.get("error_kind").and_then(Value::as_str) {
         if err.get("kind").and_then(Value::as_str) != Some(k) {
-            bad.push(format!("error kind {:?}, wanted {k:?} ({msg:?})", err.get("kind")));
+            bad.push(format!(
+                "error kind {:?}, wanted {k:?} ({msg:?})",
+                err.get("kind")
+            ));
         }
     }
     if let Some(m) = e.get("error_message").and_then(Value::as_str) {
@@ -221,7 +331,12 @@ fn check(case: &Value, out: &RunOutput) -> Vec<String> {
             bad.push(format!("error message {msg:?}, wanted {m:?}"));
         }
     }
-    for s in e.get("error_contains").and_then(Value::as_array).into_iter().flatten() {
+    for s in e
+        .get("error_contains")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         let s = s.as_str().unwrap_or("");
         if !msg.contains(s) {
             bad.push(format!("error message lacks {s:?}: {msg:?}"));
@@ -232,14 +347,26 @@ fn check(case: &Value, out: &RunOutput) -> Vec<String> {
             bad.push(format!("{} model requests, wanted {n}", out.requests.len()));
         }
     }
-    for r in e.get("requests").and_then(Value::as_array).into_iter().flatten() {
+    for r in e
+        .get("requests")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         let i = r.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
         let Some(q) = out.requests.get(i) else {
             bad.push(format!("no model request #{i}"));
             continue;
         };
-        let tools: Vec<Value> = q.get("tools").and_then(Value::as_array).cloned().unwrap_or_default();
-        let names: Vec<Value> = tools.iter().map(|t| t["function"]["name"].clone()).collect();
+        let tools: Vec<Value> = q
+            .get("tools")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let names: Vec<Value> = tools
+            .iter()
+            .map(|t| t["function"]["name"].clone())
+            .collect();
         if let Some(want) = r.get("tools") {
             if Value::Array(names.clone()) != *want {
                 bad.push(format!("request #{i} offered {names:?}, wanted {want}"));
@@ -248,26 +375,53 @@ fn check(case: &Value, out: &RunOutput) -> Vec<String> {
         if r.get("no_tools").and_then(Value::as_bool) == Some(true) && !tools.is_empty() {
             bad.push(format!("request #{i} offered tools {names:?}, wanted none"));
         }
-        for (k, v) in r.get("tool_descriptions").and_then(Value::as_object).into_iter().flatten() {
-            let got = tools.iter().find(|t| t["function"]["name"] == json!(k)).map(|t| t["function"]["description"].clone());
+        for (k, v) in r
+            .get("tool_descriptions")
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+        {
+            let got = tools
+                .iter()
+                .find(|t| t["function"]["name"] == json!(k))
+                .map(|t| t["function"]["description"].clone());
             if got.as_ref() != Some(v) {
                 bad.push(format!("request #{i} describes {k} as {got:?}, wanted {v}"));
             }
         }
-        for (k, v) in r.get("tool_schema").and_then(Value::as_object).into_iter().flatten() {
-            let got = tools.iter().find(|t| t["function"]["name"] == json!(k)).map(|t| t["function"]["parameters"].clone());
+        for (k, v) in r
+            .get("tool_schema")
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+        {
+            let got = tools
+                .iter()
+                .find(|t| t["function"]["name"] == json!(k))
+                .map(|t| t["function"]["parameters"].clone());
             if got.as_ref() != Some(v) {
                 bad.push(format!("request #{i} schema of {k} is {got:?}, wanted {v}"));
             }
         }
-        let msgs: Vec<Value> = q.get("messages").and_then(Value::as_array).cloned().unwrap_or_default();
+        let msgs: Vec<Value> = q
+            .get("messages")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
         if let Some(want) = r.get("messages_roles") {
             let roles: Vec<Value> = msgs.iter().map(|m| m["role"].clone()).collect();
             if Value::Array(roles.clone()) != *want {
-                bad.push(format!("request #{i} message roles {roles:?}, wanted {want}"));
+                bad.push(format!(
+                    "request #{i} message roles {roles:?}, wanted {want}"
+                ));
             }
         }
-        for pair in r.get("message_contains").and_then(Value::as_array).into_iter().flatten() {
+        for pair in r
+            .get("message_contains")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
             let idx = pair[0].as_u64().unwrap_or(0) as usize;
             let want = pair[1].as_str().unwrap_or("");
             let content = msgs.get(idx).map(|m| match &m["content"] {
@@ -275,11 +429,18 @@ fn check(case: &Value, out: &RunOutput) -> Vec<String> {
                 other => py_dumps(other),
             });
             if !content.as_deref().unwrap_or("").contains(want) {
-                bad.push(format!("request #{i} message {idx} lacks {want:?}: {content:?}"));
+                bad.push(format!(
+                    "request #{i} message {idx} lacks {want:?}: {content:?}"
+                ));
             }
         }
     }
-    for (path, want) in e.get("store").and_then(Value::as_object).into_iter().flatten() {
+    for (path, want) in e
+        .get("store")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
         let got = std::fs::read_to_string(out.store.join(path)).ok();
         let want = want.as_str().map(str::to_string);
         if got != want {
@@ -293,17 +454,27 @@ fn check(case: &Value, out: &RunOutput) -> Vec<String> {
 /// conformance runner compares non-string message content in that form.
 fn py_dumps(v: &Value) -> String {
     match v {
-        Value::Array(a) => format!("[{}]", a.iter().map(py_dumps).collect::<Vec<_>>().join(", ")),
+        Value::Array(a) => format!(
+            "[{}]",
+            a.iter().map(py_dumps).collect::<Vec<_>>().join(", ")
+        ),
         Value::Object(m) => format!(
             "{{{}}}",
-            m.iter().map(|(k, x)| format!("{}: {}", Value::String(k.clone()), py_dumps(x))).collect::<Vec<_>>().join(", ")
+            m.iter()
+                .map(|(k, x)| format!("{}: {}", Value::String(k.clone()), py_dumps(x)))
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
         other => other.to_string(),
     }
 }
 
 fn key(r: &Value) -> (Value, Value, Value) {
-    (r["outcome"].clone(), r["result"].clone(), r["error"].clone())
+    (
+        r["outcome"].clone(),
+        r["result"].clone(),
+        r["error"].clone(),
+    )
 }
 
 #[test]
@@ -348,5 +519,11 @@ fn every_data_case_holds() {
             Err(why) => failures.push(format!("{name}: {why}")),
         }
     }
-    assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), all.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        all.len(),
+        failures.join("\n")
+    );
 }

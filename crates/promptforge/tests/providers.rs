@@ -33,8 +33,11 @@ return msgs[#msgs].content .. '|' .. msgs[4].content
 ```
 "#;
 
+/// What the server saw of each request: its path, its lowercased headers, its JSON body.
+type Seen = Arc<Mutex<Vec<(String, String, Value)>>>;
+
 /// Serve `replies` in order to POSTs, recording each request's path, headers and JSON body.
-fn serve(replies: Vec<Value>) -> (String, Arc<Mutex<Vec<(String, String, Value)>>>) {
+fn serve(replies: Vec<Value>) -> (String, Seen) {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let base = format!("http://{}", listener.local_addr().expect("addr"));
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -65,7 +68,10 @@ fn serve(replies: Vec<Value>) -> (String, Arc<Mutex<Vec<(String, String, Value)>
             let _ = reader.read_exact(&mut body);
             let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
             log.lock().expect("lock").push((path, headers, body));
-            let reply = replies.next().unwrap_or(json!({"error": "no more replies"})).to_string();
+            let reply = replies
+                .next()
+                .unwrap_or(json!({"error": "no more replies"}))
+                .to_string();
             let head = format!(
                 "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
                 reply.len()
@@ -92,7 +98,8 @@ fn run(dir: &Path, host: &str) -> Value {
         .env("PF_TEST_KEY", "sk-test-secret")
         .output()
         .expect("run");
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("no report: {}", String::from_utf8_lossy(&out.stderr)))
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("no report: {}", String::from_utf8_lossy(&out.stderr)))
 }
 
 #[test]
@@ -118,11 +125,17 @@ fn openai_wire_conversation() {
     assert_eq!(seen.len(), 2);
     let (path, headers, first) = &seen[0];
     assert_eq!(path, "/v1/chat/completions");
-    assert!(headers.contains("authorization: bearer sk-test-secret"), "{headers}");
+    assert!(
+        headers.contains("authorization: bearer sk-test-secret"),
+        "{headers}"
+    );
     assert_eq!(first["model"], "m-1");
     assert_eq!(first["temperature"], 0.5);
     assert_eq!(first["max_tokens"], 300);
-    assert_eq!(first["messages"], json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is a tide?"}]));
+    assert_eq!(
+        first["messages"],
+        json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is a tide?"}])
+    );
     assert_eq!(
         first["tools"],
         json!([{"type": "function", "function": {"name": "lookup", "description": "Look a word up",
@@ -134,7 +147,10 @@ fn openai_wire_conversation() {
     assert_eq!(msgs[2]["role"], "assistant");
     assert_eq!(msgs[2]["tool_calls"][0]["id"], "call_abc");
     assert_eq!(msgs[2]["tool_calls"][0]["function"]["name"], "lookup");
-    assert_eq!(msgs[3], json!({"role": "tool", "content": "meaning of tide", "tool_call_id": "call_abc"}));
+    assert_eq!(
+        msgs[3],
+        json!({"role": "tool", "content": "meaning of tide", "tool_call_id": "call_abc"})
+    );
     let recorded = std::fs::read_to_string(&record).expect("record file");
     assert_eq!(recorded.lines().count(), 2);
     assert!(!recorded.contains("sk-test-secret"));
@@ -159,13 +175,22 @@ fn anthropic_wire_conversation() {
     let (path, headers, first) = &seen[0];
     assert_eq!(path, "/v1/messages");
     assert!(headers.contains("x-api-key: sk-test-secret"), "{headers}");
-    assert!(headers.contains("anthropic-version: 2023-06-01"), "{headers}");
+    assert!(
+        headers.contains("anthropic-version: 2023-06-01"),
+        "{headers}"
+    );
     assert_eq!(first["model"], "claude-x");
     assert_eq!(first["system"], "Be brief.");
     assert_eq!(first["max_tokens"], 300);
-    assert_eq!(first["messages"], json!([{"role": "user", "content": [{"type": "text", "text": "What is a tide?"}]}]));
+    assert_eq!(
+        first["messages"],
+        json!([{"role": "user", "content": [{"type": "text", "text": "What is a tide?"}]}])
+    );
     assert_eq!(first["tools"][0]["name"], "lookup");
-    assert_eq!(first["tools"][0]["input_schema"]["required"], json!(["word"]));
+    assert_eq!(
+        first["tools"][0]["input_schema"]["required"],
+        json!(["word"])
+    );
     let second = &seen[1].2;
     let msgs = second["messages"].as_array().expect("messages");
     assert_eq!(msgs.len(), 3, "{second}");
