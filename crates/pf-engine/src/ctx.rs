@@ -53,8 +53,6 @@ pub(crate) struct RunCtx {
     pub store: pf_store::Store,
     /// Bound slots in declaration order.
     pub bound: Vec<BoundTool>,
-    /// Aliases declared under `tools:` (bound or not), in declaration order.
-    pub declared_aliases: Vec<String>,
     pub always: RefCell<Vec<String>>,
     pub always_desc: RefCell<HashMap<String, String>>,
     pub model: Option<Arc<dyn ModelProvider>>,

@@ -152,12 +152,6 @@ pub async fn run(prompt: Arc<Prompt>, setup: RunSetup) -> RunReport {
         store_dir: setup.store_dir.clone(),
         store,
         bound,
-        declared_aliases: prompt
-            .frontmatter
-            .tools
-            .iter()
-            .map(|t| t.alias.clone())
-            .collect(),
         always: Default::default(),
         always_desc: Default::default(),
         model: setup.model.clone(),

@@ -460,10 +460,8 @@ return messages, M
 "#;
 
 pub(crate) fn make_messages(lua: &Lua) -> mlua::Result<Table> {
-    let (messages, mt): (Table, Table) = lua
-        .load(MESSAGES_METHODS)
-        .set_name("=[promptforge messages]")
-        .call(())?;
+    let (messages, mt): (Table, Table) =
+        crate::vm::internal_chunk(lua, "=[promptforge messages]", MESSAGES_METHODS)?.call(())?;
     lua.set_named_registry_value("pf.messages_mt", mt)?;
     Ok(messages)
 }
@@ -677,7 +675,14 @@ fn offered_tools(sec: &SectionCtx) -> Result<Vec<ToolDecl>, HostError> {
             parameters: b.parameters.clone(),
         });
     }
-    for l in sec.locals.borrow().iter() {
+    // The Engine's own tool names take precedence over a local tool of the same name,
+    // so such a local tool is never offered under that name.
+    for l in sec
+        .locals
+        .borrow()
+        .iter()
+        .filter(|l| !ENGINE_TOOL_NAMES.contains(&l.alias.as_str()))
+    {
         out.push(ToolDecl {
             name: l.alias.clone(),
             description: l.description.clone(),

@@ -176,6 +176,33 @@ fn make_calls_proxy(lua: &Lua) -> mlua::Result<Table> {
             Err(HostError::lua("tools.calls is read-only").into())
         })?,
     )?;
+    // `pairs(tools.calls)` walks the counted aliases in sorted order, live.
+    let next_count = lua.create_function(|lua, (_proxy, after): (Value, Value)| {
+        let sec = section(lua)?;
+        let after = match after {
+            Value::String(s) => Some(s.to_string_lossy()),
+            _ => None,
+        };
+        let calls = sec.calls.borrow();
+        let next = calls
+            .as_deref()
+            .unwrap_or(&[])
+            .iter()
+            .filter(|(k, _)| after.as_ref().is_none_or(|a| k.as_bytes() > a.as_bytes()))
+            .min_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()))
+            .cloned();
+        Ok(match next {
+            Some((k, n)) => (
+                Value::String(lua.create_string(&k)?),
+                Value::Integer(n as i64),
+            ),
+            None => (Value::Nil, Value::Nil),
+        })
+    })?;
+    mt.raw_set(
+        "__pairs",
+        lua.create_function(move |_, proxy: Value| Ok((next_count.clone(), proxy, Value::Nil)))?,
+    )?;
     mt.raw_set("__metatable", "tools.calls is read-only")?;
     proxy.set_metatable(Some(mt))?;
     Ok(proxy)
@@ -317,7 +344,7 @@ fn tools_add_local(lua: &Lua, args: MultiValue) -> HostResult<()> {
         }
     };
     check_alias(&alias)?;
-    if sec.run.bound(&alias).is_some() || sec.run.declared_aliases.contains(&alias) {
+    if sec.run.bound(&alias).is_some() {
         return Err(HostError::lua(format!(
             "tools.add_local alias \"{alias}\" duplicates a bound tool slot"
         ))
@@ -359,71 +386,7 @@ fn tools_add_local(lua: &Lua, args: MultiValue) -> HostResult<()> {
             .into())
         }
     };
-    let mut entries: Vec<(String, String, Option<String>)> = Vec::new();
-    for pair in params.pairs::<Value, Value>() {
-        let (k, v) = pair?;
-        let name = match &k {
-            Value::String(s) => s.to_string_lossy(),
-            other => {
-                return Err(HostError::lua(format!(
-                    "tools.add_local param names must be strings, got {}",
-                    lua_type_name(other)
-                ))
-                .into())
-            }
-        };
-        let (ty, d) = match &v {
-            Value::String(s) => (s.to_string_lossy(), None),
-            Value::Table(t) => {
-                let ty = match t.raw_get::<Value>(1)? {
-                    Value::String(s) => s.to_string_lossy(),
-                    _ => {
-                        return Err(HostError::lua(format!(
-                            "tools.add_local param \"{name}\" must be a type string or a {{type, description}} array"
-                        ))
-                        .into())
-                    }
-                };
-                let d = match t.raw_get::<Value>(2)? {
-                    Value::Nil => None,
-                    Value::String(s) => Some(s.to_string_lossy()),
-                    _ => {
-                        return Err(HostError::lua(format!(
-                            "tools.add_local param \"{name}\" must be a type string or a {{type, description}} array"
-                        ))
-                        .into())
-                    }
-                };
-                (ty, d)
-            }
-            _ => {
-                return Err(HostError::lua(format!(
-                    "tools.add_local param \"{name}\" must be a type string or a {{type, description}} array"
-                ))
-                .into())
-            }
-        };
-        if !matches!(ty.as_str(), "string" | "integer" | "number" | "boolean") {
-            return Err(HostError::lua(format!(
-                "tools.add_local param \"{name}\" has unsupported type \"{ty}\": expected \"string\", \"integer\", \"number\", or \"boolean\""
-            ))
-            .into());
-        }
-        entries.push((name, ty, d));
-    }
-    entries.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-    let mut props = Map::new();
-    let mut required = Vec::new();
-    for (name, ty, d) in entries {
-        let mut p = Map::new();
-        p.insert("type".into(), Json::String(ty));
-        if let Some(d) = d {
-            p.insert("description".into(), Json::String(d));
-        }
-        props.insert(name.clone(), Json::Object(p));
-        required.push(Json::String(name));
-    }
-    let schema = json!({"type": "object", "properties": Json::Object(props), "required": required});
+    let schema = param_schema(&params)?;
     sec.locals.borrow_mut().push(LocalTool {
         alias,
         description,
@@ -431,6 +394,64 @@ fn tools_add_local(lua: &Lua, args: MultiValue) -> HostResult<()> {
         handler,
     });
     Ok(())
+}
+
+/// The JSON Schema for a `tools.add_local` params table. Parameters are read in
+/// bytewise name order, so the schema and the first error reported never depend
+/// on the table's internal order.
+fn param_schema(params: &Table) -> Result<Json, Raise> {
+    let mut named: Vec<(String, Value)> = Vec::new();
+    for pair in params.pairs::<Value, Value>() {
+        let (k, v) = pair?;
+        match &k {
+            Value::String(s) => named.push((s.to_string_lossy(), v)),
+            other => {
+                return Err(HostError::lua(format!(
+                    "tools.add_local param names must be strings, got {}",
+                    lua_type_name(other)
+                ))
+                .into())
+            }
+        }
+    }
+    named.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+    let mut props = Map::new();
+    let mut required = Vec::new();
+    for (name, spec) in named {
+        let not_a_spec = || {
+            HostError::lua(format!("tools.add_local param \"{name}\" must be a type string or a {{type, description}} array"))
+        };
+        let (ty, description) = match &spec {
+            Value::String(s) => (s.to_string_lossy(), None),
+            Value::Table(t) => {
+                let ty = match t.raw_get::<Value>(1)? {
+                    Value::String(s) => s.to_string_lossy(),
+                    _ => return Err(not_a_spec().into()),
+                };
+                let description = match t.raw_get::<Value>(2)? {
+                    Value::Nil => None,
+                    Value::String(s) => Some(s.to_string_lossy()),
+                    _ => return Err(not_a_spec().into()),
+                };
+                (ty, description)
+            }
+            _ => return Err(not_a_spec().into()),
+        };
+        if !matches!(ty.as_str(), "string" | "integer" | "number" | "boolean") {
+            return Err(HostError::lua(format!(
+                "tools.add_local param \"{name}\" has unsupported type \"{ty}\": expected \"string\", \"integer\", \"number\", or \"boolean\""
+            ))
+            .into());
+        }
+        let mut prop = Map::new();
+        prop.insert("type".into(), Json::String(ty));
+        if let Some(d) = description {
+            prop.insert("description".into(), Json::String(d));
+        }
+        props.insert(name.clone(), Json::Object(prop));
+        required.push(Json::String(name));
+    }
+    Ok(json!({"type": "object", "properties": Json::Object(props), "required": required}))
 }
 
 // ---------------------------------------------------------------------------

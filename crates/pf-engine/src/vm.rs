@@ -70,10 +70,7 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
         "cancelled",
         lua.create_function(move |_, ()| Ok(cancel_flag.is_cancelled()))?,
     )?;
-    let h: Table = lua
-        .load(PRELUDE)
-        .set_name("=[promptforge prelude]")
-        .call(h)?;
+    let h: Table = internal_chunk(&lua, "=[promptforge prelude]", PRELUDE)?.call(h)?;
     lua.set_named_registry_value("pf.helpers", h.clone())?;
 
     let g = lua.globals();
@@ -147,7 +144,7 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
         "prose_read",
         host_fn(&lua, |lua, _| crate::walk::read_prose(lua))?,
     )?;
-    lua.load(ENV).set_name("=[promptforge env]").call::<()>(h)?;
+    internal_chunk(&lua, "=[promptforge env]", ENV)?.call::<()>(h)?;
     Ok(lua)
 }
 
@@ -316,4 +313,35 @@ pub(crate) fn var_json(value: &Value, path: &str) -> Result<serde_json::Value, H
 #[allow(dead_code)]
 pub(crate) fn h(lua: &Lua) -> mlua::Result<Table> {
     helpers(lua)
+}
+
+thread_local! {
+    /// Bytecode of the engine's own Lua chunks, compiled once per thread: every
+    /// section VM runs them, and lexing them again for each VM was most of a VM's cost.
+    static INTERNAL_BYTECODE: std::cell::RefCell<std::collections::HashMap<&'static str, Vec<u8>>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+/// Load one of the engine's own chunks (never prompt code: prompt chunks stay text-only).
+pub(crate) fn internal_chunk(
+    lua: &Lua,
+    name: &'static str,
+    source: &'static str,
+) -> mlua::Result<mlua::Function> {
+    let cached = INTERNAL_BYTECODE.with(|c| c.borrow().get(name).cloned());
+    if let Some(code) = cached {
+        return lua
+            .load(code)
+            .set_name(name)
+            .set_mode(mlua::ChunkMode::Binary)
+            .into_function();
+    }
+    let f = lua
+        .load(source)
+        .set_name(name)
+        .set_mode(mlua::ChunkMode::Text)
+        .into_function()?;
+    let code = f.dump(false);
+    INTERNAL_BYTECODE.with(|c| c.borrow_mut().insert(name, code));
+    Ok(f)
 }
