@@ -19,6 +19,7 @@ fn setup(store: &std::path::Path, model: Option<Arc<dyn ModelProvider>>) -> RunS
         model,
         cancel: CancellationToken::new(),
         ui: None,
+        live: None,
     }
 }
 

@@ -65,6 +65,14 @@ pub(crate) struct RunCtx {
     pub var: RefCell<Json>,
     pub log_event_quota: u32,
     pub memory_limit: usize,
+    /// The Host's live output, when it shows one.
+    pub live: Option<crate::LiveOutput>,
+    /// The events reported so far, in order.
+    pub events: RefCell<Vec<crate::RunEvent>>,
+    /// The main walk's next sequence number.
+    pub seq: Cell<u32>,
+    /// The main walk's round count.
+    pub turns: Cell<u32>,
 }
 
 impl RunCtx {

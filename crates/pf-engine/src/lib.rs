@@ -6,6 +6,7 @@
 
 mod ctx;
 mod error;
+mod events;
 mod io_files;
 mod json;
 mod models;
@@ -29,6 +30,7 @@ use rand::{RngCore, SeedableRng};
 
 pub use ctx::Checkpoint;
 pub use error::{RunError, RunErrorKind};
+pub use events::{EventKind, LiveOutput, LiveText, Provenance, RunEvent, MAIN_TASK};
 pub use io_files::{collect_output, missing_input, place_input, CollectedOutput};
 pub use text::{envelope, format_when};
 
@@ -45,6 +47,9 @@ pub struct RunSetup {
     pub cancel: CancellationToken,
     /// The host-state snapshot for `ui()`, when the Host has one.
     pub ui: Option<serde_json::Value>,
+    /// Live output: when set, `models.loop` rounds stream and each text fragment
+    /// reaches it as it arrives (`models.infer` rounds never stream).
+    pub live: Option<LiveOutput>,
 }
 
 /// How a run ended.
@@ -61,6 +66,8 @@ pub struct RunReport {
     pub outcome: Outcome,
     pub execution: String,
     pub checkpoints: Vec<Checkpoint>,
+    /// Everything the run reported, in order (guide ch. 16).
+    pub events: Vec<RunEvent>,
 }
 
 /// The version rules: `Ok` when the prompt may run.
@@ -98,6 +105,7 @@ pub async fn run(prompt: Arc<Prompt>, setup: RunSetup) -> RunReport {
             outcome: Outcome::Failed(e),
             execution,
             checkpoints: Vec::new(),
+            events: Vec::new(),
         };
     }
     // A store that fails as the run starts fails the run (kind `Store`), rather
@@ -113,6 +121,7 @@ pub async fn run(prompt: Arc<Prompt>, setup: RunSetup) -> RunReport {
                 )),
                 execution,
                 checkpoints: Vec::new(),
+                events: Vec::new(),
             };
         }
     };
@@ -135,6 +144,7 @@ pub async fn run(prompt: Arc<Prompt>, setup: RunSetup) -> RunReport {
                 outcome: Outcome::Failed(RunError::new(RunErrorKind::RequirementsUnmet, notice)),
                 execution,
                 checkpoints: Vec::new(),
+                events: Vec::new(),
             };
         }
     };
@@ -166,6 +176,10 @@ pub async fn run(prompt: Arc<Prompt>, setup: RunSetup) -> RunReport {
         var: std::cell::RefCell::new(serde_json::Value::Object(Default::default())),
         log_event_quota: DEFAULT_LOG_EVENTS,
         memory_limit: DEFAULT_MEMORY,
+        live: setup.live.clone(),
+        events: Default::default(),
+        seq: Default::default(),
+        turns: Default::default(),
     });
     let outcome = walk::run_main(Rc::clone(&run_ctx)).await;
     // The first outcome wins: a cancel that landed before the end is the outcome.
@@ -179,10 +193,12 @@ pub async fn run(prompt: Arc<Prompt>, setup: RunSetup) -> RunReport {
         a.shutdown().await;
     }
     let checkpoints = run_ctx.checkpoints.borrow().clone();
+    let events = run_ctx.events.take();
     RunReport {
         outcome,
         execution,
         checkpoints,
+        events,
     }
 }
 

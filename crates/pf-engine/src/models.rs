@@ -16,10 +16,13 @@ use crate::ctx::{
     arg, cancelled_error, helpers, host_async, host_fn, section, RoleChoice, RunCtx, SectionCtx,
 };
 use crate::error::{HostError, HostResult, Raise, RunErrorKind};
+use crate::events::{deliver, fields, EventKind, LiveText};
 use crate::json::json_to_lua;
 use crate::models_check::{check_across, compose, estimate_tokens, read_list, to_wire};
 use crate::text::{envelope, float_text, lua_type_name};
-use crate::tools::{list_text, run_bound, run_local, valid_alias, BoundOutcome, ENGINE_TOOL_NAMES};
+use crate::tools::{
+    list_text, run_bound, run_local_reported, valid_alias, BoundOutcome, ENGINE_TOOL_NAMES,
+};
 
 /// The context window of a handle made for a raw model id.
 const MODEL_ID_CONTEXT: u64 = 8192;
@@ -524,12 +527,63 @@ enum RoundFailure {
     Error(HostError),
 }
 
+/// What the calling client measured about one model call.
+struct ClientTiming {
+    e2e_ms: f64,
+    ttft_ms: Option<f64>,
+    mean_itl_ms: Option<f64>,
+}
+
+impl ClientTiming {
+    /// The event's `metrics`: token usage when the provider reported it, and the client's clock.
+    fn metrics(&self, resp: &ChatResponse) -> Json {
+        let mut metrics = serde_json::Map::new();
+        if let Some(u) = &resp.usage {
+            metrics.insert(
+                "usage".into(),
+                serde_json::json!({
+                    "prompt_tokens": u.input_tokens,
+                    "completion_tokens": u.output_tokens,
+                    "total_tokens": u.input_tokens.saturating_add(u.output_tokens),
+                }),
+            );
+        }
+        let mut client = serde_json::Map::new();
+        client.insert("e2e_ms".into(), serde_json::json!(self.e2e_ms));
+        if let Some(t) = self.ttft_ms {
+            client.insert("ttft_ms".into(), serde_json::json!(t));
+        }
+        if let Some(t) = self.mean_itl_ms {
+            client.insert("mean_itl_ms".into(), serde_json::json!(t));
+        }
+        metrics.insert("client".into(), Json::Object(client));
+        Json::Object(metrics)
+    }
+}
+
+fn millis(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// The fragments of a streamed round: their text and when they arrived.
+#[derive(Default)]
+struct Fragments {
+    text: String,
+    count: u32,
+    first: Option<std::time::Instant>,
+    last: Option<std::time::Instant>,
+}
+
+/// Send one round. A streamed round (`models.loop` with a Host that shows live
+/// output) forwards each text fragment to the Host as it arrives, and its reply
+/// text is the fragments joined.
 async fn send_round(
     sec: &Rc<SectionCtx>,
     target: &Target,
     messages: Vec<ChatMessage>,
     tools: Option<Vec<ToolDecl>>,
-) -> Result<ChatResponse, RoundFailure> {
+    stream: bool,
+) -> Result<(ChatResponse, ClientTiming), RoundFailure> {
     let Some(model) = sec.run.model.clone() else {
         return Err(RoundFailure::Error(missing_model(sec)));
     };
@@ -546,27 +600,159 @@ async fn send_round(
         thinking,
     };
     let cancel = sec.run.cancel.clone();
-    let reply = tokio::select! {
-        _ = cancel.cancelled() => return Err(RoundFailure::Error(cancelled_error())),
-        r = model.complete(request, cancel.child_token()) => r,
+    sec.run.host_work();
+    let started = std::time::Instant::now();
+    let live = sec.run.live.clone().filter(|_| stream);
+    let mut fragments = Fragments::default();
+    let reply = match &live {
+        None => tokio::select! {
+            _ = cancel.cancelled() => return Err(RoundFailure::Error(cancelled_error())),
+            r = model.complete(request, cancel.child_token()) => r,
+        },
+        Some(live) => {
+            let section = sec.name.clone();
+            let turn = sec.run.turns().saturating_add(1);
+            let mut listening = true;
+            let mut on_text = |text: &str| {
+                if text.is_empty() {
+                    return;
+                }
+                let now = std::time::Instant::now();
+                fragments.first.get_or_insert(now);
+                fragments.last = Some(now);
+                fragments.count = fragments.count.saturating_add(1);
+                fragments.text.push_str(text);
+                if listening {
+                    let fragment = LiveText {
+                        section: &section,
+                        turn,
+                        text,
+                    };
+                    listening = deliver(live, fragment);
+                }
+            };
+            tokio::select! {
+                _ = cancel.cancelled() => return Err(RoundFailure::Error(cancelled_error())),
+                r = model.complete_streaming(request, cancel.child_token(), &mut on_text) => r,
+            }
+        }
     };
-    match reply {
-        Ok(resp) => Ok(resp),
-        Err(ProviderError::Cancelled) => Err(RoundFailure::Error(cancelled_error())),
-        Err(ProviderError::ContextOverflow(_)) => Err(RoundFailure::Overflow),
-        Err(ProviderError::Failed(message)) => Err(RoundFailure::Error(
-            HostError::new("internal", message).run_kind(RunErrorKind::Completion),
-        )),
+    let ended = std::time::Instant::now();
+    let mut resp = match reply {
+        Ok(resp) => resp,
+        Err(ProviderError::Cancelled) => return Err(RoundFailure::Error(cancelled_error())),
+        Err(ProviderError::ContextOverflow(_)) => return Err(RoundFailure::Overflow),
+        Err(ProviderError::Failed(message)) => {
+            return Err(RoundFailure::Error(
+                HostError::new("internal", message).run_kind(RunErrorKind::Completion),
+            ))
+        }
+    };
+    if live.is_some() && fragments.count > 0 {
+        resp.content = Some(std::mem::take(&mut fragments.text));
+    }
+    let timing = ClientTiming {
+        e2e_ms: millis(ended.duration_since(started)),
+        ttft_ms: fragments.first.map(|t| millis(t.duration_since(started))),
+        mean_itl_ms: match (fragments.first, fragments.last) {
+            (Some(first), Some(last)) if fragments.count >= 2 => {
+                Some(millis(last.duration_since(first)) / f64::from(fragments.count - 1))
+            }
+            _ => None,
+        },
+    };
+    Ok((resp, timing))
+}
+
+/// Report a round that failed (never a cancelled one: the run is ending).
+fn report_failed_round(sec: &SectionCtx) {
+    if !sec.run.cancel.is_cancelled() {
+        sec.boundary(EventKind::ModelTurnFailed);
     }
 }
+
+/// A round's reply arrived: count the round and report `model_turn_completed`
+/// (with the detail and finish reason of an empty reply), any degraded
+/// metadata, and `model_turn_truncated` for a text reply cut at `length`.
+fn complete_round(sec: &SectionCtx, resp: &ChatResponse) -> u32 {
+    let turn = sec.run.complete_turn();
+    let text_reply = resp.tool_calls.is_empty();
+    let mut completed = serde_json::Map::new();
+    if text_reply && is_empty_reply(resp.content.as_deref()) {
+        completed.insert("detail".into(), Json::String(EMPTY_REPLY.into()));
+        if let Some(f) = &resp.finish_reason {
+            completed.insert("finish_reason".into(), Json::String(f.clone()));
+        }
+    }
+    sec.report(EventKind::ModelTurnCompleted, completed);
+    if resp.model.is_none() {
+        sec.report(
+            EventKind::ModelMetadataDegraded,
+            fields(serde_json::json!({
+                "turn": turn,
+                "message": "completion response named no string `model`; recorded as empty",
+            })),
+        );
+    }
+    if text_reply
+        && !is_empty_reply(resp.content.as_deref())
+        && resp.finish_reason.as_deref() == Some("length")
+    {
+        sec.boundary(EventKind::ModelTurnTruncated);
+    }
+    turn
+}
+
+/// The `assistant_reply` event of an accepted text reply.
+fn report_reply(
+    sec: &SectionCtx,
+    turn: u32,
+    resp: &ChatResponse,
+    origin: &str,
+    timing: &ClientTiming,
+) {
+    let mut reply = fields(serde_json::json!({
+        "turn": turn,
+        "text": resp.content.as_deref().unwrap_or_default(),
+    }));
+    if let Some(f) = &resp.finish_reason {
+        reply.insert("finish_reason".into(), Json::String(f.clone()));
+    }
+    reply.insert(
+        "model".into(),
+        Json::String(resp.model.clone().unwrap_or_default()),
+    );
+    reply.insert("origin".into(), Json::String(origin.into()));
+    reply.insert("metrics".into(), timing.metrics(resp));
+    sec.report(EventKind::AssistantReply, reply);
+}
+
+/// The `assistant_tool_calls` event: the batch as the model produced it.
+fn report_tool_calls(sec: &SectionCtx, turn: u32, resp: &ChatResponse, calls: &[(ToolCall, Json)]) {
+    let calls: Vec<Json> = calls
+        .iter()
+        .map(|(call, arguments)| {
+            serde_json::json!({"id": call.id, "name": call.name, "arguments": arguments})
+        })
+        .collect();
+    sec.report(
+        EventKind::AssistantToolCalls,
+        fields(serde_json::json!({
+            "turn": turn,
+            "model": resp.model.clone().unwrap_or_default(),
+            "calls": calls,
+        })),
+    );
+}
+
+const EMPTY_REPLY: &str = "empty model reply";
 
 fn is_empty_reply(text: Option<&str>) -> bool {
     text.is_none_or(|t| t.trim().is_empty())
 }
 
 fn empty_reply(resp: &ChatResponse) -> HostError {
-    let mut e =
-        HostError::new("empty_model_reply", "empty model reply").run_kind(RunErrorKind::Completion);
+    let mut e = HostError::new("empty_model_reply", EMPTY_REPLY).run_kind(RunErrorKind::Completion);
     if let Some(f) = &resp.finish_reason {
         e = e.with("finish_reason", f.clone());
     }
@@ -625,27 +811,35 @@ async fn models_infer(lua: Lua, args: MultiValue) -> HostResult<String> {
         tool_calls: vec![],
         tool_call_id: None,
     };
-    let resp = match send_round(&sec, &target, vec![message], None).await {
+    let (resp, timing) = match send_round(&sec, &target, vec![message], None, false).await {
         Ok(r) => r,
-        Err(RoundFailure::Error(e)) => return Err(e.into()),
+        Err(RoundFailure::Error(e)) => {
+            report_failed_round(&sec);
+            return Err(e.into());
+        }
         Err(RoundFailure::Overflow) => {
+            report_failed_round(&sec);
             return Err(HostError::new(
                 "internal",
                 "the provider rejected the request as exceeding the model's context window",
             )
             .run_kind(RunErrorKind::Completion)
-            .into())
+            .into());
         }
     };
     if !resp.tool_calls.is_empty() {
+        report_failed_round(&sec);
         return Err(HostError::lua(
             "model inference received tool calls but no tools were advertised",
         )
         .into());
     }
+    // An empty reply still completes its round.
+    let turn = complete_round(&sec, &resp);
     if is_empty_reply(resp.content.as_deref()) {
         return Err(empty_reply(&resp).into());
     }
+    report_reply(&sec, turn, &resp, "infer", &timing);
     Ok(resp.content.unwrap_or_default())
 }
 
@@ -756,10 +950,17 @@ fn text_record(lua: &Lua, role: &str, content: &str) -> mlua::Result<Table> {
     Ok(rec)
 }
 
-/// Check the list as it stands: each record's fields, then the rules across records.
-fn checked_records(list_v: &Value) -> Result<Vec<crate::models_check::Record>, HostError> {
+/// Check the list as it stands: each record's fields, then the rules across
+/// records, whose failure is also reported as a failed round.
+fn checked_records(
+    sec: &SectionCtx,
+    list_v: &Value,
+) -> Result<Vec<crate::models_check::Record>, HostError> {
     let records = read_list(list_v).map_err(HostError::lua)?;
-    check_across(&records).map_err(HostError::lua)?;
+    if let Err(message) = check_across(&records) {
+        sec.boundary(EventKind::ModelTurnFailed);
+        return Err(HostError::lua(message));
+    }
     Ok(records)
 }
 
@@ -790,7 +991,7 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
             .into())
         }
     };
-    checked_records(&list_v)?;
+    checked_records(&sec, &list_v)?;
     let Value::Table(list) = &list_v else {
         return Err(HostError::lua(format!(
             "messages must be a table of message tables, got {}",
@@ -801,8 +1002,18 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
     let mut answered_any = false;
     for _round in 0..sec.run.max_rounds {
         let target = pick_target(&sec, handle.as_ref())?;
-        let offered = offered_tools(&sec)?;
-        let records = checked_records(&list_v)?;
+        sec.boundary(EventKind::ToolScopeValidationStarted);
+        let offered = match offered_tools(&sec) {
+            Ok(offered) => {
+                sec.boundary(EventKind::ToolScopeValidationSucceeded);
+                offered
+            }
+            Err(e) => {
+                sec.boundary(EventKind::ToolScopeValidationFailed);
+                return Err(e.into());
+            }
+        };
+        let records = checked_records(&sec, &list_v)?;
         let composed = compose(&records);
         if estimate_tokens(&composed) > target.context {
             return Err(overflow(&lua, compactor.as_ref(), "precheck").await);
@@ -813,22 +1024,30 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
         } else {
             Some(offered)
         };
-        let resp = match send_round(&sec, &target, to_wire(&composed), tools).await {
+        let (resp, timing) = match send_round(&sec, &target, to_wire(&composed), tools, true).await
+        {
             Ok(r) => r,
             Err(RoundFailure::Overflow) => {
-                return Err(overflow(&lua, compactor.as_ref(), "provider").await)
+                report_failed_round(&sec);
+                return Err(overflow(&lua, compactor.as_ref(), "provider").await);
             }
-            Err(RoundFailure::Error(e)) => return Err(e.into()),
+            Err(RoundFailure::Error(e)) => {
+                report_failed_round(&sec);
+                return Err(e.into());
+            }
         };
         if resp.tool_calls.is_empty() {
+            let turn = complete_round(&sec, &resp);
             if is_empty_reply(resp.content.as_deref()) {
                 // The clean exit: an empty "stop" after the loop answered a tool call.
                 if answered_any && resp.finish_reason.as_deref() == Some("stop") {
+                    report_reply(&sec, turn, &resp, "chat", &timing);
                     append_record(list, text_record(&lua, "assistant", "")?)?;
                     return Ok(());
                 }
                 return Err(empty_reply(&resp).into());
             }
+            report_reply(&sec, turn, &resp, "chat", &timing);
             append_record(
                 list,
                 text_record(
@@ -839,7 +1058,16 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
             )?;
             return Ok(());
         }
-        let calls = decode_calls(&resp.tool_calls)?;
+        // A malformed batch fails the round: it never counts as completed.
+        let calls = match decode_calls(&resp.tool_calls) {
+            Ok(calls) => calls,
+            Err(e) => {
+                report_failed_round(&sec);
+                return Err(e.into());
+            }
+        };
+        let turn = complete_round(&sec, &resp);
+        report_tool_calls(&sec, turn, &resp, &calls);
         for (call, _) in &calls {
             let allowed =
                 names.contains(&call.name) && !ENGINE_TOOL_NAMES.contains(&call.name.as_str());
@@ -854,6 +1082,7 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
                         " (alias is a bound tool slot but was not added to this section's scope)",
                     );
                 }
+                sec.boundary(EventKind::ToolCallFailed);
                 return Err(HostError::new("out_of_scope_tool", msg)
                     .with("name", call.name.clone())
                     .into());
@@ -864,11 +1093,33 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
         for (call, arguments) in &calls {
             sec.count_call(&call.name);
             let text = if sec.has_local(&call.name) {
-                run_local(&lua, &sec, &call.name, arguments).await?
+                let text = run_local_reported(&lua, &sec, &call.name, arguments).await?;
+                sec.report_tool_result(turn, &call.id, &call.name, &text, true);
+                text
             } else {
-                match run_bound(&sec, &call.name, arguments.clone()).await? {
-                    BoundOutcome::Output(t) => t,
-                    BoundOutcome::Failed(m) => envelope(&m, &sec.run.nonce),
+                let trusted = sec.run.bound(&call.name).is_some_and(|b| b.trusted);
+                let outcome = match run_bound(&sec, &call.name, arguments.clone()).await {
+                    Ok(outcome) => outcome,
+                    Err(e) => {
+                        if !sec.run.cancel.is_cancelled() {
+                            sec.boundary(EventKind::ToolCallFailed);
+                        }
+                        return Err(e.into());
+                    }
+                };
+                match outcome {
+                    BoundOutcome::Output(t) => {
+                        sec.boundary(EventKind::ToolCallSucceeded);
+                        sec.report_tool_result(turn, &call.id, &call.name, &t, trusted);
+                        t
+                    }
+                    BoundOutcome::Failed(m) => {
+                        // Reported before it becomes the failure text the model reads.
+                        sec.boundary(EventKind::ToolCallFailed);
+                        let t = envelope(&m, &sec.run.nonce);
+                        sec.report_tool_result(turn, &call.id, &call.name, &t, false);
+                        t
+                    }
                 }
             };
             results.push(text);
@@ -972,6 +1223,7 @@ mod tests {
             model: Some(provider),
             cancel: CancellationToken::new(),
             ui,
+            live: None,
         };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()

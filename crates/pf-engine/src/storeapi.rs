@@ -14,6 +14,7 @@ use pf_store::{Store, StoreError};
 
 use crate::ctx::{arg, cancelled_error, host_async, section, string_arg};
 use crate::error::{HostError, HostResult};
+use crate::events::StoreOp;
 use crate::text::lua_type_name;
 
 /// What a `store.*` function needs to know about the section that calls it.
@@ -89,8 +90,11 @@ impl CallSite {
 /// The operation is not raced against cancel: a change that started finishes
 /// (and every change is an atomic replace), so the store always holds the old
 /// or the new contents; the cancel shows at the next call or hook poll.
+/// `reports` names the operation's events; each outcome is reported before the
+/// Lua call returns, with no path, content or error detail.
 async fn with_store<T: Send + 'static>(
     lua: &Lua,
+    reports: Option<StoreOp>,
     op: impl FnOnce(&Store) -> Result<T, StoreError> + Send + 'static,
 ) -> HostResult<T> {
     let sec = section(lua)?;
@@ -98,7 +102,12 @@ async fn with_store<T: Send + 'static>(
         return Err(cancelled_error().into());
     }
     let store = sec.run.store.clone();
-    match tokio::task::spawn_blocking(move || op(&store)).await {
+    sec.run.host_work();
+    let done = tokio::task::spawn_blocking(move || op(&store)).await;
+    if let Some(op) = reports {
+        sec.boundary(op.outcome(matches!(done, Ok(Ok(_)))));
+    }
+    match done {
         Ok(Ok(value)) => Ok(value),
         // User errors carry their exact message; backend errors already carry
         // the fixed `store backend failure` with the detail only in the log.
@@ -121,7 +130,10 @@ pub(crate) fn make_store(lua: &Lua) -> mlua::Result<Table> {
             let path = site.text(&lua, &args, 0, "path")?;
             let start = site.bound(&lua, &args, 1, "start")?;
             let end = site.bound(&lua, &args, 2, "end")?;
-            with_store(&lua, move |s| s.read_lines(&path, start, end)).await
+            with_store(&lua, Some(StoreOp::Read), move |s| {
+                s.read_lines(&path, start, end)
+            })
+            .await
         })?,
     )?;
     t.raw_set(
@@ -131,7 +143,10 @@ pub(crate) fn make_store(lua: &Lua) -> mlua::Result<Table> {
             let path = site.text(&lua, &args, 0, "path")?;
             let start = site.bound(&lua, &args, 1, "start")?;
             let end = site.bound(&lua, &args, 2, "end")?;
-            with_store(&lua, move |s| s.read_numbered(&path, start, end)).await
+            with_store(&lua, Some(StoreOp::ReadNumbered), move |s| {
+                s.read_numbered(&path, start, end)
+            })
+            .await
         })?,
     )?;
     t.raw_set(
@@ -140,7 +155,10 @@ pub(crate) fn make_store(lua: &Lua) -> mlua::Result<Table> {
             let site = CallSite::of(&lua)?;
             let path = site.text(&lua, &args, 0, "path")?;
             let contents = site.text(&lua, &args, 1, "contents")?;
-            with_store(&lua, move |s| s.write(&path, &contents)).await?;
+            with_store(&lua, Some(StoreOp::Write), move |s| {
+                s.write(&path, &contents)
+            })
+            .await?;
             Ok(Value::Nil)
         })?,
     )?;
@@ -150,7 +168,10 @@ pub(crate) fn make_store(lua: &Lua) -> mlua::Result<Table> {
             let site = CallSite::of(&lua)?;
             let path = site.text(&lua, &args, 0, "path")?;
             let contents = site.text(&lua, &args, 1, "contents")?;
-            with_store(&lua, move |s| s.append(&path, &contents)).await?;
+            with_store(&lua, Some(StoreOp::Append), move |s| {
+                s.append(&path, &contents)
+            })
+            .await?;
             Ok(Value::Nil)
         })?,
     )?;
@@ -161,7 +182,10 @@ pub(crate) fn make_store(lua: &Lua) -> mlua::Result<Table> {
             let path = site.text(&lua, &args, 0, "path")?;
             let old = site.text(&lua, &args, 1, "old")?;
             let new = site.text(&lua, &args, 2, "new")?;
-            with_store(&lua, move |s| s.str_replace(&path, &old, &new)).await?;
+            with_store(&lua, Some(StoreOp::Replace), move |s| {
+                s.str_replace(&path, &old, &new)
+            })
+            .await?;
             Ok(Value::Nil)
         })?,
     )?;
@@ -170,7 +194,7 @@ pub(crate) fn make_store(lua: &Lua) -> mlua::Result<Table> {
         host_async(lua, |lua, args| async move {
             let site = CallSite::of(&lua)?;
             let path = site.text(&lua, &args, 0, "path")?;
-            with_store(&lua, move |s| s.delete(&path)).await?;
+            with_store(&lua, Some(StoreOp::Delete), move |s| s.delete(&path)).await?;
             Ok(Value::Nil)
         })?,
     )?;
@@ -179,7 +203,7 @@ pub(crate) fn make_store(lua: &Lua) -> mlua::Result<Table> {
         host_async(lua, |lua, args| async move {
             let site = CallSite::of(&lua)?;
             let path = site.text(&lua, &args, 0, "path")?;
-            with_store(&lua, move |s| s.exists(&path)).await
+            with_store(&lua, None, move |s| s.exists(&path)).await
         })?,
     )?;
     t.raw_set(
@@ -187,7 +211,7 @@ pub(crate) fn make_store(lua: &Lua) -> mlua::Result<Table> {
         host_async(lua, |lua, args| async move {
             let site = CallSite::of(&lua)?;
             let pattern = site.text(&lua, &args, 0, "pattern")?;
-            let found = with_store(&lua, move |s| s.glob(&pattern)).await?;
+            let found = with_store(&lua, Some(StoreOp::Glob), move |s| s.glob(&pattern)).await?;
             let out = lua.create_table()?;
             for (i, p) in found.into_iter().enumerate() {
                 out.raw_set(i + 1, p)?;

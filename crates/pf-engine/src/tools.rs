@@ -13,6 +13,7 @@ use crate::ctx::{
     arg, cancelled_error, helpers, host_async, host_fn, section, LocalTool, SectionCtx,
 };
 use crate::error::{HostError, HostResult, Raise};
+use crate::events::EventKind;
 use crate::json::{json_to_lua, lua_to_json};
 use crate::text::{envelope, lua_type_name, scalar_text};
 
@@ -479,6 +480,7 @@ pub(crate) async fn run_bound(
     let plugin = b.plugin.clone();
     let path = b.path.clone();
     let child = cancel.child_token();
+    sec.run.host_work();
     let result = tokio::select! {
         _ = cancel.cancelled() => return Err(cancelled_error()),
         r = plugin.call(&path, args, child) => r,
@@ -578,31 +580,76 @@ async fn tools_call(lua: Lua, args: MultiValue) -> HostResult<Value> {
             .into())
         }
     };
+    // A script call's `tool_result` carries the rounds completed when it was made.
+    let turn = sec.run.turns();
     if ENGINE_TOOL_NAMES.contains(&name.as_str()) {
+        sec.boundary(EventKind::ToolCallFailed);
         return Err(unbound(&sec, &name).into());
     }
     if sec.has_local(&name) {
         sec.count_call(&name);
-        let text = run_local(&lua, &sec, &name, &call_args).await?;
+        let text = run_local_reported(&lua, &sec, &name, &call_args).await?;
+        sec.report_tool_result(turn, "", &name, &text, true);
         return Ok(Value::String(lua.create_string(&text)?));
     }
     let Some(b) = sec.run.bound(&name) else {
+        sec.boundary(EventKind::ToolCallFailed);
         return Err(unbound(&sec, &name).into());
     };
     let structured = b.structured;
+    let trusted = b.trusted;
     sec.count_call(&name);
-    match run_bound(&sec, &name, call_args).await? {
+    let outcome = match run_bound(&sec, &name, call_args).await {
+        Ok(outcome) => outcome,
+        Err(e) => {
+            if !sec.run.cancel.is_cancelled() {
+                sec.boundary(EventKind::ToolCallFailed);
+            }
+            return Err(e.into());
+        }
+    };
+    match outcome {
         BoundOutcome::Output(text) if structured => match serde_json::from_str::<Json>(&text) {
-            Ok(j) => Ok(json_to_lua(&lua, &j)?),
-            Err(_) => Err(HostError::new(
-                "tool",
-                format!("tool call failure: structured tool \"{name}\" returned invalid JSON"),
-            )
-            .into()),
+            Ok(j) => {
+                sec.boundary(EventKind::ToolCallSucceeded);
+                sec.report_tool_result(turn, "", &name, &text, trusted);
+                Ok(json_to_lua(&lua, &j)?)
+            }
+            Err(_) => {
+                sec.boundary(EventKind::ToolCallFailed);
+                Err(HostError::new(
+                    "tool",
+                    format!("tool call failure: structured tool \"{name}\" returned invalid JSON"),
+                )
+                .into())
+            }
         },
-        BoundOutcome::Output(text) => Ok(Value::String(lua.create_string(&text)?)),
+        BoundOutcome::Output(text) => {
+            sec.boundary(EventKind::ToolCallSucceeded);
+            sec.report_tool_result(turn, "", &name, &text, trusted);
+            Ok(Value::String(lua.create_string(&text)?))
+        }
         BoundOutcome::Failed(msg) => {
+            sec.boundary(EventKind::ToolCallFailed);
             Err(HostError::new("tool", format!("tool call failure: {msg}")).into())
         }
     }
+}
+
+/// Run a local tool and report its outcome: a handler that returns succeeded,
+/// one that raises or returns a table failed (before the error reaches the caller).
+pub(crate) async fn run_local_reported(
+    lua: &Lua,
+    sec: &Rc<SectionCtx>,
+    alias: &str,
+    args: &Json,
+) -> HostResult<String> {
+    let outcome = run_local(lua, sec, alias, args).await;
+    match &outcome {
+        Ok(_) => sec.boundary(EventKind::ToolCallSucceeded),
+        // A cancelled run reports nothing more for the call it interrupted.
+        Err(_) if sec.run.cancel.is_cancelled() => {}
+        Err(_) => sec.boundary(EventKind::ToolCallFailed),
+    }
+    outcome
 }

@@ -260,6 +260,10 @@ fn make_log(lua: &Lua) -> mlua::Result<mlua::Function> {
         }
         sec.log_bytes.set(bytes);
         tracing::info!(section = %sec.name, "checkpoint: {msg}");
+        sec.report(
+            crate::EventKind::Lua,
+            crate::events::fields(serde_json::json!({ "message": msg })),
+        );
         sec.run.checkpoints.borrow_mut().push(crate::Checkpoint {
             section: sec.name.clone(),
             message: msg,
@@ -280,16 +284,25 @@ fn make_input(lua: &Lua) -> mlua::Result<Table> {
                 Value::Nil => String::new(),
                 _ => string_arg(&args, 0, "question")?,
             };
+            // Every wait reports its start, even in a host with no operator.
+            sec.boundary(crate::EventKind::UserInputWaitStarted);
             let Some(broker) = sec.run.services.input_broker.clone() else {
                 return Ok((INPUT_UNAVAILABLE.to_string(), false));
             };
+            sec.run.host_work();
             let cancel = sec.run.cancel.clone();
             let answer = tokio::select! {
                 _ = cancel.cancelled() => return Err(crate::ctx::cancelled_error().into()),
                 a = broker.ask(&question, cancel.clone()) => a,
             };
             match answer {
-                Ok(Some(text)) => Ok((text, true)),
+                Ok(Some(text)) => {
+                    sec.report(
+                        crate::EventKind::UserInput,
+                        crate::events::fields(serde_json::json!({ "text": text })),
+                    );
+                    Ok((text, true))
+                }
                 Ok(None) => Ok((INPUT_UNAVAILABLE.to_string(), false)),
                 Err(msg) => Err(HostError::new(
                     "internal",

@@ -661,6 +661,7 @@ mod tests {
             model: None,
             cancel: cancel.clone(),
             ui: None,
+            live: None,
         };
         if let Some(delay) = cancel_after {
             std::thread::spawn(move || {

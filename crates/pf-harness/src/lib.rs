@@ -230,6 +230,9 @@ pub struct ChatResponse {
     /// (`stop`, `length`, `tool_calls`, `content_filter`) where possible.
     pub finish_reason: Option<String>,
     pub usage: Option<Usage>,
+    /// The name of the model that served the round, as the provider returned it;
+    /// `None` when the response named none.
+    pub model: Option<String>,
 }
 
 /// How a model call failed.
@@ -252,6 +255,9 @@ impl std::fmt::Display for ProviderError {
     }
 }
 
+/// Receives the text fragments of a streamed reply, in arrival order.
+pub type OnText<'a> = dyn for<'t> FnMut(&'t str) + Send + 'a;
+
 /// A model provider: the Host's current model behind a wire protocol.
 #[async_trait]
 pub trait ModelProvider: Send + Sync {
@@ -261,6 +267,23 @@ pub trait ModelProvider: Send + Sync {
         request: ChatRequest,
         cancel: CancellationToken,
     ) -> Result<ChatResponse, ProviderError>;
+
+    /// [`ModelProvider::complete`], handing each fragment of the reply's visible text
+    /// to `on_text` as it arrives, in order; the response's `content` is the fragments
+    /// joined. Reasoning text is never passed. The default streams nothing: it waits
+    /// for the whole reply and passes its text once.
+    async fn complete_streaming(
+        &self,
+        request: ChatRequest,
+        cancel: CancellationToken,
+        on_text: &mut OnText<'_>,
+    ) -> Result<ChatResponse, ProviderError> {
+        let response = self.complete(request, cancel).await?;
+        if let Some(text) = response.content.as_deref().filter(|text| !text.is_empty()) {
+            on_text(text);
+        }
+        Ok(response)
+    }
 }
 
 #[cfg(test)]

@@ -13,11 +13,17 @@
 //!   with B = max(1024, max_tokens) and raises `max_tokens` by B, so thinking never
 //!   eats the answer's allowance; `temperature` is then left out (the API refuses both);
 //! - `stop_reason`: end_turn/stop_sequence→stop, max_tokens→length,
-//!   tool_use→tool_calls, refusal→content_filter, others unchanged.
+//!   tool_use→tool_calls, refusal→content_filter, others unchanged;
+//! - streaming sends `"stream": true` and reads the events by their `type`:
+//!   `text_delta`s are the text, `input_json_delta`s assemble each `tool_use`
+//!   block's input, `message_delta` brings the stop reason and output tokens, and
+//!   `message_stop` ends the message; a stream that ends before it is cut short.
+
+use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use pf_harness::{
-    CancellationToken, ChatMessage, ChatRequest, ChatResponse, ModelInfo, ModelProvider,
+    CancellationToken, ChatMessage, ChatRequest, ChatResponse, ModelInfo, ModelProvider, OnText,
     ProviderError, ThinkingSupport, ToolCall, Usage,
 };
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
@@ -25,8 +31,8 @@ use reqwest::StatusCode;
 use serde_json::{json, Map, Value as Json};
 
 use crate::http::{
-    read_api_key, scrub_key, secret_header, status_failure, HttpClient, HttpProviderConfig,
-    HttpReply,
+    read_api_key, scrub_key, secret_header, status_failure, EventStream, HttpClient,
+    HttpProviderConfig, HttpReply, Streamed,
 };
 use crate::openai::token_count;
 use crate::wire;
@@ -96,14 +102,7 @@ impl AnthropicProvider {
         Ok(Json::Object(body))
     }
 
-    async fn send(
-        &self,
-        request: &ChatRequest,
-        key: Option<&str>,
-        cancel: &CancellationToken,
-    ) -> Result<ChatResponse, ProviderError> {
-        let url = self.config.endpoint("/v1/messages");
-        let body = self.request_body(request)?;
+    fn headers(&self, key: Option<&str>) -> Result<HeaderMap, ProviderError> {
         let mut headers = HeaderMap::new();
         headers.insert(
             HeaderName::from_static("anthropic-version"),
@@ -115,15 +114,301 @@ impl AnthropicProvider {
                 secret_header(key, variable)?,
             );
         }
-        let reply = self.http.post_json(&url, headers, &body, cancel).await?;
-        if !reply.status.is_success() {
-            return Err(status_error(&url, &reply));
+        Ok(headers)
+    }
+
+    async fn send(
+        &self,
+        request: &ChatRequest,
+        key: Option<&str>,
+        cancel: &CancellationToken,
+    ) -> Result<ChatResponse, ProviderError> {
+        let url = self.config.endpoint("/v1/messages");
+        let body = self.request_body(request)?;
+        let reply = self
+            .http
+            .post_json(&url, self.headers(key)?, &body, cancel)
+            .await?;
+        whole_reply(&url, &reply)
+    }
+
+    async fn send_streaming(
+        &self,
+        request: &ChatRequest,
+        key: Option<&str>,
+        cancel: &CancellationToken,
+        on_text: &mut OnText<'_>,
+    ) -> Result<ChatResponse, ProviderError> {
+        let url = self.config.endpoint("/v1/messages");
+        let mut body = self.request_body(request)?;
+        if let Json::Object(fields) = &mut body {
+            fields.insert("stream".into(), Json::Bool(true));
         }
-        parse_reply(&reply.body).map_err(|detail| {
-            ProviderError::Failed(format!(
-                "the model server at {url} sent a malformed reply: {detail}"
-            ))
-        })
+        let mut stream = match self
+            .http
+            .post_stream(&url, self.headers(key)?, &body, cancel)
+            .await?
+        {
+            Streamed::Events(stream) => stream,
+            // A server that does not stream answers with one body: its text is one fragment.
+            Streamed::Whole(reply) => {
+                let response = whole_reply(&url, &reply)?;
+                if let Some(text) = response.content.as_deref().filter(|t| !t.is_empty()) {
+                    on_text(text);
+                }
+                return Ok(response);
+            }
+        };
+        let mut message = StreamedMessage::default();
+        read_stream(&url, &mut stream, cancel, &mut message, on_text).await?;
+        Ok(message.finish())
+    }
+}
+
+fn whole_reply(url: &str, reply: &HttpReply) -> Result<ChatResponse, ProviderError> {
+    if !reply.status.is_success() {
+        return Err(status_error(url, reply));
+    }
+    parse_reply(&reply.body).map_err(|detail| malformed(url, &detail))
+}
+
+fn malformed(url: &str, detail: &str) -> ProviderError {
+    ProviderError::Failed(format!(
+        "the model server at {url} sent a malformed reply: {detail}"
+    ))
+}
+
+/// Read events until `message_stop`; a stream that ends before it is cut short.
+async fn read_stream(
+    url: &str,
+    stream: &mut EventStream,
+    cancel: &CancellationToken,
+    message: &mut StreamedMessage,
+    on_text: &mut OnText<'_>,
+) -> Result<(), ProviderError> {
+    while let Some(event) = stream.next_event(cancel).await? {
+        let data: Json = serde_json::from_str(&event.data)
+            .map_err(|error| malformed(url, &format!("a stream event is not JSON ({error})")))?;
+        if message.apply(url, &data, on_text)? {
+            return Ok(());
+        }
+    }
+    Err(stream.cut_short())
+}
+
+/// A content block as its stream events arrive.
+#[derive(Debug)]
+enum StreamedBlock {
+    Text,
+    ToolUse {
+        id: String,
+        name: String,
+        /// The block's `input` as `content_block_start` gave it.
+        input: Json,
+        /// The `partial_json` pieces so far.
+        json: String,
+    },
+    /// Thinking and block kinds newer than this code: no answer text.
+    Other,
+}
+
+/// A streamed message under assembly.
+#[derive(Debug, Default)]
+struct StreamedMessage {
+    text: Option<String>,
+    blocks: BTreeMap<u64, StreamedBlock>,
+    stop_reason: Option<String>,
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+    model: Option<String>,
+}
+
+impl StreamedMessage {
+    fn push_text(&mut self, text: &str, on_text: &mut OnText<'_>) {
+        self.text.get_or_insert_with(String::new).push_str(text);
+        if !text.is_empty() {
+            on_text(text);
+        }
+    }
+
+    /// Take in one event; `true` once the message has ended.
+    fn apply(
+        &mut self,
+        url: &str,
+        event: &Json,
+        on_text: &mut OnText<'_>,
+    ) -> Result<bool, ProviderError> {
+        let kind = event
+            .get("type")
+            .and_then(Json::as_str)
+            .ok_or_else(|| malformed(url, "a stream event has no `type`"))?;
+        let index = || {
+            event
+                .get("index")
+                .and_then(Json::as_u64)
+                .ok_or_else(|| malformed(url, &format!("a `{kind}` event has no `index`")))
+        };
+        match kind {
+            "message_start" => {
+                let start = event.get("message");
+                self.model = start
+                    .and_then(|m| m.get("model"))
+                    .and_then(Json::as_str)
+                    .map(str::to_string);
+                if let Some(usage) = start.and_then(|m| m.get("usage")) {
+                    self.read_usage(url, usage)?;
+                }
+            }
+            "content_block_start" => {
+                let index = index()?;
+                let block = event.get("content_block").ok_or_else(|| {
+                    malformed(url, "a `content_block_start` has no `content_block`")
+                })?;
+                let started = match block.get("type").and_then(Json::as_str) {
+                    Some("text") => {
+                        if let Some(text) = block.get("text").and_then(Json::as_str) {
+                            self.push_text(text, on_text);
+                        }
+                        StreamedBlock::Text
+                    }
+                    Some("tool_use") => {
+                        let field = |name: &str| {
+                            block
+                                .get(name)
+                                .and_then(Json::as_str)
+                                .map(str::to_string)
+                                .ok_or_else(|| {
+                                    malformed(
+                                        url,
+                                        &format!("a streamed tool_use block has no `{name}`"),
+                                    )
+                                })
+                        };
+                        StreamedBlock::ToolUse {
+                            id: field("id")?,
+                            name: field("name")?,
+                            input: block.get("input").cloned().unwrap_or(Json::Null),
+                            json: String::new(),
+                        }
+                    }
+                    _ => StreamedBlock::Other,
+                };
+                self.blocks.insert(index, started);
+            }
+            "content_block_delta" => {
+                let index = index()?;
+                let delta = event
+                    .get("delta")
+                    .ok_or_else(|| malformed(url, "a `content_block_delta` has no `delta`"))?;
+                match delta.get("type").and_then(Json::as_str) {
+                    Some("text_delta") => {
+                        let text = delta
+                            .get("text")
+                            .and_then(Json::as_str)
+                            .ok_or_else(|| malformed(url, "a `text_delta` has no `text`"))?;
+                        self.push_text(text, on_text);
+                    }
+                    Some("input_json_delta") => {
+                        let piece = delta
+                            .get("partial_json")
+                            .and_then(Json::as_str)
+                            .ok_or_else(|| {
+                                malformed(url, "an `input_json_delta` has no `partial_json`")
+                            })?;
+                        match self.blocks.get_mut(&index) {
+                            Some(StreamedBlock::ToolUse { json, .. }) => json.push_str(piece),
+                            _ => {
+                                return Err(malformed(
+                                    url,
+                                    &format!("an `input_json_delta` for block {index}, which is not a tool_use block"),
+                                ))
+                            }
+                        }
+                    }
+                    // Thinking and signature deltas carry no answer text.
+                    _ => {}
+                }
+            }
+            "message_delta" => {
+                match event.get("delta").and_then(|d| d.get("stop_reason")) {
+                    None | Some(Json::Null) => {}
+                    Some(Json::String(reason)) => {
+                        self.stop_reason = Some(normalize_stop_reason(reason))
+                    }
+                    Some(_) => return Err(malformed(url, "`stop_reason` is not a string")),
+                }
+                if let Some(usage) = event.get("usage") {
+                    self.read_usage(url, usage)?;
+                }
+            }
+            "message_stop" => return Ok(true),
+            "error" => {
+                let (message, _) = wire::error_details(event.to_string().as_bytes());
+                return Err(if wire::mentions_context_overflow(&message) {
+                    ProviderError::ContextOverflow(message)
+                } else {
+                    ProviderError::Failed(format!(
+                        "the model server at {url} reported an error mid-stream: {message}"
+                    ))
+                });
+            }
+            // `ping`, `content_block_stop` and event kinds newer than this code.
+            _ => {}
+        }
+        Ok(false)
+    }
+
+    /// Token counts: `message_start` gives both, `message_delta` the running output count.
+    fn read_usage(&mut self, url: &str, usage: &Json) -> Result<(), ProviderError> {
+        let Json::Object(usage) = usage else {
+            return Err(malformed(url, "`usage` is not an object"));
+        };
+        if usage.contains_key("input_tokens") {
+            self.input_tokens =
+                Some(token_count(usage, "input_tokens").map_err(|d| malformed(url, &d))?);
+        }
+        if usage.contains_key("output_tokens") {
+            self.output_tokens =
+                Some(token_count(usage, "output_tokens").map_err(|d| malformed(url, &d))?);
+        }
+        Ok(())
+    }
+
+    fn finish(self) -> ChatResponse {
+        let tool_calls = self
+            .blocks
+            .into_values()
+            .filter_map(|block| match block {
+                StreamedBlock::ToolUse {
+                    id,
+                    name,
+                    input,
+                    json,
+                } => Some(ToolCall {
+                    id,
+                    name,
+                    arguments: if !json.is_empty() {
+                        json
+                    } else if input.is_null() {
+                        "{}".to_string()
+                    } else {
+                        input.to_string()
+                    },
+                }),
+                _ => None,
+            })
+            .collect();
+        let usage = (self.input_tokens.is_some() || self.output_tokens.is_some()).then(|| Usage {
+            input_tokens: self.input_tokens.unwrap_or(0),
+            output_tokens: self.output_tokens.unwrap_or(0),
+        });
+        ChatResponse {
+            content: self.text,
+            tool_calls,
+            finish_reason: self.stop_reason,
+            usage,
+            model: self.model,
+        }
     }
 }
 
@@ -143,6 +428,22 @@ impl ModelProvider for AnthropicProvider {
         }
         let key = read_api_key(self.config.api_key_env.as_deref())?;
         let outcome = self.send(&request, key.as_deref(), &cancel).await;
+        outcome.map_err(|error| scrub_key(error, key.as_deref()))
+    }
+
+    async fn complete_streaming(
+        &self,
+        request: ChatRequest,
+        cancel: CancellationToken,
+        on_text: &mut OnText<'_>,
+    ) -> Result<ChatResponse, ProviderError> {
+        if cancel.is_cancelled() {
+            return Err(ProviderError::Cancelled);
+        }
+        let key = read_api_key(self.config.api_key_env.as_deref())?;
+        let outcome = self
+            .send_streaming(&request, key.as_deref(), &cancel, on_text)
+            .await;
         outcome.map_err(|error| scrub_key(error, key.as_deref()))
     }
 }
@@ -334,11 +635,13 @@ fn parse_reply(body: &[u8]) -> Result<ChatResponse, String> {
         }),
         Some(_) => return Err("`usage` is not an object".into()),
     };
+    let model = root.get("model").and_then(Json::as_str).map(str::to_string);
     Ok(ChatResponse {
         content: text,
         tool_calls,
         finish_reason,
         usage,
+        model,
     })
 }
 

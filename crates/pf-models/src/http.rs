@@ -1,12 +1,15 @@
 //! The HTTP transport both HTTP providers share: bounded retries with backoff,
-//! a receive timeout per wait, a body size cap, cancellation, key handling.
+//! a receive timeout per wait, a body size cap, cancellation, key handling, and
+//! event streams read as they arrive.
 
 use std::error::Error as _;
 use std::time::Duration;
 
 use pf_harness::{CancellationToken, ProviderError};
 use rand::Rng;
-use reqwest::header::{HeaderMap, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+
+use crate::sse;
+use reqwest::header::{HeaderMap, HeaderValue, ACCEPT, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::StatusCode;
 
 /// How long to wait for the response headers and for each next body chunk.
@@ -187,6 +190,40 @@ impl HttpClient {
         body: &serde_json::Value,
         cancel: &CancellationToken,
     ) -> Result<HttpReply, ProviderError> {
+        match self.post(url, headers, body, cancel, false).await? {
+            Streamed::Whole(reply) => Ok(reply),
+            // Not asked for, so never handed out; read it whole all the same.
+            Streamed::Events(_) => Err(ProviderError::Failed(format!(
+                "model request to {url} failed: the server sent an event stream that was not asked for"
+            ))),
+        }
+    }
+
+    /// POST `body` as JSON to `url`, asking for an event stream. A success status
+    /// with a `text/event-stream` body is handed back as it arrives; any other
+    /// answer (an error status, or a server that ignores `stream` and sends one
+    /// JSON body) is read whole. Retries happen only before a stream is handed
+    /// back: text already shown cannot be taken back.
+    pub(crate) async fn post_stream(
+        &self,
+        url: &str,
+        headers: HeaderMap,
+        body: &serde_json::Value,
+        cancel: &CancellationToken,
+    ) -> Result<Streamed, ProviderError> {
+        let mut headers = headers;
+        headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
+        self.post(url, headers, body, cancel, true).await
+    }
+
+    async fn post(
+        &self,
+        url: &str,
+        headers: HeaderMap,
+        body: &serde_json::Value,
+        cancel: &CancellationToken,
+        stream: bool,
+    ) -> Result<Streamed, ProviderError> {
         let body = serde_json::to_vec(body).map_err(|error| {
             ProviderError::Failed(format!("cannot encode the request to {url}: {error}"))
         })?;
@@ -195,11 +232,25 @@ impl HttpClient {
         let mut attempts: u32 = 0;
         loop {
             attempts += 1;
-            let outcome = self.attempt(url, &headers, body.clone(), cancel).await;
+            let outcome = match self.send_once(url, &headers, body.clone(), cancel).await {
+                Err(failed) => failed,
+                Ok(response) if stream && is_event_stream(&response) => {
+                    return Ok(Streamed::Events(Box::new(EventStream {
+                        url: url.to_string(),
+                        response,
+                        timeout: self.settings.receive_timeout,
+                        cap: self.settings.max_body_bytes,
+                        received: 0,
+                        ended: false,
+                        parser: sse::Parser::default(),
+                    })))
+                }
+                Ok(response) => self.read_whole(url, response, cancel).await,
+            };
             let (reason, retry_after, reply) = match outcome {
                 Attempt::Done(mut reply) => {
                     reply.attempts = attempts;
-                    return Ok(reply);
+                    return Ok(Streamed::Whole(reply));
                 }
                 Attempt::Fatal(error) => return Err(error),
                 Attempt::Retry {
@@ -212,7 +263,7 @@ impl HttpClient {
                 return match reply {
                     Some(mut reply) => {
                         reply.attempts = attempts;
-                        Ok(reply)
+                        Ok(Streamed::Whole(reply))
                     }
                     None => Err(ProviderError::Failed(format!(
                         "{reason} (after {attempts} attempt{})",
@@ -248,13 +299,14 @@ impl HttpClient {
         base.saturating_add(Duration::from_millis(jitter))
     }
 
-    async fn attempt(
+    /// Send the request and wait for the response head.
+    async fn send_once(
         &self,
         url: &str,
         headers: &HeaderMap,
         body: Vec<u8>,
         cancel: &CancellationToken,
-    ) -> Attempt {
+    ) -> Result<reqwest::Response, Attempt> {
         let timeout = self.settings.receive_timeout;
         let request = self
             .client
@@ -263,19 +315,17 @@ impl HttpClient {
             .body(body)
             .send();
         let sent = tokio::select! {
-            _ = cancel.cancelled() => return Attempt::Fatal(ProviderError::Cancelled),
+            _ = cancel.cancelled() => return Err(Attempt::Fatal(ProviderError::Cancelled)),
             sent = tokio::time::timeout(timeout, request) => sent,
         };
-        let mut response = match sent {
-            Err(_) => {
-                return Attempt::Fatal(ProviderError::Failed(format!(
-                    "model request to {url} failed: no response within {}",
-                    describe_duration(timeout)
-                )))
-            }
+        match sent {
+            Err(_) => Err(Attempt::Fatal(ProviderError::Failed(format!(
+                "model request to {url} failed: no response within {}",
+                describe_duration(timeout)
+            )))),
             Ok(Err(error)) => {
                 let reason = format!("model request to {url} failed: {}", error_chain(&error));
-                return if is_broken_connection(&error) {
+                Err(if is_broken_connection(&error) {
                     Attempt::Retry {
                         reason,
                         retry_after: None,
@@ -283,10 +333,20 @@ impl HttpClient {
                     }
                 } else {
                     Attempt::Fatal(ProviderError::Failed(reason))
-                };
+                })
             }
-            Ok(Ok(response)) => response,
-        };
+            Ok(Ok(response)) => Ok(response),
+        }
+    }
+
+    /// Read the whole body of a response, within the receive timeout per chunk and the size cap.
+    async fn read_whole(
+        &self,
+        url: &str,
+        mut response: reqwest::Response,
+        cancel: &CancellationToken,
+    ) -> Attempt {
+        let timeout = self.settings.receive_timeout;
         let status = response.status();
         let retry_after = response
             .headers()
@@ -296,17 +356,11 @@ impl HttpClient {
             .map(Duration::from_secs);
 
         let cap = self.settings.max_body_bytes;
-        let too_large = || {
-            Attempt::Fatal(ProviderError::Failed(format!(
-                "model request to {url} failed: the response body is larger than the {} cap",
-                describe_size(cap)
-            )))
-        };
         if response
             .content_length()
             .is_some_and(|length| length > cap as u64)
         {
-            return too_large();
+            return Attempt::Fatal(too_large(url, cap));
         }
         let mut body = Vec::new();
         loop {
@@ -315,19 +369,10 @@ impl HttpClient {
                 chunk = tokio::time::timeout(timeout, response.chunk()) => chunk,
             };
             match chunk {
-                Err(_) => {
-                    return Attempt::Fatal(ProviderError::Failed(format!(
-                        "model request to {url} failed: the response stalled for more than {} after {} bytes",
-                        describe_duration(timeout),
-                        body.len()
-                    )))
-                }
+                Err(_) => return Attempt::Fatal(stalled(url, timeout, body.len())),
                 Ok(Err(error)) => {
                     return Attempt::Retry {
-                        reason: format!(
-                            "model request to {url} failed: the connection broke while the response was arriving: {}",
-                            error_causes(&error)
-                        ),
+                        reason: broken(url, &error),
                         retry_after: None,
                         reply: None,
                     }
@@ -335,7 +380,7 @@ impl HttpClient {
                 Ok(Ok(None)) => break,
                 Ok(Ok(Some(bytes))) => {
                     if body.len() + bytes.len() > cap {
-                        return too_large();
+                        return Attempt::Fatal(too_large(url, cap));
                     }
                     body.extend_from_slice(&bytes);
                 }
@@ -356,6 +401,107 @@ impl HttpClient {
             Attempt::Done(reply)
         }
     }
+}
+
+/// What a request that asked for an event stream got back.
+pub(crate) enum Streamed {
+    /// A success status whose event stream is still arriving (boxed: it is large).
+    Events(Box<EventStream>),
+    /// A complete reply: an error status, or one JSON body from a server that does not stream.
+    Whole(HttpReply),
+}
+
+/// A response body read as server-sent events, with the same receive timeout
+/// per chunk and the same size cap (over the whole stream) as a whole body.
+pub(crate) struct EventStream {
+    url: String,
+    response: reqwest::Response,
+    timeout: Duration,
+    cap: usize,
+    received: usize,
+    ended: bool,
+    parser: sse::Parser,
+}
+
+impl EventStream {
+    /// The next event; `None` once the stream has ended.
+    pub(crate) async fn next_event(
+        &mut self,
+        cancel: &CancellationToken,
+    ) -> Result<Option<sse::Event>, ProviderError> {
+        loop {
+            if let Some(event) = self.parser.next_event() {
+                return Ok(Some(event));
+            }
+            if self.ended {
+                return Ok(None);
+            }
+            let chunk = tokio::select! {
+                _ = cancel.cancelled() => return Err(ProviderError::Cancelled),
+                chunk = tokio::time::timeout(self.timeout, self.response.chunk()) => chunk,
+            };
+            match chunk {
+                Err(_) => return Err(stalled(&self.url, self.timeout, self.received)),
+                Ok(Err(error)) => return Err(ProviderError::Failed(broken(&self.url, &error))),
+                Ok(Ok(None)) => self.ended = true,
+                Ok(Ok(Some(bytes))) => {
+                    if self.received + bytes.len() > self.cap {
+                        return Err(too_large(&self.url, self.cap));
+                    }
+                    self.received += bytes.len();
+                    self.parser.feed(&bytes).map_err(|detail| {
+                        ProviderError::Failed(format!(
+                            "the model server at {} sent a malformed reply: {detail}",
+                            self.url
+                        ))
+                    })?;
+                }
+            }
+        }
+    }
+
+    /// The failure for a stream that ended before its reply was complete.
+    pub(crate) fn cut_short(&self) -> ProviderError {
+        ProviderError::Failed(format!(
+            "model request to {} failed: the event stream ended before the reply was complete (after {} bytes)",
+            self.url, self.received
+        ))
+    }
+}
+
+fn is_event_stream(response: &reqwest::Response) -> bool {
+    response.status().is_success()
+        && response
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|value| value.to_str().ok())
+            .is_some_and(|value| {
+                value
+                    .trim_start()
+                    .to_ascii_lowercase()
+                    .starts_with("text/event-stream")
+            })
+}
+
+fn too_large(url: &str, cap: usize) -> ProviderError {
+    ProviderError::Failed(format!(
+        "model request to {url} failed: the response body is larger than the {} cap",
+        describe_size(cap)
+    ))
+}
+
+fn stalled(url: &str, timeout: Duration, received: usize) -> ProviderError {
+    ProviderError::Failed(format!(
+        "model request to {url} failed: the response stalled for more than {} after {received} bytes",
+        describe_duration(timeout)
+    ))
+}
+
+fn broken(url: &str, error: &reqwest::Error) -> String {
+    format!(
+        "model request to {url} failed: the connection broke while the response was arriving: {}",
+        error_causes(error)
+    )
 }
 
 fn describe_size(bytes: usize) -> String {

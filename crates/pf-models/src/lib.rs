@@ -21,6 +21,7 @@ mod http;
 mod openai;
 mod record;
 mod script;
+mod sse;
 mod wire;
 
 use std::path::{Path, PathBuf};

@@ -6,21 +6,27 @@
 //! (the field OpenAI's reasoning models and Ollama's compatible endpoint read).
 //! Models that are `Never` or `Always` thinking get no switch: they cannot change.
 //! An empty tool list is left out like no list (OpenAI refuses `"tools": []`).
+//!
+//! Streaming sends `"stream": true` (with `stream_options.include_usage`, so the
+//! last chunk carries the usage) and reads `data:` chunks: `delta.content` is the
+//! text, `delta.tool_calls` pieces are assembled by their `index`, and `[DONE]`
+//! ends the stream. A stream that ends before `[DONE]` or a finish reason is cut short.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use pf_harness::{
-    CancellationToken, ChatRequest, ChatResponse, ModelInfo, ModelProvider, ProviderError,
+    CancellationToken, ChatRequest, ChatResponse, ModelInfo, ModelProvider, OnText, ProviderError,
     ThinkingSupport, ToolCall, Usage,
 };
 use reqwest::header::{HeaderMap, AUTHORIZATION};
 use reqwest::StatusCode;
-use serde_json::{Map, Value as Json};
+use serde_json::{json, Map, Value as Json};
 
 use crate::http::{
-    read_api_key, scrub_key, secret_header, status_failure, HttpClient, HttpProviderConfig,
-    HttpReply,
+    read_api_key, scrub_key, secret_header, status_failure, EventStream, HttpClient,
+    HttpProviderConfig, HttpReply, Streamed,
 };
 use crate::wire;
 
@@ -60,13 +66,7 @@ impl OpenAiProvider {
         Json::Object(body)
     }
 
-    async fn send(
-        &self,
-        request: &ChatRequest,
-        key: Option<&str>,
-        cancel: &CancellationToken,
-    ) -> Result<ChatResponse, ProviderError> {
-        let url = self.config.endpoint("/chat/completions");
+    fn headers(&self, key: Option<&str>) -> Result<HeaderMap, ProviderError> {
         let mut headers = HeaderMap::new();
         if let (Some(key), Some(variable)) = (key, self.config.api_key_env.as_deref()) {
             headers.insert(
@@ -74,18 +74,253 @@ impl OpenAiProvider {
                 secret_header(&format!("Bearer {key}"), variable)?,
             );
         }
+        Ok(headers)
+    }
+
+    async fn send(
+        &self,
+        request: &ChatRequest,
+        key: Option<&str>,
+        cancel: &CancellationToken,
+    ) -> Result<ChatResponse, ProviderError> {
+        let url = self.config.endpoint("/chat/completions");
         let reply = self
             .http
-            .post_json(&url, headers, &self.request_body(request), cancel)
+            .post_json(
+                &url,
+                self.headers(key)?,
+                &self.request_body(request),
+                cancel,
+            )
             .await?;
+        self.whole_reply(&url, &reply)
+    }
+
+    fn whole_reply(&self, url: &str, reply: &HttpReply) -> Result<ChatResponse, ProviderError> {
         if !reply.status.is_success() {
-            return Err(status_error(&url, &reply));
+            return Err(status_error(url, reply));
         }
-        parse_reply(&reply.body, &self.synthetic_ids).map_err(|detail| {
-            ProviderError::Failed(format!(
-                "the model server at {url} sent a malformed reply: {detail}"
-            ))
-        })
+        parse_reply(&reply.body, &self.synthetic_ids).map_err(|detail| malformed(url, &detail))
+    }
+
+    async fn send_streaming(
+        &self,
+        request: &ChatRequest,
+        key: Option<&str>,
+        cancel: &CancellationToken,
+        on_text: &mut OnText<'_>,
+    ) -> Result<ChatResponse, ProviderError> {
+        let url = self.config.endpoint("/chat/completions");
+        let mut body = self.request_body(request);
+        if let Json::Object(fields) = &mut body {
+            fields.insert("stream".into(), Json::Bool(true));
+            fields.insert("stream_options".into(), json!({"include_usage": true}));
+        }
+        let mut stream = match self
+            .http
+            .post_stream(&url, self.headers(key)?, &body, cancel)
+            .await?
+        {
+            Streamed::Events(stream) => stream,
+            // A server that does not stream answers with one body: its text is one fragment.
+            Streamed::Whole(reply) => {
+                let response = self.whole_reply(&url, &reply)?;
+                if let Some(text) = response.content.as_deref().filter(|t| !t.is_empty()) {
+                    on_text(text);
+                }
+                return Ok(response);
+            }
+        };
+        let mut assembled = StreamedReply::default();
+        read_stream(&url, &mut stream, cancel, &mut assembled, on_text).await?;
+        Ok(assembled.finish(&self.synthetic_ids))
+    }
+}
+
+fn malformed(url: &str, detail: &str) -> ProviderError {
+    ProviderError::Failed(format!(
+        "the model server at {url} sent a malformed reply: {detail}"
+    ))
+}
+
+/// Read chunks until `[DONE]`; a stream that ends first is complete only when a
+/// finish reason arrived (some compatible servers leave `[DONE]` out).
+async fn read_stream(
+    url: &str,
+    stream: &mut EventStream,
+    cancel: &CancellationToken,
+    assembled: &mut StreamedReply,
+    on_text: &mut OnText<'_>,
+) -> Result<(), ProviderError> {
+    while let Some(event) = stream.next_event(cancel).await? {
+        let data = event.data.trim();
+        if data == "[DONE]" {
+            return Ok(());
+        }
+        if data.is_empty() {
+            continue;
+        }
+        let chunk: Json = serde_json::from_str(data)
+            .map_err(|error| malformed(url, &format!("a stream chunk is not JSON ({error})")))?;
+        assembled.apply(url, &chunk, on_text)?;
+    }
+    if assembled.finish_reason.is_some() {
+        Ok(())
+    } else {
+        Err(stream.cut_short())
+    }
+}
+
+/// A tool call as its stream pieces arrive.
+#[derive(Debug, Default)]
+struct PartialCall {
+    id: String,
+    name: String,
+    arguments: String,
+}
+
+/// A streamed reply under assembly.
+#[derive(Debug, Default)]
+struct StreamedReply {
+    content: Option<String>,
+    calls: BTreeMap<u64, PartialCall>,
+    finish_reason: Option<String>,
+    usage: Option<Usage>,
+    model: Option<String>,
+}
+
+impl StreamedReply {
+    fn apply(
+        &mut self,
+        url: &str,
+        chunk: &Json,
+        on_text: &mut OnText<'_>,
+    ) -> Result<(), ProviderError> {
+        let root = chunk
+            .as_object()
+            .ok_or_else(|| malformed(url, "a stream chunk is not a JSON object"))?;
+        if let Some(error) = root.get("error").filter(|error| !error.is_null()) {
+            let (message, code) =
+                wire::error_details(json!({ "error": error }).to_string().as_bytes());
+            return Err(
+                if code.as_deref() == Some("context_length_exceeded")
+                    || wire::mentions_context_overflow(&message)
+                {
+                    ProviderError::ContextOverflow(message)
+                } else {
+                    ProviderError::Failed(format!(
+                        "the model server at {url} reported an error mid-stream: {message}"
+                    ))
+                },
+            );
+        }
+        if self.model.is_none() {
+            self.model = root.get("model").and_then(Json::as_str).map(str::to_string);
+        }
+        match root.get("usage") {
+            None | Some(Json::Null) => {}
+            Some(Json::Object(usage)) => {
+                self.usage = Some(Usage {
+                    input_tokens: token_count(usage, "prompt_tokens")
+                        .map_err(|detail| malformed(url, &detail))?,
+                    output_tokens: token_count(usage, "completion_tokens")
+                        .map_err(|detail| malformed(url, &detail))?,
+                })
+            }
+            Some(_) => return Err(malformed(url, "`usage` is not an object")),
+        }
+        let choices = match root.get("choices") {
+            None | Some(Json::Null) => return Ok(()),
+            Some(Json::Array(choices)) => choices,
+            Some(_) => return Err(malformed(url, "`choices` is not a list")),
+        };
+        // Only the first choice is the reply, as in a whole response.
+        let Some(choice) = choices
+            .iter()
+            .find(|c| c.get("index").and_then(Json::as_u64).unwrap_or(0) == 0)
+        else {
+            return Ok(());
+        };
+        match choice.get("finish_reason") {
+            None | Some(Json::Null) => {}
+            Some(Json::String(reason)) => self.finish_reason = Some(reason.clone()),
+            Some(_) => return Err(malformed(url, "`finish_reason` is not a string")),
+        }
+        let Some(delta) = choice.get("delta").filter(|d| !d.is_null()) else {
+            return Ok(());
+        };
+        match delta.get("content") {
+            None | Some(Json::Null) => {}
+            Some(Json::String(text)) => {
+                self.content.get_or_insert_with(String::new).push_str(text);
+                if !text.is_empty() {
+                    on_text(text);
+                }
+            }
+            Some(_) => return Err(malformed(url, "a `delta.content` is not text")),
+        }
+        match delta.get("tool_calls") {
+            None | Some(Json::Null) => {}
+            Some(Json::Array(pieces)) => {
+                for (position, piece) in pieces.iter().enumerate() {
+                    self.apply_call_piece(position, piece);
+                }
+            }
+            Some(_) => return Err(malformed(url, "a `delta.tool_calls` is not a list")),
+        }
+        Ok(())
+    }
+
+    /// One piece of a tool call: the id and name come once, the arguments in pieces.
+    fn apply_call_piece(&mut self, position: usize, piece: &Json) {
+        let index = piece
+            .get("index")
+            .and_then(Json::as_u64)
+            .unwrap_or(position as u64);
+        let call = self.calls.entry(index).or_default();
+        if let Some(id) = piece.get("id").and_then(Json::as_str) {
+            if call.id.is_empty() {
+                call.id = id.to_string();
+            }
+        }
+        let function = piece.get("function");
+        if let Some(name) = function.and_then(|f| f.get("name")).and_then(Json::as_str) {
+            if call.name.is_empty() {
+                call.name = name.to_string();
+            }
+        }
+        match function.and_then(|f| f.get("arguments")) {
+            None | Some(Json::Null) => {}
+            Some(Json::String(text)) => call.arguments.push_str(text),
+            Some(other) => call.arguments.push_str(&other.to_string()),
+        }
+    }
+
+    fn finish(self, synthetic_ids: &AtomicU64) -> ChatResponse {
+        let tool_calls = self
+            .calls
+            .into_values()
+            .map(|call| ToolCall {
+                id: if call.id.is_empty() {
+                    format!("call_{}", synthetic_ids.fetch_add(1, Ordering::Relaxed) + 1)
+                } else {
+                    call.id
+                },
+                name: call.name,
+                arguments: if call.arguments.is_empty() {
+                    "{}".to_string()
+                } else {
+                    call.arguments
+                },
+            })
+            .collect();
+        ChatResponse {
+            content: self.content,
+            tool_calls,
+            finish_reason: self.finish_reason,
+            usage: self.usage,
+            model: self.model,
+        }
     }
 }
 
@@ -105,6 +340,22 @@ impl ModelProvider for OpenAiProvider {
         }
         let key = read_api_key(self.config.api_key_env.as_deref())?;
         let outcome = self.send(&request, key.as_deref(), &cancel).await;
+        outcome.map_err(|error| scrub_key(error, key.as_deref()))
+    }
+
+    async fn complete_streaming(
+        &self,
+        request: ChatRequest,
+        cancel: CancellationToken,
+        on_text: &mut OnText<'_>,
+    ) -> Result<ChatResponse, ProviderError> {
+        if cancel.is_cancelled() {
+            return Err(ProviderError::Cancelled);
+        }
+        let key = read_api_key(self.config.api_key_env.as_deref())?;
+        let outcome = self
+            .send_streaming(&request, key.as_deref(), &cancel, on_text)
+            .await;
         outcome.map_err(|error| scrub_key(error, key.as_deref()))
     }
 }
@@ -163,11 +414,13 @@ fn parse_reply(body: &[u8], synthetic_ids: &AtomicU64) -> Result<ChatResponse, S
         }),
         Some(_) => return Err("`usage` is not an object".into()),
     };
+    let model = root.get("model").and_then(Json::as_str).map(str::to_string);
     Ok(ChatResponse {
         content,
         tool_calls,
         finish_reason,
         usage,
+        model,
     })
 }
 

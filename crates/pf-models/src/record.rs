@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use pf_harness::{
-    CancellationToken, ChatRequest, ChatResponse, ModelInfo, ModelProvider, ProviderError,
+    CancellationToken, ChatRequest, ChatResponse, ModelInfo, ModelProvider, OnText, ProviderError,
 };
 use serde_json::Value as Json;
 
@@ -88,5 +88,20 @@ impl ModelProvider for RecordingProvider {
         }
         self.append(&request)?;
         self.inner.complete(request, cancel).await
+    }
+
+    async fn complete_streaming(
+        &self,
+        request: ChatRequest,
+        cancel: CancellationToken,
+        on_text: &mut OnText<'_>,
+    ) -> Result<ChatResponse, ProviderError> {
+        if cancel.is_cancelled() {
+            return Err(ProviderError::Cancelled);
+        }
+        self.append(&request)?;
+        self.inner
+            .complete_streaming(request, cancel, on_text)
+            .await
     }
 }

@@ -10,6 +10,8 @@
 //! context overflow, with the `error` text if given).
 //!
 //! Tool call ids are `call_1`, `call_2`, … counted across the rounds of one provider.
+//! Each reply names the scripted model's id as the model that served it.
+//! Streaming hands the whole reply text over as one fragment (the trait's default).
 
 use std::fmt;
 use std::path::Path;
@@ -216,6 +218,7 @@ impl ScriptProvider {
                 input_tokens: usage.input_tokens,
                 output_tokens: usage.output_tokens,
             }),
+            model: Some(self.info.id.clone()),
         })
     }
 }

@@ -204,3 +204,29 @@ fn the_record_line_matches_what_is_appended() {
         r#"{"model":"m","messages":[{"role":"assistant","content":"calling","tool_calls":[{"id":"call_7","type":"function","function":{"name":"x","arguments":"{bad"}}]}],"tools":[]}"#
     );
 }
+
+#[tokio::test]
+async fn a_streamed_round_is_recorded_and_streams_through() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let record = dir.path().join("requests.jsonl");
+    let script = ScriptProvider::from_json(r#"["streamed whole"]"#, info()).expect("script");
+    let provider = RecordingProvider::new(Arc::new(script), &record);
+    let request = ChatRequest {
+        messages: vec![user("go")],
+        ..ChatRequest::default()
+    };
+    let mut fragments = Vec::new();
+    let mut on_text = |text: &str| fragments.push(text.to_string());
+    let response = provider
+        .complete_streaming(request, CancellationToken::new(), &mut on_text)
+        .await
+        .expect("reply");
+    assert_eq!(response.content.as_deref(), Some("streamed whole"));
+    assert_eq!(response.model.as_deref(), Some("m"));
+    // The scripted model hands its whole reply over as one fragment.
+    assert_eq!(fragments, vec!["streamed whole".to_string()]);
+    assert_eq!(
+        std::fs::read_to_string(&record).expect("record"),
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"go\"}]}\n"
+    );
+}

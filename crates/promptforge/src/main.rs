@@ -5,12 +5,13 @@
 
 mod host;
 
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use clap::{Parser, Subcommand};
-use pf_engine::{Outcome, RunSetup};
+use pf_engine::{LiveOutput, LiveText, Outcome, RunSetup};
 use pf_harness::CancellationToken;
 use serde_json::json;
 
@@ -196,6 +197,10 @@ fn run(
     };
     let cancel = CancellationToken::new();
     watch_ctrl_c(cancel.clone());
+    // Live output is for a person watching: never in a report, a pipe or a file.
+    let printer = (!json_out && std::io::stderr().is_terminal())
+        .then(|| Arc::new(Mutex::new(LivePrinter::default())));
+    let live = printer.as_ref().map(|p| terminal_live(Arc::clone(p)));
     let report = runtime.block_on(async {
         let host = match host::build(&host_file, &base_dir) {
             Ok(h) => h,
@@ -210,6 +215,7 @@ fn run(
             model: host.model,
             cancel: cancel.clone(),
             ui: None,
+            live,
         };
         Ok(pf_engine::run(Arc::clone(&prompt), setup).await)
     });
@@ -217,6 +223,10 @@ fn run(
         Ok(r) => r,
         Err(m) => return usage(&m),
     };
+    if let Some(printer) = &printer {
+        let mut printer = printer.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = printer.finish(&mut std::io::stderr().lock());
+    }
     let (mut value, code) = match &report.outcome {
         Outcome::Completed(text) => (
             json!({"outcome": "completed", "result": text, "seed": seed, "execution": report.execution, "store": store_dir}),
@@ -288,6 +298,65 @@ fn collect_output(
     };
 }
 
+/// Shows live output: each `models.loop` round's text as it streams, under a
+/// `[section, round N]` line whenever the round changes.
+#[derive(Debug, Default)]
+struct LivePrinter {
+    /// The section and round whose text is showing.
+    round: Option<(String, u32)>,
+    at_line_start: bool,
+}
+
+impl LivePrinter {
+    fn write(&mut self, out: &mut impl Write, text: LiveText<'_>) -> std::io::Result<()> {
+        let round = (text.section.to_string(), text.turn);
+        if self.round.as_ref() != Some(&round) {
+            if self.round.is_some() && !self.at_line_start {
+                writeln!(out)?;
+            }
+            writeln!(out, "[{}, round {}]", printable(text.section), text.turn)?;
+            self.round = Some(round);
+            self.at_line_start = true;
+        }
+        if !text.text.is_empty() {
+            write!(out, "{}", printable(text.text))?;
+            self.at_line_start = text.text.ends_with('\n');
+        }
+        out.flush()
+    }
+
+    /// End the live output on a line of its own, before the run's own output.
+    fn finish(&mut self, out: &mut impl Write) -> std::io::Result<()> {
+        if self.round.is_some() && !self.at_line_start {
+            self.at_line_start = true;
+            writeln!(out)?;
+        }
+        out.flush()
+    }
+}
+
+/// Model text with control characters made harmless, so a reply cannot move the
+/// cursor or rewrite the terminal; line breaks and tabs stay.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() && c != '\n' && c != '\t' {
+                '\u{FFFD}'
+            } else {
+                c
+            }
+        })
+        .collect()
+}
+
+/// The live output listener: writes to stderr and stops listening once stderr fails.
+fn terminal_live(printer: Arc<Mutex<LivePrinter>>) -> LiveOutput {
+    Arc::new(move |text: LiveText<'_>| {
+        let mut printer = printer.lock().unwrap_or_else(|p| p.into_inner());
+        printer.write(&mut std::io::stderr().lock(), text).is_ok()
+    })
+}
+
 /// Ctrl-C cancels the run. The watcher has a thread of its own because the run's
 /// thread may be busy inside Lua; the engine polls the token from an instruction hook.
 fn watch_ctrl_c(cancel: CancellationToken) {
@@ -342,4 +411,64 @@ fn parse_failure(file: &Path, e: &pf_syntax::ParseError, json_out: bool) -> Exit
         }
     }
     ExitCode::from(EXIT_FAILED)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn show(printer: &mut LivePrinter, out: &mut Vec<u8>, section: &str, turn: u32, text: &str) {
+        let fragment = LiveText {
+            section,
+            turn,
+            text,
+        };
+        printer.write(out, fragment).expect("write to memory");
+    }
+
+    #[test]
+    fn each_round_gets_its_own_heading_and_the_output_ends_its_line() {
+        let mut printer = LivePrinter::default();
+        let mut out = Vec::new();
+        show(&mut printer, &mut out, "Draft", 1, "Hel");
+        show(&mut printer, &mut out, "Draft", 1, "lo");
+        show(&mut printer, &mut out, "Draft", 2, "Again\n");
+        show(&mut printer, &mut out, "Review", 3, "ok");
+        printer.finish(&mut out).expect("finish");
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            "[Draft, round 1]\nHello\n[Draft, round 2]\nAgain\n[Review, round 3]\nok\n"
+        );
+    }
+
+    #[test]
+    fn nothing_shown_means_nothing_to_finish() {
+        let mut out = Vec::new();
+        LivePrinter::default().finish(&mut out).expect("finish");
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn control_characters_in_model_text_are_neutralized() {
+        assert_eq!(printable("a\x1b[2Jb\r\tc\n"), "a\u{FFFD}[2Jb\u{FFFD}\tc\n");
+    }
+
+    #[test]
+    fn a_failing_terminal_stops_the_listener() {
+        struct Gone;
+        impl Write for Gone {
+            fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+                Err(std::io::ErrorKind::BrokenPipe.into())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let fragment = LiveText {
+            section: "S",
+            turn: 1,
+            text: "x",
+        };
+        assert!(LivePrinter::default().write(&mut Gone, fragment).is_err());
+    }
 }

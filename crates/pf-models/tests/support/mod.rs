@@ -47,6 +47,9 @@ pub enum Behaviour {
     Silent { pause: Duration },
     /// Read the request, then close without a word.
     CloseAtOnce,
+    /// Send the head, then the body one server-sent event at a time (each piece
+    /// ends at a blank line), waiting `pause` before each piece.
+    Drip { pause: Duration },
 }
 
 #[derive(Debug, Clone)]
@@ -72,6 +75,23 @@ impl Reply {
             no_length: false,
             behaviour: Behaviour::Normal,
         }
+    }
+
+    /// A `text/event-stream` body of `data:` events, one per element, ended by
+    /// the connection closing (no Content-Length), as streaming servers send it.
+    pub fn sse(events: &[Json]) -> Reply {
+        let body: String = events
+            .iter()
+            .map(|event| format!("data: {event}\n\n"))
+            .collect();
+        Reply::sse_raw(body)
+    }
+
+    /// A `text/event-stream` body written out by hand.
+    pub fn sse_raw(body: impl Into<Vec<u8>>) -> Reply {
+        Reply::raw(200, body)
+            .header("Content-Type", "text/event-stream")
+            .without_length()
     }
 
     pub fn header(mut self, name: &str, value: &str) -> Reply {
@@ -193,8 +213,40 @@ async fn serve_one(mut stream: TcpStream, handler: Arc<Handler>, seen: Arc<Mutex
             let _ = stream.write_all(&reply.body).await;
         }
         Behaviour::CloseAtOnce => {}
+        Behaviour::Drip { pause } => {
+            if stream.write_all(head.as_bytes()).await.is_err() {
+                return;
+            }
+            let _ = stream.flush().await;
+            for piece in event_pieces(&reply.body) {
+                tokio::time::sleep(pause).await;
+                if stream.write_all(piece).await.is_err() || stream.flush().await.is_err() {
+                    return;
+                }
+            }
+        }
     }
     let _ = stream.shutdown().await;
+}
+
+/// The body cut after each blank line (`\n\n`), keeping the separators.
+fn event_pieces(body: &[u8]) -> Vec<&[u8]> {
+    let mut pieces = Vec::new();
+    let mut start = 0;
+    let mut index = 0;
+    while index + 1 < body.len() {
+        if body[index] == b'\n' && body[index + 1] == b'\n' {
+            pieces.push(&body[start..index + 2]);
+            start = index + 2;
+            index += 2;
+        } else {
+            index += 1;
+        }
+    }
+    if start < body.len() {
+        pieces.push(&body[start..]);
+    }
+    pieces
 }
 
 async fn read_request(stream: &mut TcpStream) -> Option<Recorded> {

@@ -1,0 +1,321 @@
+//! The run's event stream (guide ch. 16) and live output (guide ch. 11, "Turns
+//! and live output").
+//!
+//! Every event names its kind, the section it is filed under, and its
+//! provenance: the reporting task (always the main walk, `0`, until tasks exist)
+//! and a sequence number. One counter per task numbers both the host work the
+//! task asks for (model calls, store operations, bound tool calls, input waits)
+//! and the events it reports, so event numbers skip where host work took one.
+//!
+//! Events say that something happened, never everything about it: no `_failed`
+//! event holds a message, and no event holds prompt text or a credential.
+
+use std::sync::Arc;
+
+use serde_json::{json, Map, Value as Json};
+
+use crate::ctx::{RunCtx, SectionCtx};
+
+/// The id of the main walk's task.
+pub const MAIN_TASK: &str = "0";
+
+/// What an event reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventKind {
+    /// An author checkpoint from `log`; `message` holds the logged text.
+    Lua,
+    ModelTurnCompleted,
+    ModelTurnFailed,
+    ModelTurnTruncated,
+    ModelMetadataDegraded,
+    AssistantReply,
+    AssistantToolCalls,
+    ToolScopeValidationStarted,
+    ToolScopeValidationSucceeded,
+    ToolScopeValidationFailed,
+    ToolCallSucceeded,
+    ToolCallFailed,
+    ToolResult,
+    StoreWriteSucceeded,
+    StoreWriteFailed,
+    StoreAppendSucceeded,
+    StoreAppendFailed,
+    StoreReadSucceeded,
+    StoreReadFailed,
+    StoreReadNumberedSucceeded,
+    StoreReadNumberedFailed,
+    StoreReplaceSucceeded,
+    StoreReplaceFailed,
+    StoreDeleteSucceeded,
+    StoreDeleteFailed,
+    StoreGlobSucceeded,
+    StoreGlobFailed,
+    UserInputWaitStarted,
+    UserInput,
+}
+
+impl EventKind {
+    /// The kind's name in snake_case, as the run log writes it.
+    pub fn as_str(self) -> &'static str {
+        use EventKind::*;
+        match self {
+            Lua => "lua",
+            ModelTurnCompleted => "model_turn_completed",
+            ModelTurnFailed => "model_turn_failed",
+            ModelTurnTruncated => "model_turn_truncated",
+            ModelMetadataDegraded => "model_metadata_degraded",
+            AssistantReply => "assistant_reply",
+            AssistantToolCalls => "assistant_tool_calls",
+            ToolScopeValidationStarted => "tool_scope_validation_started",
+            ToolScopeValidationSucceeded => "tool_scope_validation_succeeded",
+            ToolScopeValidationFailed => "tool_scope_validation_failed",
+            ToolCallSucceeded => "tool_call_succeeded",
+            ToolCallFailed => "tool_call_failed",
+            ToolResult => "tool_result",
+            StoreWriteSucceeded => "store_write_succeeded",
+            StoreWriteFailed => "store_write_failed",
+            StoreAppendSucceeded => "store_append_succeeded",
+            StoreAppendFailed => "store_append_failed",
+            StoreReadSucceeded => "store_read_succeeded",
+            StoreReadFailed => "store_read_failed",
+            StoreReadNumberedSucceeded => "store_read_numbered_succeeded",
+            StoreReadNumberedFailed => "store_read_numbered_failed",
+            StoreReplaceSucceeded => "store_replace_succeeded",
+            StoreReplaceFailed => "store_replace_failed",
+            StoreDeleteSucceeded => "store_delete_succeeded",
+            StoreDeleteFailed => "store_delete_failed",
+            StoreGlobSucceeded => "store_glob_succeeded",
+            StoreGlobFailed => "store_glob_failed",
+            UserInputWaitStarted => "user_input_wait_started",
+            UserInput => "user_input",
+        }
+    }
+}
+
+impl std::fmt::Display for EventKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which task reported an event, and where it falls in that task's count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Provenance {
+    pub task: String,
+    pub seq: u32,
+}
+
+/// One report the run made as it worked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunEvent {
+    pub kind: EventKind,
+    /// The heading text of the section that reported it (the H1 title for the H1 pass).
+    pub section: String,
+    pub provenance: Provenance,
+    /// The kind's own fields, in the guide's order; empty for a boundary event.
+    pub fields: Map<String, Json>,
+}
+
+impl RunEvent {
+    pub fn field(&self, name: &str) -> Option<&Json> {
+        self.fields.get(name)
+    }
+
+    /// The round count the event carries, for the kinds that carry one.
+    pub fn turn(&self) -> Option<u32> {
+        self.field("turn")
+            .and_then(Json::as_u64)
+            .and_then(|n| u32::try_from(n).ok())
+    }
+
+    /// The run-log line: `kind`, `execution`, `section`, `provenance`, then the kind's fields.
+    pub fn to_json(&self, execution: &str) -> Json {
+        let mut line = Map::new();
+        line.insert("kind".into(), Json::String(self.kind.as_str().into()));
+        line.insert("execution".into(), Json::String(execution.into()));
+        line.insert("section".into(), Json::String(self.section.clone()));
+        line.insert(
+            "provenance".into(),
+            json!({"task": self.provenance.task, "seq": self.provenance.seq}),
+        );
+        line.extend(self.fields.clone());
+        Json::Object(line)
+    }
+}
+
+/// One fragment of a loop round's reply text, as the Host's live output receives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LiveText<'a> {
+    /// The section running the loop.
+    pub section: &'a str,
+    /// The number the round gets when it completes (a failed round's number is reused).
+    pub turn: u32,
+    pub text: &'a str,
+}
+
+/// The Host's live output: called with each fragment in arrival order. It returns
+/// `false` once it stops listening; the run then sends it nothing more, and the
+/// round goes on as if it were still there.
+pub type LiveOutput = Arc<dyn Fn(LiveText<'_>) -> bool + Send + Sync>;
+
+/// Hand one fragment to the Host. A listener that panics counts as one that
+/// stopped listening: showing output must never fail a round.
+pub(crate) fn deliver(live: &LiveOutput, text: LiveText<'_>) -> bool {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| live(text))).unwrap_or(false)
+}
+
+/// The kind's fields from a `json!` object literal (anything else gives none).
+pub(crate) fn fields(value: Json) -> Map<String, Json> {
+    match value {
+        Json::Object(map) => map,
+        _ => Map::new(),
+    }
+}
+
+/// The store operations that report events (`store.exists` reports nothing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StoreOp {
+    Write,
+    Append,
+    Read,
+    ReadNumbered,
+    Replace,
+    Delete,
+    Glob,
+}
+
+impl StoreOp {
+    pub(crate) fn outcome(self, ok: bool) -> EventKind {
+        use EventKind::*;
+        match (self, ok) {
+            (StoreOp::Write, true) => StoreWriteSucceeded,
+            (StoreOp::Write, false) => StoreWriteFailed,
+            (StoreOp::Append, true) => StoreAppendSucceeded,
+            (StoreOp::Append, false) => StoreAppendFailed,
+            (StoreOp::Read, true) => StoreReadSucceeded,
+            (StoreOp::Read, false) => StoreReadFailed,
+            (StoreOp::ReadNumbered, true) => StoreReadNumberedSucceeded,
+            (StoreOp::ReadNumbered, false) => StoreReadNumberedFailed,
+            (StoreOp::Replace, true) => StoreReplaceSucceeded,
+            (StoreOp::Replace, false) => StoreReplaceFailed,
+            (StoreOp::Delete, true) => StoreDeleteSucceeded,
+            (StoreOp::Delete, false) => StoreDeleteFailed,
+            (StoreOp::Glob, true) => StoreGlobSucceeded,
+            (StoreOp::Glob, false) => StoreGlobFailed,
+        }
+    }
+}
+
+impl RunCtx {
+    /// The next number of the task's count (saturating at the top of the `u32` range).
+    fn take_seq(&self) -> u32 {
+        let n = self.seq.get();
+        self.seq.set(n.saturating_add(1));
+        n
+    }
+
+    /// Number one piece of host work, so later events keep their place against it.
+    pub(crate) fn host_work(&self) {
+        self.take_seq();
+    }
+
+    /// Record an event under `section` and log it at debug level.
+    pub(crate) fn report(&self, section: &str, kind: EventKind, fields: Map<String, Json>) {
+        let event = RunEvent {
+            kind,
+            section: section.to_string(),
+            provenance: Provenance {
+                task: MAIN_TASK.to_string(),
+                seq: self.take_seq(),
+            },
+            fields,
+        };
+        tracing::debug!(target: "promptforge::events", "{}", event.to_json(&self.execution));
+        self.events.borrow_mut().push(event);
+    }
+
+    /// The rounds completed so far.
+    pub(crate) fn turns(&self) -> u32 {
+        self.turns.get()
+    }
+
+    /// Count one completed round and return its number; the count stops at the
+    /// top of the `u32` range instead of wrapping, so a number is never reused.
+    pub(crate) fn complete_turn(&self) -> u32 {
+        let n = self.turns.get().saturating_add(1);
+        self.turns.set(n);
+        n
+    }
+}
+
+impl SectionCtx {
+    /// Record an event under this section.
+    pub(crate) fn report(&self, kind: EventKind, fields: Map<String, Json>) {
+        self.run.report(&self.name, kind, fields);
+    }
+
+    /// A boundary event: the kind and its coordinates only.
+    pub(crate) fn boundary(&self, kind: EventKind) {
+        self.report(kind, Map::new());
+    }
+
+    /// A tool call's output as the `tool_result` event reports it. `call_id` is
+    /// the model's id, or empty for a script call.
+    pub(crate) fn report_tool_result(
+        &self,
+        turn: u32,
+        call_id: &str,
+        alias: &str,
+        content: &str,
+        trusted: bool,
+    ) {
+        self.report(
+            EventKind::ToolResult,
+            fields(json!({
+                "turn": turn,
+                "tool_call_id": call_id,
+                "alias": alias,
+                "content": content,
+                "trusted": trusted,
+            })),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_run_log_line_puts_the_coordinates_first() {
+        let event = RunEvent {
+            kind: EventKind::ToolResult,
+            section: "Gather".into(),
+            provenance: Provenance {
+                task: "0".into(),
+                seq: 9,
+            },
+            fields: fields(
+                json!({"turn": 2, "tool_call_id": "", "alias": "a", "content": "x", "trusted": true}),
+            ),
+        };
+        assert_eq!(
+            event.to_json("run-1").to_string(),
+            r#"{"kind":"tool_result","execution":"run-1","section":"Gather","provenance":{"task":"0","seq":9},"turn":2,"tool_call_id":"","alias":"a","content":"x","trusted":true}"#
+        );
+        assert_eq!(event.turn(), Some(2));
+    }
+
+    #[test]
+    fn a_panicking_listener_counts_as_gone() {
+        let live: LiveOutput = Arc::new(|_| panic!("the terminal went away"));
+        let text = LiveText {
+            section: "S",
+            turn: 1,
+            text: "hi",
+        };
+        assert!(!deliver(&live, text));
+        let listening: LiveOutput = Arc::new(|t| t.text == "hi");
+        assert!(deliver(&listening, text));
+    }
+}

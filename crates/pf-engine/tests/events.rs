@@ -1,0 +1,564 @@
+//! The run's event stream (guide ch. 11 "Turns and live output", ch. 16) and live
+//! output, read back through `RunReport`, against the scripted model.
+
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use pf_engine::{EventKind, LiveOutput, LiveText, Outcome, RunEvent, RunReport, RunSetup};
+use pf_harness::{
+    ActivationContext, ActivePlugin, CancellationToken, ChatRequest, ChatResponse, Harness,
+    ModelInfo, ModelProvider, OnText, Plugin, ProviderError, ThinkingSupport, ToolFailure,
+    ToolSpec,
+};
+use pf_models::ScriptProvider;
+use serde_json::{json, Value as Json};
+
+fn info() -> ModelInfo {
+    ModelInfo {
+        id: "scripted".into(),
+        context: 50_000,
+        thinking: ThinkingSupport::Never,
+        description: "Scripted".into(),
+    }
+}
+
+fn script(replies: Json) -> Arc<dyn ModelProvider> {
+    match ScriptProvider::from_json(&replies.to_string(), info()) {
+        Ok(p) => Arc::new(p),
+        Err(e) => panic!("test replies must load: {e}"),
+    }
+}
+
+fn prompt(frontmatter_extra: &str, body: &str) -> Arc<pf_syntax::Prompt> {
+    let text = format!(
+        "---\nname: t\ndescription: test\npromptforge: 0\n{frontmatter_extra}models:\n  w: {{}}\n---\n\n# Events\n\n{body}"
+    );
+    match pf_syntax::parse(text.as_bytes()) {
+        Ok(p) => Arc::new(p),
+        Err(e) => panic!("test prompt must parse: {e:?}"),
+    }
+}
+
+fn run_with(
+    prompt: Arc<pf_syntax::Prompt>,
+    model: Arc<dyn ModelProvider>,
+    harness: Harness,
+    live: Option<LiveOutput>,
+) -> RunReport {
+    let store = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let setup = RunSetup {
+        seed: 3,
+        start_ms: 0,
+        args: String::new(),
+        store_dir: store.path().to_path_buf(),
+        harness,
+        model: Some(model),
+        cancel: CancellationToken::new(),
+        ui: None,
+        live,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("runtime: {e}"));
+    rt.block_on(pf_engine::run(prompt, setup))
+}
+
+fn run(body: &str, replies: Json) -> RunReport {
+    run_with(prompt("", body), script(replies), Harness::new(), None)
+}
+
+fn kinds(events: &[RunEvent]) -> Vec<&'static str> {
+    events.iter().map(|e| e.kind.as_str()).collect()
+}
+
+fn of_kind(events: &[RunEvent], kind: EventKind) -> Vec<&RunEvent> {
+    events.iter().filter(|e| e.kind == kind).collect()
+}
+
+const ONE_TOOL_ROUND: &str = "## Ask\n\n```lua\nmodels.use('w')\ntools.add_local('add', 'Add two integers', { a = 'integer', b = 'integer' }, function(p)\n  return p.a + p.b\nend)\nlocal msgs = messages.new():user('add 17 and 25')\nmodels.loop(msgs)\nreturn msgs[#msgs].content\n```\n";
+
+fn one_tool_round_replies() -> Json {
+    json!([
+        {"tool_calls": [{"name": "add", "arguments": {"a": 17, "b": 25}}]},
+        "The sum is 42."
+    ])
+}
+
+#[test]
+fn a_tool_round_then_a_reply_reports_the_guides_order() {
+    let report = run(ONE_TOOL_ROUND, one_tool_round_replies());
+    assert_eq!(report.outcome, Outcome::Completed("The sum is 42.".into()));
+    let boundaries: Vec<&str> = report
+        .events
+        .iter()
+        .filter(|e| {
+            matches!(
+                e.kind,
+                EventKind::ModelTurnCompleted | EventKind::ToolCallSucceeded
+            )
+        })
+        .map(|e| e.kind.as_str())
+        .collect();
+    assert_eq!(
+        boundaries,
+        vec![
+            "model_turn_completed",
+            "tool_call_succeeded",
+            "model_turn_completed"
+        ]
+    );
+    assert_eq!(
+        kinds(&report.events),
+        vec![
+            "tool_scope_validation_started",
+            "tool_scope_validation_succeeded",
+            "model_turn_completed",
+            "assistant_tool_calls",
+            "tool_call_succeeded",
+            "tool_result",
+            "tool_scope_validation_started",
+            "tool_scope_validation_succeeded",
+            "model_turn_completed",
+            "assistant_reply",
+        ]
+    );
+    // Every event is filed under the section that ran the loop, on the main walk.
+    assert!(report
+        .events
+        .iter()
+        .all(|e| e.section == "Ask" && e.provenance.task == "0"));
+    // Each model call takes a number of its own, so the events skip 2 and 9.
+    let seqs: Vec<u32> = report.events.iter().map(|e| e.provenance.seq).collect();
+    assert_eq!(seqs, vec![0, 1, 3, 4, 5, 6, 7, 8, 10, 11]);
+}
+
+#[test]
+fn round_events_carry_what_chapter_16_gives() {
+    let report = run(ONE_TOOL_ROUND, one_tool_round_replies());
+    let calls = of_kind(&report.events, EventKind::AssistantToolCalls);
+    assert_eq!(
+        calls.first().map(|e| Json::Object(e.fields.clone())),
+        Some(json!({
+            "turn": 1,
+            "model": "scripted",
+            "calls": [{"id": "call_1", "name": "add", "arguments": {"a": 17, "b": 25}}]
+        }))
+    );
+    let results = of_kind(&report.events, EventKind::ToolResult);
+    assert_eq!(
+        results.first().map(|e| Json::Object(e.fields.clone())),
+        Some(
+            json!({"turn": 1, "tool_call_id": "call_1", "alias": "add", "content": "42", "trusted": true})
+        )
+    );
+    let replies = of_kind(&report.events, EventKind::AssistantReply);
+    let reply = replies.first().copied();
+    assert_eq!(reply.and_then(|e| e.turn()), Some(2));
+    assert_eq!(
+        reply.and_then(|e| e.field("text")),
+        Some(&json!("The sum is 42."))
+    );
+    assert_eq!(
+        reply.and_then(|e| e.field("finish_reason")),
+        Some(&json!("stop"))
+    );
+    assert_eq!(
+        reply.and_then(|e| e.field("model")),
+        Some(&json!("scripted"))
+    );
+    assert_eq!(reply.and_then(|e| e.field("origin")), Some(&json!("chat")));
+    assert!(reply
+        .and_then(|e| e.field("metrics"))
+        .and_then(|m| m.pointer("/client/e2e_ms"))
+        .is_some_and(Json::is_f64));
+    // Boundary events hold the coordinates only.
+    for e in of_kind(&report.events, EventKind::ModelTurnCompleted) {
+        assert!(e.fields.is_empty(), "{e:?}");
+    }
+    // The run-log line of the reply event never holds the prompt's text.
+    for e in &report.events {
+        let line = e.to_json(&report.execution).to_string();
+        assert!(!line.contains("add 17 and 25"), "{line}");
+    }
+}
+
+#[test]
+fn empty_replies_count_as_rounds_and_failed_rounds_do_not() {
+    let body = "## Count\n\n```lua\nmodels.use('w')\nlocal ok1, e1 = pcall(models.infer, 'one')\nlocal ok2 = pcall(models.infer, 'two')\nlocal r = models.infer('three')\nlocal ok3 = pcall(models.infer, 'four')\nlocal msgs = messages.new():user('five')\nmodels.loop(msgs)\nreturn e1.kind .. '|' .. tostring(ok2) .. '|' .. r .. '|' .. tostring(ok3) .. '|' .. msgs[#msgs].content\n```\n";
+    let report = run(
+        body,
+        json!([
+            "   ",
+            {"error": "backend down"},
+            "third",
+            {"context_overflow": true},
+            "fifth"
+        ]),
+    );
+    assert_eq!(
+        report.outcome,
+        Outcome::Completed("empty_model_reply|false|third|false|fifth".into())
+    );
+    assert_eq!(
+        kinds(&report.events),
+        vec![
+            "model_turn_completed",
+            "model_turn_failed",
+            "model_turn_completed",
+            "assistant_reply",
+            "model_turn_failed",
+            "tool_scope_validation_started",
+            "tool_scope_validation_succeeded",
+            "model_turn_completed",
+            "assistant_reply",
+        ]
+    );
+    let turns: Vec<Option<u32>> = of_kind(&report.events, EventKind::AssistantReply)
+        .iter()
+        .map(|e| e.turn())
+        .collect();
+    assert_eq!(turns, vec![Some(2), Some(3)]);
+    let origins: Vec<Option<&Json>> = of_kind(&report.events, EventKind::AssistantReply)
+        .iter()
+        .map(|e| e.field("origin"))
+        .collect();
+    assert_eq!(origins, vec![Some(&json!("infer")), Some(&json!("chat"))]);
+    // The empty reply's round carries its detail and finish reason.
+    assert_eq!(
+        report
+            .events
+            .first()
+            .map(|e| Json::Object(e.fields.clone())),
+        Some(json!({"detail": "empty model reply", "finish_reason": "stop"}))
+    );
+    // Failed rounds hold no message.
+    for e in of_kind(&report.events, EventKind::ModelTurnFailed) {
+        assert!(e.fields.is_empty(), "{e:?}");
+    }
+}
+
+#[test]
+fn a_truncated_reply_reports_truncation_between_completion_and_reply() {
+    let body = "## Cut\n\n```lua\nmodels.use('w')\nlocal a = models.infer('long')\nlocal msgs = messages.new():user('long again')\nmodels.loop(msgs)\nreturn a .. '|' .. msgs[#msgs].content\n```\n";
+    let report = run(
+        body,
+        json!([
+            {"content": "cut", "finish": "length"},
+            {"content": "cut again", "finish": "length"}
+        ]),
+    );
+    assert_eq!(report.outcome, Outcome::Completed("cut|cut again".into()));
+    assert_eq!(
+        kinds(&report.events),
+        vec![
+            "model_turn_completed",
+            "model_turn_truncated",
+            "assistant_reply",
+            "tool_scope_validation_started",
+            "tool_scope_validation_succeeded",
+            "model_turn_completed",
+            "model_turn_truncated",
+            "assistant_reply",
+        ]
+    );
+}
+
+#[test]
+fn a_broken_list_is_a_failed_round_and_an_out_of_scope_call_a_failed_call() {
+    let body = "## Bad\n\n```lua\nmodels.use('w')\nlocal bad = messages.new():user('x'):system('late')\nlocal ok, err = pcall(models.loop, bad)\nlocal msgs = messages.new():user('go')\nlocal ok2, err2 = pcall(models.loop, msgs)\nreturn tostring(err) .. '|' .. err2.kind .. '|' .. #msgs\n```\n";
+    let report = run(
+        body,
+        json!([{"tool_calls": [{"name": "nowhere", "arguments": {}}]}]),
+    );
+    assert_eq!(
+        report.outcome,
+        Outcome::Completed(
+            "messages[2] is a system message outside the leading system block|out_of_scope_tool|1"
+                .into()
+        )
+    );
+    assert_eq!(
+        kinds(&report.events),
+        vec![
+            "model_turn_failed",
+            "tool_scope_validation_started",
+            "tool_scope_validation_succeeded",
+            "model_turn_completed",
+            "assistant_tool_calls",
+            "tool_call_failed",
+        ]
+    );
+}
+
+#[test]
+fn log_store_and_script_calls_report_under_their_section() {
+    let body = "## Work\n\n```lua\nlog('loaded input')\nstore.write('notes.md', 'alpha')\npcall(store.read, 'missing.md')\nstore.exists('notes.md')\ntools.add_local('echo', 'Echo', { s = 'string' }, function(p) return p.s end)\nlocal out = tools.call('echo', { s = 'hi' })\nlocal ok = pcall(tools.call, 'nobody', {})\nreturn call('## Inner') .. out\n```\n\n## Inner\n\n```lua\nlog('inner ran')\nreturn 'hello '\n```\n";
+    let report = run(body, json!([]));
+    assert_eq!(report.outcome, Outcome::Completed("hello hi".into()));
+    let lines: Vec<(String, &str)> = report
+        .events
+        .iter()
+        .map(|e| (e.section.clone(), e.kind.as_str()))
+        .collect();
+    let expected: Vec<(String, &str)> = [
+        ("Work", "lua"),
+        ("Work", "store_write_succeeded"),
+        ("Work", "store_read_failed"),
+        ("Work", "tool_call_succeeded"),
+        ("Work", "tool_result"),
+        ("Work", "tool_call_failed"),
+        ("Inner", "lua"),
+    ]
+    .iter()
+    .map(|(s, k)| (s.to_string(), *k))
+    .collect();
+    assert_eq!(lines, expected);
+    let lua: Vec<Option<&Json>> = of_kind(&report.events, EventKind::Lua)
+        .iter()
+        .map(|e| e.field("message"))
+        .collect();
+    assert_eq!(
+        lua,
+        vec![Some(&json!("loaded input")), Some(&json!("inner ran"))]
+    );
+    // Store events hold no path, content or error detail.
+    assert!(report
+        .events
+        .iter()
+        .filter(|e| e.kind.as_str().starts_with("store_"))
+        .all(|e| e.fields.is_empty()));
+    // A script call's result has an empty call id and the rounds completed so far.
+    assert_eq!(
+        of_kind(&report.events, EventKind::ToolResult)
+            .first()
+            .map(|e| Json::Object(e.fields.clone())),
+        Some(
+            json!({"turn": 0, "tool_call_id": "", "alias": "echo", "content": "hi", "trusted": true})
+        )
+    );
+    // The checkpoints stay as they were.
+    assert_eq!(report.checkpoints.len(), 2);
+}
+
+// ---------------------------------------------------------------------------
+// Bound tools
+// ---------------------------------------------------------------------------
+
+/// A Plugin with one working and one failing tool, untrusted.
+struct Wild;
+struct WildActive;
+
+#[async_trait]
+impl Plugin for Wild {
+    fn id(&self) -> &str {
+        "acme/wild"
+    }
+    async fn activate(&self, _: ActivationContext) -> Result<Arc<dyn ActivePlugin>, String> {
+        Ok(Arc::new(WildActive))
+    }
+}
+
+#[async_trait]
+impl ActivePlugin for WildActive {
+    fn tools(&self) -> Vec<ToolSpec> {
+        ["peek", "sour"]
+            .iter()
+            .map(|name| ToolSpec {
+                path: format!("acme/wild/{name}"),
+                description: format!("The {name} tool"),
+                parameters: json!({"type": "object", "properties": {}}),
+                structured: false,
+                trusted: false,
+            })
+            .collect()
+    }
+    async fn call(&self, path: &str, _: Json, _: CancellationToken) -> Result<String, ToolFailure> {
+        match path {
+            "acme/wild/peek" => Ok("peeked".into()),
+            _ => Err(ToolFailure("no luck".into())),
+        }
+    }
+}
+
+#[test]
+fn bound_tool_calls_report_outcomes_and_wrapped_results() {
+    let body = "## Loop\n\n```lua\nmodels.use('w')\ntools.add({ 'peek', 'sour' })\nlocal msgs = messages.new():user('use both')\nmodels.loop(msgs)\nreturn msgs[#msgs].content\n```\n";
+    let mut harness = Harness::new();
+    harness.register(Arc::new(Wild));
+    let report = run_with(
+        prompt(
+            "plugins:\n  - acme/wild\ntools:\n  peek: acme/wild/peek\n  sour: acme/wild/sour\n",
+            body,
+        ),
+        script(json!([
+            {"tool_calls": [{"name": "peek", "arguments": {}}, {"name": "sour", "arguments": {}}]},
+            "done"
+        ])),
+        harness,
+        None,
+    );
+    assert_eq!(report.outcome, Outcome::Completed("done".into()));
+    assert_eq!(
+        kinds(&report.events),
+        vec![
+            "tool_scope_validation_started",
+            "tool_scope_validation_succeeded",
+            "model_turn_completed",
+            "assistant_tool_calls",
+            "tool_call_succeeded",
+            "tool_result",
+            "tool_call_failed",
+            "tool_result",
+            "tool_scope_validation_started",
+            "tool_scope_validation_succeeded",
+            "model_turn_completed",
+            "assistant_reply",
+        ]
+    );
+    let results = of_kind(&report.events, EventKind::ToolResult);
+    let summary: Vec<(Option<&Json>, Option<&Json>, bool)> = results
+        .iter()
+        .map(|e| {
+            let content = e.field("content").and_then(Json::as_str).unwrap_or("");
+            (
+                e.field("tool_call_id"),
+                e.field("trusted"),
+                content.contains("<untrusted_input_"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            (Some(&json!("call_1")), Some(&json!(false)), true),
+            (Some(&json!("call_2")), Some(&json!(false)), true),
+        ]
+    );
+    let sour = results
+        .get(1)
+        .and_then(|e| e.field("content"))
+        .and_then(Json::as_str)
+        .unwrap_or("");
+    assert!(sour.contains("no luck"), "{sour}");
+    // Each bound call is host work and takes a number: the events skip past it.
+    let seqs: Vec<u32> = report.events.iter().map(|e| e.provenance.seq).collect();
+    assert_eq!(seqs, vec![0, 1, 3, 4, 6, 7, 9, 10, 11, 12, 14, 15]);
+}
+
+// ---------------------------------------------------------------------------
+// Live output
+// ---------------------------------------------------------------------------
+
+type Heard = Arc<Mutex<Vec<(String, u32, String)>>>;
+
+fn listener(heard: &Heard, listen_for: usize) -> LiveOutput {
+    let heard = Arc::clone(heard);
+    Arc::new(move |t: LiveText<'_>| {
+        let mut all = heard.lock().unwrap_or_else(|p| p.into_inner());
+        all.push((t.section.to_string(), t.turn, t.text.to_string()));
+        all.len() < listen_for
+    })
+}
+
+#[test]
+fn only_loop_rounds_reach_the_live_output() {
+    let body = "## Talk\n\n```lua\nmodels.use('w')\nlocal a = models.infer('quiet')\nlocal msgs = messages.new():user('aloud')\nmodels.loop(msgs)\nreturn a .. '|' .. msgs[#msgs].content\n```\n";
+    let heard: Heard = Arc::default();
+    let report = run_with(
+        prompt("", body),
+        script(json!(["not streamed", "streamed reply"])),
+        Harness::new(),
+        Some(listener(&heard, usize::MAX)),
+    );
+    assert_eq!(
+        report.outcome,
+        Outcome::Completed("not streamed|streamed reply".into())
+    );
+    let heard = heard.lock().map(|h| h.clone()).unwrap_or_default();
+    assert_eq!(heard, vec![("Talk".into(), 2, "streamed reply".into())]);
+}
+
+/// A provider that streams its reply in fixed fragments.
+struct Drip {
+    fragments: Vec<&'static str>,
+}
+
+#[async_trait]
+impl ModelProvider for Drip {
+    fn info(&self) -> ModelInfo {
+        info()
+    }
+    async fn complete(
+        &self,
+        _: ChatRequest,
+        _: CancellationToken,
+    ) -> Result<ChatResponse, ProviderError> {
+        Ok(ChatResponse {
+            content: Some(self.fragments.concat()),
+            finish_reason: Some("stop".into()),
+            model: Some("drip".into()),
+            ..Default::default()
+        })
+    }
+    async fn complete_streaming(
+        &self,
+        _: ChatRequest,
+        _: CancellationToken,
+        on_text: &mut OnText<'_>,
+    ) -> Result<ChatResponse, ProviderError> {
+        for fragment in &self.fragments {
+            on_text(fragment);
+        }
+        // The whole content deliberately differs: the fragments are what counts.
+        Ok(ChatResponse {
+            content: Some("ignored".into()),
+            finish_reason: Some("stop".into()),
+            model: Some("drip".into()),
+            ..Default::default()
+        })
+    }
+}
+
+const LOOP_ONCE: &str = "## Loop\n\n```lua\nmodels.use('w')\nlocal msgs = messages.new():user('talk')\nmodels.loop(msgs)\nreturn msgs[#msgs].content\n```\n";
+
+#[test]
+fn the_terminal_record_is_the_fragments_joined_and_a_host_may_stop_listening() {
+    let heard: Heard = Arc::default();
+    let report = run_with(
+        prompt("", LOOP_ONCE),
+        Arc::new(Drip {
+            fragments: vec!["Hel", "lo, ", "world"],
+        }),
+        Harness::new(),
+        Some(listener(&heard, 1)),
+    );
+    assert_eq!(report.outcome, Outcome::Completed("Hello, world".into()));
+    let heard = heard.lock().map(|h| h.clone()).unwrap_or_default();
+    assert_eq!(heard, vec![("Loop".into(), 1, "Hel".into())]);
+    // The reply event holds the whole reply, never the fragments.
+    let replies = of_kind(&report.events, EventKind::AssistantReply);
+    assert_eq!(
+        replies.first().and_then(|e| e.field("text")),
+        Some(&json!("Hello, world"))
+    );
+    assert!(replies
+        .first()
+        .and_then(|e| e.field("metrics"))
+        .and_then(|m| m.pointer("/client/mean_itl_ms"))
+        .is_some());
+}
+
+#[test]
+fn a_listener_that_panics_does_not_fail_the_round() {
+    let live: LiveOutput = Arc::new(|_| panic!("the terminal is gone"));
+    let report = run_with(
+        prompt("", LOOP_ONCE),
+        Arc::new(Drip {
+            fragments: vec!["still ", "here"],
+        }),
+        Harness::new(),
+        Some(live),
+    );
+    assert_eq!(report.outcome, Outcome::Completed("still here".into()));
+}

@@ -1,0 +1,162 @@
+//! Live output: a `models.loop` round's text shows on stderr while it streams,
+//! but only for a person at a terminal; pipes, files and `--json` get the plain
+//! contract output.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_promptforge"))
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).expect("write a test file");
+    p
+}
+
+const LOOP_PROMPT: &str = "---\nname: talk\ndescription: one loop round and one infer round\npromptforge: 0\nmodels:\n  w: {}\n---\n\n# Talk\n\n## Ask\n\n```lua\nmodels.use('w')\nlocal quiet = models.infer('first')\nlocal msgs = messages.new():user('second')\nmodels.loop(msgs)\nreturn quiet .. ' / ' .. msgs[#msgs].content\n```\n";
+
+/// A prompt, a host file with a scripted model, and the replies, in `dir`.
+fn setup(dir: &Path) -> (PathBuf, PathBuf) {
+    let prompt = write(dir, "p.md", LOOP_PROMPT);
+    write(dir, "r.json", r#"["quiet reply", "streamed reply"]"#);
+    let host = write(
+        dir,
+        "host.toml",
+        "[model]\nprovider = \"script\"\nreplies = \"r.json\"\n",
+    );
+    (prompt, host)
+}
+
+#[test]
+fn a_plain_run_into_pipes_shows_no_live_output() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (prompt, host) = setup(dir.path());
+    let out = bin()
+        .arg("run")
+        .arg(&prompt)
+        .arg("--host")
+        .arg(&host)
+        .env_remove("PROMPTFORGE_LOG")
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "quiet reply / streamed reply\n"
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+}
+
+#[test]
+fn the_json_report_keeps_its_shape() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (prompt, host) = setup(dir.path());
+    let out = bin()
+        .arg("run")
+        .arg(&prompt)
+        .args(["--json", "--seed", "5", "--host"])
+        .arg(&host)
+        .env_remove("PROMPTFORGE_LOG")
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(0));
+    let report: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let mut keys: Vec<&str> = report
+        .as_object()
+        .map(|o| o.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        vec!["execution", "outcome", "result", "seed", "store"]
+    );
+    assert_eq!(report["result"], "quiet reply / streamed reply");
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+}
+
+#[test]
+fn events_are_logged_at_debug_level() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (prompt, host) = setup(dir.path());
+    let out = bin()
+        .arg("run")
+        .arg(&prompt)
+        .args(["--seed", "5", "--host"])
+        .arg(&host)
+        .env("PROMPTFORGE_LOG", "promptforge::events=debug")
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let kinds: Vec<&str> = err
+        .lines()
+        .filter_map(|line| line.split_once("{\"kind\":\""))
+        .filter_map(|(_, rest)| rest.split('"').next())
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            "model_turn_completed",
+            "assistant_reply",
+            "tool_scope_validation_started",
+            "tool_scope_validation_succeeded",
+            "model_turn_completed",
+            "assistant_reply",
+        ]
+    );
+    assert!(err.contains("\"section\":\"Ask\",\"provenance\":{\"task\":\"0\",\"seq\":1}"));
+    // No event carries the prompt's own text.
+    assert!(!err.contains("second"), "{err}");
+}
+
+/// Run `command` under a pseudo-terminal with `script`, returning what the
+/// terminal showed; `None` when `script` is not installed.
+fn on_a_terminal(command: &str) -> Option<String> {
+    let out = Command::new("script")
+        .args(["-qec", command, "/dev/null"])
+        .env_remove("PROMPTFORGE_LOG")
+        .output()
+        .ok()?;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    Some(String::from_utf8_lossy(&out.stdout).replace('\r', ""))
+}
+
+#[test]
+fn a_terminal_sees_loop_rounds_as_they_stream() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (prompt, host) = setup(dir.path());
+    let result = dir.path().join("result.txt");
+    let command = format!(
+        "{} run {} --host {} > {}",
+        env!("CARGO_BIN_EXE_promptforge"),
+        prompt.display(),
+        host.display(),
+        result.display()
+    );
+    let Some(screen) = on_a_terminal(&command) else {
+        eprintln!("skipped: `script` (util-linux) is not installed");
+        return;
+    };
+    // Only the loop round streams; `models.infer` never does.
+    assert_eq!(screen, "[Ask, round 2]\nstreamed reply\n");
+    assert_eq!(
+        std::fs::read_to_string(&result).expect("result"),
+        "quiet reply / streamed reply\n"
+    );
+
+    // `--json` shows no live output even on a terminal.
+    let command = format!(
+        "{} run {} --json --host {} > {}",
+        env!("CARGO_BIN_EXE_promptforge"),
+        prompt.display(),
+        host.display(),
+        result.display()
+    );
+    if let Some(screen) = on_a_terminal(&command) {
+        assert_eq!(screen, "");
+    }
+}
