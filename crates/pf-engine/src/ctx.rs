@@ -73,6 +73,14 @@ pub(crate) struct RunCtx {
     pub seq: Cell<u32>,
     /// The main walk's round count.
     pub turns: Cell<u32>,
+    /// Every live chain's store claims (guide ch. 09 "Claims").
+    pub claims: RefCell<crate::claims::ClaimRegistry>,
+    /// A failure that ends the whole run on the spot, past every `pcall` (a
+    /// claims conflict in block code); the first one is kept.
+    pub fatal: RefCell<Option<crate::error::RunError>>,
+    /// Cancelled when `fatal` is set: the instruction hook, the sandbox `pcall`
+    /// and every suspending call watch it, so the block cannot continue.
+    pub abort: CancellationToken,
 }
 
 impl RunCtx {
@@ -84,6 +92,28 @@ impl RunCtx {
     }
     pub fn role(&self, label: &str) -> Option<&RoleDecl> {
         self.roles.iter().find(|r| r.label == label)
+    }
+
+    /// End the run on the spot with `error`, and return the value to raise at
+    /// the failing call. A host cancel that came first wins: the run stays
+    /// cancelled. A second fatal failure keeps the first.
+    pub fn end_run(&self, error: crate::error::RunError) -> HostError {
+        if self.cancel.is_cancelled() {
+            return cancelled_error();
+        }
+        self.fatal.borrow_mut().get_or_insert(error);
+        self.abort.cancel();
+        self.abort_error().unwrap_or_else(cancelled_error)
+    }
+
+    /// The value every call raises once the run has ended on the spot. It carries
+    /// the run error, so even a path that missed the abort classifies it right.
+    pub fn abort_error(&self) -> Option<HostError> {
+        self.fatal.borrow().as_ref().map(|e| {
+            HostError::new("lua", e.message.clone())
+                .run_kind(e.kind)
+                .located()
+        })
     }
 }
 
@@ -103,18 +133,22 @@ pub(crate) struct Chain {
     pub depth: u32,
     /// The chain's current `var`.
     pub var: RefCell<Json>,
+    /// Whose store claims the chain's calls take: its own by default, its
+    /// caller's for a called chain, the H1 pass's own during the pass.
+    pub identity: RefCell<crate::claims::ClaimIdentity>,
 }
 
 impl Chain {
     pub fn new(id: String, args: String, argv: Option<Json>, depth: u32, var: Json) -> Self {
         Chain {
-            id,
             entries: Cell::new(0),
             children: Cell::new(0),
             args,
             argv: RefCell::new(argv),
             depth,
             var: RefCell::new(var),
+            identity: RefCell::new(crate::claims::ClaimIdentity::of_chain(&id)),
+            id,
         }
     }
 
@@ -323,7 +357,18 @@ where
     let raw = lua.create_async_function(move |lua, args: MultiValue| {
         let fut = f(lua.clone(), args);
         async move {
-            match fut.await {
+            let run = section(&lua)?.run.clone();
+            // Once the run has ended on the spot, no suspending call starts or
+            // finishes: the abort wins the race and the call's work is dropped.
+            let result = tokio::select! {
+                biased;
+                _ = run.abort.cancelled() => Err(Raise::Host(run.abort_error().unwrap_or_else(cancelled_error))),
+                r = fut => match run.abort_error() {
+                    Some(e) => Err(Raise::Host(e)),
+                    None => r,
+                },
+            };
+            match result {
                 Ok(r) => ok_values(&lua, r),
                 Err(e) => raise_values(&lua, e),
             }

@@ -4,6 +4,7 @@
 //! providers only through the `pf-harness` traits; it never reads the host file,
 //! never prints, and knows nothing of the CLI or the JSON report.
 
+mod claims;
 mod ctx;
 mod error;
 mod events;
@@ -99,6 +100,45 @@ const DEFAULT_MEMORY: usize = 64 * 1024 * 1024;
 
 /// Prepare and run a prompt. Must be polled on a current-thread runtime (Lua is not `Send`).
 pub async fn run(prompt: Arc<Prompt>, setup: RunSetup) -> RunReport {
+    run_beside(prompt, setup, Vec::new()).await
+}
+
+/// TEST-ONLY support: not part of the Engine's interface, and no Host uses it.
+///
+/// Today one chain is live at a time, so no run can meet a claims conflict on
+/// its own. [`run_beside_live_chain`](testing::run_beside_live_chain) runs a
+/// prompt as if another chain were live for the whole run, holding the given
+/// store claims, so tests can exercise the conflict rules end to end.
+#[doc(hidden)]
+pub mod testing {
+    use super::*;
+
+    pub use crate::claims::ClaimKind;
+
+    /// A store claim held for the whole run by a live chain that is not the
+    /// run's own: `ExecId({chain_id})` holds `kind` on `path` (as written).
+    #[derive(Debug, Clone)]
+    pub struct ForeignClaim {
+        pub chain_id: String,
+        pub path: String,
+        pub kind: ClaimKind,
+    }
+
+    /// [`run`](crate::run) with `claims` already held by another live chain.
+    pub async fn run_beside_live_chain(
+        prompt: Arc<Prompt>,
+        setup: RunSetup,
+        claims: Vec<ForeignClaim>,
+    ) -> RunReport {
+        run_beside(prompt, setup, claims).await
+    }
+}
+
+async fn run_beside(
+    prompt: Arc<Prompt>,
+    setup: RunSetup,
+    foreign_claims: Vec<testing::ForeignClaim>,
+) -> RunReport {
     let (execution, nonce) = seeded_names(setup.seed);
     if let Err(e) = check_version(&prompt) {
         return RunReport {
@@ -180,14 +220,30 @@ pub async fn run(prompt: Arc<Prompt>, setup: RunSetup) -> RunReport {
         events: Default::default(),
         seq: Default::default(),
         turns: Default::default(),
+        claims: Default::default(),
+        fatal: Default::default(),
+        abort: CancellationToken::new(),
     });
+    for claim in foreign_claims {
+        let identity = claims::ClaimIdentity::of_chain(&claim.chain_id);
+        if let Err(conflict) = run_ctx
+            .claims
+            .borrow_mut()
+            .claim(&identity, &claim.path, claim.kind)
+        {
+            tracing::warn!("test claims conflict among themselves: {conflict:?}");
+        }
+    }
     let outcome = walk::run_main(Rc::clone(&run_ctx)).await;
-    // The first outcome wins: a cancel that landed before the end is the outcome.
-    let outcome = match outcome {
-        Outcome::Failed(_) | Outcome::Completed(_) if setup.cancel.is_cancelled() => {
+    // The first outcome wins: a failure that ended the run on the spot (set only
+    // while no cancel had landed), else a cancel that landed before the end.
+    let fatal = run_ctx.fatal.borrow_mut().take();
+    let outcome = match (fatal, outcome) {
+        (Some(error), _) => Outcome::Failed(error),
+        (None, Outcome::Failed(_) | Outcome::Completed(_)) if setup.cancel.is_cancelled() => {
             Outcome::Cancelled
         }
-        o => o,
+        (None, o) => o,
     };
     for a in active {
         a.shutdown().await;

@@ -5,15 +5,20 @@
 //! carrying the store's exact message; left uncaught it ends the run as `Lua`
 //! (`RequirementsUnmet` in the H1 pass, which the walk's classification applies).
 //!
-//! Claims (guide ch. 09 "Claims"): with one live chain at a time (the H1 pass,
-//! then the walk and the `call` chains that share its claims) no two live chains
-//! can ever claim one path, so no claims conflict can arise and none is tracked.
+//! Claims (guide ch. 09 "Claims", `claims.rs`): every call takes its claim for
+//! the calling chain's identity before the operation runs (`glob` on every file
+//! it matched, before returning them), so a losing call never lands. A conflict
+//! in block code ends the run on the spot as `Determinism`, past every `pcall`;
+//! while the shared library loads it raises the `write-write race` message at
+//! the call instead. A path the store will refuse takes no claim: the call fails
+//! with its own `invalid path` message.
 
 use mlua::{FromLua, Lua, MultiValue, Table, Value};
 use pf_store::{Store, StoreError};
 
-use crate::ctx::{arg, cancelled_error, host_async, section, string_arg};
-use crate::error::{HostError, HostResult};
+use crate::claims::ClaimKind;
+use crate::ctx::{arg, cancelled_error, host_async, section, string_arg, SectionCtx};
+use crate::error::{HostError, HostResult, RunError, RunErrorKind};
 use crate::events::StoreOp;
 use crate::text::lua_type_name;
 
@@ -85,7 +90,34 @@ impl CallSite {
     }
 }
 
-/// Runs one store operation off the Lua thread.
+/// Take `kind` claims on `paths` for the calling chain, all or none.
+///
+/// A conflict in block code ends the run (the returned value is what the call
+/// raises while the block unwinds; nothing can catch it). While the shared
+/// library loads it is an ordinary `lua` error raised at the call.
+fn take_claims(sec: &SectionCtx, kind: ClaimKind, paths: &[&str]) -> Result<(), HostError> {
+    let valid: Vec<&str> = paths
+        .iter()
+        .copied()
+        .filter(|p| pf_store::check_path(p).is_ok())
+        .collect();
+    let identity = sec.chain.borrow().identity.borrow().clone();
+    let claimed = sec
+        .run
+        .claims
+        .borrow_mut()
+        .claim_all(&identity, &valid, kind);
+    match claimed {
+        Ok(()) => Ok(()),
+        Err(conflict) if sec.loading_shared.get() => Err(HostError::lua(conflict.race_message())),
+        Err(conflict) => Err(sec.run.end_run(RunError::new(
+            RunErrorKind::Determinism,
+            conflict.determinism_message(),
+        ))),
+    }
+}
+
+/// Runs one store operation off the Lua thread, after taking its claim.
 ///
 /// The operation is not raced against cancel: a change that started finishes
 /// (and every change is an atomic replace), so the store always holds the old
@@ -95,26 +127,60 @@ impl CallSite {
 async fn with_store<T: Send + 'static>(
     lua: &Lua,
     reports: Option<StoreOp>,
-    op: impl FnOnce(&Store) -> Result<T, StoreError> + Send + 'static,
+    kind: ClaimKind,
+    path: String,
+    op: impl FnOnce(&Store, &str) -> Result<T, StoreError> + Send + 'static,
 ) -> HostResult<T> {
     let sec = section(lua)?;
     if sec.run.cancel.is_cancelled() {
         return Err(cancelled_error().into());
     }
+    let done = match take_claims(&sec, kind, &[&path]) {
+        Ok(()) => run_op(&sec, move |s| op(s, &path)).await,
+        Err(lost) => Err(lost),
+    };
+    report(&sec, reports, done.is_ok());
+    Ok(done?)
+}
+
+/// `store.glob`: the read claims go on the files it matched, so they are taken
+/// once the listing is in, and a conflict returns none of it.
+async fn glob_with_claims(lua: &Lua, pattern: String) -> HostResult<Vec<String>> {
+    let sec = section(lua)?;
+    if sec.run.cancel.is_cancelled() {
+        return Err(cancelled_error().into());
+    }
+    let done = match run_op(&sec, move |s| s.glob(&pattern)).await {
+        Ok(found) => {
+            let paths: Vec<&str> = found.iter().map(String::as_str).collect();
+            take_claims(&sec, ClaimKind::Read, &paths).map(|()| found)
+        }
+        Err(e) => Err(e),
+    };
+    report(&sec, Some(StoreOp::Glob), done.is_ok());
+    Ok(done?)
+}
+
+fn report(sec: &SectionCtx, reports: Option<StoreOp>, succeeded: bool) {
+    if let Some(op) = reports {
+        sec.boundary(op.outcome(succeeded));
+    }
+}
+
+async fn run_op<T: Send + 'static>(
+    sec: &SectionCtx,
+    op: impl FnOnce(&Store) -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, HostError> {
     let store = sec.run.store.clone();
     sec.run.host_work();
-    let done = tokio::task::spawn_blocking(move || op(&store)).await;
-    if let Some(op) = reports {
-        sec.boundary(op.outcome(matches!(done, Ok(Ok(_)))));
-    }
-    match done {
+    match tokio::task::spawn_blocking(move || op(&store)).await {
         Ok(Ok(value)) => Ok(value),
         // User errors carry their exact message; backend errors already carry
         // the fixed `store backend failure` with the detail only in the log.
-        Ok(Err(e)) => Err(HostError::lua(e.message).into()),
+        Ok(Err(e)) => Err(HostError::lua(e.message)),
         Err(join) => {
             tracing::error!(store = %sec.run.store_dir.display(), "store operation did not finish: {join}");
-            Err(HostError::lua(pf_store::messages::BACKEND_FAILURE).into())
+            Err(HostError::lua(pf_store::messages::BACKEND_FAILURE))
         }
     }
 }
@@ -130,9 +196,13 @@ pub(crate) fn make_store(lua: &Lua) -> mlua::Result<Table> {
             let path = site.text(&lua, &args, 0, "path")?;
             let start = site.bound(&lua, &args, 1, "start")?;
             let end = site.bound(&lua, &args, 2, "end")?;
-            with_store(&lua, Some(StoreOp::Read), move |s| {
-                s.read_lines(&path, start, end)
-            })
+            with_store(
+                &lua,
+                Some(StoreOp::Read),
+                ClaimKind::Read,
+                path,
+                move |s, p| s.read_lines(p, start, end),
+            )
             .await
         })?,
     )?;
@@ -143,9 +213,13 @@ pub(crate) fn make_store(lua: &Lua) -> mlua::Result<Table> {
             let path = site.text(&lua, &args, 0, "path")?;
             let start = site.bound(&lua, &args, 1, "start")?;
             let end = site.bound(&lua, &args, 2, "end")?;
-            with_store(&lua, Some(StoreOp::ReadNumbered), move |s| {
-                s.read_numbered(&path, start, end)
-            })
+            with_store(
+                &lua,
+                Some(StoreOp::ReadNumbered),
+                ClaimKind::Read,
+                path,
+                move |s, p| s.read_numbered(p, start, end),
+            )
             .await
         })?,
     )?;
@@ -155,9 +229,13 @@ pub(crate) fn make_store(lua: &Lua) -> mlua::Result<Table> {
             let site = CallSite::of(&lua)?;
             let path = site.text(&lua, &args, 0, "path")?;
             let contents = site.text(&lua, &args, 1, "contents")?;
-            with_store(&lua, Some(StoreOp::Write), move |s| {
-                s.write(&path, &contents)
-            })
+            with_store(
+                &lua,
+                Some(StoreOp::Write),
+                ClaimKind::Write,
+                path,
+                move |s, p| s.write(p, &contents),
+            )
             .await?;
             Ok(Value::Nil)
         })?,
@@ -168,9 +246,13 @@ pub(crate) fn make_store(lua: &Lua) -> mlua::Result<Table> {
             let site = CallSite::of(&lua)?;
             let path = site.text(&lua, &args, 0, "path")?;
             let contents = site.text(&lua, &args, 1, "contents")?;
-            with_store(&lua, Some(StoreOp::Append), move |s| {
-                s.append(&path, &contents)
-            })
+            with_store(
+                &lua,
+                Some(StoreOp::Append),
+                ClaimKind::Write,
+                path,
+                move |s, p| s.append(p, &contents),
+            )
             .await?;
             Ok(Value::Nil)
         })?,
@@ -182,9 +264,13 @@ pub(crate) fn make_store(lua: &Lua) -> mlua::Result<Table> {
             let path = site.text(&lua, &args, 0, "path")?;
             let old = site.text(&lua, &args, 1, "old")?;
             let new = site.text(&lua, &args, 2, "new")?;
-            with_store(&lua, Some(StoreOp::Replace), move |s| {
-                s.str_replace(&path, &old, &new)
-            })
+            with_store(
+                &lua,
+                Some(StoreOp::Replace),
+                ClaimKind::Write,
+                path,
+                move |s, p| s.str_replace(p, &old, &new),
+            )
             .await?;
             Ok(Value::Nil)
         })?,
@@ -194,7 +280,14 @@ pub(crate) fn make_store(lua: &Lua) -> mlua::Result<Table> {
         host_async(lua, |lua, args| async move {
             let site = CallSite::of(&lua)?;
             let path = site.text(&lua, &args, 0, "path")?;
-            with_store(&lua, Some(StoreOp::Delete), move |s| s.delete(&path)).await?;
+            with_store(
+                &lua,
+                Some(StoreOp::Delete),
+                ClaimKind::Write,
+                path,
+                |s, p| s.delete(p),
+            )
+            .await?;
             Ok(Value::Nil)
         })?,
     )?;
@@ -203,7 +296,7 @@ pub(crate) fn make_store(lua: &Lua) -> mlua::Result<Table> {
         host_async(lua, |lua, args| async move {
             let site = CallSite::of(&lua)?;
             let path = site.text(&lua, &args, 0, "path")?;
-            with_store(&lua, None, move |s| s.exists(&path)).await
+            with_store(&lua, None, ClaimKind::Read, path, |s, p| s.exists(p)).await
         })?,
     )?;
     t.raw_set(
@@ -211,7 +304,7 @@ pub(crate) fn make_store(lua: &Lua) -> mlua::Result<Table> {
         host_async(lua, |lua, args| async move {
             let site = CallSite::of(&lua)?;
             let pattern = site.text(&lua, &args, 0, "pattern")?;
-            let found = with_store(&lua, Some(StoreOp::Glob), move |s| s.glob(&pattern)).await?;
+            let found = glob_with_claims(&lua, pattern).await?;
             let out = lua.create_table()?;
             for (i, p) in found.into_iter().enumerate() {
                 out.raw_set(i + 1, p)?;

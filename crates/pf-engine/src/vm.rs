@@ -27,11 +27,15 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
         )
     };
     let cancel = sec.run.cancel.clone();
+    let abort = sec.run.abort.clone();
     lua.set_global_hook(
         HookTriggers::new().every_nth_instruction(CANCEL_POLL_INSTRUCTIONS),
         move |_, _| {
             if cancel.is_cancelled() {
                 Err(mlua::Error::runtime("interrupted by Ctrl-C"))
+            } else if abort.is_cancelled() {
+                // The run already ended on the spot; the walk reports why.
+                Err(mlua::Error::runtime("run ended"))
             } else {
                 Ok(VmState::Continue)
             }
@@ -65,10 +69,15 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
             Ok(!s.starts_with(b"=") && !s.starts_with(b"@"))
         })?,
     )?;
+    // True once nothing may swallow an error any more: after a host cancel, or
+    // once the run has ended on the spot (the sandbox `pcall` raises on).
     let cancel_flag = sec.run.cancel.clone();
+    let abort_flag = sec.run.abort.clone();
     h.raw_set(
         "cancelled",
-        lua.create_function(move |_, ()| Ok(cancel_flag.is_cancelled()))?,
+        lua.create_function(move |_, ()| {
+            Ok(cancel_flag.is_cancelled() || abort_flag.is_cancelled())
+        })?,
     )?;
     let h: Table = internal_chunk(&lua, "=[promptforge prelude]", PRELUDE)?.call(h)?;
     lua.set_named_registry_value("pf.helpers", h.clone())?;

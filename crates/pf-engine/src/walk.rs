@@ -10,6 +10,7 @@ use mlua::{ChunkMode, Function, Lua, MultiValue, Table, Value};
 use pf_syntax::{resolve_heading, Block, LuaBlock, Prompt, Section};
 use serde_json::Value as Json;
 
+use crate::claims::ClaimIdentity;
 use crate::ctx::{arg, helpers, host_async, host_fn, section, Chain, RunCtx, SectionCtx};
 use crate::error::{read_error_value, HostError, HostResult, Raise, RunError, RunErrorKind};
 use crate::text::{lua_type_name, scalar_text};
@@ -104,6 +105,9 @@ pub(crate) async fn run_main(run: Rc<RunCtx>) -> Outcome {
         Some(vec![0])
     };
     if h1_runs(&prompt) {
+        // The H1 pass claims under its own identity and releases it when the
+        // pass ends, so the walk starts with fresh claims (guide ch. 09).
+        let walk_identity = main.identity.replace(ClaimIdentity::h1_pass());
         let spec = EntrySpec {
             name: prompt.title.clone(),
             id: h1_id,
@@ -111,7 +115,10 @@ pub(crate) async fn run_main(run: Rc<RunCtx>) -> Outcome {
             path: Vec::new(),
             blocks: prompt.h1_blocks.clone(),
         };
-        match run_entry(Rc::clone(&run), Rc::clone(&main), spec).await {
+        let end = run_entry(Rc::clone(&run), Rc::clone(&main), spec).await;
+        let h1_identity = main.identity.replace(walk_identity);
+        run.claims.borrow_mut().release(&h1_identity);
+        match end {
             EntryEnd::Return(t) => return finish(&run, &main, Outcome::Completed(t)),
             EntryEnd::Jump(target) => match resolve_heading(&prompt, &[], &target) {
                 Ok((path, _)) => start = Some(path),
@@ -142,6 +149,8 @@ pub(crate) async fn run_main(run: Rc<RunCtx>) -> Outcome {
 
 fn finish(run: &RunCtx, main: &Chain, outcome: Outcome) -> Outcome {
     *run.var.borrow_mut() = main.var.borrow().clone();
+    // The walk has ended: its claims go with it.
+    run.claims.borrow_mut().release(&main.identity.borrow());
     outcome
 }
 
@@ -278,8 +287,11 @@ async fn run_entry_in(sec: &Rc<SectionCtx>, spec: &EntrySpec) -> EntryEnd {
             Block::Lua(b) => {
                 *sec.prose.borrow_mut() = (std::mem::take(&mut pending), None);
                 let end = run_block(&lua, sec, b).await;
-                if matches!(end, BlockEnd::Fail(Failure::Cancelled)) {
-                    return EntryEnd::Fail(Failure::Cancelled);
+                if let BlockEnd::Fail(f) = &end {
+                    // Nothing more runs after a cancel or a run-ending failure.
+                    if matches!(f, Failure::Cancelled) || sec.run.fatal.borrow().is_some() {
+                        return EntryEnd::Fail(f.clone());
+                    }
                 }
                 if let Err(m) = crate::var::check_var_global(&lua) {
                     return EntryEnd::Fail(Failure::lua(m));
@@ -393,6 +405,10 @@ async fn run_block(lua: &Lua, sec: &Rc<SectionCtx>, block: &LuaBlock) -> BlockEn
         Err(e) => return BlockEnd::Fail(Failure::internal(e)),
     };
     let result = runner.call_async::<MultiValue>(func).await;
+    // A run-ending failure is set only while no cancel has landed, so it came first.
+    if let Some(error) = sec.run.fatal.borrow().clone() {
+        return BlockEnd::Fail(Failure::Error(error, None));
+    }
     if sec.run.cancel.is_cancelled() {
         return BlockEnd::Fail(Failure::Cancelled);
     }
@@ -576,6 +592,8 @@ pub(crate) fn make_call(lua: &Lua) -> mlua::Result<Function> {
             parent.depth + 1,
             sec.var.borrow().clone(),
         ));
+        // A called chain claims as its caller: same identity, nothing released at its end.
+        *chain.identity.borrow_mut() = parent.identity.borrow().clone();
         match walk_chain(&sec.run, &chain, target_path).await {
             Ok(result) => Ok(result.unwrap_or_default()),
             Err(Failure::Cancelled) => Err(crate::ctx::cancelled_error().into()),
