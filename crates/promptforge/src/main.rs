@@ -178,9 +178,20 @@ fn run(
     let store_dir = store.unwrap_or_else(|| {
         std::env::temp_dir().join(format!("promptforge-{execution}-{}", std::process::id()))
     });
-    // A declared input file is read from the store directory itself: the operator
-    // puts it there and passes `--store DIR`. A missing one is only a warning,
-    // because the run never checks the declaration (guide ch. 02).
+    // A declared input file is read from the store. When the store lacks it, the
+    // Host copies it in from beside the prompt file (the file the operator wrote
+    // the prompt next to); otherwise a missing input is only a warning, because
+    // the run never checks the declaration (guide ch. 02).
+    if pf_engine::missing_input(&prompt, &store_dir).is_some() {
+        if let Some(declared) = prompt.frontmatter.input.as_ref() {
+            let beside = file.parent().unwrap_or(Path::new(".")).join(&declared.path);
+            if beside.is_file() {
+                if let Err(why) = pf_engine::place_input(&prompt, &store_dir, &beside) {
+                    eprintln!("warning: {why}");
+                }
+            }
+        }
+    }
     if let Some(notice) = pf_engine::missing_input(&prompt, &store_dir) {
         eprintln!(
             "warning: {notice} (store directory {})",

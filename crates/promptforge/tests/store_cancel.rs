@@ -197,6 +197,35 @@ fn the_input_file_is_read_from_the_store_and_the_output_is_named() {
 }
 
 #[test]
+fn an_input_file_beside_the_prompt_is_copied_into_a_store_that_lacks_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("papers")).expect("mkdir");
+    std::fs::write(dir.path().join("papers/paper.md"), "beside the prompt")
+        .expect("input beside the prompt");
+    let store = dir.path().join("store");
+    let prompt = write_prompt(
+        dir.path(),
+        COPY_PAPER,
+        "## Copy\n\n```lua\nstore.write('report.md', 'report on: ' .. store.read('papers/paper.md'))\nreturn 'copied'\n```\n",
+    );
+    let (out, report) = run_json(&prompt, &store);
+    assert_eq!(report["result"], "copied", "{report}");
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+    assert_eq!(
+        std::fs::read_to_string(store.join("report.md")).expect("output"),
+        "report on: beside the prompt"
+    );
+    // A file already in the store wins over the one beside the prompt.
+    std::fs::write(store.join("papers/paper.md"), "seeded in the store").expect("seed");
+    let (_, report) = run_json(&prompt, &store);
+    assert_eq!(report["result"], "copied");
+    assert_eq!(
+        std::fs::read_to_string(store.join("report.md")).expect("output"),
+        "report on: seeded in the store"
+    );
+}
+
+#[test]
 fn missing_input_and_output_files_are_warnings_not_failures() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = dir.path().join("store");
