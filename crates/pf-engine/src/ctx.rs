@@ -402,3 +402,15 @@ pub(crate) fn string_arg(args: &MultiValue, n: usize, name: &str) -> Result<Stri
 pub(crate) fn cancelled_error() -> HostError {
     HostError::new("cancelled", "interrupted by Ctrl-C")
 }
+
+/// A `__newindex` metamethod that refuses every assignment; `message` builds the
+/// refusal from the key's text (the key itself, or its type for a non-string key).
+pub(crate) fn frozen_newindex(lua: &Lua, message: fn(&str) -> String) -> mlua::Result<Function> {
+    host_fn(lua, move |_, args| -> HostResult<()> {
+        let key = match arg(&args, 1) {
+            Value::String(s) => s.to_string_lossy(),
+            other => crate::text::lua_type_name(&other).to_string(),
+        };
+        Err(HostError::lua(message(&key)).into())
+    })
+}

@@ -95,15 +95,8 @@ impl UserData for ModelHandle {
             })
         });
         fields.add_meta_field_with("__newindex", |lua| {
-            host_fn(lua, |_, args| -> Result<(), Raise> {
-                let key = match arg(&args, 1) {
-                    Value::String(s) => s.to_string_lossy(),
-                    other => lua_type_name(&other).to_string(),
-                };
-                Err(HostError::lua(format!(
-                    "model handles are read-only: cannot assign field '{key}'"
-                ))
-                .into())
+            crate::ctx::frozen_newindex(lua, |key| {
+                format!("model handles are read-only: cannot assign field '{key}'")
             })
         });
     }

@@ -59,15 +59,8 @@ pub(crate) struct ToolObject {
 impl UserData for ToolObject {
     fn add_fields<F: UserDataFields<Self>>(fields: &mut F) {
         fields.add_meta_field_with("__newindex", |lua| {
-            host_fn(lua, |_, args| -> Result<(), Raise> {
-                let key = match arg(&args, 1) {
-                    Value::String(s) => s.to_string_lossy(),
-                    other => lua_type_name(&other).to_string(),
-                };
-                Err(HostError::lua(format!(
-                    "Tool objects are frozen: cannot assign field \"{key}\""
-                ))
-                .into())
+            crate::ctx::frozen_newindex(lua, |key| {
+                format!("Tool objects are frozen: cannot assign field \"{key}\"")
             })
         });
     }
