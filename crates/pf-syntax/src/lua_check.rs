@@ -53,7 +53,7 @@ pub(crate) fn compile_all(prompt: &Prompt) -> Result<(), ParseError> {
         let chunk_name = block.label.replace('\0', "");
         let compiled = lua
             .load(block.source.as_bytes())
-            .set_name(chunk_name.clone())
+            .set_name(chunk_name)
             .set_mode(ChunkMode::Text)
             .into_function();
         if let Err(error) = compiled {
@@ -61,7 +61,6 @@ pub(crate) fn compile_all(prompt: &Prompt) -> Result<(), ParseError> {
                 mlua::Error::SyntaxError { message, .. } => message,
                 other => other.to_string(),
             };
-            let diagnostic = absolute_lines(&diagnostic, &chunk_name, block.first_line);
             return Err(lua_error(format!(
                 "lua compilation error at {} (line {}): {}",
                 block.label, block.first_line, diagnostic
@@ -69,41 +68,4 @@ pub(crate) fn compile_all(prompt: &Prompt) -> Result<(), ParseError> {
         }
     }
     Ok(())
-}
-
-/// Rewrite the compiler's block-relative `[string "label"]:N:` positions to prompt-file
-/// lines, the numbering runtime errors use too.
-fn absolute_lines(diagnostic: &str, label: &str, first_line: u32) -> String {
-    let marker = format!("[string \"{label}\"]:");
-    let mut out = String::with_capacity(diagnostic.len());
-    let mut rest = diagnostic;
-    while let Some(at) = rest.find(&marker) {
-        let after = &rest[at + marker.len()..];
-        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
-        out.push_str(&rest[..at + marker.len()]);
-        match after[..digits].parse::<u64>() {
-            Ok(n) if digits > 0 && after[digits..].starts_with(':') => {
-                out.push_str(&(n + u64::from(first_line) - 1).to_string());
-            }
-            _ => out.push_str(&after[..digits]),
-        }
-        rest = &after[digits..];
-    }
-    out.push_str(rest);
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::absolute_lines;
-
-    #[test]
-    fn diagnostics_name_prompt_file_lines() {
-        let d = "[string \"section `A` prologue\"]:2: unexpected symbol near <eof>";
-        assert_eq!(
-            absolute_lines(d, "section `A` prologue", 12),
-            "[string \"section `A` prologue\"]:13: unexpected symbol near <eof>"
-        );
-        assert_eq!(absolute_lines("no marker here", "x", 5), "no marker here");
-    }
 }
