@@ -31,10 +31,10 @@ use reqwest::StatusCode;
 use serde_json::{json, Map, Value as Json};
 
 use crate::http::{
-    read_api_key, scrub_key, secret_header, status_failure, EventStream, HttpClient,
-    HttpProviderConfig, HttpReply, Streamed,
+    json_error_detail, log_safe, malformed, read_api_key, scrub_key, secret_header, status_failure,
+    EventStream, HttpClient, HttpProviderConfig, HttpReply, Streamed,
 };
-use crate::openai::token_count;
+use crate::openai::{token_count, MID_STREAM_ERROR};
 use crate::wire;
 
 /// `max_tokens` when the request sets none.
@@ -129,7 +129,7 @@ impl AnthropicProvider {
             .http
             .post_json(&url, self.headers(key)?, &body, cancel)
             .await?;
-        whole_reply(&url, &reply)
+        whole_reply(&url, &reply, key)
     }
 
     async fn send_streaming(
@@ -152,7 +152,7 @@ impl AnthropicProvider {
             Streamed::Events(stream) => stream,
             // A server that does not stream answers with one body: its text is one fragment.
             Streamed::Whole(reply) => {
-                let response = whole_reply(&url, &reply)?;
+                let response = whole_reply(&url, &reply, key)?;
                 if let Some(text) = response.content.as_deref().filter(|t| !t.is_empty()) {
                     on_text(text);
                 }
@@ -160,36 +160,46 @@ impl AnthropicProvider {
             }
         };
         let mut message = StreamedMessage::default();
-        read_stream(&url, &mut stream, cancel, &mut message, on_text).await?;
+        read_stream(&url, key, &mut stream, cancel, &mut message, on_text).await?;
         Ok(message.finish())
     }
 }
 
-fn whole_reply(url: &str, reply: &HttpReply) -> Result<ChatResponse, ProviderError> {
+fn whole_reply(
+    url: &str,
+    reply: &HttpReply,
+    key: Option<&str>,
+) -> Result<ChatResponse, ProviderError> {
     if !reply.status.is_success() {
-        return Err(status_error(url, reply));
+        return Err(status_error(url, reply, key));
     }
-    parse_reply(&reply.body).map_err(|detail| malformed(url, &detail))
+    parse_reply(&reply.body).map_err(|detail| {
+        tracing::warn!(%url, "model reply is malformed: {detail}");
+        malformed(&detail)
+    })
 }
 
-fn malformed(url: &str, detail: &str) -> ProviderError {
-    ProviderError::Failed(format!(
-        "the model server at {url} sent a malformed reply: {detail}"
-    ))
+/// A malformed stream event: the detail (our own words) is logged with the URL.
+fn stream_malformed(url: &str, detail: &str) -> ProviderError {
+    tracing::warn!(%url, "model reply stream is malformed: {detail}");
+    malformed(detail)
 }
 
 /// Read events until `message_stop`; a stream that ends before it is cut short.
 async fn read_stream(
     url: &str,
+    key: Option<&str>,
     stream: &mut EventStream,
     cancel: &CancellationToken,
     message: &mut StreamedMessage,
     on_text: &mut OnText<'_>,
 ) -> Result<(), ProviderError> {
     while let Some(event) = stream.next_event(cancel).await? {
-        let data: Json = serde_json::from_str(&event.data)
-            .map_err(|error| malformed(url, &format!("a stream event is not JSON ({error})")))?;
-        if message.apply(url, &data, on_text)? {
+        let data: Json = serde_json::from_str(&event.data).map_err(|error| {
+            let detail = format!("a stream event is not JSON ({})", json_error_detail(&error));
+            stream_malformed(url, &detail)
+        })?;
+        if message.apply(url, key, &data, on_text)? {
             return Ok(());
         }
     }
@@ -235,18 +245,19 @@ impl StreamedMessage {
     fn apply(
         &mut self,
         url: &str,
+        key: Option<&str>,
         event: &Json,
         on_text: &mut OnText<'_>,
     ) -> Result<bool, ProviderError> {
         let kind = event
             .get("type")
             .and_then(Json::as_str)
-            .ok_or_else(|| malformed(url, "a stream event has no `type`"))?;
+            .ok_or_else(|| stream_malformed(url, "a stream event has no `type`"))?;
         let index = || {
             event
                 .get("index")
                 .and_then(Json::as_u64)
-                .ok_or_else(|| malformed(url, &format!("a `{kind}` event has no `index`")))
+                .ok_or_else(|| stream_malformed(url, &format!("a `{kind}` event has no `index`")))
         };
         match kind {
             "message_start" => {
@@ -262,7 +273,7 @@ impl StreamedMessage {
             "content_block_start" => {
                 let index = index()?;
                 let block = event.get("content_block").ok_or_else(|| {
-                    malformed(url, "a `content_block_start` has no `content_block`")
+                    stream_malformed(url, "a `content_block_start` has no `content_block`")
                 })?;
                 let started = match block.get("type").and_then(Json::as_str) {
                     Some("text") => {
@@ -278,7 +289,7 @@ impl StreamedMessage {
                                 .and_then(Json::as_str)
                                 .map(str::to_string)
                                 .ok_or_else(|| {
-                                    malformed(
+                                    stream_malformed(
                                         url,
                                         &format!("a streamed tool_use block has no `{name}`"),
                                     )
@@ -297,15 +308,15 @@ impl StreamedMessage {
             }
             "content_block_delta" => {
                 let index = index()?;
-                let delta = event
-                    .get("delta")
-                    .ok_or_else(|| malformed(url, "a `content_block_delta` has no `delta`"))?;
+                let delta = event.get("delta").ok_or_else(|| {
+                    stream_malformed(url, "a `content_block_delta` has no `delta`")
+                })?;
                 match delta.get("type").and_then(Json::as_str) {
                     Some("text_delta") => {
                         let text = delta
                             .get("text")
                             .and_then(Json::as_str)
-                            .ok_or_else(|| malformed(url, "a `text_delta` has no `text`"))?;
+                            .ok_or_else(|| stream_malformed(url, "a `text_delta` has no `text`"))?;
                         self.push_text(text, on_text);
                     }
                     Some("input_json_delta") => {
@@ -313,12 +324,12 @@ impl StreamedMessage {
                             .get("partial_json")
                             .and_then(Json::as_str)
                             .ok_or_else(|| {
-                                malformed(url, "an `input_json_delta` has no `partial_json`")
+                                stream_malformed(url, "an `input_json_delta` has no `partial_json`")
                             })?;
                         match self.blocks.get_mut(&index) {
                             Some(StreamedBlock::ToolUse { json, .. }) => json.push_str(piece),
                             _ => {
-                                return Err(malformed(
+                                return Err(stream_malformed(
                                     url,
                                     &format!("an `input_json_delta` for block {index}, which is not a tool_use block"),
                                 ))
@@ -335,7 +346,7 @@ impl StreamedMessage {
                     Some(Json::String(reason)) => {
                         self.stop_reason = Some(normalize_stop_reason(reason))
                     }
-                    Some(_) => return Err(malformed(url, "`stop_reason` is not a string")),
+                    Some(_) => return Err(stream_malformed(url, "`stop_reason` is not a string")),
                 }
                 if let Some(usage) = event.get("usage") {
                     self.read_usage(url, usage)?;
@@ -347,9 +358,12 @@ impl StreamedMessage {
                 return Err(if wire::mentions_context_overflow(&message) {
                     ProviderError::ContextOverflow(message)
                 } else {
-                    ProviderError::Failed(format!(
-                        "the model server at {url} reported an error mid-stream: {message}"
-                    ))
+                    tracing::warn!(
+                        %url,
+                        server_message = %log_safe(&message, key),
+                        "model reply stream carried an error"
+                    );
+                    malformed(MID_STREAM_ERROR)
                 });
             }
             // `ping`, `content_block_stop` and event kinds newer than this code.
@@ -361,15 +375,15 @@ impl StreamedMessage {
     /// Token counts: `message_start` gives both, `message_delta` the running output count.
     fn read_usage(&mut self, url: &str, usage: &Json) -> Result<(), ProviderError> {
         let Json::Object(usage) = usage else {
-            return Err(malformed(url, "`usage` is not an object"));
+            return Err(stream_malformed(url, "`usage` is not an object"));
         };
         if usage.contains_key("input_tokens") {
             self.input_tokens =
-                Some(token_count(usage, "input_tokens").map_err(|d| malformed(url, &d))?);
+                Some(token_count(usage, "input_tokens").map_err(|d| stream_malformed(url, &d))?);
         }
         if usage.contains_key("output_tokens") {
             self.output_tokens =
-                Some(token_count(usage, "output_tokens").map_err(|d| malformed(url, &d))?);
+                Some(token_count(usage, "output_tokens").map_err(|d| stream_malformed(url, &d))?);
         }
         Ok(())
     }
@@ -568,17 +582,25 @@ fn assistant_blocks(message: &ChatMessage) -> Vec<Json> {
 }
 
 /// A non-success status as an error; a 400 about the prompt's length is a context overflow.
-fn status_error(url: &str, reply: &HttpReply) -> ProviderError {
+/// The server's error text goes to the log only, never into the message.
+fn status_error(url: &str, reply: &HttpReply, key: Option<&str>) -> ProviderError {
     let (message, _) = wire::error_details(&reply.body);
     if reply.status == StatusCode::BAD_REQUEST && wire::mentions_context_overflow(&message) {
         return ProviderError::ContextOverflow(message);
     }
-    status_failure(url, reply, &message)
+    tracing::warn!(
+        %url,
+        status = %reply.status,
+        attempts = reply.attempts,
+        server_message = %log_safe(&message, key),
+        "model request failed with a non-success status"
+    );
+    status_failure(reply.status)
 }
 
 fn parse_reply(body: &[u8]) -> Result<ChatResponse, String> {
-    let value: Json =
-        serde_json::from_slice(body).map_err(|error| format!("not JSON ({error})"))?;
+    let value: Json = serde_json::from_slice(body)
+        .map_err(|error| format!("not JSON ({})", json_error_detail(&error)))?;
     let root = value.as_object().ok_or("the reply is not a JSON object")?;
     let blocks = root
         .get("content")

@@ -64,21 +64,19 @@ impl HttpProviderConfig {
     }
 }
 
-/// The API key named by `api_key_env`, read now. Errors name the variable, never a value.
+/// The API key named by `api_key_env`, read now. Errors name the variable, never a value;
+/// an empty (or blank) key counts as unset.
 pub(crate) fn read_api_key(api_key_env: Option<&str>) -> Result<Option<String>, ProviderError> {
     let Some(variable) = api_key_env else {
         return Ok(None);
     };
     match std::env::var(variable) {
-        Ok(key) if key.trim().is_empty() => Err(ProviderError::Failed(format!(
-            "the API key variable {variable} is empty"
-        ))),
-        Ok(key) => Ok(Some(key.trim().to_string())),
-        Err(std::env::VarError::NotPresent) => Err(ProviderError::Failed(format!(
-            "the API key variable {variable} is not set"
+        Ok(key) if !key.trim().is_empty() => Ok(Some(key.trim().to_string())),
+        Ok(_) | Err(std::env::VarError::NotPresent) => Err(ProviderError::Failed(format!(
+            "missing environment variable: {variable}"
         ))),
         Err(std::env::VarError::NotUnicode(_)) => Err(ProviderError::Failed(format!(
-            "the API key variable {variable} does not hold valid UTF-8"
+            "environment variable is set but not valid Unicode: {variable}"
         ))),
     }
 }
@@ -108,6 +106,50 @@ pub(crate) fn scrub_key(error: ProviderError, key: Option<&str>) -> ProviderErro
     }
 }
 
+/// Text a server sent, made fit for a log line: the key replaced, and quoted with
+/// escapes so a hostile payload cannot forge log lines.
+pub(crate) fn log_safe(text: &str, key: Option<&str>) -> String {
+    let scrubbed = match key.filter(|key| !key.is_empty()) {
+        Some(key) => text.replace(key, "[redacted]"),
+        None => text.to_string(),
+    };
+    format!("{scrubbed:?}")
+}
+
+/// The failure for a refused or broken connection and for a receive timeout.
+/// The details go to the log; the message is the same for all of them.
+pub(crate) fn transport_failure() -> ProviderError {
+    ProviderError::Failed("http transport failure".to_string())
+}
+
+/// The failure for a reply that is too large or does not decode. `detail` is
+/// written by this crate and never quotes the reply.
+pub(crate) fn malformed(detail: &str) -> ProviderError {
+    ProviderError::Failed(format!("malformed response: {detail}"))
+}
+
+/// The failure for a final non-success status: the number only, never the body.
+pub(crate) fn status_failure(status: StatusCode) -> ProviderError {
+    ProviderError::Failed(format!("non-success backend status {}", status.as_u16()))
+}
+
+/// The failure for an error reply whose body broke off while arriving.
+fn unreadable_error_body(status: StatusCode) -> ProviderError {
+    ProviderError::Failed(format!(
+        "unreadable backend error body (status {})",
+        status.as_u16()
+    ))
+}
+
+/// A JSON decoding failure as a detail that never quotes the input: serde_json's
+/// syntax diagnostics are fixed texts with a position, anything else is reduced to the position.
+pub(crate) fn json_error_detail(error: &serde_json::Error) -> String {
+    match error.classify() {
+        serde_json::error::Category::Syntax | serde_json::error::Category::Eof => error.to_string(),
+        _ => format!("invalid at line {} column {}", error.line(), error.column()),
+    }
+}
+
 /// `120 s`, `200 ms`: durations as people read them in messages.
 pub(crate) fn describe_duration(duration: Duration) -> String {
     if duration.subsec_millis() == 0 {
@@ -126,39 +168,13 @@ pub(crate) struct HttpReply {
     pub attempts: u32,
 }
 
-impl HttpReply {
-    /// ` (after N attempts)` when retries happened, else nothing.
-    pub(crate) fn attempts_note(&self) -> String {
-        if self.attempts > 1 {
-            format!(" (after {} attempts)", self.attempts)
-        } else {
-            String::new()
-        }
-    }
-}
-
-/// The failure for a final non-success status: `HTTP {status}: {message}`, noting retries.
-pub(crate) fn status_failure(url: &str, reply: &HttpReply, message: &str) -> ProviderError {
-    let detail = if message.is_empty() {
-        String::new()
-    } else {
-        format!(": {message}")
-    };
-    ProviderError::Failed(format!(
-        "model request to {url} failed: HTTP {}{detail}{}",
-        reply.status,
-        reply.attempts_note()
-    ))
-}
-
 /// The outcome of one attempt.
 enum Attempt {
     Done(HttpReply),
-    /// Worth another try. `reply` is what to hand back if no tries are left.
+    /// Worth another try. `last` is what to hand back if no tries are left.
     Retry {
-        reason: String,
         retry_after: Option<Duration>,
-        reply: Option<HttpReply>,
+        last: Result<HttpReply, ProviderError>,
     },
     Fatal(ProviderError),
 }
@@ -193,9 +209,10 @@ impl HttpClient {
         match self.post(url, headers, body, cancel, false).await? {
             Streamed::Whole(reply) => Ok(reply),
             // Not asked for, so never handed out; read it whole all the same.
-            Streamed::Events(_) => Err(ProviderError::Failed(format!(
-                "model request to {url} failed: the server sent an event stream that was not asked for"
-            ))),
+            Streamed::Events(_) => {
+                tracing::warn!(%url, "the model server sent an event stream that was not asked for");
+                Err(malformed("an event stream that was not asked for"))
+            }
         }
     }
 
@@ -225,7 +242,7 @@ impl HttpClient {
         stream: bool,
     ) -> Result<Streamed, ProviderError> {
         let body = serde_json::to_vec(body).map_err(|error| {
-            ProviderError::Failed(format!("cannot encode the request to {url}: {error}"))
+            ProviderError::Failed(format!("cannot encode the model request: {error}"))
         })?;
         let mut headers = headers;
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -247,36 +264,28 @@ impl HttpClient {
                 }
                 Ok(response) => self.read_whole(url, response, cancel).await,
             };
-            let (reason, retry_after, reply) = match outcome {
+            let (retry_after, last) = match outcome {
                 Attempt::Done(mut reply) => {
                     reply.attempts = attempts;
                     return Ok(Streamed::Whole(reply));
                 }
                 Attempt::Fatal(error) => return Err(error),
-                Attempt::Retry {
-                    reason,
-                    retry_after,
-                    reply,
-                } => (reason, retry_after, reply),
+                Attempt::Retry { retry_after, last } => (retry_after, last),
             };
             if attempts > self.settings.max_retries {
-                return match reply {
-                    Some(mut reply) => {
-                        reply.attempts = attempts;
-                        Ok(Streamed::Whole(reply))
-                    }
-                    None => Err(ProviderError::Failed(format!(
-                        "{reason} (after {attempts} attempt{})",
-                        if attempts == 1 { "" } else { "s" }
-                    ))),
-                };
+                tracing::warn!(%url, attempts, "model request gave up: no retries left");
+                return last.map(|mut reply| {
+                    reply.attempts = attempts;
+                    Streamed::Whole(reply)
+                });
             }
             let delay = match retry_after {
                 Some(wanted) => wanted.min(self.settings.max_retry_after),
                 None => self.backoff(attempts),
             };
             tracing::warn!(
-                "{reason}; retrying in {} (attempt {} of {})",
+                %url,
+                "model request failed; retrying in {} (attempt {} of {})",
                 describe_duration(delay),
                 attempts + 1,
                 self.settings.max_retries + 1
@@ -319,20 +328,23 @@ impl HttpClient {
             sent = tokio::time::timeout(timeout, request) => sent,
         };
         match sent {
-            Err(_) => Err(Attempt::Fatal(ProviderError::Failed(format!(
-                "model request to {url} failed: no response within {}",
-                describe_duration(timeout)
-            )))),
+            Err(_) => {
+                tracing::warn!(
+                    %url,
+                    "model request failed: no response within {}",
+                    describe_duration(timeout)
+                );
+                Err(Attempt::Fatal(transport_failure()))
+            }
             Ok(Err(error)) => {
-                let reason = format!("model request to {url} failed: {}", error_chain(&error));
+                tracing::warn!(%url, "model request failed: {}", error_chain(&error));
                 Err(if is_broken_connection(&error) {
                     Attempt::Retry {
-                        reason,
                         retry_after: None,
-                        reply: None,
+                        last: Err(transport_failure()),
                     }
                 } else {
-                    Attempt::Fatal(ProviderError::Failed(reason))
+                    Attempt::Fatal(transport_failure())
                 })
             }
             Ok(Ok(response)) => Ok(response),
@@ -356,11 +368,18 @@ impl HttpClient {
             .map(Duration::from_secs);
 
         let cap = self.settings.max_body_bytes;
-        if response
+        if let Some(length) = response
             .content_length()
-            .is_some_and(|length| length > cap as u64)
+            .filter(|length| *length > cap as u64)
         {
-            return Attempt::Fatal(too_large(url, cap));
+            tracing::warn!(%url, %status, length, cap, "model reply refused: over the response cap");
+            return Attempt::Fatal(if status.is_success() {
+                stream_too_large(cap)
+            } else {
+                malformed(&format!(
+                    "response body of {length} bytes exceeds the {cap}-byte limit"
+                ))
+            });
         }
         let mut body = Vec::new();
         loop {
@@ -371,16 +390,26 @@ impl HttpClient {
             match chunk {
                 Err(_) => return Attempt::Fatal(stalled(url, timeout, body.len())),
                 Ok(Err(error)) => {
+                    log_broken(url, &error);
+                    let failure = if status.is_success() {
+                        transport_failure()
+                    } else {
+                        unreadable_error_body(status)
+                    };
                     return Attempt::Retry {
-                        reason: broken(url, &error),
                         retry_after: None,
-                        reply: None,
-                    }
+                        last: Err(failure),
+                    };
                 }
                 Ok(Ok(None)) => break,
                 Ok(Ok(Some(bytes))) => {
                     if body.len() + bytes.len() > cap {
-                        return Attempt::Fatal(too_large(url, cap));
+                        tracing::warn!(%url, %status, cap, "model reply refused: over the response cap");
+                        return Attempt::Fatal(if status.is_success() {
+                            stream_too_large(cap)
+                        } else {
+                            malformed(&format!("response body exceeds the {cap}-byte limit"))
+                        });
                     }
                     body.extend_from_slice(&bytes);
                 }
@@ -392,10 +421,10 @@ impl HttpClient {
             attempts: 1,
         };
         if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
+            tracing::warn!(%url, %status, "model request answered with a retryable status");
             Attempt::Retry {
-                reason: format!("model request to {url} failed: HTTP {status}"),
                 retry_after,
-                reply: Some(reply),
+                last: Ok(reply),
             }
         } else {
             Attempt::Done(reply)
@@ -442,18 +471,20 @@ impl EventStream {
             };
             match chunk {
                 Err(_) => return Err(stalled(&self.url, self.timeout, self.received)),
-                Ok(Err(error)) => return Err(ProviderError::Failed(broken(&self.url, &error))),
+                Ok(Err(error)) => {
+                    log_broken(&self.url, &error);
+                    return Err(transport_failure());
+                }
                 Ok(Ok(None)) => self.ended = true,
                 Ok(Ok(Some(bytes))) => {
                     if self.received + bytes.len() > self.cap {
-                        return Err(too_large(&self.url, self.cap));
+                        tracing::warn!(url = %self.url, cap = self.cap, "model reply stream refused: over the response cap");
+                        return Err(stream_too_large(self.cap));
                     }
                     self.received += bytes.len();
                     self.parser.feed(&bytes).map_err(|detail| {
-                        ProviderError::Failed(format!(
-                            "the model server at {} sent a malformed reply: {detail}",
-                            self.url
-                        ))
+                        tracing::warn!(url = %self.url, "model reply stream is malformed: {detail}");
+                        malformed(&detail)
                     })?;
                 }
             }
@@ -462,10 +493,12 @@ impl EventStream {
 
     /// The failure for a stream that ended before its reply was complete.
     pub(crate) fn cut_short(&self) -> ProviderError {
-        ProviderError::Failed(format!(
-            "model request to {} failed: the event stream ended before the reply was complete (after {} bytes)",
-            self.url, self.received
-        ))
+        tracing::warn!(
+            url = %self.url,
+            received = self.received,
+            "model reply stream ended before the reply was complete"
+        );
+        transport_failure()
     }
 }
 
@@ -483,34 +516,26 @@ fn is_event_stream(response: &reqwest::Response) -> bool {
             })
 }
 
-fn too_large(url: &str, cap: usize) -> ProviderError {
-    ProviderError::Failed(format!(
-        "model request to {url} failed: the response body is larger than the {} cap",
-        describe_size(cap)
-    ))
+fn stream_too_large(cap: usize) -> ProviderError {
+    malformed(&format!("response stream exceeds the {cap}-byte limit"))
 }
 
 fn stalled(url: &str, timeout: Duration, received: usize) -> ProviderError {
-    ProviderError::Failed(format!(
-        "model request to {url} failed: the response stalled for more than {} after {received} bytes",
+    tracing::warn!(
+        %url,
+        received,
+        "model reply stalled for more than {}",
         describe_duration(timeout)
-    ))
+    );
+    transport_failure()
 }
 
-fn broken(url: &str, error: &reqwest::Error) -> String {
-    format!(
-        "model request to {url} failed: the connection broke while the response was arriving: {}",
+fn log_broken(url: &str, error: &reqwest::Error) {
+    tracing::warn!(
+        %url,
+        "model reply connection broke while the response was arriving: {}",
         error_causes(error)
-    )
-}
-
-fn describe_size(bytes: usize) -> String {
-    const MIB: usize = 1024 * 1024;
-    if bytes >= MIB && bytes % MIB == 0 {
-        format!("{} MiB", bytes / MIB)
-    } else {
-        format!("{bytes} bytes")
-    }
+    );
 }
 
 /// What went wrong and why, `: `-separated, without the URL reqwest repeats.
@@ -575,11 +600,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn durations_and_sizes_read_naturally() {
+    fn durations_read_naturally() {
         assert_eq!(describe_duration(Duration::from_secs(120)), "120 s");
         assert_eq!(describe_duration(Duration::from_millis(200)), "200 ms");
-        assert_eq!(describe_size(MAX_BODY_BYTES), "16 MiB");
-        assert_eq!(describe_size(1000), "1000 bytes");
     }
 
     #[test]
@@ -596,6 +619,48 @@ mod tests {
                 "retry {retry}: {delay} ms"
             );
         }
+    }
+
+    #[test]
+    fn log_safe_text_hides_the_key_and_cannot_break_a_line() {
+        assert_eq!(
+            log_safe("bad key sk-9\nINFO forged", Some("sk-9")),
+            "\"bad key [redacted]\\nINFO forged\""
+        );
+        assert_eq!(log_safe("plain", None), "\"plain\"");
+    }
+
+    #[test]
+    fn failure_messages_are_the_guides() {
+        assert_eq!(
+            status_failure(StatusCode::SERVICE_UNAVAILABLE),
+            ProviderError::Failed("non-success backend status 503".into())
+        );
+        assert_eq!(
+            unreadable_error_body(StatusCode::BAD_GATEWAY),
+            ProviderError::Failed("unreadable backend error body (status 502)".into())
+        );
+        assert_eq!(
+            stream_too_large(MAX_BODY_BYTES),
+            ProviderError::Failed(
+                "malformed response: response stream exceeds the 16777216-byte limit".into()
+            )
+        );
+        assert_eq!(
+            transport_failure(),
+            ProviderError::Failed("http transport failure".into())
+        );
+    }
+
+    #[test]
+    fn json_error_details_never_quote_the_input() {
+        let syntax = serde_json::from_str::<serde_json::Value>("{\"secret").unwrap_err();
+        assert_eq!(
+            json_error_detail(&syntax),
+            "EOF while parsing a string at line 1 column 8"
+        );
+        let data = serde_json::from_str::<u8>("\"secret\"").unwrap_err();
+        assert_eq!(json_error_detail(&data), "invalid at line 1 column 8");
     }
 
     #[test]

@@ -13,8 +13,17 @@
 //!
 //! API keys are read from the environment variable the host file names, at
 //! each call; no provider stores a key, so no `Debug` output, log line, record
-//! or error message can carry one (error texts are also scrubbed of the key in
-//! case a server echoes it).
+//! or error message can carry one (error texts and logged server text are also
+//! scrubbed of the key in case a server echoes it).
+//!
+//! A failed call's message is one of a fixed few, never the reply body, so a
+//! hostile payload cannot leak into a message or forge a log line:
+//! `http transport failure` (connection failure, receive timeout, a stream cut
+//! short), `non-success backend status {status}`, `malformed response: {detail}`
+//! (an oversized or undecodable reply), `unreadable backend error body (status {status})`,
+//! `missing environment variable: {name}` and
+//! `environment variable is set but not valid Unicode: {name}`. The URL, the
+//! cause chain, the server's error text and the attempts go to `tracing` logs.
 
 mod anthropic;
 mod http;

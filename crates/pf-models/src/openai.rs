@@ -25,8 +25,8 @@ use reqwest::StatusCode;
 use serde_json::{json, Map, Value as Json};
 
 use crate::http::{
-    read_api_key, scrub_key, secret_header, status_failure, EventStream, HttpClient,
-    HttpProviderConfig, HttpReply, Streamed,
+    json_error_detail, log_safe, malformed, read_api_key, scrub_key, secret_header, status_failure,
+    EventStream, HttpClient, HttpProviderConfig, HttpReply, Streamed,
 };
 use crate::wire;
 
@@ -93,14 +93,22 @@ impl OpenAiProvider {
                 cancel,
             )
             .await?;
-        self.whole_reply(&url, &reply)
+        self.whole_reply(&url, &reply, key)
     }
 
-    fn whole_reply(&self, url: &str, reply: &HttpReply) -> Result<ChatResponse, ProviderError> {
+    fn whole_reply(
+        &self,
+        url: &str,
+        reply: &HttpReply,
+        key: Option<&str>,
+    ) -> Result<ChatResponse, ProviderError> {
         if !reply.status.is_success() {
-            return Err(status_error(url, reply));
+            return Err(status_error(url, reply, key));
         }
-        parse_reply(&reply.body, &self.synthetic_ids).map_err(|detail| malformed(url, &detail))
+        parse_reply(&reply.body, &self.synthetic_ids).map_err(|detail| {
+            tracing::warn!(%url, "model reply is malformed: {detail}");
+            malformed(&detail)
+        })
     }
 
     async fn send_streaming(
@@ -124,7 +132,7 @@ impl OpenAiProvider {
             Streamed::Events(stream) => stream,
             // A server that does not stream answers with one body: its text is one fragment.
             Streamed::Whole(reply) => {
-                let response = self.whole_reply(&url, &reply)?;
+                let response = self.whole_reply(&url, &reply, key)?;
                 if let Some(text) = response.content.as_deref().filter(|t| !t.is_empty()) {
                     on_text(text);
                 }
@@ -132,21 +140,26 @@ impl OpenAiProvider {
             }
         };
         let mut assembled = StreamedReply::default();
-        read_stream(&url, &mut stream, cancel, &mut assembled, on_text).await?;
+        read_stream(&url, key, &mut stream, cancel, &mut assembled, on_text).await?;
         Ok(assembled.finish(&self.synthetic_ids))
     }
 }
 
-fn malformed(url: &str, detail: &str) -> ProviderError {
-    ProviderError::Failed(format!(
-        "the model server at {url} sent a malformed reply: {detail}"
-    ))
+/// The detail for an error the server reported inside a stream that began well:
+/// the reply never completed, and the server's own text stays in the log.
+pub(crate) const MID_STREAM_ERROR: &str = "the event stream reported a backend error";
+
+/// A malformed stream chunk: the detail (our own words) is logged with the URL.
+fn stream_malformed(url: &str, detail: &str) -> ProviderError {
+    tracing::warn!(%url, "model reply stream is malformed: {detail}");
+    malformed(detail)
 }
 
 /// Read chunks until `[DONE]`; a stream that ends first is complete only when a
 /// finish reason arrived (some compatible servers leave `[DONE]` out).
 async fn read_stream(
     url: &str,
+    key: Option<&str>,
     stream: &mut EventStream,
     cancel: &CancellationToken,
     assembled: &mut StreamedReply,
@@ -160,9 +173,11 @@ async fn read_stream(
         if data.is_empty() {
             continue;
         }
-        let chunk: Json = serde_json::from_str(data)
-            .map_err(|error| malformed(url, &format!("a stream chunk is not JSON ({error})")))?;
-        assembled.apply(url, &chunk, on_text)?;
+        let chunk: Json = serde_json::from_str(data).map_err(|error| {
+            let detail = format!("a stream chunk is not JSON ({})", json_error_detail(&error));
+            stream_malformed(url, &detail)
+        })?;
+        assembled.apply(url, key, &chunk, on_text)?;
     }
     if assembled.finish_reason.is_some() {
         Ok(())
@@ -193,12 +208,13 @@ impl StreamedReply {
     fn apply(
         &mut self,
         url: &str,
+        key: Option<&str>,
         chunk: &Json,
         on_text: &mut OnText<'_>,
     ) -> Result<(), ProviderError> {
         let root = chunk
             .as_object()
-            .ok_or_else(|| malformed(url, "a stream chunk is not a JSON object"))?;
+            .ok_or_else(|| stream_malformed(url, "a stream chunk is not a JSON object"))?;
         if let Some(error) = root.get("error").filter(|error| !error.is_null()) {
             let (message, code) =
                 wire::error_details(json!({ "error": error }).to_string().as_bytes());
@@ -208,9 +224,12 @@ impl StreamedReply {
                 {
                     ProviderError::ContextOverflow(message)
                 } else {
-                    ProviderError::Failed(format!(
-                        "the model server at {url} reported an error mid-stream: {message}"
-                    ))
+                    tracing::warn!(
+                        %url,
+                        server_message = %log_safe(&message, key),
+                        "model reply stream carried an error"
+                    );
+                    malformed(MID_STREAM_ERROR)
                 },
             );
         }
@@ -222,17 +241,17 @@ impl StreamedReply {
             Some(Json::Object(usage)) => {
                 self.usage = Some(Usage {
                     input_tokens: token_count(usage, "prompt_tokens")
-                        .map_err(|detail| malformed(url, &detail))?,
+                        .map_err(|detail| stream_malformed(url, &detail))?,
                     output_tokens: token_count(usage, "completion_tokens")
-                        .map_err(|detail| malformed(url, &detail))?,
+                        .map_err(|detail| stream_malformed(url, &detail))?,
                 })
             }
-            Some(_) => return Err(malformed(url, "`usage` is not an object")),
+            Some(_) => return Err(stream_malformed(url, "`usage` is not an object")),
         }
         let choices = match root.get("choices") {
             None | Some(Json::Null) => return Ok(()),
             Some(Json::Array(choices)) => choices,
-            Some(_) => return Err(malformed(url, "`choices` is not a list")),
+            Some(_) => return Err(stream_malformed(url, "`choices` is not a list")),
         };
         // Only the first choice is the reply, as in a whole response.
         let Some(choice) = choices
@@ -244,7 +263,7 @@ impl StreamedReply {
         match choice.get("finish_reason") {
             None | Some(Json::Null) => {}
             Some(Json::String(reason)) => self.finish_reason = Some(reason.clone()),
-            Some(_) => return Err(malformed(url, "`finish_reason` is not a string")),
+            Some(_) => return Err(stream_malformed(url, "`finish_reason` is not a string")),
         }
         let Some(delta) = choice.get("delta").filter(|d| !d.is_null()) else {
             return Ok(());
@@ -257,7 +276,7 @@ impl StreamedReply {
                     on_text(text);
                 }
             }
-            Some(_) => return Err(malformed(url, "a `delta.content` is not text")),
+            Some(_) => return Err(stream_malformed(url, "a `delta.content` is not text")),
         }
         match delta.get("tool_calls") {
             None | Some(Json::Null) => {}
@@ -266,7 +285,7 @@ impl StreamedReply {
                     self.apply_call_piece(position, piece);
                 }
             }
-            Some(_) => return Err(malformed(url, "a `delta.tool_calls` is not a list")),
+            Some(_) => return Err(stream_malformed(url, "a `delta.tool_calls` is not a list")),
         }
         Ok(())
     }
@@ -361,19 +380,27 @@ impl ModelProvider for OpenAiProvider {
 }
 
 /// A non-success status as an error; a 400 that says the prompt is too long is a context overflow.
-fn status_error(url: &str, reply: &HttpReply) -> ProviderError {
+/// The server's error text goes to the log only, never into the message.
+fn status_error(url: &str, reply: &HttpReply, key: Option<&str>) -> ProviderError {
     let (message, code) = wire::error_details(&reply.body);
     let overflow = code.as_deref() == Some("context_length_exceeded")
         || wire::mentions_context_overflow(&message);
     if reply.status == StatusCode::BAD_REQUEST && overflow {
         return ProviderError::ContextOverflow(message);
     }
-    status_failure(url, reply, &message)
+    tracing::warn!(
+        %url,
+        status = %reply.status,
+        attempts = reply.attempts,
+        server_message = %log_safe(&message, key),
+        "model request failed with a non-success status"
+    );
+    status_failure(reply.status)
 }
 
 fn parse_reply(body: &[u8], synthetic_ids: &AtomicU64) -> Result<ChatResponse, String> {
-    let value: Json =
-        serde_json::from_slice(body).map_err(|error| format!("not JSON ({error})"))?;
+    let value: Json = serde_json::from_slice(body)
+        .map_err(|error| format!("not JSON ({})", json_error_detail(&error)))?;
     let root = value.as_object().ok_or("the reply is not a JSON object")?;
     let choice = root
         .get("choices")

@@ -128,7 +128,7 @@ async fn an_anthropic_model_needs_its_key_variable() {
     assert_eq!(
         provider.complete(hello(), CancellationToken::new()).await,
         Err(pf_harness::ProviderError::Failed(
-            "the API key variable PF_MODELS_TEST_BUILD_ANTHROPIC_UNSET is not set".into()
+            "missing environment variable: PF_MODELS_TEST_BUILD_ANTHROPIC_UNSET".into()
         ))
     );
 }

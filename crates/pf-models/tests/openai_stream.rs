@@ -207,13 +207,7 @@ async fn a_stream_cut_mid_way_fails_after_what_arrived() {
     .await;
     let model = provider(&server.base_url, fast_http());
     let (result, fragments) = stream(&model, CancellationToken::new()).await;
-    assert_eq!(
-        failure(result),
-        format!(
-            "model request to {}/chat/completions failed: the event stream ended before the reply was complete (after {cut_at} bytes)",
-            server.base_url
-        )
-    );
+    assert_eq!(failure(result), "http transport failure");
     // What had arrived was shown; the round still failed.
     assert_eq!(fragments, vec!["one ", "two "]);
     assert_eq!(
@@ -233,14 +227,7 @@ async fn a_connection_that_breaks_mid_stream_fails() {
     .await;
     let model = provider(&server.base_url, fast_http());
     let (result, _) = stream(&model, CancellationToken::new()).await;
-    let message = failure(result);
-    assert!(
-        message.starts_with(&format!(
-            "model request to {}/chat/completions failed: the connection broke while the response was arriving",
-            server.base_url
-        )),
-        "{message}"
-    );
+    assert_eq!(failure(result), "http transport failure");
 }
 
 #[tokio::test]
@@ -265,13 +252,7 @@ async fn the_receive_timeout_applies_to_each_chunk() {
     .await;
     let model = provider(&server.base_url, impatient_http());
     let (result, fragments) = stream(&model, CancellationToken::new()).await;
-    assert_eq!(
-        failure(result),
-        format!(
-            "model request to {}/chat/completions failed: the response stalled for more than 200 ms after 0 bytes",
-            server.base_url
-        )
-    );
+    assert_eq!(failure(result), "http transport failure");
     assert_eq!(fragments, Vec::<String>::new());
 }
 
@@ -290,10 +271,7 @@ async fn an_oversize_stream_fails_at_the_cap() {
     let (result, fragments) = stream(&model, CancellationToken::new()).await;
     assert_eq!(
         failure(result),
-        format!(
-            "model request to {}/chat/completions failed: the response body is larger than the 2000 bytes cap",
-            server.base_url
-        )
+        "malformed response: response stream exceeds the 2000-byte limit"
     );
     assert!(fragments.len() < 50, "{}", fragments.len());
 }
@@ -366,25 +344,28 @@ async fn errors_before_and_during_the_stream_keep_their_meaning() {
     let server = TestServer::sequence(vec![Reply::sse_raw(body)]).await;
     let model = provider(&server.base_url, fast_http());
     let (result, fragments) = stream(&model, CancellationToken::new()).await;
+    // The server's own text stays out of the message.
     assert_eq!(
         failure(result),
-        format!(
-            "the model server at {}/chat/completions reported an error mid-stream: the backend fell over",
-            server.base_url
-        )
+        "malformed response: the event stream reported a backend error"
     );
     assert_eq!(fragments, vec!["par"]);
 
     let server = TestServer::sequence(vec![Reply::sse_raw("data: {not json\n\n")]).await;
     let model = provider(&server.base_url, fast_http());
     let (result, _) = stream(&model, CancellationToken::new()).await;
-    let message = failure(result);
-    assert!(
-        message.starts_with(&format!(
-            "the model server at {}/chat/completions sent a malformed reply: a stream chunk is not JSON (",
-            server.base_url
-        )),
-        "{message}"
+    assert_eq!(
+        failure(result),
+        "malformed response: a stream chunk is not JSON (key must be a string at line 1 column 2)"
+    );
+
+    // A line that is not UTF-8 is refused without quoting it.
+    let server = TestServer::sequence(vec![Reply::sse_raw(b"data: \xff\xfe\n\n".to_vec())]).await;
+    let model = provider(&server.base_url, fast_http());
+    let (result, _) = stream(&model, CancellationToken::new()).await;
+    assert_eq!(
+        failure(result),
+        "malformed response: the event stream holds a line that is not UTF-8"
     );
 }
 
