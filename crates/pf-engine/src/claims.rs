@@ -9,8 +9,8 @@
 //! Which identity a call uses: the walk has its own (`ExecId(0)`); a called chain
 //! uses its caller's, so the two never conflict and the end of the call releases
 //! nothing; the H1 pass has one of its own (`ExecId(h1)`), released when the pass
-//! ends, so the walk starts with fresh claims. Tasks and fanout arms, when they
-//! exist, get the identity of their own chain id.
+//! ends, so the walk starts with fresh claims. Each fanout arm (and, later, each
+//! task) gets the identity of its own chain id, released when its chain ends.
 //!
 //! The conflict rules: a write claim conflicts with any claim another identity
 //! holds on the path; a read claim conflicts only with another identity's write

@@ -136,6 +136,11 @@ pub(crate) struct Chain {
     /// Whose store claims the chain's calls take: its own by default, its
     /// caller's for a called chain, the H1 pass's own during the pass.
     pub identity: RefCell<crate::claims::ClaimIdentity>,
+    /// The nearest enclosing task's id (`sys.taskid`): the chain's own id for the
+    /// main walk and a fanout arm, the caller's task for a called chain.
+    pub task: RefCell<String>,
+    /// What a fanout arm seeds into the chain's first entry (taken by that entry).
+    pub seed: RefCell<Option<crate::fanout::ArmSeed>>,
 }
 
 impl Chain {
@@ -148,6 +153,8 @@ impl Chain {
             depth,
             var: RefCell::new(var),
             identity: RefCell::new(crate::claims::ClaimIdentity::of_chain(&id)),
+            task: RefCell::new(id.clone()),
+            seed: RefCell::new(None),
             id,
         }
     }
@@ -210,6 +217,8 @@ pub(crate) struct SectionCtx {
     pub chain: RefCell<Rc<Chain>>,
     /// The section's index path in the prompt (empty for the H1 pass).
     pub path: RefCell<Vec<usize>>,
+    /// The fanout arm's `item` and `sys.index`, in an arm's first entry only.
+    pub arm: RefCell<Option<crate::fanout::ArmSeed>>,
 }
 
 impl SectionCtx {
@@ -241,6 +250,7 @@ impl SectionCtx {
             prose: RefCell::new((String::new(), None)),
             chain: RefCell::new(chain),
             path: RefCell::new(Vec::new()),
+            arm: RefCell::new(None),
             run,
         }
     }
@@ -363,9 +373,15 @@ where
             let result = tokio::select! {
                 biased;
                 _ = run.abort.cancelled() => Err(Raise::Host(run.abort_error().unwrap_or_else(cancelled_error))),
-                r = fut => match run.abort_error() {
-                    Some(e) => Err(Raise::Host(e)),
-                    None => r,
+                r = fut => {
+                    // Give every other ready chain (a sibling fanout arm) its turn
+                    // before this one resumes, so concurrent arms interleave at each
+                    // suspending call instead of running one after another.
+                    tokio::task::yield_now().await;
+                    match run.abort_error() {
+                        Some(e) => Err(Raise::Host(e)),
+                        None => r,
+                    }
                 },
             };
             match result {

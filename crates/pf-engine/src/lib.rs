@@ -8,6 +8,7 @@ mod claims;
 mod ctx;
 mod error;
 mod events;
+mod fanout;
 mod io_files;
 mod json;
 mod models;
@@ -105,10 +106,10 @@ pub async fn run(prompt: Arc<Prompt>, setup: RunSetup) -> RunReport {
 
 /// TEST-ONLY support: not part of the Engine's interface, and no Host uses it.
 ///
-/// Today one chain is live at a time, so no run can meet a claims conflict on
-/// its own. [`run_beside_live_chain`](testing::run_beside_live_chain) runs a
-/// prompt as if another chain were live for the whole run, holding the given
-/// store claims, so tests can exercise the conflict rules end to end.
+/// Fanout arms are the only concurrent chains today, so a conflict with the
+/// walk itself cannot arise on its own. [`run_beside_live_chain`](testing::run_beside_live_chain)
+/// runs a prompt as if another chain were live for the whole run, holding the
+/// given store claims, so tests can exercise every conflict rule end to end.
 #[doc(hidden)]
 pub mod testing {
     use super::*;

@@ -80,7 +80,7 @@ pub(crate) fn render(lua: &Lua, sec: &SectionCtx, raw: &str) -> Result<String, H
     Ok(out)
 }
 
-fn render_json(v: &Json) -> String {
+pub(crate) fn render_json(v: &Json) -> String {
     match v {
         Json::String(s) => s.clone(),
         Json::Null => "null".to_string(),
@@ -98,7 +98,13 @@ fn sys_object(sec: &SectionCtx) -> Json {
     let mut m = serde_json::Map::new();
     m.insert("when".into(), Json::String(sec.run.when.clone()));
     m.insert("id".into(), Json::String(sec.id.clone()));
-    m.insert("taskid".into(), Json::String("0".into()));
+    m.insert(
+        "taskid".into(),
+        Json::String(sec.chain.borrow().task.borrow().clone()),
+    );
+    if let Some(seed) = sec.arm.borrow().as_ref() {
+        m.insert("index".into(), Json::from(seed.index));
+    }
     m.insert("section_name".into(), Json::String(sec.name.clone()));
     m.insert("execution".into(), Json::String(sec.run.execution.clone()));
     m.insert(
@@ -145,10 +151,13 @@ fn resolve(lua: &Lua, sec: &SectionCtx, path: &str) -> Result<String, Failure> {
         }
         "args" => return Ok(sec.chain.borrow().args.clone()),
         "item" => {
+            if let Some(seed) = sec.arm.borrow().as_ref() {
+                return Ok(render_json(&seed.item));
+            }
             return Err(failure(
                 "NilItem",
                 "{{ item }} is nil (not inside a fanout arm)",
-            ))
+            ));
         }
         "var" | "sys" if keys.is_empty() => {
             return Err(failure("BadPath", format!("bad path: {{{{ {root} }}}}")))

@@ -101,6 +101,10 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     let var_root = crate::var::make_proxy(&lua, Vec::new())?;
     lua.set_named_registry_value("pf.var_root", var_root.clone())?;
     g.raw_set("var", var_root)?;
+    // A fanout arm's first section starts with its own copy of the member.
+    if let Some(seed) = sec.arm.borrow().as_ref() {
+        g.raw_set("item", json_to_lua(&lua, &seed.item)?)?;
+    }
     // 2. host functions
     g.raw_set("log", make_log(&lua)?)?;
     g.raw_set("store", crate::storeapi::make_store(&lua)?)?;
@@ -146,6 +150,7 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     )?;
     // 6. suspending calls
     g.raw_set("call", crate::walk::make_call(&lua)?)?;
+    g.raw_set("fanout", crate::fanout::make_fanout(&lua)?)?;
     g.raw_set("input", make_input(&lua)?)?;
     g.raw_set("tasks", lua.create_table()?)?;
     // prose
@@ -193,7 +198,11 @@ fn make_sys(lua: &Lua) -> mlua::Result<Table> {
             let v: Value = match key.as_str() {
                 "when" => Value::String(lua.create_string(&run.when)?),
                 "id" => Value::String(lua.create_string(&sec.id)?),
-                "taskid" => Value::String(lua.create_string("0")?),
+                "taskid" => Value::String(lua.create_string(&*sec.chain.borrow().task.borrow())?),
+                "index" if sec.arm.borrow().is_some() => match sec.arm.borrow().as_ref() {
+                    Some(seed) => Value::Integer(seed.index as i64),
+                    None => Value::Nil,
+                },
                 "section_name" => Value::String(lua.create_string(&sec.name)?),
                 "execution" => Value::String(lua.create_string(&run.execution)?),
                 "section_count" => Value::Integer(run.section_count as i64),

@@ -245,6 +245,8 @@ fn run_entry(
         ));
         *sec.chain.borrow_mut() = Rc::clone(&chain);
         *sec.path.borrow_mut() = spec.path.clone();
+        // A fanout arm's seed belongs to the first section its chain enters.
+        *sec.arm.borrow_mut() = chain.seed.borrow_mut().take();
         let end = run_entry_in(&sec, &spec).await;
         // Read back var: the entry's final var becomes the chain's.
         *chain.var.borrow_mut() = sec.var.borrow().clone();
@@ -489,7 +491,7 @@ fn fail(
 }
 
 /// The target of `call`, `jump` and `list_from_section`: a string.
-fn target_arg(args: &MultiValue) -> Result<String, HostError> {
+pub(crate) fn target_arg(args: &MultiValue) -> Result<String, HostError> {
     match arg(args, 0) {
         Value::String(s) => Ok(s.to_string_lossy()),
         other => Err(HostError::lua(format!(
@@ -544,7 +546,11 @@ pub(crate) fn make_list_from_section(lua: &Lua) -> mlua::Result<Function> {
 }
 
 /// The `argv` a chain started with `input` gets, under the prompt's declaration.
-fn chain_argv(sec: &SectionCtx, lua: &Lua, input: &Option<String>) -> Result<Option<Json>, Raise> {
+pub(crate) fn chain_argv(
+    sec: &SectionCtx,
+    lua: &Lua,
+    input: &Option<String>,
+) -> Result<Option<Json>, Raise> {
     if let Some(text) = input {
         return Ok(crate::args_value(&sec.run.prompt, text));
     }
@@ -594,6 +600,7 @@ pub(crate) fn make_call(lua: &Lua) -> mlua::Result<Function> {
         ));
         // A called chain claims as its caller: same identity, nothing released at its end.
         *chain.identity.borrow_mut() = parent.identity.borrow().clone();
+        *chain.task.borrow_mut() = parent.task.borrow().clone();
         match walk_chain(&sec.run, &chain, target_path).await {
             Ok(result) => Ok(result.unwrap_or_default()),
             Err(Failure::Cancelled) => Err(crate::ctx::cancelled_error().into()),

@@ -1,0 +1,358 @@
+//! `fanout(worker, collection)` (guide ch. 14): one arm per collection member,
+//! each a chain of its own under the calling chain, run concurrently up to the
+//! cap, with one read-only result per member in collection order.
+//!
+//! Arms are futures polled in start order on the run's one thread: the caller
+//! stays suspended in `fanout` until every arm has finished or been dropped, so
+//! no arm outlives the call. Dropping an arm's future is how it is cancelled:
+//! its section VMs go with it, and its store claims are released on drop.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::task::Poll;
+
+use mlua::{Function, Lua, MultiValue, Table, Value};
+use pf_syntax::resolve_heading;
+use serde_json::Value as Json;
+
+use crate::claims::ClaimIdentity;
+use crate::ctx::{
+    arg, cancelled_error, frozen_newindex, helpers, host_async, mlua_message, section, Chain,
+    RunCtx,
+};
+use crate::error::{HostError, HostResult, Raise};
+use crate::json::lua_to_json;
+use crate::text::lua_type_name;
+use crate::walk::{chain_argv, target_arg, walk_chain, Failure, DEPTH_CAP};
+
+/// At most this many arms of one `fanout` call are live at once (guide ch. 17).
+pub(crate) const CONCURRENCY_CAP: usize = 8;
+
+const NOT_A_COLLECTION: &str =
+    "fanout's second parameter is a collection; for a list section use list_from_section(heading)";
+const EMPTY_COLLECTION: &str = "fanout over an empty collection: no work is likely a bug";
+const NOT_JSON_ITEM: &str = "item must be a JSON-representable value";
+const READ_ONLY: &str = "fanout results are read-only";
+
+/// What an arm's first section starts with: its own copy of the member and its
+/// 1-based position in the collection.
+#[derive(Debug, Clone)]
+pub(crate) struct ArmSeed {
+    pub item: Json,
+    pub index: usize,
+}
+
+/// How one arm ended, in its collection slot.
+enum ArmResult {
+    Completed(String),
+    /// The arm's `models.loop` hit the round cap; holds the arm's item copy.
+    Exhausted(Json),
+}
+
+type ArmFuture = Pin<Box<dyn Future<Output = Result<Option<String>, Failure>>>>;
+
+struct LiveArm {
+    slot: usize,
+    future: ArmFuture,
+}
+
+/// Releases an arm's store claims when the arm ends, however it ends: finished,
+/// failed, or dropped because a sibling failed or the run was cancelled.
+struct ArmClaims {
+    run: Rc<RunCtx>,
+    identity: ClaimIdentity,
+}
+
+impl Drop for ArmClaims {
+    fn drop(&mut self) {
+        if let Ok(mut claims) = self.run.claims.try_borrow_mut() {
+            claims.release(&self.identity);
+        }
+    }
+}
+
+pub(crate) fn make_fanout(lua: &Lua) -> mlua::Result<Function> {
+    host_async(lua, |lua, args: MultiValue| async move {
+        fanout(&lua, &args).await
+    })
+}
+
+async fn fanout(lua: &Lua, args: &MultiValue) -> HostResult<Table> {
+    let sec = section(lua)?;
+    let run = Rc::clone(&sec.run);
+    let target = target_arg(args)?;
+    let prompt = Arc::clone(&run.prompt);
+    let caller = sec.path.borrow().clone();
+    let (worker, found) = resolve_heading(&prompt, &caller, &target).map_err(HostError::lua)?;
+    if found.list_items.is_some() {
+        return Err(HostError::lua(format!(
+            "section `{}` is a list section, not a worker template",
+            found.name
+        ))
+        .into());
+    }
+    let Value::Table(collection) = arg(args, 1) else {
+        return Err(HostError::lua(NOT_A_COLLECTION).into());
+    };
+    let members = members(lua, &collection)?;
+    if members.is_empty() {
+        return Err(HostError::lua(EMPTY_COLLECTION).into());
+    }
+    let parent = Rc::clone(&sec.chain.borrow());
+    if parent.depth >= DEPTH_CAP {
+        return Err(
+            HostError::lua(format!("fanout recursion exceeded cap of {DEPTH_CAP}"))
+                .located()
+                .into(),
+        );
+    }
+    // Every arm takes its copy of var now: the var global must still be in place.
+    crate::var::check_var_global(lua).map_err(HostError::lua)?;
+    let argv = chain_argv(&sec, lua, &None)?;
+    let var = sec.var.borrow().clone();
+
+    let mut slots: Vec<Option<ArmResult>> = members.iter().map(|_| None).collect();
+    let mut live: Vec<LiveArm> = Vec::new();
+    let mut next = 0usize;
+    let driven = std::future::poll_fn(|cx| loop {
+        // Start arms in member order until the cap is reached.
+        while live.len() < CONCURRENCY_CAP {
+            let Some(member) = members.get(next) else {
+                break;
+            };
+            let Ok(item) = lua_to_json(member, "item") else {
+                return Poll::Ready(Err(Raise::from(HostError::lua(NOT_JSON_ITEM))));
+            };
+            let seed = ArmSeed {
+                item,
+                index: next + 1,
+            };
+            let future = start_arm(&run, &parent, &worker, argv.clone(), &var, seed);
+            live.push(LiveArm { slot: next, future });
+            next += 1;
+        }
+        if live.is_empty() {
+            return Poll::Ready(Ok(()));
+        }
+        // Poll every live arm in start order, so of arms that finish together
+        // the earliest-started is handled first.
+        let mut finished_any = false;
+        let mut i = 0;
+        while let Some(arm) = live.get_mut(i) {
+            let Poll::Ready(end) = arm.future.as_mut().poll(cx) else {
+                i += 1;
+                continue;
+            };
+            let slot = live.remove(i).slot;
+            finished_any = true;
+            let result = match end {
+                Ok(text) => ArmResult::Completed(text.unwrap_or_default()),
+                Err(Failure::Error(_, Some(value))) if value.kind == "tool_loop_exhausted" => {
+                    // The member already converted once, when its arm started.
+                    let member = members.get(slot).unwrap_or(&Value::Nil);
+                    ArmResult::Exhausted(lua_to_json(member, "item").unwrap_or(Json::Null))
+                }
+                // Fail-fast: returning drops (cancels) every live sibling.
+                Err(failure) => return Poll::Ready(Err(failure_raise(failure))),
+            };
+            if let Some(s) = slots.get_mut(slot) {
+                *s = Some(result);
+            }
+        }
+        if !finished_any {
+            return Poll::Pending;
+        }
+    });
+    let outcome = tokio::select! {
+        biased;
+        _ = run.cancel.cancelled() => Err(Raise::from(cancelled_error())),
+        r = driven => r,
+    };
+    // Whatever the outcome, no arm outlives the call.
+    drop(live);
+    outcome?;
+    results(lua, &members, slots)
+}
+
+/// Start one arm: a child chain of the caller's chain, seeded with its member,
+/// claiming under its own identity until it ends.
+fn start_arm(
+    run: &Rc<RunCtx>,
+    parent: &Rc<Chain>,
+    worker: &[usize],
+    argv: Option<Json>,
+    var: &Json,
+    seed: ArmSeed,
+) -> ArmFuture {
+    let chain = Rc::new(Chain::new(
+        parent.next_child_id(),
+        parent.args.clone(),
+        argv,
+        parent.depth + 1,
+        var.clone(),
+    ));
+    *chain.seed.borrow_mut() = Some(seed);
+    let claims = ArmClaims {
+        run: Rc::clone(run),
+        identity: chain.identity.borrow().clone(),
+    };
+    let run = Rc::clone(run);
+    let worker = worker.to_vec();
+    Box::pin(async move {
+        let _claims = claims;
+        walk_chain(&run, &chain, worker).await
+    })
+}
+
+/// The failure an arm raises from the `fanout` call: its own error value,
+/// kind and message unchanged.
+fn failure_raise(failure: Failure) -> Raise {
+    match failure {
+        Failure::Cancelled => cancelled_error().into(),
+        Failure::Error(_, Some(value)) => value.into(),
+        Failure::Error(e, None) => HostError::lua(e.message).run_kind(e.kind).located().into(),
+    }
+}
+
+/// The collection's members in fanout order (the array part, then the keyed
+/// members in the deterministic `pairs` order), each as its arm's `item` will
+/// be built from it: an array member as itself, a keyed member as a
+/// `{ key, value }` pair table.
+fn members(lua: &Lua, collection: &Table) -> HostResult<Vec<Value>> {
+    let ordered: Function = helpers(lua)?.get("ordered_keys")?;
+    let keys: Table = ordered.call(collection.clone())?;
+    let border = collection.raw_len();
+    let mut out = Vec::new();
+    for n in 1..=keys.raw_len() {
+        let key: Value = keys.raw_get(n)?;
+        let in_array = matches!(key, Value::Integer(i) if i >= 1 && usize::try_from(i).is_ok_and(|i| i <= border));
+        let label = if in_array {
+            key_label(lua, &key)?
+        } else {
+            check_key(&key)?;
+            key_label(lua, &key)?
+        };
+        let value: Value = collection.raw_get(key.clone())?;
+        match value {
+            Value::String(_)
+            | Value::Integer(_)
+            | Value::Number(_)
+            | Value::Boolean(_)
+            | Value::Table(_) => {}
+            other => {
+                return Err(HostError::lua(format!(
+                    "fanout collection member at index {label} is a {}; members must be data",
+                    lua_type_name(&other)
+                ))
+                .into())
+            }
+        }
+        if in_array {
+            out.push(value);
+        } else {
+            let pair = lua.create_table()?;
+            pair.raw_set("key", key)?;
+            pair.raw_set("value", value)?;
+            out.push(Value::Table(pair));
+        }
+    }
+    Ok(out)
+}
+
+fn check_key(key: &Value) -> Result<(), HostError> {
+    match key {
+        Value::String(s) => s
+            .to_str()
+            .map(|_| ())
+            .map_err(|e| HostError::lua(mlua_message(&e))),
+        Value::Integer(_) | Value::Boolean(_) => Ok(()),
+        Value::Number(n) if n.is_finite() => Ok(()),
+        Value::Number(_) => Err(HostError::lua(
+            "fanout collection key is not a finite number",
+        )),
+        other => Err(HostError::lua(format!(
+            "fanout collection key must be a string, number, or boolean, got {}",
+            lua_type_name(other)
+        ))),
+    }
+}
+
+/// A member's label in messages: its key as plain text.
+fn key_label(lua: &Lua, key: &Value) -> mlua::Result<String> {
+    Ok(match key {
+        Value::String(s) => s.to_string_lossy(),
+        Value::Integer(i) => i.to_string(),
+        Value::Boolean(b) => b.to_string(),
+        // Lua's own number text, so 2.5 reads `2.5`.
+        Value::Number(_) => match lua.coerce_string(key.clone())? {
+            Some(s) => s.to_string_lossy(),
+            None => lua_type_name(key).to_string(),
+        },
+        other => lua_type_name(other).to_string(),
+    })
+}
+
+/// The results array: one read-only result per member, in collection order.
+fn results(lua: &Lua, members: &[Value], slots: Vec<Option<ArmResult>>) -> HostResult<Table> {
+    let newindex = frozen_newindex(lua, |_| READ_ONLY.to_string())?;
+    let to_string = lua.create_function(|_, result: Table| result.get::<Value>("text"))?;
+    let stand_in = lua.create_table()?;
+    stand_in.raw_set("__tostring", to_string.clone())?;
+    let out = lua.create_table_with_capacity(members.len(), 0)?;
+    for (n, (member, slot)) in members.iter().zip(slots).enumerate() {
+        let (text, ok) = match slot {
+            Some(ArmResult::Completed(text)) => (text, true),
+            Some(ArmResult::Exhausted(item)) => (exhausted_text(&item), false),
+            // Every arm finished before the results are built.
+            None => {
+                return Err(HostError::new(
+                    "internal",
+                    "internal invariant violated: an arm left no result",
+                )
+                .into())
+            }
+        };
+        let fields = lua.create_table()?;
+        fields.raw_set("text", text)?;
+        fields.raw_set("ok", ok)?;
+        fields.raw_set("item", member.clone())?;
+        fields.raw_set("exhausted", !ok)?;
+        let mt = lua.create_table()?;
+        mt.raw_set("__index", fields)?;
+        mt.raw_set("__newindex", newindex.clone())?;
+        mt.raw_set("__tostring", to_string.clone())?;
+        mt.raw_set("__metatable", stand_in.clone())?;
+        let result = lua.create_table()?;
+        result.set_metatable(Some(mt))?;
+        out.raw_set(n + 1, result)?;
+    }
+    Ok(out)
+}
+
+/// The fixed stub text of an arm stopped at the round cap.
+fn exhausted_text(item: &Json) -> String {
+    format!(
+        "## {}\n\nUNKNOWN\n\n(section incomplete: tool loop exhausted)",
+        crate::subst::render_json(item)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn exhausted_stubs_render_the_member_like_a_placeholder() {
+        assert_eq!(
+            exhausted_text(&json!("loop")),
+            "## loop\n\nUNKNOWN\n\n(section incomplete: tool loop exhausted)"
+        );
+        assert_eq!(
+            exhausted_text(&json!({"value": 1, "key": "alpha"})),
+            "## {\"key\":\"alpha\",\"value\":1}\n\nUNKNOWN\n\n(section incomplete: tool loop exhausted)"
+        );
+    }
+}
