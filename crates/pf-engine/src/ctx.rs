@@ -81,6 +81,8 @@ pub(crate) struct RunCtx {
     /// Cancelled when `fatal` is set: the instruction hook, the sandbox `pcall`
     /// and every suspending call watch it, so the block cannot continue.
     pub abort: CancellationToken,
+    /// Every task of the run (guide ch. 15).
+    pub tasks: RefCell<crate::tasks::TaskTable>,
 }
 
 impl RunCtx {

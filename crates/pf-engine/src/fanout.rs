@@ -36,12 +36,12 @@ const EMPTY_COLLECTION: &str = "fanout over an empty collection: no work is like
 const NOT_JSON_ITEM: &str = "item must be a JSON-representable value";
 const READ_ONLY: &str = "fanout results are read-only";
 
-/// What an arm's first section starts with: its own copy of the member and its
-/// 1-based position in the collection.
+/// What a chain's first section starts with: for a fanout arm, its own copy of
+/// the member and its 1-based position; for a task, whichever its spawn gave.
 #[derive(Debug, Clone)]
 pub(crate) struct ArmSeed {
-    pub item: Json,
-    pub index: usize,
+    pub item: Option<Json>,
+    pub index: Option<i64>,
 }
 
 /// How one arm ended, in its collection slot.
@@ -126,8 +126,8 @@ async fn fanout(lua: &Lua, args: &MultiValue) -> HostResult<Table> {
                 return Poll::Ready(Err(Raise::from(HostError::lua(NOT_JSON_ITEM))));
             };
             let seed = ArmSeed {
-                item,
-                index: next + 1,
+                item: Some(item),
+                index: i64::try_from(next + 1).ok(),
             };
             let future = start_arm(&run, &parent, &worker, argv.clone(), &var, seed);
             live.push(LiveArm { slot: next, future });
@@ -202,7 +202,15 @@ fn start_arm(
     let worker = worker.to_vec();
     Box::pin(async move {
         let _claims = claims;
-        walk_chain(&run, &chain, worker).await
+        let _owned = crate::tasks::OwnedTasks::new(&run, &chain.id);
+        let end = walk_chain(&run, &chain, worker).await?;
+        crate::tasks::settle(&run, &chain.id).map_err(|e| {
+            Failure::Error(
+                crate::error::RunError::new(crate::error::RunErrorKind::Lua, e.message.clone()),
+                Some(e),
+            )
+        })?;
+        Ok(end)
     })
 }
 

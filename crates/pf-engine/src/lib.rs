@@ -16,6 +16,7 @@ mod models_check;
 mod prepare;
 mod storeapi;
 mod subst;
+mod tasks;
 mod text;
 mod tools;
 mod var;
@@ -106,9 +107,7 @@ pub async fn run(prompt: Arc<Prompt>, setup: RunSetup) -> RunReport {
 
 /// TEST-ONLY support: not part of the Engine's interface, and no Host uses it.
 ///
-/// Fanout arms are the only concurrent chains today, so a conflict with the
-/// walk itself cannot arise on its own. [`run_beside_live_chain`](testing::run_beside_live_chain)
-/// runs a prompt as if another chain were live for the whole run, holding the
+/// [`run_beside_live_chain`](testing::run_beside_live_chain) runs a prompt as if another chain were live for the whole run, holding the
 /// given store claims, so tests can exercise every conflict rule end to end.
 #[doc(hidden)]
 pub mod testing {
@@ -224,6 +223,7 @@ async fn run_beside(
         claims: Default::default(),
         fatal: Default::default(),
         abort: CancellationToken::new(),
+        tasks: Default::default(),
     });
     for claim in foreign_claims {
         let identity = claims::ClaimIdentity::of_chain(&claim.chain_id);
@@ -235,7 +235,18 @@ async fn run_beside(
             tracing::warn!("test claims conflict among themselves: {conflict:?}");
         }
     }
-    let outcome = walk::run_main(Rc::clone(&run_ctx)).await;
+    // The main walk, then every live task, each time the run is polled: a task
+    // runs only while the chains before it are parked.
+    let mut main = std::pin::pin!(walk::run_main(Rc::clone(&run_ctx)));
+    let outcome = std::future::poll_fn(|cx| {
+        if let std::task::Poll::Ready(outcome) = std::future::Future::poll(main.as_mut(), cx) {
+            return std::task::Poll::Ready(outcome);
+        }
+        tasks::drive(&run_ctx, cx);
+        std::task::Poll::Pending
+    })
+    .await;
+    tasks::end_run(&run_ctx);
     // The first outcome wins: a failure that ended the run on the spot (set only
     // while no cancel had landed), else a cancel that landed before the end.
     let fatal = run_ctx.fatal.borrow_mut().take();

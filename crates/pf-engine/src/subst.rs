@@ -102,8 +102,8 @@ fn sys_object(sec: &SectionCtx) -> Json {
         "taskid".into(),
         Json::String(sec.chain.borrow().task.borrow().clone()),
     );
-    if let Some(seed) = sec.arm.borrow().as_ref() {
-        m.insert("index".into(), Json::from(seed.index));
+    if let Some(index) = sec.arm.borrow().as_ref().and_then(|seed| seed.index) {
+        m.insert("index".into(), Json::from(index));
     }
     m.insert("section_name".into(), Json::String(sec.name.clone()));
     m.insert("execution".into(), Json::String(sec.run.execution.clone()));
@@ -151,8 +151,13 @@ fn resolve(lua: &Lua, sec: &SectionCtx, path: &str) -> Result<String, Failure> {
         }
         "args" => return Ok(sec.chain.borrow().args.clone()),
         "item" => {
-            if let Some(seed) = sec.arm.borrow().as_ref() {
-                return Ok(render_json(&seed.item));
+            if let Some(item) = sec
+                .arm
+                .borrow()
+                .as_ref()
+                .and_then(|seed| seed.item.as_ref())
+            {
+                return Ok(render_json(item));
             }
             return Err(failure(
                 "NilItem",

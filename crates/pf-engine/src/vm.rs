@@ -102,8 +102,13 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     lua.set_named_registry_value("pf.var_root", var_root.clone())?;
     g.raw_set("var", var_root)?;
     // A fanout arm's first section starts with its own copy of the member.
-    if let Some(seed) = sec.arm.borrow().as_ref() {
-        g.raw_set("item", json_to_lua(&lua, &seed.item)?)?;
+    if let Some(item) = sec
+        .arm
+        .borrow()
+        .as_ref()
+        .and_then(|seed| seed.item.as_ref())
+    {
+        g.raw_set("item", json_to_lua(&lua, item)?)?;
     }
     // 2. host functions
     g.raw_set("log", make_log(&lua)?)?;
@@ -152,7 +157,7 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     g.raw_set("call", crate::walk::make_call(&lua)?)?;
     g.raw_set("fanout", crate::fanout::make_fanout(&lua)?)?;
     g.raw_set("input", make_input(&lua)?)?;
-    g.raw_set("tasks", lua.create_table()?)?;
+    g.raw_set("tasks", crate::tasks::make_tasks(&lua)?)?;
     // prose
     h.raw_set(
         "prose_read",
@@ -199,10 +204,12 @@ fn make_sys(lua: &Lua) -> mlua::Result<Table> {
                 "when" => Value::String(lua.create_string(&run.when)?),
                 "id" => Value::String(lua.create_string(&sec.id)?),
                 "taskid" => Value::String(lua.create_string(&*sec.chain.borrow().task.borrow())?),
-                "index" if sec.arm.borrow().is_some() => match sec.arm.borrow().as_ref() {
-                    Some(seed) => Value::Integer(seed.index as i64),
-                    None => Value::Nil,
-                },
+                "index" if sec.arm.borrow().as_ref().is_some_and(|s| s.index.is_some()) => {
+                    match sec.arm.borrow().as_ref().and_then(|seed| seed.index) {
+                        Some(index) => Value::Integer(index),
+                        None => Value::Nil,
+                    }
+                }
                 "section_name" => Value::String(lua.create_string(&sec.name)?),
                 "execution" => Value::String(lua.create_string(&run.execution)?),
                 "section_count" => Value::Integer(run.section_count as i64),

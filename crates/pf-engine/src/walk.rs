@@ -97,6 +97,8 @@ pub(crate) async fn run_main(run: Rc<RunCtx>) -> Outcome {
         0,
         Json::Object(Default::default()),
     ));
+    // Tasks the H1 pass or the walk spawned end with the main chain.
+    let _owned = crate::tasks::OwnedTasks::new(&run, &main.id);
     // The H1 pass is always entry 0.0, whether or not it runs.
     let h1_id = main.next_entry_id();
     let mut start = if prompt.sections.is_empty() {
@@ -149,6 +151,12 @@ pub(crate) async fn run_main(run: Rc<RunCtx>) -> Outcome {
 
 fn finish(run: &RunCtx, main: &Chain, outcome: Outcome) -> Outcome {
     *run.var.borrow_mut() = main.var.borrow().clone();
+    let outcome = match (outcome, crate::tasks::settle(run, &main.id)) {
+        (Outcome::Completed(_), Err(e)) => {
+            Outcome::Failed(RunError::new(RunErrorKind::Lua, e.message))
+        }
+        (outcome, _) => outcome,
+    };
     // The walk has ended: its claims go with it.
     run.claims.borrow_mut().release(&main.identity.borrow());
     outcome
@@ -601,7 +609,18 @@ pub(crate) fn make_call(lua: &Lua) -> mlua::Result<Function> {
         // A called chain claims as its caller: same identity, nothing released at its end.
         *chain.identity.borrow_mut() = parent.identity.borrow().clone();
         *chain.task.borrow_mut() = parent.task.borrow().clone();
-        match walk_chain(&sec.run, &chain, target_path).await {
+        let owned = crate::tasks::OwnedTasks::new(&sec.run, &chain.id);
+        let end = walk_chain(&sec.run, &chain, target_path).await;
+        let end = match end {
+            Ok(result) => crate::tasks::settle(&sec.run, &chain.id)
+                .map(|()| result)
+                .map_err(|e| {
+                    Failure::Error(RunError::new(RunErrorKind::Lua, e.message.clone()), Some(e))
+                }),
+            Err(f) => Err(f),
+        };
+        drop(owned);
+        match end {
             Ok(result) => Ok(result.unwrap_or_default()),
             Err(Failure::Cancelled) => Err(crate::ctx::cancelled_error().into()),
             Err(Failure::Error(_, Some(value))) => Err(value.into()),

@@ -1,0 +1,844 @@
+//! The `tasks` namespace (guide ch. 15): sections run as background chains
+//! beside the chain that spawned them (their owner), collected by waits.
+//!
+//! A task is a chain future kept in the run's task pool. The pool is polled by
+//! the run's driver right after the main walk each time the run is polled, so a
+//! task first runs when its owner parks on a suspending call, and every task
+//! interleaves with the others at each suspending call (which yields once).
+//! Dropping a task's future is how it stops: its section VMs go with it, its
+//! claims are released, and the tasks its chain owns are abandoned in turn.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use mlua::{Lua, MultiValue, Table, Value};
+use pf_syntax::resolve_heading;
+
+use crate::claims::ClaimIdentity;
+use crate::ctx::{arg, cancelled_error, host_async, host_fn, section, Chain, RunCtx};
+use crate::error::{HostError, HostResult, Raise};
+use crate::fanout::ArmSeed;
+use crate::json::lua_to_json;
+use crate::text::lua_type_name;
+use crate::walk::{chain_argv, target_arg, walk_chain, Failure, DEPTH_CAP};
+
+type TaskFuture = Pin<Box<dyn Future<Output = ()>>>;
+
+/// How a task stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Running,
+    Done,
+    Cancelled,
+    Abandoned,
+}
+
+impl State {
+    fn as_str(self) -> &'static str {
+        match self {
+            State::Running => "running",
+            State::Done => "done",
+            State::Cancelled => "cancelled",
+            State::Abandoned => "abandoned",
+        }
+    }
+}
+
+/// One task's record; it lasts for the whole run.
+struct TaskEntry {
+    /// The id of the chain that spawned it (only that chain may use it).
+    owner: String,
+    origin: &'static str,
+    target: String,
+    depth: u32,
+    state: State,
+    /// The section's result or failure, once it has ended as `Done`.
+    result: Option<Result<String, HostError>>,
+    delivered: bool,
+    note: Option<String>,
+    future: Option<TaskFuture>,
+}
+
+/// A task id as its numeric components, so ids order in spawn order (`0.9` before `0.10`).
+type TaskKey = Vec<u32>;
+
+/// Every task of the run, and the wakers of the waits parked on them.
+#[derive(Default)]
+pub(crate) struct TaskTable {
+    entries: BTreeMap<TaskKey, TaskEntry>,
+    waiters: Vec<Waker>,
+}
+
+fn key_text(key: &[u32]) -> String {
+    key.iter().map(u32::to_string).collect::<Vec<_>>().join(".")
+}
+
+fn parse_key(text: &str) -> Option<TaskKey> {
+    text.split('.')
+        .map(|part| {
+            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            part.parse::<u32>().ok()
+        })
+        .collect()
+}
+
+impl TaskTable {
+    fn wake_waiters(&mut self) {
+        for waker in self.waiters.drain(..) {
+            waker.wake();
+        }
+    }
+
+    /// The ids of the live tasks `owner` spawned, in spawn order: running, or
+    /// ended with a result no wait has taken yet.
+    fn live_owned(&self, owner: &str, origin: Option<&str>) -> Vec<String> {
+        self.entries
+            .iter()
+            .filter(|(_, e)| {
+                e.owner == owner
+                    && (e.state == State::Running || (e.state == State::Done && !e.delivered))
+            })
+            .filter(|(_, e)| origin.is_none_or(|o| e.origin == o))
+            .map(|(k, _)| key_text(k))
+            .collect()
+    }
+
+    /// Mark every live task `owner` spawned abandoned and hand back their futures,
+    /// to be dropped once the table is no longer borrowed.
+    fn abandon_owned(&mut self, owner: &str) -> Vec<TaskFuture> {
+        let mut dropped = Vec::new();
+        for entry in self.entries.values_mut() {
+            if entry.owner == owner && entry.state == State::Running {
+                entry.state = State::Abandoned;
+                dropped.extend(entry.future.take());
+            }
+        }
+        if !dropped.is_empty() {
+            self.wake_waiters();
+        }
+        dropped
+    }
+}
+
+/// Poll every live task once, in spawn order (tasks spawned meanwhile included).
+pub(crate) fn drive(run: &RunCtx, cx: &mut Context<'_>) {
+    let mut done: Vec<TaskKey> = Vec::new();
+    let mut from: Option<TaskKey> = None;
+    loop {
+        // Take the next future out, so the table is free while the task runs.
+        let next = {
+            let Ok(mut table) = run.tasks.try_borrow_mut() else {
+                return;
+            };
+            let found = table
+                .entries
+                .iter_mut()
+                .filter(|(k, _)| from.as_ref().is_none_or(|f| *k > f))
+                .find(|(_, e)| e.future.is_some())
+                .map(|(k, e)| (k.clone(), e.future.take()));
+            found
+        };
+        let Some((key, Some(mut future))) = next else {
+            break;
+        };
+        from = Some(key.clone());
+        if future.as_mut().poll(cx).is_ready() {
+            done.push(key);
+            continue;
+        }
+        let Ok(mut table) = run.tasks.try_borrow_mut() else {
+            return;
+        };
+        match table.entries.get_mut(&key) {
+            // Cancelled or abandoned while it ran: it stops here.
+            Some(entry) if entry.state == State::Running => entry.future = Some(future),
+            _ => {
+                drop(table);
+                drop(future);
+            }
+        }
+    }
+}
+
+/// Drop every task still in the pool: the run has ended.
+pub(crate) fn end_run(run: &RunCtx) {
+    let futures: Vec<TaskFuture> = match run.tasks.try_borrow_mut() {
+        Ok(mut table) => table
+            .entries
+            .values_mut()
+            .filter_map(|e| {
+                if e.state == State::Running {
+                    e.state = State::Abandoned;
+                }
+                e.future.take()
+            })
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    drop(futures);
+}
+
+/// Abandons the tasks a chain owns when the chain ends, however it ends.
+pub(crate) struct OwnedTasks {
+    run: Rc<RunCtx>,
+    owner: String,
+}
+
+impl OwnedTasks {
+    pub fn new(run: &Rc<RunCtx>, owner: &str) -> Self {
+        OwnedTasks {
+            run: Rc::clone(run),
+            owner: owner.to_string(),
+        }
+    }
+}
+
+impl Drop for OwnedTasks {
+    fn drop(&mut self) {
+        let futures = match self.run.tasks.try_borrow_mut() {
+            Ok(mut table) => table.abandon_owned(&self.owner),
+            Err(_) => Vec::new(),
+        };
+        drop(futures);
+    }
+}
+
+/// The chain-end rule: a chain that ended normally with author tasks still
+/// live fails with `tasks_live` (the tasks are then abandoned by its guard).
+pub(crate) fn settle(run: &RunCtx, owner: &str) -> Result<(), HostError> {
+    let live = match run.tasks.try_borrow() {
+        Ok(table) => table.live_owned(owner, Some("author")),
+        Err(_) => Vec::new(),
+    };
+    if live.is_empty() {
+        return Ok(());
+    }
+    let ids = live.join(", ");
+    Err(HostError::new(
+        "tasks_live",
+        format!(
+            "chain ended with author tasks still live: {ids}; wait on or cancel every task a chain spawns before it ends"
+        ),
+    )
+    .with("tasks", ids))
+}
+
+/// Releases a task's store claims when it ends, however it ends.
+struct TaskClaims {
+    run: Rc<RunCtx>,
+    identity: ClaimIdentity,
+}
+
+impl Drop for TaskClaims {
+    fn drop(&mut self) {
+        if let Ok(mut claims) = self.run.claims.try_borrow_mut() {
+            claims.release(&self.identity);
+        }
+    }
+}
+
+fn failure_value(failure: Failure) -> HostError {
+    match failure {
+        Failure::Cancelled => cancelled_error(),
+        Failure::Error(_, Some(value)) => value,
+        Failure::Error(e, None) => HostError::lua(e.message).run_kind(e.kind).located(),
+    }
+}
+
+pub(crate) fn make_tasks(lua: &Lua) -> mlua::Result<Table> {
+    let t = lua.create_table()?;
+    t.raw_set("spawn", host_fn(lua, spawn)?)?;
+    t.raw_set(
+        "when_any",
+        host_async(lua, |lua, args| async move { when_any(&lua, args).await })?,
+    )?;
+    t.raw_set(
+        "when_all",
+        host_async(lua, |lua, args| async move { when_all(&lua, args).await })?,
+    )?;
+    t.raw_set("ready", host_fn(lua, ready)?)?;
+    t.raw_set("status", host_fn(lua, status)?)?;
+    t.raw_set("pending", host_fn(lua, pending)?)?;
+    t.raw_set("note", host_fn(lua, note)?)?;
+    t.raw_set("cancel", host_fn(lua, cancel)?)?;
+    Ok(t)
+}
+
+fn handle(lua: &Lua, id: &str) -> mlua::Result<Table> {
+    let t = lua.create_table()?;
+    t.raw_set("task", id)?;
+    Ok(t)
+}
+
+fn spawn(lua: &Lua, args: MultiValue) -> HostResult<Table> {
+    let sec = section(lua)?;
+    let run = Rc::clone(&sec.run);
+    let target = target_arg(&args)?;
+    let opts = match arg(&args, 1) {
+        Value::Nil => None,
+        Value::Table(t) => Some(t),
+        other => {
+            return Err(HostError::lua(format!(
+                "tasks.spawn opts must be a table, got {}",
+                lua_type_name(&other)
+            ))
+            .into())
+        }
+    };
+    let prompt = Arc::clone(&run.prompt);
+    let caller = sec.path.borrow().clone();
+    let (path, found) = resolve_heading(&prompt, &caller, &target).map_err(HostError::lua)?;
+    if found.list_items.is_some() {
+        return Err(HostError::lua(format!(
+            "section `{}` is a list section, not a worker template",
+            found.name
+        ))
+        .into());
+    }
+    let parent = Rc::clone(&sec.chain.borrow());
+    if parent.depth >= DEPTH_CAP {
+        return Err(HostError::lua(format!("call recursion exceeded cap of {DEPTH_CAP}")).into());
+    }
+    let mut input = None;
+    let mut seed = ArmSeed {
+        item: None,
+        index: None,
+    };
+    if let Some(opts) = &opts {
+        let raw_input: Value = opts.raw_get("input")?;
+        input = match raw_input {
+            Value::Nil => None,
+            Value::String(s) => Some(
+                s.to_str()
+                    .map_err(|_| HostError::lua("input must be a valid UTF-8 string"))?
+                    .to_string(),
+            ),
+            other => {
+                return Err(HostError::lua(format!(
+                    "input must be a string, got {}",
+                    lua_type_name(&other)
+                ))
+                .into())
+            }
+        };
+        let raw_item: Value = opts.raw_get("item")?;
+        seed.item = match raw_item {
+            Value::Nil => None,
+            Value::Function(_) | Value::UserData(_) | Value::Thread(_) => {
+                return Err(HostError::lua(format!(
+                    "item must be JSON data, got {}",
+                    lua_type_name(&raw_item)
+                ))
+                .into())
+            }
+            other => Some(
+                lua_to_json(&other, "item")
+                    .map_err(|_| HostError::lua("item must be a JSON-representable value"))?,
+            ),
+        };
+        let raw_index: Value = opts.raw_get("index")?;
+        seed.index = match raw_index {
+            Value::Nil => None,
+            Value::Integer(i) if i >= 0 => Some(i),
+            Value::Integer(i) => {
+                return Err(HostError::lua(format!(
+                    "index must be a non-negative integer, got {i}"
+                ))
+                .into())
+            }
+            other => {
+                return Err(HostError::lua(format!(
+                    "index must be a non-negative integer, got {}",
+                    lua_type_name(&other)
+                ))
+                .into())
+            }
+        };
+    }
+    // The task takes its copy of var now: the var global must still be in place.
+    crate::var::check_var_global(lua).map_err(HostError::lua)?;
+    let argv = chain_argv(&sec, lua, &input)?;
+    let id = parent.next_child_id();
+    let key = parse_key(&id).ok_or_else(|| HostError::new("internal", "bad task id"))?;
+    let chain = Rc::new(Chain::new(
+        id.clone(),
+        input.unwrap_or_else(|| parent.args.clone()),
+        argv,
+        parent.depth + 1,
+        sec.var.borrow().clone(),
+    ));
+    if seed.item.is_some() || seed.index.is_some() {
+        *chain.seed.borrow_mut() = Some(seed);
+    }
+    let future = task_future(&run, chain, key.clone(), path);
+    run.tasks.borrow_mut().entries.insert(
+        key,
+        TaskEntry {
+            owner: parent.id.clone(),
+            origin: "author",
+            target: found.name.clone(),
+            depth: parent.depth + 1,
+            state: State::Running,
+            result: None,
+            delivered: false,
+            note: None,
+            future: Some(future),
+        },
+    );
+    Ok(handle(lua, &id)?)
+}
+
+fn task_future(run: &Rc<RunCtx>, chain: Rc<Chain>, key: TaskKey, start: Vec<usize>) -> TaskFuture {
+    let claims = TaskClaims {
+        run: Rc::clone(run),
+        identity: chain.identity.borrow().clone(),
+    };
+    let run = Rc::clone(run);
+    Box::pin(async move {
+        let _claims = claims;
+        let owned = OwnedTasks::new(&run, &chain.id);
+        let end = walk_chain(&run, &chain, start).await;
+        let result = match end {
+            Ok(text) => settle(&run, &chain.id).map(|()| text.unwrap_or_default()),
+            Err(failure) => Err(failure_value(failure)),
+        };
+        drop(owned);
+        if let Ok(mut table) = run.tasks.try_borrow_mut() {
+            if let Some(entry) = table.entries.get_mut(&key) {
+                if entry.state == State::Running {
+                    entry.state = State::Done;
+                    entry.result = Some(result);
+                }
+            }
+            table.wake_waiters();
+        }
+    })
+}
+
+/// A task argument: a handle (any table with a string `task`) or an id string.
+fn task_arg(value: &Value, call: &str) -> HostResult<TaskKey> {
+    let text = match value {
+        Value::String(s) => s.to_string_lossy(),
+        Value::Table(t) => match t.raw_get::<Value>("task")? {
+            Value::String(s) => s.to_string_lossy(),
+            _ => {
+                return Err(HostError::lua(format!(
+                    "{call} expects a Task handle or task id, got table"
+                ))
+                .into())
+            }
+        },
+        other => {
+            return Err(HostError::lua(format!(
+                "{call} expects a Task handle or task id, got {}",
+                lua_type_name(other)
+            ))
+            .into())
+        }
+    };
+    parse_key(&text).ok_or_else(|| {
+        HostError::lua(format!(
+            "`{text}` is not a task id: required a dot-separated path such as `0.1`"
+        ))
+        .into()
+    })
+}
+
+fn not_owned(key: &[u32]) -> HostError {
+    let id = key_text(key);
+    HostError::new(
+        "task_not_owned",
+        format!("task `{id}` is not a task this chain owns"),
+    )
+    .with("task", id)
+}
+
+/// The calling chain's id and its task id.
+fn caller(lua: &Lua) -> HostResult<(Rc<RunCtx>, String, String)> {
+    let sec = section(lua)?;
+    let chain = Rc::clone(&sec.chain.borrow());
+    let task = chain.task.borrow().clone();
+    Ok((Rc::clone(&sec.run), chain.id.clone(), task))
+}
+
+/// Check the caller owns `key` (or, with `self_ok`, is running inside it).
+fn check_owned(
+    run: &RunCtx,
+    owner: &str,
+    own_task: &str,
+    key: &TaskKey,
+    self_ok: bool,
+) -> HostResult<()> {
+    let table = run.tasks.borrow();
+    match table.entries.get(key) {
+        Some(e) if e.owner == owner => Ok(()),
+        Some(_) if self_ok && key_text(key) == own_task => Ok(()),
+        _ => Err(not_owned(key).into()),
+    }
+}
+
+fn ready(lua: &Lua, args: MultiValue) -> HostResult<bool> {
+    let (run, owner, own_task) = caller(lua)?;
+    let key = task_arg(&arg(&args, 0), "tasks.ready")?;
+    check_owned(&run, &owner, &own_task, &key, true)?;
+    let table = run.tasks.borrow();
+    Ok(table
+        .entries
+        .get(&key)
+        .is_some_and(|e| e.state != State::Running))
+}
+
+fn status(lua: &Lua, args: MultiValue) -> HostResult<Table> {
+    let (run, owner, own_task) = caller(lua)?;
+    let key = task_arg(&arg(&args, 0), "tasks.status")?;
+    check_owned(&run, &owner, &own_task, &key, true)?;
+    let table = run.tasks.borrow();
+    let Some(entry) = table.entries.get(&key) else {
+        return Err(not_owned(&key).into());
+    };
+    let t = lua.create_table()?;
+    t.raw_set("target", entry.target.as_str())?;
+    t.raw_set("origin", entry.origin)?;
+    t.raw_set("state", entry.state.as_str())?;
+    match (entry.state, &entry.result) {
+        (State::Running, _) => {}
+        (State::Done, Some(Ok(_))) => t.raw_set("ok", true)?,
+        _ => t.raw_set("ok", false)?,
+    }
+    t.raw_set("turns", 0)?;
+    let live = lua.create_table()?;
+    if entry.state == State::Running {
+        for (n, id) in table
+            .live_owned(&key_text(&key), None)
+            .into_iter()
+            .enumerate()
+        {
+            live.raw_set(n + 1, id)?;
+        }
+    }
+    t.raw_set("tasks", live)?;
+    t.raw_set("depth", entry.depth)?;
+    if let Some(note) = &entry.note {
+        t.raw_set("note", note.as_str())?;
+    }
+    Ok(t)
+}
+
+fn pending(lua: &Lua, args: MultiValue) -> HostResult<Table> {
+    let (run, owner, _) = caller(lua)?;
+    let origin = match arg(&args, 0) {
+        Value::Nil => None,
+        Value::Table(filter) => match filter.raw_get::<Value>("origin")? {
+            Value::Nil => None,
+            Value::String(s) => {
+                let text = s
+                    .to_str()
+                    .map_err(|_| {
+                        HostError::lua("pending filter origin must be a valid UTF-8 string")
+                    })?
+                    .to_string();
+                match text.as_str() {
+                    "author" => Some("author"),
+                    "model" => Some("model"),
+                    _ => {
+                        return Err(HostError::lua(format!(
+                            "pending filter origin must be `author` or `model`, got `{text}`"
+                        ))
+                        .into())
+                    }
+                }
+            }
+            other => {
+                return Err(HostError::lua(format!(
+                    "pending filter origin must be a string, got {}",
+                    lua_type_name(&other)
+                ))
+                .into())
+            }
+        },
+        other => {
+            return Err(HostError::lua(format!(
+                "tasks.pending filter must be a table, got {}",
+                lua_type_name(&other)
+            ))
+            .into())
+        }
+    };
+    let ids = run.tasks.borrow().live_owned(&owner, origin);
+    let out = lua.create_table()?;
+    for (n, id) in ids.iter().enumerate() {
+        out.raw_set(n + 1, handle(lua, id)?)?;
+    }
+    Ok(out)
+}
+
+fn note(lua: &Lua, args: MultiValue) -> HostResult<()> {
+    let (run, _, own_task) = caller(lua)?;
+    let text = match arg(&args, 0) {
+        Value::String(s) => s
+            .to_str()
+            .map_err(|_| HostError::lua("text must be a valid UTF-8 string"))?
+            .to_string(),
+        other => {
+            return Err(HostError::lua(format!(
+                "tasks.note text must be a string, got {}",
+                lua_type_name(&other)
+            ))
+            .into())
+        }
+    };
+    // On the main walk there is no task record, so the note lands nowhere.
+    if let Some(key) = parse_key(&own_task) {
+        if let Some(entry) = run.tasks.borrow_mut().entries.get_mut(&key) {
+            entry.note = Some(text);
+        }
+    }
+    Ok(())
+}
+
+fn cancel(lua: &Lua, args: MultiValue) -> HostResult<()> {
+    let (run, owner, own_task) = caller(lua)?;
+    let key = task_arg(&arg(&args, 0), "tasks.cancel")?;
+    check_owned(&run, &owner, &own_task, &key, false)?;
+    let future = {
+        let mut table = run.tasks.borrow_mut();
+        let future = match table.entries.get_mut(&key) {
+            Some(entry) if entry.state == State::Running => {
+                entry.state = State::Cancelled;
+                entry.future.take()
+            }
+            _ => None,
+        };
+        table.wake_waiters();
+        future
+    };
+    // Dropping the chain stops it and abandons the tasks it owns.
+    drop(future);
+    Ok(())
+}
+
+/// The wait set's members, each checked as a task of the caller's chain.
+fn wait_set(run: &RunCtx, owner: &str, value: &Value, call: &str) -> HostResult<Vec<TaskKey>> {
+    let Value::Table(set) = value else {
+        return Err(HostError::lua(format!(
+            "{call} expects a set of tasks, got {}",
+            lua_type_name(value)
+        ))
+        .into());
+    };
+    let mut keys = Vec::new();
+    for n in 1..=set.raw_len() {
+        let member: Value = set.raw_get(n)?;
+        keys.push(task_arg(&member, call)?);
+    }
+    if keys.is_empty() {
+        return Err(HostError::lua(format!("{call} requires at least one task")).into());
+    }
+    let table = run.tasks.borrow();
+    for key in &keys {
+        match table.entries.get(key) {
+            Some(e) if e.owner == owner => {
+                if e.delivered {
+                    let id = key_text(key);
+                    return Err(HostError::new(
+                        "task_consumed",
+                        format!("task `{id}` was already delivered: a task's result is taken by one wait"),
+                    )
+                    .with("task", id)
+                    .into());
+                }
+            }
+            _ => return Err(not_owned(key).into()),
+        }
+    }
+    Ok(keys)
+}
+
+/// The wait's time limit, checked before the wait starts.
+fn timeout_opt(value: &Value, call: &str) -> HostResult<Option<std::time::Duration>> {
+    let opts = match value {
+        Value::Nil => return Ok(None),
+        Value::Table(t) => t,
+        other => {
+            return Err(HostError::lua(format!(
+                "{call} opts must be a table, got {}",
+                lua_type_name(other)
+            ))
+            .into())
+        }
+    };
+    let seconds = match opts.raw_get::<Value>("timeout")? {
+        Value::Nil => return Ok(None),
+        Value::Integer(i) => i as f64,
+        Value::Number(n) => n,
+        other => {
+            return Err(HostError::lua(format!(
+                "{call} timeout must be a number, got {}",
+                lua_type_name(&other)
+            ))
+            .into())
+        }
+    };
+    std::time::Duration::try_from_secs_f64(seconds)
+        .map(Some)
+        .map_err(|_| {
+            HostError::lua(format!(
+                "timeout must be a non-negative finite number of seconds, got {seconds}"
+            ))
+            .into()
+        })
+}
+
+fn ended(run: &RunCtx, key: &TaskKey) -> bool {
+    run.tasks
+        .borrow()
+        .entries
+        .get(key)
+        .is_some_and(|e| e.state != State::Running)
+}
+
+/// Park until `done` holds, the time limit passes (false), or the run is cancelled.
+async fn park_until(
+    run: &Rc<RunCtx>,
+    limit: Option<std::time::Duration>,
+    done: impl Fn() -> bool,
+) -> HostResult<bool> {
+    let waiting = std::future::poll_fn(|cx| {
+        if done() {
+            return Poll::Ready(());
+        }
+        run.tasks.borrow_mut().waiters.push(cx.waker().clone());
+        Poll::Pending
+    });
+    let timed = async {
+        match limit {
+            None => {
+                waiting.await;
+                true
+            }
+            Some(limit) => tokio::time::timeout(limit, waiting).await.is_ok() || done(),
+        }
+    };
+    tokio::select! {
+        biased;
+        _ = run.cancel.cancelled() => Err(Raise::from(cancelled_error())),
+        r = timed => Ok(r),
+    }
+}
+
+/// Take one ended task's outcome for its owner: `(ok, result)`.
+fn deliver(lua: &Lua, run: &RunCtx, key: &TaskKey) -> HostResult<(bool, Value)> {
+    let id = key_text(key);
+    let outcome = {
+        let mut table = run.tasks.borrow_mut();
+        let Some(entry) = table.entries.get_mut(key) else {
+            return Err(not_owned(key).into());
+        };
+        match entry.state {
+            State::Done => {
+                entry.delivered = true;
+                entry.result.clone()
+            }
+            _ => None,
+        }
+    };
+    let helpers = crate::ctx::helpers(lua)?;
+    Ok(match outcome {
+        Some(Ok(text)) => (true, Value::String(lua.create_string(&text)?)),
+        Some(Err(e)) => (
+            false,
+            Value::Table(crate::error::error_table(lua, &helpers, &e)?),
+        ),
+        None => {
+            let e =
+                HostError::new("cancelled", format!("task `{id}` was cancelled")).with("task", id);
+            (
+                false,
+                Value::Table(crate::error::error_table(lua, &helpers, &e)?),
+            )
+        }
+    })
+}
+
+/// A timed wait takes one index from the owner's child counter.
+fn take_timer_index(lua: &Lua) -> HostResult<()> {
+    let sec = section(lua)?;
+    let chain = Rc::clone(&sec.chain.borrow());
+    chain.next_child_id();
+    Ok(())
+}
+
+async fn when_any(lua: &Lua, args: MultiValue) -> HostResult<MultiValue> {
+    let (run, owner, _) = caller(lua)?;
+    let keys = wait_set(&run, &owner, &arg(&args, 0), "tasks.when_any")?;
+    let limit = timeout_opt(&arg(&args, 1), "tasks.when_any")?;
+    if limit.is_some() {
+        take_timer_index(lua)?;
+    }
+    let first_ended = || keys.iter().find(|k| ended(&run, k)).cloned();
+    if !park_until(&run, limit, || first_ended().is_some()).await? {
+        return Ok(MultiValue::from(vec![Value::Nil, Value::Nil, Value::Nil]));
+    }
+    let Some(key) = first_ended() else {
+        return Ok(MultiValue::from(vec![Value::Nil, Value::Nil, Value::Nil]));
+    };
+    let (ok, result) = deliver(lua, &run, &key)?;
+    Ok(MultiValue::from(vec![
+        Value::Table(handle(lua, &key_text(&key))?),
+        Value::Boolean(ok),
+        result,
+    ]))
+}
+
+async fn when_all(lua: &Lua, args: MultiValue) -> HostResult<(Table, bool)> {
+    let (run, owner, _) = caller(lua)?;
+    let keys = wait_set(&run, &owner, &arg(&args, 0), "tasks.when_all")?;
+    let limit = timeout_opt(&arg(&args, 1), "tasks.when_all")?;
+    if limit.is_some() {
+        take_timer_index(lua)?;
+    }
+    let all_ended = park_until(&run, limit, || keys.iter().all(|k| ended(&run, k))).await?;
+    let mut outcomes: Vec<(TaskKey, bool, Value)> = Vec::new();
+    let results = lua.create_table()?;
+    for (n, key) in keys.iter().enumerate() {
+        if !ended(&run, key) {
+            continue;
+        }
+        // A task named twice is delivered once and fills every position.
+        let (ok, result) = match outcomes.iter().find(|(k, _, _)| k == key) {
+            Some((_, ok, result)) => (*ok, result.clone()),
+            None => {
+                let (ok, result) = deliver(lua, &run, key)?;
+                outcomes.push((key.clone(), ok, result.clone()));
+                (ok, result)
+            }
+        };
+        let entry = handle(lua, &key_text(key))?;
+        entry.raw_set("ok", ok)?;
+        entry.raw_set("result", result)?;
+        results.raw_set(n + 1, entry)?;
+    }
+    Ok((results, !all_ended))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_ids_parse_as_dot_separated_numbers_and_order_numerically() {
+        assert_eq!(parse_key("0.10"), Some(vec![0, 10]));
+        assert_eq!(parse_key("0..1"), None);
+        assert_eq!(parse_key("0.-1"), None);
+        assert_eq!(parse_key("nope"), None);
+        assert_eq!(parse_key("4294967296"), None);
+        assert!(parse_key("0.9") < parse_key("0.10"));
+        assert_eq!(key_text(&[0, 2, 1]), "0.2.1");
+    }
+}
