@@ -221,6 +221,9 @@ pub(crate) struct SectionCtx {
     pub path: RefCell<Vec<usize>>,
     /// The fanout arm's `item` and `sys.index`, in an arm's first entry only.
     pub arm: RefCell<Option<crate::fanout::ArmSeed>>,
+    /// The targets set by `tools.allow_tasks`: `None` until it runs, an empty
+    /// list when any section may be targeted.
+    pub task_allow: RefCell<Option<Vec<String>>>,
 }
 
 impl SectionCtx {
@@ -253,6 +256,7 @@ impl SectionCtx {
             chain: RefCell::new(chain),
             path: RefCell::new(Vec::new()),
             arm: RefCell::new(None),
+            task_allow: RefCell::new(None),
             run,
         }
     }

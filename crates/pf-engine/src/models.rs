@@ -876,6 +876,7 @@ fn offered_tools(sec: &SectionCtx) -> Result<Vec<ToolDecl>, HostError> {
             parameters: l.parameters.clone(),
         });
     }
+    out.extend(crate::tools::task_tool_decls(sec));
     Ok(out)
 }
 
@@ -957,6 +958,79 @@ fn checked_records(
     Ok(records)
 }
 
+/// Run one of the Engine's task built-ins for the model: `(succeeded, text)`.
+async fn task_builtin(
+    lua: &Lua,
+    sec: &Rc<SectionCtx>,
+    name: &str,
+    arguments: &Json,
+) -> HostResult<(bool, String)> {
+    use crate::tasks;
+    let field = |key: &str| arguments.get(key).filter(|v| !v.is_null());
+    let run = Rc::clone(&sec.run);
+    Ok(match name {
+        "task" => {
+            let Some(Json::String(target)) = arguments.get("target") else {
+                return Ok((
+                    false,
+                    "task: `target` must be a string naming a section heading, such as `## Research`"
+                        .to_string(),
+                ));
+            };
+            let input = match field("input") {
+                None => None,
+                Some(Json::String(text)) => Some(text.clone()),
+                Some(_) => {
+                    return Ok((
+                        false,
+                        "task: `input` must be a string when given".to_string(),
+                    ))
+                }
+            };
+            let target = target.trim();
+            let allowed = sec.task_allow.borrow().clone().unwrap_or_default();
+            if !allowed.is_empty() && !allowed.iter().any(|a| a == target) {
+                return Ok((
+                    false,
+                    format!(
+                        "task: target `{target}` is not allowed; allowed targets: {}",
+                        allowed.join(", ")
+                    ),
+                ));
+            }
+            match tasks::model_start(lua, sec, target, input) {
+                Ok(text) => (true, text),
+                Err(text) => (false, text),
+            }
+        }
+        "task_status" | "task_cancel" => {
+            match tasks::model_task_key(&run, sec, name, arguments.get("id")) {
+                Err(text) => (false, text),
+                Ok(key) if name == "task_status" => (true, tasks::model_status_line(&run, &key)),
+                Ok(key) => (true, tasks::model_cancel(&run, &key)),
+            }
+        }
+        _ => {
+            let refusal =
+                "await_tasks: `timeout` must be a non-negative number of seconds when given";
+            let timeout = match field("timeout") {
+                None => None,
+                Some(Json::Number(n)) => {
+                    match n
+                        .as_f64()
+                        .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
+                    {
+                        Some(limit) => Some((limit, n.to_string())),
+                        None => return Ok((false, refusal.to_string())),
+                    }
+                }
+                Some(_) => return Ok((false, refusal.to_string())),
+            };
+            (true, tasks::model_await(sec, timeout).await?)
+        }
+    })
+}
+
 async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
     let sec = section(&lua)?;
     let first = arg(&args, 0);
@@ -1006,6 +1080,10 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
                 return Err(e.into());
             }
         };
+        // Notices of the model's tasks that ended since the last gathering.
+        for notice in crate::tasks::take_notices(&sec.run, &sec.id) {
+            append_record(list, text_record(&lua, "user", &notice)?)?;
+        }
         let records = checked_records(&sec, &list_v)?;
         let composed = compose(&records);
         if estimate_tokens(&composed) > target.context {
@@ -1062,8 +1140,11 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
         let turn = complete_round(&sec, &resp);
         report_tool_calls(&sec, turn, &resp, &calls);
         for (call, _) in &calls {
-            let allowed =
-                names.contains(&call.name) && !ENGINE_TOOL_NAMES.contains(&call.name.as_str());
+            let allowed = if ENGINE_TOOL_NAMES.contains(&call.name.as_str()) {
+                sec.task_allow.borrow().is_some()
+            } else {
+                names.contains(&call.name)
+            };
             if !allowed {
                 let mut msg = format!(
                     "tool \"{}\" is not in this section's scope; in-scope aliases: {}",
@@ -1085,7 +1166,17 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
         let mut results: Vec<String> = Vec::with_capacity(calls.len());
         for (call, arguments) in &calls {
             sec.count_call(&call.name);
-            let text = if sec.has_local(&call.name) {
+            let text = if ENGINE_TOOL_NAMES.contains(&call.name.as_str()) {
+                // The Engine's own task tools: every fault is text the model reads.
+                let (ok, text) = task_builtin(&lua, &sec, &call.name, arguments).await?;
+                sec.boundary(if ok {
+                    EventKind::ToolCallSucceeded
+                } else {
+                    EventKind::ToolCallFailed
+                });
+                sec.report_tool_result(turn, &call.id, &call.name, &text, true);
+                text
+            } else if sec.has_local(&call.name) {
                 let text = run_local_reported(&lua, &sec, &call.name, arguments).await?;
                 sec.report_tool_result(turn, &call.id, &call.name, &text, true);
                 text

@@ -17,13 +17,14 @@ use std::task::{Context, Poll, Waker};
 
 use mlua::{Lua, MultiValue, Table, Value};
 use pf_syntax::resolve_heading;
+use serde_json::Value as Json;
 
 use crate::claims::ClaimIdentity;
-use crate::ctx::{arg, cancelled_error, host_async, host_fn, section, Chain, RunCtx};
+use crate::ctx::{arg, cancelled_error, host_async, host_fn, section, Chain, RunCtx, SectionCtx};
 use crate::error::{HostError, HostResult, Raise};
 use crate::fanout::ArmSeed;
 use crate::json::lua_to_json;
-use crate::text::lua_type_name;
+use crate::text::{envelope, lua_type_name};
 use crate::walk::{chain_argv, target_arg, walk_chain, Failure, DEPTH_CAP};
 
 type TaskFuture = Pin<Box<dyn Future<Output = ()>>>;
@@ -61,16 +62,23 @@ struct TaskEntry {
     delivered: bool,
     note: Option<String>,
     future: Option<TaskFuture>,
+    /// For a model task, the section entry whose model started it.
+    owner_section: String,
+    /// When the task ended, in the run's end order (notices arrive in it).
+    ended_seq: Option<u64>,
+    /// True once the model task's notice was taken (or is never due).
+    noticed: bool,
 }
 
 /// A task id as its numeric components, so ids order in spawn order (`0.9` before `0.10`).
-type TaskKey = Vec<u32>;
+pub(crate) type TaskKey = Vec<u32>;
 
 /// Every task of the run, and the wakers of the waits parked on them.
 #[derive(Default)]
 pub(crate) struct TaskTable {
     entries: BTreeMap<TaskKey, TaskEntry>,
     waiters: Vec<Waker>,
+    ends: u64,
 }
 
 fn key_text(key: &[u32]) -> String {
@@ -89,6 +97,15 @@ fn parse_key(text: &str) -> Option<TaskKey> {
 }
 
 impl TaskTable {
+    /// Record that the task behind `key` ended now.
+    fn mark_ended(&mut self, key: &TaskKey) {
+        let seq = self.ends;
+        self.ends += 1;
+        if let Some(entry) = self.entries.get_mut(key) {
+            entry.ended_seq.get_or_insert(seq);
+        }
+    }
+
     fn wake_waiters(&mut self) {
         for waker in self.waiters.drain(..) {
             waker.wake();
@@ -113,11 +130,16 @@ impl TaskTable {
     /// to be dropped once the table is no longer borrowed.
     fn abandon_owned(&mut self, owner: &str) -> Vec<TaskFuture> {
         let mut dropped = Vec::new();
-        for entry in self.entries.values_mut() {
+        let mut ended = Vec::new();
+        for (key, entry) in self.entries.iter_mut() {
             if entry.owner == owner && entry.state == State::Running {
                 entry.state = State::Abandoned;
                 dropped.extend(entry.future.take());
+                ended.push(key.clone());
             }
+        }
+        for key in &ended {
+            self.mark_ended(key);
         }
         if !dropped.is_empty() {
             self.wake_waiters();
@@ -278,7 +300,6 @@ fn handle(lua: &Lua, id: &str) -> mlua::Result<Table> {
 
 fn spawn(lua: &Lua, args: MultiValue) -> HostResult<Table> {
     let sec = section(lua)?;
-    let run = Rc::clone(&sec.run);
     let target = target_arg(&args)?;
     let opts = match arg(&args, 1) {
         Value::Nil => None,
@@ -291,20 +312,7 @@ fn spawn(lua: &Lua, args: MultiValue) -> HostResult<Table> {
             .into())
         }
     };
-    let prompt = Arc::clone(&run.prompt);
-    let caller = sec.path.borrow().clone();
-    let (path, found) = resolve_heading(&prompt, &caller, &target).map_err(HostError::lua)?;
-    if found.list_items.is_some() {
-        return Err(HostError::lua(format!(
-            "section `{}` is a list section, not a worker template",
-            found.name
-        ))
-        .into());
-    }
-    let parent = Rc::clone(&sec.chain.borrow());
-    if parent.depth >= DEPTH_CAP {
-        return Err(HostError::lua(format!("call recursion exceeded cap of {DEPTH_CAP}")).into());
-    }
+    let resolved = resolve_target(&sec, &target)?;
     let mut input = None;
     let mut seed = ArmSeed {
         item: None,
@@ -361,9 +369,52 @@ fn spawn(lua: &Lua, args: MultiValue) -> HostResult<Table> {
             }
         };
     }
+    let id = start_task(lua, &sec, resolved, input, seed, None)?;
+    Ok(handle(lua, &id)?)
+}
+
+/// A spawn target checked and resolved: its index path and section name.
+struct Resolved {
+    path: Vec<usize>,
+    name: String,
+}
+
+fn resolve_target(sec: &SectionCtx, target: &str) -> Result<Resolved, HostError> {
+    let prompt = Arc::clone(&sec.run.prompt);
+    let caller = sec.path.borrow().clone();
+    let (path, found) = resolve_heading(&prompt, &caller, target).map_err(HostError::lua)?;
+    if found.list_items.is_some() {
+        return Err(HostError::lua(format!(
+            "section `{}` is a list section, not a worker template",
+            found.name
+        )));
+    }
+    if sec.chain.borrow().depth >= DEPTH_CAP {
+        return Err(HostError::lua(format!(
+            "call recursion exceeded cap of {DEPTH_CAP}"
+        )));
+    }
+    Ok(Resolved {
+        path,
+        name: found.name.clone(),
+    })
+}
+
+/// Start a task of the section's chain; `model_section` names the section entry
+/// whose model started it (a model task), or is `None` for the prompt's own.
+fn start_task(
+    lua: &Lua,
+    sec: &Rc<SectionCtx>,
+    resolved: Resolved,
+    input: Option<String>,
+    seed: ArmSeed,
+    model_section: Option<&str>,
+) -> HostResult<String> {
+    let run = Rc::clone(&sec.run);
+    let parent = Rc::clone(&sec.chain.borrow());
     // The task takes its copy of var now: the var global must still be in place.
     crate::var::check_var_global(lua).map_err(HostError::lua)?;
-    let argv = chain_argv(&sec, lua, &input)?;
+    let argv = chain_argv(sec, lua, &input)?;
     let id = parent.next_child_id();
     let key = parse_key(&id).ok_or_else(|| HostError::new("internal", "bad task id"))?;
     let chain = Rc::new(Chain::new(
@@ -376,22 +427,29 @@ fn spawn(lua: &Lua, args: MultiValue) -> HostResult<Table> {
     if seed.item.is_some() || seed.index.is_some() {
         *chain.seed.borrow_mut() = Some(seed);
     }
-    let future = task_future(&run, chain, key.clone(), path);
+    let future = task_future(&run, chain, key.clone(), resolved.path);
     run.tasks.borrow_mut().entries.insert(
         key,
         TaskEntry {
             owner: parent.id.clone(),
-            origin: "author",
-            target: found.name.clone(),
+            origin: if model_section.is_some() {
+                "model"
+            } else {
+                "author"
+            },
+            target: resolved.name,
             depth: parent.depth + 1,
             state: State::Running,
             result: None,
             delivered: false,
             note: None,
             future: Some(future),
+            owner_section: model_section.unwrap_or_default().to_string(),
+            ended_seq: None,
+            noticed: model_section.is_none(),
         },
     );
-    Ok(handle(lua, &id)?)
+    Ok(id)
 }
 
 fn task_future(run: &Rc<RunCtx>, chain: Rc<Chain>, key: TaskKey, start: Vec<usize>) -> TaskFuture {
@@ -416,6 +474,7 @@ fn task_future(run: &Rc<RunCtx>, chain: Rc<Chain>, key: TaskKey, start: Vec<usiz
                     entry.result = Some(result);
                 }
             }
+            table.mark_ended(&key);
             table.wake_waiters();
         }
     })
@@ -615,6 +674,7 @@ fn cancel(lua: &Lua, args: MultiValue) -> HostResult<()> {
             }
             _ => None,
         };
+        table.mark_ended(&key);
         table.wake_waiters();
         future
     };
@@ -825,6 +885,208 @@ async fn when_all(lua: &Lua, args: MultiValue) -> HostResult<(Table, bool)> {
         results.raw_set(n + 1, entry)?;
     }
     Ok((results, !all_ended))
+}
+
+// ---------------------------------------------------------------------------
+// The model's task built-ins (`task`, `task_cancel`, `task_status`, `await_tasks`)
+// ---------------------------------------------------------------------------
+
+/// The model's `task`: start a model task from `sec`, or the refusal text.
+pub(crate) fn model_start(
+    lua: &Lua,
+    sec: &Rc<SectionCtx>,
+    target: &str,
+    input: Option<String>,
+) -> Result<String, String> {
+    let started = resolve_target(sec, target)
+        .map_err(Raise::from)
+        .and_then(|resolved| {
+            let seed = ArmSeed {
+                item: None,
+                index: None,
+            };
+            start_task(lua, sec, resolved, input, seed, Some(&sec.id))
+        });
+    match started {
+        Ok(id) => Ok(format!("Task id={id} started")),
+        Err(Raise::Host(e)) => Err(format!("task: {}", e.message)),
+        Err(Raise::Mlua(e)) => Err(format!("task: {}", crate::ctx::mlua_message(&e))),
+        Err(Raise::Value(_)) => Err("task: the task could not start".to_string()),
+    }
+}
+
+/// The key of one of the model's own tasks in `sec`, or the refusal text.
+pub(crate) fn model_task_key(
+    run: &RunCtx,
+    sec: &SectionCtx,
+    name: &str,
+    id: Option<&Json>,
+) -> Result<TaskKey, String> {
+    let Some(Json::String(id)) = id else {
+        return Err(format!(
+            "{name}: `id` must be a task id string, exactly as `task` returned it"
+        ));
+    };
+    let Some(key) = parse_key(id) else {
+        return Err(format!(
+            "{name}: `{id}` is not a task id; use the id `task` returned"
+        ));
+    };
+    let table = run.tasks.borrow();
+    match table.entries.get(&key) {
+        Some(e) if e.origin == "model" && e.owner_section == sec.id => Ok(key),
+        _ => Err(format!("{name}: no model task with id {id}")),
+    }
+}
+
+/// The model's `task_status` line for one of its tasks.
+pub(crate) fn model_status_line(run: &RunCtx, key: &TaskKey) -> String {
+    let table = run.tasks.borrow();
+    let id = key_text(key);
+    let Some(entry) = table.entries.get(key) else {
+        return format!("task_status: no model task with id {id}");
+    };
+    let mut line = format!(
+        "Task id={id} (## {}): {}",
+        entry.target,
+        entry.state.as_str()
+    );
+    match (entry.state, &entry.result) {
+        (State::Done, Some(Ok(_))) => line.push_str(", ok"),
+        (State::Done, _) => line.push_str(", failed"),
+        _ => {}
+    }
+    line.push_str(", turns 0");
+    if entry.state == State::Running {
+        let live = table.live_owned(&id, None);
+        if !live.is_empty() {
+            line.push_str(&format!(", tasks {}", live.join(", ")));
+        }
+    }
+    if let Some(note) = &entry.note {
+        line.push_str(&format!(", note: {note}"));
+    }
+    line
+}
+
+/// The model's `task_cancel`: end the task; its confirmation is the only word on it.
+pub(crate) fn model_cancel(run: &RunCtx, key: &TaskKey) -> String {
+    let future = {
+        let mut table = run.tasks.borrow_mut();
+        let future = match table.entries.get_mut(key) {
+            Some(entry) if entry.state == State::Running => {
+                entry.state = State::Cancelled;
+                entry.noticed = true;
+                entry.future.take()
+            }
+            _ => None,
+        };
+        table.mark_ended(key);
+        table.wake_waiters();
+        future
+    };
+    drop(future);
+    format!("Task id={} cancelled", key_text(key))
+}
+
+/// Take the notices waiting for the section entry `section_id`, in end order.
+pub(crate) fn take_notices(run: &RunCtx, section_id: &str) -> Vec<String> {
+    let mut table = run.tasks.borrow_mut();
+    let mut due: Vec<(u64, TaskKey)> = table
+        .entries
+        .iter()
+        .filter(|(_, e)| {
+            e.origin == "model"
+                && e.owner_section == section_id
+                && !e.noticed
+                && matches!(e.state, State::Done | State::Cancelled)
+        })
+        .filter_map(|(k, e)| e.ended_seq.map(|seq| (seq, k.clone())))
+        .collect();
+    due.sort();
+    let mut out = Vec::new();
+    for (_, key) in due {
+        let Some(entry) = table.entries.get_mut(&key) else {
+            continue;
+        };
+        entry.noticed = true;
+        let head = format!("Task id={} (## {})", key_text(&key), entry.target);
+        out.push(match (entry.state, &entry.result) {
+            (State::Done, Some(Ok(text))) => {
+                format!("{head} completed: {}", envelope(text, &run.nonce))
+            }
+            (State::Done, Some(Err(e))) => format!("{head} failed: {}", e.message),
+            (State::Done, None) => format!("{head} failed: the task ended without a result"),
+            _ => format!("{head} was canceled: the author cancelled it"),
+        });
+    }
+    out
+}
+
+fn has_notices(run: &RunCtx, section_id: &str) -> bool {
+    run.tasks.borrow().entries.values().any(|e| {
+        e.origin == "model"
+            && e.owner_section == section_id
+            && !e.noticed
+            && matches!(e.state, State::Done | State::Cancelled)
+    })
+}
+
+fn running_model_tasks(run: &RunCtx, section_id: &str) -> Vec<String> {
+    run.tasks
+        .borrow()
+        .entries
+        .iter()
+        .filter(|(_, e)| {
+            e.origin == "model" && e.owner_section == section_id && e.state == State::Running
+        })
+        .map(|(k, _)| key_text(k))
+        .collect()
+}
+
+/// The model's `await_tasks`: wait for one of its tasks to end and return the
+/// notices that arrived, one per line. `timeout` is in seconds, with its text as given.
+pub(crate) async fn model_await(
+    sec: &Rc<SectionCtx>,
+    timeout: Option<(std::time::Duration, String)>,
+) -> HostResult<String> {
+    let run = Rc::clone(&sec.run);
+    let sid = sec.id.clone();
+    let ready = take_notices(&run, &sid);
+    if !ready.is_empty() {
+        return Ok(ready.join("\n"));
+    }
+    if running_model_tasks(&run, &sid).is_empty() {
+        let Some((limit, text)) = timeout else {
+            return Ok("nothing to wait for".to_string());
+        };
+        sec.chain.borrow().next_child_id();
+        tokio::select! {
+            biased;
+            _ = run.cancel.cancelled() => return Err(Raise::from(cancelled_error())),
+            _ = tokio::time::sleep(limit) => {}
+        }
+        return Ok(format!("slept {text} seconds"));
+    }
+    let limit = timeout.map(|(limit, _)| limit);
+    if limit.is_some() {
+        sec.chain.borrow().next_child_id();
+    }
+    let woke = park_until(&run, limit, || {
+        has_notices(&run, &sid) || running_model_tasks(&run, &sid).is_empty()
+    })
+    .await?;
+    let mut lines = take_notices(&run, &sid);
+    if !woke {
+        lines.push(format!(
+            "timed out; tasks {} still running",
+            running_model_tasks(&run, &sid).join(", ")
+        ));
+    }
+    if lines.is_empty() {
+        lines.push("nothing to wait for".to_string());
+    }
+    Ok(lines.join("\n"))
 }
 
 #[cfg(test)]

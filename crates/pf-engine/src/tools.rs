@@ -7,6 +7,7 @@ use mlua::{
     AnyUserData, Lua, MetaMethod, MultiValue, Table, UserData, UserDataFields, UserDataMethods,
     Value,
 };
+use pf_harness::ToolDecl;
 use serde_json::{json, Map, Value as Json};
 
 use crate::ctx::{
@@ -110,10 +111,7 @@ pub(crate) fn make_tools(lua: &Lua) -> mlua::Result<Table> {
     t.raw_set("always", host_fn(lua, tools_always)?)?;
     t.raw_set("add", host_fn(lua, tools_add)?)?;
     t.raw_set("add_local", host_fn(lua, tools_add_local)?)?;
-    t.raw_set(
-        "allow_tasks",
-        host_fn(lua, |_, _| -> HostResult<()> { Ok(()) })?,
-    )?;
+    t.raw_set("allow_tasks", host_fn(lua, tools_allow_tasks)?)?;
     t.raw_set(
         "call",
         host_async(lua, |lua, args| async move { tools_call(lua, args).await })?,
@@ -483,6 +481,110 @@ pub(crate) async fn run_bound(
         Ok(text) => BoundOutcome::Output(envelope(&text, &sec.run.nonce)),
         Err(f) => BoundOutcome::Failed(f.0),
     })
+}
+
+/// `tools.allow_tasks(targets?)`: put the task built-ins in the section's scope,
+/// limited to `targets` when a list is given (a later call replaces the list).
+fn tools_allow_tasks(lua: &Lua, args: MultiValue) -> HostResult<()> {
+    let sec = section(lua)?;
+    let targets = match arg(&args, 0) {
+        Value::Nil => Vec::new(),
+        Value::Table(list) => {
+            let mut targets = Vec::new();
+            for n in 1..=list.raw_len() {
+                let entry: Value = list.raw_get(n)?;
+                let Value::String(text) = &entry else {
+                    return Err(HostError::lua(format!(
+                        "tools.allow_tasks targets must be section heading strings, got {}",
+                        lua_type_name(&entry)
+                    ))
+                    .into());
+                };
+                let heading = text.to_string_lossy().trim().to_string();
+                if heading.is_empty() {
+                    return Err(HostError::lua(
+                        "tools.allow_tasks targets must be non-empty section headings",
+                    )
+                    .into());
+                }
+                targets.push(heading);
+            }
+            if targets.is_empty() {
+                return Err(HostError::lua(
+                    "tools.allow_tasks targets must name at least one section; call it with no argument to allow any section",
+                )
+                .into());
+            }
+            targets
+        }
+        other => {
+            return Err(HostError::lua(format!(
+                "tools.allow_tasks targets must be a list of section headings, got {}",
+                lua_type_name(&other)
+            ))
+            .into())
+        }
+    };
+    *sec.task_allow.borrow_mut() = Some(targets);
+    Ok(())
+}
+
+/// The task built-ins a section offers once `tools.allow_tasks` ran, in their fixed order.
+pub(crate) fn task_tool_decls(sec: &SectionCtx) -> Vec<ToolDecl> {
+    let Some(allowed) = sec.task_allow.borrow().clone() else {
+        return Vec::new();
+    };
+    let targets = if allowed.is_empty() {
+        "`target` must be any section of this prompt, named by its heading (for example `## Research`).".to_string()
+    } else {
+        format!("`target` must be one of: {}", allowed.join(", "))
+    };
+    let id_schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "id": { "type": "string", "description": "The task id exactly as `task` returned it." }
+        },
+        "required": ["id"],
+        "additionalProperties": false
+    });
+    vec![
+        ToolDecl {
+            name: "task".to_string(),
+            description: format!(
+                "Start a background task that runs one section of this prompt; its result arrives later as a task notice. {targets}"
+            ),
+            parameters: serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "target": { "type": "string", "description": targets },
+                    "input": { "type": "string", "description": "The task's argument string; the section's own when left out." }
+                },
+                "required": ["target"],
+                "additionalProperties": false
+            }),
+        },
+        ToolDecl {
+            name: "task_cancel".to_string(),
+            description: "Cancel one of the tasks you started.".to_string(),
+            parameters: id_schema.clone(),
+        },
+        ToolDecl {
+            name: "task_status".to_string(),
+            description: "Report how one of the tasks you started stands, as one line.".to_string(),
+            parameters: id_schema,
+        },
+        ToolDecl {
+            name: "await_tasks".to_string(),
+            description: "Wait until one of the tasks you started ends, then return the task notices that arrived, one per line.".to_string(),
+            parameters: serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "timeout": { "type": "number", "minimum": 0, "description": "Seconds to wait at most; no limit when left out." }
+                },
+                "additionalProperties": false
+            }),
+        },
+    ]
 }
 
 pub(crate) fn unbound(sec: &SectionCtx, name: &str) -> HostError {
