@@ -210,6 +210,8 @@ pub(crate) struct ErrorInfo {
     /// becoming `RequirementsUnmet`.
     pub gated: bool,
     pub located: bool,
+    /// True when raised again after another suspending call than the one that made it.
+    pub stale: bool,
     /// The same value, rebuilt so it can be raised again in another section VM.
     pub value: HostError,
 }
@@ -268,6 +270,7 @@ pub(crate) fn read_error_value(helpers: &Table, v: &Value) -> Option<ErrorInfo> 
         run_kind,
         gated,
         located,
+        stale,
         value,
     })
 }

@@ -597,6 +597,7 @@ async fn send_round(
     let started = std::time::Instant::now();
     let live = sec.run.live.clone().filter(|_| stream);
     let mut fragments = Fragments::default();
+    let blocked = crate::tasks::blocked_on(sec, "chat");
     let reply = match &live {
         None => tokio::select! {
             _ = cancel.cancelled() => return Err(RoundFailure::Error(cancelled_error())),
@@ -630,6 +631,7 @@ async fn send_round(
             }
         }
     };
+    drop(blocked);
     let ended = std::time::Instant::now();
     let mut resp = match reply {
         Ok(resp) => resp,
@@ -669,6 +671,7 @@ fn report_failed_round(sec: &SectionCtx) {
 /// metadata, and `model_turn_truncated` for a text reply cut at `length`.
 fn complete_round(sec: &SectionCtx, resp: &ChatResponse) -> u32 {
     let turn = sec.run.complete_turn();
+    crate::tasks::count_task_turn(sec);
     let text_reply = resp.tool_calls.is_empty();
     let mut completed = serde_json::Map::new();
     if text_reply && is_empty_reply(resp.content.as_deref()) {

@@ -68,6 +68,12 @@ struct TaskEntry {
     ended_seq: Option<u64>,
     /// True once the model task's notice was taken (or is never due).
     noticed: bool,
+    /// The section the task's own chain is in now (`section` in its status).
+    section: Option<String>,
+    /// What the task's own chain waits on now (`blocked` in its status).
+    blocked: Option<&'static str>,
+    /// The task's own model round count, apart from its owner's.
+    turns: u32,
 }
 
 /// A task id as its numeric components, so ids order in spawn order (`0.9` before `0.10`).
@@ -447,6 +453,9 @@ fn start_task(
             owner_section: model_section.unwrap_or_default().to_string(),
             ended_seq: None,
             noticed: model_section.is_none(),
+            section: None,
+            blocked: None,
+            turns: 0,
         },
     );
     Ok(id)
@@ -570,9 +579,15 @@ fn status(lua: &Lua, args: MultiValue) -> HostResult<Table> {
         (State::Done, Some(Ok(_))) => t.raw_set("ok", true)?,
         _ => t.raw_set("ok", false)?,
     }
-    t.raw_set("turns", 0)?;
+    t.raw_set("turns", entry.turns)?;
     let live = lua.create_table()?;
     if entry.state == State::Running {
+        if let Some(name) = &entry.section {
+            t.raw_set("section", name.as_str())?;
+        }
+        if let Some(what) = entry.blocked {
+            t.raw_set("blocked", what)?;
+        }
         for (n, id) in table
             .live_owned(&key_text(&key), None)
             .into_iter()
@@ -842,7 +857,10 @@ async fn when_any(lua: &Lua, args: MultiValue) -> HostResult<MultiValue> {
         take_timer_index(lua)?;
     }
     let first_ended = || keys.iter().find(|k| ended(&run, k)).cloned();
-    if !park_until(&run, limit, || first_ended().is_some()).await? {
+    let blocked = blocked_on(&*section(lua)?, "tasks");
+    let woke = park_until(&run, limit, || first_ended().is_some()).await?;
+    drop(blocked);
+    if !woke {
         return Ok(MultiValue::from(vec![Value::Nil, Value::Nil, Value::Nil]));
     }
     let Some(key) = first_ended() else {
@@ -863,7 +881,9 @@ async fn when_all(lua: &Lua, args: MultiValue) -> HostResult<(Table, bool)> {
     if limit.is_some() {
         take_timer_index(lua)?;
     }
+    let blocked = blocked_on(&*section(lua)?, "tasks");
     let all_ended = park_until(&run, limit, || keys.iter().all(|k| ended(&run, k))).await?;
+    drop(blocked);
     let mut outcomes: Vec<(TaskKey, bool, Value)> = Vec::new();
     let results = lua.create_table()?;
     for (n, key) in keys.iter().enumerate() {
@@ -956,7 +976,15 @@ pub(crate) fn model_status_line(run: &RunCtx, key: &TaskKey) -> String {
         (State::Done, _) => line.push_str(", failed"),
         _ => {}
     }
-    line.push_str(", turns 0");
+    if entry.state == State::Running {
+        if let Some(name) = &entry.section {
+            line.push_str(&format!(", in ## {name}"));
+        }
+        if let Some(what) = entry.blocked {
+            line.push_str(&format!(", waiting on {what}"));
+        }
+    }
+    line.push_str(&format!(", turns {}", entry.turns));
     if entry.state == State::Running {
         let live = table.live_owned(&id, None);
         if !live.is_empty() {
@@ -1072,6 +1100,7 @@ pub(crate) async fn model_await(
     if limit.is_some() {
         sec.chain.borrow().next_child_id();
     }
+    let _blocked = blocked_on(sec, "tasks");
     let woke = park_until(&run, limit, || {
         has_notices(&run, &sid) || running_model_tasks(&run, &sid).is_empty()
     })
@@ -1087,6 +1116,68 @@ pub(crate) async fn model_await(
         lines.push("nothing to wait for".to_string());
     }
     Ok(lines.join("\n"))
+}
+
+/// The key of the task whose own chain runs `sec`: none on the main walk, a
+/// called chain or a fanout arm (a called chain's waits show as `call`).
+fn own_chain_task(sec: &SectionCtx) -> Option<TaskKey> {
+    let chain = sec.chain.borrow();
+    let task = chain.task.borrow();
+    (*task == chain.id).then(|| parse_key(&chain.id)).flatten()
+}
+
+/// Record that the task whose own chain runs `sec` is now in `sec`'s section.
+pub(crate) fn entered_section(sec: &SectionCtx) {
+    if let Some(key) = own_chain_task(sec) {
+        if let Some(entry) = sec.run.tasks.borrow_mut().entries.get_mut(&key) {
+            entry.section = Some(sec.name.clone());
+            entry.blocked = None;
+        }
+    }
+}
+
+/// While alive, the task whose own chain runs the section reads `blocked` as `what`.
+pub(crate) struct BlockedGuard {
+    run: Rc<RunCtx>,
+    key: Option<TaskKey>,
+}
+
+/// Mark the calling task `blocked` on `what` (`chat`, `tasks`, `call`, ...)
+/// until the guard drops.
+pub(crate) fn blocked_on(sec: &SectionCtx, what: &'static str) -> BlockedGuard {
+    let key = own_chain_task(sec);
+    if let Some(key) = &key {
+        if let Some(entry) = sec.run.tasks.borrow_mut().entries.get_mut(key) {
+            entry.blocked = Some(what);
+        }
+    }
+    BlockedGuard {
+        run: Rc::clone(&sec.run),
+        key,
+    }
+}
+
+impl Drop for BlockedGuard {
+    fn drop(&mut self) {
+        let Some(key) = &self.key else { return };
+        // A drop during a table borrow (never expected) just leaves the mark.
+        if let Ok(mut table) = self.run.tasks.try_borrow_mut() {
+            if let Some(entry) = table.entries.get_mut(key) {
+                entry.blocked = None;
+            }
+        }
+    }
+}
+
+/// Count one completed model round for the task `sec` runs inside (its
+/// nearest enclosing task, so a called chain's rounds count for the task).
+pub(crate) fn count_task_turn(sec: &SectionCtx) {
+    let task = sec.chain.borrow().task.borrow().clone();
+    if let Some(key) = parse_key(&task) {
+        if let Some(entry) = sec.run.tasks.borrow_mut().entries.get_mut(&key) {
+            entry.turns = entry.turns.saturating_add(1);
+        }
+    }
 }
 
 #[cfg(test)]

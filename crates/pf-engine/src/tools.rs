@@ -464,6 +464,7 @@ pub(crate) async fn run_bound(
     alias: &str,
     args: Json,
 ) -> Result<BoundOutcome, HostError> {
+    let _blocked = crate::tasks::blocked_on(sec, "tool_call");
     let Some(b) = sec.run.bound(alias) else {
         return Err(unbound(sec, alias));
     };

@@ -311,6 +311,7 @@ fn make_input(lua: &Lua) -> mlua::Result<Table> {
             };
             // Every wait reports its start, even in a host with no operator.
             sec.boundary(crate::EventKind::UserInputWaitStarted);
+            let _blocked = crate::tasks::blocked_on(&sec, "user_input");
             let Some(broker) = sec.run.services.input_broker.clone() else {
                 return Ok((INPUT_UNAVAILABLE.to_string(), false));
             };

@@ -255,6 +255,7 @@ fn run_entry(
         *sec.path.borrow_mut() = spec.path.clone();
         // A fanout arm's seed belongs to the first section its chain enters.
         *sec.arm.borrow_mut() = chain.seed.borrow_mut().take();
+        crate::tasks::entered_section(&sec);
         let end = run_entry_in(&sec, &spec).await;
         // Read back var: the entry's final var becomes the chain's.
         *chain.var.borrow_mut() = sec.var.borrow().clone();
@@ -444,7 +445,12 @@ async fn run_block(lua: &Lua, sec: &Rc<SectionCtx>, block: &LuaBlock) -> BlockEn
     }
     // The block raised.
     if let Some(info) = read_error_value(&h, &payload) {
-        if info.kind == "cancelled" && !info.value.fields.iter().any(|(k, _)| *k == "task") {
+        // A host cancel, or a task's `cancelled` value raised again on the main
+        // walk after another suspending call, ends the run as cancelled (ch. 17);
+        // in a task or called chain it stays that chain's failure.
+        let names_task = info.value.fields.iter().any(|(k, _)| *k == "task");
+        let on_main_walk = sec.chain.borrow().id == "0";
+        if info.kind == "cancelled" && (!names_task || (info.stale && on_main_walk)) {
             return BlockEnd::Fail(Failure::Cancelled);
         }
         let where_src = match values.get(2) {
@@ -610,7 +616,9 @@ pub(crate) fn make_call(lua: &Lua) -> mlua::Result<Function> {
         *chain.identity.borrow_mut() = parent.identity.borrow().clone();
         *chain.task.borrow_mut() = parent.task.borrow().clone();
         let owned = crate::tasks::OwnedTasks::new(&sec.run, &chain.id);
+        let blocked = crate::tasks::blocked_on(&sec, "call");
         let end = walk_chain(&sec.run, &chain, target_path).await;
+        drop(blocked);
         let end = match end {
             Ok(result) => crate::tasks::settle(&sec.run, &chain.id)
                 .map(|()| result)
