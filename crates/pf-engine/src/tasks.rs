@@ -778,12 +778,31 @@ fn ended(run: &RunCtx, key: &TaskKey) -> bool {
         .is_some_and(|e| e.state != State::Running)
 }
 
+/// How many turns the other chains get during a zero-second wait.
+const ZERO_WAIT_TURNS: usize = 256;
+
 /// Park until `done` holds, the time limit passes (false), or the run is cancelled.
 async fn park_until(
     run: &Rc<RunCtx>,
     limit: Option<std::time::Duration>,
     done: impl Fn() -> bool,
 ) -> HostResult<bool> {
+    // A zero limit waits no time at all: the other chains get a fixed number of
+    // turns (each runs to its next suspension), then the answer is read. Counting
+    // turns instead of racing a timer keeps the answer independent of how fast
+    // the machine is.
+    if limit.is_some_and(|l| l.is_zero()) {
+        for _ in 0..ZERO_WAIT_TURNS {
+            if done() {
+                break;
+            }
+            tokio::task::yield_now().await;
+            if run.cancel.is_cancelled() {
+                return Err(Raise::from(cancelled_error()));
+            }
+        }
+        return Ok(done());
+    }
     let waiting = std::future::poll_fn(|cx| {
         if done() {
             return Poll::Ready(());
