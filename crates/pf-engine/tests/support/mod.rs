@@ -1,0 +1,127 @@
+//! Test support shared by the concurrency tests: a model whose replies take
+//! real time, and a runner for a prompt body on it.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pf_engine::{Outcome, RunSetup};
+use pf_harness::{
+    CancellationToken, ChatRequest, ChatResponse, Harness, ModelInfo, ModelProvider, ProviderError,
+    ThinkingSupport,
+};
+
+/// A model that answers each prompt `NAME:MILLIS` with `NAME!` after MILLIS
+/// milliseconds, and never answers a prompt without a delay. It counts the
+/// rounds in flight and keeps the most it ever saw at once.
+#[derive(Default)]
+pub struct SlowModel {
+    pub in_flight: AtomicUsize,
+    pub most_in_flight: AtomicUsize,
+    pub prompts: Mutex<Vec<String>>,
+}
+
+impl SlowModel {
+    #[allow(dead_code)] // not every test binary reads the prompts
+    pub fn prompts(&self) -> Vec<String> {
+        self.prompts.lock().map(|p| p.clone()).unwrap_or_default()
+    }
+}
+
+/// Decrements the in-flight count however the round ends, dropped included.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[async_trait::async_trait]
+impl ModelProvider for SlowModel {
+    fn info(&self) -> ModelInfo {
+        ModelInfo {
+            id: "slow".into(),
+            context: 50_000,
+            thinking: ThinkingSupport::Never,
+            description: "Slow".into(),
+        }
+    }
+
+    async fn complete(
+        &self,
+        request: ChatRequest,
+        cancel: CancellationToken,
+    ) -> Result<ChatResponse, ProviderError> {
+        let prompt = request
+            .messages
+            .last()
+            .and_then(|m| m.content.as_str().map(str::to_string))
+            .unwrap_or_default();
+        if let Ok(mut seen) = self.prompts.lock() {
+            seen.push(prompt.clone());
+        }
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_in_flight.fetch_max(now, Ordering::SeqCst);
+        let _guard = InFlight(&self.in_flight);
+        let (name, delay) = match prompt.split_once(':') {
+            Some((name, millis)) => (name.to_string(), millis.parse::<u64>().ok()),
+            None => (prompt.clone(), None),
+        };
+        let Some(delay) = delay else {
+            cancel.cancelled().await;
+            return Err(ProviderError::Cancelled);
+        };
+        tokio::select! {
+            _ = cancel.cancelled() => Err(ProviderError::Cancelled),
+            _ = tokio::time::sleep(Duration::from_millis(delay)) => Ok(ChatResponse {
+                content: Some(format!("{name}!")),
+                ..ChatResponse::default()
+            }),
+        }
+    }
+}
+
+fn prompt(title: &str, body: &str) -> Arc<pf_syntax::Prompt> {
+    let text = format!(
+        "---\nname: t\ndescription: test\npromptforge: 0\nmodels:\n  w: {{}}\n---\n\n# {title}\n\n```lua shared\nmodels.default('w')\n```\n\n{body}"
+    );
+    match pf_syntax::parse(text.as_bytes()) {
+        Ok(p) => Arc::new(p),
+        Err(e) => panic!("test prompt must parse: {e:?}"),
+    }
+}
+
+/// Run `body` with `model`; `cancel_after` cancels the run from another thread.
+pub fn run(
+    title: &str,
+    body: &str,
+    model: Arc<SlowModel>,
+    cancel_after: Option<Duration>,
+) -> Outcome {
+    let store = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let cancel = CancellationToken::new();
+    let setup = RunSetup {
+        seed: 3,
+        start_ms: 0,
+        args: String::new(),
+        store_dir: store.path().to_path_buf(),
+        harness: Harness::new(),
+        model: Some(model),
+        cancel: cancel.clone(),
+        ui: None,
+        live: None,
+    };
+    if let Some(delay) = cancel_after {
+        std::thread::spawn(move || {
+            std::thread::sleep(delay);
+            cancel.cancel();
+        });
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("runtime: {e}"));
+    rt.block_on(pf_engine::run(prompt(title, body), setup))
+        .outcome
+}
