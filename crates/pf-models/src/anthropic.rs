@@ -32,7 +32,7 @@ use serde_json::{json, Map, Value as Json};
 
 use crate::http::{
     json_error_detail, log_safe, malformed, read_api_key, scrub_key, secret_header, status_failure,
-    EventStream, HttpClient, HttpProviderConfig, HttpReply, Streamed,
+    stream_malformed, EventStream, HttpClient, HttpProviderConfig, HttpReply, Streamed,
 };
 use crate::openai::{token_count, MID_STREAM_ERROR};
 use crate::wire;
@@ -177,12 +177,6 @@ fn whole_reply(
         tracing::warn!(%url, "model reply is malformed: {detail}");
         malformed(&detail)
     })
-}
-
-/// A malformed stream event: the detail (our own words) is logged with the URL.
-fn stream_malformed(url: &str, detail: &str) -> ProviderError {
-    tracing::warn!(%url, "model reply stream is malformed: {detail}");
-    malformed(detail)
 }
 
 /// Read events until `message_stop`; a stream that ends before it is cut short.

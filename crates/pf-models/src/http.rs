@@ -128,6 +128,12 @@ pub(crate) fn malformed(detail: &str) -> ProviderError {
     ProviderError::Failed(format!("malformed response: {detail}"))
 }
 
+/// A malformed stream event: the detail (our own words) is logged with the URL.
+pub(crate) fn stream_malformed(url: &str, detail: &str) -> ProviderError {
+    tracing::warn!(%url, "model reply stream is malformed: {detail}");
+    malformed(detail)
+}
+
 /// The failure for a final non-success status: the number only, never the body.
 pub(crate) fn status_failure(status: StatusCode) -> ProviderError {
     ProviderError::Failed(format!("non-success backend status {}", status.as_u16()))

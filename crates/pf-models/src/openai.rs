@@ -26,7 +26,7 @@ use serde_json::{json, Map, Value as Json};
 
 use crate::http::{
     json_error_detail, log_safe, malformed, read_api_key, scrub_key, secret_header, status_failure,
-    EventStream, HttpClient, HttpProviderConfig, HttpReply, Streamed,
+    stream_malformed, EventStream, HttpClient, HttpProviderConfig, HttpReply, Streamed,
 };
 use crate::wire;
 
@@ -148,12 +148,6 @@ impl OpenAiProvider {
 /// The detail for an error the server reported inside a stream that began well:
 /// the reply never completed, and the server's own text stays in the log.
 pub(crate) const MID_STREAM_ERROR: &str = "the event stream reported a backend error";
-
-/// A malformed stream chunk: the detail (our own words) is logged with the URL.
-fn stream_malformed(url: &str, detail: &str) -> ProviderError {
-    tracing::warn!(%url, "model reply stream is malformed: {detail}");
-    malformed(detail)
-}
 
 /// Read chunks until `[DONE]`; a stream that ends first is complete only when a
 /// finish reason arrived (some compatible servers leave `[DONE]` out).
