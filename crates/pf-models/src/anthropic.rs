@@ -21,21 +21,16 @@
 
 use std::collections::BTreeMap;
 
-use async_trait::async_trait;
 use pf_harness::{
-    CancellationToken, ChatMessage, ChatRequest, ChatResponse, ModelInfo, ModelProvider, OnText,
-    ProviderError, ThinkingSupport, ToolCall, Usage,
+    ChatMessage, ChatRequest, ChatResponse, ModelInfo, OnText, ProviderError, ThinkingSupport,
+    ToolCall, Usage,
 };
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
-use reqwest::StatusCode;
 use serde_json::{json, Map, Value as Json};
 
-use crate::http::{
-    json_error_detail, log_safe, malformed, read_api_key, scrub_key, secret_header, status_failure,
-    stream_malformed, EventStream, HttpClient, HttpProviderConfig, HttpReply, Streamed,
-};
-use crate::openai::{token_count, MID_STREAM_ERROR};
-use crate::wire;
+use crate::http::json_error_detail;
+use crate::provider::{HttpProvider, StreamStep, WireFormat};
+use crate::wire::{self, token_count};
 
 /// `max_tokens` when the request sets none.
 pub const DEFAULT_MAX_TOKENS: u64 = 4096;
@@ -43,33 +38,41 @@ pub const DEFAULT_MAX_TOKENS: u64 = 4096;
 const MIN_THINKING_BUDGET: u64 = 1024;
 const API_VERSION: &str = "2023-06-01";
 
-#[derive(Debug)]
-pub struct AnthropicProvider {
-    info: ModelInfo,
-    config: HttpProviderConfig,
-    http: HttpClient,
-}
+/// A model behind the Anthropic Messages API.
+pub type AnthropicProvider = HttpProvider<AnthropicMessages>;
 
-impl AnthropicProvider {
-    pub fn new(info: ModelInfo, config: HttpProviderConfig) -> Result<Self, String> {
-        let http = HttpClient::new(config.http.clone())?;
-        Ok(AnthropicProvider { info, config, http })
+/// The Anthropic Messages wire format.
+#[derive(Debug, Default)]
+pub struct AnthropicMessages;
+
+impl WireFormat for AnthropicMessages {
+    const PATH: &'static str = "/v1/messages";
+    type Stream = StreamedMessage;
+
+    fn fixed_headers(&self) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            HeaderName::from_static("anthropic-version"),
+            HeaderValue::from_static(API_VERSION),
+        );
+        headers
     }
 
-    fn thinking_enabled(&self, request: &ChatRequest) -> bool {
-        match self.info.thinking {
-            ThinkingSupport::Never => false,
-            ThinkingSupport::Always => true,
-            ThinkingSupport::Switchable => request.thinking == Some(true),
-        }
+    fn key_header(&self, key: &str) -> (HeaderName, String) {
+        (HeaderName::from_static("x-api-key"), key.to_string())
     }
 
-    fn request_body(&self, request: &ChatRequest) -> Result<Json, ProviderError> {
+    fn request_body(
+        &self,
+        info: &ModelInfo,
+        model: &str,
+        request: &ChatRequest,
+    ) -> Result<Map<String, Json>, ProviderError> {
         let (system, messages) = convert_messages(&request.messages)?;
         let mut body = Map::new();
-        body.insert("model".into(), Json::String(self.config.model.clone()));
+        body.insert("model".into(), Json::String(model.to_string()));
         let answer_tokens = request.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
-        let thinking = self.thinking_enabled(request);
+        let thinking = thinking_enabled(info, request);
         if thinking {
             let budget = answer_tokens.max(MIN_THINKING_BUDGET);
             body.insert(
@@ -99,105 +102,37 @@ impl AnthropicProvider {
         if let (Some(temperature), false) = (request.temperature, thinking) {
             body.insert("temperature".into(), json!(temperature));
         }
-        Ok(Json::Object(body))
+        Ok(body)
     }
 
-    fn headers(&self, key: Option<&str>) -> Result<HeaderMap, ProviderError> {
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            HeaderName::from_static("anthropic-version"),
-            HeaderValue::from_static(API_VERSION),
-        );
-        if let (Some(key), Some(variable)) = (key, self.config.api_key_env.as_deref()) {
-            headers.insert(
-                HeaderName::from_static("x-api-key"),
-                secret_header(key, variable)?,
-            );
-        }
-        Ok(headers)
+    fn parse_reply(&self, body: &[u8]) -> Result<ChatResponse, String> {
+        parse_reply(body)
     }
 
-    async fn send(
+    /// Events run until `message_stop`.
+    fn stream_event(
         &self,
-        request: &ChatRequest,
-        key: Option<&str>,
-        cancel: &CancellationToken,
-    ) -> Result<ChatResponse, ProviderError> {
-        let url = self.config.endpoint("/v1/messages");
-        let body = self.request_body(request)?;
-        let reply = self
-            .http
-            .post_json(&url, self.headers(key)?, &body, cancel)
-            .await?;
-        whole_reply(&url, &reply, key)
-    }
-
-    async fn send_streaming(
-        &self,
-        request: &ChatRequest,
-        key: Option<&str>,
-        cancel: &CancellationToken,
+        message: &mut StreamedMessage,
+        data: &str,
         on_text: &mut OnText<'_>,
-    ) -> Result<ChatResponse, ProviderError> {
-        let url = self.config.endpoint("/v1/messages");
-        let mut body = self.request_body(request)?;
-        if let Json::Object(fields) = &mut body {
-            fields.insert("stream".into(), Json::Bool(true));
-        }
-        let mut stream = match self
-            .http
-            .post_stream(&url, self.headers(key)?, &body, cancel)
-            .await?
-        {
-            Streamed::Events(stream) => stream,
-            // A server that does not stream answers with one body: its text is one fragment.
-            Streamed::Whole(reply) => {
-                let response = whole_reply(&url, &reply, key)?;
-                if let Some(text) = response.content.as_deref().filter(|t| !t.is_empty()) {
-                    on_text(text);
-                }
-                return Ok(response);
-            }
-        };
-        let mut message = StreamedMessage::default();
-        read_stream(&url, key, &mut stream, cancel, &mut message, on_text).await?;
-        Ok(message.finish())
-    }
-}
-
-fn whole_reply(
-    url: &str,
-    reply: &HttpReply,
-    key: Option<&str>,
-) -> Result<ChatResponse, ProviderError> {
-    if !reply.status.is_success() {
-        return Err(status_error(url, reply, key));
-    }
-    parse_reply(&reply.body).map_err(|detail| {
-        tracing::warn!(%url, "model reply is malformed: {detail}");
-        malformed(&detail)
-    })
-}
-
-/// Read events until `message_stop`; a stream that ends before it is cut short.
-async fn read_stream(
-    url: &str,
-    key: Option<&str>,
-    stream: &mut EventStream,
-    cancel: &CancellationToken,
-    message: &mut StreamedMessage,
-    on_text: &mut OnText<'_>,
-) -> Result<(), ProviderError> {
-    while let Some(event) = stream.next_event(cancel).await? {
-        let data: Json = serde_json::from_str(&event.data).map_err(|error| {
-            let detail = format!("a stream event is not JSON ({})", json_error_detail(&error));
-            stream_malformed(url, &detail)
+    ) -> Result<StreamStep, String> {
+        let event: Json = serde_json::from_str(data).map_err(|error| {
+            format!("a stream event is not JSON ({})", json_error_detail(&error))
         })?;
-        if message.apply(url, key, &data, on_text)? {
-            return Ok(());
-        }
+        message.apply(&event, on_text)
     }
-    Err(stream.cut_short())
+
+    fn finish_stream(&self, message: StreamedMessage) -> ChatResponse {
+        message.finish()
+    }
+}
+
+fn thinking_enabled(info: &ModelInfo, request: &ChatRequest) -> bool {
+    match info.thinking {
+        ThinkingSupport::Never => false,
+        ThinkingSupport::Always => true,
+        ThinkingSupport::Switchable => request.thinking == Some(true),
+    }
 }
 
 /// A content block as its stream events arrive.
@@ -218,7 +153,7 @@ enum StreamedBlock {
 
 /// A streamed message under assembly.
 #[derive(Debug, Default)]
-struct StreamedMessage {
+pub struct StreamedMessage {
     text: Option<String>,
     blocks: BTreeMap<u64, StreamedBlock>,
     stop_reason: Option<String>,
@@ -235,23 +170,17 @@ impl StreamedMessage {
         }
     }
 
-    /// Take in one event; `true` once the message has ended.
-    fn apply(
-        &mut self,
-        url: &str,
-        key: Option<&str>,
-        event: &Json,
-        on_text: &mut OnText<'_>,
-    ) -> Result<bool, ProviderError> {
+    /// Take in one event.
+    fn apply(&mut self, event: &Json, on_text: &mut OnText<'_>) -> Result<StreamStep, String> {
         let kind = event
             .get("type")
             .and_then(Json::as_str)
-            .ok_or_else(|| stream_malformed(url, "a stream event has no `type`"))?;
+            .ok_or_else(|| String::from("a stream event has no `type`"))?;
         let index = || {
             event
                 .get("index")
                 .and_then(Json::as_u64)
-                .ok_or_else(|| stream_malformed(url, &format!("a `{kind}` event has no `index`")))
+                .ok_or_else(|| format!("a `{kind}` event has no `index`"))
         };
         match kind {
             "message_start" => {
@@ -261,13 +190,13 @@ impl StreamedMessage {
                     .and_then(Json::as_str)
                     .map(str::to_string);
                 if let Some(usage) = start.and_then(|m| m.get("usage")) {
-                    self.read_usage(url, usage)?;
+                    self.read_usage(usage)?;
                 }
             }
             "content_block_start" => {
                 let index = index()?;
                 let block = event.get("content_block").ok_or_else(|| {
-                    stream_malformed(url, "a `content_block_start` has no `content_block`")
+                    String::from("a `content_block_start` has no `content_block`")
                 })?;
                 let started = match block.get("type").and_then(Json::as_str) {
                     Some("text") => {
@@ -282,12 +211,7 @@ impl StreamedMessage {
                                 .get(name)
                                 .and_then(Json::as_str)
                                 .map(str::to_string)
-                                .ok_or_else(|| {
-                                    stream_malformed(
-                                        url,
-                                        &format!("a streamed tool_use block has no `{name}`"),
-                                    )
-                                })
+                                .ok_or_else(|| format!("a streamed tool_use block has no `{name}`"))
                         };
                         StreamedBlock::ToolUse {
                             id: field("id")?,
@@ -302,15 +226,15 @@ impl StreamedMessage {
             }
             "content_block_delta" => {
                 let index = index()?;
-                let delta = event.get("delta").ok_or_else(|| {
-                    stream_malformed(url, "a `content_block_delta` has no `delta`")
-                })?;
+                let delta = event
+                    .get("delta")
+                    .ok_or_else(|| String::from("a `content_block_delta` has no `delta`"))?;
                 match delta.get("type").and_then(Json::as_str) {
                     Some("text_delta") => {
                         let text = delta
                             .get("text")
                             .and_then(Json::as_str)
-                            .ok_or_else(|| stream_malformed(url, "a `text_delta` has no `text`"))?;
+                            .ok_or_else(|| String::from("a `text_delta` has no `text`"))?;
                         self.push_text(text, on_text);
                     }
                     Some("input_json_delta") => {
@@ -318,14 +242,13 @@ impl StreamedMessage {
                             .get("partial_json")
                             .and_then(Json::as_str)
                             .ok_or_else(|| {
-                                stream_malformed(url, "an `input_json_delta` has no `partial_json`")
+                                String::from("an `input_json_delta` has no `partial_json`")
                             })?;
                         match self.blocks.get_mut(&index) {
                             Some(StreamedBlock::ToolUse { json, .. }) => json.push_str(piece),
                             _ => {
-                                return Err(stream_malformed(
-                                    url,
-                                    &format!("an `input_json_delta` for block {index}, which is not a tool_use block"),
+                                return Err(format!(
+                                    "an `input_json_delta` for block {index}, which is not a tool_use block"
                                 ))
                             }
                         }
@@ -340,44 +263,33 @@ impl StreamedMessage {
                     Some(Json::String(reason)) => {
                         self.stop_reason = Some(normalize_stop_reason(reason))
                     }
-                    Some(_) => return Err(stream_malformed(url, "`stop_reason` is not a string")),
+                    Some(_) => return Err(String::from("`stop_reason` is not a string")),
                 }
                 if let Some(usage) = event.get("usage") {
-                    self.read_usage(url, usage)?;
+                    self.read_usage(usage)?;
                 }
             }
-            "message_stop" => return Ok(true),
+            "message_stop" => return Ok(StreamStep::End),
             "error" => {
-                let (message, _) = wire::error_details(event.to_string().as_bytes());
-                return Err(if wire::mentions_context_overflow(&message) {
-                    ProviderError::ContextOverflow(message)
-                } else {
-                    tracing::warn!(
-                        %url,
-                        server_message = %log_safe(&message, key),
-                        "model reply stream carried an error"
-                    );
-                    malformed(MID_STREAM_ERROR)
-                });
+                let (message, code) = wire::error_details(event.to_string().as_bytes());
+                return Ok(StreamStep::ServerError { message, code });
             }
             // `ping`, `content_block_stop` and event kinds newer than this code.
             _ => {}
         }
-        Ok(false)
+        Ok(StreamStep::More)
     }
 
     /// Token counts: `message_start` gives both, `message_delta` the running output count.
-    fn read_usage(&mut self, url: &str, usage: &Json) -> Result<(), ProviderError> {
+    fn read_usage(&mut self, usage: &Json) -> Result<(), String> {
         let Json::Object(usage) = usage else {
-            return Err(stream_malformed(url, "`usage` is not an object"));
+            return Err(String::from("`usage` is not an object"));
         };
         if usage.contains_key("input_tokens") {
-            self.input_tokens =
-                Some(token_count(usage, "input_tokens").map_err(|d| stream_malformed(url, &d))?);
+            self.input_tokens = Some(token_count(usage, "input_tokens")?);
         }
         if usage.contains_key("output_tokens") {
-            self.output_tokens =
-                Some(token_count(usage, "output_tokens").map_err(|d| stream_malformed(url, &d))?);
+            self.output_tokens = Some(token_count(usage, "output_tokens")?);
         }
         Ok(())
     }
@@ -417,42 +329,6 @@ impl StreamedMessage {
             usage,
             model: self.model,
         }
-    }
-}
-
-#[async_trait]
-impl ModelProvider for AnthropicProvider {
-    fn info(&self) -> ModelInfo {
-        self.info.clone()
-    }
-
-    async fn complete(
-        &self,
-        request: ChatRequest,
-        cancel: CancellationToken,
-    ) -> Result<ChatResponse, ProviderError> {
-        if cancel.is_cancelled() {
-            return Err(ProviderError::Cancelled);
-        }
-        let key = read_api_key(self.config.api_key_env.as_deref())?;
-        let outcome = self.send(&request, key.as_deref(), &cancel).await;
-        outcome.map_err(|error| scrub_key(error, key.as_deref()))
-    }
-
-    async fn complete_streaming(
-        &self,
-        request: ChatRequest,
-        cancel: CancellationToken,
-        on_text: &mut OnText<'_>,
-    ) -> Result<ChatResponse, ProviderError> {
-        if cancel.is_cancelled() {
-            return Err(ProviderError::Cancelled);
-        }
-        let key = read_api_key(self.config.api_key_env.as_deref())?;
-        let outcome = self
-            .send_streaming(&request, key.as_deref(), &cancel, on_text)
-            .await;
-        outcome.map_err(|error| scrub_key(error, key.as_deref()))
     }
 }
 
@@ -573,23 +449,6 @@ fn assistant_blocks(message: &ChatMessage) -> Vec<Json> {
         blocks.push(json!({"type": "tool_use", "id": call.id, "name": call.name, "input": input}));
     }
     blocks
-}
-
-/// A non-success status as an error; a 400 about the prompt's length is a context overflow.
-/// The server's error text goes to the log only, never into the message.
-fn status_error(url: &str, reply: &HttpReply, key: Option<&str>) -> ProviderError {
-    let (message, _) = wire::error_details(&reply.body);
-    if reply.status == StatusCode::BAD_REQUEST && wire::mentions_context_overflow(&message) {
-        return ProviderError::ContextOverflow(message);
-    }
-    tracing::warn!(
-        %url,
-        status = %reply.status,
-        attempts = reply.attempts,
-        server_message = %log_safe(&message, key),
-        "model request failed with a non-success status"
-    );
-    status_failure(reply.status)
 }
 
 fn parse_reply(body: &[u8]) -> Result<ChatResponse, String> {

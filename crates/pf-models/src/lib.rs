@@ -28,6 +28,7 @@
 mod anthropic;
 mod http;
 mod openai;
+mod provider;
 mod record;
 mod script;
 mod sse;
@@ -39,9 +40,12 @@ use std::sync::Arc;
 use pf_harness::{ModelInfo, ModelProvider, ThinkingSupport};
 use serde::Deserialize;
 
-pub use anthropic::{AnthropicProvider, DEFAULT_MAX_TOKENS as ANTHROPIC_DEFAULT_MAX_TOKENS};
+pub use anthropic::{
+    AnthropicMessages, AnthropicProvider, DEFAULT_MAX_TOKENS as ANTHROPIC_DEFAULT_MAX_TOKENS,
+};
 pub use http::{HttpProviderConfig, HttpSettings, MAX_BODY_BYTES, RECEIVE_TIMEOUT};
-pub use openai::OpenAiProvider;
+pub use openai::{ChatCompletions, OpenAiProvider};
+pub use provider::{HttpProvider, StreamStep, WireFormat};
 pub use record::RecordingProvider;
 pub use script::{ScriptProvider, ScriptedReply, ScriptedToolCall, ScriptedUsage};
 

@@ -15,168 +15,94 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use async_trait::async_trait;
 use pf_harness::{
-    CancellationToken, ChatRequest, ChatResponse, ModelInfo, ModelProvider, OnText, ProviderError,
-    ThinkingSupport, ToolCall, Usage,
+    ChatRequest, ChatResponse, ModelInfo, OnText, ProviderError, ThinkingSupport, ToolCall, Usage,
 };
-use reqwest::header::{HeaderMap, AUTHORIZATION};
-use reqwest::StatusCode;
+use reqwest::header::{HeaderName, AUTHORIZATION};
 use serde_json::{json, Map, Value as Json};
 
-use crate::http::{
-    json_error_detail, log_safe, malformed, read_api_key, scrub_key, secret_header, status_failure,
-    stream_malformed, EventStream, HttpClient, HttpProviderConfig, HttpReply, Streamed,
-};
-use crate::wire;
+use crate::http::json_error_detail;
+use crate::provider::{HttpProvider, StreamStep, WireFormat};
+use crate::wire::{self, token_count};
 
-#[derive(Debug)]
-pub struct OpenAiProvider {
-    info: ModelInfo,
-    config: HttpProviderConfig,
-    http: HttpClient,
+/// A model behind the Chat Completions API.
+pub type OpenAiProvider = HttpProvider<ChatCompletions>;
+
+/// The Chat Completions wire format.
+#[derive(Debug, Default)]
+pub struct ChatCompletions {
     /// Numbers tool calls whose server sent no id (some compatible servers do not).
     synthetic_ids: AtomicU64,
 }
 
-impl OpenAiProvider {
-    pub fn new(info: ModelInfo, config: HttpProviderConfig) -> Result<Self, String> {
-        let http = HttpClient::new(config.http.clone())?;
-        Ok(OpenAiProvider {
-            info,
-            config,
-            http,
-            synthetic_ids: AtomicU64::new(0),
-        })
+impl WireFormat for ChatCompletions {
+    const PATH: &'static str = "/chat/completions";
+    type Stream = StreamedReply;
+
+    fn key_header(&self, key: &str) -> (HeaderName, String) {
+        (AUTHORIZATION, format!("Bearer {key}"))
     }
 
-    /// The JSON body sent for `request`.
-    fn request_body(&self, request: &ChatRequest) -> Json {
-        let mut body = wire::chat_completions_body(&self.config.model, request);
+    fn request_body(
+        &self,
+        info: &ModelInfo,
+        model: &str,
+        request: &ChatRequest,
+    ) -> Result<Map<String, Json>, ProviderError> {
+        let mut body = wire::chat_completions_body(model, request);
         // OpenAI refuses an empty `tools` array; no list and an empty list offer the same.
         if request.tools.as_ref().is_some_and(Vec::is_empty) {
             body.shift_remove("tools");
         }
-        if self.info.thinking == ThinkingSupport::Switchable {
+        if info.thinking == ThinkingSupport::Switchable {
             if let Some(thinking) = request.thinking {
                 let effort = if thinking { "medium" } else { "none" };
                 body.insert("reasoning_effort".into(), Json::String(effort.into()));
             }
         }
-        Json::Object(body)
+        Ok(body)
     }
 
-    fn headers(&self, key: Option<&str>) -> Result<HeaderMap, ProviderError> {
-        let mut headers = HeaderMap::new();
-        if let (Some(key), Some(variable)) = (key, self.config.api_key_env.as_deref()) {
-            headers.insert(
-                AUTHORIZATION,
-                secret_header(&format!("Bearer {key}"), variable)?,
-            );
-        }
-        Ok(headers)
+    fn ask_for_stream(&self, body: &mut Map<String, Json>) {
+        body.insert("stream".into(), Json::Bool(true));
+        body.insert("stream_options".into(), json!({"include_usage": true}));
     }
 
-    async fn send(
+    fn is_context_overflow(&self, message: &str, code: Option<&str>) -> bool {
+        code == Some("context_length_exceeded") || wire::mentions_context_overflow(message)
+    }
+
+    fn parse_reply(&self, body: &[u8]) -> Result<ChatResponse, String> {
+        parse_reply(body, &self.synthetic_ids)
+    }
+
+    /// Chunks run until `[DONE]`.
+    fn stream_event(
         &self,
-        request: &ChatRequest,
-        key: Option<&str>,
-        cancel: &CancellationToken,
-    ) -> Result<ChatResponse, ProviderError> {
-        let url = self.config.endpoint("/chat/completions");
-        let reply = self
-            .http
-            .post_json(
-                &url,
-                self.headers(key)?,
-                &self.request_body(request),
-                cancel,
-            )
-            .await?;
-        self.whole_reply(&url, &reply, key)
-    }
-
-    fn whole_reply(
-        &self,
-        url: &str,
-        reply: &HttpReply,
-        key: Option<&str>,
-    ) -> Result<ChatResponse, ProviderError> {
-        if !reply.status.is_success() {
-            return Err(status_error(url, reply, key));
-        }
-        parse_reply(&reply.body, &self.synthetic_ids).map_err(|detail| {
-            tracing::warn!(%url, "model reply is malformed: {detail}");
-            malformed(&detail)
-        })
-    }
-
-    async fn send_streaming(
-        &self,
-        request: &ChatRequest,
-        key: Option<&str>,
-        cancel: &CancellationToken,
+        reply: &mut StreamedReply,
+        data: &str,
         on_text: &mut OnText<'_>,
-    ) -> Result<ChatResponse, ProviderError> {
-        let url = self.config.endpoint("/chat/completions");
-        let mut body = self.request_body(request);
-        if let Json::Object(fields) = &mut body {
-            fields.insert("stream".into(), Json::Bool(true));
-            fields.insert("stream_options".into(), json!({"include_usage": true}));
-        }
-        let mut stream = match self
-            .http
-            .post_stream(&url, self.headers(key)?, &body, cancel)
-            .await?
-        {
-            Streamed::Events(stream) => stream,
-            // A server that does not stream answers with one body: its text is one fragment.
-            Streamed::Whole(reply) => {
-                let response = self.whole_reply(&url, &reply, key)?;
-                if let Some(text) = response.content.as_deref().filter(|t| !t.is_empty()) {
-                    on_text(text);
-                }
-                return Ok(response);
-            }
-        };
-        let mut assembled = StreamedReply::default();
-        read_stream(&url, key, &mut stream, cancel, &mut assembled, on_text).await?;
-        Ok(assembled.finish(&self.synthetic_ids))
-    }
-}
-
-/// The detail for an error the server reported inside a stream that began well:
-/// the reply never completed, and the server's own text stays in the log.
-pub(crate) const MID_STREAM_ERROR: &str = "the event stream reported a backend error";
-
-/// Read chunks until `[DONE]`; a stream that ends first is complete only when a
-/// finish reason arrived (some compatible servers leave `[DONE]` out).
-async fn read_stream(
-    url: &str,
-    key: Option<&str>,
-    stream: &mut EventStream,
-    cancel: &CancellationToken,
-    assembled: &mut StreamedReply,
-    on_text: &mut OnText<'_>,
-) -> Result<(), ProviderError> {
-    while let Some(event) = stream.next_event(cancel).await? {
-        let data = event.data.trim();
+    ) -> Result<StreamStep, String> {
+        let data = data.trim();
         if data == "[DONE]" {
-            return Ok(());
+            return Ok(StreamStep::End);
         }
         if data.is_empty() {
-            continue;
+            return Ok(StreamStep::More);
         }
         let chunk: Json = serde_json::from_str(data).map_err(|error| {
-            let detail = format!("a stream chunk is not JSON ({})", json_error_detail(&error));
-            stream_malformed(url, &detail)
+            format!("a stream chunk is not JSON ({})", json_error_detail(&error))
         })?;
-        assembled.apply(url, key, &chunk, on_text)?;
+        reply.apply(&chunk, on_text)
     }
-    if assembled.finish_reason.is_some() {
-        Ok(())
-    } else {
-        Err(stream.cut_short())
+
+    /// Some compatible servers leave `[DONE]` out: a finish reason is enough.
+    fn complete_without_end(&self, reply: &StreamedReply) -> bool {
+        reply.finish_reason.is_some()
+    }
+
+    fn finish_stream(&self, reply: StreamedReply) -> ChatResponse {
+        reply.finish(&self.synthetic_ids)
     }
 }
 
@@ -190,7 +116,7 @@ struct PartialCall {
 
 /// A streamed reply under assembly.
 #[derive(Debug, Default)]
-struct StreamedReply {
+pub struct StreamedReply {
     content: Option<String>,
     calls: BTreeMap<u64, PartialCall>,
     finish_reason: Option<String>,
@@ -199,33 +125,14 @@ struct StreamedReply {
 }
 
 impl StreamedReply {
-    fn apply(
-        &mut self,
-        url: &str,
-        key: Option<&str>,
-        chunk: &Json,
-        on_text: &mut OnText<'_>,
-    ) -> Result<(), ProviderError> {
+    fn apply(&mut self, chunk: &Json, on_text: &mut OnText<'_>) -> Result<StreamStep, String> {
         let root = chunk
             .as_object()
-            .ok_or_else(|| stream_malformed(url, "a stream chunk is not a JSON object"))?;
+            .ok_or("a stream chunk is not a JSON object")?;
         if let Some(error) = root.get("error").filter(|error| !error.is_null()) {
             let (message, code) =
                 wire::error_details(json!({ "error": error }).to_string().as_bytes());
-            return Err(
-                if code.as_deref() == Some("context_length_exceeded")
-                    || wire::mentions_context_overflow(&message)
-                {
-                    ProviderError::ContextOverflow(message)
-                } else {
-                    tracing::warn!(
-                        %url,
-                        server_message = %log_safe(&message, key),
-                        "model reply stream carried an error"
-                    );
-                    malformed(MID_STREAM_ERROR)
-                },
-            );
+            return Ok(StreamStep::ServerError { message, code });
         }
         if self.model.is_none() {
             self.model = root.get("model").and_then(Json::as_str).map(str::to_string);
@@ -234,33 +141,31 @@ impl StreamedReply {
             None | Some(Json::Null) => {}
             Some(Json::Object(usage)) => {
                 self.usage = Some(Usage {
-                    input_tokens: token_count(usage, "prompt_tokens")
-                        .map_err(|detail| stream_malformed(url, &detail))?,
-                    output_tokens: token_count(usage, "completion_tokens")
-                        .map_err(|detail| stream_malformed(url, &detail))?,
+                    input_tokens: token_count(usage, "prompt_tokens")?,
+                    output_tokens: token_count(usage, "completion_tokens")?,
                 })
             }
-            Some(_) => return Err(stream_malformed(url, "`usage` is not an object")),
+            Some(_) => return Err("`usage` is not an object".into()),
         }
         let choices = match root.get("choices") {
-            None | Some(Json::Null) => return Ok(()),
+            None | Some(Json::Null) => return Ok(StreamStep::More),
             Some(Json::Array(choices)) => choices,
-            Some(_) => return Err(stream_malformed(url, "`choices` is not a list")),
+            Some(_) => return Err("`choices` is not a list".into()),
         };
         // Only the first choice is the reply, as in a whole response.
         let Some(choice) = choices
             .iter()
             .find(|c| c.get("index").and_then(Json::as_u64).unwrap_or(0) == 0)
         else {
-            return Ok(());
+            return Ok(StreamStep::More);
         };
         match choice.get("finish_reason") {
             None | Some(Json::Null) => {}
             Some(Json::String(reason)) => self.finish_reason = Some(reason.clone()),
-            Some(_) => return Err(stream_malformed(url, "`finish_reason` is not a string")),
+            Some(_) => return Err("`finish_reason` is not a string".into()),
         }
         let Some(delta) = choice.get("delta").filter(|d| !d.is_null()) else {
-            return Ok(());
+            return Ok(StreamStep::More);
         };
         match delta.get("content") {
             None | Some(Json::Null) => {}
@@ -270,7 +175,7 @@ impl StreamedReply {
                     on_text(text);
                 }
             }
-            Some(_) => return Err(stream_malformed(url, "a `delta.content` is not text")),
+            Some(_) => return Err("a `delta.content` is not text".into()),
         }
         match delta.get("tool_calls") {
             None | Some(Json::Null) => {}
@@ -279,9 +184,9 @@ impl StreamedReply {
                     self.apply_call_piece(position, piece);
                 }
             }
-            Some(_) => return Err(stream_malformed(url, "a `delta.tool_calls` is not a list")),
+            Some(_) => return Err("a `delta.tool_calls` is not a list".into()),
         }
-        Ok(())
+        Ok(StreamStep::More)
     }
 
     /// One piece of a tool call: the id and name come once, the arguments in pieces.
@@ -335,61 +240,6 @@ impl StreamedReply {
             model: self.model,
         }
     }
-}
-
-#[async_trait]
-impl ModelProvider for OpenAiProvider {
-    fn info(&self) -> ModelInfo {
-        self.info.clone()
-    }
-
-    async fn complete(
-        &self,
-        request: ChatRequest,
-        cancel: CancellationToken,
-    ) -> Result<ChatResponse, ProviderError> {
-        if cancel.is_cancelled() {
-            return Err(ProviderError::Cancelled);
-        }
-        let key = read_api_key(self.config.api_key_env.as_deref())?;
-        let outcome = self.send(&request, key.as_deref(), &cancel).await;
-        outcome.map_err(|error| scrub_key(error, key.as_deref()))
-    }
-
-    async fn complete_streaming(
-        &self,
-        request: ChatRequest,
-        cancel: CancellationToken,
-        on_text: &mut OnText<'_>,
-    ) -> Result<ChatResponse, ProviderError> {
-        if cancel.is_cancelled() {
-            return Err(ProviderError::Cancelled);
-        }
-        let key = read_api_key(self.config.api_key_env.as_deref())?;
-        let outcome = self
-            .send_streaming(&request, key.as_deref(), &cancel, on_text)
-            .await;
-        outcome.map_err(|error| scrub_key(error, key.as_deref()))
-    }
-}
-
-/// A non-success status as an error; a 400 that says the prompt is too long is a context overflow.
-/// The server's error text goes to the log only, never into the message.
-fn status_error(url: &str, reply: &HttpReply, key: Option<&str>) -> ProviderError {
-    let (message, code) = wire::error_details(&reply.body);
-    let overflow = code.as_deref() == Some("context_length_exceeded")
-        || wire::mentions_context_overflow(&message);
-    if reply.status == StatusCode::BAD_REQUEST && overflow {
-        return ProviderError::ContextOverflow(message);
-    }
-    tracing::warn!(
-        %url,
-        status = %reply.status,
-        attempts = reply.attempts,
-        server_message = %log_safe(&message, key),
-        "model request failed with a non-success status"
-    );
-    status_failure(reply.status)
 }
 
 fn parse_reply(body: &[u8], synthetic_ids: &AtomicU64) -> Result<ChatResponse, String> {
@@ -474,13 +324,4 @@ fn parse_tool_call(
         name: name.to_string(),
         arguments,
     })
-}
-
-pub(crate) fn token_count(usage: &Map<String, Json>, field: &str) -> Result<u64, String> {
-    match usage.get(field) {
-        None | Some(Json::Null) => Ok(0),
-        Some(value) => value
-            .as_u64()
-            .ok_or_else(|| format!("usage `{field}` is not a whole number")),
-    }
 }

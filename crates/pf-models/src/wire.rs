@@ -1,5 +1,5 @@
-//! The chat-completions JSON shape, shared by the OpenAI provider (its wire
-//! format) and the recording wrapper (its record format).
+//! The chat-completions JSON shape, shared by the OpenAI wire format and the
+//! recording wrapper (its record format), and the reply helpers both wire formats use.
 
 use pf_harness::{ChatMessage, ChatRequest, ToolCall, ToolDecl};
 use serde_json::{json, Map, Value as Json};
@@ -128,6 +128,16 @@ pub(crate) fn mentions_context_overflow(message: &str) -> bool {
     ]
     .iter()
     .any(|phrase| lower.contains(phrase))
+}
+
+/// A token count from a usage object: absent or null is 0, anything but a whole number fails.
+pub(crate) fn token_count(usage: &Map<String, Json>, field: &str) -> Result<u64, String> {
+    match usage.get(field) {
+        None | Some(Json::Null) => Ok(0),
+        Some(value) => value
+            .as_u64()
+            .ok_or_else(|| format!("usage `{field}` is not a whole number")),
+    }
 }
 
 #[cfg(test)]
