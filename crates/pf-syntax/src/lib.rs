@@ -26,6 +26,34 @@ pub fn unsupported_version_message(major: u64) -> String {
     format!("unsupported promptforge version: {major} (this build supports major 0)")
 }
 
+/// Why a parsed prompt may not run on this build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VersionProblem {
+    /// No `promptforge:` key: the file parses but is not a prompt ([`NOT_A_PROMPT`]).
+    NotAPrompt,
+    /// A declared major this build does not run.
+    Unsupported(u64),
+}
+
+impl VersionProblem {
+    /// The message the run reports.
+    pub fn message(self) -> String {
+        match self {
+            VersionProblem::NotAPrompt => NOT_A_PROMPT.to_string(),
+            VersionProblem::Unsupported(major) => unsupported_version_message(major),
+        }
+    }
+}
+
+/// The version rules: `Ok` when the prompt may run (major 0).
+pub fn check_version(prompt: &Prompt) -> Result<(), VersionProblem> {
+    match prompt.frontmatter.version {
+        None => Err(VersionProblem::NotAPrompt),
+        Some(VersionValue::Major(0)) => Ok(()),
+        Some(VersionValue::Major(major)) => Err(VersionProblem::Unsupported(major)),
+    }
+}
+
 /// A parse failure with the prompt's frontmatter `name` when it was read
 /// (body failures carry it; frontmatter failures cannot).
 #[derive(Debug, Clone, PartialEq, Eq)]

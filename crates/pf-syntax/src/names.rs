@@ -195,6 +195,15 @@ mod tests {
     }
 
     #[test]
+    fn segment_grammar() {
+        assert!(is_valid_segment("find_all-v2.1"));
+        assert!(!is_valid_segment("Find"));
+        assert!(!is_valid_segment("a/b"));
+        assert!(!is_valid_segment(""));
+        assert!(!is_valid_segment("with space"));
+    }
+
+    #[test]
     fn plugin_id_reasons_in_order() {
         assert_eq!(check_plugin_id("promptforge/web"), Ok(()));
         assert_eq!(

@@ -366,6 +366,25 @@ fn run_time_messages() {
 }
 
 #[test]
+fn version_rules() {
+    let version = |header: &str| {
+        let source = format!("---\n{header}name: v\ndescription: d\n---\n# V\nbody\n");
+        check_version(&parse(source.as_bytes()).expect("parses"))
+    };
+    assert_eq!(version("promptforge: 0\n"), Ok(()));
+    assert_eq!(version(""), Err(VersionProblem::NotAPrompt));
+    assert_eq!(
+        version("promptforge: 2\n"),
+        Err(VersionProblem::Unsupported(2))
+    );
+    assert_eq!(VersionProblem::NotAPrompt.message(), NOT_A_PROMPT);
+    assert_eq!(
+        VersionProblem::Unsupported(2).message(),
+        unsupported_version_message(2)
+    );
+}
+
+#[test]
 fn heading_reference_parsing() {
     let parsed = parse_heading_ref("  ###    Worker  ").expect("valid");
     assert_eq!(
