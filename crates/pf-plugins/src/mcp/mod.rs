@@ -326,13 +326,6 @@ fn unwrap_schema(schema: &serde_json::Map<String, Json>) -> Json {
     }
 }
 
-fn valid_segment(name: &str) -> bool {
-    !name.is_empty()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b))
-}
-
 #[async_trait]
 impl Plugin for McpPlugin {
     fn id(&self) -> &str {
@@ -368,7 +361,7 @@ impl Plugin for McpPlugin {
         let mut entries = HashMap::new();
         for tool in listed {
             let name = tool.name.to_string();
-            if !valid_segment(&name) {
+            if !pf_syntax::is_valid_segment(&name) {
                 tracing::warn!(
                     plugin = %id,
                     "MCP tool {:?} left out: a tool name may contain only a-z, 0-9, '-', '_', '.'",
@@ -568,15 +561,6 @@ impl ActivePlugin for ActiveMcp {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn segment_grammar() {
-        assert!(valid_segment("find_all-v2.1"));
-        assert!(!valid_segment("Find"));
-        assert!(!valid_segment("a/b"));
-        assert!(!valid_segment(""));
-        assert!(!valid_segment("with space"));
-    }
 
     #[test]
     fn config_reads_from_toml_shaped_values() {
