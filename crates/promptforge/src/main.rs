@@ -155,10 +155,13 @@ fn run(
         Ok(p) => p,
         Err(e) => return parse_failure(file, &e, json_out),
     };
-    if prompt.frontmatter.version.is_none() {
+    // A file that is not a prompt fails like a parse error; an unsupported
+    // major is the Engine's `Version` run error.
+    if let Err(problem @ pf_syntax::VersionProblem::NotAPrompt) = pf_syntax::check_version(&prompt)
+    {
         let e = pf_syntax::ParseError {
             kind: pf_syntax::ParseErrorKind::Structure,
-            message: pf_syntax::NOT_A_PROMPT.to_string(),
+            message: problem.message(),
             line: None,
             column: None,
         };
