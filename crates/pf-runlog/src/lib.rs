@@ -59,3 +59,10 @@ impl RunLog {
         RunWriter::begin_with(self.path.clone(), start, options)
     }
 }
+
+/// The engine's observer may share a writer across threads; keep it so.
+const _: () = {
+    const fn shareable<T: Send + Sync>() {}
+    shareable::<RunWriter>();
+    shareable::<RunLogError>();
+};
