@@ -1,0 +1,68 @@
+//! The run log: one SQLite database (WAL) holding every run, its events in
+//! order, and the host work it did (model exchanges, tool calls, operator
+//! answers), so `runs`, `show` and a later replay can read a run back.
+//!
+//! Writing goes through [`RunWriter`]: a channel to a background thread that
+//! commits in small batches, so the run never waits on SQLite, a killed
+//! process leaves everything committed so far, and many processes can share
+//! one database. Reading goes through [`RunLog`].
+//!
+//! This crate knows nothing of the engine: it has its own plain records.
+
+mod db;
+mod error;
+mod paths;
+mod read;
+mod records;
+pub mod schema;
+mod writer;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use error::RunLogError;
+pub use paths::{data_dir, default_db_path, DB_FILE_NAME};
+pub use records::{
+    AnswerRecord, EventRecord, ExchangeRecord, Outcome, RunEnd, RunFilter, RunId, RunRecord,
+    RunStart, RunSummary, TokenUsage, ToolCallRecord, RUNNING,
+};
+pub use writer::{RunWriter, WarningSink, WriterOptions};
+
+/// A connection to a run log database, for reading (and for beginning runs).
+#[derive(Debug)]
+pub struct RunLog {
+    path: PathBuf,
+    conn: rusqlite::Connection,
+}
+
+impl RunLog {
+    /// Open the database at `path`, creating it (and its directory) if it
+    /// does not exist, and migrating it if an older build wrote it.
+    pub fn open(path: impl AsRef<Path>) -> Result<RunLog, RunLogError> {
+        let path = path.as_ref().to_owned();
+        let conn = db::connect(&path, Duration::from_secs(5), db::BUSY_RETRIES)?;
+        Ok(RunLog { path, conn })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Begin logging a run into this database; see [`RunWriter::begin`].
+    pub fn begin(&self, start: RunStart) -> RunWriter {
+        RunWriter::begin(self.path.clone(), start)
+    }
+
+    /// [`begin`](RunLog::begin) with explicit options.
+    pub fn begin_with(&self, start: RunStart, options: WriterOptions) -> RunWriter {
+        RunWriter::begin_with(self.path.clone(), start, options)
+    }
+}
+
+/// The engine's observer may share a writer across threads; keep it so.
+const _: () = {
+    const fn shareable<T: Send + Sync>() {}
+    shareable::<RunWriter>();
+    shareable::<RunLogError>();
+};

@@ -1,0 +1,388 @@
+//! Reading runs back: listing, resolving `RUN`, and each run's rows in order.
+
+use rusqlite::types::Type;
+use rusqlite::{params, OptionalExtension, Row};
+use serde_json::Value;
+
+use crate::db::from_sql_int;
+use crate::error::{classify, RunLogError};
+use crate::records::{
+    AnswerRecord, EventRecord, ExchangeRecord, Outcome, RunEnd, RunFilter, RunId, RunRecord,
+    RunStart, RunSummary, TokenUsage, ToolCallRecord, RUNNING,
+};
+use crate::RunLog;
+
+/// How many candidates an unknown or ambiguous `RUN` error lists.
+const CANDIDATES: usize = 5;
+
+fn json_column(row: &Row<'_>, index: usize) -> rusqlite::Result<Value> {
+    let text: String = row.get(index)?;
+    serde_json::from_str(&text)
+        .map_err(|err| rusqlite::Error::FromSqlConversionFailure(index, Type::Text, Box::new(err)))
+}
+
+fn optional_json_column(row: &Row<'_>, index: usize) -> rusqlite::Result<Option<Value>> {
+    let text: Option<String> = row.get(index)?;
+    text.map(|text| {
+        serde_json::from_str(&text).map_err(|err| {
+            rusqlite::Error::FromSqlConversionFailure(index, Type::Text, Box::new(err))
+        })
+    })
+    .transpose()
+}
+
+fn u64_column(row: &Row<'_>, index: usize) -> rusqlite::Result<u64> {
+    row.get::<_, i64>(index).map(from_sql_int)
+}
+
+fn optional_u64_column(row: &Row<'_>, index: usize) -> rusqlite::Result<Option<u64>> {
+    Ok(row.get::<_, Option<i64>>(index)?.map(from_sql_int))
+}
+
+/// Three token columns starting at `index`; `None` unless all are set.
+fn usage_columns(row: &Row<'_>, index: usize) -> rusqlite::Result<Option<TokenUsage>> {
+    let input = optional_u64_column(row, index)?;
+    let output = optional_u64_column(row, index + 1)?;
+    let total = optional_u64_column(row, index + 2)?;
+    Ok(match (input, output, total) {
+        (Some(input), Some(output), Some(total)) => Some(TokenUsage {
+            input,
+            output,
+            total,
+        }),
+        _ => None,
+    })
+}
+
+fn outcome_columns(row: &Row<'_>, index: usize) -> rusqlite::Result<Option<Outcome>> {
+    let label: Option<String> = row.get(index)?;
+    Ok(match label.as_deref() {
+        None => None,
+        Some("completed") => Some(Outcome::Completed {
+            result: row.get::<_, Option<String>>(index + 1)?.unwrap_or_default(),
+        }),
+        Some("failed") => Some(Outcome::Failed {
+            kind: row.get::<_, Option<String>>(index + 2)?.unwrap_or_default(),
+            message: row.get::<_, Option<String>>(index + 3)?.unwrap_or_default(),
+        }),
+        Some(_) => Some(Outcome::Cancelled),
+    })
+}
+
+const RUN_COLUMNS: &str = "id, execution, prompt_path, prompt_text, prompt_sha256, args_json, seed,
+    start_rfc3339, start_ms, host_file, model, store_dir, replay_of, resumed_from,
+    started_at_ms, finished_at_ms, outcome, result, error_kind, error_message, duration_ms,
+    input_tokens, output_tokens, total_tokens";
+
+fn run_record(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
+    let seed_text: String = row.get(6)?;
+    let seed = seed_text
+        .parse::<u64>()
+        .map_err(|err| rusqlite::Error::FromSqlConversionFailure(6, Type::Text, Box::new(err)))?;
+    let start = RunStart {
+        execution: row.get(1)?,
+        prompt_path: row.get(2)?,
+        prompt_text: row.get(3)?,
+        args: json_column(row, 5)?,
+        seed,
+        start_rfc3339: row.get(7)?,
+        start_ms: row.get(8)?,
+        host_file: row.get(9)?,
+        model: row.get(10)?,
+        store_dir: row.get(11)?,
+        replay_of: row.get(12)?,
+        resumed_from: row.get(13)?,
+    };
+    let end = outcome_columns(row, 16)?.map(|outcome| -> rusqlite::Result<RunEnd> {
+        Ok(RunEnd {
+            outcome,
+            duration_ms: optional_u64_column(row, 20)?.unwrap_or(0),
+            usage: usage_columns(row, 21)?.unwrap_or_default(),
+        })
+    });
+    Ok(RunRecord {
+        id: RunId(row.get(0)?),
+        start,
+        prompt_sha256: row.get(4)?,
+        started_at_ms: row.get(14)?,
+        finished_at_ms: row.get(15)?,
+        end: end.transpose()?,
+    })
+}
+
+impl RunLog {
+    fn fail(&self, err: rusqlite::Error) -> RunLogError {
+        classify(&self.path, err)
+    }
+
+    /// Logged runs, newest first.
+    pub fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, RunLogError> {
+        let limit = filter
+            .limit
+            .map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX));
+        let outcome = filter.outcome.as_deref();
+        let mut query = self
+            .conn
+            .prepare_cached(
+                "SELECT id, execution, prompt_path, start_rfc3339, started_at_ms, model,
+                    coalesce(outcome, ?4), duration_ms,
+                    input_tokens, output_tokens, total_tokens
+                 FROM runs
+                 WHERE (?1 IS NULL OR instr(prompt_path, ?1) > 0)
+                   AND (?2 IS NULL OR coalesce(outcome, ?4) = ?2)
+                 ORDER BY started_at_ms DESC, id DESC
+                 LIMIT ?3",
+            )
+            .map_err(|e| self.fail(e))?;
+        let rows = query
+            .query_map(params![filter.prompt, outcome, limit, RUNNING], |row| {
+                Ok(RunSummary {
+                    id: RunId(row.get(0)?),
+                    execution: row.get(1)?,
+                    prompt_path: row.get(2)?,
+                    start_rfc3339: row.get(3)?,
+                    started_at_ms: row.get(4)?,
+                    model: row.get(5)?,
+                    outcome: row.get(6)?,
+                    duration_ms: optional_u64_column(row, 7)?,
+                    usage: usage_columns(row, 8)?,
+                })
+            })
+            .map_err(|e| self.fail(e))?;
+        rows.collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(|e| self.fail(e))
+    }
+
+    /// Find the run `run` names: `last` (the newest run), `#N` (a log id),
+    /// an execution id (its newest run, since a repeated seed repeats the
+    /// id), or a prefix of exactly one execution id, with or without `run-`.
+    pub fn resolve(&self, run: &str) -> Result<RunId, RunLogError> {
+        let run_text = run.trim();
+        let found: Option<i64> = if run_text == "last" {
+            self.conn
+                .query_row(
+                    "SELECT id FROM runs ORDER BY started_at_ms DESC, id DESC LIMIT 1",
+                    [],
+                    |row| row.get(0),
+                )
+                .optional()
+                .map_err(|e| self.fail(e))?
+        } else if let Some(number) = run_text.strip_prefix('#') {
+            match number.parse::<i64>() {
+                Ok(id) => self
+                    .conn
+                    .query_row("SELECT id FROM runs WHERE id = ?1", [id], |row| row.get(0))
+                    .optional()
+                    .map_err(|e| self.fail(e))?,
+                Err(_) => None,
+            }
+        } else if run_text.is_empty() {
+            None
+        } else {
+            return self.resolve_execution(run, run_text);
+        };
+        found.map(RunId).ok_or_else(|| self.unknown(run))
+    }
+
+    fn resolve_execution(&self, run: &str, text: &str) -> Result<RunId, RunLogError> {
+        let prefixed = if text.starts_with("run-") {
+            text.to_owned()
+        } else {
+            format!("run-{text}")
+        };
+        // Each matching execution with its newest run, newest first.
+        let mut query = self
+            .conn
+            .prepare_cached(
+                "SELECT execution, id FROM runs AS r
+                 WHERE (substr(execution, 1, length(?1)) = ?1
+                        OR substr(execution, 1, length(?2)) = ?2)
+                   AND id = (SELECT id FROM runs WHERE execution = r.execution
+                             ORDER BY started_at_ms DESC, id DESC LIMIT 1)
+                 ORDER BY started_at_ms DESC, id DESC",
+            )
+            .map_err(|e| self.fail(e))?;
+        let matches = query
+            .query_map(params![text, prefixed], |row| {
+                Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
+            })
+            .map_err(|e| self.fail(e))?
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(|e| self.fail(e))?;
+        if let Some((_, id)) = matches
+            .iter()
+            .find(|(execution, _)| execution == text || *execution == prefixed)
+        {
+            return Ok(RunId(*id));
+        }
+        match matches.as_slice() {
+            [] => Err(self.unknown(run)),
+            [(_, id)] => Ok(RunId(*id)),
+            _ => Err(RunLogError::Ambiguous {
+                run: run.to_owned(),
+                matches: matches.len(),
+                candidates: matches
+                    .iter()
+                    .take(CANDIDATES)
+                    .map(|(execution, _)| execution.clone())
+                    .collect(),
+            }),
+        }
+    }
+
+    fn unknown(&self, run: &str) -> RunLogError {
+        let recent = self
+            .list_runs(&RunFilter {
+                limit: Some(CANDIDATES),
+                ..RunFilter::default()
+            })
+            .map(|runs| runs.into_iter().map(|r| r.execution).collect())
+            .unwrap_or_default();
+        RunLogError::Unknown {
+            run: run.to_owned(),
+            recent,
+        }
+    }
+
+    /// One run in full, or `None` if the log has no such run.
+    pub fn run(&self, id: RunId) -> Result<Option<RunRecord>, RunLogError> {
+        self.conn
+            .query_row(
+                &format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = ?1"),
+                [id.0],
+                run_record,
+            )
+            .optional()
+            .map_err(|e| self.fail(e))
+    }
+
+    /// The run's events in the order they were logged.
+    pub fn events(&self, id: RunId) -> Result<Vec<EventRecord>, RunLogError> {
+        self.event_rows(id, None, None)
+    }
+
+    /// One task's events with `provenance.seq` above `after_seq` (all when
+    /// `None`), in the order they were logged: `tasks.events` with `last`.
+    pub fn events_of_task(
+        &self,
+        id: RunId,
+        task: &str,
+        after_seq: Option<u32>,
+    ) -> Result<Vec<EventRecord>, RunLogError> {
+        self.event_rows(id, Some(task), after_seq)
+    }
+
+    fn event_rows(
+        &self,
+        id: RunId,
+        task: Option<&str>,
+        after_seq: Option<u32>,
+    ) -> Result<Vec<EventRecord>, RunLogError> {
+        let after = after_seq.map_or(-1, i64::from);
+        let mut query = self
+            .conn
+            .prepare_cached(
+                "SELECT kind, section, task, seq, fields_json FROM events
+                 WHERE run_id = ?1 AND (?2 IS NULL OR (task = ?2 AND seq > ?3))
+                 ORDER BY ord",
+            )
+            .map_err(|e| self.fail(e))?;
+        let rows = query
+            .query_map(params![id.0, task, after], |row| {
+                Ok(EventRecord {
+                    kind: row.get(0)?,
+                    section: row.get(1)?,
+                    task: row.get(2)?,
+                    seq: row.get(3)?,
+                    fields: json_column(row, 4)?,
+                })
+            })
+            .map_err(|e| self.fail(e))?;
+        rows.collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(|e| self.fail(e))
+    }
+
+    /// The run's model exchanges in the order they were logged.
+    pub fn exchanges(&self, id: RunId) -> Result<Vec<ExchangeRecord>, RunLogError> {
+        let mut query = self
+            .conn
+            .prepare_cached(
+                "SELECT task, seq, section, model, attempt, request_json, response_json, error,
+                    status, started_ms, duration_ms, input_tokens, output_tokens, total_tokens
+                 FROM exchanges WHERE run_id = ?1 ORDER BY id",
+            )
+            .map_err(|e| self.fail(e))?;
+        let rows = query
+            .query_map([id.0], |row| {
+                Ok(ExchangeRecord {
+                    task: row.get(0)?,
+                    seq: row.get(1)?,
+                    section: row.get(2)?,
+                    model: row.get(3)?,
+                    attempt: row.get(4)?,
+                    request: json_column(row, 5)?,
+                    response: optional_json_column(row, 6)?,
+                    error: row.get(7)?,
+                    status: row.get(8)?,
+                    started_ms: row.get(9)?,
+                    duration_ms: u64_column(row, 10)?,
+                    usage: usage_columns(row, 11)?,
+                })
+            })
+            .map_err(|e| self.fail(e))?;
+        rows.collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(|e| self.fail(e))
+    }
+
+    /// The run's tool calls in the order they were logged.
+    pub fn tool_calls(&self, id: RunId) -> Result<Vec<ToolCallRecord>, RunLogError> {
+        let mut query = self
+            .conn
+            .prepare_cached(
+                "SELECT task, seq, section, alias, path, arguments_json, output, trusted, failure
+                 FROM tool_calls WHERE run_id = ?1 ORDER BY id",
+            )
+            .map_err(|e| self.fail(e))?;
+        let rows = query
+            .query_map([id.0], |row| {
+                Ok(ToolCallRecord {
+                    task: row.get(0)?,
+                    seq: row.get(1)?,
+                    section: row.get(2)?,
+                    alias: row.get(3)?,
+                    path: row.get(4)?,
+                    arguments: json_column(row, 5)?,
+                    output: row.get(6)?,
+                    trusted: row.get(7)?,
+                    failure: row.get(8)?,
+                })
+            })
+            .map_err(|e| self.fail(e))?;
+        rows.collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(|e| self.fail(e))
+    }
+
+    /// The run's operator answers in the order they were logged.
+    pub fn answers(&self, id: RunId) -> Result<Vec<AnswerRecord>, RunLogError> {
+        let mut query = self
+            .conn
+            .prepare_cached(
+                "SELECT task, seq, section, question, answer
+                 FROM answers WHERE run_id = ?1 ORDER BY id",
+            )
+            .map_err(|e| self.fail(e))?;
+        let rows = query
+            .query_map([id.0], |row| {
+                Ok(AnswerRecord {
+                    task: row.get(0)?,
+                    seq: row.get(1)?,
+                    section: row.get(2)?,
+                    question: row.get(3)?,
+                    answer: row.get(4)?,
+                })
+            })
+            .map_err(|e| self.fail(e))?;
+        rows.collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(|e| self.fail(e))
+    }
+}

@@ -1,0 +1,151 @@
+//! The database schema, versioned with `PRAGMA user_version`.
+//!
+//! Migrations only ever move forward and only add: a database an older build
+//! wrote is upgraded in place and keeps every row. Never edit a shipped
+//! migration; append a new one.
+
+use rusqlite::{Connection, TransactionBehavior};
+
+use crate::error::{classify, RunLogError};
+
+/// Version 1: runs and their events.
+const V1: &str = "
+CREATE TABLE runs (
+    id             INTEGER PRIMARY KEY,
+    execution      TEXT NOT NULL,
+    prompt_path    TEXT NOT NULL,
+    prompt_text    TEXT NOT NULL,
+    prompt_sha256  TEXT NOT NULL,
+    args_json      TEXT NOT NULL,
+    seed           TEXT NOT NULL,   -- u64 as decimal text: SQLite integers are i64
+    start_rfc3339  TEXT NOT NULL,
+    start_ms       INTEGER NOT NULL,
+    host_file      TEXT,
+    model          TEXT,
+    store_dir      TEXT,
+    started_at_ms  INTEGER NOT NULL,
+    pid            INTEGER,
+    outcome        TEXT,            -- NULL until the run ends: 'running' when read
+    result         TEXT,
+    error_kind     TEXT,
+    error_message  TEXT,
+    finished_at_ms INTEGER,
+    duration_ms    INTEGER,
+    input_tokens   INTEGER,
+    output_tokens  INTEGER,
+    total_tokens   INTEGER
+);
+CREATE INDEX runs_by_execution ON runs(execution);
+CREATE INDEX runs_by_start ON runs(started_at_ms, id);
+
+CREATE TABLE events (
+    id          INTEGER PRIMARY KEY, -- global insertion order
+    run_id      INTEGER NOT NULL REFERENCES runs(id),
+    ord         INTEGER NOT NULL,    -- order within the run
+    kind        TEXT NOT NULL,
+    section     TEXT NOT NULL,
+    task        TEXT NOT NULL,
+    seq         INTEGER NOT NULL,
+    fields_json TEXT NOT NULL
+);
+CREATE INDEX events_by_run ON events(run_id, ord);
+";
+
+/// Version 2: the host work a replay answers from (model exchanges, tool
+/// calls, operator answers, all keyed by task and seq) and replay links.
+const V2: &str = "
+ALTER TABLE runs ADD COLUMN replay_of TEXT;
+ALTER TABLE runs ADD COLUMN resumed_from TEXT;
+CREATE INDEX events_by_task ON events(run_id, task, seq);
+
+CREATE TABLE exchanges (
+    id             INTEGER PRIMARY KEY,
+    run_id         INTEGER NOT NULL REFERENCES runs(id),
+    task           TEXT NOT NULL,
+    seq            INTEGER NOT NULL,
+    section        TEXT NOT NULL,
+    model          TEXT NOT NULL,
+    attempt        INTEGER NOT NULL,
+    request_json   TEXT NOT NULL,
+    response_json  TEXT,
+    error          TEXT,
+    status         INTEGER,
+    started_ms     INTEGER NOT NULL,
+    duration_ms    INTEGER NOT NULL,
+    input_tokens   INTEGER,
+    output_tokens  INTEGER,
+    total_tokens   INTEGER
+);
+CREATE INDEX exchanges_by_work ON exchanges(run_id, task, seq);
+
+CREATE TABLE tool_calls (
+    id             INTEGER PRIMARY KEY,
+    run_id         INTEGER NOT NULL REFERENCES runs(id),
+    task           TEXT NOT NULL,
+    seq            INTEGER NOT NULL,
+    section        TEXT NOT NULL,
+    alias          TEXT NOT NULL,
+    path           TEXT NOT NULL,
+    arguments_json TEXT NOT NULL,
+    output         TEXT,
+    trusted        INTEGER NOT NULL,
+    failure        TEXT
+);
+CREATE INDEX tool_calls_by_work ON tool_calls(run_id, task, seq);
+
+CREATE TABLE answers (
+    id             INTEGER PRIMARY KEY,
+    run_id         INTEGER NOT NULL REFERENCES runs(id),
+    task           TEXT NOT NULL,
+    seq            INTEGER NOT NULL,
+    section        TEXT NOT NULL,
+    question       TEXT NOT NULL,
+    answer         TEXT
+);
+CREATE INDEX answers_by_work ON answers(run_id, task, seq);
+";
+
+/// Every migration in order; entry `i` takes the database to version `i + 1`.
+const MIGRATIONS: &[&str] = &[V1, V2];
+
+/// The schema version this build writes.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+fn user_version(conn: &Connection) -> rusqlite::Result<i64> {
+    conn.query_row("PRAGMA user_version", [], |row| row.get(0))
+}
+
+/// Bring the database up to [`SCHEMA_VERSION`]. Safe against concurrent
+/// openers: the version is re-read inside the write transaction.
+pub(crate) fn migrate(conn: &mut Connection, path: &std::path::Path) -> Result<(), RunLogError> {
+    let fail = |err: rusqlite::Error| classify(path, err);
+    let found = user_version(conn).map_err(fail)?;
+    if found == SCHEMA_VERSION {
+        return Ok(());
+    }
+    if found > SCHEMA_VERSION {
+        return Err(RunLogError::TooNew {
+            path: path.to_owned(),
+            found,
+            known: SCHEMA_VERSION,
+        });
+    }
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(fail)?;
+    let found = user_version(&tx).map_err(fail)?;
+    if found > SCHEMA_VERSION {
+        return Err(RunLogError::TooNew {
+            path: path.to_owned(),
+            found,
+            known: SCHEMA_VERSION,
+        });
+    }
+    let from = usize::try_from(found).unwrap_or(0);
+    for migration in MIGRATIONS.iter().skip(from) {
+        tx.execute_batch(migration).map_err(fail)?;
+    }
+    tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+        .map_err(fail)?;
+    tx.commit().map_err(fail)
+}

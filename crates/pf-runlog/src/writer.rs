@@ -1,0 +1,538 @@
+//! Writing one run: a channel to a background thread that batches rows into
+//! short transactions. The caller only ever sends on the channel.
+
+use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rusqlite::{params, Connection, Transaction, TransactionBehavior};
+use sha2::{Digest, Sha256};
+
+use crate::db::{connect, retry_busy, to_sql_int, BUSY_RETRIES};
+use crate::records::{
+    AnswerRecord, EventRecord, ExchangeRecord, Outcome, RunEnd, RunStart, TokenUsage,
+    ToolCallRecord,
+};
+
+/// A callback that receives the writer's one warning.
+pub type WarningSink = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// How a [`RunWriter`] batches and how long it waits. The defaults suit a CLI run.
+#[derive(Clone)]
+pub struct WriterOptions {
+    /// Commit once this many rows are queued...
+    pub batch_rows: usize,
+    /// ...or once the oldest queued row has waited this long.
+    pub batch_window: Duration,
+    /// How long SQLite waits for another process's lock before reporting busy.
+    pub busy_timeout: Duration,
+    /// How many times a busy batch is tried again before the log gives up.
+    pub busy_retries: u32,
+    /// The most [`RunWriter::finish`] and [`RunWriter::flush`] wait for the writer.
+    pub finish_wait: Duration,
+    /// Also called with the warning, once, from the writer thread.
+    pub on_warning: Option<WarningSink>,
+    /// TEST-ONLY: caps the database's size (`PRAGMA max_page_count`) so a test
+    /// can fill it.
+    #[doc(hidden)]
+    pub max_page_count: Option<u32>,
+}
+
+impl Default for WriterOptions {
+    fn default() -> Self {
+        WriterOptions {
+            batch_rows: 512,
+            batch_window: Duration::from_millis(5),
+            busy_timeout: Duration::from_secs(5),
+            busy_retries: BUSY_RETRIES,
+            finish_wait: Duration::from_secs(5),
+            on_warning: None,
+            max_page_count: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for WriterOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriterOptions")
+            .field("batch_rows", &self.batch_rows)
+            .field("batch_window", &self.batch_window)
+            .field("busy_timeout", &self.busy_timeout)
+            .field("busy_retries", &self.busy_retries)
+            .field("finish_wait", &self.finish_wait)
+            .field("on_warning", &self.on_warning.is_some())
+            .finish()
+    }
+}
+
+enum Message {
+    Event(EventRecord),
+    Exchange(Box<ExchangeRecord>),
+    ToolCall(Box<ToolCallRecord>),
+    Answer(Box<AnswerRecord>),
+    /// Commit what is queued, then acknowledge.
+    Flush(SyncSender<()>),
+    Finish(Box<RunEnd>, SyncSender<()>),
+}
+
+/// The shared warning slot: set once, read by the caller at any time.
+#[derive(Clone, Default)]
+struct Warning(Arc<Mutex<Option<String>>>);
+
+impl Warning {
+    fn get(&self) -> Option<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Record `message` unless a warning was already given; true if it was new.
+    fn set_first(&self, message: String) -> bool {
+        let mut slot = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if slot.is_some() {
+            return false;
+        }
+        *slot = Some(message);
+        true
+    }
+}
+
+/// Writes one run into the log. Every method returns at once; rows reach the
+/// database within a few milliseconds, in order. Nothing here fails or blocks
+/// the run: a database that cannot be written yields one warning
+/// ([`RunWriter::warning`], the options' `on_warning`, and `tracing::warn!`),
+/// and every later row is dropped.
+///
+/// Call [`finish`](RunWriter::finish) before the process exits: rows still
+/// queued when the process ends are lost (rows already committed are not).
+pub struct RunWriter {
+    tx: Sender<Message>,
+    warning: Warning,
+    finish_wait: Duration,
+    on_warning: Option<WarningSink>,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for RunWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunWriter")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RunWriter {
+    /// Begin logging a run into the database at `db_path` (created if
+    /// missing). Opening happens on the writer thread, so this never fails:
+    /// an unusable database shows up as the writer's warning.
+    pub fn begin(db_path: impl Into<PathBuf>, start: RunStart) -> RunWriter {
+        RunWriter::begin_with(db_path, start, WriterOptions::default())
+    }
+
+    /// [`begin`](RunWriter::begin) with explicit options.
+    pub fn begin_with(
+        db_path: impl Into<PathBuf>,
+        start: RunStart,
+        options: WriterOptions,
+    ) -> RunWriter {
+        let path = db_path.into();
+        let (tx, rx) = mpsc::channel();
+        let warning = Warning::default();
+        let finish_wait = options.finish_wait;
+        let on_warning = options.on_warning.clone();
+        let thread_state = Background {
+            path: path.clone(),
+            options,
+            warning: warning.clone(),
+            disabled: false,
+            run_id: None,
+            next_ord: 0,
+        };
+        let spawned = thread::Builder::new()
+            .name("pf-runlog".into())
+            .spawn(move || thread_state.run(start, rx));
+        let writer = RunWriter {
+            tx,
+            warning,
+            finish_wait,
+            on_warning,
+            path,
+        };
+        if let Err(err) = spawned {
+            writer.warn(format!("cannot start the writer thread: {err}"));
+        }
+        writer
+    }
+
+    /// Append one event.
+    pub fn event(&self, event: EventRecord) {
+        self.send(Message::Event(event));
+    }
+
+    /// Append one model exchange.
+    pub fn exchange(&self, exchange: ExchangeRecord) {
+        self.send(Message::Exchange(Box::new(exchange)));
+    }
+
+    /// Append one tool call.
+    pub fn tool_call(&self, call: ToolCallRecord) {
+        self.send(Message::ToolCall(Box::new(call)));
+    }
+
+    /// Append one operator answer.
+    pub fn answer(&self, answer: AnswerRecord) {
+        self.send(Message::Answer(Box::new(answer)));
+    }
+
+    /// The warning, if the log has given up on this run.
+    pub fn warning(&self) -> Option<String> {
+        self.warning.get()
+    }
+
+    /// Wait (at most the options' `finish_wait`) until everything sent so far
+    /// is committed. False if the wait ran out or the log has given up.
+    pub fn flush(&self) -> bool {
+        let (ack, done) = mpsc::sync_channel(1);
+        self.send(Message::Flush(ack));
+        self.await_ack(&done) && self.warning().is_none()
+    }
+
+    /// Record how the run ended and wait (bounded) for every row to be
+    /// committed. Returns the warning, if there was one.
+    pub fn finish(self, end: RunEnd) -> Option<String> {
+        let (ack, done) = mpsc::sync_channel(1);
+        self.send(Message::Finish(Box::new(end), ack));
+        if !self.await_ack(&done) {
+            self.warn(format!(
+                "still writing after {:?}; the run's last records may be missing",
+                self.finish_wait
+            ));
+        }
+        self.warning()
+    }
+
+    fn await_ack(&self, done: &Receiver<()>) -> bool {
+        match done.recv_timeout(self.finish_wait) {
+            Ok(()) => true,
+            // The writer thread is gone; it warned already if it failed.
+            Err(RecvTimeoutError::Disconnected) => true,
+            Err(RecvTimeoutError::Timeout) => false,
+        }
+    }
+
+    fn send(&self, message: Message) {
+        // A closed channel means the writer thread is gone; it warned already.
+        let _ = self.tx.send(message);
+    }
+
+    fn warn(&self, problem: String) {
+        let message = warning_text(&self.path, &problem);
+        if self.warning.set_first(message.clone()) {
+            tracing::warn!("{message}");
+            if let Some(sink) = &self.on_warning {
+                sink(&message);
+            }
+        }
+    }
+}
+
+fn warning_text(path: &std::path::Path, problem: &str) -> String {
+    format!(
+        "run log {}: {problem}; this run is not fully logged",
+        path.display()
+    )
+}
+
+/// The writer thread's state.
+struct Background {
+    path: PathBuf,
+    options: WriterOptions,
+    warning: Warning,
+    /// Set once a write failed: everything after is dropped.
+    disabled: bool,
+    /// The run's row, once inserted.
+    run_id: Option<i64>,
+    next_ord: i64,
+}
+
+impl Background {
+    fn run(mut self, start: RunStart, rx: Receiver<Message>) {
+        let started_at_ms = wall_ms();
+        let mut conn = match connect(
+            &self.path,
+            self.options.busy_timeout,
+            self.options.busy_retries,
+        ) {
+            Ok(conn) => Some(conn),
+            Err(err) => {
+                self.give_up(&err.to_string());
+                None
+            }
+        };
+        if let (Some(conn), Some(pages)) = (&conn, self.options.max_page_count) {
+            let _ = conn.pragma_update(None, "max_page_count", pages);
+        }
+        let mut pending_start = Some((start, started_at_ms));
+        let mut batch: Vec<Message> = Vec::new();
+        loop {
+            let Ok(first) = rx.recv() else { break };
+            let window_ends = Instant::now() + self.options.batch_window;
+            let mut closed = false;
+            batch.push(first);
+            while batch.len() < self.options.batch_rows && !ends_batch(batch.last()) {
+                let left = window_ends.saturating_duration_since(Instant::now());
+                match rx.recv_timeout(left) {
+                    Ok(message) => batch.push(message),
+                    Err(RecvTimeoutError::Timeout) => break,
+                    Err(RecvTimeoutError::Disconnected) => {
+                        closed = true;
+                        break;
+                    }
+                }
+            }
+            match conn.as_mut() {
+                Some(conn) if !self.disabled => self.commit(conn, &mut pending_start, &batch),
+                _ => {}
+            }
+            for message in batch.drain(..) {
+                if let Message::Flush(ack) | Message::Finish(_, ack) = message {
+                    let _ = ack.try_send(());
+                }
+            }
+            if closed {
+                break;
+            }
+        }
+    }
+
+    /// Write `batch` in one transaction, retrying while the database is busy.
+    fn commit(
+        &mut self,
+        conn: &mut Connection,
+        pending_start: &mut Option<(RunStart, i64)>,
+        batch: &[Message],
+    ) {
+        let retries = self.options.busy_retries;
+        let mut run_id = self.run_id;
+        let mut next_ord = self.next_ord;
+        let written = retry_busy(retries, || {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let mut id = self.run_id;
+            let mut ord = self.next_ord;
+            if id.is_none() {
+                if let Some((start, started_at_ms)) = pending_start.as_ref() {
+                    id = Some(insert_run(&tx, start, *started_at_ms)?);
+                }
+            }
+            if let Some(id) = id {
+                for message in batch {
+                    write_message(&tx, id, &mut ord, message)?;
+                }
+            }
+            tx.commit()?;
+            run_id = id;
+            next_ord = ord;
+            Ok(())
+        });
+        match written {
+            Ok(()) => {
+                self.run_id = run_id;
+                self.next_ord = next_ord;
+                *pending_start = None;
+            }
+            Err(err) => {
+                let problem = crate::error::classify(&self.path, err).to_string();
+                self.give_up(&problem);
+            }
+        }
+    }
+
+    fn give_up(&mut self, problem: &str) {
+        self.disabled = true;
+        let problem = problem
+            .strip_prefix(&format!("run log {}: ", self.path.display()))
+            .unwrap_or(problem);
+        let message = warning_text(&self.path, problem);
+        if self.warning.set_first(message.clone()) {
+            tracing::warn!("{message}");
+            if let Some(sink) = &self.options.on_warning {
+                sink(&message);
+            }
+        }
+    }
+}
+
+fn ends_batch(message: Option<&Message>) -> bool {
+    matches!(message, Some(Message::Flush(_) | Message::Finish(..)))
+}
+
+fn wall_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| {
+            i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX)
+        })
+}
+
+fn sha256_hex(text: &str) -> String {
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
+}
+
+fn json_text(value: &serde_json::Value) -> String {
+    // Serializing a `Value` cannot fail (its keys are strings).
+    serde_json::to_string(value).unwrap_or_else(|_| "null".to_owned())
+}
+
+fn insert_run(tx: &Transaction<'_>, start: &RunStart, started_at_ms: i64) -> rusqlite::Result<i64> {
+    tx.execute(
+        "INSERT INTO runs (execution, prompt_path, prompt_text, prompt_sha256, args_json, seed,
+             start_rfc3339, start_ms, host_file, model, store_dir, started_at_ms, pid,
+             replay_of, resumed_from)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+        params![
+            start.execution,
+            start.prompt_path,
+            start.prompt_text,
+            sha256_hex(&start.prompt_text),
+            json_text(&start.args),
+            start.seed.to_string(),
+            start.start_rfc3339,
+            start.start_ms,
+            start.host_file,
+            start.model,
+            start.store_dir,
+            started_at_ms,
+            std::process::id(),
+            start.replay_of,
+            start.resumed_from,
+        ],
+    )?;
+    Ok(tx.last_insert_rowid())
+}
+
+fn usage_columns(usage: Option<&TokenUsage>) -> [Option<i64>; 3] {
+    match usage {
+        Some(u) => [
+            Some(to_sql_int(u.input)),
+            Some(to_sql_int(u.output)),
+            Some(to_sql_int(u.total)),
+        ],
+        None => [None; 3],
+    }
+}
+
+fn write_message(
+    tx: &Transaction<'_>,
+    run_id: i64,
+    ord: &mut i64,
+    message: &Message,
+) -> rusqlite::Result<()> {
+    match message {
+        Message::Event(e) => {
+            let mut insert = tx.prepare_cached(
+                "INSERT INTO events (run_id, ord, kind, section, task, seq, fields_json)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            )?;
+            insert.execute(params![
+                run_id,
+                *ord,
+                e.kind,
+                e.section,
+                e.task,
+                e.seq,
+                json_text(&e.fields)
+            ])?;
+            *ord += 1;
+        }
+        Message::Exchange(x) => {
+            let [input, output, total] = usage_columns(x.usage.as_ref());
+            tx.prepare_cached(
+                "INSERT INTO exchanges (run_id, task, seq, section, model, attempt, request_json,
+                     response_json, error, status, started_ms, duration_ms,
+                     input_tokens, output_tokens, total_tokens)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+            )?
+            .execute(params![
+                run_id,
+                x.task,
+                x.seq,
+                x.section,
+                x.model,
+                x.attempt,
+                json_text(&x.request),
+                x.response.as_ref().map(json_text),
+                x.error,
+                x.status,
+                x.started_ms,
+                to_sql_int(x.duration_ms),
+                input,
+                output,
+                total
+            ])?;
+        }
+        Message::ToolCall(t) => {
+            tx.prepare_cached(
+                "INSERT INTO tool_calls (run_id, task, seq, section, alias, path, arguments_json,
+                     output, trusted, failure)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+            )?
+            .execute(params![
+                run_id,
+                t.task,
+                t.seq,
+                t.section,
+                t.alias,
+                t.path,
+                json_text(&t.arguments),
+                t.output,
+                t.trusted,
+                t.failure
+            ])?;
+        }
+        Message::Answer(a) => {
+            tx.prepare_cached(
+                "INSERT INTO answers (run_id, task, seq, section, question, answer)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?
+            .execute(params![
+                run_id, a.task, a.seq, a.section, a.question, a.answer
+            ])?;
+        }
+        Message::Finish(end, _) => {
+            let (result, error_kind, error_message) = match &end.outcome {
+                Outcome::Completed { result } => (Some(result.as_str()), None, None),
+                Outcome::Failed { kind, message } => {
+                    (None, Some(kind.as_str()), Some(message.as_str()))
+                }
+                Outcome::Cancelled => (None, None, None),
+            };
+            let [input, output, total] = usage_columns(Some(&end.usage));
+            tx.execute(
+                "UPDATE runs SET outcome = ?2, result = ?3, error_kind = ?4, error_message = ?5,
+                     finished_at_ms = ?6, duration_ms = ?7,
+                     input_tokens = ?8, output_tokens = ?9, total_tokens = ?10
+                 WHERE id = ?1",
+                params![
+                    run_id,
+                    end.outcome.label(),
+                    result,
+                    error_kind,
+                    error_message,
+                    wall_ms(),
+                    to_sql_int(end.duration_ms),
+                    input,
+                    output,
+                    total
+                ],
+            )?;
+        }
+        Message::Flush(_) => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,544 @@
+//! The run log against real SQLite files: round trip, listing, resolving,
+//! migration, and every kind of bad database.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use pf_runlog::schema::SCHEMA_VERSION;
+use pf_runlog::{
+    EventRecord, Outcome, RunEnd, RunFilter, RunId, RunLog, RunLogError, RunWriter, TokenUsage,
+    WriterOptions,
+};
+use rusqlite::Connection;
+use serde_json::json;
+
+fn db_in(dir: &tempfile::TempDir) -> std::path::PathBuf {
+    dir.path().join("data").join("runs.db")
+}
+
+/// Log one finished run with `events` events and return its id.
+fn log_run(log: &RunLog, execution: &str, events: u32, end: Option<RunEnd>) -> RunId {
+    let writer = log.begin_with(start(execution), patient());
+    for seq in 0..events {
+        writer.event(event("0", seq, "lua"));
+    }
+    match end {
+        Some(end) => assert_eq!(writer.finish(end), None),
+        None => assert!(writer.flush()),
+    }
+    log.resolve(execution).expect("logged run resolves")
+}
+
+#[test]
+fn everything_written_reads_back_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = RunLog::open(db_in(&dir)).unwrap();
+    let mut run_start = start("run-00aa11bb22cc33dd");
+    run_start.replay_of = Some("run-ffff000011112222".to_owned());
+    run_start.resumed_from = Some("run-eeee000011112222".to_owned());
+    let writer = log.begin_with(run_start.clone(), patient());
+
+    let mut events = Vec::new();
+    for seq in 0..300u32 {
+        let task = if seq % 3 == 0 { "0.1" } else { "0" };
+        let mut e = event(task, seq, "store_write_succeeded");
+        if seq == 7 {
+            e.fields = serde_json::Value::Null;
+        }
+        writer.event(e.clone());
+        events.push(e);
+    }
+    let mut failed_exchange = exchange("0", 301);
+    failed_exchange.response = None;
+    failed_exchange.error = Some("HTTP 500: upstream".to_owned());
+    failed_exchange.status = Some(500);
+    failed_exchange.usage = None;
+    failed_exchange.attempt = 2;
+    let exchanges = vec![exchange("0", 300), failed_exchange];
+    let mut failed_tool = tool_call("0.1", 303);
+    failed_tool.output = None;
+    failed_tool.failure = Some("timeout".to_owned());
+    failed_tool.trusted = true;
+    let tools = vec![tool_call("0", 302), failed_tool];
+    let mut unanswered = answer("0", 305);
+    unanswered.answer = None;
+    let answers = vec![answer("0", 304), unanswered];
+    for x in &exchanges {
+        writer.exchange(x.clone());
+    }
+    for t in &tools {
+        writer.tool_call(t.clone());
+    }
+    for a in &answers {
+        writer.answer(a.clone());
+    }
+    let end = completed("the result");
+    assert_eq!(writer.finish(end.clone()), None);
+
+    let id = log.resolve("run-00aa11bb22cc33dd").unwrap();
+    let run = log.run(id).unwrap().expect("run row");
+    assert_eq!(run.start, run_start);
+    assert_eq!(run.end, Some(end));
+    assert_eq!(run.outcome_label(), "completed");
+    // sha256 of the prompt text, computed independently.
+    assert_eq!(run.prompt_sha256.len(), 64);
+    assert!(run.finished_at_ms.is_some());
+    assert_eq!(log.events(id).unwrap(), events);
+    assert_eq!(log.exchanges(id).unwrap(), exchanges);
+    assert_eq!(log.tool_calls(id).unwrap(), tools);
+    assert_eq!(log.answers(id).unwrap(), answers);
+
+    let child: Vec<_> = events.iter().filter(|e| e.task == "0.1").cloned().collect();
+    assert_eq!(log.events_of_task(id, "0.1", None).unwrap(), child);
+    let after: Vec<_> = child.iter().filter(|e| e.seq > 150).cloned().collect();
+    assert_eq!(log.events_of_task(id, "0.1", Some(150)).unwrap(), after);
+    assert!(log.events_of_task(id, "0.9", None).unwrap().is_empty());
+}
+
+#[test]
+fn prompt_hash_is_sha256_of_the_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = RunLog::open(db_in(&dir)).unwrap();
+    let mut s = start("run-1");
+    s.prompt_text = "abc".to_owned();
+    let writer = log.begin_with(s, patient());
+    writer.finish(completed("ok"));
+    let run = log.run(log.resolve("last").unwrap()).unwrap().unwrap();
+    assert_eq!(
+        run.prompt_sha256,
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    );
+}
+
+#[test]
+fn failed_and_cancelled_outcomes_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = RunLog::open(db_in(&dir)).unwrap();
+    let failed = RunEnd {
+        outcome: Outcome::Failed {
+            kind: "model".to_owned(),
+            message: "model call failed: HTTP 401".to_owned(),
+        },
+        duration_ms: 5,
+        usage: TokenUsage::default(),
+    };
+    let cancelled = RunEnd {
+        outcome: Outcome::Cancelled,
+        duration_ms: 6,
+        usage: TokenUsage::default(),
+    };
+    let a = log_run(&log, "run-a", 1, Some(failed.clone()));
+    let b = log_run(&log, "run-b", 1, Some(cancelled.clone()));
+    assert_eq!(log.run(a).unwrap().unwrap().end, Some(failed));
+    assert_eq!(log.run(b).unwrap().unwrap().end, Some(cancelled));
+    assert_eq!(log.run(RunId(999)).unwrap(), None);
+}
+
+#[test]
+fn an_unfinished_run_reads_as_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = RunLog::open(db_in(&dir)).unwrap();
+    let writer = log.begin_with(start("run-unfinished"), patient());
+    writer.event(event("0", 0, "run_started"));
+    assert!(writer.flush());
+    let id = log.resolve("run-unfinished").unwrap();
+    let run = log.run(id).unwrap().unwrap();
+    assert_eq!(run.end, None);
+    assert_eq!(run.outcome_label(), "running");
+    let listed = log.list_runs(&RunFilter::default()).unwrap();
+    assert_eq!(listed[0].outcome, "running");
+    assert_eq!(listed[0].duration_ms, None);
+    drop(writer);
+}
+
+#[test]
+fn event_json_follows_the_guide_key_order() {
+    let e = EventRecord {
+        kind: "lua".to_owned(),
+        section: "Inner".to_owned(),
+        task: "0".to_owned(),
+        seq: 4,
+        fields: json!({ "message": "inner ran" }),
+    };
+    assert_eq!(
+        serde_json::to_string(&e.to_json("run-1")).unwrap(),
+        r#"{"kind":"lua","execution":"run-1","section":"Inner","provenance":{"task":"0","seq":4},"message":"inner ran"}"#
+    );
+}
+
+#[test]
+fn list_is_newest_first_and_filters() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = RunLog::open(db_in(&dir)).unwrap();
+    let failed = RunEnd {
+        outcome: Outcome::Failed {
+            kind: "lua".to_owned(),
+            message: "boom".to_owned(),
+        },
+        duration_ms: 1,
+        usage: TokenUsage::default(),
+    };
+    log_run(&log, "run-1", 0, Some(completed("a")));
+    log_run(&log, "run-2", 0, Some(failed));
+    let mut other = start("run-3");
+    other.prompt_path = "elsewhere/summarize.md".to_owned();
+    let writer = log.begin_with(other, patient());
+    writer.finish(completed("c"));
+    log_run(&log, "run-4", 0, None);
+
+    let all = log.list_runs(&RunFilter::default()).unwrap();
+    let names: Vec<_> = all.iter().map(|r| r.execution.as_str()).collect();
+    assert_eq!(names, ["run-4", "run-3", "run-2", "run-1"]);
+    assert_eq!(all[1].usage.map(|u| u.total), Some(150));
+
+    let two = log
+        .list_runs(&RunFilter {
+            limit: Some(2),
+            ..RunFilter::default()
+        })
+        .unwrap();
+    assert_eq!(two.len(), 2);
+    let by_prompt = log
+        .list_runs(&RunFilter {
+            prompt: Some("summ".to_owned()),
+            ..RunFilter::default()
+        })
+        .unwrap();
+    assert_eq!(by_prompt.len(), 1);
+    assert_eq!(by_prompt[0].execution, "run-3");
+    for (outcome, expected) in [
+        ("failed", "run-2"),
+        ("running", "run-4"),
+        ("completed", "run-3"),
+    ] {
+        let runs = log
+            .list_runs(&RunFilter {
+                outcome: Some(outcome.to_owned()),
+                ..RunFilter::default()
+            })
+            .unwrap();
+        assert_eq!(runs[0].execution, expected, "{outcome}");
+        assert!(runs.iter().all(|r| r.outcome == outcome));
+    }
+}
+
+#[test]
+fn resolve_by_id_prefix_last_and_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = RunLog::open(db_in(&dir)).unwrap();
+    let empty = log.resolve("last").unwrap_err();
+    assert!(matches!(empty, RunLogError::Unknown { ref recent, .. } if recent.is_empty()));
+
+    let first = log_run(&log, "run-abc123", 0, Some(completed("1")));
+    let second = log_run(&log, "run-abd456", 0, Some(completed("2")));
+    let third = log_run(&log, "run-f00000", 0, Some(completed("3")));
+
+    assert_eq!(log.resolve("last").unwrap(), third);
+    assert_eq!(log.resolve("run-abc123").unwrap(), first);
+    assert_eq!(log.resolve("run-abc").unwrap(), first);
+    assert_eq!(log.resolve("abd").unwrap(), second);
+    assert_eq!(log.resolve("f").unwrap(), third);
+    assert_eq!(log.resolve(&format!("#{}", first.0)).unwrap(), first);
+
+    match log.resolve("run-ab").unwrap_err() {
+        RunLogError::Ambiguous {
+            matches,
+            candidates,
+            ..
+        } => {
+            assert_eq!(matches, 2);
+            assert_eq!(candidates, ["run-abd456", "run-abc123"]);
+        }
+        other => panic!("expected ambiguous, got {other}"),
+    }
+    match log.resolve("run-zzz").unwrap_err() {
+        RunLogError::Unknown { run, recent } => {
+            assert_eq!(run, "run-zzz");
+            assert_eq!(recent, ["run-f00000", "run-abd456", "run-abc123"]);
+        }
+        other => panic!("expected unknown, got {other}"),
+    }
+    for bad in ["", "#", "#x", "#99", "%", "run-ab%"] {
+        assert!(
+            matches!(log.resolve(bad), Err(RunLogError::Unknown { .. })),
+            "{bad:?}"
+        );
+    }
+}
+
+#[test]
+fn a_repeated_execution_resolves_to_its_newest_run() {
+    // The same seed gives the same execution id; both runs are kept.
+    let dir = tempfile::tempdir().unwrap();
+    let log = RunLog::open(db_in(&dir)).unwrap();
+    let older = log_run(&log, "run-5eed", 1, Some(completed("old")));
+    let newer = log_run(&log, "run-5eed", 2, Some(completed("new")));
+    assert_ne!(older, newer);
+    assert_eq!(log.resolve("run-5eed").unwrap(), newer);
+    assert_eq!(log.resolve("5e").unwrap(), newer);
+    assert_eq!(log.events(older).unwrap().len(), 1);
+    assert_eq!(log.events(newer).unwrap().len(), 2);
+    assert_eq!(log.list_runs(&RunFilter::default()).unwrap().len(), 2);
+}
+
+/// Version 1 of the schema, written out here by hand (not taken from the
+/// crate) so the test keeps checking what old databases really contain.
+const V1_BY_HAND: &str = "
+CREATE TABLE runs (id INTEGER PRIMARY KEY, execution TEXT NOT NULL, prompt_path TEXT NOT NULL,
+    prompt_text TEXT NOT NULL, prompt_sha256 TEXT NOT NULL, args_json TEXT NOT NULL,
+    seed TEXT NOT NULL, start_rfc3339 TEXT NOT NULL, start_ms INTEGER NOT NULL, host_file TEXT,
+    model TEXT, store_dir TEXT, started_at_ms INTEGER NOT NULL, pid INTEGER, outcome TEXT,
+    result TEXT, error_kind TEXT, error_message TEXT, finished_at_ms INTEGER,
+    duration_ms INTEGER, input_tokens INTEGER, output_tokens INTEGER, total_tokens INTEGER);
+CREATE INDEX runs_by_execution ON runs(execution);
+CREATE INDEX runs_by_start ON runs(started_at_ms, id);
+CREATE TABLE events (id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs(id),
+    ord INTEGER NOT NULL, kind TEXT NOT NULL, section TEXT NOT NULL, task TEXT NOT NULL,
+    seq INTEGER NOT NULL, fields_json TEXT NOT NULL);
+CREATE INDEX events_by_run ON events(run_id, ord);
+INSERT INTO runs VALUES (1, 'run-01d', 'old.md', '# Old', 'x', '{\"a\":1}', '18446744073709551615',
+    '2024-01-01T00:00:00Z', 1704067200000, NULL, 'm', NULL, 1704067200000, 7, 'completed',
+    'old result', NULL, NULL, 1704067201000, 1000, 1, 2, 3);
+INSERT INTO events VALUES (1, 1, 0, 'run_started', 'Old', '0', 0, '{}');
+INSERT INTO events VALUES (2, 1, 1, 'run_succeeded', 'Old', '0', 1, '{}');
+PRAGMA user_version = 1;
+";
+
+#[test]
+fn a_version_1_database_is_migrated_and_keeps_its_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.db");
+    Connection::open(&path)
+        .unwrap()
+        .execute_batch(V1_BY_HAND)
+        .unwrap();
+
+    let log = RunLog::open(&path).unwrap();
+    let version: i64 = Connection::open(&path)
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, SCHEMA_VERSION);
+
+    let old = log.resolve("run-01d").unwrap();
+    let run = log.run(old).unwrap().unwrap();
+    assert_eq!(run.start.seed, u64::MAX);
+    assert_eq!(run.start.args, json!({ "a": 1 }));
+    assert_eq!(run.start.replay_of, None);
+    assert_eq!(run.end.unwrap().usage.total, 3);
+    let kinds: Vec<_> = log
+        .events(old)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(kinds, ["run_started", "run_succeeded"]);
+    assert!(log.exchanges(old).unwrap().is_empty());
+
+    // New runs go in beside the old one, with the new tables.
+    let writer = log.begin_with(start("run-new"), patient());
+    writer.exchange(exchange("0", 1));
+    assert_eq!(writer.finish(completed("new")), None);
+    let new = log.resolve("last").unwrap();
+    assert_eq!(log.exchanges(new).unwrap().len(), 1);
+    assert_eq!(log.list_runs(&RunFilter::default()).unwrap().len(), 2);
+    // Opening again is a no-op.
+    drop(log);
+    assert_eq!(
+        RunLog::open(&path)
+            .unwrap()
+            .list_runs(&RunFilter::default())
+            .unwrap()
+            .len(),
+        2
+    );
+}
+
+#[test]
+fn a_newer_schema_is_refused_not_touched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.db");
+    Connection::open(&path)
+        .unwrap()
+        .execute_batch("CREATE TABLE future (x); PRAGMA user_version = 99;")
+        .unwrap();
+    let err = RunLog::open(&path).unwrap_err();
+    assert!(
+        matches!(err, RunLogError::TooNew { found: 99, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("newer"), "{err}");
+
+    let writer = RunWriter::begin_with(&path, start("run-x"), patient());
+    let warning = writer.finish(completed("x")).expect("a warning");
+    assert!(warning.contains("newer"), "{warning}");
+}
+
+#[test]
+fn a_corrupt_file_is_a_clear_error_and_stays_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.db");
+    let garbage: Vec<u8> = (0..8192u32).map(|i| (i * 7 + 13) as u8).collect();
+    std::fs::write(&path, &garbage).unwrap();
+
+    let err = RunLog::open(&path).unwrap_err();
+    assert!(matches!(err, RunLogError::Corrupt { .. }), "{err:?}");
+    assert!(err.to_string().contains("not a run log database"), "{err}");
+
+    let writer = RunWriter::begin_with(&path, start("run-x"), patient());
+    writer.event(event("0", 0, "run_started"));
+    let warning = writer.finish(completed("x")).expect("a warning");
+    assert!(warning.contains("not a run log database"), "{warning}");
+    assert_eq!(std::fs::read(&path).unwrap(), garbage);
+}
+
+fn counting_options(count: &Arc<AtomicUsize>) -> WriterOptions {
+    let count = Arc::clone(count);
+    WriterOptions {
+        on_warning: Some(Arc::new(move |_: &str| {
+            count.fetch_add(1, Ordering::SeqCst);
+        })),
+        ..patient()
+    }
+}
+
+/// Every location here is unusable even for root.
+#[test]
+fn an_unwritable_location_warns_once_and_the_run_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "not a directory").unwrap();
+    let a_directory = dir.path().join("a-directory");
+    std::fs::create_dir(&a_directory).unwrap();
+    for path in [file.join("runs.db"), a_directory] {
+        assert!(RunLog::open(&path).is_err(), "{}", path.display());
+        let count = Arc::new(AtomicUsize::new(0));
+        let writer = RunWriter::begin_with(&path, start("run-x"), counting_options(&count));
+        for seq in 0..10 {
+            writer.event(event("0", seq, "lua"));
+        }
+        assert!(!writer.flush());
+        writer.event(event("0", 11, "lua"));
+        let warning = writer.finish(completed("x")).expect("a warning");
+        assert!(warning.contains("cannot"), "{warning}");
+        assert!(warning.contains(&path.display().to_string()), "{warning}");
+        assert_eq!(count.load(Ordering::SeqCst), 1);
+    }
+}
+
+/// Permission bits bind only an unprivileged user; as root this test checks
+/// what it can (that writing works) and says so.
+#[test]
+#[cfg(unix)]
+fn a_read_only_database_warns_and_the_run_goes_on() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let path = data.join("runs.db");
+    log_run(&RunLog::open(&path).unwrap(), "run-before", 1, None);
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444)).unwrap();
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o555)).unwrap();
+    let privileged = std::fs::write(data.join("probe"), "x").is_ok();
+
+    let count = Arc::new(AtomicUsize::new(0));
+    let writer = RunWriter::begin_with(&path, start("run-ro"), counting_options(&count));
+    writer.event(event("0", 0, "run_started"));
+    let warning = writer.finish(completed("x"));
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    if privileged {
+        eprintln!(
+            "running as a privileged user: permission bits do not bind, checked writing only"
+        );
+        assert_eq!(warning, None);
+    } else {
+        let warning = warning.expect("a warning");
+        assert!(warning.contains("run log"), "{warning}");
+        assert_eq!(count.load(Ordering::SeqCst), 1);
+    }
+    // What was logged before is still there.
+    let log = RunLog::open(&path).unwrap();
+    assert!(log.resolve("run-before").is_ok());
+}
+
+#[test]
+fn a_locked_database_warns_once_and_drops_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_in(&dir);
+    let log = RunLog::open(&path).unwrap();
+    let holder = Connection::open(&path).unwrap();
+    holder.execute_batch("BEGIN EXCLUSIVE").unwrap();
+
+    let count = Arc::new(AtomicUsize::new(0));
+    let options = WriterOptions {
+        busy_timeout: Duration::from_millis(20),
+        busy_retries: 1,
+        ..counting_options(&count)
+    };
+    let writer = log.begin_with(start("run-locked"), options);
+    writer.event(event("0", 0, "run_started"));
+    assert!(!writer.flush());
+    writer.event(event("0", 1, "lua"));
+    let warning = writer.finish(completed("x")).expect("a warning");
+    assert!(warning.contains("locked"), "{warning}");
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+
+    holder.execute_batch("COMMIT").unwrap();
+    assert!(log.list_runs(&RunFilter::default()).unwrap().is_empty());
+}
+
+#[test]
+fn finish_waits_a_bounded_time_for_a_stuck_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_in(&dir);
+    let log = RunLog::open(&path).unwrap();
+    let holder = Connection::open(&path).unwrap();
+    holder.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let options = WriterOptions {
+        // The writer would wait far longer than finish does.
+        busy_timeout: Duration::from_secs(3600),
+        finish_wait: Duration::from_millis(50),
+        ..WriterOptions::default()
+    };
+    let writer = log.begin_with(start("run-stuck"), options);
+    writer.event(event("0", 0, "run_started"));
+    let warning = writer.finish(completed("x")).expect("a warning");
+    assert!(warning.contains("still writing"), "{warning}");
+    holder.execute_batch("COMMIT").unwrap();
+}
+
+#[test]
+fn a_full_database_warns_once_and_keeps_what_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_in(&dir);
+    let log = RunLog::open(&path).unwrap();
+    let count = Arc::new(AtomicUsize::new(0));
+    let options = WriterOptions {
+        max_page_count: Some(64),
+        ..counting_options(&count)
+    };
+    let writer = log.begin_with(start("run-full"), options);
+    writer.event(event("0", 0, "run_started"));
+    assert!(writer.flush());
+    let big = "x".repeat(16 * 1024);
+    let mut seq = 1;
+    for _ in 0..8 {
+        for _ in 0..8 {
+            let mut e = event("0", seq, "lua");
+            e.fields = json!({ "message": big });
+            writer.event(e);
+            seq += 1;
+        }
+        writer.flush();
+    }
+    let warning = writer.finish(completed("x")).expect("a warning");
+    assert!(warning.contains("full"), "{warning}");
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+    let id = log.resolve("run-full").unwrap();
+    assert_eq!(log.events(id).unwrap()[0].kind, "run_started");
+    assert_eq!(log.run(id).unwrap().unwrap().outcome_label(), "running");
+}
