@@ -11,7 +11,7 @@ use pf_harness::{ActivePlugin, CancellationToken, HostServices, ModelProvider};
 use pf_syntax::{Prompt, RoleDecl};
 use serde_json::Value as Json;
 
-use crate::error::{error_table, HostError, HostResult, Raise};
+use crate::error::{error_table, ErrorKind, HostError, HostResult, Raise};
 
 /// A tool slot bound at prepare.
 pub(crate) struct BoundTool {
@@ -112,7 +112,7 @@ impl RunCtx {
     /// the run error, so even a path that missed the abort classifies it right.
     pub fn abort_error(&self) -> Option<HostError> {
         self.fatal.borrow().as_ref().map(|e| {
-            HostError::new("lua", e.message.clone())
+            HostError::new(ErrorKind::Lua, e.message.clone())
                 .run_kind(e.kind)
                 .located()
         })
@@ -422,7 +422,7 @@ pub(crate) fn string_arg(args: &MultiValue, n: usize, name: &str) -> Result<Stri
 
 /// A cancelled error value.
 pub(crate) fn cancelled_error() -> HostError {
-    HostError::new("cancelled", "interrupted by Ctrl-C")
+    HostError::new(ErrorKind::Cancelled, "interrupted by Ctrl-C")
 }
 
 /// A `__newindex` metamethod that refuses every assignment; `message` builds the

@@ -22,7 +22,7 @@ use crate::ctx::{
     arg, cancelled_error, frozen_newindex, helpers, host_async, mlua_message, section, Chain,
     RunCtx,
 };
-use crate::error::{HostError, HostResult, Raise};
+use crate::error::{ErrorKind, HostError, HostResult, Raise};
 use crate::json::lua_to_json;
 use crate::text::lua_type_name;
 use crate::walk::{chain_argv, target_arg, walk_chain, Failure, DEPTH_CAP};
@@ -149,7 +149,9 @@ async fn fanout(lua: &Lua, args: &MultiValue) -> HostResult<Table> {
             finished_any = true;
             let result = match end {
                 Ok(text) => ArmResult::Completed(text.unwrap_or_default()),
-                Err(Failure::Error(_, Some(value))) if value.kind == "tool_loop_exhausted" => {
+                Err(Failure::Error(_, Some(value)))
+                    if value.kind == ErrorKind::ToolLoopExhausted =>
+                {
                     // The member already converted once, when its arm started.
                     let member = members.get(slot).unwrap_or(&Value::Nil);
                     ArmResult::Exhausted(lua_to_json(member, "item").unwrap_or(Json::Null))
@@ -316,7 +318,7 @@ fn results(lua: &Lua, members: &[Value], slots: Vec<Option<ArmResult>>) -> HostR
             // Every arm finished before the results are built.
             None => {
                 return Err(HostError::new(
-                    "internal",
+                    ErrorKind::Internal,
                     "internal invariant violated: an arm left no result",
                 )
                 .into())

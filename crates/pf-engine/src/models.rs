@@ -15,7 +15,7 @@ use serde_json::Value as Json;
 use crate::ctx::{
     arg, cancelled_error, helpers, host_async, host_fn, section, RoleChoice, RunCtx, SectionCtx,
 };
-use crate::error::{HostError, HostResult, Raise, RunErrorKind};
+use crate::error::{ErrorKind, HostError, HostResult, Raise, RunErrorKind};
 use crate::events::{deliver, fields, EventKind, LiveText};
 use crate::json::json_to_lua;
 use crate::models_check::{check_across, compose, estimate_tokens, read_list, to_wire};
@@ -408,9 +408,12 @@ fn context_exhausted(reason: &str) -> HostError {
     } else {
         "the provider rejected the request as exceeding the model's context window"
     };
-    HostError::new("context_exhausted", format!("context exhausted: {words}"))
-        .with("reason", reason)
-        .run_kind(RunErrorKind::ContextExhausted)
+    HostError::new(
+        ErrorKind::ContextExhausted,
+        format!("context exhausted: {words}"),
+    )
+    .with("reason", reason)
+    .run_kind(RunErrorKind::ContextExhausted)
 }
 
 pub(crate) fn make_compactors(lua: &Lua) -> mlua::Result<Table> {
@@ -487,7 +490,7 @@ impl From<&ModelHandle> for Target {
 
 fn missing_model(sec: &SectionCtx) -> HostError {
     HostError::new(
-        "internal",
+        ErrorKind::Internal,
         format!("model binding required for section {}", sec.name),
     )
     .run_kind(RunErrorKind::Binding)
@@ -597,7 +600,7 @@ async fn send_round(
     let started = std::time::Instant::now();
     let live = sec.run.live.clone().filter(|_| stream);
     let mut fragments = Fragments::default();
-    let blocked = crate::tasks::blocked_on(sec, "chat");
+    let blocked = crate::tasks::blocked_on(sec, crate::tasks::Blocked::Chat);
     let reply = match &live {
         None => tokio::select! {
             _ = cancel.cancelled() => return Err(RoundFailure::Error(cancelled_error())),
@@ -639,7 +642,7 @@ async fn send_round(
         Err(ProviderError::ContextOverflow(_)) => return Err(RoundFailure::Overflow),
         Err(ProviderError::Failed(message)) => {
             return Err(RoundFailure::Error(
-                HostError::new("internal", message).run_kind(RunErrorKind::Completion),
+                HostError::new(ErrorKind::Internal, message).run_kind(RunErrorKind::Completion),
             ))
         }
     };
@@ -748,7 +751,8 @@ fn is_empty_reply(text: Option<&str>) -> bool {
 }
 
 fn empty_reply(resp: &ChatResponse) -> HostError {
-    let mut e = HostError::new("empty_model_reply", EMPTY_REPLY).run_kind(RunErrorKind::Completion);
+    let mut e =
+        HostError::new(ErrorKind::EmptyModelReply, EMPTY_REPLY).run_kind(RunErrorKind::Completion);
     if let Some(f) = &resp.finish_reason {
         e = e.with("finish_reason", f.clone());
     }
@@ -816,7 +820,7 @@ async fn models_infer(lua: Lua, args: MultiValue) -> HostResult<String> {
         Err(RoundFailure::Overflow) => {
             report_failed_round(&sec);
             return Err(HostError::new(
-                "internal",
+                ErrorKind::Internal,
                 "the provider rejected the request as exceeding the model's context window",
             )
             .run_kind(RunErrorKind::Completion)
@@ -886,7 +890,7 @@ fn offered_tools(sec: &SectionCtx) -> Result<Vec<ToolDecl>, HostError> {
 /// The calls of a tool round with their decoded arguments, or a malformed reply.
 fn decode_calls(calls: &[ToolCall]) -> Result<Vec<(ToolCall, Json)>, HostError> {
     let malformed = |detail: String| {
-        HostError::new("internal", format!("malformed response: {detail}"))
+        HostError::new(ErrorKind::Internal, format!("malformed response: {detail}"))
             .run_kind(RunErrorKind::Completion)
     };
     let mut out: Vec<(ToolCall, Json)> = Vec::with_capacity(calls.len());
@@ -1160,7 +1164,7 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
                     );
                 }
                 sec.boundary(EventKind::ToolCallFailed);
-                return Err(HostError::new("out_of_scope_tool", msg)
+                return Err(HostError::new(ErrorKind::OutOfScopeTool, msg)
                     .with("name", call.name.clone())
                     .into());
             }
@@ -1237,7 +1241,11 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
             append_record(list, r)?;
         }
     }
-    Err(HostError::new("tool_loop_exhausted", "tool-call loop did not converge").into())
+    Err(HostError::new(
+        ErrorKind::ToolLoopExhausted,
+        "tool-call loop did not converge",
+    )
+    .into())
 }
 
 #[cfg(test)]
@@ -1470,7 +1478,7 @@ mod tests {
         assert_eq!(
             decode_calls(&[blank]).err().map(|e| (e.kind, e.message)),
             Some((
-                "internal",
+                ErrorKind::Internal,
                 "malformed response: tool call 1 has a blank id".to_string()
             ))
         );

@@ -135,7 +135,7 @@ async fn with_store<T: Send + 'static>(
     if sec.run.cancel.is_cancelled() {
         return Err(cancelled_error().into());
     }
-    let _blocked = crate::tasks::blocked_on(&sec, "store");
+    let _blocked = crate::tasks::blocked_on(&sec, crate::tasks::Blocked::Store);
     let done = match take_claims(&sec, kind, &[&path]) {
         Ok(()) => run_op(&sec, move |s| op(s, &path)).await,
         Err(lost) => Err(lost),
@@ -151,7 +151,7 @@ async fn glob_with_claims(lua: &Lua, pattern: String) -> HostResult<Vec<String>>
     if sec.run.cancel.is_cancelled() {
         return Err(cancelled_error().into());
     }
-    let _blocked = crate::tasks::blocked_on(&sec, "store");
+    let _blocked = crate::tasks::blocked_on(&sec, crate::tasks::Blocked::Store);
     let done = match run_op(&sec, move |s| s.glob(&pattern)).await {
         Ok(found) => {
             let paths: Vec<&str> = found.iter().map(String::as_str).collect();

@@ -13,7 +13,7 @@ use serde_json::{json, Map, Value as Json};
 use crate::ctx::{
     arg, cancelled_error, helpers, host_async, host_fn, section, LocalTool, SectionCtx,
 };
-use crate::error::{HostError, HostResult, Raise};
+use crate::error::{ErrorKind, HostError, HostResult, Raise};
 use crate::events::EventKind;
 use crate::json::{json_to_lua, lua_to_json};
 use crate::text::{envelope, lua_type_name, scalar_text};
@@ -464,7 +464,7 @@ pub(crate) async fn run_bound(
     alias: &str,
     args: Json,
 ) -> Result<BoundOutcome, HostError> {
-    let _blocked = crate::tasks::blocked_on(sec, "tool_call");
+    let _blocked = crate::tasks::blocked_on(sec, crate::tasks::Blocked::ToolCall);
     let Some(b) = sec.run.bound(alias) else {
         return Err(unbound(sec, alias));
     };
@@ -592,7 +592,7 @@ pub(crate) fn unbound(sec: &SectionCtx, name: &str) -> HostError {
     let mut aliases = sec.run.bound_aliases();
     aliases.sort();
     HostError::new(
-        "unbound_tool",
+        ErrorKind::UnboundTool,
         format!(
             "tool \"{name}\" is not bound in this run; bound aliases: {}",
             list_text(&aliases)
@@ -714,7 +714,7 @@ async fn tools_call(lua: Lua, args: MultiValue) -> HostResult<Value> {
             Err(_) => {
                 sec.boundary(EventKind::ToolCallFailed);
                 Err(HostError::new(
-                    "tool",
+                    ErrorKind::Tool,
                     format!("tool call failure: structured tool \"{name}\" returned invalid JSON"),
                 )
                 .into())
@@ -727,7 +727,7 @@ async fn tools_call(lua: Lua, args: MultiValue) -> HostResult<Value> {
         }
         BoundOutcome::Failed(msg) => {
             sec.boundary(EventKind::ToolCallFailed);
-            Err(HostError::new("tool", format!("tool call failure: {msg}")).into())
+            Err(HostError::new(ErrorKind::Tool, format!("tool call failure: {msg}")).into())
         }
     }
 }

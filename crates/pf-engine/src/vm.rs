@@ -5,7 +5,7 @@ use std::rc::Rc;
 use mlua::{HookTriggers, Lua, LuaOptions, MultiValue, StdLib, Table, Value, VmState};
 
 use crate::ctx::{arg, helpers, host_async, host_fn, section, string_arg, SectionCtx};
-use crate::error::{HostError, Raise};
+use crate::error::{ErrorKind, HostError, Raise};
 use crate::json::{json_to_lua, lua_to_json};
 use crate::text::{envelope, float_text, lua_type_name};
 
@@ -311,7 +311,7 @@ fn make_input(lua: &Lua) -> mlua::Result<Table> {
             };
             // Every wait reports its start, even in a host with no operator.
             sec.boundary(crate::EventKind::UserInputWaitStarted);
-            let _blocked = crate::tasks::blocked_on(&sec, "user_input");
+            let _blocked = crate::tasks::blocked_on(&sec, crate::tasks::Blocked::UserInput);
             let Some(broker) = sec.run.services.input_broker.clone() else {
                 return Ok((INPUT_UNAVAILABLE.to_string(), false));
             };
@@ -331,7 +331,7 @@ fn make_input(lua: &Lua) -> mlua::Result<Table> {
                 }
                 Ok(None) => Ok((INPUT_UNAVAILABLE.to_string(), false)),
                 Err(msg) => Err(HostError::new(
-                    "internal",
+                    ErrorKind::Internal,
                     format!("user input request was not answered: {msg}"),
                 )
                 .run_kind(crate::RunErrorKind::Input)

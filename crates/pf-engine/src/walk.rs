@@ -12,7 +12,9 @@ use serde_json::Value as Json;
 
 use crate::claims::ClaimIdentity;
 use crate::ctx::{arg, helpers, host_async, host_fn, section, Chain, RunCtx, SectionCtx};
-use crate::error::{read_error_value, HostError, HostResult, Raise, RunError, RunErrorKind};
+use crate::error::{
+    read_error_value, ErrorKind, HostError, HostResult, Raise, RunError, RunErrorKind,
+};
 use crate::text::{lua_type_name, scalar_text};
 use crate::vm::{install_name_globals, new_vm};
 use crate::Outcome;
@@ -450,7 +452,8 @@ async fn run_block(lua: &Lua, sec: &Rc<SectionCtx>, block: &LuaBlock) -> BlockEn
         // in a task or called chain it stays that chain's failure.
         let names_task = info.value.fields.iter().any(|(k, _)| *k == "task");
         let on_main_walk = sec.chain.borrow().id == "0";
-        if info.kind == "cancelled" && (!names_task || (info.stale && on_main_walk)) {
+        if info.kind == Some(ErrorKind::Cancelled) && (!names_task || (info.stale && on_main_walk))
+        {
             return BlockEnd::Fail(Failure::Cancelled);
         }
         let where_src = match values.get(2) {
@@ -464,7 +467,7 @@ async fn run_block(lua: &Lua, sec: &Rc<SectionCtx>, block: &LuaBlock) -> BlockEn
         let mut value = info.value;
         let message = if info.run_kind == RunErrorKind::Quota {
             quota_message(&info.message)
-        } else if info.kind == "lua" && !info.located {
+        } else if info.kind == Some(ErrorKind::Lua) && !info.located {
             match (where_src, where_line) {
                 (Some(src), Some(line)) => format!("{src}:{line}: {}", info.message),
                 _ => info.message,
@@ -616,7 +619,7 @@ pub(crate) fn make_call(lua: &Lua) -> mlua::Result<Function> {
         *chain.identity.borrow_mut() = parent.identity.borrow().clone();
         *chain.task.borrow_mut() = parent.task.borrow().clone();
         let owned = crate::tasks::OwnedTasks::new(&sec.run, &chain.id);
-        let blocked = crate::tasks::blocked_on(&sec, "call");
+        let blocked = crate::tasks::blocked_on(&sec, crate::tasks::Blocked::Call);
         let end = walk_chain(&sec.run, &chain, target_path).await;
         drop(blocked);
         let end = match end {

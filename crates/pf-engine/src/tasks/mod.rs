@@ -8,12 +8,9 @@
 //! Dropping a task's future is how it stops: its section VMs go with it, its
 //! claims are released, and the tasks its chain owns are abandoned in turn.
 
-use std::collections::BTreeMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
 use mlua::{Lua, MultiValue, Table, Value};
 use pf_syntax::resolve_heading;
@@ -21,138 +18,16 @@ use serde_json::Value as Json;
 
 use crate::claims::ClaimIdentity;
 use crate::ctx::{arg, cancelled_error, host_async, host_fn, section, Chain, RunCtx, SectionCtx};
-use crate::error::{HostError, HostResult, Raise};
+use crate::error::{ErrorKind, HostError, HostResult, Raise};
 use crate::fanout::ArmSeed;
 use crate::json::lua_to_json;
 use crate::text::{envelope, lua_type_name};
 use crate::walk::{chain_argv, target_arg, walk_chain, Failure, DEPTH_CAP};
 
-type TaskFuture = Pin<Box<dyn Future<Output = ()>>>;
+mod table;
 
-/// How a task stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
-    Running,
-    Done,
-    Cancelled,
-    Abandoned,
-}
-
-impl State {
-    fn as_str(self) -> &'static str {
-        match self {
-            State::Running => "running",
-            State::Done => "done",
-            State::Cancelled => "cancelled",
-            State::Abandoned => "abandoned",
-        }
-    }
-}
-
-/// One task's record; it lasts for the whole run.
-struct TaskEntry {
-    /// The id of the chain that spawned it (only that chain may use it).
-    owner: String,
-    origin: &'static str,
-    target: String,
-    depth: u32,
-    state: State,
-    /// The section's result or failure, once it has ended as `Done`.
-    result: Option<Result<String, HostError>>,
-    delivered: bool,
-    note: Option<String>,
-    future: Option<TaskFuture>,
-    /// For a model task, the section entry whose model started it.
-    owner_section: String,
-    /// When the task ended, in the run's end order (notices arrive in it).
-    ended_seq: Option<u64>,
-    /// True once the model task's notice was taken (or is never due).
-    noticed: bool,
-    /// The section the task's own chain is in now (`section` in its status).
-    section: Option<String>,
-    /// What the task's own chain waits on now (`blocked` in its status).
-    blocked: Option<&'static str>,
-    /// The task's own model round count, apart from its owner's.
-    turns: u32,
-}
-
-/// A task id as its numeric components, so ids order in spawn order (`0.9` before `0.10`).
-pub(crate) type TaskKey = Vec<u32>;
-
-/// Every task of the run, and the wakers of the waits parked on them.
-#[derive(Default)]
-pub(crate) struct TaskTable {
-    entries: BTreeMap<TaskKey, TaskEntry>,
-    waiters: Vec<Waker>,
-    ends: u64,
-}
-
-fn key_text(key: &[u32]) -> String {
-    key.iter().map(u32::to_string).collect::<Vec<_>>().join(".")
-}
-
-fn parse_key(text: &str) -> Option<TaskKey> {
-    text.split('.')
-        .map(|part| {
-            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
-                return None;
-            }
-            part.parse::<u32>().ok()
-        })
-        .collect()
-}
-
-impl TaskTable {
-    /// Record that the task behind `key` ended now.
-    fn mark_ended(&mut self, key: &TaskKey) {
-        let seq = self.ends;
-        self.ends += 1;
-        if let Some(entry) = self.entries.get_mut(key) {
-            entry.ended_seq.get_or_insert(seq);
-        }
-    }
-
-    fn wake_waiters(&mut self) {
-        for waker in self.waiters.drain(..) {
-            waker.wake();
-        }
-    }
-
-    /// The ids of the live tasks `owner` spawned, in spawn order: running, or
-    /// ended with a result no wait has taken yet.
-    fn live_owned(&self, owner: &str, origin: Option<&str>) -> Vec<String> {
-        self.entries
-            .iter()
-            .filter(|(_, e)| {
-                e.owner == owner
-                    && (e.state == State::Running || (e.state == State::Done && !e.delivered))
-            })
-            .filter(|(_, e)| origin.is_none_or(|o| e.origin == o))
-            .map(|(k, _)| key_text(k))
-            .collect()
-    }
-
-    /// Mark every live task `owner` spawned abandoned and hand back their futures,
-    /// to be dropped once the table is no longer borrowed.
-    fn abandon_owned(&mut self, owner: &str) -> Vec<TaskFuture> {
-        let mut dropped = Vec::new();
-        let mut ended = Vec::new();
-        for (key, entry) in self.entries.iter_mut() {
-            if entry.owner == owner && entry.state == State::Running {
-                entry.state = State::Abandoned;
-                dropped.extend(entry.future.take());
-                ended.push(key.clone());
-            }
-        }
-        for key in &ended {
-            self.mark_ended(key);
-        }
-        if !dropped.is_empty() {
-            self.wake_waiters();
-        }
-        dropped
-    }
-}
+use table::{key_text, parse_key, State, TaskEntry, TaskFuture, TaskOrigin};
+pub(crate) use table::{Blocked, TaskKey, TaskTable};
 
 /// Poll every live task once, in spawn order (tasks spawned meanwhile included).
 pub(crate) fn drive(run: &RunCtx, cx: &mut Context<'_>) {
@@ -241,15 +116,14 @@ impl Drop for OwnedTasks {
 /// live fails with `tasks_live` (the tasks are then abandoned by its guard).
 pub(crate) fn settle(run: &RunCtx, owner: &str) -> Result<(), HostError> {
     let live = match run.tasks.try_borrow() {
-        Ok(table) => table.live_owned(owner, Some("author")),
+        Ok(table) => table.live_owned(owner, Some(TaskOrigin::Author)),
         Err(_) => Vec::new(),
     };
     if live.is_empty() {
         return Ok(());
     }
     let ids = live.join(", ");
-    Err(HostError::new(
-        "tasks_live",
+    Err(HostError::new(ErrorKind::TasksLive,
         format!(
             "chain ended with author tasks still live: {ids}; wait on or cancel every task a chain spawns before it ends"
         ),
@@ -422,7 +296,7 @@ fn start_task(
     crate::var::check_var_global(lua).map_err(HostError::lua)?;
     let argv = chain_argv(sec, lua, &input)?;
     let id = parent.next_child_id();
-    let key = parse_key(&id).ok_or_else(|| HostError::new("internal", "bad task id"))?;
+    let key = parse_key(&id).ok_or_else(|| HostError::new(ErrorKind::Internal, "bad task id"))?;
     let chain = Rc::new(Chain::new(
         id.clone(),
         input.unwrap_or_else(|| parent.args.clone()),
@@ -439,9 +313,9 @@ fn start_task(
         TaskEntry {
             owner: parent.id.clone(),
             origin: if model_section.is_some() {
-                "model"
+                TaskOrigin::Model
             } else {
-                "author"
+                TaskOrigin::Author
             },
             target: resolved.name,
             depth: parent.depth + 1,
@@ -521,7 +395,7 @@ fn task_arg(value: &Value, call: &str) -> HostResult<TaskKey> {
 fn not_owned(key: &[u32]) -> HostError {
     let id = key_text(key);
     HostError::new(
-        "task_not_owned",
+        ErrorKind::TaskNotOwned,
         format!("task `{id}` is not a task this chain owns"),
     )
     .with("task", id)
@@ -572,7 +446,7 @@ fn status(lua: &Lua, args: MultiValue) -> HostResult<Table> {
     };
     let t = lua.create_table()?;
     t.raw_set("target", entry.target.as_str())?;
-    t.raw_set("origin", entry.origin)?;
+    t.raw_set("origin", entry.origin.as_str())?;
     t.raw_set("state", entry.state.as_str())?;
     match (entry.state, &entry.result) {
         (State::Running, _) => {}
@@ -586,7 +460,7 @@ fn status(lua: &Lua, args: MultiValue) -> HostResult<Table> {
             t.raw_set("section", name.as_str())?;
         }
         if let Some(what) = entry.blocked {
-            t.raw_set("blocked", what)?;
+            t.raw_set("blocked", what.as_str())?;
         }
         for (n, id) in table
             .live_owned(&key_text(&key), None)
@@ -617,10 +491,9 @@ fn pending(lua: &Lua, args: MultiValue) -> HostResult<Table> {
                         HostError::lua("pending filter origin must be a valid UTF-8 string")
                     })?
                     .to_string();
-                match text.as_str() {
-                    "author" => Some("author"),
-                    "model" => Some("model"),
-                    _ => {
+                match TaskOrigin::from_name(&text) {
+                    Some(origin) => Some(origin),
+                    None => {
                         return Err(HostError::lua(format!(
                             "pending filter origin must be `author` or `model`, got `{text}`"
                         ))
@@ -721,8 +594,7 @@ fn wait_set(run: &RunCtx, owner: &str, value: &Value, call: &str) -> HostResult<
             Some(e) if e.owner == owner => {
                 if e.delivered {
                     let id = key_text(key);
-                    return Err(HostError::new(
-                        "task_consumed",
+                    return Err(HostError::new(ErrorKind::TaskConsumed,
                         format!("task `{id}` was already delivered: a task's result is taken by one wait"),
                     )
                     .with("task", id)
@@ -850,8 +722,8 @@ fn deliver(lua: &Lua, run: &RunCtx, key: &TaskKey) -> HostResult<(bool, Value)> 
             Value::Table(crate::error::error_table(lua, &helpers, &e)?),
         ),
         None => {
-            let e =
-                HostError::new("cancelled", format!("task `{id}` was cancelled")).with("task", id);
+            let e = HostError::new(ErrorKind::Cancelled, format!("task `{id}` was cancelled"))
+                .with("task", id);
             (
                 false,
                 Value::Table(crate::error::error_table(lua, &helpers, &e)?),
@@ -876,7 +748,7 @@ async fn when_any(lua: &Lua, args: MultiValue) -> HostResult<MultiValue> {
         take_timer_index(lua)?;
     }
     let first_ended = || keys.iter().find(|k| ended(&run, k)).cloned();
-    let blocked = blocked_on(&*section(lua)?, "tasks");
+    let blocked = blocked_on(&*section(lua)?, Blocked::Tasks);
     let woke = park_until(&run, limit, || first_ended().is_some()).await?;
     drop(blocked);
     if !woke {
@@ -900,7 +772,7 @@ async fn when_all(lua: &Lua, args: MultiValue) -> HostResult<(Table, bool)> {
     if limit.is_some() {
         take_timer_index(lua)?;
     }
-    let blocked = blocked_on(&*section(lua)?, "tasks");
+    let blocked = blocked_on(&*section(lua)?, Blocked::Tasks);
     let all_ended = park_until(&run, limit, || keys.iter().all(|k| ended(&run, k))).await?;
     drop(blocked);
     let mut outcomes: Vec<(TaskKey, bool, Value)> = Vec::new();
@@ -973,7 +845,7 @@ pub(crate) fn model_task_key(
     };
     let table = run.tasks.borrow();
     match table.entries.get(&key) {
-        Some(e) if e.origin == "model" && e.owner_section == sec.id => Ok(key),
+        Some(e) if e.origin == TaskOrigin::Model && e.owner_section == sec.id => Ok(key),
         _ => Err(format!("{name}: no model task with id {id}")),
     }
 }
@@ -1000,7 +872,7 @@ pub(crate) fn model_status_line(run: &RunCtx, key: &TaskKey) -> String {
             line.push_str(&format!(", in ## {name}"));
         }
         if let Some(what) = entry.blocked {
-            line.push_str(&format!(", waiting on {what}"));
+            line.push_str(&format!(", waiting on {}", what.as_str()));
         }
     }
     line.push_str(&format!(", turns {}", entry.turns));
@@ -1043,7 +915,7 @@ pub(crate) fn take_notices(run: &RunCtx, section_id: &str) -> Vec<String> {
         .entries
         .iter()
         .filter(|(_, e)| {
-            e.origin == "model"
+            e.origin == TaskOrigin::Model
                 && e.owner_section == section_id
                 && !e.noticed
                 && matches!(e.state, State::Done | State::Cancelled)
@@ -1072,7 +944,7 @@ pub(crate) fn take_notices(run: &RunCtx, section_id: &str) -> Vec<String> {
 
 fn has_notices(run: &RunCtx, section_id: &str) -> bool {
     run.tasks.borrow().entries.values().any(|e| {
-        e.origin == "model"
+        e.origin == TaskOrigin::Model
             && e.owner_section == section_id
             && !e.noticed
             && matches!(e.state, State::Done | State::Cancelled)
@@ -1085,7 +957,9 @@ fn running_model_tasks(run: &RunCtx, section_id: &str) -> Vec<String> {
         .entries
         .iter()
         .filter(|(_, e)| {
-            e.origin == "model" && e.owner_section == section_id && e.state == State::Running
+            e.origin == TaskOrigin::Model
+                && e.owner_section == section_id
+                && e.state == State::Running
         })
         .map(|(k, _)| key_text(k))
         .collect()
@@ -1119,7 +993,7 @@ pub(crate) async fn model_await(
     if limit.is_some() {
         sec.chain.borrow().next_child_id();
     }
-    let _blocked = blocked_on(sec, "tasks");
+    let _blocked = blocked_on(sec, Blocked::Tasks);
     let woke = park_until(&run, limit, || {
         has_notices(&run, &sid) || running_model_tasks(&run, &sid).is_empty()
     })
@@ -1161,9 +1035,8 @@ pub(crate) struct BlockedGuard {
     key: Option<TaskKey>,
 }
 
-/// Mark the calling task `blocked` on `what` (`chat`, `tasks`, `call`, ...)
-/// until the guard drops.
-pub(crate) fn blocked_on(sec: &SectionCtx, what: &'static str) -> BlockedGuard {
+/// Mark the calling task `blocked` on `what` until the guard drops.
+pub(crate) fn blocked_on(sec: &SectionCtx, what: Blocked) -> BlockedGuard {
     let key = own_chain_task(sec);
     if let Some(key) = &key {
         if let Some(entry) = sec.run.tasks.borrow_mut().entries.get_mut(key) {
@@ -1196,21 +1069,5 @@ pub(crate) fn count_task_turn(sec: &SectionCtx) {
         if let Some(entry) = sec.run.tasks.borrow_mut().entries.get_mut(&key) {
             entry.turns = entry.turns.saturating_add(1);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn task_ids_parse_as_dot_separated_numbers_and_order_numerically() {
-        assert_eq!(parse_key("0.10"), Some(vec![0, 10]));
-        assert_eq!(parse_key("0..1"), None);
-        assert_eq!(parse_key("0.-1"), None);
-        assert_eq!(parse_key("nope"), None);
-        assert_eq!(parse_key("4294967296"), None);
-        assert!(parse_key("0.9") < parse_key("0.10"));
-        assert_eq!(key_text(&[0, 2, 1]), "0.2.1");
     }
 }
