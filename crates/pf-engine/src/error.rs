@@ -325,7 +325,10 @@ mod tests {
             assert_eq!(RunErrorKind::from_name(name), Some(kind));
         }
         assert_eq!(RunErrorKind::from_name("Parse"), Some(RunErrorKind::Parse));
-        assert_eq!(RunErrorKind::from_name("Version"), Some(RunErrorKind::Version));
+        assert_eq!(
+            RunErrorKind::from_name("Version"),
+            Some(RunErrorKind::Version)
+        );
         assert_eq!(RunErrorKind::from_name("parse"), None);
     }
 

@@ -123,8 +123,8 @@ fn role_handle(
     temperature: Option<f64>,
     max_tokens: Option<u64>,
 ) -> Option<ModelHandle> {
-    let role = run.role(label)?;
-    let info = run.model.as_ref()?.info();
+    let role = run.fixed.role(label)?;
+    let info = run.fixed.model.as_ref()?.info();
     Some(ModelHandle {
         name: role.label.clone(),
         description: role.description.clone().unwrap_or(info.description),
@@ -138,7 +138,7 @@ fn role_handle(
 }
 
 fn is_bound(run: &RunCtx, label: &str) -> bool {
-    run.model.is_some() && run.role(label).is_some()
+    run.fixed.model.is_some() && run.fixed.role(label).is_some()
 }
 
 /// A role handle as a Lua value (role globals and the `models` functions).
@@ -160,12 +160,6 @@ pub(crate) fn make_handle(
         ))
     })?;
     lua.create_userdata(handle)
-}
-
-/// Whether the section has a model selected (its own or the prompt-wide default).
-pub(crate) fn section_has_model(sec: &SectionCtx) -> bool {
-    sec.run.model.is_some()
-        && (sec.role.borrow().is_some() || sec.run.default_role.borrow().is_some())
 }
 
 // ---------------------------------------------------------------------------
@@ -322,18 +316,11 @@ fn models_use(lua: &Lua, args: MultiValue) -> HostResult<AnyUserData> {
 fn models_default(lua: &Lua, args: MultiValue) -> HostResult<AnyUserData> {
     let sec = section(lua)?;
     let label = bound_label(&sec, &args, "models.default")?;
-    {
-        let mut current = sec.run.default_role.borrow_mut();
-        match current.as_ref() {
-            Some(existing) if *existing != label => {
-                return Err(HostError::lua(format!(
-                    "models.default is already \"{existing}\": the prompt-wide default cannot change mid-run"
-                ))
-                .into())
-            }
-            Some(_) => {}
-            None => *current = Some(label.clone()),
-        }
+    if let Err(existing) = sec.run.choose_default_role(&label) {
+        return Err(HostError::lua(format!(
+            "models.default is already \"{existing}\": the prompt-wide default cannot change mid-run"
+        ))
+        .into());
     }
     Ok(make_handle(lua, &label, None)?)
 }
@@ -357,7 +344,7 @@ fn models_get(lua: &Lua, args: MultiValue) -> HostResult<AnyUserData> {
     if is_bound(&sec.run, &name) {
         return Ok(make_handle(lua, &name, None)?);
     }
-    if sec.run.ui.is_some() {
+    if sec.run.fixed.ui.is_some() {
         // With a host-state snapshot, a name that is no bound role is a catalog model id.
         check_model_id(&name)?;
         let handle = ModelHandle {
@@ -506,7 +493,7 @@ fn pick_target(sec: &SectionCtx, handle: Option<&ModelHandle>) -> Result<Target,
     let chosen = match selected {
         Some(c) => role_handle(&sec.run, &c.label, c.temperature, c.max_tokens),
         None => {
-            let default = sec.run.default_role.borrow().clone();
+            let default = sec.run.default_role();
             default.and_then(|label| role_handle(&sec.run, &label, None, None))
         }
     };
@@ -580,7 +567,7 @@ async fn send_round(
     tools: Option<Vec<ToolDecl>>,
     stream: bool,
 ) -> Result<(ChatResponse, ClientTiming), RoundFailure> {
-    let Some(model) = sec.run.model.clone() else {
+    let Some(model) = sec.run.fixed.model.clone() else {
         return Err(RoundFailure::Error(missing_model(sec)));
     };
     // The switch reaches only a model that can switch thinking per request.
@@ -595,10 +582,10 @@ async fn send_round(
         max_tokens: target.max_tokens,
         thinking,
     };
-    let cancel = sec.run.cancel.clone();
+    let cancel = sec.run.fixed.cancel.clone();
     sec.run.host_work();
     let started = std::time::Instant::now();
-    let live = sec.run.live.clone().filter(|_| stream);
+    let live = sec.run.fixed.live.clone().filter(|_| stream);
     let mut fragments = Fragments::default();
     let blocked = crate::tasks::blocked_on(sec, crate::tasks::Blocked::Chat);
     let reply = match &live {
@@ -664,7 +651,7 @@ async fn send_round(
 
 /// Report a round that failed (never a cancelled one: the run is ending).
 fn report_failed_round(sec: &SectionCtx) {
-    if !sec.run.cancel.is_cancelled() {
+    if !sec.run.fixed.cancel.is_cancelled() {
         sec.boundary(EventKind::ModelTurnFailed);
     }
 }
@@ -847,7 +834,7 @@ async fn models_infer(lua: Lua, args: MultiValue) -> HostResult<String> {
 fn offered_tools(sec: &SectionCtx) -> Result<Vec<ToolDecl>, HostError> {
     let mut out = Vec::new();
     for alias in sec.bound_scope() {
-        let Some(b) = sec.run.bound(&alias) else {
+        let Some(b) = sec.run.fixed.bound(&alias) else {
             continue;
         };
         if !b.parameters.is_object() {
@@ -861,7 +848,7 @@ fn offered_tools(sec: &SectionCtx) -> Result<Vec<ToolDecl>, HostError> {
             .borrow()
             .get(&alias)
             .cloned()
-            .or_else(|| sec.run.always_desc.borrow().get(&alias).cloned())
+            .or_else(|| sec.run.always_description(&alias))
             .unwrap_or_else(|| b.description.clone());
         out.push(ToolDecl {
             name: alias.clone(),
@@ -1074,7 +1061,7 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
         .into());
     };
     let mut answered_any = false;
-    for _round in 0..sec.run.max_rounds {
+    for _round in 0..sec.run.fixed.max_rounds {
         let target = pick_target(&sec, handle.as_ref())?;
         sec.boundary(EventKind::ToolScopeValidationStarted);
         let offered = match offered_tools(&sec) {
@@ -1158,7 +1145,7 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
                     call.name,
                     list_text(&names)
                 );
-                if sec.run.bound(&call.name).is_some() {
+                if sec.run.fixed.bound(&call.name).is_some() {
                     msg.push_str(
                         " (alias is a bound tool slot but was not added to this section's scope)",
                     );
@@ -1188,11 +1175,11 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
                 sec.report_tool_result(turn, &call.id, &call.name, &text, true);
                 text
             } else {
-                let trusted = sec.run.bound(&call.name).is_some_and(|b| b.trusted);
+                let trusted = sec.run.fixed.bound(&call.name).is_some_and(|b| b.trusted);
                 let outcome = match run_bound(&sec, &call.name, arguments.clone()).await {
                     Ok(outcome) => outcome,
                     Err(e) => {
-                        if !sec.run.cancel.is_cancelled() {
+                        if !sec.run.fixed.cancel.is_cancelled() {
                             sec.boundary(EventKind::ToolCallFailed);
                         }
                         return Err(e.into());
@@ -1207,7 +1194,7 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
                     BoundOutcome::Failed(m) => {
                         // Reported before it becomes the failure text the model reads.
                         sec.boundary(EventKind::ToolCallFailed);
-                        let t = envelope(&m, &sec.run.nonce);
+                        let t = envelope(&m, &sec.run.fixed.nonce);
                         sec.report_tool_result(turn, &call.id, &call.name, &t, false);
                         t
                     }

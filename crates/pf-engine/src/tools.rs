@@ -71,7 +71,7 @@ impl UserData for ToolObject {
                 return Ok(Value::Nil);
             };
             let sec = section(lua)?;
-            let Some(b) = sec.run.bound(&this.alias) else {
+            let Some(b) = sec.run.fixed.bound(&this.alias) else {
                 return Ok(Value::Nil);
             };
             Ok(match &*key.to_string_lossy() {
@@ -154,7 +154,7 @@ fn make_calls_proxy(lua: &Lua) -> mlua::Result<Table> {
             let mut msg = format!("tools.calls: \"{key}\" has no seeded count; seeded aliases: {}", list_text(&seeded));
             // A bound alias already in the scope was scoped after the latest call:
             // the bound-slot ending would wrongly say it was never added.
-            if sec.run.bound(&key).is_some() && !sec.bound_scope().contains(&key) {
+            if sec.run.fixed.bound(&key).is_some() && !sec.bound_scope().contains(&key) {
                 msg.push_str(" (alias is a bound tool slot but was neither added to this section's scope nor dispatched by tools.call)");
             } else if !counts.is_empty() {
                 msg.push_str(" - check for typos or add it via tools.add");
@@ -231,19 +231,13 @@ fn tools_always(lua: &Lua, args: MultiValue) -> HostResult<()> {
         }
     };
     check_alias(&alias)?;
-    if sec.run.bound(&alias).is_none() {
+    if sec.run.fixed.bound(&alias).is_none() {
         return Err(HostError::lua(format!(
             "tools.always alias \"{alias}\" is not a bound tool slot"
         ))
         .into());
     }
-    let mut always = sec.run.always.borrow_mut();
-    if !always.contains(&alias) {
-        always.push(alias.clone());
-    }
-    if let Some(d) = desc {
-        sec.run.always_desc.borrow_mut().insert(alias, d);
-    }
+    sec.run.add_always(alias, desc);
     Ok(())
 }
 
@@ -304,7 +298,7 @@ fn tools_add(lua: &Lua, args: MultiValue) -> HostResult<()> {
         check_alias(a)?;
     }
     for a in &aliases {
-        if sec.run.bound(a).is_none() {
+        if sec.run.fixed.bound(a).is_none() {
             return Err(HostError::lua(format!(
                 "tools.add alias \"{a}\" is not a bound tool slot"
             ))
@@ -336,7 +330,7 @@ fn tools_add_local(lua: &Lua, args: MultiValue) -> HostResult<()> {
         }
     };
     check_alias(&alias)?;
-    if sec.run.bound(&alias).is_some() {
+    if sec.run.fixed.bound(&alias).is_some() {
         return Err(HostError::lua(format!(
             "tools.add_local alias \"{alias}\" duplicates a bound tool slot"
         ))
@@ -465,10 +459,10 @@ pub(crate) async fn run_bound(
     args: Json,
 ) -> Result<BoundOutcome, HostError> {
     let _blocked = crate::tasks::blocked_on(sec, crate::tasks::Blocked::ToolCall);
-    let Some(b) = sec.run.bound(alias) else {
+    let Some(b) = sec.run.fixed.bound(alias) else {
         return Err(unbound(sec, alias));
     };
-    let cancel = sec.run.cancel.clone();
+    let cancel = sec.run.fixed.cancel.clone();
     let plugin = b.plugin.clone();
     let path = b.path.clone();
     let child = cancel.child_token();
@@ -479,7 +473,7 @@ pub(crate) async fn run_bound(
     };
     Ok(match result {
         Ok(text) if b.trusted => BoundOutcome::Output(text),
-        Ok(text) => BoundOutcome::Output(envelope(&text, &sec.run.nonce)),
+        Ok(text) => BoundOutcome::Output(envelope(&text, &sec.run.fixed.nonce)),
         Err(f) => BoundOutcome::Failed(f.0),
     })
 }
@@ -589,7 +583,7 @@ pub(crate) fn task_tool_decls(sec: &SectionCtx) -> Vec<ToolDecl> {
 }
 
 pub(crate) fn unbound(sec: &SectionCtx, name: &str) -> HostError {
-    let mut aliases = sec.run.bound_aliases();
+    let mut aliases = sec.run.fixed.bound_aliases();
     aliases.sort();
     HostError::new(
         ErrorKind::UnboundTool,
@@ -688,7 +682,7 @@ async fn tools_call(lua: Lua, args: MultiValue) -> HostResult<Value> {
         sec.report_tool_result(turn, "", &name, &text, true);
         return Ok(Value::String(lua.create_string(&text)?));
     }
-    let Some(b) = sec.run.bound(&name) else {
+    let Some(b) = sec.run.fixed.bound(&name) else {
         sec.boundary(EventKind::ToolCallFailed);
         return Err(unbound(&sec, &name).into());
     };
@@ -698,7 +692,7 @@ async fn tools_call(lua: Lua, args: MultiValue) -> HostResult<Value> {
     let outcome = match run_bound(&sec, &name, call_args).await {
         Ok(outcome) => outcome,
         Err(e) => {
-            if !sec.run.cancel.is_cancelled() {
+            if !sec.run.fixed.cancel.is_cancelled() {
                 sec.boundary(EventKind::ToolCallFailed);
             }
             return Err(e.into());
@@ -744,7 +738,7 @@ pub(crate) async fn run_local_reported(
     match &outcome {
         Ok(_) => sec.boundary(EventKind::ToolCallSucceeded),
         // A cancelled run reports nothing more for the call it interrupted.
-        Err(_) if sec.run.cancel.is_cancelled() => {}
+        Err(_) if sec.run.fixed.cancel.is_cancelled() => {}
         Err(_) => sec.boundary(EventKind::ToolCallFailed),
     }
     outcome

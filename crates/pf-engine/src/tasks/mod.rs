@@ -17,17 +17,17 @@ use pf_syntax::resolve_heading;
 use serde_json::Value as Json;
 
 use crate::claims::ClaimIdentity;
+use crate::ctx::ArmSeed;
 use crate::ctx::{arg, cancelled_error, host_async, host_fn, section, Chain, RunCtx, SectionCtx};
 use crate::error::{ErrorKind, HostError, HostResult, Raise};
-use crate::fanout::ArmSeed;
 use crate::json::lua_to_json;
 use crate::text::{envelope, lua_type_name};
 use crate::walk::{chain_argv, target_arg, walk_chain, Failure, DEPTH_CAP};
 
-mod table;
+pub(crate) mod table;
 
 use table::{key_text, parse_key, State, TaskEntry, TaskFuture, TaskOrigin};
-pub(crate) use table::{Blocked, TaskKey, TaskTable};
+pub(crate) use table::{Blocked, TaskKey};
 
 /// Poll every live task once, in spawn order (tasks spawned meanwhile included).
 pub(crate) fn drive(run: &RunCtx, cx: &mut Context<'_>) {
@@ -36,7 +36,7 @@ pub(crate) fn drive(run: &RunCtx, cx: &mut Context<'_>) {
     loop {
         // Take the next future out, so the table is free while the task runs.
         let next = {
-            let Ok(mut table) = run.tasks.try_borrow_mut() else {
+            let Ok(mut table) = run.task_table().try_borrow_mut() else {
                 return;
             };
             let found = table
@@ -55,7 +55,7 @@ pub(crate) fn drive(run: &RunCtx, cx: &mut Context<'_>) {
             done.push(key);
             continue;
         }
-        let Ok(mut table) = run.tasks.try_borrow_mut() else {
+        let Ok(mut table) = run.task_table().try_borrow_mut() else {
             return;
         };
         match table.entries.get_mut(&key) {
@@ -71,7 +71,7 @@ pub(crate) fn drive(run: &RunCtx, cx: &mut Context<'_>) {
 
 /// Drop every task still in the pool: the run has ended.
 pub(crate) fn end_run(run: &RunCtx) {
-    let futures: Vec<TaskFuture> = match run.tasks.try_borrow_mut() {
+    let futures: Vec<TaskFuture> = match run.task_table().try_borrow_mut() {
         Ok(mut table) => table
             .entries
             .values_mut()
@@ -104,7 +104,7 @@ impl OwnedTasks {
 
 impl Drop for OwnedTasks {
     fn drop(&mut self) {
-        let futures = match self.run.tasks.try_borrow_mut() {
+        let futures = match self.run.task_table().try_borrow_mut() {
             Ok(mut table) => table.abandon_owned(&self.owner),
             Err(_) => Vec::new(),
         };
@@ -115,7 +115,7 @@ impl Drop for OwnedTasks {
 /// The chain-end rule: a chain that ended normally with author tasks still
 /// live fails with `tasks_live` (the tasks are then abandoned by its guard).
 pub(crate) fn settle(run: &RunCtx, owner: &str) -> Result<(), HostError> {
-    let live = match run.tasks.try_borrow() {
+    let live = match run.task_table().try_borrow() {
         Ok(table) => table.live_owned(owner, Some(TaskOrigin::Author)),
         Err(_) => Vec::new(),
     };
@@ -139,7 +139,7 @@ struct TaskClaims {
 
 impl Drop for TaskClaims {
     fn drop(&mut self) {
-        if let Ok(mut claims) = self.run.claims.try_borrow_mut() {
+        if let Some(mut claims) = self.run.try_claims() {
             claims.release(&self.identity);
         }
     }
@@ -260,8 +260,8 @@ struct Resolved {
 }
 
 fn resolve_target(sec: &SectionCtx, target: &str) -> Result<Resolved, HostError> {
-    let prompt = Arc::clone(&sec.run.prompt);
-    let caller = sec.path.borrow().clone();
+    let prompt = Arc::clone(&sec.run.fixed.prompt);
+    let caller = sec.path.clone();
     let (path, found) = resolve_heading(&prompt, &caller, target).map_err(HostError::lua)?;
     if found.list_items.is_some() {
         return Err(HostError::lua(format!(
@@ -269,7 +269,7 @@ fn resolve_target(sec: &SectionCtx, target: &str) -> Result<Resolved, HostError>
             found.name
         )));
     }
-    if sec.chain.borrow().depth >= DEPTH_CAP {
+    if sec.chain.depth >= DEPTH_CAP {
         return Err(HostError::lua(format!(
             "call recursion exceeded cap of {DEPTH_CAP}"
         )));
@@ -291,7 +291,7 @@ fn start_task(
     model_section: Option<&str>,
 ) -> HostResult<String> {
     let run = Rc::clone(&sec.run);
-    let parent = Rc::clone(&sec.chain.borrow());
+    let parent = Rc::clone(&sec.chain);
     // The task takes its copy of var now: the var global must still be in place.
     crate::var::check_var_global(lua).map_err(HostError::lua)?;
     let argv = chain_argv(sec, lua, &input)?;
@@ -303,12 +303,10 @@ fn start_task(
         argv,
         parent.depth + 1,
         sec.var.borrow().clone(),
+        (seed.item.is_some() || seed.index.is_some()).then_some(seed),
     ));
-    if seed.item.is_some() || seed.index.is_some() {
-        *chain.seed.borrow_mut() = Some(seed);
-    }
     let future = task_future(&run, chain, key.clone(), resolved.path);
-    run.tasks.borrow_mut().entries.insert(
+    run.task_table().borrow_mut().entries.insert(
         key,
         TaskEntry {
             owner: parent.id.clone(),
@@ -350,7 +348,7 @@ fn task_future(run: &Rc<RunCtx>, chain: Rc<Chain>, key: TaskKey, start: Vec<usiz
             Err(failure) => Err(failure_value(failure)),
         };
         drop(owned);
-        if let Ok(mut table) = run.tasks.try_borrow_mut() {
+        if let Ok(mut table) = run.task_table().try_borrow_mut() {
             if let Some(entry) = table.entries.get_mut(&key) {
                 if entry.state == State::Running {
                     entry.state = State::Done;
@@ -404,7 +402,7 @@ fn not_owned(key: &[u32]) -> HostError {
 /// The calling chain's id and its task id.
 fn caller(lua: &Lua) -> HostResult<(Rc<RunCtx>, String, String)> {
     let sec = section(lua)?;
-    let chain = Rc::clone(&sec.chain.borrow());
+    let chain = Rc::clone(&sec.chain);
     let task = chain.task.borrow().clone();
     Ok((Rc::clone(&sec.run), chain.id.clone(), task))
 }
@@ -417,7 +415,7 @@ fn check_owned(
     key: &TaskKey,
     self_ok: bool,
 ) -> HostResult<()> {
-    let table = run.tasks.borrow();
+    let table = run.task_table().borrow();
     match table.entries.get(key) {
         Some(e) if e.owner == owner => Ok(()),
         Some(_) if self_ok && key_text(key) == own_task => Ok(()),
@@ -429,7 +427,7 @@ fn ready(lua: &Lua, args: MultiValue) -> HostResult<bool> {
     let (run, owner, own_task) = caller(lua)?;
     let key = task_arg(&arg(&args, 0), "tasks.ready")?;
     check_owned(&run, &owner, &own_task, &key, true)?;
-    let table = run.tasks.borrow();
+    let table = run.task_table().borrow();
     Ok(table
         .entries
         .get(&key)
@@ -440,7 +438,7 @@ fn status(lua: &Lua, args: MultiValue) -> HostResult<Table> {
     let (run, owner, own_task) = caller(lua)?;
     let key = task_arg(&arg(&args, 0), "tasks.status")?;
     check_owned(&run, &owner, &own_task, &key, true)?;
-    let table = run.tasks.borrow();
+    let table = run.task_table().borrow();
     let Some(entry) = table.entries.get(&key) else {
         return Err(not_owned(&key).into());
     };
@@ -517,7 +515,7 @@ fn pending(lua: &Lua, args: MultiValue) -> HostResult<Table> {
             .into())
         }
     };
-    let ids = run.tasks.borrow().live_owned(&owner, origin);
+    let ids = run.task_table().borrow().live_owned(&owner, origin);
     let out = lua.create_table()?;
     for (n, id) in ids.iter().enumerate() {
         out.raw_set(n + 1, handle(lua, id)?)?;
@@ -542,7 +540,7 @@ fn note(lua: &Lua, args: MultiValue) -> HostResult<()> {
     };
     // On the main walk there is no task record, so the note lands nowhere.
     if let Some(key) = parse_key(&own_task) {
-        if let Some(entry) = run.tasks.borrow_mut().entries.get_mut(&key) {
+        if let Some(entry) = run.task_table().borrow_mut().entries.get_mut(&key) {
             entry.note = Some(text);
         }
     }
@@ -554,7 +552,7 @@ fn cancel(lua: &Lua, args: MultiValue) -> HostResult<()> {
     let key = task_arg(&arg(&args, 0), "tasks.cancel")?;
     check_owned(&run, &owner, &own_task, &key, false)?;
     let future = {
-        let mut table = run.tasks.borrow_mut();
+        let mut table = run.task_table().borrow_mut();
         let future = match table.entries.get_mut(&key) {
             Some(entry) if entry.state == State::Running => {
                 entry.state = State::Cancelled;
@@ -588,7 +586,7 @@ fn wait_set(run: &RunCtx, owner: &str, value: &Value, call: &str) -> HostResult<
     if keys.is_empty() {
         return Err(HostError::lua(format!("{call} requires at least one task")).into());
     }
-    let table = run.tasks.borrow();
+    let table = run.task_table().borrow();
     for key in &keys {
         match table.entries.get(key) {
             Some(e) if e.owner == owner => {
@@ -643,7 +641,7 @@ fn timeout_opt(value: &Value, call: &str) -> HostResult<Option<std::time::Durati
 }
 
 fn ended(run: &RunCtx, key: &TaskKey) -> bool {
-    run.tasks
+    run.task_table()
         .borrow()
         .entries
         .get(key)
@@ -669,7 +667,7 @@ async fn park_until(
                 break;
             }
             tokio::task::yield_now().await;
-            if run.cancel.is_cancelled() {
+            if run.fixed.cancel.is_cancelled() {
                 return Err(Raise::from(cancelled_error()));
             }
         }
@@ -679,7 +677,10 @@ async fn park_until(
         if done() {
             return Poll::Ready(());
         }
-        run.tasks.borrow_mut().waiters.push(cx.waker().clone());
+        run.task_table()
+            .borrow_mut()
+            .waiters
+            .push(cx.waker().clone());
         Poll::Pending
     });
     let timed = async {
@@ -693,7 +694,7 @@ async fn park_until(
     };
     tokio::select! {
         biased;
-        _ = run.cancel.cancelled() => Err(Raise::from(cancelled_error())),
+        _ = run.fixed.cancel.cancelled() => Err(Raise::from(cancelled_error())),
         r = timed => Ok(r),
     }
 }
@@ -702,7 +703,7 @@ async fn park_until(
 fn deliver(lua: &Lua, run: &RunCtx, key: &TaskKey) -> HostResult<(bool, Value)> {
     let id = key_text(key);
     let outcome = {
-        let mut table = run.tasks.borrow_mut();
+        let mut table = run.task_table().borrow_mut();
         let Some(entry) = table.entries.get_mut(key) else {
             return Err(not_owned(key).into());
         };
@@ -735,7 +736,7 @@ fn deliver(lua: &Lua, run: &RunCtx, key: &TaskKey) -> HostResult<(bool, Value)> 
 /// A timed wait takes one index from the owner's child counter.
 fn take_timer_index(lua: &Lua) -> HostResult<()> {
     let sec = section(lua)?;
-    let chain = Rc::clone(&sec.chain.borrow());
+    let chain = Rc::clone(&sec.chain);
     chain.next_child_id();
     Ok(())
 }
@@ -843,7 +844,7 @@ pub(crate) fn model_task_key(
             "{name}: `{id}` is not a task id; use the id `task` returned"
         ));
     };
-    let table = run.tasks.borrow();
+    let table = run.task_table().borrow();
     match table.entries.get(&key) {
         Some(e) if e.origin == TaskOrigin::Model && e.owner_section == sec.id => Ok(key),
         _ => Err(format!("{name}: no model task with id {id}")),
@@ -852,7 +853,7 @@ pub(crate) fn model_task_key(
 
 /// The model's `task_status` line for one of its tasks.
 pub(crate) fn model_status_line(run: &RunCtx, key: &TaskKey) -> String {
-    let table = run.tasks.borrow();
+    let table = run.task_table().borrow();
     let id = key_text(key);
     let Some(entry) = table.entries.get(key) else {
         return format!("task_status: no model task with id {id}");
@@ -891,7 +892,7 @@ pub(crate) fn model_status_line(run: &RunCtx, key: &TaskKey) -> String {
 /// The model's `task_cancel`: end the task; its confirmation is the only word on it.
 pub(crate) fn model_cancel(run: &RunCtx, key: &TaskKey) -> String {
     let future = {
-        let mut table = run.tasks.borrow_mut();
+        let mut table = run.task_table().borrow_mut();
         let future = match table.entries.get_mut(key) {
             Some(entry) if entry.state == State::Running => {
                 entry.state = State::Cancelled;
@@ -910,7 +911,7 @@ pub(crate) fn model_cancel(run: &RunCtx, key: &TaskKey) -> String {
 
 /// Take the notices waiting for the section entry `section_id`, in end order.
 pub(crate) fn take_notices(run: &RunCtx, section_id: &str) -> Vec<String> {
-    let mut table = run.tasks.borrow_mut();
+    let mut table = run.task_table().borrow_mut();
     let mut due: Vec<(u64, TaskKey)> = table
         .entries
         .iter()
@@ -932,7 +933,7 @@ pub(crate) fn take_notices(run: &RunCtx, section_id: &str) -> Vec<String> {
         let head = format!("Task id={} (## {})", key_text(&key), entry.target);
         out.push(match (entry.state, &entry.result) {
             (State::Done, Some(Ok(text))) => {
-                format!("{head} completed: {}", envelope(text, &run.nonce))
+                format!("{head} completed: {}", envelope(text, &run.fixed.nonce))
             }
             (State::Done, Some(Err(e))) => format!("{head} failed: {}", e.message),
             (State::Done, None) => format!("{head} failed: the task ended without a result"),
@@ -943,7 +944,7 @@ pub(crate) fn take_notices(run: &RunCtx, section_id: &str) -> Vec<String> {
 }
 
 fn has_notices(run: &RunCtx, section_id: &str) -> bool {
-    run.tasks.borrow().entries.values().any(|e| {
+    run.task_table().borrow().entries.values().any(|e| {
         e.origin == TaskOrigin::Model
             && e.owner_section == section_id
             && !e.noticed
@@ -952,7 +953,7 @@ fn has_notices(run: &RunCtx, section_id: &str) -> bool {
 }
 
 fn running_model_tasks(run: &RunCtx, section_id: &str) -> Vec<String> {
-    run.tasks
+    run.task_table()
         .borrow()
         .entries
         .iter()
@@ -981,17 +982,17 @@ pub(crate) async fn model_await(
         let Some((limit, text)) = timeout else {
             return Ok("nothing to wait for".to_string());
         };
-        sec.chain.borrow().next_child_id();
+        sec.chain.next_child_id();
         tokio::select! {
             biased;
-            _ = run.cancel.cancelled() => return Err(Raise::from(cancelled_error())),
+            _ = run.fixed.cancel.cancelled() => return Err(Raise::from(cancelled_error())),
             _ = tokio::time::sleep(limit) => {}
         }
         return Ok(format!("slept {text} seconds"));
     }
     let limit = timeout.map(|(limit, _)| limit);
     if limit.is_some() {
-        sec.chain.borrow().next_child_id();
+        sec.chain.next_child_id();
     }
     let _blocked = blocked_on(sec, Blocked::Tasks);
     let woke = park_until(&run, limit, || {
@@ -1014,7 +1015,7 @@ pub(crate) async fn model_await(
 /// The key of the task whose own chain runs `sec`: none on the main walk, a
 /// called chain or a fanout arm (a called chain's waits show as `call`).
 fn own_chain_task(sec: &SectionCtx) -> Option<TaskKey> {
-    let chain = sec.chain.borrow();
+    let chain = &sec.chain;
     let task = chain.task.borrow();
     (*task == chain.id).then(|| parse_key(&chain.id)).flatten()
 }
@@ -1022,7 +1023,7 @@ fn own_chain_task(sec: &SectionCtx) -> Option<TaskKey> {
 /// Record that the task whose own chain runs `sec` is now in `sec`'s section.
 pub(crate) fn entered_section(sec: &SectionCtx) {
     if let Some(key) = own_chain_task(sec) {
-        if let Some(entry) = sec.run.tasks.borrow_mut().entries.get_mut(&key) {
+        if let Some(entry) = sec.run.task_table().borrow_mut().entries.get_mut(&key) {
             entry.section = Some(sec.name.clone());
             entry.blocked = None;
         }
@@ -1039,7 +1040,7 @@ pub(crate) struct BlockedGuard {
 pub(crate) fn blocked_on(sec: &SectionCtx, what: Blocked) -> BlockedGuard {
     let key = own_chain_task(sec);
     if let Some(key) = &key {
-        if let Some(entry) = sec.run.tasks.borrow_mut().entries.get_mut(key) {
+        if let Some(entry) = sec.run.task_table().borrow_mut().entries.get_mut(key) {
             entry.blocked = Some(what);
         }
     }
@@ -1053,7 +1054,7 @@ impl Drop for BlockedGuard {
     fn drop(&mut self) {
         let Some(key) = &self.key else { return };
         // A drop during a table borrow (never expected) just leaves the mark.
-        if let Ok(mut table) = self.run.tasks.try_borrow_mut() {
+        if let Ok(mut table) = self.run.task_table().try_borrow_mut() {
             if let Some(entry) = table.entries.get_mut(key) {
                 entry.blocked = None;
             }
@@ -1064,9 +1065,9 @@ impl Drop for BlockedGuard {
 /// Count one completed model round for the task `sec` runs inside (its
 /// nearest enclosing task, so a called chain's rounds count for the task).
 pub(crate) fn count_task_turn(sec: &SectionCtx) {
-    let task = sec.chain.borrow().task.borrow().clone();
+    let task = sec.chain.task.borrow().clone();
     if let Some(key) = parse_key(&task) {
-        if let Some(entry) = sec.run.tasks.borrow_mut().entries.get_mut(&key) {
+        if let Some(entry) = sec.run.task_table().borrow_mut().entries.get_mut(&key) {
             entry.turns = entry.turns.saturating_add(1);
         }
     }
