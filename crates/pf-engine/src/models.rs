@@ -19,10 +19,8 @@ use crate::error::{ErrorKind, HostError, HostResult, Raise, RunErrorKind};
 use crate::events::{deliver, fields, EventKind, LiveText};
 use crate::json::json_to_lua;
 use crate::models_check::{check_across, compose, estimate_tokens, read_list, to_wire};
-use crate::text::{envelope, float_text, lua_type_name};
-use crate::tools::{
-    list_text, run_bound, run_local_reported, valid_alias, BoundOutcome, ENGINE_TOOL_NAMES,
-};
+use crate::text::{float_text, lua_type_name};
+use crate::tools::{call_tool, list_text, valid_alias, Caller, ENGINE_TOOL_NAMES};
 
 /// The context window of a handle made for a raw model id.
 const MODEL_ID_CONTEXT: u64 = 8192;
@@ -952,79 +950,6 @@ fn checked_records(
     Ok(records)
 }
 
-/// Run one of the Engine's task built-ins for the model: `(succeeded, text)`.
-async fn task_builtin(
-    lua: &Lua,
-    sec: &Rc<SectionCtx>,
-    name: &str,
-    arguments: &Json,
-) -> HostResult<(bool, String)> {
-    use crate::tasks;
-    let field = |key: &str| arguments.get(key).filter(|v| !v.is_null());
-    let run = Rc::clone(&sec.run);
-    Ok(match name {
-        "task" => {
-            let Some(Json::String(target)) = arguments.get("target") else {
-                return Ok((
-                    false,
-                    "task: `target` must be a string naming a section heading, such as `## Research`"
-                        .to_string(),
-                ));
-            };
-            let input = match field("input") {
-                None => None,
-                Some(Json::String(text)) => Some(text.clone()),
-                Some(_) => {
-                    return Ok((
-                        false,
-                        "task: `input` must be a string when given".to_string(),
-                    ))
-                }
-            };
-            let target = target.trim();
-            let allowed = sec.task_allow.borrow().clone().unwrap_or_default();
-            if !allowed.is_empty() && !allowed.iter().any(|a| a == target) {
-                return Ok((
-                    false,
-                    format!(
-                        "task: target `{target}` is not allowed; allowed targets: {}",
-                        allowed.join(", ")
-                    ),
-                ));
-            }
-            match tasks::model_start(lua, sec, target, input) {
-                Ok(text) => (true, text),
-                Err(text) => (false, text),
-            }
-        }
-        "task_status" | "task_cancel" => {
-            match tasks::model_task_key(&run, sec, name, arguments.get("id")) {
-                Err(text) => (false, text),
-                Ok(key) if name == "task_status" => (true, tasks::model_status_line(&run, &key)),
-                Ok(key) => (true, tasks::model_cancel(&run, &key)),
-            }
-        }
-        _ => {
-            let refusal =
-                "await_tasks: `timeout` must be a non-negative number of seconds when given";
-            let timeout = match field("timeout") {
-                None => None,
-                Some(Json::Number(n)) => {
-                    match n
-                        .as_f64()
-                        .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
-                    {
-                        Some(limit) => Some((limit, n.to_string())),
-                        None => return Ok((false, refusal.to_string())),
-                    }
-                }
-                Some(_) => return Ok((false, refusal.to_string())),
-            };
-            (true, tasks::model_await(sec, timeout).await?)
-        }
-    })
-}
-
 async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
     let sec = section(&lua)?;
     let first = arg(&args, 0);
@@ -1159,48 +1084,9 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
         // Run the batch in call order, then append it whole.
         let mut results: Vec<String> = Vec::with_capacity(calls.len());
         for (call, arguments) in &calls {
-            sec.count_call(&call.name);
-            let text = if ENGINE_TOOL_NAMES.contains(&call.name.as_str()) {
-                // The Engine's own task tools: every fault is text the model reads.
-                let (ok, text) = task_builtin(&lua, &sec, &call.name, arguments).await?;
-                sec.boundary(if ok {
-                    EventKind::ToolCallSucceeded
-                } else {
-                    EventKind::ToolCallFailed
-                });
-                sec.report_tool_result(turn, &call.id, &call.name, &text, true);
-                text
-            } else if sec.has_local(&call.name) {
-                let text = run_local_reported(&lua, &sec, &call.name, arguments).await?;
-                sec.report_tool_result(turn, &call.id, &call.name, &text, true);
-                text
-            } else {
-                let trusted = sec.run.fixed.bound(&call.name).is_some_and(|b| b.trusted);
-                let outcome = match run_bound(&sec, &call.name, arguments.clone()).await {
-                    Ok(outcome) => outcome,
-                    Err(e) => {
-                        if !sec.run.fixed.cancel.is_cancelled() {
-                            sec.boundary(EventKind::ToolCallFailed);
-                        }
-                        return Err(e.into());
-                    }
-                };
-                match outcome {
-                    BoundOutcome::Output(t) => {
-                        sec.boundary(EventKind::ToolCallSucceeded);
-                        sec.report_tool_result(turn, &call.id, &call.name, &t, trusted);
-                        t
-                    }
-                    BoundOutcome::Failed(m) => {
-                        // Reported before it becomes the failure text the model reads.
-                        sec.boundary(EventKind::ToolCallFailed);
-                        let t = envelope(&m, &sec.run.fixed.nonce);
-                        sec.report_tool_result(turn, &call.id, &call.name, &t, false);
-                        t
-                    }
-                }
-            };
-            results.push(text);
+            let caller = Caller::Model { call_id: &call.id };
+            let reply = call_tool(&lua, &sec, caller, &call.name, arguments.clone(), turn).await?;
+            results.push(reply.into_text());
         }
         answered_any = true;
         let rec = text_record(

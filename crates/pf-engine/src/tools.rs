@@ -445,7 +445,7 @@ fn param_schema(params: &Table) -> Result<Json, Raise> {
 // ---------------------------------------------------------------------------
 
 /// How a bound tool call ended.
-pub(crate) enum BoundOutcome {
+enum BoundOutcome {
     /// The output text, already wrapped when the tool is untrusted.
     Output(String),
     /// The tool's own failure message.
@@ -453,7 +453,7 @@ pub(crate) enum BoundOutcome {
 }
 
 /// Run one bound tool (Harness work); counts nothing.
-pub(crate) async fn run_bound(
+async fn run_bound(
     sec: &Rc<SectionCtx>,
     alias: &str,
     args: Json,
@@ -605,7 +605,7 @@ impl Drop for HandlerGuard {
 }
 
 /// Run a local tool's handler in this chain; its errors come back as the raised value.
-pub(crate) async fn run_local(
+async fn run_local(
     lua: &Lua,
     sec: &Rc<SectionCtx>,
     alias: &str,
@@ -672,24 +672,89 @@ async fn tools_call(lua: Lua, args: MultiValue) -> HostResult<Value> {
     };
     // A script call's `tool_result` carries the rounds completed when it was made.
     let turn = sec.run.turns();
-    if ENGINE_TOOL_NAMES.contains(&name.as_str()) {
-        sec.boundary(EventKind::ToolCallFailed);
-        return Err(unbound(&sec, &name).into());
+    match call_tool(&lua, &sec, Caller::Script, &name, call_args, turn).await? {
+        ToolReply::Text(text) => Ok(Value::String(lua.create_string(&text)?)),
+        ToolReply::Structured(json) => Ok(json_to_lua(&lua, &json)?),
     }
-    if sec.has_local(&name) {
-        sec.count_call(&name);
-        let text = run_local_reported(&lua, &sec, &name, &call_args).await?;
-        sec.report_tool_result(turn, "", &name, &text, true);
-        return Ok(Value::String(lua.create_string(&text)?));
+}
+
+/// Who makes a tool call: block code (`tools.call`) or a model round
+/// (`models.loop`), with the model's call id.
+#[derive(Clone, Copy)]
+pub(crate) enum Caller<'a> {
+    Script,
+    Model { call_id: &'a str },
+}
+
+/// What a call gives back to its caller.
+pub(crate) enum ToolReply {
+    /// The output text (wrapped when untrusted); for a model, also a failure's text.
+    Text(String),
+    /// A structured tool's parsed output (script calls only).
+    Structured(Json),
+}
+
+impl ToolReply {
+    /// The reply as the text a model reads.
+    pub(crate) fn into_text(self) -> String {
+        match self {
+            ToolReply::Text(text) => text,
+            ToolReply::Structured(json) => json.to_string(),
+        }
     }
-    let Some(b) = sec.run.fixed.bound(&name) else {
+}
+
+/// The one tool dispatch, for `tools.call` and `models.loop` alike: the
+/// Engine's task tools (models only), then local tools, then bound slots.
+/// A model's failed call becomes text it reads; a script's raises. A model's
+/// calls are counted whatever they name, a script's once they name a tool.
+/// Every call reports `tool_call_succeeded` or `tool_call_failed` (nothing
+/// more once the run is cancelled) and, when it gave output, `tool_result`.
+pub(crate) async fn call_tool(
+    lua: &Lua,
+    sec: &Rc<SectionCtx>,
+    caller: Caller<'_>,
+    name: &str,
+    args: Json,
+    turn: u32,
+) -> HostResult<ToolReply> {
+    let (by_model, call_id) = match caller {
+        Caller::Script => (false, ""),
+        Caller::Model { call_id } => (true, call_id),
+    };
+    if ENGINE_TOOL_NAMES.contains(&name) {
+        if !by_model {
+            sec.boundary(EventKind::ToolCallFailed);
+            return Err(unbound(sec, name).into());
+        }
+        sec.count_call(name);
+        // The Engine's own task tools: every fault is text the model reads.
+        let (ok, text) = crate::tasks::model_builtin(lua, sec, name, &args).await?;
+        sec.boundary(if ok {
+            EventKind::ToolCallSucceeded
+        } else {
+            EventKind::ToolCallFailed
+        });
+        sec.report_tool_result(turn, call_id, name, &text, true);
+        return Ok(ToolReply::Text(text));
+    }
+    if sec.has_local(name) {
+        sec.count_call(name);
+        let text = run_local_reported(lua, sec, name, &args).await?;
+        sec.report_tool_result(turn, call_id, name, &text, true);
+        return Ok(ToolReply::Text(text));
+    }
+    let Some(b) = sec.run.fixed.bound(name) else {
+        if by_model {
+            sec.count_call(name);
+        }
         sec.boundary(EventKind::ToolCallFailed);
-        return Err(unbound(&sec, &name).into());
+        return Err(unbound(sec, name).into());
     };
     let structured = b.structured;
     let trusted = b.trusted;
-    sec.count_call(&name);
-    let outcome = match run_bound(&sec, &name, call_args).await {
+    sec.count_call(name);
+    let outcome = match run_bound(sec, name, args).await {
         Ok(outcome) => outcome,
         Err(e) => {
             if !sec.run.fixed.cancel.is_cancelled() {
@@ -699,36 +764,48 @@ async fn tools_call(lua: Lua, args: MultiValue) -> HostResult<Value> {
         }
     };
     match outcome {
-        BoundOutcome::Output(text) if structured => match serde_json::from_str::<Json>(&text) {
-            Ok(j) => {
-                sec.boundary(EventKind::ToolCallSucceeded);
-                sec.report_tool_result(turn, "", &name, &text, trusted);
-                Ok(json_to_lua(&lua, &j)?)
+        // A model reads a structured tool's output as the text it is.
+        BoundOutcome::Output(text) if structured && !by_model => {
+            match serde_json::from_str::<Json>(&text) {
+                Ok(json) => {
+                    sec.boundary(EventKind::ToolCallSucceeded);
+                    sec.report_tool_result(turn, call_id, name, &text, trusted);
+                    Ok(ToolReply::Structured(json))
+                }
+                Err(_) => {
+                    sec.boundary(EventKind::ToolCallFailed);
+                    Err(HostError::new(
+                        ErrorKind::Tool,
+                        format!(
+                            "tool call failure: structured tool \"{name}\" returned invalid JSON"
+                        ),
+                    )
+                    .into())
+                }
             }
-            Err(_) => {
-                sec.boundary(EventKind::ToolCallFailed);
-                Err(HostError::new(
-                    ErrorKind::Tool,
-                    format!("tool call failure: structured tool \"{name}\" returned invalid JSON"),
-                )
-                .into())
-            }
-        },
+        }
         BoundOutcome::Output(text) => {
             sec.boundary(EventKind::ToolCallSucceeded);
-            sec.report_tool_result(turn, "", &name, &text, trusted);
-            Ok(Value::String(lua.create_string(&text)?))
+            sec.report_tool_result(turn, call_id, name, &text, trusted);
+            Ok(ToolReply::Text(text))
         }
-        BoundOutcome::Failed(msg) => {
+        BoundOutcome::Failed(message) if by_model => {
+            // Reported before it becomes the failure text the model reads.
             sec.boundary(EventKind::ToolCallFailed);
-            Err(HostError::new(ErrorKind::Tool, format!("tool call failure: {msg}")).into())
+            let text = envelope(&message, &sec.run.fixed.nonce);
+            sec.report_tool_result(turn, call_id, name, &text, false);
+            Ok(ToolReply::Text(text))
+        }
+        BoundOutcome::Failed(message) => {
+            sec.boundary(EventKind::ToolCallFailed);
+            Err(HostError::new(ErrorKind::Tool, format!("tool call failure: {message}")).into())
         }
     }
 }
 
 /// Run a local tool and report its outcome: a handler that returns succeeded,
 /// one that raises or returns a table failed (before the error reaches the caller).
-pub(crate) async fn run_local_reported(
+async fn run_local_reported(
     lua: &Lua,
     sec: &Rc<SectionCtx>,
     alias: &str,

@@ -1072,3 +1072,75 @@ pub(crate) fn count_task_turn(sec: &SectionCtx) {
         }
     }
 }
+
+/// Run one of the Engine's task built-ins for the model: `(succeeded, text)`.
+pub(crate) async fn model_builtin(
+    lua: &Lua,
+    sec: &Rc<SectionCtx>,
+    name: &str,
+    arguments: &Json,
+) -> HostResult<(bool, String)> {
+    let field = |key: &str| arguments.get(key).filter(|v| !v.is_null());
+    let run = Rc::clone(&sec.run);
+    Ok(match name {
+        "task" => {
+            let Some(Json::String(target)) = arguments.get("target") else {
+                return Ok((
+                    false,
+                    "task: `target` must be a string naming a section heading, such as `## Research`"
+                        .to_string(),
+                ));
+            };
+            let input = match field("input") {
+                None => None,
+                Some(Json::String(text)) => Some(text.clone()),
+                Some(_) => {
+                    return Ok((
+                        false,
+                        "task: `input` must be a string when given".to_string(),
+                    ))
+                }
+            };
+            let target = target.trim();
+            let allowed = sec.task_allow.borrow().clone().unwrap_or_default();
+            if !allowed.is_empty() && !allowed.iter().any(|a| a == target) {
+                return Ok((
+                    false,
+                    format!(
+                        "task: target `{target}` is not allowed; allowed targets: {}",
+                        allowed.join(", ")
+                    ),
+                ));
+            }
+            match model_start(lua, sec, target, input) {
+                Ok(text) => (true, text),
+                Err(text) => (false, text),
+            }
+        }
+        "task_status" | "task_cancel" => {
+            match model_task_key(&run, sec, name, arguments.get("id")) {
+                Err(text) => (false, text),
+                Ok(key) if name == "task_status" => (true, model_status_line(&run, &key)),
+                Ok(key) => (true, model_cancel(&run, &key)),
+            }
+        }
+        _ => {
+            let refusal =
+                "await_tasks: `timeout` must be a non-negative number of seconds when given";
+            let timeout = match field("timeout") {
+                None => None,
+                Some(Json::Number(n)) => {
+                    match n
+                        .as_f64()
+                        .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
+                    {
+                        Some(limit) => Some((limit, n.to_string())),
+                        None => return Ok((false, refusal.to_string())),
+                    }
+                }
+                Some(_) => return Ok((false, refusal.to_string())),
+            };
+            (true, model_await(sec, timeout).await?)
+        }
+    })
+}
