@@ -80,7 +80,7 @@ pub fn check_version(prompt: &Prompt) -> Result<(), RunError> {
         Some(VersionValue::Major(0)) => Ok(()),
         Some(VersionValue::Major(n)) => Err(RunError::new(
             RunErrorKind::Version,
-            format!("unsupported promptforge version: {n} (this build supports major 0)"),
+            pf_syntax::unsupported_version_message(*n),
         )),
     }
 }

@@ -20,12 +20,11 @@ use crate::events::{deliver, fields, EventKind, LiveText};
 use crate::json::json_to_lua;
 use crate::models_check::{check_across, compose, estimate_tokens, read_list, to_wire};
 use crate::text::{float_text, lua_type_name};
-use crate::tools::{call_tool, list_text, valid_alias, Caller, ENGINE_TOOL_NAMES};
+use crate::tools::{call_tool, list_text, Caller, ENGINE_TOOL_NAMES};
+use pf_syntax::{is_valid_name, NAME_GRAMMAR};
 
 /// The context window of a handle made for a raw model id.
 const MODEL_ID_CONTEXT: u64 = 8192;
-
-const NAME_GRAMMAR: &str = "[A-Za-z][A-Za-z0-9_-]{0,63}";
 
 // ---------------------------------------------------------------------------
 // Model handles
@@ -175,7 +174,7 @@ fn label_text(args: &MultiValue, call: &str) -> Result<String, HostError> {
 }
 
 fn check_grammar(name: &str) -> Result<(), HostError> {
-    if valid_alias(name) {
+    if is_valid_name(name) {
         Ok(())
     } else {
         Err(HostError::lua(format!(

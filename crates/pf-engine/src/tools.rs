@@ -8,6 +8,7 @@ use mlua::{
     Value,
 };
 use pf_harness::ToolDecl;
+use pf_syntax::{is_valid_name, NAME_GRAMMAR};
 use serde_json::{json, Map, Value as Json};
 
 use crate::ctx::{
@@ -22,22 +23,12 @@ use crate::text::{envelope, lua_type_name, scalar_text};
 pub(crate) const ENGINE_TOOL_NAMES: [&str; 4] =
     ["task", "task_cancel", "task_status", "await_tasks"];
 
-/// The alias grammar `[A-Za-z][A-Za-z0-9_-]{0,63}`.
-pub(crate) fn valid_alias(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 64
-        && b[0].is_ascii_alphabetic()
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || *c == b'_' || *c == b'-')
-}
-
 fn check_alias(s: &str) -> Result<(), HostError> {
-    if valid_alias(s) {
+    if is_valid_name(s) {
         Ok(())
     } else {
         Err(HostError::lua(format!(
-            "invalid alias \"{s}\": expected [A-Za-z][A-Za-z0-9_-]{{0,63}}"
+            "invalid alias \"{s}\": expected {NAME_GRAMMAR}"
         )))
     }
 }
