@@ -650,3 +650,34 @@ pub(crate) fn frozen_newindex(lua: &Lua, message: fn(&str) -> String) -> mlua::R
         Err(HostError::lua(message(&key)).into())
     })
 }
+
+thread_local! {
+    /// Bytecode of the engine's own Lua chunks, compiled once per thread: every
+    /// section VM runs them, and lexing them again for each VM was most of a VM's cost.
+    static INTERNAL_BYTECODE: std::cell::RefCell<std::collections::HashMap<&'static str, Vec<u8>>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+/// Load one of the engine's own chunks (never prompt code: prompt chunks stay text-only).
+pub(crate) fn internal_chunk(
+    lua: &Lua,
+    name: &'static str,
+    source: &'static str,
+) -> mlua::Result<mlua::Function> {
+    let cached = INTERNAL_BYTECODE.with(|c| c.borrow().get(name).cloned());
+    if let Some(code) = cached {
+        return lua
+            .load(code)
+            .set_name(name)
+            .set_mode(mlua::ChunkMode::Binary)
+            .into_function();
+    }
+    let f = lua
+        .load(source)
+        .set_name(name)
+        .set_mode(mlua::ChunkMode::Text)
+        .into_function()?;
+    let code = f.dump(false);
+    INTERNAL_BYTECODE.with(|c| c.borrow_mut().insert(name, code));
+    Ok(f)
+}

@@ -444,7 +444,7 @@ return messages, M
 
 pub(crate) fn make_messages(lua: &Lua) -> mlua::Result<Table> {
     let (messages, mt): (Table, Table) =
-        crate::vm::internal_chunk(lua, "=[promptforge messages]", MESSAGES_METHODS)?.call(())?;
+        crate::ctx::internal_chunk(lua, "=[promptforge messages]", MESSAGES_METHODS)?.call(())?;
     lua.set_named_registry_value("pf.messages_mt", mt)?;
     Ok(messages)
 }

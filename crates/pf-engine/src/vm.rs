@@ -4,9 +4,9 @@ use std::rc::Rc;
 
 use mlua::{HookTriggers, Lua, LuaOptions, MultiValue, StdLib, Table, Value, VmState};
 
-use crate::ctx::{arg, helpers, host_async, host_fn, section, string_arg, SectionCtx};
+use crate::ctx::{arg, host_async, host_fn, internal_chunk, section, string_arg, SectionCtx};
 use crate::error::{ErrorKind, HostError, Raise};
-use crate::json::{json_to_lua, lua_to_json};
+use crate::json::json_to_lua;
 use crate::text::{envelope, float_text, lua_type_name};
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
@@ -333,47 +333,4 @@ fn make_input(lua: &Lua) -> mlua::Result<Table> {
         })?,
     )?;
     Ok(t)
-}
-
-/// Convert a Lua value to JSON for `var`, with the guard's message.
-pub(crate) fn var_json(value: &Value, path: &str) -> Result<serde_json::Value, HostError> {
-    lua_to_json(value, path)
-        .map_err(|e| HostError::lua(format!("{} must be JSON data, got {}", e.path, e.found)))
-}
-
-/// The mapped helper table (for modules that need H).
-#[allow(dead_code)]
-pub(crate) fn h(lua: &Lua) -> mlua::Result<Table> {
-    helpers(lua)
-}
-
-thread_local! {
-    /// Bytecode of the engine's own Lua chunks, compiled once per thread: every
-    /// section VM runs them, and lexing them again for each VM was most of a VM's cost.
-    static INTERNAL_BYTECODE: std::cell::RefCell<std::collections::HashMap<&'static str, Vec<u8>>> =
-        std::cell::RefCell::new(std::collections::HashMap::new());
-}
-
-/// Load one of the engine's own chunks (never prompt code: prompt chunks stay text-only).
-pub(crate) fn internal_chunk(
-    lua: &Lua,
-    name: &'static str,
-    source: &'static str,
-) -> mlua::Result<mlua::Function> {
-    let cached = INTERNAL_BYTECODE.with(|c| c.borrow().get(name).cloned());
-    if let Some(code) = cached {
-        return lua
-            .load(code)
-            .set_name(name)
-            .set_mode(mlua::ChunkMode::Binary)
-            .into_function();
-    }
-    let f = lua
-        .load(source)
-        .set_name(name)
-        .set_mode(mlua::ChunkMode::Text)
-        .into_function()?;
-    let code = f.dump(false);
-    INTERNAL_BYTECODE.with(|c| c.borrow_mut().insert(name, code));
-    Ok(f)
 }
