@@ -1,6 +1,10 @@
-//! Run-wide and section-wide state, and the helpers that register host functions.
+//! Run-wide, chain and section-entry state, and the helpers that register host
+//! functions.
+//!
+//! A leaf the other engine modules build on: it imports only the other leaves
+//! (`error`, `events`, `claims`, `text` and the task table), never a namespace.
 
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, RefCell, RefMut};
 use std::collections::HashMap;
 use std::future::Future;
 use std::rc::Rc;
@@ -9,9 +13,12 @@ use std::sync::Arc;
 use mlua::{Function, IntoLuaMulti, Lua, MultiValue, Table, Value};
 use pf_harness::{ActivePlugin, CancellationToken, HostServices, ModelProvider};
 use pf_syntax::{Prompt, RoleDecl};
-use serde_json::Value as Json;
+use serde_json::{json, Map, Value as Json};
 
-use crate::error::{error_table, HostError, HostResult, Raise};
+use crate::claims::{ClaimIdentity, ClaimRegistry};
+use crate::error::{error_table, ErrorKind, HostError, HostResult, Raise, RunError};
+use crate::events::{fields as event_fields, EventKind, EventLog, LiveOutput, RunEvent};
+use crate::tasks::table::TaskTable;
 
 /// A tool slot bound at prepare.
 pub(crate) struct BoundTool {
@@ -37,14 +44,18 @@ pub struct Checkpoint {
     pub message: String,
 }
 
-/// State shared by every chain of one run.
-pub(crate) struct RunCtx {
+/// What a run fixes at prepare: read by every chain, never changed while it runs.
+pub(crate) struct RunFixed {
     pub prompt: Arc<Prompt>,
+    /// The run's argument string and its parsed, frozen `argv`.
     pub args: String,
     pub argv: Option<Json>,
     pub execution: String,
+    /// The run's start instant as `sys.when` shows it.
     pub when: String,
+    /// The untrusted envelope's nonce (seed-derived).
     pub nonce: String,
+    /// The Host's cancel (Ctrl-C).
     pub cancel: CancellationToken,
     pub services: HostServices,
     pub ui: Option<Json>,
@@ -53,39 +64,18 @@ pub(crate) struct RunCtx {
     pub store: pf_store::Store,
     /// Bound slots in declaration order.
     pub bound: Vec<BoundTool>,
-    pub always: RefCell<Vec<String>>,
-    pub always_desc: RefCell<HashMap<String, String>>,
     pub model: Option<Arc<dyn ModelProvider>>,
     pub roles: Vec<RoleDecl>,
-    pub default_role: RefCell<Option<String>>,
+    /// The `models.loop` round cap.
     pub max_rounds: u32,
-    pub checkpoints: RefCell<Vec<Checkpoint>>,
     pub section_count: usize,
-    /// The walk's current `var`.
-    pub var: RefCell<Json>,
     pub log_event_quota: u32,
     pub memory_limit: usize,
     /// The Host's live output, when it shows one.
-    pub live: Option<crate::LiveOutput>,
-    /// The events reported so far, in order.
-    pub events: RefCell<Vec<crate::RunEvent>>,
-    /// The main walk's next sequence number.
-    pub seq: Cell<u32>,
-    /// The main walk's round count.
-    pub turns: Cell<u32>,
-    /// Every live chain's store claims (guide ch. 09 "Claims").
-    pub claims: RefCell<crate::claims::ClaimRegistry>,
-    /// A failure that ends the whole run on the spot, past every `pcall` (a
-    /// claims conflict in block code); the first one is kept.
-    pub fatal: RefCell<Option<crate::error::RunError>>,
-    /// Cancelled when `fatal` is set: the instruction hook, the sandbox `pcall`
-    /// and every suspending call watch it, so the block cannot continue.
-    pub abort: CancellationToken,
-    /// Every task of the run (guide ch. 15).
-    pub tasks: RefCell<crate::tasks::TaskTable>,
+    pub live: Option<LiveOutput>,
 }
 
-impl RunCtx {
+impl RunFixed {
     pub fn bound(&self, alias: &str) -> Option<&BoundTool> {
         self.bound.iter().find(|b| b.alias == alias)
     }
@@ -95,12 +85,151 @@ impl RunCtx {
     pub fn role(&self, label: &str) -> Option<&RoleDecl> {
         self.roles.iter().find(|r| r.label == label)
     }
+}
+
+/// The `tools.always` scope: aliases in the order first added, with overrides.
+#[derive(Default)]
+struct AlwaysScope {
+    aliases: Vec<String>,
+    descriptions: HashMap<String, String>,
+}
+
+/// What a finished run hands back to the Host.
+pub(crate) struct RunRecord {
+    /// The failure that ended the run on the spot, if one did.
+    pub fatal: Option<RunError>,
+    pub checkpoints: Vec<Checkpoint>,
+    pub events: Vec<RunEvent>,
+}
+
+/// State shared by every chain of one run: what prepare fixed, and what changes
+/// as the run goes, reachable only through methods that keep its rules.
+pub(crate) struct RunCtx {
+    pub fixed: RunFixed,
+    always: RefCell<AlwaysScope>,
+    /// The prompt-wide default role; once set it never changes.
+    default_role: RefCell<Option<String>>,
+    checkpoints: RefCell<Vec<Checkpoint>>,
+    events: RefCell<EventLog>,
+    /// The main walk's round count.
+    turns: Cell<u32>,
+    /// Every live chain's store claims (guide ch. 09 "Claims").
+    claims: RefCell<ClaimRegistry>,
+    /// A failure that ends the whole run on the spot, past every `pcall` (a
+    /// claims conflict in block code); the first one is kept.
+    fatal: RefCell<Option<RunError>>,
+    /// Cancelled exactly when `fatal` is set: the instruction hook, the sandbox
+    /// `pcall` and every suspending call watch it, so the block cannot continue.
+    abort: CancellationToken,
+    /// Every task of the run (guide ch. 15).
+    tasks: RefCell<TaskTable>,
+}
+
+impl RunCtx {
+    pub fn new(fixed: RunFixed) -> Self {
+        RunCtx {
+            fixed,
+            always: Default::default(),
+            default_role: Default::default(),
+            checkpoints: Default::default(),
+            events: Default::default(),
+            turns: Default::default(),
+            claims: Default::default(),
+            fatal: Default::default(),
+            abort: CancellationToken::new(),
+            tasks: Default::default(),
+        }
+    }
+
+    /// The `tools.always` aliases, in the order first added.
+    pub fn always_aliases(&self) -> Vec<String> {
+        self.always.borrow().aliases.clone()
+    }
+
+    /// The description `tools.always` gave `alias`, if it overrode one.
+    pub fn always_description(&self, alias: &str) -> Option<String> {
+        self.always.borrow().descriptions.get(alias).cloned()
+    }
+
+    /// Put `alias` in every section's scope (once), overriding its description when given.
+    pub fn add_always(&self, alias: String, description: Option<String>) {
+        let mut always = self.always.borrow_mut();
+        if !always.aliases.contains(&alias) {
+            always.aliases.push(alias.clone());
+        }
+        if let Some(d) = description {
+            always.descriptions.insert(alias, d);
+        }
+    }
+
+    /// The prompt-wide default role, once `models.default` chose one.
+    pub fn default_role(&self) -> Option<String> {
+        self.default_role.borrow().clone()
+    }
+
+    /// Choose the prompt-wide default role. It cannot change once chosen:
+    /// choosing another gives back the one in place.
+    pub fn choose_default_role(&self, label: &str) -> Result<(), String> {
+        let mut current = self.default_role.borrow_mut();
+        match current.as_ref() {
+            Some(existing) if existing != label => Err(existing.clone()),
+            Some(_) => Ok(()),
+            None => {
+                *current = Some(label.to_string());
+                Ok(())
+            }
+        }
+    }
+
+    pub fn record_checkpoint(&self, checkpoint: Checkpoint) {
+        self.checkpoints.borrow_mut().push(checkpoint);
+    }
+
+    /// Number one piece of host work, so later events keep their place against it.
+    pub fn host_work(&self) {
+        self.events.borrow_mut().host_work();
+    }
+
+    /// Report an event filed under `section`: the one path every event takes.
+    pub fn report(&self, section: &str, kind: EventKind, fields: Map<String, Json>) {
+        self.events
+            .borrow_mut()
+            .record(&self.fixed.execution, section, kind, fields);
+    }
+
+    /// The rounds completed so far.
+    pub fn turns(&self) -> u32 {
+        self.turns.get()
+    }
+
+    /// Count one completed round and return its number; the count stops at the
+    /// top of the `u32` range instead of wrapping, so a number is never reused.
+    pub fn complete_turn(&self) -> u32 {
+        let n = self.turns.get().saturating_add(1);
+        self.turns.set(n);
+        n
+    }
+
+    /// The store claims of every live chain.
+    pub fn claims(&self) -> RefMut<'_, ClaimRegistry> {
+        self.claims.borrow_mut()
+    }
+
+    /// The claims, unless they are borrowed already (for guards that release on drop).
+    pub fn try_claims(&self) -> Option<RefMut<'_, ClaimRegistry>> {
+        self.claims.try_borrow_mut().ok()
+    }
+
+    /// The run's task table; only the `tasks` module reads or changes its records.
+    pub fn task_table(&self) -> &RefCell<TaskTable> {
+        &self.tasks
+    }
 
     /// End the run on the spot with `error`, and return the value to raise at
     /// the failing call. A host cancel that came first wins: the run stays
     /// cancelled. A second fatal failure keeps the first.
-    pub fn end_run(&self, error: crate::error::RunError) -> HostError {
-        if self.cancel.is_cancelled() {
+    pub fn end_run(&self, error: RunError) -> HostError {
+        if self.fixed.cancel.is_cancelled() {
             return cancelled_error();
         }
         self.fatal.borrow_mut().get_or_insert(error);
@@ -108,15 +237,48 @@ impl RunCtx {
         self.abort_error().unwrap_or_else(cancelled_error)
     }
 
+    /// The failure that ended the run on the spot, if one did.
+    pub fn fatal_error(&self) -> Option<RunError> {
+        self.fatal.borrow().clone()
+    }
+
+    /// True once the run has ended on the spot.
+    pub fn has_ended(&self) -> bool {
+        self.fatal.borrow().is_some()
+    }
+
+    /// A token cancelled when the run ends on the spot; cancelling it changes nothing.
+    pub fn abort_signal(&self) -> CancellationToken {
+        self.abort.child_token()
+    }
+
     /// The value every call raises once the run has ended on the spot. It carries
     /// the run error, so even a path that missed the abort classifies it right.
     pub fn abort_error(&self) -> Option<HostError> {
         self.fatal.borrow().as_ref().map(|e| {
-            HostError::new("lua", e.message.clone())
+            HostError::new(ErrorKind::Lua, e.message.clone())
                 .run_kind(e.kind)
                 .located()
         })
     }
+
+    /// Take what the run recorded; called once, when every chain has ended.
+    pub fn finish(&self) -> RunRecord {
+        RunRecord {
+            fatal: self.fatal.borrow_mut().take(),
+            checkpoints: self.checkpoints.take(),
+            events: self.events.borrow_mut().take(),
+        }
+    }
+}
+
+/// What a fanout arm or a task seeds into its chain's first entry: for a fanout
+/// arm, its own copy of the member and its 1-based position; for a task,
+/// whichever its spawn gave.
+#[derive(Debug, Clone)]
+pub(crate) struct ArmSeed {
+    pub item: Option<Json>,
+    pub index: Option<i64>,
 }
 
 /// One chain: a walk over sibling sections that something began (the run, a `call`,
@@ -125,9 +287,9 @@ pub(crate) struct Chain {
     /// The chain id, such as `0` for the main walk or `0.1` for a call's chain.
     pub id: String,
     /// The next entry counter (the main walk reserves entry 0 for the H1 pass).
-    pub entries: Cell<u64>,
+    entries: Cell<u64>,
     /// The next child chain counter, shared by calls, tasks and fanout arms.
-    pub children: Cell<u64>,
+    children: Cell<u64>,
     /// The chain's argument string and its parsed, frozen `argv`.
     pub args: String,
     pub argv: RefCell<Option<Json>>,
@@ -137,16 +299,23 @@ pub(crate) struct Chain {
     pub var: RefCell<Json>,
     /// Whose store claims the chain's calls take: its own by default, its
     /// caller's for a called chain, the H1 pass's own during the pass.
-    pub identity: RefCell<crate::claims::ClaimIdentity>,
+    pub identity: RefCell<ClaimIdentity>,
     /// The nearest enclosing task's id (`sys.taskid`): the chain's own id for the
     /// main walk and a fanout arm, the caller's task for a called chain.
     pub task: RefCell<String>,
-    /// What a fanout arm seeds into the chain's first entry (taken by that entry).
-    pub seed: RefCell<Option<crate::fanout::ArmSeed>>,
+    /// What a fanout arm or task seeds into the chain's first entry (taken by that entry).
+    seed: RefCell<Option<ArmSeed>>,
 }
 
 impl Chain {
-    pub fn new(id: String, args: String, argv: Option<Json>, depth: u32, var: Json) -> Self {
+    pub fn new(
+        id: String,
+        args: String,
+        argv: Option<Json>,
+        depth: u32,
+        var: Json,
+        seed: Option<ArmSeed>,
+    ) -> Self {
         Chain {
             entries: Cell::new(0),
             children: Cell::new(0),
@@ -154,9 +323,9 @@ impl Chain {
             argv: RefCell::new(argv),
             depth,
             var: RefCell::new(var),
-            identity: RefCell::new(crate::claims::ClaimIdentity::of_chain(&id)),
+            identity: RefCell::new(ClaimIdentity::of_chain(&id)),
             task: RefCell::new(id.clone()),
-            seed: RefCell::new(None),
+            seed: RefCell::new(seed),
             id,
         }
     }
@@ -192,12 +361,29 @@ pub(crate) struct RoleChoice {
     pub max_tokens: Option<u64>,
 }
 
+/// Where a section entry sits: its heading, entry id and index path.
+pub(crate) struct EntryPlace {
+    /// The heading text (the H1 title for the H1 pass).
+    pub name: String,
+    /// The entry id, such as `0.3`.
+    pub id: String,
+    pub is_h1: bool,
+    /// The section's index path in the prompt (empty for the H1 pass).
+    pub path: Vec<usize>,
+}
+
 /// State of one section entry (one section VM).
 pub(crate) struct SectionCtx {
     pub run: Rc<RunCtx>,
     pub name: String,
     pub id: String,
     pub is_h1: bool,
+    /// The section's index path in the prompt (empty for the H1 pass).
+    pub path: Vec<usize>,
+    /// The chain this entry runs in.
+    pub chain: Rc<Chain>,
+    /// The fanout arm's `item` and `sys.index`, in an arm's first entry only.
+    pub arm: Option<ArmSeed>,
     pub added: RefCell<Vec<String>>,
     pub add_desc: RefCell<HashMap<String, String>>,
     pub locals: RefCell<Vec<LocalTool>>,
@@ -215,31 +401,25 @@ pub(crate) struct SectionCtx {
     pub loading_shared: Cell<bool>,
     /// The running block's pending prose: the raw Markdown and, once read, its rendering.
     pub prose: RefCell<(String, Option<String>)>,
-    /// The chain this entry runs in.
-    pub chain: RefCell<Rc<Chain>>,
-    /// The section's index path in the prompt (empty for the H1 pass).
-    pub path: RefCell<Vec<usize>>,
-    /// The fanout arm's `item` and `sys.index`, in an arm's first entry only.
-    pub arm: RefCell<Option<crate::fanout::ArmSeed>>,
     /// The targets set by `tools.allow_tasks`: `None` until it runs, an empty
     /// list when any section may be targeted.
     pub task_allow: RefCell<Option<Vec<String>>>,
 }
 
 impl SectionCtx {
-    pub fn new(run: Rc<RunCtx>, name: String, id: String, is_h1: bool, var: Json) -> Self {
-        // The walk replaces this with the entry's real chain before the VM is built.
-        let chain = Rc::new(Chain::new(
-            "0".to_string(),
-            run.args.clone(),
-            run.argv.clone(),
-            0,
-            var.clone(),
-        ));
+    /// A fresh entry of `chain` at `place`: it starts from the chain's `var`, and
+    /// takes the chain's arm seed (it belongs to the first section the chain enters).
+    pub fn new(run: Rc<RunCtx>, chain: Rc<Chain>, place: EntryPlace) -> Self {
+        let var = chain.var.borrow().clone();
+        let arm = chain.seed.borrow_mut().take();
         SectionCtx {
-            name,
-            id,
-            is_h1,
+            run,
+            name: place.name,
+            id: place.id,
+            is_h1: place.is_h1,
+            path: place.path,
+            chain,
+            arm,
             added: RefCell::new(Vec::new()),
             add_desc: RefCell::new(HashMap::new()),
             locals: RefCell::new(Vec::new()),
@@ -253,12 +433,46 @@ impl SectionCtx {
             jump: RefCell::new(None),
             loading_shared: Cell::new(false),
             prose: RefCell::new((String::new(), None)),
-            chain: RefCell::new(chain),
-            path: RefCell::new(Vec::new()),
-            arm: RefCell::new(None),
             task_allow: RefCell::new(None),
-            run,
         }
+    }
+
+    /// Whether the section has a model selected (its own or the prompt-wide default).
+    pub fn has_model(&self) -> bool {
+        self.run.fixed.model.is_some()
+            && (self.role.borrow().is_some() || self.run.default_role.borrow().is_some())
+    }
+
+    /// Report an event under this section.
+    pub fn report(&self, kind: EventKind, fields: Map<String, Json>) {
+        self.run.report(&self.name, kind, fields);
+    }
+
+    /// A boundary event: the kind and its coordinates only.
+    pub fn boundary(&self, kind: EventKind) {
+        self.report(kind, Map::new());
+    }
+
+    /// A tool call's output as the `tool_result` event reports it. `call_id` is
+    /// the model's id, or empty for a script call.
+    pub fn report_tool_result(
+        &self,
+        turn: u32,
+        call_id: &str,
+        alias: &str,
+        content: &str,
+        trusted: bool,
+    ) {
+        self.report(
+            EventKind::ToolResult,
+            event_fields(json!({
+                "turn": turn,
+                "tool_call_id": call_id,
+                "alias": alias,
+                "content": content,
+                "trusted": trusted,
+            })),
+        );
     }
 
     /// The bound scope: `tools.always` aliases first, then this section's additions, each once.
@@ -266,8 +480,7 @@ impl SectionCtx {
         let mut out: Vec<String> = Vec::new();
         for a in self
             .run
-            .always
-            .borrow()
+            .always_aliases()
             .iter()
             .chain(self.added.borrow().iter())
         {
@@ -285,7 +498,7 @@ impl SectionCtx {
     /// Count one call attempt (before the tool runs), seeding the scope's aliases first.
     pub fn count_call(&self, alias: &str) {
         // sys.model appears only when the section has a model at its first tool call.
-        if self.calls.borrow().is_none() && crate::models::section_has_model(self) {
+        if self.calls.borrow().is_none() && self.has_model() {
             self.sys_model_readable.set(true);
         }
         let scope = self.bound_scope();
@@ -374,11 +587,12 @@ where
         let fut = f(lua.clone(), args);
         async move {
             let run = section(&lua)?.run.clone();
+            let abort = run.abort_signal();
             // Once the run has ended on the spot, no suspending call starts or
             // finishes: the abort wins the race and the call's work is dropped.
             let result = tokio::select! {
                 biased;
-                _ = run.abort.cancelled() => Err(Raise::Host(run.abort_error().unwrap_or_else(cancelled_error))),
+                _ = abort.cancelled() => Err(Raise::Host(run.abort_error().unwrap_or_else(cancelled_error))),
                 r = fut => {
                     // Give every other ready chain (a sibling fanout arm) its turn
                     // before this one resumes, so concurrent arms interleave at each
@@ -422,7 +636,7 @@ pub(crate) fn string_arg(args: &MultiValue, n: usize, name: &str) -> Result<Stri
 
 /// A cancelled error value.
 pub(crate) fn cancelled_error() -> HostError {
-    HostError::new("cancelled", "interrupted by Ctrl-C")
+    HostError::new(ErrorKind::Cancelled, "interrupted by Ctrl-C")
 }
 
 /// A `__newindex` metamethod that refuses every assignment; `message` builds the
@@ -435,4 +649,35 @@ pub(crate) fn frozen_newindex(lua: &Lua, message: fn(&str) -> String) -> mlua::R
         };
         Err(HostError::lua(message(&key)).into())
     })
+}
+
+thread_local! {
+    /// Bytecode of the engine's own Lua chunks, compiled once per thread: every
+    /// section VM runs them, and lexing them again for each VM was most of a VM's cost.
+    static INTERNAL_BYTECODE: std::cell::RefCell<std::collections::HashMap<&'static str, Vec<u8>>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+/// Load one of the engine's own chunks (never prompt code: prompt chunks stay text-only).
+pub(crate) fn internal_chunk(
+    lua: &Lua,
+    name: &'static str,
+    source: &'static str,
+) -> mlua::Result<mlua::Function> {
+    let cached = INTERNAL_BYTECODE.with(|c| c.borrow().get(name).cloned());
+    if let Some(code) = cached {
+        return lua
+            .load(code)
+            .set_name(name)
+            .set_mode(mlua::ChunkMode::Binary)
+            .into_function();
+    }
+    let f = lua
+        .load(source)
+        .set_name(name)
+        .set_mode(mlua::ChunkMode::Text)
+        .into_function()?;
+    let code = f.dump(false);
+    INTERNAL_BYTECODE.with(|c| c.borrow_mut().insert(name, code));
+    Ok(f)
 }

@@ -21,38 +21,37 @@ pub enum RunErrorKind {
 }
 
 impl RunErrorKind {
+    /// Every kind with its name, the one table both directions read.
+    const NAMES: [(RunErrorKind, &'static str); 13] = [
+        (RunErrorKind::Binding, "Binding"),
+        (RunErrorKind::Completion, "Completion"),
+        (RunErrorKind::ContextExhausted, "ContextExhausted"),
+        (RunErrorKind::Determinism, "Determinism"),
+        (RunErrorKind::Input, "Input"),
+        (RunErrorKind::Internal, "Internal"),
+        (RunErrorKind::Lua, "Lua"),
+        (RunErrorKind::Parse, "Parse"),
+        (RunErrorKind::Quota, "Quota"),
+        (RunErrorKind::RequirementsUnmet, "RequirementsUnmet"),
+        (RunErrorKind::Store, "Store"),
+        (RunErrorKind::Tool, "Tool"),
+        (RunErrorKind::Version, "Version"),
+    ];
+
+    /// The kind's name, as reports and messages show it.
     pub fn as_str(self) -> &'static str {
-        match self {
-            RunErrorKind::Binding => "Binding",
-            RunErrorKind::Completion => "Completion",
-            RunErrorKind::ContextExhausted => "ContextExhausted",
-            RunErrorKind::Determinism => "Determinism",
-            RunErrorKind::Input => "Input",
-            RunErrorKind::Internal => "Internal",
-            RunErrorKind::Lua => "Lua",
-            RunErrorKind::Parse => "Parse",
-            RunErrorKind::Quota => "Quota",
-            RunErrorKind::RequirementsUnmet => "RequirementsUnmet",
-            RunErrorKind::Store => "Store",
-            RunErrorKind::Tool => "Tool",
-            RunErrorKind::Version => "Version",
-        }
+        Self::NAMES
+            .iter()
+            .find(|(kind, _)| *kind == self)
+            .map_or("Internal", |(_, name)| name)
     }
-    fn from_str(s: &str) -> Option<Self> {
-        Some(match s {
-            "Binding" => RunErrorKind::Binding,
-            "Completion" => RunErrorKind::Completion,
-            "ContextExhausted" => RunErrorKind::ContextExhausted,
-            "Determinism" => RunErrorKind::Determinism,
-            "Input" => RunErrorKind::Input,
-            "Internal" => RunErrorKind::Internal,
-            "Lua" => RunErrorKind::Lua,
-            "Quota" => RunErrorKind::Quota,
-            "RequirementsUnmet" => RunErrorKind::RequirementsUnmet,
-            "Store" => RunErrorKind::Store,
-            "Tool" => RunErrorKind::Tool,
-            _ => return None,
-        })
+
+    /// The kind a name stands for, if any.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::NAMES
+            .iter()
+            .find(|(_, n)| *n == name)
+            .map(|(kind, _)| *kind)
     }
 }
 
@@ -72,10 +71,76 @@ impl RunError {
     }
 }
 
+/// The kinds of error value Lua sees (guide ch. 17): a closed set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ErrorKind {
+    ToolLoopExhausted,
+    ContextExhausted,
+    EmptyModelReply,
+    OutOfScopeTool,
+    UnboundTool,
+    Tool,
+    TaskNotOwned,
+    TaskConsumed,
+    TasksLive,
+    Cancelled,
+    Lua,
+    Internal,
+}
+
+impl ErrorKind {
+    /// Every kind with its name as the `kind` field holds it, the one table both
+    /// directions read.
+    const NAMES: [(ErrorKind, &'static str); 12] = [
+        (ErrorKind::ToolLoopExhausted, "tool_loop_exhausted"),
+        (ErrorKind::ContextExhausted, "context_exhausted"),
+        (ErrorKind::EmptyModelReply, "empty_model_reply"),
+        (ErrorKind::OutOfScopeTool, "out_of_scope_tool"),
+        (ErrorKind::UnboundTool, "unbound_tool"),
+        (ErrorKind::Tool, "tool"),
+        (ErrorKind::TaskNotOwned, "task_not_owned"),
+        (ErrorKind::TaskConsumed, "task_consumed"),
+        (ErrorKind::TasksLive, "tasks_live"),
+        (ErrorKind::Cancelled, "cancelled"),
+        (ErrorKind::Lua, "lua"),
+        (ErrorKind::Internal, "internal"),
+    ];
+
+    /// The kind's name, as the error value's `kind` field holds it.
+    pub fn as_str(self) -> &'static str {
+        Self::NAMES
+            .iter()
+            .find(|(kind, _)| *kind == self)
+            .map_or("lua", |(_, name)| name)
+    }
+
+    /// The kind a `kind` field names, if it is one of the twelve.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::NAMES
+            .iter()
+            .find(|(_, n)| *n == name)
+            .map(|(kind, _)| *kind)
+    }
+
+    /// The run error kind of an uncaught value of this kind, unless it says otherwise.
+    pub fn default_run_kind(self) -> RunErrorKind {
+        match self {
+            ErrorKind::Tool
+            | ErrorKind::OutOfScopeTool
+            | ErrorKind::UnboundTool
+            | ErrorKind::ToolLoopExhausted => RunErrorKind::Tool,
+            ErrorKind::ContextExhausted => RunErrorKind::ContextExhausted,
+            ErrorKind::EmptyModelReply => RunErrorKind::Completion,
+            ErrorKind::Internal => RunErrorKind::Internal,
+            _ => RunErrorKind::Lua,
+        }
+    }
+}
+
 /// An error value the host raises into Lua.
 #[derive(Debug, Clone)]
 pub(crate) struct HostError {
-    pub kind: &'static str,
+    pub kind: ErrorKind,
     pub message: String,
     pub fields: Vec<(&'static str, String)>,
     /// The run error kind when this value ends the run uncaught, if not the kind's default.
@@ -86,7 +151,7 @@ pub(crate) struct HostError {
 }
 
 impl HostError {
-    pub fn new(kind: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
         HostError {
             kind,
             message: message.into(),
@@ -96,7 +161,7 @@ impl HostError {
         }
     }
     pub fn lua(message: impl Into<String>) -> Self {
-        HostError::new("lua", message)
+        HostError::new(ErrorKind::Lua, message)
     }
     pub fn with(mut self, field: &'static str, value: impl Into<String>) -> Self {
         self.fields.push((field, value.into()));
@@ -109,18 +174,6 @@ impl HostError {
     pub fn located(mut self) -> Self {
         self.located = true;
         self
-    }
-    /// The default run error kind of an uncaught value of this kind.
-    pub fn default_run_kind(kind: &str) -> RunErrorKind {
-        match kind {
-            "tool" | "out_of_scope_tool" | "unbound_tool" | "tool_loop_exhausted" => {
-                RunErrorKind::Tool
-            }
-            "context_exhausted" => RunErrorKind::ContextExhausted,
-            "empty_model_reply" => RunErrorKind::Completion,
-            "internal" => RunErrorKind::Internal,
-            _ => RunErrorKind::Lua,
-        }
     }
 }
 
@@ -147,7 +200,7 @@ pub(crate) type HostResult<T> = Result<T, Raise>;
 /// Build the Lua table for an error value.
 pub(crate) fn error_table(lua: &Lua, helpers: &Table, e: &HostError) -> mlua::Result<Table> {
     let t = lua.create_table()?;
-    t.raw_set("kind", e.kind)?;
+    t.raw_set("kind", e.kind.as_str())?;
     t.raw_set("message", e.message.as_str())?;
     for (k, v) in &e.fields {
         t.raw_set(*k, v.as_str())?;
@@ -173,37 +226,22 @@ pub(crate) fn error_table(lua: &Lua, helpers: &Table, e: &HostError) -> mlua::Re
 
 /// How a value raised again after another suspending call ends the run: rebuilt
 /// from its kind and fields alone (guide ch. 17, "Raising a caught error again").
-fn rebuilt_run_kind(kind: &str, has_reason: bool) -> RunErrorKind {
+fn rebuilt_run_kind(kind: Option<ErrorKind>, has_reason: bool) -> RunErrorKind {
     match kind {
-        "tool_loop_exhausted" | "tool" => RunErrorKind::Tool,
-        "empty_model_reply" => RunErrorKind::Completion,
-        "context_exhausted" if has_reason => RunErrorKind::ContextExhausted,
+        Some(ErrorKind::ToolLoopExhausted | ErrorKind::Tool) => RunErrorKind::Tool,
+        Some(ErrorKind::EmptyModelReply) => RunErrorKind::Completion,
+        Some(ErrorKind::ContextExhausted) if has_reason => RunErrorKind::ContextExhausted,
         _ => RunErrorKind::Lua,
     }
 }
-
-/// The twelve error kinds, as static names (anything else reads as `lua`).
-const KINDS: &[&str] = &[
-    "tool_loop_exhausted",
-    "context_exhausted",
-    "empty_model_reply",
-    "out_of_scope_tool",
-    "unbound_tool",
-    "tool",
-    "task_not_owned",
-    "task_consumed",
-    "tasks_live",
-    "cancelled",
-    "lua",
-    "internal",
-];
 
 /// The fields error kinds carry beside `kind` and `message`.
 const FIELDS: &[&str] = &["reason", "finish_reason", "name", "task", "tasks"];
 
 /// What an error value that left a block says about the run.
 pub(crate) struct ErrorInfo {
-    pub kind: String,
+    /// The value's `kind`, or `None` when block code rewrote it to another name.
+    pub kind: Option<ErrorKind>,
     pub message: String,
     pub run_kind: RunErrorKind,
     /// False for the task errors, which stay `Lua` in the H1 pass instead of
@@ -223,12 +261,13 @@ pub(crate) fn read_error_value(helpers: &Table, v: &Value) -> Option<ErrorInfo> 
     if t.metatable().as_ref() != Some(&mt) {
         return None;
     }
-    let kind: String = t.raw_get("kind").ok()?;
+    let kind_name: String = t.raw_get("kind").ok()?;
+    let kind = ErrorKind::from_name(&kind_name);
     let message: String = t.raw_get("message").unwrap_or_default();
     let kinds: Option<Table> = helpers.get("run_kinds").ok();
     let explicit = kinds
         .and_then(|k| k.raw_get::<Option<String>>(t.clone()).ok().flatten())
-        .and_then(|s| RunErrorKind::from_str(&s));
+        .and_then(|s| RunErrorKind::from_name(&s));
     let born: Option<i64> = helpers
         .get::<Table>("born")
         .ok()
@@ -241,14 +280,14 @@ pub(crate) fn read_error_value(helpers: &Table, v: &Value) -> Option<ErrorInfo> 
     let stale = born.is_some_and(|b| b != now);
     let has_field = |name: &str| matches!(t.raw_get::<Value>(name), Ok(Value::String(_)));
     let run_kind = if stale {
-        rebuilt_run_kind(&kind, has_field("reason"))
+        rebuilt_run_kind(kind, has_field("reason"))
     } else {
-        explicit.unwrap_or_else(|| HostError::default_run_kind(&kind))
+        explicit.unwrap_or_else(|| kind.map_or(RunErrorKind::Lua, ErrorKind::default_run_kind))
     };
-    let gated = match kind.as_str() {
-        "task_not_owned" | "task_consumed" => stale && !has_field("task"),
-        "tasks_live" => stale,
-        "cancelled" => !has_field("task"),
+    let gated = match kind {
+        Some(ErrorKind::TaskNotOwned | ErrorKind::TaskConsumed) => stale && !has_field("task"),
+        Some(ErrorKind::TasksLive) => stale,
+        Some(ErrorKind::Cancelled) => !has_field("task"),
         _ => true,
     };
     let located = helpers
@@ -256,8 +295,8 @@ pub(crate) fn read_error_value(helpers: &Table, v: &Value) -> Option<ErrorInfo> 
         .ok()
         .and_then(|l| l.raw_get::<Option<bool>>(t.clone()).ok().flatten())
         .unwrap_or(false);
-    let static_kind = KINDS.iter().copied().find(|k| *k == kind).unwrap_or("lua");
-    let mut value = HostError::new(static_kind, message.clone()).run_kind(run_kind);
+    let mut value =
+        HostError::new(kind.unwrap_or(ErrorKind::Lua), message.clone()).run_kind(run_kind);
     value.located = located;
     for field in FIELDS {
         if let Ok(Some(text)) = t.raw_get::<Option<String>>(*field) {
@@ -273,4 +312,32 @@ pub(crate) fn read_error_value(helpers: &Table, v: &Value) -> Option<ErrorInfo> 
         stale,
         value,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_run_error_kind_reads_back_from_its_name() {
+        for (kind, name) in RunErrorKind::NAMES {
+            assert_eq!(kind.as_str(), name);
+            assert_eq!(RunErrorKind::from_name(name), Some(kind));
+        }
+        assert_eq!(RunErrorKind::from_name("Parse"), Some(RunErrorKind::Parse));
+        assert_eq!(
+            RunErrorKind::from_name("Version"),
+            Some(RunErrorKind::Version)
+        );
+        assert_eq!(RunErrorKind::from_name("parse"), None);
+    }
+
+    #[test]
+    fn every_error_kind_reads_back_from_its_name() {
+        for (kind, name) in ErrorKind::NAMES {
+            assert_eq!(kind.as_str(), name);
+            assert_eq!(ErrorKind::from_name(name), Some(kind));
+        }
+        assert_eq!(ErrorKind::from_name("Lua"), None);
+    }
 }

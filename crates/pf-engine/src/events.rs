@@ -14,8 +14,6 @@ use std::sync::Arc;
 
 use serde_json::{json, Map, Value as Json};
 
-use crate::ctx::{RunCtx, SectionCtx};
-
 /// The id of the main walk's task.
 pub const MAIN_TASK: &str = "0";
 
@@ -206,21 +204,35 @@ impl StoreOp {
     }
 }
 
-impl RunCtx {
+/// The events a run reported so far, and its one counter that numbers them
+/// beside the host work (the place a run-log observer will plug in).
+#[derive(Default)]
+pub(crate) struct EventLog {
+    events: Vec<RunEvent>,
+    seq: u32,
+}
+
+impl EventLog {
     /// The next number of the task's count (saturating at the top of the `u32` range).
-    fn take_seq(&self) -> u32 {
-        let n = self.seq.get();
-        self.seq.set(n.saturating_add(1));
+    fn take_seq(&mut self) -> u32 {
+        let n = self.seq;
+        self.seq = n.saturating_add(1);
         n
     }
 
     /// Number one piece of host work, so later events keep their place against it.
-    pub(crate) fn host_work(&self) {
+    pub(crate) fn host_work(&mut self) {
         self.take_seq();
     }
 
     /// Record an event under `section` and log it at debug level.
-    pub(crate) fn report(&self, section: &str, kind: EventKind, fields: Map<String, Json>) {
+    pub(crate) fn record(
+        &mut self,
+        execution: &str,
+        section: &str,
+        kind: EventKind,
+        fields: Map<String, Json>,
+    ) {
         let event = RunEvent {
             kind,
             section: section.to_string(),
@@ -230,55 +242,13 @@ impl RunCtx {
             },
             fields,
         };
-        tracing::debug!(target: "promptforge::events", "{}", event.to_json(&self.execution));
-        self.events.borrow_mut().push(event);
+        tracing::debug!(target: "promptforge::events", "{}", event.to_json(execution));
+        self.events.push(event);
     }
 
-    /// The rounds completed so far.
-    pub(crate) fn turns(&self) -> u32 {
-        self.turns.get()
-    }
-
-    /// Count one completed round and return its number; the count stops at the
-    /// top of the `u32` range instead of wrapping, so a number is never reused.
-    pub(crate) fn complete_turn(&self) -> u32 {
-        let n = self.turns.get().saturating_add(1);
-        self.turns.set(n);
-        n
-    }
-}
-
-impl SectionCtx {
-    /// Record an event under this section.
-    pub(crate) fn report(&self, kind: EventKind, fields: Map<String, Json>) {
-        self.run.report(&self.name, kind, fields);
-    }
-
-    /// A boundary event: the kind and its coordinates only.
-    pub(crate) fn boundary(&self, kind: EventKind) {
-        self.report(kind, Map::new());
-    }
-
-    /// A tool call's output as the `tool_result` event reports it. `call_id` is
-    /// the model's id, or empty for a script call.
-    pub(crate) fn report_tool_result(
-        &self,
-        turn: u32,
-        call_id: &str,
-        alias: &str,
-        content: &str,
-        trusted: bool,
-    ) {
-        self.report(
-            EventKind::ToolResult,
-            fields(json!({
-                "turn": turn,
-                "tool_call_id": call_id,
-                "alias": alias,
-                "content": content,
-                "trusted": trusted,
-            })),
-        );
+    /// Everything recorded so far, leaving the log empty.
+    pub(crate) fn take(&mut self) -> Vec<RunEvent> {
+        std::mem::take(&mut self.events)
     }
 }
 

@@ -19,10 +19,10 @@ use serde_json::Value as Json;
 
 use crate::claims::ClaimIdentity;
 use crate::ctx::{
-    arg, cancelled_error, frozen_newindex, helpers, host_async, mlua_message, section, Chain,
-    RunCtx,
+    arg, cancelled_error, frozen_newindex, helpers, host_async, mlua_message, section, ArmSeed,
+    Chain, RunCtx,
 };
-use crate::error::{HostError, HostResult, Raise};
+use crate::error::{ErrorKind, HostError, HostResult, Raise};
 use crate::json::lua_to_json;
 use crate::text::lua_type_name;
 use crate::walk::{chain_argv, target_arg, walk_chain, Failure, DEPTH_CAP};
@@ -35,14 +35,6 @@ const NOT_A_COLLECTION: &str =
 const EMPTY_COLLECTION: &str = "fanout over an empty collection: no work is likely a bug";
 const NOT_JSON_ITEM: &str = "item must be a JSON-representable value";
 const READ_ONLY: &str = "fanout results are read-only";
-
-/// What a chain's first section starts with: for a fanout arm, its own copy of
-/// the member and its 1-based position; for a task, whichever its spawn gave.
-#[derive(Debug, Clone)]
-pub(crate) struct ArmSeed {
-    pub item: Option<Json>,
-    pub index: Option<i64>,
-}
 
 /// How one arm ended, in its collection slot.
 enum ArmResult {
@@ -67,7 +59,7 @@ struct ArmClaims {
 
 impl Drop for ArmClaims {
     fn drop(&mut self) {
-        if let Ok(mut claims) = self.run.claims.try_borrow_mut() {
+        if let Some(mut claims) = self.run.try_claims() {
             claims.release(&self.identity);
         }
     }
@@ -83,8 +75,8 @@ async fn fanout(lua: &Lua, args: &MultiValue) -> HostResult<Table> {
     let sec = section(lua)?;
     let run = Rc::clone(&sec.run);
     let target = target_arg(args)?;
-    let prompt = Arc::clone(&run.prompt);
-    let caller = sec.path.borrow().clone();
+    let prompt = Arc::clone(&run.fixed.prompt);
+    let caller = sec.path.clone();
     let (worker, found) = resolve_heading(&prompt, &caller, &target).map_err(HostError::lua)?;
     if found.list_items.is_some() {
         return Err(HostError::lua(format!(
@@ -100,7 +92,7 @@ async fn fanout(lua: &Lua, args: &MultiValue) -> HostResult<Table> {
     if members.is_empty() {
         return Err(HostError::lua(EMPTY_COLLECTION).into());
     }
-    let parent = Rc::clone(&sec.chain.borrow());
+    let parent = Rc::clone(&sec.chain);
     if parent.depth >= DEPTH_CAP {
         return Err(
             HostError::lua(format!("fanout recursion exceeded cap of {DEPTH_CAP}"))
@@ -149,7 +141,9 @@ async fn fanout(lua: &Lua, args: &MultiValue) -> HostResult<Table> {
             finished_any = true;
             let result = match end {
                 Ok(text) => ArmResult::Completed(text.unwrap_or_default()),
-                Err(Failure::Error(_, Some(value))) if value.kind == "tool_loop_exhausted" => {
+                Err(Failure::Error(_, Some(value)))
+                    if value.kind == ErrorKind::ToolLoopExhausted =>
+                {
                     // The member already converted once, when its arm started.
                     let member = members.get(slot).unwrap_or(&Value::Nil);
                     ArmResult::Exhausted(lua_to_json(member, "item").unwrap_or(Json::Null))
@@ -167,7 +161,7 @@ async fn fanout(lua: &Lua, args: &MultiValue) -> HostResult<Table> {
     });
     let outcome = tokio::select! {
         biased;
-        _ = run.cancel.cancelled() => Err(Raise::from(cancelled_error())),
+        _ = run.fixed.cancel.cancelled() => Err(Raise::from(cancelled_error())),
         r = driven => r,
     };
     // Whatever the outcome, no arm outlives the call.
@@ -192,8 +186,8 @@ fn start_arm(
         argv,
         parent.depth + 1,
         var.clone(),
+        Some(seed),
     ));
-    *chain.seed.borrow_mut() = Some(seed);
     let claims = ArmClaims {
         run: Rc::clone(run),
         identity: chain.identity.borrow().clone(),
@@ -316,7 +310,7 @@ fn results(lua: &Lua, members: &[Value], slots: Vec<Option<ArmResult>>) -> HostR
             // Every arm finished before the results are built.
             None => {
                 return Err(HostError::new(
-                    "internal",
+                    ErrorKind::Internal,
                     "internal invariant violated: an arm left no result",
                 )
                 .into())

@@ -80,7 +80,7 @@ pub fn check_version(prompt: &Prompt) -> Result<(), RunError> {
         Some(VersionValue::Major(0)) => Ok(()),
         Some(VersionValue::Major(n)) => Err(RunError::new(
             RunErrorKind::Version,
-            format!("unsupported promptforge version: {n} (this build supports major 0)"),
+            pf_syntax::unsupported_version_message(*n),
         )),
     }
 }
@@ -189,7 +189,7 @@ async fn run_beside(
         }
     };
     let argv = args_value(&prompt, &setup.args);
-    let run_ctx = Rc::new(ctx::RunCtx {
+    let run_ctx = Rc::new(ctx::RunCtx::new(ctx::RunFixed {
         prompt: Arc::clone(&prompt),
         args: setup.args.clone(),
         argv,
@@ -202,36 +202,20 @@ async fn run_beside(
         store_dir: setup.store_dir.clone(),
         store,
         bound,
-        always: Default::default(),
-        always_desc: Default::default(),
         model: setup.model.clone(),
         roles: prompt.frontmatter.models.clone(),
-        default_role: Default::default(),
         max_rounds: prompt
             .frontmatter
             .max_tool_iterations
             .unwrap_or(DEFAULT_ROUND_CAP),
-        checkpoints: Default::default(),
         section_count: prompt.sections.len(),
-        var: std::cell::RefCell::new(serde_json::Value::Object(Default::default())),
         log_event_quota: DEFAULT_LOG_EVENTS,
         memory_limit: DEFAULT_MEMORY,
         live: setup.live.clone(),
-        events: Default::default(),
-        seq: Default::default(),
-        turns: Default::default(),
-        claims: Default::default(),
-        fatal: Default::default(),
-        abort: CancellationToken::new(),
-        tasks: Default::default(),
-    });
+    }));
     for claim in foreign_claims {
         let identity = claims::ClaimIdentity::of_chain(&claim.chain_id);
-        if let Err(conflict) = run_ctx
-            .claims
-            .borrow_mut()
-            .claim(&identity, &claim.path, claim.kind)
-        {
+        if let Err(conflict) = run_ctx.claims().claim(&identity, &claim.path, claim.kind) {
             tracing::warn!("test claims conflict among themselves: {conflict:?}");
         }
     }
@@ -249,8 +233,8 @@ async fn run_beside(
     tasks::end_run(&run_ctx);
     // The first outcome wins: a failure that ended the run on the spot (set only
     // while no cancel had landed), else a cancel that landed before the end.
-    let fatal = run_ctx.fatal.borrow_mut().take();
-    let outcome = match (fatal, outcome) {
+    let record = run_ctx.finish();
+    let outcome = match (record.fatal, outcome) {
         (Some(error), _) => Outcome::Failed(error),
         (None, Outcome::Failed(_) | Outcome::Completed(_)) if setup.cancel.is_cancelled() => {
             Outcome::Cancelled
@@ -260,13 +244,11 @@ async fn run_beside(
     for a in active {
         a.shutdown().await;
     }
-    let checkpoints = run_ctx.checkpoints.borrow().clone();
-    let events = run_ctx.events.take();
     RunReport {
         outcome,
         execution,
-        checkpoints,
-        events,
+        checkpoints: record.checkpoints,
+        events: record.events,
     }
 }
 

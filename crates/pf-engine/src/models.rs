@@ -15,19 +15,16 @@ use serde_json::Value as Json;
 use crate::ctx::{
     arg, cancelled_error, helpers, host_async, host_fn, section, RoleChoice, RunCtx, SectionCtx,
 };
-use crate::error::{HostError, HostResult, Raise, RunErrorKind};
+use crate::error::{ErrorKind, HostError, HostResult, Raise, RunErrorKind};
 use crate::events::{deliver, fields, EventKind, LiveText};
 use crate::json::json_to_lua;
 use crate::models_check::{check_across, compose, estimate_tokens, read_list, to_wire};
-use crate::text::{envelope, float_text, lua_type_name};
-use crate::tools::{
-    list_text, run_bound, run_local_reported, valid_alias, BoundOutcome, ENGINE_TOOL_NAMES,
-};
+use crate::text::{float_text, lua_type_name};
+use crate::tools::{call_tool, list_text, Caller, ENGINE_TOOL_NAMES};
+use pf_syntax::{is_valid_name, NAME_GRAMMAR};
 
 /// The context window of a handle made for a raw model id.
 const MODEL_ID_CONTEXT: u64 = 8192;
-
-const NAME_GRAMMAR: &str = "[A-Za-z][A-Za-z0-9_-]{0,63}";
 
 // ---------------------------------------------------------------------------
 // Model handles
@@ -123,8 +120,8 @@ fn role_handle(
     temperature: Option<f64>,
     max_tokens: Option<u64>,
 ) -> Option<ModelHandle> {
-    let role = run.role(label)?;
-    let info = run.model.as_ref()?.info();
+    let role = run.fixed.role(label)?;
+    let info = run.fixed.model.as_ref()?.info();
     Some(ModelHandle {
         name: role.label.clone(),
         description: role.description.clone().unwrap_or(info.description),
@@ -138,7 +135,7 @@ fn role_handle(
 }
 
 fn is_bound(run: &RunCtx, label: &str) -> bool {
-    run.model.is_some() && run.role(label).is_some()
+    run.fixed.model.is_some() && run.fixed.role(label).is_some()
 }
 
 /// A role handle as a Lua value (role globals and the `models` functions).
@@ -162,12 +159,6 @@ pub(crate) fn make_handle(
     lua.create_userdata(handle)
 }
 
-/// Whether the section has a model selected (its own or the prompt-wide default).
-pub(crate) fn section_has_model(sec: &SectionCtx) -> bool {
-    sec.run.model.is_some()
-        && (sec.role.borrow().is_some() || sec.run.default_role.borrow().is_some())
-}
-
 // ---------------------------------------------------------------------------
 // models.use / models.default / models.get
 // ---------------------------------------------------------------------------
@@ -183,7 +174,7 @@ fn label_text(args: &MultiValue, call: &str) -> Result<String, HostError> {
 }
 
 fn check_grammar(name: &str) -> Result<(), HostError> {
-    if valid_alias(name) {
+    if is_valid_name(name) {
         Ok(())
     } else {
         Err(HostError::lua(format!(
@@ -322,18 +313,11 @@ fn models_use(lua: &Lua, args: MultiValue) -> HostResult<AnyUserData> {
 fn models_default(lua: &Lua, args: MultiValue) -> HostResult<AnyUserData> {
     let sec = section(lua)?;
     let label = bound_label(&sec, &args, "models.default")?;
-    {
-        let mut current = sec.run.default_role.borrow_mut();
-        match current.as_ref() {
-            Some(existing) if *existing != label => {
-                return Err(HostError::lua(format!(
-                    "models.default is already \"{existing}\": the prompt-wide default cannot change mid-run"
-                ))
-                .into())
-            }
-            Some(_) => {}
-            None => *current = Some(label.clone()),
-        }
+    if let Err(existing) = sec.run.choose_default_role(&label) {
+        return Err(HostError::lua(format!(
+            "models.default is already \"{existing}\": the prompt-wide default cannot change mid-run"
+        ))
+        .into());
     }
     Ok(make_handle(lua, &label, None)?)
 }
@@ -357,7 +341,7 @@ fn models_get(lua: &Lua, args: MultiValue) -> HostResult<AnyUserData> {
     if is_bound(&sec.run, &name) {
         return Ok(make_handle(lua, &name, None)?);
     }
-    if sec.run.ui.is_some() {
+    if sec.run.fixed.ui.is_some() {
         // With a host-state snapshot, a name that is no bound role is a catalog model id.
         check_model_id(&name)?;
         let handle = ModelHandle {
@@ -408,9 +392,12 @@ fn context_exhausted(reason: &str) -> HostError {
     } else {
         "the provider rejected the request as exceeding the model's context window"
     };
-    HostError::new("context_exhausted", format!("context exhausted: {words}"))
-        .with("reason", reason)
-        .run_kind(RunErrorKind::ContextExhausted)
+    HostError::new(
+        ErrorKind::ContextExhausted,
+        format!("context exhausted: {words}"),
+    )
+    .with("reason", reason)
+    .run_kind(RunErrorKind::ContextExhausted)
 }
 
 pub(crate) fn make_compactors(lua: &Lua) -> mlua::Result<Table> {
@@ -457,7 +444,7 @@ return messages, M
 
 pub(crate) fn make_messages(lua: &Lua) -> mlua::Result<Table> {
     let (messages, mt): (Table, Table) =
-        crate::vm::internal_chunk(lua, "=[promptforge messages]", MESSAGES_METHODS)?.call(())?;
+        crate::ctx::internal_chunk(lua, "=[promptforge messages]", MESSAGES_METHODS)?.call(())?;
     lua.set_named_registry_value("pf.messages_mt", mt)?;
     Ok(messages)
 }
@@ -487,7 +474,7 @@ impl From<&ModelHandle> for Target {
 
 fn missing_model(sec: &SectionCtx) -> HostError {
     HostError::new(
-        "internal",
+        ErrorKind::Internal,
         format!("model binding required for section {}", sec.name),
     )
     .run_kind(RunErrorKind::Binding)
@@ -503,7 +490,7 @@ fn pick_target(sec: &SectionCtx, handle: Option<&ModelHandle>) -> Result<Target,
     let chosen = match selected {
         Some(c) => role_handle(&sec.run, &c.label, c.temperature, c.max_tokens),
         None => {
-            let default = sec.run.default_role.borrow().clone();
+            let default = sec.run.default_role();
             default.and_then(|label| role_handle(&sec.run, &label, None, None))
         }
     };
@@ -577,7 +564,7 @@ async fn send_round(
     tools: Option<Vec<ToolDecl>>,
     stream: bool,
 ) -> Result<(ChatResponse, ClientTiming), RoundFailure> {
-    let Some(model) = sec.run.model.clone() else {
+    let Some(model) = sec.run.fixed.model.clone() else {
         return Err(RoundFailure::Error(missing_model(sec)));
     };
     // The switch reaches only a model that can switch thinking per request.
@@ -592,12 +579,12 @@ async fn send_round(
         max_tokens: target.max_tokens,
         thinking,
     };
-    let cancel = sec.run.cancel.clone();
+    let cancel = sec.run.fixed.cancel.clone();
     sec.run.host_work();
     let started = std::time::Instant::now();
-    let live = sec.run.live.clone().filter(|_| stream);
+    let live = sec.run.fixed.live.clone().filter(|_| stream);
     let mut fragments = Fragments::default();
-    let blocked = crate::tasks::blocked_on(sec, "chat");
+    let blocked = crate::tasks::blocked_on(sec, crate::tasks::Blocked::Chat);
     let reply = match &live {
         None => tokio::select! {
             _ = cancel.cancelled() => return Err(RoundFailure::Error(cancelled_error())),
@@ -639,7 +626,7 @@ async fn send_round(
         Err(ProviderError::ContextOverflow(_)) => return Err(RoundFailure::Overflow),
         Err(ProviderError::Failed(message)) => {
             return Err(RoundFailure::Error(
-                HostError::new("internal", message).run_kind(RunErrorKind::Completion),
+                HostError::new(ErrorKind::Internal, message).run_kind(RunErrorKind::Completion),
             ))
         }
     };
@@ -661,7 +648,7 @@ async fn send_round(
 
 /// Report a round that failed (never a cancelled one: the run is ending).
 fn report_failed_round(sec: &SectionCtx) {
-    if !sec.run.cancel.is_cancelled() {
+    if !sec.run.fixed.cancel.is_cancelled() {
         sec.boundary(EventKind::ModelTurnFailed);
     }
 }
@@ -748,7 +735,8 @@ fn is_empty_reply(text: Option<&str>) -> bool {
 }
 
 fn empty_reply(resp: &ChatResponse) -> HostError {
-    let mut e = HostError::new("empty_model_reply", EMPTY_REPLY).run_kind(RunErrorKind::Completion);
+    let mut e =
+        HostError::new(ErrorKind::EmptyModelReply, EMPTY_REPLY).run_kind(RunErrorKind::Completion);
     if let Some(f) = &resp.finish_reason {
         e = e.with("finish_reason", f.clone());
     }
@@ -816,7 +804,7 @@ async fn models_infer(lua: Lua, args: MultiValue) -> HostResult<String> {
         Err(RoundFailure::Overflow) => {
             report_failed_round(&sec);
             return Err(HostError::new(
-                "internal",
+                ErrorKind::Internal,
                 "the provider rejected the request as exceeding the model's context window",
             )
             .run_kind(RunErrorKind::Completion)
@@ -843,7 +831,7 @@ async fn models_infer(lua: Lua, args: MultiValue) -> HostResult<String> {
 fn offered_tools(sec: &SectionCtx) -> Result<Vec<ToolDecl>, HostError> {
     let mut out = Vec::new();
     for alias in sec.bound_scope() {
-        let Some(b) = sec.run.bound(&alias) else {
+        let Some(b) = sec.run.fixed.bound(&alias) else {
             continue;
         };
         if !b.parameters.is_object() {
@@ -857,7 +845,7 @@ fn offered_tools(sec: &SectionCtx) -> Result<Vec<ToolDecl>, HostError> {
             .borrow()
             .get(&alias)
             .cloned()
-            .or_else(|| sec.run.always_desc.borrow().get(&alias).cloned())
+            .or_else(|| sec.run.always_description(&alias))
             .unwrap_or_else(|| b.description.clone());
         out.push(ToolDecl {
             name: alias.clone(),
@@ -886,7 +874,7 @@ fn offered_tools(sec: &SectionCtx) -> Result<Vec<ToolDecl>, HostError> {
 /// The calls of a tool round with their decoded arguments, or a malformed reply.
 fn decode_calls(calls: &[ToolCall]) -> Result<Vec<(ToolCall, Json)>, HostError> {
     let malformed = |detail: String| {
-        HostError::new("internal", format!("malformed response: {detail}"))
+        HostError::new(ErrorKind::Internal, format!("malformed response: {detail}"))
             .run_kind(RunErrorKind::Completion)
     };
     let mut out: Vec<(ToolCall, Json)> = Vec::with_capacity(calls.len());
@@ -961,79 +949,6 @@ fn checked_records(
     Ok(records)
 }
 
-/// Run one of the Engine's task built-ins for the model: `(succeeded, text)`.
-async fn task_builtin(
-    lua: &Lua,
-    sec: &Rc<SectionCtx>,
-    name: &str,
-    arguments: &Json,
-) -> HostResult<(bool, String)> {
-    use crate::tasks;
-    let field = |key: &str| arguments.get(key).filter(|v| !v.is_null());
-    let run = Rc::clone(&sec.run);
-    Ok(match name {
-        "task" => {
-            let Some(Json::String(target)) = arguments.get("target") else {
-                return Ok((
-                    false,
-                    "task: `target` must be a string naming a section heading, such as `## Research`"
-                        .to_string(),
-                ));
-            };
-            let input = match field("input") {
-                None => None,
-                Some(Json::String(text)) => Some(text.clone()),
-                Some(_) => {
-                    return Ok((
-                        false,
-                        "task: `input` must be a string when given".to_string(),
-                    ))
-                }
-            };
-            let target = target.trim();
-            let allowed = sec.task_allow.borrow().clone().unwrap_or_default();
-            if !allowed.is_empty() && !allowed.iter().any(|a| a == target) {
-                return Ok((
-                    false,
-                    format!(
-                        "task: target `{target}` is not allowed; allowed targets: {}",
-                        allowed.join(", ")
-                    ),
-                ));
-            }
-            match tasks::model_start(lua, sec, target, input) {
-                Ok(text) => (true, text),
-                Err(text) => (false, text),
-            }
-        }
-        "task_status" | "task_cancel" => {
-            match tasks::model_task_key(&run, sec, name, arguments.get("id")) {
-                Err(text) => (false, text),
-                Ok(key) if name == "task_status" => (true, tasks::model_status_line(&run, &key)),
-                Ok(key) => (true, tasks::model_cancel(&run, &key)),
-            }
-        }
-        _ => {
-            let refusal =
-                "await_tasks: `timeout` must be a non-negative number of seconds when given";
-            let timeout = match field("timeout") {
-                None => None,
-                Some(Json::Number(n)) => {
-                    match n
-                        .as_f64()
-                        .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
-                    {
-                        Some(limit) => Some((limit, n.to_string())),
-                        None => return Ok((false, refusal.to_string())),
-                    }
-                }
-                Some(_) => return Ok((false, refusal.to_string())),
-            };
-            (true, tasks::model_await(sec, timeout).await?)
-        }
-    })
-}
-
 async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
     let sec = section(&lua)?;
     let first = arg(&args, 0);
@@ -1070,7 +985,7 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
         .into());
     };
     let mut answered_any = false;
-    for _round in 0..sec.run.max_rounds {
+    for _round in 0..sec.run.fixed.max_rounds {
         let target = pick_target(&sec, handle.as_ref())?;
         sec.boundary(EventKind::ToolScopeValidationStarted);
         let offered = match offered_tools(&sec) {
@@ -1154,13 +1069,13 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
                     call.name,
                     list_text(&names)
                 );
-                if sec.run.bound(&call.name).is_some() {
+                if sec.run.fixed.bound(&call.name).is_some() {
                     msg.push_str(
                         " (alias is a bound tool slot but was not added to this section's scope)",
                     );
                 }
                 sec.boundary(EventKind::ToolCallFailed);
-                return Err(HostError::new("out_of_scope_tool", msg)
+                return Err(HostError::new(ErrorKind::OutOfScopeTool, msg)
                     .with("name", call.name.clone())
                     .into());
             }
@@ -1168,48 +1083,9 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
         // Run the batch in call order, then append it whole.
         let mut results: Vec<String> = Vec::with_capacity(calls.len());
         for (call, arguments) in &calls {
-            sec.count_call(&call.name);
-            let text = if ENGINE_TOOL_NAMES.contains(&call.name.as_str()) {
-                // The Engine's own task tools: every fault is text the model reads.
-                let (ok, text) = task_builtin(&lua, &sec, &call.name, arguments).await?;
-                sec.boundary(if ok {
-                    EventKind::ToolCallSucceeded
-                } else {
-                    EventKind::ToolCallFailed
-                });
-                sec.report_tool_result(turn, &call.id, &call.name, &text, true);
-                text
-            } else if sec.has_local(&call.name) {
-                let text = run_local_reported(&lua, &sec, &call.name, arguments).await?;
-                sec.report_tool_result(turn, &call.id, &call.name, &text, true);
-                text
-            } else {
-                let trusted = sec.run.bound(&call.name).is_some_and(|b| b.trusted);
-                let outcome = match run_bound(&sec, &call.name, arguments.clone()).await {
-                    Ok(outcome) => outcome,
-                    Err(e) => {
-                        if !sec.run.cancel.is_cancelled() {
-                            sec.boundary(EventKind::ToolCallFailed);
-                        }
-                        return Err(e.into());
-                    }
-                };
-                match outcome {
-                    BoundOutcome::Output(t) => {
-                        sec.boundary(EventKind::ToolCallSucceeded);
-                        sec.report_tool_result(turn, &call.id, &call.name, &t, trusted);
-                        t
-                    }
-                    BoundOutcome::Failed(m) => {
-                        // Reported before it becomes the failure text the model reads.
-                        sec.boundary(EventKind::ToolCallFailed);
-                        let t = envelope(&m, &sec.run.nonce);
-                        sec.report_tool_result(turn, &call.id, &call.name, &t, false);
-                        t
-                    }
-                }
-            };
-            results.push(text);
+            let caller = Caller::Model { call_id: &call.id };
+            let reply = call_tool(&lua, &sec, caller, &call.name, arguments.clone(), turn).await?;
+            results.push(reply.into_text());
         }
         answered_any = true;
         let rec = text_record(
@@ -1237,7 +1113,11 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
             append_record(list, r)?;
         }
     }
-    Err(HostError::new("tool_loop_exhausted", "tool-call loop did not converge").into())
+    Err(HostError::new(
+        ErrorKind::ToolLoopExhausted,
+        "tool-call loop did not converge",
+    )
+    .into())
 }
 
 #[cfg(test)]
@@ -1470,7 +1350,7 @@ mod tests {
         assert_eq!(
             decode_calls(&[blank]).err().map(|e| (e.kind, e.message)),
             Some((
-                "internal",
+                ErrorKind::Internal,
                 "malformed response: tool call 1 has a blank id".to_string()
             ))
         );

@@ -101,12 +101,8 @@ fn take_claims(sec: &SectionCtx, kind: ClaimKind, paths: &[&str]) -> Result<(), 
         .copied()
         .filter(|p| pf_store::check_path(p).is_ok())
         .collect();
-    let identity = sec.chain.borrow().identity.borrow().clone();
-    let claimed = sec
-        .run
-        .claims
-        .borrow_mut()
-        .claim_all(&identity, &valid, kind);
+    let identity = sec.chain.identity.borrow().clone();
+    let claimed = sec.run.claims().claim_all(&identity, &valid, kind);
     match claimed {
         Ok(()) => Ok(()),
         Err(conflict) if sec.loading_shared.get() => Err(HostError::lua(conflict.race_message())),
@@ -132,10 +128,10 @@ async fn with_store<T: Send + 'static>(
     op: impl FnOnce(&Store, &str) -> Result<T, StoreError> + Send + 'static,
 ) -> HostResult<T> {
     let sec = section(lua)?;
-    if sec.run.cancel.is_cancelled() {
+    if sec.run.fixed.cancel.is_cancelled() {
         return Err(cancelled_error().into());
     }
-    let _blocked = crate::tasks::blocked_on(&sec, "store");
+    let _blocked = crate::tasks::blocked_on(&sec, crate::tasks::Blocked::Store);
     let done = match take_claims(&sec, kind, &[&path]) {
         Ok(()) => run_op(&sec, move |s| op(s, &path)).await,
         Err(lost) => Err(lost),
@@ -148,10 +144,10 @@ async fn with_store<T: Send + 'static>(
 /// once the listing is in, and a conflict returns none of it.
 async fn glob_with_claims(lua: &Lua, pattern: String) -> HostResult<Vec<String>> {
     let sec = section(lua)?;
-    if sec.run.cancel.is_cancelled() {
+    if sec.run.fixed.cancel.is_cancelled() {
         return Err(cancelled_error().into());
     }
-    let _blocked = crate::tasks::blocked_on(&sec, "store");
+    let _blocked = crate::tasks::blocked_on(&sec, crate::tasks::Blocked::Store);
     let done = match run_op(&sec, move |s| s.glob(&pattern)).await {
         Ok(found) => {
             let paths: Vec<&str> = found.iter().map(String::as_str).collect();
@@ -173,7 +169,7 @@ async fn run_op<T: Send + 'static>(
     sec: &SectionCtx,
     op: impl FnOnce(&Store) -> Result<T, StoreError> + Send + 'static,
 ) -> Result<T, HostError> {
-    let store = sec.run.store.clone();
+    let store = sec.run.fixed.store.clone();
     sec.run.host_work();
     match tokio::task::spawn_blocking(move || op(&store)).await {
         Ok(Ok(value)) => Ok(value),
@@ -181,7 +177,7 @@ async fn run_op<T: Send + 'static>(
         // the fixed `store backend failure` with the detail only in the log.
         Ok(Err(e)) => Err(HostError::lua(e.message)),
         Err(join) => {
-            tracing::error!(store = %sec.run.store_dir.display(), "store operation did not finish: {join}");
+            tracing::error!(store = %sec.run.fixed.store_dir.display(), "store operation did not finish: {join}");
             Err(HostError::lua(pf_store::messages::BACKEND_FAILURE))
         }
     }

@@ -96,24 +96,27 @@ pub(crate) fn render_json(v: &Json) -> String {
 /// The `sys` fields as substitution sees them.
 fn sys_object(sec: &SectionCtx) -> Json {
     let mut m = serde_json::Map::new();
-    m.insert("when".into(), Json::String(sec.run.when.clone()));
+    m.insert("when".into(), Json::String(sec.run.fixed.when.clone()));
     m.insert("id".into(), Json::String(sec.id.clone()));
     m.insert(
         "taskid".into(),
-        Json::String(sec.chain.borrow().task.borrow().clone()),
+        Json::String(sec.chain.task.borrow().clone()),
     );
-    if let Some(index) = sec.arm.borrow().as_ref().and_then(|seed| seed.index) {
+    if let Some(index) = sec.arm.as_ref().and_then(|seed| seed.index) {
         m.insert("index".into(), Json::from(index));
     }
     m.insert("section_name".into(), Json::String(sec.name.clone()));
-    m.insert("execution".into(), Json::String(sec.run.execution.clone()));
+    m.insert(
+        "execution".into(),
+        Json::String(sec.run.fixed.execution.clone()),
+    );
     m.insert(
         "section_count".into(),
-        Json::from(sec.run.section_count as u64),
+        Json::from(sec.run.fixed.section_count as u64),
     );
     // sys.model exists only once the section's first tool call made it readable.
-    if sec.sys_model_readable.get() && crate::models::section_has_model(sec) {
-        if let Some(model) = &sec.run.model {
+    if sec.sys_model_readable.get() && sec.has_model() {
+        if let Some(model) = &sec.run.fixed.model {
             m.insert("model".into(), Json::String(model.info().id));
         }
     }
@@ -149,14 +152,9 @@ fn resolve(lua: &Lua, sec: &SectionCtx, path: &str) -> Result<String, Failure> {
                 format!("{root} is a string, not a table"),
             ));
         }
-        "args" => return Ok(sec.chain.borrow().args.clone()),
+        "args" => return Ok(sec.chain.args.clone()),
         "item" => {
-            if let Some(item) = sec
-                .arm
-                .borrow()
-                .as_ref()
-                .and_then(|seed| seed.item.as_ref())
-            {
+            if let Some(item) = sec.arm.as_ref().and_then(|seed| seed.item.as_ref()) {
                 return Ok(render_json(item));
             }
             return Err(failure(
@@ -167,7 +165,7 @@ fn resolve(lua: &Lua, sec: &SectionCtx, path: &str) -> Result<String, Failure> {
         "var" | "sys" if keys.is_empty() => {
             return Err(failure("BadPath", format!("bad path: {{{{ {root} }}}}")))
         }
-        "argv" => match sec.chain.borrow().argv.borrow().clone() {
+        "argv" => match sec.chain.argv.borrow().clone() {
             Some(v) => v,
             None => {
                 return Err(failure(

@@ -8,12 +8,13 @@ use mlua::{
     Value,
 };
 use pf_harness::ToolDecl;
+use pf_syntax::{is_valid_name, NAME_GRAMMAR};
 use serde_json::{json, Map, Value as Json};
 
 use crate::ctx::{
     arg, cancelled_error, helpers, host_async, host_fn, section, LocalTool, SectionCtx,
 };
-use crate::error::{HostError, HostResult, Raise};
+use crate::error::{ErrorKind, HostError, HostResult, Raise};
 use crate::events::EventKind;
 use crate::json::{json_to_lua, lua_to_json};
 use crate::text::{envelope, lua_type_name, scalar_text};
@@ -22,22 +23,12 @@ use crate::text::{envelope, lua_type_name, scalar_text};
 pub(crate) const ENGINE_TOOL_NAMES: [&str; 4] =
     ["task", "task_cancel", "task_status", "await_tasks"];
 
-/// The alias grammar `[A-Za-z][A-Za-z0-9_-]{0,63}`.
-pub(crate) fn valid_alias(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 64
-        && b[0].is_ascii_alphabetic()
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || *c == b'_' || *c == b'-')
-}
-
 fn check_alias(s: &str) -> Result<(), HostError> {
-    if valid_alias(s) {
+    if is_valid_name(s) {
         Ok(())
     } else {
         Err(HostError::lua(format!(
-            "invalid alias \"{s}\": expected [A-Za-z][A-Za-z0-9_-]{{0,63}}"
+            "invalid alias \"{s}\": expected {NAME_GRAMMAR}"
         )))
     }
 }
@@ -71,7 +62,7 @@ impl UserData for ToolObject {
                 return Ok(Value::Nil);
             };
             let sec = section(lua)?;
-            let Some(b) = sec.run.bound(&this.alias) else {
+            let Some(b) = sec.run.fixed.bound(&this.alias) else {
                 return Ok(Value::Nil);
             };
             Ok(match &*key.to_string_lossy() {
@@ -154,7 +145,7 @@ fn make_calls_proxy(lua: &Lua) -> mlua::Result<Table> {
             let mut msg = format!("tools.calls: \"{key}\" has no seeded count; seeded aliases: {}", list_text(&seeded));
             // A bound alias already in the scope was scoped after the latest call:
             // the bound-slot ending would wrongly say it was never added.
-            if sec.run.bound(&key).is_some() && !sec.bound_scope().contains(&key) {
+            if sec.run.fixed.bound(&key).is_some() && !sec.bound_scope().contains(&key) {
                 msg.push_str(" (alias is a bound tool slot but was neither added to this section's scope nor dispatched by tools.call)");
             } else if !counts.is_empty() {
                 msg.push_str(" - check for typos or add it via tools.add");
@@ -231,19 +222,13 @@ fn tools_always(lua: &Lua, args: MultiValue) -> HostResult<()> {
         }
     };
     check_alias(&alias)?;
-    if sec.run.bound(&alias).is_none() {
+    if sec.run.fixed.bound(&alias).is_none() {
         return Err(HostError::lua(format!(
             "tools.always alias \"{alias}\" is not a bound tool slot"
         ))
         .into());
     }
-    let mut always = sec.run.always.borrow_mut();
-    if !always.contains(&alias) {
-        always.push(alias.clone());
-    }
-    if let Some(d) = desc {
-        sec.run.always_desc.borrow_mut().insert(alias, d);
-    }
+    sec.run.add_always(alias, desc);
     Ok(())
 }
 
@@ -304,7 +289,7 @@ fn tools_add(lua: &Lua, args: MultiValue) -> HostResult<()> {
         check_alias(a)?;
     }
     for a in &aliases {
-        if sec.run.bound(a).is_none() {
+        if sec.run.fixed.bound(a).is_none() {
             return Err(HostError::lua(format!(
                 "tools.add alias \"{a}\" is not a bound tool slot"
             ))
@@ -336,7 +321,7 @@ fn tools_add_local(lua: &Lua, args: MultiValue) -> HostResult<()> {
         }
     };
     check_alias(&alias)?;
-    if sec.run.bound(&alias).is_some() {
+    if sec.run.fixed.bound(&alias).is_some() {
         return Err(HostError::lua(format!(
             "tools.add_local alias \"{alias}\" duplicates a bound tool slot"
         ))
@@ -451,7 +436,7 @@ fn param_schema(params: &Table) -> Result<Json, Raise> {
 // ---------------------------------------------------------------------------
 
 /// How a bound tool call ended.
-pub(crate) enum BoundOutcome {
+enum BoundOutcome {
     /// The output text, already wrapped when the tool is untrusted.
     Output(String),
     /// The tool's own failure message.
@@ -459,16 +444,16 @@ pub(crate) enum BoundOutcome {
 }
 
 /// Run one bound tool (Harness work); counts nothing.
-pub(crate) async fn run_bound(
+async fn run_bound(
     sec: &Rc<SectionCtx>,
     alias: &str,
     args: Json,
 ) -> Result<BoundOutcome, HostError> {
-    let _blocked = crate::tasks::blocked_on(sec, "tool_call");
-    let Some(b) = sec.run.bound(alias) else {
+    let _blocked = crate::tasks::blocked_on(sec, crate::tasks::Blocked::ToolCall);
+    let Some(b) = sec.run.fixed.bound(alias) else {
         return Err(unbound(sec, alias));
     };
-    let cancel = sec.run.cancel.clone();
+    let cancel = sec.run.fixed.cancel.clone();
     let plugin = b.plugin.clone();
     let path = b.path.clone();
     let child = cancel.child_token();
@@ -479,7 +464,7 @@ pub(crate) async fn run_bound(
     };
     Ok(match result {
         Ok(text) if b.trusted => BoundOutcome::Output(text),
-        Ok(text) => BoundOutcome::Output(envelope(&text, &sec.run.nonce)),
+        Ok(text) => BoundOutcome::Output(envelope(&text, &sec.run.fixed.nonce)),
         Err(f) => BoundOutcome::Failed(f.0),
     })
 }
@@ -589,10 +574,10 @@ pub(crate) fn task_tool_decls(sec: &SectionCtx) -> Vec<ToolDecl> {
 }
 
 pub(crate) fn unbound(sec: &SectionCtx, name: &str) -> HostError {
-    let mut aliases = sec.run.bound_aliases();
+    let mut aliases = sec.run.fixed.bound_aliases();
     aliases.sort();
     HostError::new(
-        "unbound_tool",
+        ErrorKind::UnboundTool,
         format!(
             "tool \"{name}\" is not bound in this run; bound aliases: {}",
             list_text(&aliases)
@@ -611,7 +596,7 @@ impl Drop for HandlerGuard {
 }
 
 /// Run a local tool's handler in this chain; its errors come back as the raised value.
-pub(crate) async fn run_local(
+async fn run_local(
     lua: &Lua,
     sec: &Rc<SectionCtx>,
     alias: &str,
@@ -678,63 +663,140 @@ async fn tools_call(lua: Lua, args: MultiValue) -> HostResult<Value> {
     };
     // A script call's `tool_result` carries the rounds completed when it was made.
     let turn = sec.run.turns();
-    if ENGINE_TOOL_NAMES.contains(&name.as_str()) {
-        sec.boundary(EventKind::ToolCallFailed);
-        return Err(unbound(&sec, &name).into());
+    match call_tool(&lua, &sec, Caller::Script, &name, call_args, turn).await? {
+        ToolReply::Text(text) => Ok(Value::String(lua.create_string(&text)?)),
+        ToolReply::Structured(json) => Ok(json_to_lua(&lua, &json)?),
     }
-    if sec.has_local(&name) {
-        sec.count_call(&name);
-        let text = run_local_reported(&lua, &sec, &name, &call_args).await?;
-        sec.report_tool_result(turn, "", &name, &text, true);
-        return Ok(Value::String(lua.create_string(&text)?));
+}
+
+/// Who makes a tool call: block code (`tools.call`) or a model round
+/// (`models.loop`), with the model's call id.
+#[derive(Clone, Copy)]
+pub(crate) enum Caller<'a> {
+    Script,
+    Model { call_id: &'a str },
+}
+
+/// What a call gives back to its caller.
+pub(crate) enum ToolReply {
+    /// The output text (wrapped when untrusted); for a model, also a failure's text.
+    Text(String),
+    /// A structured tool's parsed output (script calls only).
+    Structured(Json),
+}
+
+impl ToolReply {
+    /// The reply as the text a model reads.
+    pub(crate) fn into_text(self) -> String {
+        match self {
+            ToolReply::Text(text) => text,
+            ToolReply::Structured(json) => json.to_string(),
+        }
     }
-    let Some(b) = sec.run.bound(&name) else {
+}
+
+/// The one tool dispatch, for `tools.call` and `models.loop` alike: the
+/// Engine's task tools (models only), then local tools, then bound slots.
+/// A model's failed call becomes text it reads; a script's raises. A model's
+/// calls are counted whatever they name, a script's once they name a tool.
+/// Every call reports `tool_call_succeeded` or `tool_call_failed` (nothing
+/// more once the run is cancelled) and, when it gave output, `tool_result`.
+pub(crate) async fn call_tool(
+    lua: &Lua,
+    sec: &Rc<SectionCtx>,
+    caller: Caller<'_>,
+    name: &str,
+    args: Json,
+    turn: u32,
+) -> HostResult<ToolReply> {
+    let (by_model, call_id) = match caller {
+        Caller::Script => (false, ""),
+        Caller::Model { call_id } => (true, call_id),
+    };
+    if ENGINE_TOOL_NAMES.contains(&name) {
+        if !by_model {
+            sec.boundary(EventKind::ToolCallFailed);
+            return Err(unbound(sec, name).into());
+        }
+        sec.count_call(name);
+        // The Engine's own task tools: every fault is text the model reads.
+        let (ok, text) = crate::tasks::model_builtin(lua, sec, name, &args).await?;
+        sec.boundary(if ok {
+            EventKind::ToolCallSucceeded
+        } else {
+            EventKind::ToolCallFailed
+        });
+        sec.report_tool_result(turn, call_id, name, &text, true);
+        return Ok(ToolReply::Text(text));
+    }
+    if sec.has_local(name) {
+        sec.count_call(name);
+        let text = run_local_reported(lua, sec, name, &args).await?;
+        sec.report_tool_result(turn, call_id, name, &text, true);
+        return Ok(ToolReply::Text(text));
+    }
+    let Some(b) = sec.run.fixed.bound(name) else {
+        if by_model {
+            sec.count_call(name);
+        }
         sec.boundary(EventKind::ToolCallFailed);
-        return Err(unbound(&sec, &name).into());
+        return Err(unbound(sec, name).into());
     };
     let structured = b.structured;
     let trusted = b.trusted;
-    sec.count_call(&name);
-    let outcome = match run_bound(&sec, &name, call_args).await {
+    sec.count_call(name);
+    let outcome = match run_bound(sec, name, args).await {
         Ok(outcome) => outcome,
         Err(e) => {
-            if !sec.run.cancel.is_cancelled() {
+            if !sec.run.fixed.cancel.is_cancelled() {
                 sec.boundary(EventKind::ToolCallFailed);
             }
             return Err(e.into());
         }
     };
     match outcome {
-        BoundOutcome::Output(text) if structured => match serde_json::from_str::<Json>(&text) {
-            Ok(j) => {
-                sec.boundary(EventKind::ToolCallSucceeded);
-                sec.report_tool_result(turn, "", &name, &text, trusted);
-                Ok(json_to_lua(&lua, &j)?)
+        // A model reads a structured tool's output as the text it is.
+        BoundOutcome::Output(text) if structured && !by_model => {
+            match serde_json::from_str::<Json>(&text) {
+                Ok(json) => {
+                    sec.boundary(EventKind::ToolCallSucceeded);
+                    sec.report_tool_result(turn, call_id, name, &text, trusted);
+                    Ok(ToolReply::Structured(json))
+                }
+                Err(_) => {
+                    sec.boundary(EventKind::ToolCallFailed);
+                    Err(HostError::new(
+                        ErrorKind::Tool,
+                        format!(
+                            "tool call failure: structured tool \"{name}\" returned invalid JSON"
+                        ),
+                    )
+                    .into())
+                }
             }
-            Err(_) => {
-                sec.boundary(EventKind::ToolCallFailed);
-                Err(HostError::new(
-                    "tool",
-                    format!("tool call failure: structured tool \"{name}\" returned invalid JSON"),
-                )
-                .into())
-            }
-        },
+        }
         BoundOutcome::Output(text) => {
             sec.boundary(EventKind::ToolCallSucceeded);
-            sec.report_tool_result(turn, "", &name, &text, trusted);
-            Ok(Value::String(lua.create_string(&text)?))
+            sec.report_tool_result(turn, call_id, name, &text, trusted);
+            Ok(ToolReply::Text(text))
         }
-        BoundOutcome::Failed(msg) => {
+        BoundOutcome::Failed(message) if by_model => {
+            // Reported before it becomes the failure text the model reads.
             sec.boundary(EventKind::ToolCallFailed);
-            Err(HostError::new("tool", format!("tool call failure: {msg}")).into())
+            let text = envelope(&message, &sec.run.fixed.nonce);
+            sec.report_tool_result(turn, call_id, name, &text, false);
+            Ok(ToolReply::Text(text))
+        }
+        BoundOutcome::Failed(message) => {
+            sec.boundary(EventKind::ToolCallFailed);
+            Err(HostError::new(ErrorKind::Tool, format!("tool call failure: {message}")).into())
         }
     }
 }
 
 /// Run a local tool and report its outcome: a handler that returns succeeded,
 /// one that raises or returns a table failed (before the error reaches the caller).
-pub(crate) async fn run_local_reported(
+async fn run_local_reported(
     lua: &Lua,
     sec: &Rc<SectionCtx>,
     alias: &str,
@@ -744,7 +806,7 @@ pub(crate) async fn run_local_reported(
     match &outcome {
         Ok(_) => sec.boundary(EventKind::ToolCallSucceeded),
         // A cancelled run reports nothing more for the call it interrupted.
-        Err(_) if sec.run.cancel.is_cancelled() => {}
+        Err(_) if sec.run.fixed.cancel.is_cancelled() => {}
         Err(_) => sec.boundary(EventKind::ToolCallFailed),
     }
     outcome

@@ -9,7 +9,6 @@ use serde_json::{Map, Value as Json};
 use crate::ctx::{arg, host_fn, section};
 use crate::error::{HostError, Raise};
 use crate::json::json_to_lua;
-use crate::vm::var_json;
 
 #[derive(Clone, Debug)]
 pub(crate) enum Key {
@@ -209,4 +208,10 @@ pub(crate) fn check_var_global(lua: &Lua) -> Result<(), String> {
         Ok(Value::Table(t)) if t == root => Ok(()),
         _ => Err("the `var` global was reassigned; write `var.<field>` instead".to_string()),
     }
+}
+
+/// Convert a Lua value to JSON for `var`, with the guard's message.
+pub(crate) fn var_json(value: &Value, path: &str) -> Result<serde_json::Value, HostError> {
+    crate::json::lua_to_json(value, path)
+        .map_err(|e| HostError::lua(format!("{} must be JSON data, got {}", e.path, e.found)))
 }

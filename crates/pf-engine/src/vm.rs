@@ -4,9 +4,9 @@ use std::rc::Rc;
 
 use mlua::{HookTriggers, Lua, LuaOptions, MultiValue, StdLib, Table, Value, VmState};
 
-use crate::ctx::{arg, helpers, host_async, host_fn, section, string_arg, SectionCtx};
-use crate::error::{HostError, Raise};
-use crate::json::{json_to_lua, lua_to_json};
+use crate::ctx::{arg, host_async, host_fn, internal_chunk, section, string_arg, SectionCtx};
+use crate::error::{ErrorKind, HostError, Raise};
+use crate::json::json_to_lua;
 use crate::text::{envelope, float_text, lua_type_name};
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
@@ -26,8 +26,8 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
             LuaOptions::default(),
         )
     };
-    let cancel = sec.run.cancel.clone();
-    let abort = sec.run.abort.clone();
+    let cancel = sec.run.fixed.cancel.clone();
+    let abort = sec.run.abort_signal();
     lua.set_global_hook(
         HookTriggers::new().every_nth_instruction(CANCEL_POLL_INSTRUCTIONS),
         move |_, _| {
@@ -42,7 +42,7 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
         },
     )?;
     // The memory ceiling covers everything from the first instruction, the setup included.
-    lua.set_memory_limit(sec.run.memory_limit)?;
+    lua.set_memory_limit(sec.run.fixed.memory_limit)?;
     lua.set_app_data(Rc::clone(&sec));
 
     let h = lua.create_table()?;
@@ -71,8 +71,8 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     )?;
     // True once nothing may swallow an error any more: after a host cancel, or
     // once the run has ended on the spot (the sandbox `pcall` raises on).
-    let cancel_flag = sec.run.cancel.clone();
-    let abort_flag = sec.run.abort.clone();
+    let cancel_flag = sec.run.fixed.cancel.clone();
+    let abort_flag = sec.run.abort_signal();
     h.raw_set(
         "cancelled",
         lua.create_function(move |_, ()| {
@@ -84,7 +84,7 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
 
     let g = lua.globals();
     // 1. host values
-    let chain = Rc::clone(&sec.chain.borrow());
+    let chain = Rc::clone(&sec.chain);
     g.raw_set("args", chain.args.as_str())?;
     let argv = match &*chain.argv.borrow() {
         Some(j) => json_to_lua(&lua, j)?,
@@ -102,12 +102,7 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     lua.set_named_registry_value("pf.var_root", var_root.clone())?;
     g.raw_set("var", var_root)?;
     // A fanout arm's first section starts with its own copy of the member.
-    if let Some(item) = sec
-        .arm
-        .borrow()
-        .as_ref()
-        .and_then(|seed| seed.item.as_ref())
-    {
+    if let Some(item) = sec.arm.as_ref().and_then(|seed| seed.item.as_ref()) {
         g.raw_set("item", json_to_lua(&lua, item)?)?;
     }
     // 2. host functions
@@ -137,11 +132,11 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
                     .into())
                 }
             };
-            Ok(envelope(&text, &sec.run.nonce))
+            Ok(envelope(&text, &sec.run.fixed.nonce))
         })?,
     )?;
     // 3. ui
-    if let Some(snapshot) = sec.run.ui.clone() {
+    if let Some(snapshot) = sec.run.fixed.ui.clone() {
         g.raw_set(
             "ui",
             lua.create_function(move |lua, ()| json_to_lua(lua, &snapshot))?,
@@ -171,15 +166,15 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
 pub(crate) fn install_name_globals(lua: &Lua) -> mlua::Result<()> {
     let sec = section(lua)?;
     let g = lua.globals();
-    for label in sec.run.roles.iter().map(|r| r.label.clone()) {
-        if sec.run.model.is_some() {
+    for label in sec.run.fixed.roles.iter().map(|r| r.label.clone()) {
+        if sec.run.fixed.model.is_some() {
             g.raw_set(
                 label.as_str(),
                 crate::models::make_handle(lua, &label, None)?,
             )?;
         }
     }
-    for b in &sec.run.bound {
+    for b in &sec.run.fixed.bound {
         g.raw_set(
             b.alias.as_str(),
             crate::tools::make_tool_object(lua, &b.alias)?,
@@ -201,22 +196,20 @@ fn make_sys(lua: &Lua) -> mlua::Result<Table> {
             let sec = section(lua)?;
             let run = &sec.run;
             let v: Value = match key.as_str() {
-                "when" => Value::String(lua.create_string(&run.when)?),
+                "when" => Value::String(lua.create_string(&run.fixed.when)?),
                 "id" => Value::String(lua.create_string(&sec.id)?),
-                "taskid" => Value::String(lua.create_string(&*sec.chain.borrow().task.borrow())?),
-                "index" if sec.arm.borrow().as_ref().is_some_and(|s| s.index.is_some()) => {
-                    match sec.arm.borrow().as_ref().and_then(|seed| seed.index) {
+                "taskid" => Value::String(lua.create_string(&*sec.chain.task.borrow())?),
+                "index" if sec.arm.as_ref().is_some_and(|s| s.index.is_some()) => {
+                    match sec.arm.as_ref().and_then(|seed| seed.index) {
                         Some(index) => Value::Integer(index),
                         None => Value::Nil,
                     }
                 }
                 "section_name" => Value::String(lua.create_string(&sec.name)?),
-                "execution" => Value::String(lua.create_string(&run.execution)?),
-                "section_count" => Value::Integer(run.section_count as i64),
-                "model"
-                    if sec.sys_model_readable.get() && crate::models::section_has_model(&sec) =>
-                {
-                    match &run.model {
+                "execution" => Value::String(lua.create_string(&run.fixed.execution)?),
+                "section_count" => Value::Integer(run.fixed.section_count as i64),
+                "model" if sec.sys_model_readable.get() && sec.has_model() => {
+                    match &run.fixed.model {
                         Some(m) => Value::String(lua.create_string(m.info().id)?),
                         None => Value::Nil,
                     }
@@ -251,7 +244,7 @@ fn make_log(lua: &Lua) -> mlua::Result<mlua::Function> {
             return Err(HostError::lua("log expects exactly one argument").into());
         }
         let sec = section(lua)?;
-        let quota = sec.run.log_event_quota;
+        let quota = sec.run.fixed.log_event_quota;
         if sec.log_events.get() >= quota {
             return Err(HostError::lua("lua log event budget exceeded")
                 .run_kind(crate::RunErrorKind::Quota)
@@ -289,7 +282,7 @@ fn make_log(lua: &Lua) -> mlua::Result<mlua::Function> {
             crate::EventKind::Lua,
             crate::events::fields(serde_json::json!({ "message": msg })),
         );
-        sec.run.checkpoints.borrow_mut().push(crate::Checkpoint {
+        sec.run.record_checkpoint(crate::Checkpoint {
             section: sec.name.clone(),
             message: msg,
         });
@@ -311,12 +304,12 @@ fn make_input(lua: &Lua) -> mlua::Result<Table> {
             };
             // Every wait reports its start, even in a host with no operator.
             sec.boundary(crate::EventKind::UserInputWaitStarted);
-            let _blocked = crate::tasks::blocked_on(&sec, "user_input");
-            let Some(broker) = sec.run.services.input_broker.clone() else {
+            let _blocked = crate::tasks::blocked_on(&sec, crate::tasks::Blocked::UserInput);
+            let Some(broker) = sec.run.fixed.services.input_broker.clone() else {
                 return Ok((INPUT_UNAVAILABLE.to_string(), false));
             };
             sec.run.host_work();
-            let cancel = sec.run.cancel.clone();
+            let cancel = sec.run.fixed.cancel.clone();
             let answer = tokio::select! {
                 _ = cancel.cancelled() => return Err(crate::ctx::cancelled_error().into()),
                 a = broker.ask(&question, cancel.clone()) => a,
@@ -331,7 +324,7 @@ fn make_input(lua: &Lua) -> mlua::Result<Table> {
                 }
                 Ok(None) => Ok((INPUT_UNAVAILABLE.to_string(), false)),
                 Err(msg) => Err(HostError::new(
-                    "internal",
+                    ErrorKind::Internal,
                     format!("user input request was not answered: {msg}"),
                 )
                 .run_kind(crate::RunErrorKind::Input)
@@ -340,47 +333,4 @@ fn make_input(lua: &Lua) -> mlua::Result<Table> {
         })?,
     )?;
     Ok(t)
-}
-
-/// Convert a Lua value to JSON for `var`, with the guard's message.
-pub(crate) fn var_json(value: &Value, path: &str) -> Result<serde_json::Value, HostError> {
-    lua_to_json(value, path)
-        .map_err(|e| HostError::lua(format!("{} must be JSON data, got {}", e.path, e.found)))
-}
-
-/// The mapped helper table (for modules that need H).
-#[allow(dead_code)]
-pub(crate) fn h(lua: &Lua) -> mlua::Result<Table> {
-    helpers(lua)
-}
-
-thread_local! {
-    /// Bytecode of the engine's own Lua chunks, compiled once per thread: every
-    /// section VM runs them, and lexing them again for each VM was most of a VM's cost.
-    static INTERNAL_BYTECODE: std::cell::RefCell<std::collections::HashMap<&'static str, Vec<u8>>> =
-        std::cell::RefCell::new(std::collections::HashMap::new());
-}
-
-/// Load one of the engine's own chunks (never prompt code: prompt chunks stay text-only).
-pub(crate) fn internal_chunk(
-    lua: &Lua,
-    name: &'static str,
-    source: &'static str,
-) -> mlua::Result<mlua::Function> {
-    let cached = INTERNAL_BYTECODE.with(|c| c.borrow().get(name).cloned());
-    if let Some(code) = cached {
-        return lua
-            .load(code)
-            .set_name(name)
-            .set_mode(mlua::ChunkMode::Binary)
-            .into_function();
-    }
-    let f = lua
-        .load(source)
-        .set_name(name)
-        .set_mode(mlua::ChunkMode::Text)
-        .into_function()?;
-    let code = f.dump(false);
-    INTERNAL_BYTECODE.with(|c| c.borrow_mut().insert(name, code));
-    Ok(f)
 }

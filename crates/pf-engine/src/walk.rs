@@ -11,8 +11,12 @@ use pf_syntax::{resolve_heading, Block, LuaBlock, Prompt, Section};
 use serde_json::Value as Json;
 
 use crate::claims::ClaimIdentity;
-use crate::ctx::{arg, helpers, host_async, host_fn, section, Chain, RunCtx, SectionCtx};
-use crate::error::{read_error_value, HostError, HostResult, Raise, RunError, RunErrorKind};
+use crate::ctx::{
+    arg, helpers, host_async, host_fn, section, Chain, EntryPlace, RunCtx, SectionCtx,
+};
+use crate::error::{
+    read_error_value, ErrorKind, HostError, HostResult, Raise, RunError, RunErrorKind,
+};
 use crate::text::{lua_type_name, scalar_text};
 use crate::vm::{install_name_globals, new_vm};
 use crate::Outcome;
@@ -89,13 +93,14 @@ fn h1_runs(prompt: &Prompt) -> bool {
 }
 
 pub(crate) async fn run_main(run: Rc<RunCtx>) -> Outcome {
-    let prompt = Arc::clone(&run.prompt);
+    let prompt = Arc::clone(&run.fixed.prompt);
     let main = Rc::new(Chain::new(
         "0".to_string(),
-        run.args.clone(),
-        run.argv.clone(),
+        run.fixed.args.clone(),
+        run.fixed.argv.clone(),
         0,
         Json::Object(Default::default()),
+        None,
     ));
     // Tasks the H1 pass or the walk spawned end with the main chain.
     let _owned = crate::tasks::OwnedTasks::new(&run, &main.id);
@@ -119,7 +124,7 @@ pub(crate) async fn run_main(run: Rc<RunCtx>) -> Outcome {
         };
         let end = run_entry(Rc::clone(&run), Rc::clone(&main), spec).await;
         let h1_identity = main.identity.replace(walk_identity);
-        run.claims.borrow_mut().release(&h1_identity);
+        run.claims().release(&h1_identity);
         match end {
             EntryEnd::Return(t) => return finish(&run, &main, Outcome::Completed(t)),
             EntryEnd::Jump(target) => match resolve_heading(&prompt, &[], &target) {
@@ -142,7 +147,7 @@ pub(crate) async fn run_main(run: Rc<RunCtx>) -> Outcome {
     };
     let outcome = match outcome {
         Ok(Some(t)) => Outcome::Completed(t),
-        Ok(None) if run.cancel.is_cancelled() => Outcome::Cancelled,
+        Ok(None) if run.fixed.cancel.is_cancelled() => Outcome::Cancelled,
         Ok(None) => Outcome::Completed("done".into()),
         Err(f) => failure_outcome(f),
     };
@@ -150,7 +155,6 @@ pub(crate) async fn run_main(run: Rc<RunCtx>) -> Outcome {
 }
 
 fn finish(run: &RunCtx, main: &Chain, outcome: Outcome) -> Outcome {
-    *run.var.borrow_mut() = main.var.borrow().clone();
     let outcome = match (outcome, crate::tasks::settle(run, &main.id)) {
         (Outcome::Completed(_), Err(e)) => {
             Outcome::Failed(RunError::new(RunErrorKind::Lua, e.message))
@@ -158,7 +162,7 @@ fn finish(run: &RunCtx, main: &Chain, outcome: Outcome) -> Outcome {
         (outcome, _) => outcome,
     };
     // The walk has ended: its claims go with it.
-    run.claims.borrow_mut().release(&main.identity.borrow());
+    run.claims().release(&main.identity.borrow());
     outcome
 }
 
@@ -189,14 +193,14 @@ pub(crate) async fn walk_chain(
     chain: &Rc<Chain>,
     start: Vec<usize>,
 ) -> Result<Option<String>, Failure> {
-    let prompt = Arc::clone(&run.prompt);
+    let prompt = Arc::clone(&run.fixed.prompt);
     let Some((first, parent)) = start.split_last() else {
         return Err(Failure::internal("a walk must start at a section"));
     };
     // Each level: the parent path and the index of the sibling to run next.
     let mut levels: Vec<(Vec<usize>, usize)> = vec![(parent.to_vec(), *first)];
     loop {
-        if run.cancel.is_cancelled() {
+        if run.fixed.cancel.is_cancelled() {
             return Err(Failure::Cancelled);
         }
         let Some((parent, index)) = levels.last().cloned() else {
@@ -243,18 +247,13 @@ fn run_entry(
     spec: EntrySpec,
 ) -> Pin<Box<dyn Future<Output = EntryEnd>>> {
     Box::pin(async move {
-        let var = chain.var.borrow().clone();
-        let sec = Rc::new(SectionCtx::new(
-            run,
-            spec.name.clone(),
-            spec.id.clone(),
-            spec.is_h1,
-            var,
-        ));
-        *sec.chain.borrow_mut() = Rc::clone(&chain);
-        *sec.path.borrow_mut() = spec.path.clone();
-        // A fanout arm's seed belongs to the first section its chain enters.
-        *sec.arm.borrow_mut() = chain.seed.borrow_mut().take();
+        let place = EntryPlace {
+            name: spec.name.clone(),
+            id: spec.id.clone(),
+            is_h1: spec.is_h1,
+            path: spec.path.clone(),
+        };
+        let sec = Rc::new(SectionCtx::new(run, Rc::clone(&chain), place));
         crate::tasks::entered_section(&sec);
         let end = run_entry_in(&sec, &spec).await;
         // Read back var: the entry's final var becomes the chain's.
@@ -269,7 +268,7 @@ async fn run_entry_in(sec: &Rc<SectionCtx>, spec: &EntrySpec) -> EntryEnd {
         Err(e) => return EntryEnd::Fail(Failure::internal(e)),
     };
     // The shared library replays in every section VM.
-    if let Some(shared) = sec.run.prompt.shared.clone() {
+    if let Some(shared) = sec.run.fixed.prompt.shared.clone() {
         sec.loading_shared.set(true);
         let flag = helpers(&lua).and_then(|h| h.raw_set("loading_shared", true));
         let end = run_block(&lua, sec, &shared).await;
@@ -300,7 +299,7 @@ async fn run_entry_in(sec: &Rc<SectionCtx>, spec: &EntrySpec) -> EntryEnd {
                 let end = run_block(&lua, sec, b).await;
                 if let BlockEnd::Fail(f) = &end {
                     // Nothing more runs after a cancel or a run-ending failure.
-                    if matches!(f, Failure::Cancelled) || sec.run.fatal.borrow().is_some() {
+                    if matches!(f, Failure::Cancelled) || sec.run.has_ended() {
                         return EntryEnd::Fail(f.clone());
                     }
                 }
@@ -330,8 +329,8 @@ fn freeze_argv(lua: &Lua, sec: &SectionCtx, end: EntryEnd) -> EntryEnd {
         Err(e) => return EntryEnd::Fail(Failure::internal(e)),
     };
     match crate::json::lua_to_json(&value, "argv") {
-        Ok(Json::Null) => *sec.chain.borrow().argv.borrow_mut() = None,
-        Ok(j) => *sec.chain.borrow().argv.borrow_mut() = Some(j),
+        Ok(Json::Null) => *sec.chain.argv.borrow_mut() = None,
+        Ok(j) => *sec.chain.argv.borrow_mut() = Some(j),
         Err(e) => {
             return EntryEnd::Fail(Failure::lua(format!(
                 "{} must be JSON data, got {}",
@@ -417,10 +416,10 @@ async fn run_block(lua: &Lua, sec: &Rc<SectionCtx>, block: &LuaBlock) -> BlockEn
     };
     let result = runner.call_async::<MultiValue>(func).await;
     // A run-ending failure is set only while no cancel has landed, so it came first.
-    if let Some(error) = sec.run.fatal.borrow().clone() {
+    if let Some(error) = sec.run.fatal_error() {
         return BlockEnd::Fail(Failure::Error(error, None));
     }
-    if sec.run.cancel.is_cancelled() {
+    if sec.run.fixed.cancel.is_cancelled() {
         return BlockEnd::Fail(Failure::Cancelled);
     }
     // A recorded jump wins over the block's own return value or error.
@@ -449,8 +448,9 @@ async fn run_block(lua: &Lua, sec: &Rc<SectionCtx>, block: &LuaBlock) -> BlockEn
         // walk after another suspending call, ends the run as cancelled (ch. 17);
         // in a task or called chain it stays that chain's failure.
         let names_task = info.value.fields.iter().any(|(k, _)| *k == "task");
-        let on_main_walk = sec.chain.borrow().id == "0";
-        if info.kind == "cancelled" && (!names_task || (info.stale && on_main_walk)) {
+        let on_main_walk = sec.chain.id == "0";
+        if info.kind == Some(ErrorKind::Cancelled) && (!names_task || (info.stale && on_main_walk))
+        {
             return BlockEnd::Fail(Failure::Cancelled);
         }
         let where_src = match values.get(2) {
@@ -464,7 +464,7 @@ async fn run_block(lua: &Lua, sec: &Rc<SectionCtx>, block: &LuaBlock) -> BlockEn
         let mut value = info.value;
         let message = if info.run_kind == RunErrorKind::Quota {
             quota_message(&info.message)
-        } else if info.kind == "lua" && !info.located {
+        } else if info.kind == Some(ErrorKind::Lua) && !info.located {
             match (where_src, where_line) {
                 (Some(src), Some(line)) => format!("{src}:{line}: {}", info.message),
                 _ => info.message,
@@ -541,8 +541,8 @@ pub(crate) fn make_list_from_section(lua: &Lua) -> mlua::Result<Function> {
     host_fn(lua, |lua, args| -> HostResult<Table> {
         let sec = section(lua)?;
         let target = target_arg(&args)?;
-        let prompt = Arc::clone(&sec.run.prompt);
-        let caller = sec.path.borrow().clone();
+        let prompt = Arc::clone(&sec.run.fixed.prompt);
+        let caller = sec.path.clone();
         let (_, found) = resolve_heading(&prompt, &caller, &target).map_err(HostError::lua)?;
         let Some(items) = &found.list_items else {
             return Err(HostError::lua(format!(
@@ -566,7 +566,7 @@ pub(crate) fn chain_argv(
     input: &Option<String>,
 ) -> Result<Option<Json>, Raise> {
     if let Some(text) = input {
-        return Ok(crate::args_value(&sec.run.prompt, text));
+        return Ok(crate::args_value(&sec.run.fixed.prompt, text));
     }
     if sec.is_h1 {
         // From the H1 pass, `argv` is an ordinary global: hand on what it holds now.
@@ -579,7 +579,7 @@ pub(crate) fn chain_argv(
             }
         };
     }
-    Ok(sec.chain.borrow().argv.borrow().clone())
+    Ok(sec.chain.argv.borrow().clone())
 }
 
 pub(crate) fn make_call(lua: &Lua) -> mlua::Result<Function> {
@@ -590,11 +590,11 @@ pub(crate) fn make_call(lua: &Lua) -> mlua::Result<Function> {
             Value::Nil => None,
             _ => Some(crate::ctx::string_arg(&args, 1, "input")?),
         };
-        let prompt = Arc::clone(&sec.run.prompt);
-        let caller = sec.path.borrow().clone();
+        let prompt = Arc::clone(&sec.run.fixed.prompt);
+        let caller = sec.path.clone();
         let (target_path, _) =
             resolve_heading(&prompt, &caller, &target).map_err(HostError::lua)?;
-        let parent = Rc::clone(&sec.chain.borrow());
+        let parent = Rc::clone(&sec.chain);
         if parent.depth >= DEPTH_CAP {
             return Err(
                 HostError::lua(format!("call recursion exceeded cap of {DEPTH_CAP}"))
@@ -611,12 +611,13 @@ pub(crate) fn make_call(lua: &Lua) -> mlua::Result<Function> {
             argv,
             parent.depth + 1,
             sec.var.borrow().clone(),
+            None,
         ));
         // A called chain claims as its caller: same identity, nothing released at its end.
         *chain.identity.borrow_mut() = parent.identity.borrow().clone();
         *chain.task.borrow_mut() = parent.task.borrow().clone();
         let owned = crate::tasks::OwnedTasks::new(&sec.run, &chain.id);
-        let blocked = crate::tasks::blocked_on(&sec, "call");
+        let blocked = crate::tasks::blocked_on(&sec, crate::tasks::Blocked::Call);
         let end = walk_chain(&sec.run, &chain, target_path).await;
         drop(blocked);
         let end = match end {

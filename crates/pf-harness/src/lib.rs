@@ -4,6 +4,14 @@
 //! through the traits in this crate; the Host (CLI) supplies implementations.
 //! Architecture invariant: this crate holds no implementation of any Plugin or
 //! provider and does no I/O.
+//!
+//! Three seams meet here: Plugins ([`Plugin`], activated per run as
+//! [`ActivePlugin`], guide ch. 12), Host services ([`HostServices`], such as the
+//! [`InputBroker`] behind `input.ask`), and the model ([`ModelProvider`], which
+//! takes a [`ChatRequest`] and answers a [`ChatResponse`], guide chs. 10 and 11).
+//! [`Harness`] is the registry the Host fills and hands to the Engine.
+
+#![deny(missing_docs)]
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -107,6 +115,7 @@ pub trait InputBroker: Send + Sync {
 /// The services the Host provides, by id.
 #[derive(Clone, Default)]
 pub struct HostServices {
+    /// Answers `input.ask` ([`INPUT_BROKER`]); `None` when the Host has no operator.
     pub input_broker: Option<Arc<dyn InputBroker>>,
 }
 
@@ -125,10 +134,12 @@ impl HostServices {
 #[derive(Clone, Default)]
 pub struct Harness {
     plugins: BTreeMap<String, Arc<dyn Plugin>>,
+    /// The Host services every run may use.
     pub services: HostServices,
 }
 
 impl Harness {
+    /// A Harness with no Plugins and no services.
     pub fn new() -> Self {
         Self::default()
     }
@@ -140,6 +151,7 @@ impl Harness {
     pub fn get(&self, id: &str) -> Option<Arc<dyn Plugin>> {
         self.plugins.get(id).cloned()
     }
+    /// The registered Plugin ids, in bytewise order.
     pub fn ids(&self) -> impl Iterator<Item = &str> {
         self.plugins.keys().map(|s| s.as_str())
     }
@@ -157,11 +169,14 @@ pub fn tool_path_under(path: &str, plugin_id: &str) -> bool {
 // Model providers
 // ---------------------------------------------------------------------------
 
-/// Whether a model can think, per the host file's `thinking` key.
+/// Whether a model can think (reason before it answers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ThinkingSupport {
+    /// The model never thinks; a request to switch thinking on is refused.
     Never,
+    /// The model always thinks; a request to switch thinking off is refused.
     Always,
+    /// The model thinks when [`ChatRequest::thinking`] asks it to.
     Switchable,
 }
 
@@ -170,15 +185,20 @@ pub enum ThinkingSupport {
 pub struct ModelInfo {
     /// Catalog id (`sys.model`, `handle.model_id`).
     pub id: String,
+    /// The context window in tokens (the Engine's precheck measures against it).
     pub context: u64,
+    /// Whether, and how, the model thinks.
     pub thinking: ThinkingSupport,
+    /// A one-line description (`sys.model` and role handles show it).
     pub description: String,
 }
 
 /// One call the model asked for.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolCall {
+    /// The provider's id for the call; the tool's reply quotes it.
     pub id: String,
+    /// The tool alias the model called.
     pub name: String,
     /// The arguments as the model sent them: JSON text (may be malformed).
     pub arguments: String,
@@ -187,11 +207,14 @@ pub struct ToolCall {
 /// A message sent to the model, in chat-completions shape.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatMessage {
+    /// `system`, `user`, `assistant` or `tool`.
     pub role: String,
     /// A string, an array of content parts, or null (assistant with tool calls only).
     pub content: Json,
+    /// An assistant message's tool calls, in the order the model made them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
+    /// A tool message's answer to the call with this id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
 }
@@ -201,34 +224,47 @@ pub struct ChatMessage {
 pub struct ToolDecl {
     /// The alias: the only name the model sees.
     pub name: String,
+    /// What the tool does, as the model reads it.
     pub description: String,
+    /// The JSON Schema of the tool's arguments.
     pub parameters: Json,
 }
 
+/// One model round: the messages so far, the tools offered and the options.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ChatRequest {
+    /// The conversation, oldest first.
     pub messages: Vec<ChatMessage>,
     /// `None`: no tool list at all.
     pub tools: Option<Vec<ToolDecl>>,
+    /// The sampling temperature; `None` leaves the provider's default.
     pub temperature: Option<f64>,
+    /// The reply's token cap; `None` leaves the provider's default.
     pub max_tokens: Option<u64>,
     /// `Some(true/false)` switches thinking on a Switchable model.
     pub thinking: Option<bool>,
 }
 
+/// The tokens one round used, as the provider counted them.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Usage {
+    /// Tokens of the request.
     pub input_tokens: u64,
+    /// Tokens of the reply.
     pub output_tokens: u64,
 }
 
+/// The model's answer to one round: text, tool calls, or both.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ChatResponse {
+    /// The reply's visible text; `None` when the model sent none.
     pub content: Option<String>,
+    /// The calls the model asked for, in order (empty for a text reply).
     pub tool_calls: Vec<ToolCall>,
     /// The provider's finish reason, normalized to chat-completions words
     /// (`stop`, `length`, `tool_calls`, `content_filter`) where possible.
     pub finish_reason: Option<String>,
+    /// The round's token counts, when the provider reported them.
     pub usage: Option<Usage>,
     /// The name of the model that served the round, as the provider returned it;
     /// `None` when the response named none.
@@ -261,7 +297,10 @@ pub type OnText<'a> = dyn for<'t> FnMut(&'t str) + Send + 'a;
 /// A model provider: the Host's current model behind a wire protocol.
 #[async_trait]
 pub trait ModelProvider: Send + Sync {
+    /// The model behind this provider, as the catalog describes it.
     fn info(&self) -> ModelInfo;
+    /// Send one round and wait for the whole reply. It must return
+    /// [`ProviderError::Cancelled`] promptly once `cancel` fires.
     async fn complete(
         &self,
         request: ChatRequest,

@@ -8,151 +8,26 @@
 //! Dropping a task's future is how it stops: its section VMs go with it, its
 //! claims are released, and the tasks its chain owns are abandoned in turn.
 
-use std::collections::BTreeMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
 use mlua::{Lua, MultiValue, Table, Value};
 use pf_syntax::resolve_heading;
 use serde_json::Value as Json;
 
 use crate::claims::ClaimIdentity;
+use crate::ctx::ArmSeed;
 use crate::ctx::{arg, cancelled_error, host_async, host_fn, section, Chain, RunCtx, SectionCtx};
-use crate::error::{HostError, HostResult, Raise};
-use crate::fanout::ArmSeed;
+use crate::error::{ErrorKind, HostError, HostResult, Raise};
 use crate::json::lua_to_json;
 use crate::text::{envelope, lua_type_name};
 use crate::walk::{chain_argv, target_arg, walk_chain, Failure, DEPTH_CAP};
 
-type TaskFuture = Pin<Box<dyn Future<Output = ()>>>;
+pub(crate) mod table;
 
-/// How a task stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
-    Running,
-    Done,
-    Cancelled,
-    Abandoned,
-}
-
-impl State {
-    fn as_str(self) -> &'static str {
-        match self {
-            State::Running => "running",
-            State::Done => "done",
-            State::Cancelled => "cancelled",
-            State::Abandoned => "abandoned",
-        }
-    }
-}
-
-/// One task's record; it lasts for the whole run.
-struct TaskEntry {
-    /// The id of the chain that spawned it (only that chain may use it).
-    owner: String,
-    origin: &'static str,
-    target: String,
-    depth: u32,
-    state: State,
-    /// The section's result or failure, once it has ended as `Done`.
-    result: Option<Result<String, HostError>>,
-    delivered: bool,
-    note: Option<String>,
-    future: Option<TaskFuture>,
-    /// For a model task, the section entry whose model started it.
-    owner_section: String,
-    /// When the task ended, in the run's end order (notices arrive in it).
-    ended_seq: Option<u64>,
-    /// True once the model task's notice was taken (or is never due).
-    noticed: bool,
-    /// The section the task's own chain is in now (`section` in its status).
-    section: Option<String>,
-    /// What the task's own chain waits on now (`blocked` in its status).
-    blocked: Option<&'static str>,
-    /// The task's own model round count, apart from its owner's.
-    turns: u32,
-}
-
-/// A task id as its numeric components, so ids order in spawn order (`0.9` before `0.10`).
-pub(crate) type TaskKey = Vec<u32>;
-
-/// Every task of the run, and the wakers of the waits parked on them.
-#[derive(Default)]
-pub(crate) struct TaskTable {
-    entries: BTreeMap<TaskKey, TaskEntry>,
-    waiters: Vec<Waker>,
-    ends: u64,
-}
-
-fn key_text(key: &[u32]) -> String {
-    key.iter().map(u32::to_string).collect::<Vec<_>>().join(".")
-}
-
-fn parse_key(text: &str) -> Option<TaskKey> {
-    text.split('.')
-        .map(|part| {
-            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
-                return None;
-            }
-            part.parse::<u32>().ok()
-        })
-        .collect()
-}
-
-impl TaskTable {
-    /// Record that the task behind `key` ended now.
-    fn mark_ended(&mut self, key: &TaskKey) {
-        let seq = self.ends;
-        self.ends += 1;
-        if let Some(entry) = self.entries.get_mut(key) {
-            entry.ended_seq.get_or_insert(seq);
-        }
-    }
-
-    fn wake_waiters(&mut self) {
-        for waker in self.waiters.drain(..) {
-            waker.wake();
-        }
-    }
-
-    /// The ids of the live tasks `owner` spawned, in spawn order: running, or
-    /// ended with a result no wait has taken yet.
-    fn live_owned(&self, owner: &str, origin: Option<&str>) -> Vec<String> {
-        self.entries
-            .iter()
-            .filter(|(_, e)| {
-                e.owner == owner
-                    && (e.state == State::Running || (e.state == State::Done && !e.delivered))
-            })
-            .filter(|(_, e)| origin.is_none_or(|o| e.origin == o))
-            .map(|(k, _)| key_text(k))
-            .collect()
-    }
-
-    /// Mark every live task `owner` spawned abandoned and hand back their futures,
-    /// to be dropped once the table is no longer borrowed.
-    fn abandon_owned(&mut self, owner: &str) -> Vec<TaskFuture> {
-        let mut dropped = Vec::new();
-        let mut ended = Vec::new();
-        for (key, entry) in self.entries.iter_mut() {
-            if entry.owner == owner && entry.state == State::Running {
-                entry.state = State::Abandoned;
-                dropped.extend(entry.future.take());
-                ended.push(key.clone());
-            }
-        }
-        for key in &ended {
-            self.mark_ended(key);
-        }
-        if !dropped.is_empty() {
-            self.wake_waiters();
-        }
-        dropped
-    }
-}
+use table::{key_text, parse_key, State, TaskEntry, TaskFuture, TaskOrigin};
+pub(crate) use table::{Blocked, TaskKey};
 
 /// Poll every live task once, in spawn order (tasks spawned meanwhile included).
 pub(crate) fn drive(run: &RunCtx, cx: &mut Context<'_>) {
@@ -161,7 +36,7 @@ pub(crate) fn drive(run: &RunCtx, cx: &mut Context<'_>) {
     loop {
         // Take the next future out, so the table is free while the task runs.
         let next = {
-            let Ok(mut table) = run.tasks.try_borrow_mut() else {
+            let Ok(mut table) = run.task_table().try_borrow_mut() else {
                 return;
             };
             let found = table
@@ -180,7 +55,7 @@ pub(crate) fn drive(run: &RunCtx, cx: &mut Context<'_>) {
             done.push(key);
             continue;
         }
-        let Ok(mut table) = run.tasks.try_borrow_mut() else {
+        let Ok(mut table) = run.task_table().try_borrow_mut() else {
             return;
         };
         match table.entries.get_mut(&key) {
@@ -196,7 +71,7 @@ pub(crate) fn drive(run: &RunCtx, cx: &mut Context<'_>) {
 
 /// Drop every task still in the pool: the run has ended.
 pub(crate) fn end_run(run: &RunCtx) {
-    let futures: Vec<TaskFuture> = match run.tasks.try_borrow_mut() {
+    let futures: Vec<TaskFuture> = match run.task_table().try_borrow_mut() {
         Ok(mut table) => table
             .entries
             .values_mut()
@@ -229,7 +104,7 @@ impl OwnedTasks {
 
 impl Drop for OwnedTasks {
     fn drop(&mut self) {
-        let futures = match self.run.tasks.try_borrow_mut() {
+        let futures = match self.run.task_table().try_borrow_mut() {
             Ok(mut table) => table.abandon_owned(&self.owner),
             Err(_) => Vec::new(),
         };
@@ -240,16 +115,15 @@ impl Drop for OwnedTasks {
 /// The chain-end rule: a chain that ended normally with author tasks still
 /// live fails with `tasks_live` (the tasks are then abandoned by its guard).
 pub(crate) fn settle(run: &RunCtx, owner: &str) -> Result<(), HostError> {
-    let live = match run.tasks.try_borrow() {
-        Ok(table) => table.live_owned(owner, Some("author")),
+    let live = match run.task_table().try_borrow() {
+        Ok(table) => table.live_owned(owner, Some(TaskOrigin::Author)),
         Err(_) => Vec::new(),
     };
     if live.is_empty() {
         return Ok(());
     }
     let ids = live.join(", ");
-    Err(HostError::new(
-        "tasks_live",
+    Err(HostError::new(ErrorKind::TasksLive,
         format!(
             "chain ended with author tasks still live: {ids}; wait on or cancel every task a chain spawns before it ends"
         ),
@@ -265,7 +139,7 @@ struct TaskClaims {
 
 impl Drop for TaskClaims {
     fn drop(&mut self) {
-        if let Ok(mut claims) = self.run.claims.try_borrow_mut() {
+        if let Some(mut claims) = self.run.try_claims() {
             claims.release(&self.identity);
         }
     }
@@ -386,8 +260,8 @@ struct Resolved {
 }
 
 fn resolve_target(sec: &SectionCtx, target: &str) -> Result<Resolved, HostError> {
-    let prompt = Arc::clone(&sec.run.prompt);
-    let caller = sec.path.borrow().clone();
+    let prompt = Arc::clone(&sec.run.fixed.prompt);
+    let caller = sec.path.clone();
     let (path, found) = resolve_heading(&prompt, &caller, target).map_err(HostError::lua)?;
     if found.list_items.is_some() {
         return Err(HostError::lua(format!(
@@ -395,7 +269,7 @@ fn resolve_target(sec: &SectionCtx, target: &str) -> Result<Resolved, HostError>
             found.name
         )));
     }
-    if sec.chain.borrow().depth >= DEPTH_CAP {
+    if sec.chain.depth >= DEPTH_CAP {
         return Err(HostError::lua(format!(
             "call recursion exceeded cap of {DEPTH_CAP}"
         )));
@@ -417,31 +291,29 @@ fn start_task(
     model_section: Option<&str>,
 ) -> HostResult<String> {
     let run = Rc::clone(&sec.run);
-    let parent = Rc::clone(&sec.chain.borrow());
+    let parent = Rc::clone(&sec.chain);
     // The task takes its copy of var now: the var global must still be in place.
     crate::var::check_var_global(lua).map_err(HostError::lua)?;
     let argv = chain_argv(sec, lua, &input)?;
     let id = parent.next_child_id();
-    let key = parse_key(&id).ok_or_else(|| HostError::new("internal", "bad task id"))?;
+    let key = parse_key(&id).ok_or_else(|| HostError::new(ErrorKind::Internal, "bad task id"))?;
     let chain = Rc::new(Chain::new(
         id.clone(),
         input.unwrap_or_else(|| parent.args.clone()),
         argv,
         parent.depth + 1,
         sec.var.borrow().clone(),
+        (seed.item.is_some() || seed.index.is_some()).then_some(seed),
     ));
-    if seed.item.is_some() || seed.index.is_some() {
-        *chain.seed.borrow_mut() = Some(seed);
-    }
     let future = task_future(&run, chain, key.clone(), resolved.path);
-    run.tasks.borrow_mut().entries.insert(
+    run.task_table().borrow_mut().entries.insert(
         key,
         TaskEntry {
             owner: parent.id.clone(),
             origin: if model_section.is_some() {
-                "model"
+                TaskOrigin::Model
             } else {
-                "author"
+                TaskOrigin::Author
             },
             target: resolved.name,
             depth: parent.depth + 1,
@@ -476,7 +348,7 @@ fn task_future(run: &Rc<RunCtx>, chain: Rc<Chain>, key: TaskKey, start: Vec<usiz
             Err(failure) => Err(failure_value(failure)),
         };
         drop(owned);
-        if let Ok(mut table) = run.tasks.try_borrow_mut() {
+        if let Ok(mut table) = run.task_table().try_borrow_mut() {
             if let Some(entry) = table.entries.get_mut(&key) {
                 if entry.state == State::Running {
                     entry.state = State::Done;
@@ -521,7 +393,7 @@ fn task_arg(value: &Value, call: &str) -> HostResult<TaskKey> {
 fn not_owned(key: &[u32]) -> HostError {
     let id = key_text(key);
     HostError::new(
-        "task_not_owned",
+        ErrorKind::TaskNotOwned,
         format!("task `{id}` is not a task this chain owns"),
     )
     .with("task", id)
@@ -530,7 +402,7 @@ fn not_owned(key: &[u32]) -> HostError {
 /// The calling chain's id and its task id.
 fn caller(lua: &Lua) -> HostResult<(Rc<RunCtx>, String, String)> {
     let sec = section(lua)?;
-    let chain = Rc::clone(&sec.chain.borrow());
+    let chain = Rc::clone(&sec.chain);
     let task = chain.task.borrow().clone();
     Ok((Rc::clone(&sec.run), chain.id.clone(), task))
 }
@@ -543,7 +415,7 @@ fn check_owned(
     key: &TaskKey,
     self_ok: bool,
 ) -> HostResult<()> {
-    let table = run.tasks.borrow();
+    let table = run.task_table().borrow();
     match table.entries.get(key) {
         Some(e) if e.owner == owner => Ok(()),
         Some(_) if self_ok && key_text(key) == own_task => Ok(()),
@@ -555,7 +427,7 @@ fn ready(lua: &Lua, args: MultiValue) -> HostResult<bool> {
     let (run, owner, own_task) = caller(lua)?;
     let key = task_arg(&arg(&args, 0), "tasks.ready")?;
     check_owned(&run, &owner, &own_task, &key, true)?;
-    let table = run.tasks.borrow();
+    let table = run.task_table().borrow();
     Ok(table
         .entries
         .get(&key)
@@ -566,13 +438,13 @@ fn status(lua: &Lua, args: MultiValue) -> HostResult<Table> {
     let (run, owner, own_task) = caller(lua)?;
     let key = task_arg(&arg(&args, 0), "tasks.status")?;
     check_owned(&run, &owner, &own_task, &key, true)?;
-    let table = run.tasks.borrow();
+    let table = run.task_table().borrow();
     let Some(entry) = table.entries.get(&key) else {
         return Err(not_owned(&key).into());
     };
     let t = lua.create_table()?;
     t.raw_set("target", entry.target.as_str())?;
-    t.raw_set("origin", entry.origin)?;
+    t.raw_set("origin", entry.origin.as_str())?;
     t.raw_set("state", entry.state.as_str())?;
     match (entry.state, &entry.result) {
         (State::Running, _) => {}
@@ -586,7 +458,7 @@ fn status(lua: &Lua, args: MultiValue) -> HostResult<Table> {
             t.raw_set("section", name.as_str())?;
         }
         if let Some(what) = entry.blocked {
-            t.raw_set("blocked", what)?;
+            t.raw_set("blocked", what.as_str())?;
         }
         for (n, id) in table
             .live_owned(&key_text(&key), None)
@@ -617,10 +489,9 @@ fn pending(lua: &Lua, args: MultiValue) -> HostResult<Table> {
                         HostError::lua("pending filter origin must be a valid UTF-8 string")
                     })?
                     .to_string();
-                match text.as_str() {
-                    "author" => Some("author"),
-                    "model" => Some("model"),
-                    _ => {
+                match TaskOrigin::from_name(&text) {
+                    Some(origin) => Some(origin),
+                    None => {
                         return Err(HostError::lua(format!(
                             "pending filter origin must be `author` or `model`, got `{text}`"
                         ))
@@ -644,7 +515,7 @@ fn pending(lua: &Lua, args: MultiValue) -> HostResult<Table> {
             .into())
         }
     };
-    let ids = run.tasks.borrow().live_owned(&owner, origin);
+    let ids = run.task_table().borrow().live_owned(&owner, origin);
     let out = lua.create_table()?;
     for (n, id) in ids.iter().enumerate() {
         out.raw_set(n + 1, handle(lua, id)?)?;
@@ -669,7 +540,7 @@ fn note(lua: &Lua, args: MultiValue) -> HostResult<()> {
     };
     // On the main walk there is no task record, so the note lands nowhere.
     if let Some(key) = parse_key(&own_task) {
-        if let Some(entry) = run.tasks.borrow_mut().entries.get_mut(&key) {
+        if let Some(entry) = run.task_table().borrow_mut().entries.get_mut(&key) {
             entry.note = Some(text);
         }
     }
@@ -681,7 +552,7 @@ fn cancel(lua: &Lua, args: MultiValue) -> HostResult<()> {
     let key = task_arg(&arg(&args, 0), "tasks.cancel")?;
     check_owned(&run, &owner, &own_task, &key, false)?;
     let future = {
-        let mut table = run.tasks.borrow_mut();
+        let mut table = run.task_table().borrow_mut();
         let future = match table.entries.get_mut(&key) {
             Some(entry) if entry.state == State::Running => {
                 entry.state = State::Cancelled;
@@ -715,14 +586,13 @@ fn wait_set(run: &RunCtx, owner: &str, value: &Value, call: &str) -> HostResult<
     if keys.is_empty() {
         return Err(HostError::lua(format!("{call} requires at least one task")).into());
     }
-    let table = run.tasks.borrow();
+    let table = run.task_table().borrow();
     for key in &keys {
         match table.entries.get(key) {
             Some(e) if e.owner == owner => {
                 if e.delivered {
                     let id = key_text(key);
-                    return Err(HostError::new(
-                        "task_consumed",
+                    return Err(HostError::new(ErrorKind::TaskConsumed,
                         format!("task `{id}` was already delivered: a task's result is taken by one wait"),
                     )
                     .with("task", id)
@@ -771,7 +641,7 @@ fn timeout_opt(value: &Value, call: &str) -> HostResult<Option<std::time::Durati
 }
 
 fn ended(run: &RunCtx, key: &TaskKey) -> bool {
-    run.tasks
+    run.task_table()
         .borrow()
         .entries
         .get(key)
@@ -797,7 +667,7 @@ async fn park_until(
                 break;
             }
             tokio::task::yield_now().await;
-            if run.cancel.is_cancelled() {
+            if run.fixed.cancel.is_cancelled() {
                 return Err(Raise::from(cancelled_error()));
             }
         }
@@ -807,7 +677,10 @@ async fn park_until(
         if done() {
             return Poll::Ready(());
         }
-        run.tasks.borrow_mut().waiters.push(cx.waker().clone());
+        run.task_table()
+            .borrow_mut()
+            .waiters
+            .push(cx.waker().clone());
         Poll::Pending
     });
     let timed = async {
@@ -821,7 +694,7 @@ async fn park_until(
     };
     tokio::select! {
         biased;
-        _ = run.cancel.cancelled() => Err(Raise::from(cancelled_error())),
+        _ = run.fixed.cancel.cancelled() => Err(Raise::from(cancelled_error())),
         r = timed => Ok(r),
     }
 }
@@ -830,7 +703,7 @@ async fn park_until(
 fn deliver(lua: &Lua, run: &RunCtx, key: &TaskKey) -> HostResult<(bool, Value)> {
     let id = key_text(key);
     let outcome = {
-        let mut table = run.tasks.borrow_mut();
+        let mut table = run.task_table().borrow_mut();
         let Some(entry) = table.entries.get_mut(key) else {
             return Err(not_owned(key).into());
         };
@@ -850,8 +723,8 @@ fn deliver(lua: &Lua, run: &RunCtx, key: &TaskKey) -> HostResult<(bool, Value)> 
             Value::Table(crate::error::error_table(lua, &helpers, &e)?),
         ),
         None => {
-            let e =
-                HostError::new("cancelled", format!("task `{id}` was cancelled")).with("task", id);
+            let e = HostError::new(ErrorKind::Cancelled, format!("task `{id}` was cancelled"))
+                .with("task", id);
             (
                 false,
                 Value::Table(crate::error::error_table(lua, &helpers, &e)?),
@@ -863,7 +736,7 @@ fn deliver(lua: &Lua, run: &RunCtx, key: &TaskKey) -> HostResult<(bool, Value)> 
 /// A timed wait takes one index from the owner's child counter.
 fn take_timer_index(lua: &Lua) -> HostResult<()> {
     let sec = section(lua)?;
-    let chain = Rc::clone(&sec.chain.borrow());
+    let chain = Rc::clone(&sec.chain);
     chain.next_child_id();
     Ok(())
 }
@@ -876,7 +749,7 @@ async fn when_any(lua: &Lua, args: MultiValue) -> HostResult<MultiValue> {
         take_timer_index(lua)?;
     }
     let first_ended = || keys.iter().find(|k| ended(&run, k)).cloned();
-    let blocked = blocked_on(&*section(lua)?, "tasks");
+    let blocked = blocked_on(&*section(lua)?, Blocked::Tasks);
     let woke = park_until(&run, limit, || first_ended().is_some()).await?;
     drop(blocked);
     if !woke {
@@ -900,7 +773,7 @@ async fn when_all(lua: &Lua, args: MultiValue) -> HostResult<(Table, bool)> {
     if limit.is_some() {
         take_timer_index(lua)?;
     }
-    let blocked = blocked_on(&*section(lua)?, "tasks");
+    let blocked = blocked_on(&*section(lua)?, Blocked::Tasks);
     let all_ended = park_until(&run, limit, || keys.iter().all(|k| ended(&run, k))).await?;
     drop(blocked);
     let mut outcomes: Vec<(TaskKey, bool, Value)> = Vec::new();
@@ -971,16 +844,16 @@ pub(crate) fn model_task_key(
             "{name}: `{id}` is not a task id; use the id `task` returned"
         ));
     };
-    let table = run.tasks.borrow();
+    let table = run.task_table().borrow();
     match table.entries.get(&key) {
-        Some(e) if e.origin == "model" && e.owner_section == sec.id => Ok(key),
+        Some(e) if e.origin == TaskOrigin::Model && e.owner_section == sec.id => Ok(key),
         _ => Err(format!("{name}: no model task with id {id}")),
     }
 }
 
 /// The model's `task_status` line for one of its tasks.
 pub(crate) fn model_status_line(run: &RunCtx, key: &TaskKey) -> String {
-    let table = run.tasks.borrow();
+    let table = run.task_table().borrow();
     let id = key_text(key);
     let Some(entry) = table.entries.get(key) else {
         return format!("task_status: no model task with id {id}");
@@ -1000,7 +873,7 @@ pub(crate) fn model_status_line(run: &RunCtx, key: &TaskKey) -> String {
             line.push_str(&format!(", in ## {name}"));
         }
         if let Some(what) = entry.blocked {
-            line.push_str(&format!(", waiting on {what}"));
+            line.push_str(&format!(", waiting on {}", what.as_str()));
         }
     }
     line.push_str(&format!(", turns {}", entry.turns));
@@ -1019,7 +892,7 @@ pub(crate) fn model_status_line(run: &RunCtx, key: &TaskKey) -> String {
 /// The model's `task_cancel`: end the task; its confirmation is the only word on it.
 pub(crate) fn model_cancel(run: &RunCtx, key: &TaskKey) -> String {
     let future = {
-        let mut table = run.tasks.borrow_mut();
+        let mut table = run.task_table().borrow_mut();
         let future = match table.entries.get_mut(key) {
             Some(entry) if entry.state == State::Running => {
                 entry.state = State::Cancelled;
@@ -1038,12 +911,12 @@ pub(crate) fn model_cancel(run: &RunCtx, key: &TaskKey) -> String {
 
 /// Take the notices waiting for the section entry `section_id`, in end order.
 pub(crate) fn take_notices(run: &RunCtx, section_id: &str) -> Vec<String> {
-    let mut table = run.tasks.borrow_mut();
+    let mut table = run.task_table().borrow_mut();
     let mut due: Vec<(u64, TaskKey)> = table
         .entries
         .iter()
         .filter(|(_, e)| {
-            e.origin == "model"
+            e.origin == TaskOrigin::Model
                 && e.owner_section == section_id
                 && !e.noticed
                 && matches!(e.state, State::Done | State::Cancelled)
@@ -1060,7 +933,7 @@ pub(crate) fn take_notices(run: &RunCtx, section_id: &str) -> Vec<String> {
         let head = format!("Task id={} (## {})", key_text(&key), entry.target);
         out.push(match (entry.state, &entry.result) {
             (State::Done, Some(Ok(text))) => {
-                format!("{head} completed: {}", envelope(text, &run.nonce))
+                format!("{head} completed: {}", envelope(text, &run.fixed.nonce))
             }
             (State::Done, Some(Err(e))) => format!("{head} failed: {}", e.message),
             (State::Done, None) => format!("{head} failed: the task ended without a result"),
@@ -1071,8 +944,8 @@ pub(crate) fn take_notices(run: &RunCtx, section_id: &str) -> Vec<String> {
 }
 
 fn has_notices(run: &RunCtx, section_id: &str) -> bool {
-    run.tasks.borrow().entries.values().any(|e| {
-        e.origin == "model"
+    run.task_table().borrow().entries.values().any(|e| {
+        e.origin == TaskOrigin::Model
             && e.owner_section == section_id
             && !e.noticed
             && matches!(e.state, State::Done | State::Cancelled)
@@ -1080,12 +953,14 @@ fn has_notices(run: &RunCtx, section_id: &str) -> bool {
 }
 
 fn running_model_tasks(run: &RunCtx, section_id: &str) -> Vec<String> {
-    run.tasks
+    run.task_table()
         .borrow()
         .entries
         .iter()
         .filter(|(_, e)| {
-            e.origin == "model" && e.owner_section == section_id && e.state == State::Running
+            e.origin == TaskOrigin::Model
+                && e.owner_section == section_id
+                && e.state == State::Running
         })
         .map(|(k, _)| key_text(k))
         .collect()
@@ -1107,19 +982,19 @@ pub(crate) async fn model_await(
         let Some((limit, text)) = timeout else {
             return Ok("nothing to wait for".to_string());
         };
-        sec.chain.borrow().next_child_id();
+        sec.chain.next_child_id();
         tokio::select! {
             biased;
-            _ = run.cancel.cancelled() => return Err(Raise::from(cancelled_error())),
+            _ = run.fixed.cancel.cancelled() => return Err(Raise::from(cancelled_error())),
             _ = tokio::time::sleep(limit) => {}
         }
         return Ok(format!("slept {text} seconds"));
     }
     let limit = timeout.map(|(limit, _)| limit);
     if limit.is_some() {
-        sec.chain.borrow().next_child_id();
+        sec.chain.next_child_id();
     }
-    let _blocked = blocked_on(sec, "tasks");
+    let _blocked = blocked_on(sec, Blocked::Tasks);
     let woke = park_until(&run, limit, || {
         has_notices(&run, &sid) || running_model_tasks(&run, &sid).is_empty()
     })
@@ -1140,7 +1015,7 @@ pub(crate) async fn model_await(
 /// The key of the task whose own chain runs `sec`: none on the main walk, a
 /// called chain or a fanout arm (a called chain's waits show as `call`).
 fn own_chain_task(sec: &SectionCtx) -> Option<TaskKey> {
-    let chain = sec.chain.borrow();
+    let chain = &sec.chain;
     let task = chain.task.borrow();
     (*task == chain.id).then(|| parse_key(&chain.id)).flatten()
 }
@@ -1148,7 +1023,7 @@ fn own_chain_task(sec: &SectionCtx) -> Option<TaskKey> {
 /// Record that the task whose own chain runs `sec` is now in `sec`'s section.
 pub(crate) fn entered_section(sec: &SectionCtx) {
     if let Some(key) = own_chain_task(sec) {
-        if let Some(entry) = sec.run.tasks.borrow_mut().entries.get_mut(&key) {
+        if let Some(entry) = sec.run.task_table().borrow_mut().entries.get_mut(&key) {
             entry.section = Some(sec.name.clone());
             entry.blocked = None;
         }
@@ -1161,12 +1036,11 @@ pub(crate) struct BlockedGuard {
     key: Option<TaskKey>,
 }
 
-/// Mark the calling task `blocked` on `what` (`chat`, `tasks`, `call`, ...)
-/// until the guard drops.
-pub(crate) fn blocked_on(sec: &SectionCtx, what: &'static str) -> BlockedGuard {
+/// Mark the calling task `blocked` on `what` until the guard drops.
+pub(crate) fn blocked_on(sec: &SectionCtx, what: Blocked) -> BlockedGuard {
     let key = own_chain_task(sec);
     if let Some(key) = &key {
-        if let Some(entry) = sec.run.tasks.borrow_mut().entries.get_mut(key) {
+        if let Some(entry) = sec.run.task_table().borrow_mut().entries.get_mut(key) {
             entry.blocked = Some(what);
         }
     }
@@ -1180,7 +1054,7 @@ impl Drop for BlockedGuard {
     fn drop(&mut self) {
         let Some(key) = &self.key else { return };
         // A drop during a table borrow (never expected) just leaves the mark.
-        if let Ok(mut table) = self.run.tasks.try_borrow_mut() {
+        if let Ok(mut table) = self.run.task_table().try_borrow_mut() {
             if let Some(entry) = table.entries.get_mut(key) {
                 entry.blocked = None;
             }
@@ -1191,26 +1065,82 @@ impl Drop for BlockedGuard {
 /// Count one completed model round for the task `sec` runs inside (its
 /// nearest enclosing task, so a called chain's rounds count for the task).
 pub(crate) fn count_task_turn(sec: &SectionCtx) {
-    let task = sec.chain.borrow().task.borrow().clone();
+    let task = sec.chain.task.borrow().clone();
     if let Some(key) = parse_key(&task) {
-        if let Some(entry) = sec.run.tasks.borrow_mut().entries.get_mut(&key) {
+        if let Some(entry) = sec.run.task_table().borrow_mut().entries.get_mut(&key) {
             entry.turns = entry.turns.saturating_add(1);
         }
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn task_ids_parse_as_dot_separated_numbers_and_order_numerically() {
-        assert_eq!(parse_key("0.10"), Some(vec![0, 10]));
-        assert_eq!(parse_key("0..1"), None);
-        assert_eq!(parse_key("0.-1"), None);
-        assert_eq!(parse_key("nope"), None);
-        assert_eq!(parse_key("4294967296"), None);
-        assert!(parse_key("0.9") < parse_key("0.10"));
-        assert_eq!(key_text(&[0, 2, 1]), "0.2.1");
-    }
+/// Run one of the Engine's task built-ins for the model: `(succeeded, text)`.
+pub(crate) async fn model_builtin(
+    lua: &Lua,
+    sec: &Rc<SectionCtx>,
+    name: &str,
+    arguments: &Json,
+) -> HostResult<(bool, String)> {
+    let field = |key: &str| arguments.get(key).filter(|v| !v.is_null());
+    let run = Rc::clone(&sec.run);
+    Ok(match name {
+        "task" => {
+            let Some(Json::String(target)) = arguments.get("target") else {
+                return Ok((
+                    false,
+                    "task: `target` must be a string naming a section heading, such as `## Research`"
+                        .to_string(),
+                ));
+            };
+            let input = match field("input") {
+                None => None,
+                Some(Json::String(text)) => Some(text.clone()),
+                Some(_) => {
+                    return Ok((
+                        false,
+                        "task: `input` must be a string when given".to_string(),
+                    ))
+                }
+            };
+            let target = target.trim();
+            let allowed = sec.task_allow.borrow().clone().unwrap_or_default();
+            if !allowed.is_empty() && !allowed.iter().any(|a| a == target) {
+                return Ok((
+                    false,
+                    format!(
+                        "task: target `{target}` is not allowed; allowed targets: {}",
+                        allowed.join(", ")
+                    ),
+                ));
+            }
+            match model_start(lua, sec, target, input) {
+                Ok(text) => (true, text),
+                Err(text) => (false, text),
+            }
+        }
+        "task_status" | "task_cancel" => {
+            match model_task_key(&run, sec, name, arguments.get("id")) {
+                Err(text) => (false, text),
+                Ok(key) if name == "task_status" => (true, model_status_line(&run, &key)),
+                Ok(key) => (true, model_cancel(&run, &key)),
+            }
+        }
+        _ => {
+            let refusal =
+                "await_tasks: `timeout` must be a non-negative number of seconds when given";
+            let timeout = match field("timeout") {
+                None => None,
+                Some(Json::Number(n)) => {
+                    match n
+                        .as_f64()
+                        .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
+                    {
+                        Some(limit) => Some((limit, n.to_string())),
+                        None => return Ok((false, refusal.to_string())),
+                    }
+                }
+                Some(_) => return Ok((false, refusal.to_string())),
+            };
+            (true, model_await(sec, timeout).await?)
+        }
+    })
 }

@@ -1,0 +1,213 @@
+//! The run's task table: every task's record, kept for the whole run.
+//!
+//! A leaf: it knows task records and their states, not chains or section VMs,
+//! so the run state in `ctx` can hold it without importing the `tasks` namespace.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Waker;
+
+use crate::error::HostError;
+
+/// Who started a task: block code (`tasks.spawn`) or a model (the `task` tool).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TaskOrigin {
+    Author,
+    Model,
+}
+
+impl TaskOrigin {
+    const NAMES: [(TaskOrigin, &'static str); 2] =
+        [(TaskOrigin::Author, "author"), (TaskOrigin::Model, "model")];
+
+    /// The origin's name, as `tasks.status` and the `pending` filter spell it.
+    pub(crate) fn as_str(self) -> &'static str {
+        Self::NAMES
+            .iter()
+            .find(|(origin, _)| *origin == self)
+            .map_or("author", |(_, name)| name)
+    }
+
+    /// The origin a filter names, if any.
+    pub(crate) fn from_name(name: &str) -> Option<Self> {
+        Self::NAMES
+            .iter()
+            .find(|(_, n)| *n == name)
+            .map(|(origin, _)| *origin)
+    }
+}
+
+/// What a task's own chain waits on (`blocked` in `tasks.status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Blocked {
+    /// A model round.
+    Chat,
+    /// A wait on other tasks.
+    Tasks,
+    /// A called chain.
+    Call,
+    /// A store operation.
+    Store,
+    /// A bound tool call.
+    ToolCall,
+    /// Operator input.
+    UserInput,
+}
+
+impl Blocked {
+    /// The state's name, as `tasks.status` and the model's status line show it.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Blocked::Chat => "chat",
+            Blocked::Tasks => "tasks",
+            Blocked::Call => "call",
+            Blocked::Store => "store",
+            Blocked::ToolCall => "tool_call",
+            Blocked::UserInput => "user_input",
+        }
+    }
+}
+
+pub(super) type TaskFuture = Pin<Box<dyn Future<Output = ()>>>;
+
+/// How a task stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum State {
+    Running,
+    Done,
+    Cancelled,
+    Abandoned,
+}
+
+impl State {
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            State::Running => "running",
+            State::Done => "done",
+            State::Cancelled => "cancelled",
+            State::Abandoned => "abandoned",
+        }
+    }
+}
+
+/// One task's record; it lasts for the whole run.
+pub(super) struct TaskEntry {
+    /// The id of the chain that spawned it (only that chain may use it).
+    pub(super) owner: String,
+    pub(super) origin: TaskOrigin,
+    pub(super) target: String,
+    pub(super) depth: u32,
+    pub(super) state: State,
+    /// The section's result or failure, once it has ended as `Done`.
+    pub(super) result: Option<Result<String, HostError>>,
+    pub(super) delivered: bool,
+    pub(super) note: Option<String>,
+    pub(super) future: Option<TaskFuture>,
+    /// For a model task, the section entry whose model started it.
+    pub(super) owner_section: String,
+    /// When the task ended, in the run's end order (notices arrive in it).
+    pub(super) ended_seq: Option<u64>,
+    /// True once the model task's notice was taken (or is never due).
+    pub(super) noticed: bool,
+    /// The section the task's own chain is in now (`section` in its status).
+    pub(super) section: Option<String>,
+    /// What the task's own chain waits on now (`blocked` in its status).
+    pub(super) blocked: Option<Blocked>,
+    /// The task's own model round count, apart from its owner's.
+    pub(super) turns: u32,
+}
+
+/// A task id as its numeric components, so ids order in spawn order (`0.9` before `0.10`).
+pub(crate) type TaskKey = Vec<u32>;
+
+/// Every task of the run, and the wakers of the waits parked on them.
+#[derive(Default)]
+pub(crate) struct TaskTable {
+    pub(super) entries: BTreeMap<TaskKey, TaskEntry>,
+    pub(super) waiters: Vec<Waker>,
+    pub(super) ends: u64,
+}
+
+pub(super) fn key_text(key: &[u32]) -> String {
+    key.iter().map(u32::to_string).collect::<Vec<_>>().join(".")
+}
+
+pub(super) fn parse_key(text: &str) -> Option<TaskKey> {
+    text.split('.')
+        .map(|part| {
+            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            part.parse::<u32>().ok()
+        })
+        .collect()
+}
+
+impl TaskTable {
+    /// Record that the task behind `key` ended now.
+    pub(super) fn mark_ended(&mut self, key: &TaskKey) {
+        let seq = self.ends;
+        self.ends += 1;
+        if let Some(entry) = self.entries.get_mut(key) {
+            entry.ended_seq.get_or_insert(seq);
+        }
+    }
+
+    pub(super) fn wake_waiters(&mut self) {
+        for waker in self.waiters.drain(..) {
+            waker.wake();
+        }
+    }
+
+    /// The ids of the live tasks `owner` spawned, in spawn order: running, or
+    /// ended with a result no wait has taken yet.
+    pub(super) fn live_owned(&self, owner: &str, origin: Option<TaskOrigin>) -> Vec<String> {
+        self.entries
+            .iter()
+            .filter(|(_, e)| {
+                e.owner == owner
+                    && (e.state == State::Running || (e.state == State::Done && !e.delivered))
+            })
+            .filter(|(_, e)| origin.is_none_or(|o| e.origin == o))
+            .map(|(k, _)| key_text(k))
+            .collect()
+    }
+
+    /// Mark every live task `owner` spawned abandoned and hand back their futures,
+    /// to be dropped once the table is no longer borrowed.
+    pub(super) fn abandon_owned(&mut self, owner: &str) -> Vec<TaskFuture> {
+        let mut dropped = Vec::new();
+        let mut ended = Vec::new();
+        for (key, entry) in self.entries.iter_mut() {
+            if entry.owner == owner && entry.state == State::Running {
+                entry.state = State::Abandoned;
+                dropped.extend(entry.future.take());
+                ended.push(key.clone());
+            }
+        }
+        for key in &ended {
+            self.mark_ended(key);
+        }
+        if !dropped.is_empty() {
+            self.wake_waiters();
+        }
+        dropped
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_ids_parse_as_dot_separated_numbers_and_order_numerically() {
+        assert_eq!(parse_key("0.10"), Some(vec![0, 10]));
+        assert_eq!(parse_key("0..1"), None);
+        assert_eq!(parse_key("0.-1"), None);
+        assert_eq!(parse_key("nope"), None);
+        assert_eq!(parse_key("4294967296"), None);
+        assert!(parse_key("0.9") < parse_key("0.10"));
+        assert_eq!(key_text(&[0, 2, 1]), "0.2.1");
+    }
+}
