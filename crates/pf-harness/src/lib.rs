@@ -157,7 +157,7 @@ pub fn tool_path_under(path: &str, plugin_id: &str) -> bool {
 // Model providers
 // ---------------------------------------------------------------------------
 
-/// Whether a model can think, per the host file's `thinking` key.
+/// Whether a model can think (the catalog's `thinking`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ThinkingSupport {
     Never,
