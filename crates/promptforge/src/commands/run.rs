@@ -1,7 +1,7 @@
 //! `promptforge run FILE [ARGS]`: run a prompt against the Host and report.
 
 use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
@@ -140,7 +140,7 @@ fn collect_output(prompt: &Prompt, store_dir: &Path) -> Option<ReportOutput> {
     Some(match collected {
         Ok(output) => ReportOutput {
             path: output.path,
-            file: output.file.map(PathBuf::from),
+            file: output.file,
             error: None,
         },
         Err(message) => {
