@@ -164,13 +164,18 @@ fn bench_openai(c: &mut Criterion) {
         .expect("runtime");
     let store = tempfile::tempdir().expect("tempdir");
     let base = instant_openai_server();
-    let cfg = pf_models::ModelConfig {
-        provider: Some("openai".into()),
-        base_url: Some(base),
-        model: Some("bench".into()),
-        ..Default::default()
+    let spec = pf_models::ProviderSpec {
+        kind: pf_models::ProviderKind::OpenAi(pf_models::HttpEndpoint {
+            base_url: base,
+            api_key_env: None,
+        }),
+        model: "bench".into(),
+        context: pf_models::DEFAULT_CONTEXT,
+        thinking: ThinkingSupport::Never,
+        description: String::new(),
+        record: None,
     };
-    let provider = pf_models::build_provider(&cfg, store.path()).expect("provider");
+    let provider = pf_models::build_provider(&spec).expect("provider");
     let looping = Arc::new(pf_syntax::parse(loop_prompt().as_bytes()).expect("parses"));
     c.bench_function("50-round tool loop, openai provider, local server", |b| {
         b.iter(|| {

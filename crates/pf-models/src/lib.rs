@@ -8,10 +8,10 @@
 //!   JSON Lines file in chat-completions shape, so tests can assert what the
 //!   model was shown.
 //!
-//! [`build_provider`] turns the host file's `[model]` table ([`ModelConfig`])
-//! into one of these.
+//! [`build_provider`] turns a [`ProviderSpec`] (what the Host resolved from
+//! its own configuration) into one of these.
 //!
-//! API keys are read from the environment variable the host file names, at
+//! API keys are read from the environment variable the Host names, at
 //! each call; no provider stores a key, so no `Debug` output, log line, record
 //! or error message can carry one (error texts and logged server text are also
 //! scrubbed of the key in case a server echoes it).
@@ -34,11 +34,10 @@ mod script;
 mod sse;
 mod wire;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use pf_harness::{ModelInfo, ModelProvider, ThinkingSupport};
-use serde::Deserialize;
 
 pub use anthropic::{
     AnthropicMessages, AnthropicProvider, DEFAULT_MAX_TOKENS as ANTHROPIC_DEFAULT_MAX_TOKENS,
@@ -49,112 +48,81 @@ pub use provider::{HttpProvider, StreamStep, WireFormat};
 pub use record::RecordingProvider;
 pub use script::{ScriptProvider, ScriptedReply, ScriptedToolCall, ScriptedUsage};
 
-/// The context window assumed when the host file gives none.
+/// The context window a Host assumes when its configuration gives none.
 pub const DEFAULT_CONTEXT: u64 = 128_000;
-/// The catalog id of a scripted model when the host file names none.
+/// The catalog id a Host gives a scripted model when its configuration names none.
 pub const DEFAULT_SCRIPT_MODEL_ID: &str = "scripted-model";
-/// Where `provider = "openai"` sends requests when the host file gives no `base_url`.
+/// Where an OpenAI-compatible provider sends requests when the Host gives no base URL.
 pub const DEFAULT_OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
-/// Where `provider = "anthropic"` sends requests when the host file gives no `base_url`.
+/// Where an Anthropic provider sends requests when the Host gives no base URL.
 pub const DEFAULT_ANTHROPIC_BASE_URL: &str = "https://api.anthropic.com";
-/// The key variable `provider = "anthropic"` reads when the host file names none
+/// The key variable an Anthropic provider reads when the Host names none
 /// (the API refuses unauthenticated calls, so there is always a key).
 pub const DEFAULT_ANTHROPIC_KEY_ENV: &str = "ANTHROPIC_API_KEY";
 
-/// The host file's `[model]` table. Every key is optional; unknown keys are an
-/// error when deserialized (the CLI can deserialize the table straight into this).
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ModelConfig {
-    /// `"openai"`, `"anthropic"` or `"script"`.
-    pub provider: Option<String>,
-    pub base_url: Option<String>,
+/// One model provider, fully resolved: every default applied and every path
+/// absolute. How a Host arrives at it (a host file, flags) is the Host's business.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProviderSpec {
+    pub kind: ProviderKind,
     /// The provider's model name; also the catalog id (`sys.model`).
-    pub model: Option<String>,
-    /// The NAME of the environment variable holding the API key.
-    pub api_key_env: Option<String>,
-    /// Context window in tokens (default [`DEFAULT_CONTEXT`]).
-    pub context: Option<u64>,
-    /// Default `Never`.
-    pub thinking: Option<ThinkingSupport>,
-    /// Default empty.
-    pub description: Option<String>,
-    /// `provider = "script"`: the replies file (relative to the host file's folder).
-    pub replies: Option<PathBuf>,
-    /// Any provider: append each request to this file (relative to the host file's folder).
+    pub model: String,
+    /// Context window in tokens.
+    pub context: u64,
+    pub thinking: ThinkingSupport,
+    pub description: String,
+    /// Append each request to this JSON Lines file (any provider).
     pub record: Option<PathBuf>,
 }
 
-/// Build the provider the host file describes. Relative `replies` and `record`
-/// paths resolve against `base_dir`, the host file's folder.
-///
-/// A missing `provider` means `"openai"`. `model` is required for the HTTP
-/// providers; a scripted model's id defaults to [`DEFAULT_SCRIPT_MODEL_ID`].
-pub fn build_provider(
-    cfg: &ModelConfig,
-    base_dir: &Path,
-) -> Result<Arc<dyn ModelProvider>, String> {
-    let provider_name = cfg.provider.as_deref().unwrap_or("openai");
-    let model_info = |id: String| ModelInfo {
-        id,
-        context: cfg.context.unwrap_or(DEFAULT_CONTEXT),
-        thinking: cfg.thinking.unwrap_or(ThinkingSupport::Never),
-        description: cfg.description.clone().unwrap_or_default(),
-    };
-    let http_config = |default_base_url: &str, default_key_env: Option<&str>| {
-        let model = cfg.model.clone().ok_or_else(|| {
-            format!("[model] provider \"{provider_name}\" needs `model`, the model name to request")
-        })?;
-        Ok::<_, String>(HttpProviderConfig {
-            base_url: cfg
-                .base_url
-                .clone()
-                .unwrap_or_else(|| default_base_url.to_string()),
-            model,
-            api_key_env: cfg
-                .api_key_env
-                .clone()
-                .or(default_key_env.map(str::to_string)),
-            http: HttpSettings::default(),
-        })
-    };
+/// Which provider answers, with what only that provider needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProviderKind {
+    /// Chat Completions (OpenAI and compatible servers).
+    OpenAi(HttpEndpoint),
+    /// The Anthropic Messages API.
+    Anthropic(HttpEndpoint),
+    /// Replies from a JSON file.
+    Script { replies: PathBuf },
+}
 
-    if matches!(provider_name, "openai" | "anthropic") && cfg.replies.is_some() {
-        return Err(format!(
-            "[model] `replies` applies only to provider \"script\", not \"{provider_name}\""
-        ));
-    }
+/// Where an HTTP provider sends requests and which variable holds its key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpEndpoint {
+    /// For OpenAI-compatible servers this includes the version path (`…/v1`);
+    /// for Anthropic it is the host root.
+    pub base_url: String,
+    /// The NAME of the environment variable holding the API key; `None` sends no key.
+    pub api_key_env: Option<String>,
+}
 
-    let provider: Arc<dyn ModelProvider> = match provider_name {
-        "script" => {
-            if cfg.base_url.is_some() || cfg.api_key_env.is_some() {
-                return Err("[model] provider \"script\" takes no `base_url` or `api_key_env`".to_string());
-            }
-            let replies = cfg
-                .replies
-                .as_ref()
-                .ok_or("[model] provider \"script\" needs `replies`, the scripted replies file")?;
-            let info = model_info(cfg.model.clone().unwrap_or_else(|| DEFAULT_SCRIPT_MODEL_ID.to_string()));
-            Arc::new(ScriptProvider::from_file(&base_dir.join(replies), info)?)
+/// Build the provider `spec` describes (wrapped in a [`RecordingProvider`] when
+/// it names a record file). Errors are the constructors' own (an unreadable
+/// replies file, an HTTP client that cannot start).
+pub fn build_provider(spec: &ProviderSpec) -> Result<Arc<dyn ModelProvider>, String> {
+    let info = ModelInfo {
+        id: spec.model.clone(),
+        context: spec.context,
+        thinking: spec.thinking,
+        description: spec.description.clone(),
+    };
+    let http_config = |endpoint: &HttpEndpoint| HttpProviderConfig {
+        base_url: endpoint.base_url.clone(),
+        model: spec.model.clone(),
+        api_key_env: endpoint.api_key_env.clone(),
+        http: HttpSettings::default(),
+    };
+    let provider: Arc<dyn ModelProvider> = match &spec.kind {
+        ProviderKind::Script { replies } => Arc::new(ScriptProvider::from_file(replies, info)?),
+        ProviderKind::OpenAi(endpoint) => {
+            Arc::new(OpenAiProvider::new(info, http_config(endpoint))?)
         }
-        "openai" => {
-            let config = http_config(DEFAULT_OPENAI_BASE_URL, None)?;
-            let info = model_info(config.model.clone());
-            Arc::new(OpenAiProvider::new(info, config)?)
-        }
-        "anthropic" => {
-            let config = http_config(DEFAULT_ANTHROPIC_BASE_URL, Some(DEFAULT_ANTHROPIC_KEY_ENV))?;
-            let info = model_info(config.model.clone());
-            Arc::new(AnthropicProvider::new(info, config)?)
-        }
-        other => {
-            return Err(format!(
-                "[model] provider \"{other}\" is not known: use \"openai\", \"anthropic\" or \"script\""
-            ))
+        ProviderKind::Anthropic(endpoint) => {
+            Arc::new(AnthropicProvider::new(info, http_config(endpoint))?)
         }
     };
-    Ok(match &cfg.record {
-        Some(record) => Arc::new(RecordingProvider::new(provider, base_dir.join(record))),
+    Ok(match &spec.record {
+        Some(record) => Arc::new(RecordingProvider::new(provider, record.clone())),
         None => provider,
     })
 }

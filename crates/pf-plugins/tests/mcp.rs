@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use pf_harness::{
     ActivationContext, ActivePlugin, CancellationToken, HostServices, Plugin, ToolFailure,
 };
-use pf_plugins::{McpConfig, McpPlugin};
+use pf_plugins::{McpConfig, McpPlugin, McpTransport};
 use serde_json::{json, Value as Json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -45,8 +45,8 @@ impl Server {
     }
 
     fn config(&self) -> McpConfig {
-        McpConfig {
-            command: Some(vec![
+        McpConfig::new(McpTransport::Stdio {
+            command: vec![
                 "python3".into(),
                 server_script().to_string_lossy().into_owned(),
                 self.dir
@@ -54,11 +54,8 @@ impl Server {
                     .join("spec.json")
                     .to_string_lossy()
                     .into_owned(),
-            ]),
-            url: None,
-            trusted: false,
-            conflicts: Vec::new(),
-        }
+            ],
+        })
     }
 
     fn plugin(&self) -> McpPlugin {
@@ -238,14 +235,13 @@ async fn the_shared_conformance_fixture_works_when_present() {
         .to_string(),
     )
     .expect("spec");
-    let config = McpConfig {
-        command: Some(vec![
+    let config = McpConfig::new(McpTransport::Stdio {
+        command: vec![
             "python3".into(),
             fixture.to_string_lossy().into_owned(),
             spec.to_string_lossy().into_owned(),
-        ]),
-        ..McpConfig::default()
-    };
+        ],
+    });
     let active = activate(&McpPlugin::new("acme/kit", config)).await;
     assert_eq!(
         call(&active, "acme/kit/finder", json!({"k": 1})).await,
@@ -294,10 +290,9 @@ async fn a_server_that_cannot_start_or_initialize_fails_activation() {
 
     let missing = McpPlugin::new(
         "acme/kit",
-        McpConfig {
-            command: Some(vec!["/nonexistent/mcp-server".into()]),
-            ..McpConfig::default()
-        },
+        McpConfig::new(McpTransport::Stdio {
+            command: vec!["/nonexistent/mcp-server".into()],
+        }),
     );
     let error = missing
         .activate(context(CancellationToken::new()))
@@ -309,14 +304,20 @@ async fn a_server_that_cannot_start_or_initialize_fails_activation() {
         "{error}"
     );
 
-    let neither = McpPlugin::new("acme/kit", McpConfig::default());
+    // "Command xor url" is the transport enum; an empty command is still refused.
+    let empty = McpPlugin::new(
+        "acme/kit",
+        McpConfig::new(McpTransport::Stdio {
+            command: Vec::new(),
+        }),
+    );
     assert_eq!(
-        neither
+        empty
             .activate(context(CancellationToken::new()))
             .await
             .err()
             .as_deref(),
-        Some("MCP server acme/kit: set exactly one of `command` and `url`")
+        Some("MCP server acme/kit: `command` is empty")
     );
 
     let garbage = Server::new(json!({"init": "garbage"}));
@@ -610,13 +611,7 @@ async fn http_mcp_server() -> (String, tokio::task::JoinHandle<()>) {
 #[tokio::test]
 async fn a_streamable_http_server_is_a_plugin_too() {
     let (url, server) = http_mcp_server().await;
-    let plugin = McpPlugin::new(
-        "acme/remote",
-        McpConfig {
-            url: Some(url),
-            ..McpConfig::default()
-        },
-    );
+    let plugin = McpPlugin::new("acme/remote", McpConfig::new(McpTransport::Http { url }));
     let active = activate(&plugin).await;
     let tools = active.tools();
     let paths: Vec<&str> = tools.iter().map(|t| t.path.as_str()).collect();
@@ -643,10 +638,9 @@ async fn an_unreachable_http_server_fails_activation() {
     drop(listener);
     let plugin = McpPlugin::new(
         "acme/remote",
-        McpConfig {
-            url: Some(format!("http://{address}/mcp")),
-            ..McpConfig::default()
-        },
+        McpConfig::new(McpTransport::Http {
+            url: format!("http://{address}/mcp"),
+        }),
     )
     .with_start_timeout(Duration::from_secs(5));
     let error = plugin

@@ -21,22 +21,38 @@ use rmcp::service::{Peer, PeerRequestOptions, RunningService, ServiceError};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{RoleClient, ServiceExt};
-use serde::Deserialize;
 use serde_json::Value as Json;
 use tokio::process::{Child, Command};
 
-/// One `[plugins."ns/name"]` table of the host file.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+/// One MCP server as the Host configured it.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct McpConfig {
-    /// Start the server as this command (program and arguments), speaking stdio.
-    pub command: Option<Vec<String>>,
-    /// Or reach it over streamable HTTP at this URL.
-    pub url: Option<String>,
+    pub transport: McpTransport,
     /// Whether its tool output is trusted.
     pub trusted: bool,
     /// Plugin ids it cannot be activated with.
     pub conflicts: Vec<String>,
+}
+
+impl McpConfig {
+    /// An untrusted server that conflicts with nothing.
+    pub fn new(transport: McpTransport) -> Self {
+        McpConfig {
+            transport,
+            trusted: false,
+            conflicts: Vec::new(),
+        }
+    }
+}
+
+/// How the server is reached: exactly one of the two, so the choice is made
+/// (and checked) once, where the Host reads its configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum McpTransport {
+    /// Start the server as this command (program and arguments), speaking stdio.
+    Stdio { command: Vec<String> },
+    /// Reach it over streamable HTTP at this URL.
+    Http { url: String },
 }
 
 /// Default bound on one tool call.
@@ -338,14 +354,9 @@ impl Plugin for McpPlugin {
 
     async fn activate(&self, ctx: ActivationContext) -> Result<Arc<dyn ActivePlugin>, String> {
         let id = &self.id;
-        let mut connection = match (&self.config.command, &self.config.url) {
-            (Some(command), None) => self.start_stdio(command, &ctx.cancel).await?,
-            (None, Some(url)) => self.start_http(url, &ctx.cancel).await?,
-            _ => {
-                return Err(format!(
-                    "MCP server {id}: set exactly one of `command` and `url`"
-                ))
-            }
+        let mut connection = match &self.config.transport {
+            McpTransport::Stdio { command } => self.start_stdio(command, &ctx.cancel).await?,
+            McpTransport::Http { url } => self.start_http(url, &ctx.cancel).await?,
         };
         let peer = connection.service.peer().clone();
         let listed = match self.list_tools(&peer, &ctx.cancel).await {
@@ -555,25 +566,5 @@ impl ActivePlugin for ActiveMcp {
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn config_reads_from_toml_shaped_values() {
-        let config: McpConfig = serde_json::from_value(serde_json::json!({
-            "command": ["corp-mcp", "--stdio"], "trusted": true
-        }))
-        .expect("valid");
-        assert_eq!(
-            config.command,
-            Some(vec!["corp-mcp".into(), "--stdio".into()])
-        );
-        assert!(config.trusted);
-        assert!(config.conflicts.is_empty());
-        assert!(serde_json::from_value::<McpConfig>(serde_json::json!({"cmd": []})).is_err());
     }
 }

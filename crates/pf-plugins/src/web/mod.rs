@@ -13,7 +13,6 @@ use async_trait::async_trait;
 use pf_harness::{
     ActivationContext, ActivePlugin, CancellationToken, Plugin, ToolFailure, ToolSpec,
 };
-use serde::Deserialize;
 use serde_json::{json, Value as Json};
 
 pub use fetch::USER_AGENT as FETCH_USER_AGENT;
@@ -30,8 +29,7 @@ const SEARCH_DESCRIPTION: &str =
     "Search the web and return a list of results (title, url, description).";
 
 /// Which service answers `search`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum SearchBackend {
     /// POSTs the validated arguments as JSON to `search_url`; expects `{"results":[...]}`.
     #[default]
@@ -54,9 +52,8 @@ impl SearchBackend {
     }
 }
 
-/// The host file's `[web]` table.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+/// How the Host configured the web Plugin.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WebConfig {
     pub search: SearchBackend,
     /// The backend's address (required for `gateway` and `searxng`).
@@ -274,14 +271,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn config_reads_from_toml_shaped_values() {
-        let config: WebConfig = serde_json::from_value(json!({
-            "search": "searxng", "search_url": "http://s", "allow_loopback": true
-        }))
-        .expect("valid");
-        assert_eq!(config.search, SearchBackend::Searxng);
-        assert!(config.allow_loopback);
-        assert!(serde_json::from_value::<WebConfig>(json!({"bogus": 1})).is_err());
+    fn backends_go_by_their_lowercase_names() {
         assert_eq!(
             SearchBackend::from_name("brave"),
             Some(SearchBackend::Brave)

@@ -1,0 +1,163 @@
+//! `promptforge run FILE [ARGS]`: run a prompt against the Host and report.
+
+use std::io::IsTerminal;
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+
+use pf_engine::{Outcome, RunSetup};
+use pf_harness::CancellationToken;
+use pf_syntax::Prompt;
+
+use crate::cli::{OutputFormat, RunArgs};
+use crate::host::HostConfig;
+use crate::live::{terminal_live, LivePrinter};
+use crate::report::{ReportOutput, RunReport};
+
+pub fn run(args: RunArgs) -> ExitCode {
+    let file = args.file.as_path();
+    let format = args.output.format();
+    let source = match super::read_prompt(file) {
+        Ok(s) => s,
+        Err(m) => return super::usage(&m),
+    };
+    let start_ms = match args.seed.start_ms() {
+        Ok(v) => v,
+        Err(m) => return super::usage(&m),
+    };
+    let seed = args.seed.seed_or_random();
+    let prompt = match parse_prompt(&source) {
+        Ok(p) => p,
+        Err(e) => {
+            RunReport::of_parse_failure(&e).print(format, file);
+            return ExitCode::from(crate::EXIT_FAILED);
+        }
+    };
+    let host_config = match HostConfig::load(args.host.path().as_deref()) {
+        Ok(h) => h,
+        Err(m) => return super::usage(&m),
+    };
+    let (execution, _) = pf_engine::seeded_names(seed);
+    let store_dir = args.store.store.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("promptforge-{execution}-{}", std::process::id()))
+    });
+    place_input(&prompt, file, &store_dir);
+    let prompt = Arc::new(prompt);
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => return super::usage(&format!("cannot start the async runtime: {e}")),
+    };
+    let cancel = CancellationToken::new();
+    crate::signals::watch_ctrl_c(cancel.clone());
+    // Live output is for a person watching: never in a report, a pipe or a file.
+    let printer = (format == OutputFormat::Human && std::io::stderr().is_terminal())
+        .then(|| Arc::new(Mutex::new(LivePrinter::default())));
+    let live = printer.as_ref().map(|p| terminal_live(Arc::clone(p)));
+    let finished = runtime.block_on(async {
+        let host = host_config.assemble()?;
+        let setup = RunSetup {
+            seed,
+            start_ms,
+            args: args.args.clone().unwrap_or_default(),
+            store_dir: store_dir.clone(),
+            harness: host.harness,
+            model: host.model,
+            cancel: cancel.clone(),
+            ui: None,
+            live,
+        };
+        Ok::<_, String>(pf_engine::run(Arc::clone(&prompt), setup).await)
+    });
+    let finished = match finished {
+        Ok(r) => r,
+        Err(m) => return super::usage(&m),
+    };
+    if let Some(printer) = &printer {
+        let mut printer = printer.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = printer.finish(&mut std::io::stderr().lock());
+    }
+    let mut report = RunReport::of_run(seed, &finished, &store_dir);
+    if matches!(finished.outcome, Outcome::Completed(_)) {
+        report.output = collect_output(&prompt, &store_dir);
+    }
+    report.print(format, file);
+    match finished.outcome {
+        Outcome::Completed(_) => ExitCode::SUCCESS,
+        Outcome::Failed(_) => ExitCode::from(crate::EXIT_FAILED),
+        Outcome::Cancelled => ExitCode::from(crate::EXIT_CANCELLED),
+    }
+}
+
+/// The prompt, or the parse error to report; a file without `promptforge:` in
+/// its frontmatter is not a prompt.
+fn parse_prompt(source: &[u8]) -> Result<Prompt, pf_syntax::ParseError> {
+    let prompt = pf_syntax::parse(source)?;
+    // An unsupported major is the Engine's `Version` run error, not a parse error.
+    if let Err(problem @ pf_syntax::VersionProblem::NotAPrompt) = pf_syntax::check_version(&prompt)
+    {
+        return Err(pf_syntax::ParseError {
+            kind: pf_syntax::ParseErrorKind::Structure,
+            message: problem.message(),
+            line: None,
+            column: None,
+        });
+    }
+    Ok(prompt)
+}
+
+/// A declared input file is read from the store. When the store lacks it, the
+/// Host copies it in from beside the prompt file (the file the operator wrote
+/// the prompt next to); otherwise a missing input is only a warning, because
+/// the run never checks the declaration (guide ch. 02).
+fn place_input(prompt: &Prompt, prompt_file: &Path, store_dir: &Path) {
+    if pf_engine::missing_input(prompt, store_dir).is_some() {
+        if let Some(declared) = prompt.frontmatter.input.as_ref() {
+            let beside = prompt_file
+                .parent()
+                .unwrap_or(Path::new("."))
+                .join(&declared.path);
+            if beside.is_file() {
+                if let Err(why) = pf_engine::place_input(prompt, store_dir, &beside) {
+                    eprintln!("warning: {why}");
+                }
+            }
+        }
+    }
+    if let Some(notice) = pf_engine::missing_input(prompt, store_dir) {
+        eprintln!(
+            "warning: {notice} (store directory {})",
+            store_dir.display()
+        );
+    }
+}
+
+/// After a completed run, the declared output file stays in the store directory:
+/// the report names it (`"output"`), and a missing one is a warning, never a
+/// failure, because the run never checks the declaration (guide ch. 02).
+fn collect_output(prompt: &Prompt, store_dir: &Path) -> Option<ReportOutput> {
+    let collected = pf_engine::collect_output(prompt, store_dir)?;
+    Some(match collected {
+        Ok(output) => ReportOutput {
+            path: output.path,
+            file: output.file,
+            error: None,
+        },
+        Err(message) => {
+            eprintln!("warning: {message}");
+            let declared = prompt
+                .frontmatter
+                .output
+                .as_ref()
+                .map(|o| o.path.clone())
+                .unwrap_or_default();
+            ReportOutput {
+                path: declared,
+                file: None,
+                error: Some(message),
+            }
+        }
+    })
+}

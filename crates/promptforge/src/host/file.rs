@@ -1,0 +1,93 @@
+//! The host file's TOML shape, exactly as written: every table and key, each
+//! optional, unknown keys refused (serde's errors quote the key). Defaults and
+//! cross-key rules are applied in [`super::HostConfig::from_file`].
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostFile {
+    pub model: Option<ModelTable>,
+    pub web: Option<WebTable>,
+    pub plugins: Option<BTreeMap<String, PluginTable>>,
+    pub input: Option<InputTable>,
+}
+
+/// `[model]`. Key order is the order serde lists them in an unknown-key error.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelTable {
+    /// `"openai"` (the default), `"anthropic"` or `"script"`.
+    pub provider: Option<String>,
+    pub base_url: Option<String>,
+    /// The provider's model name; also the catalog id (`sys.model`).
+    pub model: Option<String>,
+    /// The NAME of the environment variable holding the API key.
+    pub api_key_env: Option<String>,
+    pub context: Option<u64>,
+    pub thinking: Option<Thinking>,
+    pub description: Option<String>,
+    /// `provider = "script"`: the replies file (relative to the host file's folder).
+    pub replies: Option<PathBuf>,
+    /// Append each request to this file (relative to the host file's folder).
+    pub record: Option<PathBuf>,
+}
+
+/// `thinking = "Never" | "Always" | "Switchable"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum Thinking {
+    Never,
+    Always,
+    Switchable,
+}
+
+/// `[web]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebTable {
+    pub search: Option<Search>,
+    pub search_url: Option<String>,
+    pub search_api_key_env: Option<String>,
+    /// Tests only: lets fetch reach loopback addresses.
+    pub allow_loopback: Option<bool>,
+}
+
+/// `search = "gateway" | "searxng" | "brave"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Search {
+    Gateway,
+    Searxng,
+    Brave,
+}
+
+/// `[plugins."ns/name"]`: an MCP server.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PluginTable {
+    /// Start the server as this command, speaking stdio.
+    pub command: Option<Vec<String>>,
+    /// Or reach it over streamable HTTP here.
+    pub url: Option<String>,
+    pub trusted: Option<bool>,
+    pub conflicts: Option<Vec<String>>,
+}
+
+/// `[input]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputTable {
+    /// Fixed operator answers, in order (instead of asking on stdin).
+    pub answers: Option<Vec<String>>,
+}
+
+/// Read and parse a host file; errors name the file and the problem.
+pub fn read(path: &Path) -> Result<HostFile, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read host file {}: {e}", path.display()))?;
+    toml::from_str::<HostFile>(&text)
+        .map_err(|e| format!("host file {}: {}", path.display(), e.to_string().trim_end()))
+}
