@@ -152,6 +152,29 @@ impl Diagnostic {
         })
     }
 
+    /// The `--json` form: `severity`, `kind`, `message`, `file`, and `line`,
+    /// `column`, `span_len`, `help`, `note` when known.
+    pub fn to_json(&self, file_name: &str) -> serde_json::Value {
+        let mut object = serde_json::Map::new();
+        object.insert("severity".into(), self.severity.as_str().into());
+        object.insert("kind".into(), self.kind.as_str().into());
+        object.insert("message".into(), self.message.clone().into());
+        object.insert("file".into(), file_name.into());
+        let optional = [
+            ("line", self.line.map(serde_json::Value::from)),
+            ("column", self.column.map(serde_json::Value::from)),
+            ("span_len", self.span_len.map(serde_json::Value::from)),
+            ("help", self.help.clone().map(serde_json::Value::from)),
+            ("note", self.note.clone().map(serde_json::Value::from)),
+        ];
+        for (key, value) in optional {
+            if let Some(value) = value {
+                object.insert(key.into(), value);
+            }
+        }
+        serde_json::Value::Object(object)
+    }
+
     /// `FILE:LINE:COL: Kind: message`, the `check` line (1:1 when unlocated).
     pub fn one_line(&self, file_name: &str) -> String {
         format!(

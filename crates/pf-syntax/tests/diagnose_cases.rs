@@ -102,3 +102,37 @@ fn diagnose_cases() {
         failures.join("\n")
     );
 }
+
+#[test]
+fn one_line_and_json_forms() {
+    let source =
+        b"---\nname: t\ndescripton: d\npromptforge: 0\n---\n# T\n## A\n```lua\nx = = 1\n```\n";
+    let diagnostics = diagnose(source);
+    let lines: Vec<String> = diagnostics.iter().map(|d| d.one_line("p.md")).collect();
+    assert_eq!(
+        lines,
+        [
+            "p.md:3:1: Frontmatter: invalid frontmatter: unknown field `descripton`, expected one of `name`, `description`, `promptforge`, `max_tool_iterations`, `input`, `output`, `plugins`, `tools`, `args`, `models`",
+            "p.md:9:5: Lua: lua compilation error at section `A` prologue (line 9): [string \"section `A` prologue\"]:1: unexpected symbol near '='",
+        ]
+    );
+    let json = diagnostics.diagnostics[1].to_json("p.md");
+    assert_eq!(json["severity"], "error");
+    assert_eq!(json["kind"], "Lua");
+    assert_eq!(json["file"], "p.md");
+    assert_eq!(json["line"], 9);
+    assert_eq!(json["column"], 5);
+    assert_eq!(json["span_len"], 1);
+    assert!(json.get("help").is_none());
+    let typo = diagnostics.diagnostics[0].to_json("p.md");
+    assert_eq!(typo["help"], "did you mean `description`?");
+    let coloured = render_diagnostic("p.md", source, &diagnostics.diagnostics[0], true);
+    let plain = render_diagnostic("p.md", source, &diagnostics.diagnostics[0], false);
+    assert!(coloured.contains("\x1b["), "{coloured}");
+    assert!(!plain.contains('\x1b'), "{plain}");
+    // parse drops the Lua location (it lives in the message), as the guide says.
+    let lua = diagnostics.diagnostics[1]
+        .to_parse_error()
+        .expect("a parse error");
+    assert_eq!((lua.line, lua.column), (None, None));
+}
