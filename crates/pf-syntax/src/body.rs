@@ -4,7 +4,8 @@
 //! and their roles, list sections, and the body's parse errors.
 
 use crate::ast::*;
-use std::collections::HashMap;
+use crate::diagnostics::Diagnostic;
+use std::collections::{HashMap, HashSet};
 
 /// One body line: its file line number and its text without the line ending.
 #[derive(Debug, Clone, Copy)]
@@ -495,6 +496,8 @@ pub(crate) struct BodyParts {
 struct FenceProblem {
     line: u32,
     message: String,
+    /// The opening fence line's length, for the caret.
+    open_len: usize,
 }
 
 fn fence_problem(fence: &Fence, section: &str, position: Position) -> Option<FenceProblem> {
@@ -517,6 +520,11 @@ fn fence_problem(fence: &Fence, section: &str, position: Position) -> Option<Fen
     Some(FenceProblem {
         line: fence.open_line,
         message,
+        open_len: if fence.shared {
+            SHARED_OPEN.len()
+        } else {
+            LUA_OPEN.len()
+        },
     })
 }
 
@@ -586,14 +594,15 @@ fn list_item(trimmed: &str) -> Option<&str> {
     None
 }
 
-/// The items of a list section, `Ok(None)` when the section is not a list.
-fn list_items(section: &FlatSection<'_>) -> Result<Option<Vec<String>>, ParseError> {
+/// The items of a list section, `None` when the section is not a list. Every
+/// empty item is recorded (and left out).
+fn list_items(section: &FlatSection<'_>, sink: &mut Vec<Diagnostic>) -> Option<Vec<String>> {
     if section
         .content
         .iter()
         .any(|item| matches!(item, Item::Fence(_)))
     {
-        return Ok(None);
+        return None;
     }
     let start = section
         .content
@@ -609,29 +618,41 @@ fn list_items(section: &FlatSection<'_>) -> Result<Option<Vec<String>>, ParseErr
             }
             match list_item(text.trim()) {
                 Some(item_text) => lines.push((*line, text, item_text)),
-                None => return Ok(None),
+                None => return None,
             }
         }
     }
     if lines.is_empty() {
-        return Ok(None);
+        return None;
     }
     let mut items = Vec::with_capacity(lines.len());
     for (line, text, item_text) in lines {
         if item_text.is_empty() {
             let column = indentation(text).1 as u32 + 1;
-            return Err(body_error(
-                ParseErrorKind::List,
-                format!("empty bullet item in list section `{}`", section.name),
-                Some((line, column)),
-            ));
+            sink.push(
+                Diagnostic::error(body_error(
+                    ParseErrorKind::List,
+                    format!("empty bullet item in list section `{}`", section.name),
+                    Some((line, column)),
+                ))
+                .with_span(text.trim().len()),
+            );
+            continue;
         }
         items.push(item_text.to_string());
     }
-    Ok(Some(items))
+    Some(items)
 }
 
-pub(crate) fn parse_body(lines: &[BodyLine<'_>]) -> Result<BodyParts, ParseError> {
+/// The body, with every problem recorded in `sink` in the order `parse`
+/// meets them (H1, shared fence placement, heading tree, fence closing by
+/// line, lists). The returned first lines are those of Lua blocks whose fence
+/// is not closed exactly: their source runs into other text, so compiling it
+/// would only repeat the fence problem.
+pub(crate) fn parse_body(
+    lines: &[BodyLine<'_>],
+    sink: &mut Vec<Diagnostic>,
+) -> (BodyParts, HashSet<u32>) {
     let items = scan(lines);
 
     let h1_indices: Vec<usize> = items
@@ -640,28 +661,60 @@ pub(crate) fn parse_body(lines: &[BodyLine<'_>]) -> Result<BodyParts, ParseError
         .filter(|(_, item)| matches!(item, Item::Heading { level: 1, .. }))
         .map(|(i, _)| i)
         .collect();
-    let h1_index = match h1_indices.as_slice() {
-        [] => return Err(structure("prompt requires an H1 title".into(), None)),
-        [one] => *one,
-        _ => {
-            return Err(structure(
-                "prompt must contain exactly one H1 title".into(),
-                None,
-            ))
+    let heading_at = |index: usize| match items.get(index) {
+        Some(Item::Heading {
+            name, line, column, ..
+        }) => Some((name.clone(), *line, *column)),
+        _ => None,
+    };
+    let h1_index = h1_indices.first().copied();
+    match h1_indices.as_slice() {
+        [] => sink.push(Diagnostic::error(structure(
+            "prompt requires an H1 title".into(),
+            None,
+        ))),
+        [_] => {}
+        [_, more @ ..] => {
+            for (index, extra) in more.iter().enumerate() {
+                let diagnostic = Diagnostic::error(structure(
+                    "prompt must contain exactly one H1 title".into(),
+                    None,
+                ));
+                // `parse` reports this once; each extra H1 is a place to look.
+                match (index, heading_at(*extra)) {
+                    (0, Some((_, line, column))) => {
+                        sink.push(diagnostic.located_beyond_parse(line, column).with_span(1))
+                    }
+                    (_, Some((_, line, column))) => sink.push(
+                        diagnostic
+                            .located_beyond_parse(line, column)
+                            .with_span(1)
+                            .with_note("another H1 title"),
+                    ),
+                    _ => sink.push(diagnostic),
+                }
+            }
         }
-    };
-    let (title, title_line) = match items.get(h1_index) {
-        Some(Item::Heading { name, line, .. }) => (name.clone(), *line),
-        _ => (String::new(), 0),
-    };
-    if title.is_empty() {
-        return Err(structure("prompt H1 title must not be empty".into(), None));
     }
+    let (title, title_line) = match h1_index.and_then(heading_at) {
+        Some((name, line, column)) => {
+            if name.is_empty() {
+                sink.push(
+                    Diagnostic::error(structure("prompt H1 title must not be empty".into(), None))
+                        .located_beyond_parse(line, column)
+                        .with_span(1),
+                );
+            }
+            (name, line)
+        }
+        None => (String::new(), 0),
+    };
 
+    // Without an H1 the sections start at the first heading.
     let first_section = items
         .iter()
         .enumerate()
-        .skip(h1_index + 1)
+        .skip(h1_index.map_or(0, |i| i + 1))
         .find(|(_, item)| matches!(item, Item::Heading { .. }))
         .map(|(i, _)| i)
         .unwrap_or(items.len());
@@ -674,24 +727,31 @@ pub(crate) fn parse_body(lines: &[BodyLine<'_>]) -> Result<BodyParts, ParseError
             _ => None,
         })
         .collect();
-    if let Some((_, second)) = shared_fences.get(1) {
-        return Err(body_error(
-            ParseErrorKind::Fence,
-            "prompt allows at most one `lua shared` fence".into(),
-            Some((second.open_line, 1)),
-        ));
+    for (_, extra) in shared_fences.iter().skip(1) {
+        sink.push(
+            Diagnostic::error(body_error(
+                ParseErrorKind::Fence,
+                "prompt allows at most one `lua shared` fence".into(),
+                Some((extra.open_line, 1)),
+            ))
+            .with_span(SHARED_OPEN.len()),
+        );
     }
     if let Some((index, fence)) = shared_fences.first() {
-        if *index < h1_index || *index > first_section {
-            return Err(body_error(
-                ParseErrorKind::Fence,
-                "`lua shared` fence is allowed only in H1".into(),
-                Some((fence.open_line, 1)),
-            ));
+        if h1_index.is_some_and(|h1| *index < h1) || *index > first_section {
+            sink.push(
+                Diagnostic::error(body_error(
+                    ParseErrorKind::Fence,
+                    "`lua shared` fence is allowed only in H1".into(),
+                    Some((fence.open_line, 1)),
+                ))
+                .with_span(SHARED_OPEN.len()),
+            );
         }
     }
 
-    // The section tree, checked heading by heading in file order.
+    // The section tree, checked heading by heading in file order. A bad
+    // heading still opens its section, so its children are judged normally.
     let mut flat: Vec<FlatSection<'_>> = Vec::new();
     let mut open: Vec<usize> = Vec::new();
     let mut first_seen: HashMap<(Option<usize>, String), u32> = HashMap::new();
@@ -709,11 +769,19 @@ pub(crate) fn parse_body(lines: &[BodyLine<'_>]) -> Result<BodyParts, ParseError
             continue;
         };
         let (level, line, location) = (*level, *line, Some((*line, *column)));
+        if level == 1 {
+            // Another H1: already reported above.
+            continue;
+        }
+        let heading_span = name.len().max(1);
         if name.is_empty() {
-            return Err(structure(
-                format!("an H{level} section heading must not be empty"),
-                location,
-            ));
+            sink.push(
+                Diagnostic::error(structure(
+                    format!("an H{level} section heading must not be empty"),
+                    location,
+                ))
+                .with_span(usize::from(level)),
+            );
         }
         while open
             .last()
@@ -726,24 +794,33 @@ pub(crate) fn parse_body(lines: &[BodyLine<'_>]) -> Result<BodyParts, ParseError
             .and_then(|i| flat.get(i))
             .map(|s| s.level)
             .unwrap_or(1);
-        if parent_level + 1 != level {
-            return Err(structure(
-                format!(
-                    "section `{name}` is an orphan H{level} heading with no parent H{}",
-                    level - 1
-                ),
-                location,
-            ));
+        if !name.is_empty() && parent_level + 1 != level {
+            sink.push(
+                Diagnostic::error(structure(
+                    format!(
+                        "section `{name}` is an orphan H{level} heading with no parent H{}",
+                        level - 1
+                    ),
+                    location,
+                ))
+                .with_span(usize::from(level)),
+            );
         }
-        if let Some(first) = first_seen.get(&(parent, name.clone())) {
-            return Err(structure(
-                format!(
-                    "duplicate sibling section name `{name}`: first declared at line {first}, again at line {line}; sibling section names must be unique"
-                ),
-                location,
-            ));
+        if !name.is_empty() {
+            if let Some(first) = first_seen.get(&(parent, name.clone())) {
+                sink.push(
+                    Diagnostic::error(structure(
+                        format!(
+                            "duplicate sibling section name `{name}`: first declared at line {first}, again at line {line}; sibling section names must be unique"
+                        ),
+                        location,
+                    ))
+                    .with_span(heading_span),
+                );
+            } else {
+                first_seen.insert((parent, name.clone()), line);
+            }
         }
-        first_seen.insert((parent, name.clone()), line);
         open.push(flat.len());
         flat.push(FlatSection {
             name: name.clone(),
@@ -756,11 +833,14 @@ pub(crate) fn parse_body(lines: &[BodyLine<'_>]) -> Result<BodyParts, ParseError
 
     // Blocks: the H1 body first, then each section in file order.
     let mut problems: Vec<FenceProblem> = Vec::new();
-    let h1_content: Vec<&Item<'_>> = items
-        .get(h1_index + 1..first_section)
-        .unwrap_or_default()
-        .iter()
-        .collect();
+    let h1_content: Vec<&Item<'_>> = match h1_index {
+        Some(h1) => items
+            .get(h1 + 1..first_section)
+            .unwrap_or_default()
+            .iter()
+            .collect(),
+        None => Vec::new(),
+    };
     let h1_label = format!("H1 `{title}` lua");
     let shared = match shared_fences.first() {
         Some((_, fence)) => {
@@ -781,17 +861,24 @@ pub(crate) fn parse_body(lines: &[BodyLine<'_>]) -> Result<BodyParts, ParseError
         let drafts = build_blocks(&section.content, section.line.saturating_add(1));
         section_blocks.push(finish_blocks(drafts, &section.name, None, &mut problems));
     }
-    if let Some(problem) = problems.iter().min_by_key(|p| p.line) {
-        return Err(body_error(
-            ParseErrorKind::Fence,
-            problem.message.clone(),
-            Some((problem.line, 1)),
-        ));
+    // `parse` reports the first by line; the sort is stable for ties.
+    problems.sort_by_key(|p| p.line);
+    let mut unclosed: HashSet<u32> = HashSet::new();
+    for problem in &problems {
+        unclosed.insert(problem.line.saturating_add(1));
+        sink.push(
+            Diagnostic::error(body_error(
+                ParseErrorKind::Fence,
+                problem.message.clone(),
+                Some((problem.line, 1)),
+            ))
+            .with_span(problem.open_len),
+        );
     }
 
     let mut section_lists: Vec<Option<Vec<String>>> = Vec::with_capacity(flat.len());
     for section in &flat {
-        section_lists.push(list_items(section)?);
+        section_lists.push(list_items(section, sink));
     }
 
     // Nest the flat sections: children are attached to their parents from the
@@ -830,11 +917,14 @@ pub(crate) fn parse_body(lines: &[BodyLine<'_>]) -> Result<BodyParts, ParseError
     }
     restore_order(&mut sections);
 
-    Ok(BodyParts {
-        title,
-        title_line,
-        shared,
-        h1_blocks,
-        sections,
-    })
+    (
+        BodyParts {
+            title,
+            title_line,
+            shared,
+            h1_blocks,
+            sections,
+        },
+        unclosed,
+    )
 }

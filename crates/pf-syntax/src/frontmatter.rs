@@ -2,6 +2,7 @@
 //! cross-key checks, with the exact messages of the guide and the seed.
 
 use crate::ast::*;
+use crate::diagnostics::{nearest, Diagnostic};
 use crate::names::{
     check_plugin_id, check_tool_path, is_reserved_name, is_valid_name, NAME_GRAMMAR,
 };
@@ -97,60 +98,106 @@ fn bool_value(node: &Node) -> Result<bool, ParseError> {
     }
 }
 
+/// Keeps a value, or records its problem.
+fn keep<T>(sink: &mut Vec<Diagnostic>, result: Result<T, ParseError>) -> Option<T> {
+    match result {
+        Ok(value) => Some(value),
+        Err(error) => {
+            sink.push(Diagnostic::error(error));
+            None
+        }
+    }
+}
+
+/// An `unknown field` problem at `mark`, with the nearest known key as help.
+fn unknown_key(key: &Node, keys: &[&str], mark: Mark) -> Diagnostic {
+    let (name, written) = match key.text() {
+        Some(text) => (text.to_string(), Some(text)),
+        None => (key.describe(), None),
+    };
+    let diagnostic = Diagnostic::error(at(unknown_field(&name, keys), mark));
+    let help = written
+        .and_then(|w| nearest(w, keys))
+        .map(|k| format!("did you mean `{k}`?"));
+    match written {
+        Some(text) if mark == key.mark => diagnostic.with_span(text.len()),
+        _ => diagnostic,
+    }
+    .with_help(help)
+}
+
 /// Walks a map's entries, rejecting a key written twice (`duplicate field`) and
 /// any key outside `keys` (`unknown field`), both at `error_mark` when given,
-/// else at the key itself.
+/// else at the key itself. Rejected entries are recorded and left out.
 fn struct_entries<'n>(
     entries: &'n [(Node, Node)],
     keys: &[&str],
     error_mark: Option<Mark>,
-) -> Result<Vec<(&'n str, &'n Node)>, ParseError> {
+    sink: &mut Vec<Diagnostic>,
+) -> Vec<(&'n str, &'n Node)> {
     let mut seen: Vec<(&'n str, &'n Node)> = Vec::new();
     for (key, value) in entries {
+        let mark = error_mark.unwrap_or(key.mark);
         let name = match key.text() {
-            Some(text) => text,
-            None => {
-                return Err(at(
-                    unknown_field(&key.describe(), keys),
-                    error_mark.unwrap_or(key.mark),
-                ))
+            Some(text) if keys.contains(&text) => text,
+            _ => {
+                sink.push(unknown_key(key, keys, mark));
+                continue;
             }
         };
-        if !keys.contains(&name) {
-            return Err(at(
-                unknown_field(name, keys),
-                error_mark.unwrap_or(key.mark),
-            ));
-        }
         if seen.iter().any(|(k, _)| *k == name) {
-            return Err(at(
+            sink.push(Diagnostic::error(at(
                 format!("duplicate field `{name}`"),
-                error_mark.unwrap_or(key.mark),
-            ));
+                mark,
+            )));
+            continue;
         }
         seen.push((name, value));
     }
-    Ok(seen)
+    seen
 }
 
 fn field<'n>(fields: &[(&str, &'n Node)], name: &str) -> Option<&'n Node> {
     fields.iter().find(|(k, _)| *k == name).map(|(_, v)| *v)
 }
 
-/// Parses the frontmatter document. `document` is `None` for an empty
+/// Facts about the `promptforge:` key the version rule needs.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct VersionKey {
+    /// Whether the key is written at all (even with a bad value).
+    pub written: bool,
+    /// Where its value starts.
+    pub value_mark: Option<Mark>,
+}
+
+/// Parses the frontmatter document, recording every problem in `sink` and
+/// going on with the next key. `document` is `None` for an empty
 /// frontmatter; `top_mark` is where the YAML begins.
-pub(crate) fn build(document: Option<&Node>, top_mark: Mark) -> Result<Frontmatter, ParseError> {
+pub(crate) fn build(
+    document: Option<&Node>,
+    top_mark: Mark,
+    sink: &mut Vec<Diagnostic>,
+) -> (Frontmatter, VersionKey) {
+    let mut frontmatter = Frontmatter::default();
+    let mut version_key = VersionKey::default();
     let empty: Vec<(Node, Node)> = Vec::new();
     let (entries, map_mark) = match document {
         None => (&empty, top_mark),
         Some(node) => match &node.kind {
             NodeKind::Map(entries) => (entries, node.mark),
             _ if node.is_null() => (&empty, node.mark),
-            _ => return Err(invalid_type(node, "expected a map of frontmatter keys")),
+            _ => {
+                sink.push(Diagnostic::error(invalid_type(
+                    node,
+                    "expected a map of frontmatter keys",
+                )));
+                // Nothing else is known: the version rule cannot be judged.
+                version_key.written = true;
+                return (frontmatter, version_key);
+            }
         },
     };
 
-    let mut frontmatter = Frontmatter::default();
     let mut seen: Vec<String> = Vec::new();
     let mut has_name = false;
     let mut has_description = false;
@@ -159,79 +206,118 @@ pub(crate) fn build(document: Option<&Node>, top_mark: Mark) -> Result<Frontmatt
 
     for (key, value) in entries {
         let name = key_text(key);
-        if !TOP_LEVEL_KEYS.contains(&name.as_str()) {
-            return Err(at(unknown_field(&name, TOP_LEVEL_KEYS), key.mark));
+        if key.text().is_none() || !TOP_LEVEL_KEYS.contains(&name.as_str()) {
+            sink.push(unknown_key(key, TOP_LEVEL_KEYS, key.mark));
+            continue;
         }
         if seen.contains(&name) {
-            return Err(at(format!("duplicate field `{name}`"), key.mark));
+            sink.push(
+                Diagnostic::error(at(format!("duplicate field `{name}`"), key.mark))
+                    .with_span(name.len()),
+            );
+            continue;
         }
         seen.push(name.clone());
         match name.as_str() {
             "name" => {
-                frontmatter.name = text_value(value)?;
                 has_name = true;
+                if let Some(text) = keep(sink, text_value(value)) {
+                    frontmatter.name = text;
+                }
             }
             "description" => {
-                frontmatter.description = text_value(value)?;
                 has_description = true;
+                if let Some(text) = keep(sink, text_value(value)) {
+                    frontmatter.description = text;
+                }
             }
-            "promptforge" => frontmatter.version = version(value)?,
-            "max_tool_iterations" => frontmatter.max_tool_iterations = max_tool_iterations(value)?,
-            "input" => frontmatter.input = file_decl(value)?,
-            "output" => frontmatter.output = file_decl(value)?,
-            "plugins" => frontmatter.plugins = plugins(value)?,
+            "promptforge" => {
+                version_key.written = true;
+                version_key.value_mark = Some(value.mark);
+                if let Some(version) = keep(sink, version(value)) {
+                    frontmatter.version = version;
+                }
+            }
+            "max_tool_iterations" => {
+                if let Some(cap) = keep(sink, max_tool_iterations(value)) {
+                    frontmatter.max_tool_iterations = cap;
+                }
+            }
+            "input" => frontmatter.input = file_decl(value, sink),
+            "output" => frontmatter.output = file_decl(value, sink),
+            "plugins" => frontmatter.plugins = plugins(value, sink),
             "tools" => {
-                let (slots, marks) = tools(value)?;
+                let (slots, marks) = tools(value, sink);
                 frontmatter.tools = slots;
                 tool_key_marks = marks;
             }
-            "args" => frontmatter.args = args(value)?,
+            "args" => frontmatter.args = args(value, sink),
             "models" => {
-                frontmatter.models = models(value)?;
+                frontmatter.models = models(value, sink);
                 role_labels = frontmatter.models.iter().map(|r| r.label.clone()).collect();
             }
             _ => {}
         }
     }
 
-    if !has_name {
-        return Err(at("missing field `name`", map_mark));
+    // A key already reported as a slip for `name` (say `Name`) is not also
+    // reported missing; `parse` stops at the slip either way.
+    let suggested = |key: &str| {
+        let help = format!("did you mean `{key}`?");
+        sink.iter()
+            .any(|d| d.help.as_deref() == Some(help.as_str()))
+    };
+    let missing_name = !has_name && !suggested("name");
+    let missing_description = !has_description && !suggested("description");
+    if missing_name {
+        sink.push(Diagnostic::error(at("missing field `name`", map_mark)));
     }
-    if !has_description {
-        return Err(at("missing field `description`", map_mark));
+    if missing_description {
+        sink.push(Diagnostic::error(at(
+            "missing field `description`",
+            map_mark,
+        )));
     }
 
     let mut declared = HashSet::new();
+    let mut reported = HashSet::new();
     for plugin in &frontmatter.plugins {
-        if !declared.insert(plugin.id.as_str()) {
-            return Err(fm_error(
-                format!(
-                    "Plugin {} is declared more than once under plugins",
-                    plugin.id
-                ),
-                None,
-            ));
+        if !declared.insert(plugin.id.as_str()) && reported.insert(plugin.id.as_str()) {
+            // `parse` gives no location; the repeated entry is the place to look.
+            sink.push(
+                Diagnostic::error(fm_error(
+                    format!(
+                        "Plugin {} is declared more than once under plugins",
+                        plugin.id
+                    ),
+                    None,
+                ))
+                .located_beyond_parse(plugin.line, plugin.column)
+                .with_span(plugin.id.len()),
+            );
         }
     }
 
     for (slot, mark) in frontmatter.tools.iter().zip(tool_key_marks.iter()) {
         if is_reserved_name(&slot.alias) {
-            return Err(at(
-                format!(
-                    "invalid tool alias `{0}`: `{0}` is a reserved global name",
-                    slot.alias
-                ),
-                *mark,
-            ));
-        }
-        if role_labels.contains(&slot.alias) {
-            return Err(at(
+            sink.push(
+                Diagnostic::error(at(
+                    format!(
+                        "invalid tool alias `{0}`: `{0}` is a reserved global name",
+                        slot.alias
+                    ),
+                    *mark,
+                ))
+                .with_span(slot.alias.len()),
+            );
+        } else if role_labels.contains(&slot.alias) {
+            sink.push(Diagnostic::error(at(
                 format!(
                     "invalid tool alias `{0}`: `{0}` is also a model role label under models; a tool alias may not repeat a role label",
                     slot.alias
                 ),
                 *mark,
-            ));
+            )).with_span(slot.alias.len()));
         }
     }
 
@@ -241,24 +327,30 @@ pub(crate) fn build(document: Option<&Node>, top_mark: Mark) -> Result<Frontmatt
         .filter(|p| p.optional)
         .map(|p| p.id.as_str())
         .collect();
-    let optional_backed = frontmatter
+    let mut optional_backed: Vec<&ToolSlot> = frontmatter
         .tools
         .iter()
         .filter(|slot| optional_ids.contains(slot.plugin_id()))
-        .min_by(|a, b| a.alias.as_bytes().cmp(b.alias.as_bytes()));
-    if let Some(slot) = optional_backed {
-        return Err(fm_error(
-            format!(
-                "tool alias '{}' names {}, whose Plugin {} is declared optional; a tool slot requires its Plugin",
-                slot.alias,
-                slot.path,
-                slot.plugin_id()
-            ),
-            None,
-        ));
+        .collect();
+    // `parse` reports the first alias in byte order.
+    optional_backed.sort_by(|a, b| a.alias.as_bytes().cmp(b.alias.as_bytes()));
+    for slot in optional_backed {
+        sink.push(
+            Diagnostic::error(fm_error(
+                format!(
+                    "tool alias '{}' names {}, whose Plugin {} is declared optional; a tool slot requires its Plugin",
+                    slot.alias,
+                    slot.path,
+                    slot.plugin_id()
+                ),
+                None,
+            ))
+            .located_beyond_parse(slot.line, slot.column)
+            .with_span(slot.path.len()),
+        );
     }
 
-    Ok(frontmatter)
+    (frontmatter, version_key)
 }
 
 fn version(node: &Node) -> Result<Option<VersionValue>, ParseError> {
@@ -310,102 +402,123 @@ fn max_tool_iterations(node: &Node) -> Result<Option<u32>, ParseError> {
     }
 }
 
-fn file_decl(node: &Node) -> Result<Option<FileDecl>, ParseError> {
+fn file_decl(node: &Node, sink: &mut Vec<Diagnostic>) -> Option<FileDecl> {
     if node.is_null() {
-        return Ok(None);
+        return None;
     }
     let NodeKind::Map(entries) = &node.kind else {
-        return Err(invalid_type(
+        sink.push(Diagnostic::error(invalid_type(
             node,
             "expected a map with `path` and `description`",
-        ));
+        )));
+        return None;
     };
-    let fields = struct_entries(entries, FILE_DECL_KEYS, None)?;
+    let fields = struct_entries(entries, FILE_DECL_KEYS, None, sink);
     let path = match field(&fields, "path") {
-        Some(value) => text_value(value)?,
-        None => return Err(at("missing field `path`", node.mark)),
+        Some(value) => keep(sink, text_value(value)),
+        None => keep(sink, Err(at("missing field `path`", node.mark))),
     };
     let description = match field(&fields, "description") {
-        Some(value) => text_value(value)?,
-        None => return Err(at("missing field `description`", node.mark)),
+        Some(value) => keep(sink, text_value(value)),
+        None => keep(sink, Err(at("missing field `description`", node.mark))),
     };
-    Ok(Some(FileDecl { path, description }))
+    Some(FileDecl {
+        path: path?,
+        description: description?,
+    })
 }
 
-fn plugins(node: &Node) -> Result<Vec<PluginDecl>, ParseError> {
+fn plugins(node: &Node, sink: &mut Vec<Diagnostic>) -> Vec<PluginDecl> {
     if node.is_null() {
-        return Ok(Vec::new());
+        return Vec::new();
     }
     let NodeKind::Seq(items) = &node.kind else {
-        return Err(invalid_type(
+        sink.push(Diagnostic::error(invalid_type(
             node,
             "expected a sequence of Plugin declarations",
-        ));
+        )));
+        return Vec::new();
     };
-    let mut declared = Vec::with_capacity(items.len());
-    for entry in items {
-        let (id, optional, config) =
-            match &entry.kind {
-                NodeKind::Map(entries) => {
-                    let fields = struct_entries(entries, PLUGIN_ENTRY_KEYS, Some(entry.mark))?;
-                    let optional = match field(&fields, "optional") {
-                        Some(value) => bool_value(value)?,
-                        None => false,
-                    };
-                    let config = match field(&fields, "config") {
-                        Some(value) => {
-                            check_no_duplicate_keys(value)?;
-                            Some(value.to_json())
+    items
+        .iter()
+        .filter_map(|entry| plugin_entry(entry, sink))
+        .collect()
+}
+
+/// One `plugins:` entry; `None` (its problems recorded) when it is unusable.
+fn plugin_entry(entry: &Node, sink: &mut Vec<Diagnostic>) -> Option<PluginDecl> {
+    let (id, optional, config) =
+        match &entry.kind {
+            NodeKind::Map(entries) => {
+                let fields = struct_entries(entries, PLUGIN_ENTRY_KEYS, Some(entry.mark), sink);
+                let optional = match field(&fields, "optional") {
+                    Some(value) => keep(sink, bool_value(value)).unwrap_or(false),
+                    None => false,
+                };
+                let config = match field(&fields, "config") {
+                    Some(value) => {
+                        check_no_duplicate_keys(value, sink);
+                        Some(value.to_json())
+                    }
+                    None => None,
+                };
+                let id = match field(&fields, "ref") {
+                    Some(value) => match value.as_str() {
+                        Some(text) => text.to_string(),
+                        None => {
+                            return keep(
+                                sink,
+                                Err(invalid_type(value, "expected a Plugin id string")),
+                            )
                         }
-                        None => None,
-                    };
-                    let id = match field(&fields, "ref") {
-                        Some(value) => match value.as_str() {
-                            Some(text) => text.to_string(),
-                            None => return Err(invalid_type(value, "expected a Plugin id string")),
-                        },
-                        None => return Err(at("missing field `ref`", entry.mark)),
-                    };
-                    (id, optional, config)
-                }
-                _ => match entry.as_str() {
-                    Some(text) => (text.to_string(), false, None),
-                    None => return Err(invalid_type(
+                    },
+                    None => return keep(sink, Err(at("missing field `ref`", entry.mark))),
+                };
+                (id, optional, config)
+            }
+            _ => match entry.as_str() {
+                Some(text) => (text.to_string(), false, None),
+                None => return keep(
+                    sink,
+                    Err(invalid_type(
                         entry,
                         "expected a Plugin id string or a map with `ref`, `optional`, and `config`",
                     )),
-                },
-            };
-        if let Err(detail) = check_plugin_id(&id) {
-            return Err(at(detail, entry.mark));
-        }
-        declared.push(PluginDecl {
-            id,
-            optional,
-            config,
-            line: entry.mark.line,
-            column: entry.mark.column,
-        });
+                ),
+            },
+        };
+    if let Err(detail) = check_plugin_id(&id) {
+        return keep(sink, Err(at(detail, entry.mark)));
     }
-    Ok(declared)
+    Some(PluginDecl {
+        id,
+        optional,
+        config,
+        line: entry.mark.line,
+        column: entry.mark.column,
+    })
 }
 
 /// Free-form YAML (a Plugin `config`) may hold any value, but YAML forbids a
 /// key written twice in one map.
-fn check_no_duplicate_keys(node: &Node) -> Result<(), ParseError> {
+fn check_no_duplicate_keys(node: &Node, sink: &mut Vec<Diagnostic>) {
     match &node.kind {
-        NodeKind::Scalar { .. } => Ok(()),
-        NodeKind::Seq(items) => items.iter().try_for_each(check_no_duplicate_keys),
+        NodeKind::Scalar { .. } => {}
+        NodeKind::Seq(items) => items
+            .iter()
+            .for_each(|item| check_no_duplicate_keys(item, sink)),
         NodeKind::Map(entries) => {
             let mut seen = HashSet::new();
             for (key, value) in entries {
                 let name = key_text(key);
                 if !seen.insert(name.clone()) {
-                    return Err(at(format!("duplicate entry with key `{name}`"), key.mark));
+                    sink.push(Diagnostic::error(at(
+                        format!("duplicate entry with key `{name}`"),
+                        key.mark,
+                    )));
                 }
-                check_no_duplicate_keys(value)?;
+                check_no_duplicate_keys(value, sink);
             }
-            Ok(())
         }
     }
 }
@@ -433,35 +546,48 @@ fn check_name(key: &Node, kind: &str) -> Result<String, ParseError> {
     Ok(name)
 }
 
-fn check_unique(entries: &[(Node, Node)], kind: &str) -> Result<(), ParseError> {
+fn check_unique(entries: &[(Node, Node)], kind: &str, sink: &mut Vec<Diagnostic>) {
     let mut seen = HashSet::new();
     for (key, _) in entries {
         let name = key_text(key);
         if !seen.insert(name.clone()) {
-            return Err(at(
-                format!("duplicate {kind} `{name}`: contract map keys must be unique"),
-                key.mark,
-            ));
+            sink.push(
+                Diagnostic::error(at(
+                    format!("duplicate {kind} `{name}`: contract map keys must be unique"),
+                    key.mark,
+                ))
+                .with_span(name.len()),
+            );
         }
     }
-    Ok(())
 }
 
-fn tools(node: &Node) -> Result<(Vec<ToolSlot>, Vec<Mark>), ParseError> {
+fn tools(node: &Node, sink: &mut Vec<Diagnostic>) -> (Vec<ToolSlot>, Vec<Mark>) {
+    let mut slots = Vec::new();
+    let mut marks = Vec::new();
     if node.is_null() {
-        return Ok((Vec::new(), Vec::new()));
+        return (slots, marks);
     }
-    let entries = contract_map(node, "tool alias")?;
-    let mut slots = Vec::with_capacity(entries.len());
-    let mut marks = Vec::with_capacity(entries.len());
+    let Some(entries) = keep(sink, contract_map(node, "tool alias")) else {
+        return (slots, marks);
+    };
     for (key, value) in entries {
-        let alias = check_name(key, "tool alias")?;
+        let Some(alias) = keep(sink, check_name(key, "tool alias")) else {
+            continue;
+        };
         let path = match value.as_str() {
             Some(text) => text.to_string(),
-            None => return Err(invalid_type(value, "expected an exact tool path string")),
+            None => {
+                keep::<()>(
+                    sink,
+                    Err(invalid_type(value, "expected an exact tool path string")),
+                );
+                continue;
+            }
         };
         if let Err(detail) = check_tool_path(&path) {
-            return Err(at(detail, value.mark));
+            sink.push(Diagnostic::error(at(detail, value.mark)));
+            continue;
         }
         slots.push(ToolSlot {
             alias,
@@ -471,48 +597,56 @@ fn tools(node: &Node) -> Result<(Vec<ToolSlot>, Vec<Mark>), ParseError> {
         });
         marks.push(key.mark);
     }
-    check_unique(entries, "tool alias")?;
-    Ok((slots, marks))
+    check_unique(entries, "tool alias", sink);
+    (slots, marks)
 }
 
-fn args(node: &Node) -> Result<Option<Vec<ArgDecl>>, ParseError> {
+fn args(node: &Node, sink: &mut Vec<Diagnostic>) -> Option<Vec<ArgDecl>> {
     if node.is_null() {
-        return Ok(None);
+        return None;
     }
-    let entries = contract_map(node, "arg name")?;
+    let entries = keep(sink, contract_map(node, "arg name"))?;
     let mut declared = Vec::with_capacity(entries.len());
     for (key, value) in entries {
-        let name = check_name(key, "arg name")?;
-        declared.push(arg_decl(name, value)?);
+        let Some(name) = keep(sink, check_name(key, "arg name")) else {
+            continue;
+        };
+        declared.extend(arg_decl(name, value, sink));
     }
-    check_unique(entries, "arg name")?;
-    Ok(Some(declared))
+    check_unique(entries, "arg name", sink);
+    Some(declared)
 }
 
-fn arg_decl(name: String, node: &Node) -> Result<ArgDecl, ParseError> {
+fn arg_decl(name: String, node: &Node, sink: &mut Vec<Diagnostic>) -> Option<ArgDecl> {
     let NodeKind::Map(entries) = &node.kind else {
-        return Err(invalid_type(node, "expected an arg declaration map"));
+        return keep(
+            sink,
+            Err(invalid_type(node, "expected an arg declaration map")),
+        );
     };
-    let fields = struct_entries(entries, ARG_KEYS, None)?;
+    let fields = struct_entries(entries, ARG_KEYS, None, sink);
     let optional = match field(&fields, "optional") {
-        Some(value) => bool_value(value)?,
+        Some(value) => keep(sink, bool_value(value)).unwrap_or(false),
         None => false,
     };
     let description = match field(&fields, "description") {
-        Some(value) => Some(text_value(value)?),
+        Some(value) => keep(sink, text_value(value)),
         None => None,
     };
     let type_node = match field(&fields, "type") {
         Some(value) => value,
-        None => return Err(at("missing field `type`", node.mark)),
+        None => return keep(sink, Err(at("missing field `type`", node.mark))),
     };
     let type_word = match type_node.text() {
         Some(text) => text,
         None => {
-            return Err(invalid_type(
-                type_node,
-                "expected one of `string`, `boolean`, `integer`, `number`",
-            ))
+            return keep(
+                sink,
+                Err(invalid_type(
+                    type_node,
+                    "expected one of `string`, `boolean`, `integer`, `number`",
+                )),
+            )
         }
     };
     let ty = match type_word {
@@ -522,21 +656,26 @@ fn arg_decl(name: String, node: &Node) -> Result<ArgDecl, ParseError> {
         "number" => ArgType::Number,
         other => {
             let list: Vec<String> = ARG_TYPES.iter().map(|t| format!("`{t}`")).collect();
-            return Err(at(
-                format!(
-                    "unknown variant `{other}`, expected one of {}",
-                    list.join(", ")
-                ),
-                type_node.mark,
-            ));
+            let help = nearest(other, ARG_TYPES).map(|t| format!("did you mean `{t}`?"));
+            sink.push(
+                Diagnostic::error(at(
+                    format!(
+                        "unknown variant `{other}`, expected one of {}",
+                        list.join(", ")
+                    ),
+                    type_node.mark,
+                ))
+                .with_help(help),
+            );
+            return None;
         }
     };
     let default = match field(&fields, "default") {
         None => None,
         Some(value) if value.is_null() => None,
-        Some(value) => Some(default_value(value, ty, type_word)?),
+        Some(value) => Some(keep(sink, default_value(value, ty, type_word))?),
     };
-    Ok(ArgDecl {
+    Some(ArgDecl {
         name,
         ty,
         optional,
@@ -570,21 +709,26 @@ fn default_value(
     }
 }
 
-fn models(node: &Node) -> Result<Vec<RoleDecl>, ParseError> {
+fn models(node: &Node, sink: &mut Vec<Diagnostic>) -> Vec<RoleDecl> {
     if node.is_null() {
-        return Ok(Vec::new());
+        return Vec::new();
     }
-    let entries = contract_map(node, "model role label")?;
+    let Some(entries) = keep(sink, contract_map(node, "model role label")) else {
+        return Vec::new();
+    };
     let mut roles = Vec::with_capacity(entries.len());
     for (key, value) in entries {
-        let label = check_name(key, "model role label")?;
-        roles.push(role_decl(label, value)?);
+        let Some(label) = keep(sink, check_name(key, "model role label")) else {
+            continue;
+        };
+        roles.push(role_decl(label, value, sink));
     }
-    check_unique(entries, "model role label")?;
-    Ok(roles)
+    check_unique(entries, "model role label", sink);
+    roles
 }
 
-fn role_decl(label: String, node: &Node) -> Result<RoleDecl, ParseError> {
+/// A role declaration; a bad field is recorded and left at its default.
+fn role_decl(label: String, node: &Node, sink: &mut Vec<Diagnostic>) -> RoleDecl {
     let mut role = RoleDecl {
         label,
         keywords: Vec::new(),
@@ -592,56 +736,76 @@ fn role_decl(label: String, node: &Node) -> Result<RoleDecl, ParseError> {
         description: None,
     };
     if node.is_null() {
-        return Ok(role);
+        return role;
     }
     let NodeKind::Map(entries) = &node.kind else {
-        return Err(invalid_type(node, "expected a role declaration map"));
+        sink.push(Diagnostic::error(invalid_type(
+            node,
+            "expected a role declaration map",
+        )));
+        return role;
     };
-    let fields = struct_entries(entries, ROLE_KEYS, None)?;
+    let fields = struct_entries(entries, ROLE_KEYS, None, sink);
     if let Some(value) = field(&fields, "keywords") {
-        let NodeKind::Seq(words) = &value.kind else {
-            return Err(invalid_type(value, "expected a sequence of keywords"));
-        };
-        for word in words {
-            match word.text() {
-                Some(text) if ROLE_KEYWORDS.contains(&text) => role.keywords.push(text.to_string()),
-                Some(text) => {
-                    let list: Vec<String> =
-                        ROLE_KEYWORDS.iter().map(|k| format!("`{k}`")).collect();
-                    return Err(at(
-                        format!(
-                            "unknown variant `{text}`, expected one of {}",
-                            list.join(", ")
-                        ),
-                        word.mark,
-                    ));
+        match &value.kind {
+            NodeKind::Seq(words) => {
+                for word in words {
+                    match word.text() {
+                        Some(text) if ROLE_KEYWORDS.contains(&text) => {
+                            role.keywords.push(text.to_string())
+                        }
+                        Some(text) => {
+                            let list: Vec<String> =
+                                ROLE_KEYWORDS.iter().map(|k| format!("`{k}`")).collect();
+                            let help = nearest(text, ROLE_KEYWORDS)
+                                .map(|k| format!("did you mean `{k}`?"));
+                            sink.push(
+                                Diagnostic::error(at(
+                                    format!(
+                                        "unknown variant `{text}`, expected one of {}",
+                                        list.join(", ")
+                                    ),
+                                    word.mark,
+                                ))
+                                .with_help(help),
+                            );
+                        }
+                        None => {
+                            sink.push(Diagnostic::error(invalid_type(
+                                word,
+                                "expected a keyword string",
+                            )));
+                        }
+                    }
                 }
-                None => return Err(invalid_type(word, "expected a keyword string")),
             }
+            _ => sink.push(Diagnostic::error(invalid_type(
+                value,
+                "expected a sequence of keywords",
+            ))),
         }
     }
     if let Some(value) = field(&fields, "min_context") {
         const EXPECTED: &str = "expected a whole number of tokens from 1 to 4294967295";
         if value.scalar_type() != Some(ScalarType::Int) {
-            return Err(invalid_type(value, EXPECTED));
-        }
-        match parse_int(value.text().unwrap_or_default()) {
-            Some(IntValue::Unsigned(n)) if (1..=u32::MAX as u64).contains(&n) => {
-                role.min_context = Some(n)
-            }
-            _ => {
-                return Err(at(
+            sink.push(Diagnostic::error(invalid_type(value, EXPECTED)));
+        } else {
+            match parse_int(value.text().unwrap_or_default()) {
+                Some(IntValue::Unsigned(n)) if (1..=u32::MAX as u64).contains(&n) => {
+                    role.min_context = Some(n)
+                }
+                _ => sink.push(Diagnostic::error(at(
                     format!(
                         "invalid value: integer `{}`, {EXPECTED}",
                         value.text().unwrap_or_default()
                     ),
                     value.mark,
-                ))
+                ))),
             }
         }
     }
     if let Some(value) = field(&fields, "description") {
-        role.description = Some(text_value(value)?);
+        role.description = keep(sink, text_value(value));
     }
-    Ok(role)
+    role
 }

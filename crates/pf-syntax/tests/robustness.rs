@@ -2,7 +2,7 @@
 //! random bytes, deep YAML, alias bombs, huge files, fences that never close.
 //! (No timing asserts: a runaway case shows up as a hung test.)
 
-use pf_syntax::{parse, ParseErrorKind};
+use pf_syntax::{diagnose, parse, render_diagnostic, ParseErrorKind, NOT_A_PROMPT};
 use proptest::prelude::*;
 use std::path::Path;
 
@@ -95,6 +95,35 @@ fn parse_twice(bytes: &[u8]) {
     assert_eq!(first, second);
 }
 
+/// `diagnose` agrees with `parse`: its first error is `parse`'s error (kind,
+/// message, line, column); a file that parses has only the version rule's
+/// diagnostics. Every diagnostic renders (with and without colour).
+fn diagnose_agrees(bytes: &[u8]) {
+    let diagnostics = diagnose(bytes);
+    match parse(bytes) {
+        Err(error) => {
+            let first = diagnostics.first_error().and_then(|d| d.to_parse_error());
+            assert_eq!(first, Some(error), "{diagnostics:#?}");
+        }
+        Ok(_) => {
+            for d in &diagnostics {
+                let version_rule =
+                    d.kind == pf_syntax::DiagnosticKind::Version || d.message == NOT_A_PROMPT;
+                assert!(
+                    version_rule,
+                    "a prompt that parses has only version diagnostics: {d:?}"
+                );
+            }
+        }
+    }
+    for d in &diagnostics {
+        let plain = render_diagnostic("p.md", bytes, d, false);
+        assert!(plain.contains(&d.message));
+        let _ = render_diagnostic("p.md", bytes, d, true);
+        assert!(d.one_line("p.md").starts_with("p.md:"));
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(350))]
 
@@ -105,7 +134,9 @@ proptest! {
     ) {
         let prompts = data_prompts();
         let original = index.get(&prompts).clone();
-        parse_twice(&apply(original, &mutations));
+        let mutated = apply(original, &mutations);
+        parse_twice(&mutated);
+        diagnose_agrees(&mutated);
     }
 }
 
@@ -114,13 +145,13 @@ proptest! {
 
     #[test]
     fn random_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
-        let _ = parse(&bytes);
+        diagnose_agrees(&bytes);
         let mut framed = b"---\nname: a\ndescription: d\n".to_vec();
         framed.extend_from_slice(&bytes);
-        let _ = parse(&framed);
+        diagnose_agrees(&framed);
         let mut body = b"---\nname: a\ndescription: d\n---\n# T\n".to_vec();
         body.extend_from_slice(&bytes);
-        let _ = parse(&body);
+        diagnose_agrees(&body);
     }
 
     #[test]
@@ -128,7 +159,60 @@ proptest! {
         lines in prop::collection::vec("[-#*`>=~ a-z0-9.)\\t\\r]{0,12}", 0..40)
     ) {
         let body = format!("---\nname: a\ndescription: d\n---\n# T\n{}", lines.join("\n"));
-        let _ = parse(body.as_bytes());
+        diagnose_agrees(body.as_bytes());
+    }
+
+    #[test]
+    fn random_frontmatter_lines_agree(
+        lines in prop::collection::vec(
+            "(name|description|descripton|promptforge|args|tools|models|plugins|max_tool_iterations|input|x)?: ?[ -~]{0,10}|  [a-z.]{0,6}: ?[ -~]{0,10}|  - [ -~]{0,10}",
+            0..12,
+        )
+    ) {
+        let source = format!("---\n{}\n---\n# T\n## A\n```lua\nreturn 1\n```\n", lines.join("\n"));
+        diagnose_agrees(source.as_bytes());
+    }
+}
+
+#[test]
+fn diagnose_agrees_on_every_data_case() {
+    let prompts = data_prompts();
+    assert!(prompts.len() > 50);
+    for prompt in &prompts {
+        diagnose_agrees(prompt);
+    }
+}
+
+#[test]
+fn diagnose_agrees_on_hostile_inputs() {
+    let deep = format!(
+        "---\nname: a\ndescription: d\nx: {}1{}\n---\n# T\n",
+        "[".repeat(200_000),
+        "]".repeat(200_000)
+    );
+    let unclosed = format!(
+        "---\nname: a\ndescription: d\n---\n# T\n## Main\n```lua\n{}",
+        "x = 1\n".repeat(200_000)
+    );
+    let deep_lua = format!(
+        "---\nname: big\ndescription: d\n---\n# T\n```lua\nreturn {}1{}\n```\n",
+        "(".repeat(100_000),
+        ")".repeat(100_000)
+    );
+    let mut many = String::from("---\nname: a\ndescription: d\n---\n# T\n");
+    for i in 0..2_000 {
+        many.push_str(&format!("## S\n-\n```lua\nx{i} = = 1\n```\n"));
+    }
+    for source in [
+        deep,
+        unclosed,
+        deep_lua,
+        many,
+        String::new(),
+        "---".into(),
+        "---\n---".into(),
+    ] {
+        diagnose_agrees(source.as_bytes());
     }
 }
 
