@@ -107,6 +107,7 @@ pub fn build(file: &HostFile, base_dir: &Path) -> Result<Host, String> {
                     url: p.url.clone(),
                     trusted: p.trusted.unwrap_or(false),
                     conflicts: p.conflicts.clone().unwrap_or_default(),
+                    ..McpConfig::default()
                 },
             )));
         }
