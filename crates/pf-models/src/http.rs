@@ -8,6 +8,7 @@ use std::time::Duration;
 use pf_harness::{CancellationToken, ProviderError};
 use rand::Rng;
 
+use crate::scrub::KeyScrubber;
 use crate::sse;
 use reqwest::header::{HeaderMap, HeaderValue, ACCEPT, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::StatusCode;
@@ -92,25 +93,25 @@ pub(crate) fn secret_header(value: &str, variable: &str) -> Result<HeaderValue, 
     Ok(header)
 }
 
-/// Replace every occurrence of the key in an error's text, in case a server echoed it.
+/// Replace every form of the key in an error's text, in case a server echoed it.
 pub(crate) fn scrub_key(error: ProviderError, key: Option<&str>) -> ProviderError {
-    let Some(key) = key.filter(|key| !key.is_empty()) else {
+    let Some(scrubber) = KeyScrubber::new(key) else {
         return error;
     };
     match error {
-        ProviderError::Failed(message) => ProviderError::Failed(message.replace(key, "[redacted]")),
+        ProviderError::Failed(message) => ProviderError::Failed(scrubber.scrub(&message)),
         ProviderError::ContextOverflow(message) => {
-            ProviderError::ContextOverflow(message.replace(key, "[redacted]"))
+            ProviderError::ContextOverflow(scrubber.scrub(&message))
         }
         ProviderError::Cancelled => ProviderError::Cancelled,
     }
 }
 
-/// Text a server sent, made fit for a log line: the key replaced, and quoted with
-/// escapes so a hostile payload cannot forge log lines.
+/// Text a server sent, made fit for a log line: every form of the key
+/// replaced, and quoted with escapes so a hostile payload cannot forge log lines.
 pub(crate) fn log_safe(text: &str, key: Option<&str>) -> String {
-    let scrubbed = match key.filter(|key| !key.is_empty()) {
-        Some(key) => text.replace(key, "[redacted]"),
+    let scrubbed = match KeyScrubber::new(key) {
+        Some(scrubber) => scrubber.scrub(text),
         None => text.to_string(),
     };
     format!("{scrubbed:?}")

@@ -13,8 +13,10 @@
 //!
 //! API keys are read from the environment variable the Host names, at
 //! each call; no provider stores a key, so no `Debug` output, log line, record
-//! or error message can carry one (error texts and logged server text are also
-//! scrubbed of the key in case a server echoes it).
+//! or error message can carry one. In case a server echoes it, every text the
+//! server sent (error texts, logged server text, replies, tool calls, streamed
+//! fragments) is scrubbed of the key and of its re-encoded forms: JSON, `\x`,
+//! percent and HTML escapes, Latin-1, base64, and a key split across fragments.
 //!
 //! A failed call's message is one of a fixed few, never the reply body, so a
 //! hostile payload cannot leak into a message or forge a log line:
@@ -31,6 +33,7 @@ mod openai;
 mod provider;
 mod record;
 mod script;
+mod scrub;
 mod sse;
 mod wire;
 

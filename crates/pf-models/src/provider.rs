@@ -16,7 +16,25 @@ use crate::http::{
     log_safe, malformed, read_api_key, scrub_key, secret_header, status_failure, stream_malformed,
     EventStream, HttpClient, HttpProviderConfig, HttpReply, Streamed,
 };
+use crate::scrub::{KeyScrubber, StreamScrub};
 use crate::wire;
+
+/// A reply with every form of the key taken out of the server's text: it goes
+/// on into the conversation, the run log and the recorded requests.
+fn scrub_reply(mut reply: ChatResponse, scrubber: Option<&KeyScrubber>) -> ChatResponse {
+    let Some(scrubber) = scrubber else {
+        return reply;
+    };
+    reply.content = reply.content.map(|text| scrubber.scrub(&text));
+    reply.model = reply.model.map(|text| scrubber.scrub(&text));
+    reply.finish_reason = reply.finish_reason.map(|text| scrubber.scrub(&text));
+    for call in &mut reply.tool_calls {
+        call.id = scrubber.scrub(&call.id);
+        call.name = scrubber.scrub(&call.name);
+        call.arguments = scrubber.scrub(&call.arguments);
+    }
+    reply
+}
 
 /// The detail for an error the server reported inside a stream that began well:
 /// the reply never completed, and the server's own text stays in the log.
@@ -266,7 +284,10 @@ impl<W: WireFormat> ModelProvider for HttpProvider<W> {
         }
         let key = read_api_key(self.config.api_key_env.as_deref())?;
         let outcome = self.send(&request, key.as_deref(), &cancel).await;
-        outcome.map_err(|error| scrub_key(error, key.as_deref()))
+        let scrubber = KeyScrubber::new(key.as_deref());
+        outcome
+            .map(|reply| scrub_reply(reply, scrubber.as_ref()))
+            .map_err(|error| scrub_key(error, key.as_deref()))
     }
 
     async fn complete_streaming(
@@ -279,9 +300,35 @@ impl<W: WireFormat> ModelProvider for HttpProvider<W> {
             return Err(ProviderError::Cancelled);
         }
         let key = read_api_key(self.config.api_key_env.as_deref())?;
-        let outcome = self
-            .send_streaming(&request, key.as_deref(), &cancel, on_text)
-            .await;
-        outcome.map_err(|error| scrub_key(error, key.as_deref()))
+        let scrubber = KeyScrubber::new(key.as_deref());
+        let outcome = match &scrubber {
+            None => {
+                self.send_streaming(&request, key.as_deref(), &cancel, on_text)
+                    .await
+            }
+            Some(scrubber) => {
+                // Fragments pass through a scrubber that holds back a tail that
+                // could be the start of the key, so a split key is caught.
+                let mut stream = StreamScrub::new(scrubber.clone());
+                let outcome = {
+                    let mut scrubbed = |text: &str| {
+                        let safe = stream.push(text);
+                        if !safe.is_empty() {
+                            on_text(&safe);
+                        }
+                    };
+                    self.send_streaming(&request, key.as_deref(), &cancel, &mut scrubbed)
+                        .await
+                };
+                let rest = stream.finish();
+                if !rest.is_empty() && !matches!(outcome, Err(ProviderError::Cancelled)) {
+                    on_text(&rest);
+                }
+                outcome
+            }
+        };
+        outcome
+            .map(|reply| scrub_reply(reply, scrubber.as_ref()))
+            .map_err(|error| scrub_key(error, key.as_deref()))
     }
 }

@@ -346,9 +346,10 @@ async fn a_silent_server_times_out_at_start_and_is_killed() {
         .await
         .err()
         .expect("fails");
+    // Its stdin closed, the server ends on its own.
     assert_eq!(
         error,
-        "MCP server acme/kit failed to initialize: no answer within 0.5 s (signal: 9 (SIGKILL))"
+        "MCP server acme/kit failed to initialize: no answer within 0.5 s (exit status: 0)"
     );
     assert!(started.elapsed() < Duration::from_secs(5));
     assert!(server.gone_within(Duration::from_secs(5)).await);
@@ -375,10 +376,7 @@ async fn cancelling_the_run_stops_a_hanging_start() {
         .await
         .err()
         .expect("fails");
-    assert!(
-        error.starts_with("MCP server acme/kit failed to initialize: cancelled"),
-        "{error}"
-    );
+    assert_eq!(error, "MCP server acme/kit: activation cancelled");
     assert!(started.elapsed() < Duration::from_secs(5));
     assert!(server.gone_within(Duration::from_secs(5)).await);
 }
@@ -652,4 +650,239 @@ async fn an_unreachable_http_server_fails_activation() {
         error.starts_with("MCP server acme/remote failed to initialize: "),
         "{error}"
     );
+}
+
+// ---------------------------------------------------------------------------
+// Hostile and broken stdio servers
+// ---------------------------------------------------------------------------
+
+fn protocol_tools() -> Json {
+    json!([
+        {"name": "ok", "result": {"texts": ["fine"]}},
+        {"name": "wrong-id", "result": {"behaviour": "wrong_id"}},
+        {"name": "garbage", "result": {"behaviour": "garbage_only"}},
+        {"name": "null-id", "result": {"behaviour": "null_id_error"}},
+        {"name": "no-result", "result": {"behaviour": "no_result"}},
+        {"name": "silent", "result": {"behaviour": "silent"}}
+    ])
+}
+
+#[tokio::test]
+async fn protocol_errors_fail_the_call_and_the_session_goes_on() {
+    let server = Server::new(json!({"tools": protocol_tools()}));
+    let active = activate(&server.plugin()).await;
+    let failure = call(&active, "acme/kit/wrong-id", json!({}))
+        .await
+        .expect_err("fails");
+    assert!(
+        failure
+            .0
+            .starts_with("MCP server acme/kit answered request id ")
+            && failure.0.ends_with(", which it was never sent"),
+        "{failure:?}"
+    );
+    assert_eq!(
+        call(&active, "acme/kit/null-id", json!({})).await,
+        Err(ToolFailure(
+            "MCP server acme/kit reported an error for no request: Parse error".into()
+        ))
+    );
+    assert_eq!(
+        call(&active, "acme/kit/no-result", json!({})).await,
+        Err(ToolFailure("the MCP server sent a malformed answer".into()))
+    );
+    assert_eq!(
+        call(&active, "acme/kit/ok", json!({})).await,
+        Ok("fine".to_string())
+    );
+    active.shutdown().await;
+    assert!(!process_exists(server.pid()));
+}
+
+#[tokio::test]
+async fn the_configured_timeout_bounds_a_call_answered_only_with_garbage() {
+    let server = Server::new(json!({"tools": protocol_tools()}));
+    let mut config = server.config();
+    config.timeout = Duration::from_secs(1);
+    let active = activate(&McpPlugin::new("acme/kit", config)).await;
+    assert_eq!(
+        call(&active, "acme/kit/garbage", json!({})).await,
+        Err(ToolFailure(
+            "MCP server acme/kit did not answer within 1 s; it sent 2 lines that are not MCP messages, the last: \\u{001b}[2Jstill not json".into()
+        ))
+    );
+    assert_eq!(
+        call(&active, "acme/kit/silent", json!({})).await,
+        Err(ToolFailure(
+            "MCP server acme/kit did not answer within 1 s".into()
+        ))
+    );
+    // The abandoned calls leave the session usable.
+    assert_eq!(
+        call(&active, "acme/kit/ok", json!({})).await,
+        Ok("fine".to_string())
+    );
+    active.shutdown().await;
+}
+
+#[test]
+fn a_new_config_bounds_each_call_at_sixty_seconds() {
+    let config = McpConfig::new(McpTransport::Stdio {
+        command: vec!["x".into()],
+    });
+    assert_eq!(config.timeout, Duration::from_secs(60));
+}
+
+#[tokio::test]
+async fn a_garbage_speaking_or_wrong_id_server_fails_start_with_a_clear_text() {
+    let chatty = Server::new(json!({"init": "garbage_forever"}));
+    let error = chatty
+        .plugin()
+        .with_start_timeout(Duration::from_secs(1))
+        .activate(context(CancellationToken::new()))
+        .await
+        .err()
+        .expect("fails");
+    assert_eq!(
+        error,
+        "MCP server acme/kit failed to initialize: no answer within 1 s; it sent 1 line that is not an MCP message: Welcome! Type help for help. (exit status: 0)"
+    );
+    let confused = Server::new(json!({"init": "wrong_id"}));
+    let error = confused
+        .plugin()
+        .activate(context(CancellationToken::new()))
+        .await
+        .err()
+        .expect("fails");
+    assert!(
+        error.starts_with("MCP server acme/kit failed to initialize: the server answered initialize with an error: MCP server acme/kit answered request id 7, which it was never sent"),
+        "{error}"
+    );
+    assert!(confused.gone_within(Duration::from_secs(5)).await);
+}
+
+#[tokio::test]
+async fn a_failed_server_leaves_the_end_of_its_stderr_escaped_in_the_failure() {
+    let mut lines: Vec<String> = (1..=25).map(|i| format!("log line {i}")).collect();
+    lines.push("fatal: \u{1b}[31mno config\u{7}".into());
+    let server = Server::new(json!({"fail_start": true, "stderr_lines": lines}));
+    let error = server
+        .plugin()
+        .activate(context(CancellationToken::new()))
+        .await
+        .err()
+        .expect("fails");
+    let (head, tail) = error
+        .split_once("; the server's stderr ended with: ")
+        .expect("a stderr tail");
+    assert!(
+        head.starts_with("MCP server acme/kit failed to initialize: "),
+        "{error}"
+    );
+    assert!(head.ends_with("(exit status: 3)"), "{error}");
+    let shown: Vec<&str> = tail.split(" | ").collect();
+    assert_eq!(shown.len(), 20, "{tail}");
+    assert_eq!(shown[0], "log line 7");
+    assert_eq!(shown[19], "fatal: \\u{001b}[31mno config\\u{0007}");
+    assert!(!error.chars().any(char::is_control), "{error:?}");
+
+    // A long line is cut, not carried whole.
+    let long = Server::new(json!({"fail_start": true, "stderr_lines": ["x".repeat(100_000)]}));
+    let error = long
+        .plugin()
+        .activate(context(CancellationToken::new()))
+        .await
+        .err()
+        .expect("fails");
+    assert!(error.len() < 1000, "{}", error.len());
+    assert!(error.ends_with("[a line over 65536 bytes]"), "{error}");
+
+    // Tools that cannot be listed get the tail too.
+    let quiet = Server::new(json!({"list": "silent", "stderr_lines": ["listing is broken"]}));
+    let error = quiet
+        .plugin()
+        .with_call_timeout(Duration::from_secs(1))
+        .activate(context(CancellationToken::new()))
+        .await
+        .err()
+        .expect("fails");
+    assert_eq!(
+        error,
+        "MCP server acme/kit failed to list its tools: no answer within 1 s; the server's stderr ended with: listing is broken"
+    );
+}
+
+#[tokio::test]
+async fn cancelling_while_tools_are_listed_ends_activation_as_cancelled() {
+    let server = Server::new(json!({"list": "silent", "ignore_term": true}));
+    let cancel = CancellationToken::new();
+    let trigger = cancel.clone();
+    let pid_file = server.dir.path().join("pid");
+    tokio::spawn(async move {
+        while !pid_file.exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        trigger.cancel();
+    });
+    let error = server
+        .plugin()
+        .activate(context(cancel.clone()))
+        .await
+        .err()
+        .expect("fails");
+    assert_eq!(error, "MCP server acme/kit: activation cancelled");
+    assert!(!process_exists(server.pid()));
+    // Already cancelled: nothing is started at all.
+    let unstarted = Server::new(json!({}));
+    let error = unstarted
+        .plugin()
+        .activate(context(cancel))
+        .await
+        .err()
+        .expect("fails");
+    assert_eq!(error, "MCP server acme/kit: activation cancelled");
+}
+
+#[tokio::test]
+async fn shutdown_escalates_to_sigkill_and_reaches_the_servers_helpers() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let helper_file = dir.path().join("helper");
+    let server = Server::new(json!({
+        "tools": protocol_tools(),
+        "ignore_term": true,
+        "helper_pid_file": helper_file.to_string_lossy()
+    }));
+    let active = activate(&server.plugin()).await;
+    let pid = server.pid();
+    let helper: u32 = std::fs::read_to_string(&helper_file)
+        .expect("helper pid")
+        .trim()
+        .parse()
+        .expect("pid");
+    assert!(process_exists(pid) && process_exists(helper));
+    active.shutdown().await;
+    assert!(!process_exists(pid));
+    // The helper is not our child, so it is reaped by init: allow for that.
+    assert!(wait_until_gone(helper, Duration::from_secs(10)).await);
+}
+
+#[tokio::test]
+async fn a_server_that_exits_on_sigterm_is_stopped_by_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let helper_file = dir.path().join("helper");
+    let server = Server::new(json!({
+        "tools": protocol_tools(),
+        "ignore_eof": true,
+        "helper_pid_file": helper_file.to_string_lossy()
+    }));
+    let active = activate(&server.plugin()).await;
+    let helper: u32 = std::fs::read_to_string(&helper_file)
+        .expect("helper pid")
+        .trim()
+        .parse()
+        .expect("pid");
+    active.shutdown().await;
+    assert!(!process_exists(server.pid()));
+    assert!(wait_until_gone(helper, Duration::from_secs(10)).await);
 }

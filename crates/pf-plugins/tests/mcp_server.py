@@ -7,22 +7,37 @@ SPEC.json: {"fail_start": false,          # exit 3 before reading anything
             "pid_file": "path",           # write our pid here at start
             "ignore_eof": false,          # keep running after stdin closes
             "page_size": 0,               # paginate tools/list with this many tools per page
-            "init": "ok" | "silent" | "garbage",
+            "ignore_term": false,         # ignore SIGTERM too (only SIGKILL ends us)
+            "helper_pid_file": "path",    # start a helper process in our group, write its pid here
+            "stderr_lines": ["..."],      # written to stderr at start
+            "list": "ok" | "silent",      # how to answer tools/list
+            "init": "ok" | "silent" | "garbage" | "garbage_forever" | "wrong_id",
             "tools": [{"name": "...", "description": "...", "inputSchema": {...},
                        "outputSchema": {...},                       # optional
                        "result": {"texts": ["a", "b"]}              # several text parts
                                | {"structured": {...}, "text": "..."}   # structuredContent (+ text)
                                | {"error": "text"}                  # isError result
                                | {"rpc_error": "message"}           # JSON-RPC error
-                               | {"behaviour": "exit" | "silent" | "huge" | "malformed" | "garbage_then_text",
+                               | {"behaviour": "exit" | "silent" | "huge" | "malformed" | "garbage_then_text"
+                                             | "wrong_id" | "garbage_only" | "null_id_error" | "no_result",
                                   "size": 100000, "text": "..."}}]}
 """
-import json, os, sys, time
+import json, os, signal, subprocess, sys, time
 
 spec = json.load(open(sys.argv[1]))
 if spec.get("pid_file"):
     with open(spec["pid_file"], "w") as f:
         f.write(str(os.getpid()))
+if spec.get("ignore_term"):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if spec.get("helper_pid_file"):
+    helper = subprocess.Popen(["sleep", "600"], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(spec["helper_pid_file"], "w") as f:
+        f.write(str(helper.pid))
+for line in spec.get("stderr_lines", []):
+    sys.stderr.write(line + "\n")
+sys.stderr.flush()
 if spec.get("fail_start"):
     sys.exit(3)
 
@@ -67,6 +82,20 @@ def call(i, params):
     if b == "malformed":
         send({"jsonrpc": "2.0", "id": i, "result": {"content": "not a list", "isError": "maybe"}})
         return
+    if b == "wrong_id":
+        reply(i + 1000, {"content": [{"type": "text", "text": "for someone else"}]})
+        return
+    if b == "garbage_only":
+        sys.stdout.write("<html>not json</html>\n")
+        sys.stdout.write("\x1b[2Jstill not json\n")
+        sys.stdout.flush()
+        return
+    if b == "null_id_error":
+        send({"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": "Parse error"}})
+        return
+    if b == "no_result":
+        send({"jsonrpc": "2.0", "id": i})
+        return
     if b == "garbage_then_text":
         sys.stdout.write("this is not json at all\n")
         sys.stdout.write("{\"half\": \n")
@@ -102,9 +131,19 @@ def main():
                 sys.stdout.write("hello, I am not an MCP server\n")
                 sys.stdout.flush()
                 sys.exit(0)
+            if mode == "garbage_forever":
+                sys.stdout.write("Welcome! Type help for help.\n")
+                sys.stdout.flush()
+                continue
+            if mode == "wrong_id":
+                reply(i + 7, {"protocolVersion": "2025-06-18", "capabilities": {},
+                              "serverInfo": {"name": "test", "version": "1"}})
+                continue
             reply(i, {"protocolVersion": req.get("params", {}).get("protocolVersion", "2025-06-18"),
                       "capabilities": {"tools": {}}, "serverInfo": {"name": "test", "version": "1"}})
         elif method == "tools/list":
+            if spec.get("list") == "silent":
+                continue
             tools = [describe(t) for t in spec.get("tools", [])]
             size = spec.get("page_size", 0)
             if size:
@@ -121,7 +160,7 @@ def main():
             reply(i, {})
         else:
             reply(i, error={"code": -32601, "message": f"method not found: {method}"})
-    if spec.get("ignore_eof"):
+    if spec.get("ignore_eof") or spec.get("ignore_term"):
         while True:
             time.sleep(1)
 

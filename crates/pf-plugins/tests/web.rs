@@ -29,6 +29,8 @@ struct Page {
     delay: Option<Duration>,
     /// Send no Content-Length: the body ends when the connection closes.
     no_length: bool,
+    /// After the body, keep the connection open without sending more.
+    hold_open: bool,
 }
 
 fn page(status: u16, content_type: Option<&str>, body: impl Into<Vec<u8>>) -> Page {
@@ -172,6 +174,10 @@ async fn serve(
     response.push_str("\r\n");
     let _ = socket.write_all(response.as_bytes()).await;
     let _ = socket.write_all(&page.body).await;
+    if page.hold_open {
+        let _ = socket.flush().await;
+        tokio::time::sleep(Duration::from_secs(600)).await;
+    }
     let _ = socket.shutdown().await;
 }
 
@@ -701,10 +707,10 @@ async fn redirects_are_followed_and_the_header_names_the_final_url() {
 #[tokio::test]
 async fn a_redirect_to_a_refused_address_is_refused_before_contact() {
     let server = TestServer::start(vec![
-        ("/to-private", redirect("http://10.0.0.1/admin?k=v")),
+        ("/to-private", redirect("https://10.0.0.1/admin?k=v")),
         (
             "/to-metadata",
-            redirect("http://169.254.169.254/latest/meta-data/"),
+            redirect("https://169.254.169.254/latest/meta-data/"),
         ),
         (
             "/to-credentials",
@@ -718,14 +724,14 @@ async fn a_redirect_to_a_refused_address_is_refused_before_contact() {
     assert_eq!(
         fetch(&web, json!({"url": from("/to-private")})).await,
         soft(&format!(
-            "redirect from {} to http://10.0.0.1/admin refused: ip literal host not allowed: 10.0.0.1",
+            "redirect from {} to https://10.0.0.1/admin refused: ip literal host not allowed: 10.0.0.1",
             from("/to-private")
         ))
     );
     assert_eq!(
         fetch(&web, json!({"url": from("/to-metadata")})).await,
         soft(&format!(
-            "redirect from {} to http://169.254.169.254/latest/meta-data/ refused: ip literal host not allowed: 169.254.169.254",
+            "redirect from {} to https://169.254.169.254/latest/meta-data/ refused: ip literal host not allowed: 169.254.169.254",
             from("/to-metadata")
         ))
     );
@@ -1221,5 +1227,282 @@ async fn brave_gets_its_key_in_a_header_and_is_mapped() {
     assert_eq!(
         search(&keyless, json!({"query": "q"})).await,
         hard("web_search: the search API key variable PF_TEST_NO_SUCH_KEY is not set")
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Fetch: compressed bodies
+// ---------------------------------------------------------------------------
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    encoder.write_all(data).expect("compressed");
+    encoder.finish().expect("compressed")
+}
+
+fn zlib(data: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut encoder = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+    encoder.write_all(data).expect("compressed");
+    encoder.finish().expect("compressed")
+}
+
+fn brotli_of(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut input = data;
+    let params = brotli::enc::BrotliEncoderParams::default();
+    brotli::BrotliCompress(&mut input, &mut out, &params).expect("compressed");
+    out
+}
+
+/// Gzip of `size` zero bytes made by python3's C zlib (fast, unlike a debug build).
+fn gzip_bomb(size: usize) -> Vec<u8> {
+    let output = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import gzip,sys; sys.stdout.buffer.write(gzip.compress(bytes(int(sys.argv[1])), 9))",
+            &size.to_string(),
+        ])
+        .output()
+        .expect("python3 runs");
+    assert!(output.status.success());
+    output.stdout
+}
+
+fn encoded(content_type: &str, encoding: &str, body: Vec<u8>) -> Page {
+    let mut page = page(200, Some(content_type), body);
+    page.headers
+        .push(("Content-Encoding".to_string(), encoding.to_string()));
+    page
+}
+
+#[tokio::test]
+async fn gzip_brotli_and_deflate_bodies_come_back_decoded() {
+    let article = format!(
+        "<html><body><article><h1>Packed</h1><p>{}</p></article></body></html>",
+        "Compressed pages read like any other page. ".repeat(10)
+    );
+    let json = br#"{"packed":true,"n":[1,2,3]}"#.to_vec();
+    let latin1 = b"caf\xe9 cr\xe8me".to_vec();
+    let server = TestServer::start(vec![
+        (
+            "/a.html",
+            encoded("text/html", "gzip", gzip(article.as_bytes())),
+        ),
+        (
+            "/a.json",
+            encoded("application/json", "br", brotli_of(&json)),
+        ),
+        (
+            "/a.txt",
+            encoded("text/plain", "deflate", zlib(b"deflated text")),
+        ),
+        (
+            "/latin.txt",
+            encoded("text/plain; charset=ISO-8859-1", "gzip", gzip(&latin1)),
+        ),
+    ])
+    .await;
+    let web = active(WebPlugin::new(loopback_config())).await;
+    let html = fetch(&web, json!({"url": server.url("/a.html")}))
+        .await
+        .expect("fetched");
+    assert!(html.contains("extraction: readability"), "{html}");
+    assert!(
+        html.contains("Compressed pages read like any other page."),
+        "{html}"
+    );
+    assert_eq!(
+        fetch(&web, json!({"url": server.url("/a.json")})).await,
+        soft(&format!(
+            "url: {}\ntruncated: false\nextraction: plain\n\n{{\"packed\":true,\"n\":[1,2,3]}}",
+            server.url("/a.json")
+        ))
+    );
+    assert_eq!(
+        fetch(&web, json!({"url": server.url("/a.txt")})).await,
+        soft(&format!(
+            "url: {}\ntruncated: false\nextraction: plain\n\ndeflated text",
+            server.url("/a.txt")
+        ))
+    );
+    assert_eq!(
+        fetch(&web, json!({"url": server.url("/latin.txt")})).await,
+        soft(&format!(
+            "url: {}\ntruncated: false\nextraction: plain\n\ncafé crème",
+            server.url("/latin.txt")
+        ))
+    );
+    let asked = server.seen();
+    let accepted = asked[0]
+        .headers
+        .get("accept-encoding")
+        .cloned()
+        .unwrap_or_default();
+    for coding in ["gzip", "br", "deflate"] {
+        assert!(accepted.contains(coding), "{accepted}");
+    }
+}
+
+#[tokio::test]
+async fn the_cap_counts_decompressed_bytes_and_a_bomb_stops_at_it() {
+    let cap = 8 * 1024 * 1024;
+    // 64 MiB of zeros in about 64 KiB: small on the wire, far over the cap.
+    let bomb = gzip_bomb(64 * 1024 * 1024);
+    assert!(bomb.len() < cap / 16);
+    // Half the compressed bytes, then the connection stays open: a reader
+    // that did not stop at the cap would wait for the rest and time out.
+    let mut stalled = encoded("application/json", "gzip", bomb[..bomb.len() / 2].to_vec());
+    stalled.declared_length = Some(bomb.len());
+    stalled.hold_open = true;
+    let mut stalled_text = stalled.clone();
+    stalled_text.headers = vec![
+        ("Content-Type".into(), "text/plain".into()),
+        ("Content-Encoding".into(), "gzip".into()),
+    ];
+    let exact = gzip(&vec![b'e'; cap]);
+    let over = brotli_of(&vec![b'o'; cap + 1]);
+    let server = TestServer::start(vec![
+        (
+            "/bomb.json",
+            encoded("application/json", "gzip", bomb.clone()),
+        ),
+        ("/stalled.json", stalled),
+        ("/stalled.txt", stalled_text),
+        ("/exact.json", encoded("application/json", "gzip", exact)),
+        ("/over.html", encoded("text/html", "br", over)),
+        (
+            "/broken.txt",
+            encoded("text/plain", "gzip", b"\x1f\x8b\x08garbage".to_vec()),
+        ),
+    ])
+    .await;
+    let limits = FetchLimits {
+        max_chars: usize::MAX,
+        request_timeout: Duration::from_secs(60),
+        ..FetchLimits::default()
+    };
+    let web = active(WebPlugin::new(loopback_config()).with_limits(limits)).await;
+    let over_cap = |path: &str| {
+        soft(&format!(
+            "response from {} exceeds the 8388608-byte size cap",
+            server.url(path)
+        ))
+    };
+    assert_eq!(
+        fetch(&web, json!({"url": server.url("/bomb.json")})).await,
+        over_cap("/bomb.json")
+    );
+    assert_eq!(
+        fetch(&web, json!({"url": server.url("/stalled.json")})).await,
+        over_cap("/stalled.json")
+    );
+    assert_eq!(
+        fetch(&web, json!({"url": server.url("/over.html")})).await,
+        over_cap("/over.html")
+    );
+    // Flat text is cut at the cap, counted in expanded bytes.
+    let cut = fetch(&web, json!({"url": server.url("/stalled.txt")}))
+        .await
+        .expect("fetched");
+    let (head, body) = cut.split_once("\n\n").expect("a header");
+    assert_eq!(
+        head,
+        format!(
+            "url: {}\ntruncated: true\nextraction: plain",
+            server.url("/stalled.txt")
+        )
+    );
+    assert_eq!(body.len(), cap);
+    // Exactly the cap after decompression is accepted.
+    let exact = fetch(&web, json!({"url": server.url("/exact.json")}))
+        .await
+        .expect("fetched");
+    assert!(exact.contains("truncated: false"), "{}", &exact[..80]);
+    assert!(exact.ends_with(&"e".repeat(1000)));
+    // A body that does not decompress is a body that could not be read.
+    assert_eq!(
+        fetch(&web, json!({"url": server.url("/broken.txt")})).await,
+        soft(&format!(
+            "the response body from {} could not be read; try again or use a different URL",
+            server.url("/broken.txt")
+        ))
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Fetch: allow_loopback loosens loopback only
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn allow_loopback_keeps_the_port_and_scheme_rules_for_every_other_host() {
+    let server = TestServer::start(vec![
+        ("/to-port", redirect("https://public.example:8443/x")),
+        ("/to-http", redirect("http://public.example/x")),
+        ("/to-local-port", redirect("/here")),
+        (
+            "/here",
+            page(200, Some("text/plain"), "loopback on its own port"),
+        ),
+    ])
+    .await;
+    let port = server.base.rsplit(':').next().unwrap_or("").to_string();
+    let resolver = table(&[
+        ("public.example", &["93.184.216.34"]),
+        ("both.example", &["93.184.216.34", "127.0.0.1"]),
+    ]);
+    let web = active(WebPlugin::new(loopback_config()).with_resolver(resolver)).await;
+    // Refused before any connection: the public address is never tried.
+    assert_eq!(
+        fetch(&web, json!({"url": "https://public.example:8443/"})).await,
+        hard("port not allowed: 8443")
+    );
+    assert_eq!(
+        fetch(&web, json!({"url": "http://public.example/"})).await,
+        soft("scheme not allowed: http")
+    );
+    assert_eq!(
+        fetch(&web, json!({"url": "https://93.184.216.34:8443/"})).await,
+        hard("port not allowed: 8443")
+    );
+    assert_eq!(
+        fetch(&web, json!({"url": "http://10.1.2.3:8080/"})).await,
+        soft("scheme not allowed: http")
+    );
+    // The same rules hold on redirect hops.
+    assert_eq!(
+        fetch(&web, json!({"url": server.url("/to-port")})).await,
+        soft(&format!(
+            "redirect from {} to https://public.example:8443/x refused: port not allowed: 8443",
+            server.url("/to-port")
+        ))
+    );
+    assert_eq!(
+        fetch(&web, json!({"url": server.url("/to-http")})).await,
+        soft(&format!(
+            "redirect from {} to http://public.example/x refused: scheme not allowed: http",
+            server.url("/to-http")
+        ))
+    );
+    // A name with a loopback address reaches only that address on a loosened port.
+    let url = format!("http://both.example:{port}/here");
+    assert_eq!(
+        fetch(&web, json!({"url": url})).await,
+        soft(&format!(
+            "url: {url}\ntruncated: false\nextraction: plain\n\nloopback on its own port"
+        ))
+    );
+    assert_eq!(
+        fetch(&web, json!({"url": server.url("/to-local-port")})).await,
+        soft(&format!(
+            "url: {}\ntruncated: false\nextraction: plain\n\nloopback on its own port",
+            server.url("/here")
+        ))
+    );
+    let targets: Vec<String> = server.seen().into_iter().map(|s| s.target).collect();
+    assert_eq!(
+        targets,
+        ["/to-port", "/to-http", "/here", "/to-local-port", "/here"]
     );
 }

@@ -1,5 +1,6 @@
 //! MCP servers offered as Plugins: the server's tool `x` is the tool path `{id}/x`.
 
+mod process;
 mod stdio;
 
 use std::collections::HashMap;
@@ -22,7 +23,10 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::Value as Json;
-use tokio::process::{Child, Command};
+use tokio::process::Command;
+
+use process::ServerProcess;
+use stdio::Noise;
 
 /// One MCP server as the Host configured it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +36,10 @@ pub struct McpConfig {
     pub trusted: bool,
     /// Plugin ids it cannot be activated with.
     pub conflicts: Vec<String>,
+    /// How long one tool call (and one `tools/list` page) may take: the host
+    /// file's `timeout = SECONDS`, default [`DEFAULT_CALL_TIMEOUT`]. Starting and
+    /// initializing have their own bound, [`DEFAULT_START_TIMEOUT`].
+    pub timeout: Duration,
 }
 
 impl McpConfig {
@@ -41,6 +49,7 @@ impl McpConfig {
             transport,
             trusted: false,
             conflicts: Vec::new(),
+            timeout: DEFAULT_CALL_TIMEOUT,
         }
     }
 }
@@ -55,6 +64,10 @@ pub enum McpTransport {
     Http { url: String },
 }
 
+/// The end of the text of an activation the run's cancel stopped. The engine
+/// should judge by the cancel token itself; the text only says what happened.
+pub const ACTIVATION_CANCELLED: &str = "activation cancelled";
+
 /// Default bound on one tool call.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default bound on starting and initializing a server.
@@ -64,8 +77,6 @@ pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 
 /// Pages of `tools/list` followed before giving up on a server that never ends its list.
 const MAX_TOOL_PAGES: usize = 1000;
-/// How long a server gets to exit on its own once its stdin is closed.
-const EXIT_GRACE: Duration = Duration::from_millis(500);
 
 /// An MCP server as a Plugin.
 pub struct McpPlugin {
@@ -80,8 +91,8 @@ impl McpPlugin {
     pub fn new(id: impl Into<String>, config: McpConfig) -> Self {
         McpPlugin {
             id: id.into(),
+            call_timeout: config.timeout,
             config,
-            call_timeout: DEFAULT_CALL_TIMEOUT,
             start_timeout: DEFAULT_START_TIMEOUT,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
         }
@@ -116,7 +127,8 @@ impl McpPlugin {
         }
     }
 
-    /// Spawns the stdio server and wires its pipes into a transport.
+    /// Spawns the stdio server (leader of its own process group, so the stop
+    /// sequence reaches any helper it starts) and wires its pipes into a transport.
     async fn start_stdio(
         &self,
         command: &[String],
@@ -126,44 +138,66 @@ impl McpPlugin {
         let Some((program, arguments)) = command.split_first() else {
             return Err(format!("MCP server {id}: `command` is empty"));
         };
-        let mut child = Command::new(program)
+        let child = Command::new(program)
             .args(arguments)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
+            .process_group(0)
             .spawn()
             .map_err(|e| format!("MCP server {id}: cannot start `{program}`: {e}"))?;
-        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-            let _ = child.kill().await;
+        let mut process = ServerProcess::new(child, id);
+        let pipes = (
+            process.child_mut().stdin.take(),
+            process.child_mut().stdout.take(),
+        );
+        let (Some(stdin), Some(stdout)) = pipes else {
+            process.kill().await;
             return Err(format!("MCP server {id}: cannot reach the server's stdio"));
         };
-        if let Some(stderr) = child.stderr.take() {
-            tokio::spawn(forward_stderr(stderr, id.clone()));
-        }
         let oversize = Arc::new(AtomicBool::new(false));
+        let noise = Noise::default();
+        let handshake_failure = stdio::HandshakeFailure::default();
         let transport = stdio::StdioTransport::new(
             stdout,
             stdin,
             self.max_message_bytes,
             oversize.clone(),
+            noise.clone(),
+            handshake_failure.clone(),
             id.clone(),
         );
         let serving = Self::client_info().serve(transport);
-        match self.bounded_start(serving, cancel).await {
+        // On failure the transport is dropped with the handshake, which closes stdin.
+        let started = self.bounded_start(serving, cancel, &noise).await;
+        let started = match (
+            started,
+            handshake_failure.lock().ok().and_then(|f| f.clone()),
+        ) {
+            (Err(StartError::Failed(_)), Some(said)) => Err(StartError::Failed(format!(
+                "the server answered initialize with an error: {}",
+                short(&said)
+            ))),
+            (started, _) => started,
+        };
+        match started {
             Ok(service) => Ok(Connection {
                 service,
-                child: Some(child),
+                process: Some(process),
                 oversize,
+                noise,
             }),
-            Err(reason) => {
-                let _ = child.kill().await;
-                let status = match child.try_wait() {
-                    Ok(Some(status)) => format!(" ({status})"),
-                    _ => String::new(),
-                };
+            Err(StartError::Cancelled) => {
+                process.kill().await;
+                Err(format!("MCP server {id}: {ACTIVATION_CANCELLED}"))
+            }
+            Err(StartError::Failed(reason)) => {
+                process.stop().await;
+                let status = process.status_suffix();
+                let stderr = process.stderr_suffix().await;
                 Err(format!(
-                    "MCP server {id} failed to initialize: {reason}{status}"
+                    "MCP server {id} failed to initialize: {reason}{status}{stderr}"
                 ))
             }
         }
@@ -184,14 +218,21 @@ impl McpPlugin {
             StreamableHttpClientTransportConfig::with_uri(url),
         );
         let serving = Self::client_info().serve(transport);
-        let service = self
-            .bounded_start(serving, cancel)
-            .await
-            .map_err(|reason| format!("MCP server {id} failed to initialize: {reason}"))?;
+        let noise = Noise::default();
+        let service = match self.bounded_start(serving, cancel, &noise).await {
+            Ok(service) => service,
+            Err(StartError::Cancelled) => {
+                return Err(format!("MCP server {id}: {ACTIVATION_CANCELLED}"))
+            }
+            Err(StartError::Failed(reason)) => {
+                return Err(format!("MCP server {id} failed to initialize: {reason}"))
+            }
+        };
         Ok(Connection {
             service,
-            child: None,
+            process: None,
             oversize: Arc::new(AtomicBool::new(false)),
+            noise,
         })
     }
 
@@ -200,14 +241,22 @@ impl McpPlugin {
         &self,
         serving: impl std::future::Future<Output = Result<Service, E>>,
         cancel: &CancellationToken,
-    ) -> Result<Service, String> {
+        noise: &Noise,
+    ) -> Result<Service, StartError> {
+        if cancel.is_cancelled() {
+            return Err(StartError::Cancelled);
+        }
         tokio::select! {
             outcome = tokio::time::timeout(self.start_timeout, serving) => match outcome {
                 Ok(Ok(service)) => Ok(service),
-                Ok(Err(error)) => Err(short(&error.to_string())),
-                Err(_) => Err(format!("no answer within {} s", self.start_timeout.as_secs_f64())),
+                Ok(Err(error)) => Err(StartError::Failed(short(&error.to_string()))),
+                Err(_) => Err(StartError::Failed(format!(
+                    "no answer within {} s{}",
+                    self.start_timeout.as_secs_f64(),
+                    stdio::noise_suffix(noise)
+                ))),
             },
-            _ = cancel.cancelled() => Err("cancelled".into()),
+            _ = cancel.cancelled() => Err(StartError::Cancelled),
         }
     }
 
@@ -216,7 +265,7 @@ impl McpPlugin {
         &self,
         peer: &Peer<RoleClient>,
         cancel: &CancellationToken,
-    ) -> Result<Vec<Tool>, String> {
+    ) -> Result<Vec<Tool>, RequestError> {
         let mut tools = Vec::new();
         let mut cursor = None;
         for _ in 0..MAX_TOOL_PAGES {
@@ -228,42 +277,40 @@ impl McpPlugin {
             });
             let answer = bounded_request(peer, request, self.call_timeout, cancel).await?;
             let ServerResult::ListToolsResult(page) = answer else {
-                return Err("unexpected answer to tools/list".into());
+                return Err(RequestError::Protocol(
+                    "unexpected answer to tools/list".into(),
+                ));
             };
             tools.extend(page.tools);
             match page.next_cursor {
                 Some(next) if Some(&next) != cursor.as_ref() => cursor = Some(next),
-                Some(_) => return Err("tools/list repeated its cursor".into()),
+                Some(_) => {
+                    return Err(RequestError::Protocol(
+                        "tools/list repeated its cursor".into(),
+                    ))
+                }
                 None => return Ok(tools),
             }
         }
-        Err(format!(
+        Err(RequestError::Protocol(format!(
             "tools/list did not end within {MAX_TOOL_PAGES} pages"
-        ))
+        )))
     }
 }
 
 type Service = RunningService<RoleClient, ClientInfo>;
 
-struct Connection {
-    service: Service,
-    child: Option<Child>,
-    oversize: Arc<AtomicBool>,
+/// Why starting a server ended without a session.
+enum StartError {
+    Cancelled,
+    Failed(String),
 }
 
-/// Logs a server's stderr, line by line, at debug level.
-async fn forward_stderr(stderr: tokio::process::ChildStderr, plugin_id: String) {
-    let mut reader = tokio::io::BufReader::new(stderr);
-    let mut line = Vec::new();
-    loop {
-        match stdio::read_line_bounded(&mut reader, 64 * 1024, &mut line).await {
-            Ok(stdio::LineRead::Line) => {
-                tracing::debug!(plugin = %plugin_id, "MCP server stderr: {}", stdio::excerpt(&line));
-            }
-            Ok(stdio::LineRead::TooLong) => {}
-            Ok(stdio::LineRead::End) | Err(_) => return,
-        }
-    }
+struct Connection {
+    service: Service,
+    process: Option<ServerProcess>,
+    oversize: Arc<AtomicBool>,
+    noise: Noise,
 }
 
 /// Keeps error texts from a misbehaving server to one short line.
@@ -283,6 +330,8 @@ fn short(text: &str) -> String {
 /// Why a request got no usable answer.
 enum RequestError {
     Service(ServiceError),
+    /// An answer that does not fit the request.
+    Protocol(String),
     TimedOut,
     Cancelled,
 }
@@ -291,6 +340,7 @@ impl std::fmt::Display for RequestError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             RequestError::Service(error) => f.write_str(&short(&error.to_string())),
+            RequestError::Protocol(problem) => f.write_str(problem),
             RequestError::TimedOut => f.write_str("no answer in time"),
             RequestError::Cancelled => f.write_str("cancelled"),
         }
@@ -361,10 +411,32 @@ impl Plugin for McpPlugin {
         let peer = connection.service.peer().clone();
         let listed = match self.list_tools(&peer, &ctx.cancel).await {
             Ok(listed) => listed,
+            Err(RequestError::Cancelled) => {
+                let _ =
+                    tokio::time::timeout(Duration::from_millis(100), connection.service.cancel())
+                        .await;
+                if let Some(mut process) = connection.process.take() {
+                    process.kill().await;
+                }
+                return Err(format!("MCP server {id}: {ACTIVATION_CANCELLED}"));
+            }
             Err(reason) => {
-                stop(connection.service, connection.child.take()).await;
+                let reason = match reason {
+                    RequestError::TimedOut => format!(
+                        "no answer within {} s{}",
+                        self.call_timeout.as_secs_f64(),
+                        stdio::noise_suffix(&connection.noise)
+                    ),
+                    other => other.to_string(),
+                };
+                let mut process = connection.process.take();
+                stop(connection.service, process.as_mut()).await;
+                let stderr = match process.as_mut() {
+                    Some(process) => process.stderr_suffix().await,
+                    None => String::new(),
+                };
                 return Err(format!(
-                    "MCP server {id} failed to list its tools: {reason}"
+                    "MCP server {id} failed to list its tools: {reason}{stderr}"
                 ));
             }
         };
@@ -401,25 +473,21 @@ impl Plugin for McpPlugin {
             entries,
             peer,
             service: Mutex::new(Some(connection.service)),
-            child: Mutex::new(connection.child),
+            process: tokio::sync::Mutex::new(connection.process),
             oversize: connection.oversize,
+            noise: connection.noise,
             call_timeout: self.call_timeout,
             max_message_bytes: self.max_message_bytes,
         }))
     }
 }
 
-/// Ends the session and makes sure the child is gone and reaped.
-async fn stop(service: Service, child: Option<Child>) {
+/// Ends the session (which closes the server's stdin) and runs the stop
+/// sequence, so the server is gone and reaped.
+async fn stop(service: Service, process: Option<&mut ServerProcess>) {
     let _ = tokio::time::timeout(Duration::from_secs(2), service.cancel()).await;
-    if let Some(mut child) = child {
-        if tokio::time::timeout(EXIT_GRACE, child.wait())
-            .await
-            .is_err()
-        {
-            // kill() also waits, so the process is reaped either way.
-            let _ = child.kill().await;
-        }
+    if let Some(process) = process {
+        process.stop().await;
     }
 }
 
@@ -435,8 +503,9 @@ struct ActiveMcp {
     peer: Peer<RoleClient>,
     service: Mutex<Option<Service>>,
     /// Killed on drop as a backstop when shutdown never runs.
-    child: Mutex<Option<Child>>,
+    process: tokio::sync::Mutex<Option<ServerProcess>>,
     oversize: Arc<AtomicBool>,
+    noise: Noise,
     call_timeout: Duration,
     max_message_bytes: usize,
 }
@@ -467,9 +536,11 @@ impl ActiveMcp {
                 short(&other.to_string())
             )),
             RequestError::TimedOut => ToolFailure(format!(
-                "MCP server {id} did not answer within {} s",
-                self.call_timeout.as_secs_f64()
+                "MCP server {id} did not answer within {} s{}",
+                self.call_timeout.as_secs_f64(),
+                stdio::noise_suffix(&self.noise)
             )),
+            RequestError::Protocol(problem) => ToolFailure(format!("MCP server {id}: {problem}")),
             RequestError::Cancelled => ToolFailure("cancelled".into()),
         }
     }
@@ -557,12 +628,12 @@ impl ActivePlugin for ActiveMcp {
 
     async fn shutdown(&self) {
         let service = self.service.lock().ok().and_then(|mut s| s.take());
-        let child = self.child.lock().ok().and_then(|mut c| c.take());
+        let mut process = self.process.lock().await.take();
         match service {
-            Some(service) => stop(service, child).await,
+            Some(service) => stop(service, process.as_mut()).await,
             None => {
-                if let Some(mut child) = child {
-                    let _ = child.kill().await;
+                if let Some(process) = process.as_mut() {
+                    process.stop().await;
                 }
             }
         }

@@ -107,8 +107,24 @@ impl Fetcher {
     async fn run(&self, args: &FetchArgs) -> Result<String, Stop> {
         let mut target = policy::admit_text(&args.url, self.allow_loopback)?;
         let mut hops = 0usize;
+        let mut came_from: Option<Target> = None;
         loop {
             let addresses = self.vetted_addresses(&target).await?;
+            let addresses = match policy::loopback_addresses(&target, addresses) {
+                Ok(addresses) => addresses,
+                // On a redirect hop the broken rule is a refused redirect, as in `next_hop`.
+                Err(refusal) => match &came_from {
+                    Some(from) => {
+                        return Err(Stop::Soft(format!(
+                            "redirect from {} to {} refused: {}",
+                            policy::display_url(&from.url),
+                            policy::display_url(&target.url),
+                            refusal.message
+                        )))
+                    }
+                    None => return Err(refusal.into()),
+                },
+            };
             let client = self.client_for(&target, &addresses)?;
             let deadline = Instant::now() + self.limits.request_timeout;
             let shown = policy::display_url(&target.url);
@@ -127,7 +143,8 @@ impl Fetcher {
             if matches!(status.as_u16(), 301 | 302 | 303 | 307 | 308) {
                 if let Some(location) = response.headers().get(LOCATION) {
                     let location = String::from_utf8_lossy(location.as_bytes()).into_owned();
-                    target = self.next_hop(&target, &location, hops)?;
+                    let next = self.next_hop(&target, &location, hops)?;
+                    came_from = Some(std::mem::replace(&mut target, next));
                     hops += 1;
                     continue;
                 }
@@ -199,6 +216,11 @@ impl Fetcher {
             .referer(false)
             .connect_timeout(self.limits.connect_timeout)
             .user_agent(USER_AGENT)
+            // Bodies arrive decompressed, so the byte cap counts expanded bytes
+            // and a decompression bomb stops at the cap.
+            .gzip(true)
+            .brotli(true)
+            .deflate(true)
             .dns_resolver(Arc::new(RefuseEveryName));
         if let TargetHost::Name(name) = &target.host {
             // Port 0: reqwest uses the URL's port.

@@ -60,7 +60,8 @@ pub struct WebConfig {
     pub search_url: Option<String>,
     /// The NAME of the environment variable holding the search key, never the key.
     pub search_api_key_env: Option<String>,
-    /// Tests only: lets fetch reach 127.0.0.0/8 and ::1 (over http too, on any port).
+    /// Tests only: lets fetch reach 127.0.0.0/8 and ::1, and those addresses
+    /// only over plain http or on any port; every other host keeps every rule.
     pub allow_loopback: bool,
 }
 

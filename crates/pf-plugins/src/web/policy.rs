@@ -45,6 +45,10 @@ pub(crate) enum TargetHost {
 pub(crate) struct Target {
     pub url: Url,
     pub host: TargetHost,
+    /// Set when only `allow_loopback` let the URL through (plain http or a port
+    /// other than 80/443): the rule it broke, which still holds unless the host
+    /// turns out to be loopback. A name is judged once resolved.
+    pub loopback_only: Option<Refusal>,
 }
 
 /// Parses and admits a URL: parse, scheme, credentials, port, host, in that
@@ -57,10 +61,15 @@ pub(crate) fn admit_text(text: &str, allow_loopback: bool) -> Result<Target, Ref
 /// Admits an already parsed URL (a redirect target).
 pub(crate) fn admit(mut url: Url, allow_loopback: bool) -> Result<Target, Refusal> {
     let scheme = url.scheme().to_string();
-    // Loopback test servers speak plain http, so the test switch lets http through.
-    let scheme_ok = scheme == "https" || (allow_loopback && scheme == "http");
-    if !scheme_ok {
-        return Err(Refusal::soft(format!("scheme not allowed: {scheme}")));
+    // Loopback test servers speak plain http on any port, so the test switch
+    // lets those through, for loopback hosts only.
+    let mut loopback_only = None;
+    if scheme != "https" {
+        let refusal = Refusal::soft(format!("scheme not allowed: {scheme}"));
+        if !(allow_loopback && scheme == "http") {
+            return Err(refusal);
+        }
+        loopback_only = Some(refusal);
     }
     let host = match url.host() {
         Some(host) => host.to_owned(),
@@ -70,25 +79,65 @@ pub(crate) fn admit(mut url: Url, allow_loopback: bool) -> Result<Target, Refusa
         return Err(Refusal::hard("url must not contain userinfo"));
     }
     let port = url.port_or_known_default().unwrap_or(0);
-    if !allow_loopback && port != 80 && port != 443 {
-        return Err(Refusal::hard(format!("port not allowed: {port}")));
+    if port != 80 && port != 443 {
+        let refusal = Refusal::hard(format!("port not allowed: {port}"));
+        if !allow_loopback {
+            return Err(refusal);
+        }
+        loopback_only.get_or_insert(refusal);
     }
     let host = match host {
         Host::Domain(name) => TargetHost::Name(name),
-        Host::Ipv4(v4) => literal_host(IpAddr::V4(v4), allow_loopback)?,
-        Host::Ipv6(v6) => literal_host(IpAddr::V6(v6), allow_loopback)?,
+        Host::Ipv4(v4) => literal_host(IpAddr::V4(v4), allow_loopback, &loopback_only)?,
+        Host::Ipv6(v6) => literal_host(IpAddr::V6(v6), allow_loopback, &loopback_only)?,
     };
+    if matches!(host, TargetHost::Address(_)) {
+        // A loopback literal: the loosened rules were meant for it.
+        loopback_only = None;
+    }
     url.set_fragment(None);
-    Ok(Target { url, host })
+    Ok(Target {
+        url,
+        host,
+        loopback_only,
+    })
 }
 
-fn literal_host(address: IpAddr, allow_loopback: bool) -> Result<TargetHost, Refusal> {
-    if allow_loopback && is_allowed_loopback(address) {
-        Ok(TargetHost::Address(address))
+/// Keeps only loopback addresses for a target that `allow_loopback` alone
+/// admitted; with none, the rule it broke applies after all.
+pub(crate) fn loopback_addresses(
+    target: &Target,
+    addresses: Vec<IpAddr>,
+) -> Result<Vec<IpAddr>, Refusal> {
+    let Some(refusal) = &target.loopback_only else {
+        return Ok(addresses);
+    };
+    let loopback: Vec<IpAddr> = addresses
+        .into_iter()
+        .filter(|address| is_allowed_loopback(*address))
+        .collect();
+    if loopback.is_empty() {
+        Err(refusal.clone())
     } else {
-        Err(Refusal::hard(format!(
+        Ok(loopback)
+    }
+}
+
+fn literal_host(
+    address: IpAddr,
+    allow_loopback: bool,
+    loopback_only: &Option<Refusal>,
+) -> Result<TargetHost, Refusal> {
+    if allow_loopback && is_allowed_loopback(address) {
+        return Ok(TargetHost::Address(address));
+    }
+    // Not loopback: the strict rules apply in their order, so a loosened
+    // scheme or port is what gets reported first.
+    match loopback_only {
+        Some(refusal) => Err(refusal.clone()),
+        None => Err(Refusal::hard(format!(
             "ip literal host not allowed: {address}"
-        )))
+        ))),
     }
 }
 
@@ -260,16 +309,47 @@ mod tests {
             target.host,
             TargetHost::Address(IpAddr::V4(Ipv4Addr::LOCALHOST))
         );
+        assert!(target.loopback_only.is_none());
         assert!(admit_text("http://[::1]:9/", true).is_ok());
+        // A host that is not loopback keeps the strict rules, in their order.
         assert_eq!(
             admit_text("http://10.0.0.1/", true).err(),
+            Some(Refusal::soft("scheme not allowed: http"))
+        );
+        assert_eq!(
+            admit_text("https://10.0.0.1:8443/", true).err(),
+            Some(Refusal::hard("port not allowed: 8443"))
+        );
+        assert_eq!(
+            admit_text("https://10.0.0.1/", true).err(),
             Some(Refusal::hard("ip literal host not allowed: 10.0.0.1"))
         );
         assert_eq!(
-            admit_text("http://[::ffff:127.0.0.1]/", true).err(),
+            admit_text("https://[::ffff:127.0.0.1]/", true).err(),
             Some(Refusal::hard(
                 "ip literal host not allowed: ::ffff:127.0.0.1"
             ))
+        );
+        // A name is judged once resolved: the loosened rule waits on the target.
+        let named = admit_text("https://example.com:8080/", true).expect("admitted");
+        assert_eq!(
+            named.loopback_only,
+            Some(Refusal::hard("port not allowed: 8080"))
+        );
+        let public: IpAddr = "93.184.216.34".parse().expect("address");
+        let local: IpAddr = "127.0.0.1".parse().expect("address");
+        assert_eq!(
+            loopback_addresses(&named, vec![public]).err(),
+            Some(Refusal::hard("port not allowed: 8080"))
+        );
+        assert_eq!(
+            loopback_addresses(&named, vec![public, local]).ok(),
+            Some(vec![local])
+        );
+        let plain = admit_text("https://example.com/", true).expect("admitted");
+        assert_eq!(
+            loopback_addresses(&plain, vec![public]).ok(),
+            Some(vec![public])
         );
         assert_eq!(
             admit_text("ftp://127.0.0.1/", true).err(),

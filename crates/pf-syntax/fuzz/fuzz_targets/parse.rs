@@ -1,5 +1,7 @@
-//! `cargo +nightly fuzz run parse`: any byte string must parse or fail cleanly,
-//! and `diagnose` must agree with `parse` on the first error.
+//! `cargo +nightly fuzz run parse ../tests/corpus` (from crates/pf-syntax/fuzz):
+//! any byte string must parse or fail cleanly, and `diagnose` must agree with
+//! `parse` on the first error. On stable, `cargo test -p pf-syntax --test
+//! fuzz_corpus` runs a bounded, seeded mutation of the same corpus.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

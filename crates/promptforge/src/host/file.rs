@@ -74,6 +74,8 @@ pub struct PluginTable {
     pub url: Option<String>,
     pub trusted: Option<bool>,
     pub conflicts: Option<Vec<String>>,
+    /// How long one tool call may take, in seconds (whole or fractional).
+    pub timeout: Option<f64>,
 }
 
 /// `[input]`.

@@ -141,10 +141,22 @@ fn mcp_config(id: &str, table: &PluginTable) -> Result<McpConfig, String> {
         },
         (None, Some(url)) => McpTransport::Http { url: url.clone() },
     };
+    let timeout = match table.timeout {
+        None => pf_plugins::DEFAULT_CALL_TIMEOUT,
+        Some(seconds) => std::time::Duration::try_from_secs_f64(seconds)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| {
+                format!(
+                    "host file: [plugins.\"{id}\"] `timeout` must be a positive number of seconds"
+                )
+            })?,
+    };
     Ok(McpConfig {
         transport,
         trusted: table.trusted.unwrap_or(false),
         conflicts: table.conflicts.clone().unwrap_or_default(),
+        timeout,
     })
 }
 
@@ -346,6 +358,25 @@ mod tests {
     }
 
     #[test]
+    fn an_mcp_timeout_is_positive_seconds() {
+        let table =
+            |t: &str| format!("[plugins.\"acme/kit\"]\ncommand = [\"kit\"]\ntimeout = {t}\n");
+        let fast = config(&table("2.5")).expect("fractional seconds");
+        assert_eq!(
+            fast.plugins[0].1.timeout,
+            std::time::Duration::from_millis(2500)
+        );
+        for bad in ["0", "-1", "1e300"] {
+            let error = config(&table(bad)).expect_err("refused");
+            assert!(
+                error.contains("`timeout` must be a positive number of seconds"),
+                "{error}"
+            );
+        }
+        assert!(config(&table("\"10\"")).is_err());
+    }
+
+    #[test]
     fn an_mcp_server_takes_command_xor_url() {
         let stdio =
             config("[plugins.\"acme/kit\"]\ncommand = [\"kit\", \"--stdio\"]\ntrusted = true\n")
@@ -360,6 +391,7 @@ mod tests {
                     },
                     trusted: true,
                     conflicts: Vec::new(),
+                    timeout: std::time::Duration::from_secs(60),
                 }
             )]
         );
