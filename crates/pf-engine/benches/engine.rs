@@ -169,11 +169,13 @@ fn bench_openai(c: &mut Criterion) {
             base_url: base,
             api_key_env: None,
         }),
+        id: "bench".into(),
         model: "bench".into(),
         context: pf_models::DEFAULT_CONTEXT,
         thinking: ThinkingSupport::Never,
         description: String::new(),
         record: None,
+        retries: 0,
     };
     let provider = pf_models::build_provider(&spec).expect("provider");
     let looping = Arc::new(pf_syntax::parse(loop_prompt().as_bytes()).expect("parses"));

@@ -210,6 +210,7 @@ fn provider_spec(table: &ModelTable, base_dir: &Path) -> Result<ProviderSpec, St
     };
     Ok(ProviderSpec {
         kind,
+        id: model.clone(),
         model,
         context: table.context.unwrap_or(pf_models::DEFAULT_CONTEXT),
         thinking: match table.thinking {
@@ -219,6 +220,7 @@ fn provider_spec(table: &ModelTable, base_dir: &Path) -> Result<ProviderSpec, St
         },
         description: table.description.clone().unwrap_or_default(),
         record: table.record.as_ref().map(|r| resolve(base_dir, r)),
+        retries: 0,
     })
 }
 
@@ -253,11 +255,13 @@ mod tests {
                 kind: ProviderKind::Script {
                     replies: "/base/r.json".into()
                 },
+                id: "scripted-model".into(),
                 model: "scripted-model".into(),
                 context: 128_000,
                 thinking: ThinkingSupport::Never,
                 description: String::new(),
                 record: Some("/base/q.jsonl".into()),
+                retries: 0,
             })
         );
     }
