@@ -17,6 +17,7 @@ fn setup(store: &std::path::Path, model: Option<Arc<dyn ModelProvider>>) -> RunS
         store_dir: store.to_path_buf(),
         harness: Harness::new(),
         model,
+        catalog: Vec::new(),
         cancel: CancellationToken::new(),
         ui: None,
         live: None,

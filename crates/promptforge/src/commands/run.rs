@@ -65,6 +65,7 @@ pub fn run(args: RunArgs) -> ExitCode {
             store_dir: store_dir.clone(),
             harness: host.harness,
             model: host.model,
+            catalog: Vec::new(),
             cancel: cancel.clone(),
             ui: None,
             live,
