@@ -404,9 +404,11 @@ fn provider_spec(
             )),
             needs_model()?,
         ),
-        other => return Err(format!(
+        other => {
+            return Err(format!(
             "{name} provider \"{other}\" is not known: use \"openai\", \"anthropic\" or \"script\""
-        )),
+        ))
+        }
     };
     Ok(ProviderSpec {
         kind,
