@@ -17,6 +17,7 @@ fn setup(store: &std::path::Path, model: Option<Arc<dyn ModelProvider>>) -> RunS
         store_dir: store.to_path_buf(),
         harness: Harness::new(),
         model,
+        catalog: Vec::new(),
         cancel: CancellationToken::new(),
         ui: None,
         live: None,
@@ -169,11 +170,13 @@ fn bench_openai(c: &mut Criterion) {
             base_url: base,
             api_key_env: None,
         }),
+        id: "bench".into(),
         model: "bench".into(),
         context: pf_models::DEFAULT_CONTEXT,
         thinking: ThinkingSupport::Never,
         description: String::new(),
         record: None,
+        retries: 0,
     };
     let provider = pf_models::build_provider(&spec).expect("provider");
     let looping = Arc::new(pf_syntax::parse(loop_prompt().as_bytes()).expect("parses"));

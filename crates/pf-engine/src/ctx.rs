@@ -65,6 +65,8 @@ pub(crate) struct RunFixed {
     /// Bound slots in declaration order.
     pub bound: Vec<BoundTool>,
     pub model: Option<Arc<dyn ModelProvider>>,
+    /// The Host's catalog models, which `models.get(id)` handles reach.
+    pub catalog: Vec<Arc<dyn ModelProvider>>,
     pub roles: Vec<RoleDecl>,
     /// The `models.loop` round cap.
     pub max_rounds: u32,

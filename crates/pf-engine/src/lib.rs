@@ -46,7 +46,12 @@ pub struct RunSetup {
     pub args: String,
     pub store_dir: PathBuf,
     pub harness: Harness,
+    /// The current model: every role binds to it (guide ch. 10).
     pub model: Option<Arc<dyn ModelProvider>>,
+    /// The Host's catalog models, by their `info().id`: with a `ui` snapshot,
+    /// a `models.get(id)` handle for one of them runs its rounds on it (ch. 10
+    /// "Model ids from the host"); an id not listed runs on the current model.
+    pub catalog: Vec<Arc<dyn ModelProvider>>,
     pub cancel: CancellationToken,
     /// The host-state snapshot for `ui()`, when the Host has one.
     pub ui: Option<serde_json::Value>,
@@ -203,6 +208,7 @@ async fn run_beside(
         store,
         bound,
         model: setup.model.clone(),
+        catalog: setup.catalog.clone(),
         roles: prompt.frontmatter.models.clone(),
         max_rounds: prompt
             .frontmatter

@@ -42,6 +42,9 @@ pub(crate) struct ModelHandle {
     pub thinking: Option<bool>,
     pub temperature: Option<f64>,
     pub max_tokens: Option<u64>,
+    /// Made by `models.get` for a catalog model id rather than a role: its
+    /// rounds go to that model's own provider.
+    pub by_id: bool,
 }
 
 impl ModelHandle {
@@ -131,6 +134,7 @@ fn role_handle(
         thinking: role_thinking(role),
         temperature,
         max_tokens,
+        by_id: false,
     })
 }
 
@@ -353,6 +357,7 @@ fn models_get(lua: &Lua, args: MultiValue) -> HostResult<AnyUserData> {
             thinking: None,
             temperature: None,
             max_tokens: None,
+            by_id: true,
         };
         return Ok(lua.create_userdata(handle)?);
     }
@@ -455,6 +460,8 @@ pub(crate) fn make_messages(lua: &Lua) -> mlua::Result<Table> {
 
 /// What a round runs on: the frozen settings of a handle or of the section's model.
 struct Target {
+    /// A catalog model id whose own provider serves the round; `None`: the current model.
+    model_id: Option<String>,
     context: u64,
     thinking: Option<bool>,
     temperature: Option<f64>,
@@ -464,6 +471,7 @@ struct Target {
 impl From<&ModelHandle> for Target {
     fn from(h: &ModelHandle) -> Self {
         Target {
+            model_id: h.by_id.then(|| h.model_id.clone()),
             context: h.context,
             thinking: h.thinking,
             temperature: h.temperature,
@@ -564,7 +572,12 @@ async fn send_round(
     tools: Option<Vec<ToolDecl>>,
     stream: bool,
 ) -> Result<(ChatResponse, ClientTiming), RoundFailure> {
-    let Some(model) = sec.run.fixed.model.clone() else {
+    let fixed = &sec.run.fixed;
+    let from_catalog = target
+        .model_id
+        .as_ref()
+        .and_then(|id| fixed.catalog.iter().find(|m| m.info().id == *id));
+    let Some(model) = from_catalog.or(fixed.model.as_ref()).cloned() else {
         return Err(RoundFailure::Error(missing_model(sec)));
     };
     // The switch reaches only a model that can switch thinking per request.
@@ -1176,6 +1189,15 @@ mod tests {
     }
 
     fn run_prompt(source: &str, provider: Arc<Recorder>, ui: Option<Json>) -> Outcome {
+        run_with_catalog(source, provider, Vec::new(), ui)
+    }
+
+    fn run_with_catalog(
+        source: &str,
+        provider: Arc<Recorder>,
+        catalog: Vec<Arc<dyn ModelProvider>>,
+        ui: Option<Json>,
+    ) -> Outcome {
         let prompt = match pf_syntax::parse(source.as_bytes()) {
             Ok(p) => p,
             Err(e) => panic!("test prompt does not parse: {e:?}"),
@@ -1188,6 +1210,7 @@ mod tests {
             store_dir: store.path().to_path_buf(),
             harness: Harness::new(),
             model: Some(provider),
+            catalog,
             cancel: CancellationToken::new(),
             ui,
             live: None,
@@ -1288,6 +1311,48 @@ mod tests {
                     .into()
             )
         );
+    }
+
+    /// A recorder under another catalog id.
+    struct Named(&'static str, Arc<Recorder>);
+
+    #[async_trait]
+    impl ModelProvider for Named {
+        fn info(&self) -> ModelInfo {
+            ModelInfo {
+                id: self.0.into(),
+                ..self.1.info()
+            }
+        }
+        async fn complete(
+            &self,
+            request: ChatRequest,
+            cancel: CancellationToken,
+        ) -> Result<ChatResponse, ProviderError> {
+            self.1.complete(request, cancel).await
+        }
+    }
+
+    #[test]
+    fn a_catalog_id_handle_runs_on_that_models_own_provider() {
+        let source = "---\nname: t\ndescription: t\npromptforge: 0\nmodels:\n  w: {}\n---\n\n# T\n\n## S\n\n```lua\nmodels.use('w')\nlocal a = models.infer('to current')\nlocal b = models.infer(models.get('big'), 'to big')\nlocal c = models.infer(models.get('elsewhere'), 'to unknown id')\nreturn a .. b .. c\n```\n";
+        let current = recorder(ThinkingSupport::Never, vec![text("1"), text("3")]);
+        let big = recorder(ThinkingSupport::Never, vec![text("2")]);
+        let catalog: Vec<Arc<dyn ModelProvider>> = vec![
+            Arc::clone(&current) as Arc<dyn ModelProvider>,
+            Arc::new(Named("big", Arc::clone(&big))),
+        ];
+        let outcome = run_with_catalog(
+            source,
+            Arc::clone(&current),
+            catalog,
+            Some(serde_json::json!({"selected_model": "rec-model"})),
+        );
+        assert_eq!(outcome, Outcome::Completed("123".into()));
+        assert_eq!(seen(&current).len(), 2);
+        let to_big = seen(&big);
+        assert_eq!(to_big.len(), 1);
+        assert_eq!(to_big[0].messages[0].content, serde_json::json!("to big"));
     }
 
     #[test]

@@ -712,6 +712,7 @@ mod tests {
             store_dir: store.path().to_path_buf(),
             harness,
             model: None,
+            catalog: Vec::new(),
             cancel: cancel.clone(),
             ui: None,
             live: None,

@@ -62,6 +62,7 @@ fn run_in(
         store_dir: store.to_path_buf(),
         harness: Harness::new(),
         model: Some(model(replies)),
+        catalog: Vec::new(),
         cancel,
         ui: None,
         live: None,

@@ -53,6 +53,7 @@ fn run_with(
         store_dir: store.path().to_path_buf(),
         harness,
         model: Some(model),
+        catalog: Vec::new(),
         cancel: CancellationToken::new(),
         ui: None,
         live,

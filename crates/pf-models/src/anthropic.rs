@@ -1,4 +1,4 @@
-//! The Anthropic Messages API (`POST {base_url}/v1/messages`).
+//! The Anthropic Messages API (`POST {base_url}/v1/messages`; a base URL given with `/v1` is the same).
 //!
 //! Mapping from the chat-completions shape:
 //! - `system` (and `developer`) messages join, blank-line separated, into the top-level `system`;

@@ -1,6 +1,7 @@
-//! The HTTP transport both HTTP providers share: bounded retries with backoff,
-//! a receive timeout per wait, a body size cap, cancellation, key handling, and
-//! event streams read as they arrive.
+//! The HTTP transport both HTTP providers share: one attempt per call (the
+//! provider decides whether to try again, see [`is_transient`]), a receive
+//! timeout per wait, a body size cap, cancellation, key handling, and event
+//! streams read as they arrive.
 
 use std::error::Error as _;
 use std::time::Duration;
@@ -23,7 +24,8 @@ pub const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
 pub struct HttpSettings {
     /// The wait allowed for the response headers, and again for each next body chunk.
     pub receive_timeout: Duration,
-    /// Retries after the first attempt, on 429, 5xx and broken connections.
+    /// Retries after the first attempt, only for transient failures and 429
+    /// ([`is_transient`]). Default 0: nothing reruns a failed call (guide ch. 17).
     pub max_retries: u32,
     /// The first backoff delay; it doubles on each retry, plus up to half again of jitter.
     pub initial_backoff: Duration,
@@ -37,7 +39,7 @@ impl Default for HttpSettings {
     fn default() -> Self {
         HttpSettings {
             receive_timeout: RECEIVE_TIMEOUT,
-            max_retries: 3,
+            max_retries: 0,
             initial_backoff: Duration::from_millis(500),
             max_retry_after: Duration::from_secs(60),
             max_body_bytes: MAX_BODY_BYTES,
@@ -59,10 +61,42 @@ pub struct HttpProviderConfig {
 }
 
 impl HttpProviderConfig {
-    /// `base_url` joined with `path` (which starts with `/`), without a doubled slash.
+    /// `base_url` joined with `path` (which starts with `/v1/`): a base URL
+    /// with or without a trailing `/v1` (and slashes) reaches the same endpoint.
     pub(crate) fn endpoint(&self, path: &str) -> String {
-        format!("{}{}", self.base_url.trim_end_matches('/'), path)
+        let root = self.base_url.trim_end_matches('/');
+        let root = root.strip_suffix("/v1").unwrap_or(root);
+        format!("{}{}", root.trim_end_matches('/'), path)
     }
+}
+
+/// The fixed message of a transport failure (guide ch. 17).
+const TRANSPORT_FAILURE: &str = "http transport failure";
+/// The prefix of every malformed-reply message.
+const MALFORMED: &str = "malformed response: ";
+/// The prefix of a final non-success status.
+const BACKEND_STATUS: &str = "non-success backend status ";
+/// The prefix of an error reply whose body broke off.
+const UNREADABLE_BODY: &str = "unreadable backend error body";
+
+/// Whether a failed call may succeed when sent again: the transient failures of
+/// guide ch. 17 (transport failures and receive timeouts, malformed or oversized
+/// replies, unreadable error bodies, statuses of 500 or higher) and 429. The
+/// messages are this module's own fixed texts, so reading them back is exact.
+pub fn is_transient(error: &ProviderError) -> bool {
+    let ProviderError::Failed(message) = error else {
+        return false;
+    };
+    if message == TRANSPORT_FAILURE
+        || message.starts_with(MALFORMED)
+        || message.starts_with(UNREADABLE_BODY)
+    {
+        return true;
+    }
+    message
+        .strip_prefix(BACKEND_STATUS)
+        .and_then(|status| status.parse::<u16>().ok())
+        .is_some_and(|status| status >= 500 || status == 429)
 }
 
 /// The API key named by `api_key_env`, read now. Errors name the variable, never a value;
@@ -120,13 +154,13 @@ pub(crate) fn log_safe(text: &str, key: Option<&str>) -> String {
 /// The failure for a refused or broken connection and for a receive timeout.
 /// The details go to the log; the message is the same for all of them.
 pub(crate) fn transport_failure() -> ProviderError {
-    ProviderError::Failed("http transport failure".to_string())
+    ProviderError::Failed(TRANSPORT_FAILURE.to_string())
 }
 
 /// The failure for a reply that is too large or does not decode. `detail` is
 /// written by this crate and never quotes the reply.
 pub(crate) fn malformed(detail: &str) -> ProviderError {
-    ProviderError::Failed(format!("malformed response: {detail}"))
+    ProviderError::Failed(format!("{MALFORMED}{detail}"))
 }
 
 /// A malformed stream event: the detail (our own words) is logged with the URL.
@@ -137,15 +171,12 @@ pub(crate) fn stream_malformed(url: &str, detail: &str) -> ProviderError {
 
 /// The failure for a final non-success status: the number only, never the body.
 pub(crate) fn status_failure(status: StatusCode) -> ProviderError {
-    ProviderError::Failed(format!("non-success backend status {}", status.as_u16()))
+    ProviderError::Failed(format!("{BACKEND_STATUS}{}", status.as_u16()))
 }
 
 /// The failure for an error reply whose body broke off while arriving.
 fn unreadable_error_body(status: StatusCode) -> ProviderError {
-    ProviderError::Failed(format!(
-        "unreadable backend error body (status {})",
-        status.as_u16()
-    ))
+    ProviderError::Failed(format!("{UNREADABLE_BODY} (status {})", status.as_u16()))
 }
 
 /// A JSON decoding failure as a detail that never quotes the input: serde_json's
@@ -171,19 +202,8 @@ pub(crate) fn describe_duration(duration: Duration) -> String {
 pub(crate) struct HttpReply {
     pub status: StatusCode,
     pub body: Vec<u8>,
-    /// How many attempts it took (1 without retries).
-    pub attempts: u32,
-}
-
-/// The outcome of one attempt.
-enum Attempt {
-    Done(HttpReply),
-    /// Worth another try. `last` is what to hand back if no tries are left.
-    Retry {
-        retry_after: Option<Duration>,
-        last: Result<HttpReply, ProviderError>,
-    },
-    Fatal(ProviderError),
+    /// The `Retry-After` the server asked for (in seconds), if any.
+    pub retry_after: Option<Duration>,
 }
 
 #[derive(Debug)]
@@ -253,59 +273,30 @@ impl HttpClient {
         })?;
         let mut headers = headers;
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        let mut attempts: u32 = 0;
-        loop {
-            attempts += 1;
-            let outcome = match self.send_once(url, &headers, body.clone(), cancel).await {
-                Err(failed) => failed,
-                Ok(response) if stream && is_event_stream(&response) => {
-                    return Ok(Streamed::Events(Box::new(EventStream {
-                        url: url.to_string(),
-                        response,
-                        timeout: self.settings.receive_timeout,
-                        cap: self.settings.max_body_bytes,
-                        received: 0,
-                        ended: false,
-                        parser: sse::Parser::default(),
-                    })))
-                }
-                Ok(response) => self.read_whole(url, response, cancel).await,
-            };
-            let (retry_after, last) = match outcome {
-                Attempt::Done(mut reply) => {
-                    reply.attempts = attempts;
-                    return Ok(Streamed::Whole(reply));
-                }
-                Attempt::Fatal(error) => return Err(error),
-                Attempt::Retry { retry_after, last } => (retry_after, last),
-            };
-            if attempts > self.settings.max_retries {
-                tracing::warn!(%url, attempts, "model request gave up: no retries left");
-                return last.map(|mut reply| {
-                    reply.attempts = attempts;
-                    Streamed::Whole(reply)
-                });
-            }
-            let delay = match retry_after {
-                Some(wanted) => wanted.min(self.settings.max_retry_after),
-                None => self.backoff(attempts),
-            };
-            tracing::warn!(
-                %url,
-                "model request failed; retrying in {} (attempt {} of {})",
-                describe_duration(delay),
-                attempts + 1,
-                self.settings.max_retries + 1
-            );
-            tokio::select! {
-                _ = cancel.cancelled() => return Err(ProviderError::Cancelled),
-                _ = tokio::time::sleep(delay) => {}
-            }
+        let response = self.send_once(url, &headers, body, cancel).await?;
+        if stream && is_event_stream(&response) {
+            return Ok(Streamed::Events(Box::new(EventStream {
+                url: url.to_string(),
+                response,
+                timeout: self.settings.receive_timeout,
+                cap: self.settings.max_body_bytes,
+                received: 0,
+                ended: false,
+                parser: sse::Parser::default(),
+            })));
         }
+        Ok(Streamed::Whole(
+            self.read_whole(url, response, cancel).await?,
+        ))
+    }
+
+    /// The transport settings (the provider reads the retry policy from them).
+    pub(crate) fn settings(&self) -> &HttpSettings {
+        &self.settings
     }
 
     /// Exponential backoff with jitter before retry number `retry` (1-based).
-    fn backoff(&self, retry: u32) -> Duration {
+    pub(crate) fn backoff(&self, retry: u32) -> Duration {
         let base = self
             .settings
             .initial_backoff
@@ -322,7 +313,7 @@ impl HttpClient {
         headers: &HeaderMap,
         body: Vec<u8>,
         cancel: &CancellationToken,
-    ) -> Result<reqwest::Response, Attempt> {
+    ) -> Result<reqwest::Response, ProviderError> {
         let timeout = self.settings.receive_timeout;
         let request = self
             .client
@@ -331,7 +322,7 @@ impl HttpClient {
             .body(body)
             .send();
         let sent = tokio::select! {
-            _ = cancel.cancelled() => return Err(Attempt::Fatal(ProviderError::Cancelled)),
+            _ = cancel.cancelled() => return Err(ProviderError::Cancelled),
             sent = tokio::time::timeout(timeout, request) => sent,
         };
         match sent {
@@ -341,18 +332,11 @@ impl HttpClient {
                     "model request failed: no response within {}",
                     describe_duration(timeout)
                 );
-                Err(Attempt::Fatal(transport_failure()))
+                Err(transport_failure())
             }
             Ok(Err(error)) => {
                 tracing::warn!(%url, "model request failed: {}", error_chain(&error));
-                Err(if is_broken_connection(&error) {
-                    Attempt::Retry {
-                        retry_after: None,
-                        last: Err(transport_failure()),
-                    }
-                } else {
-                    Attempt::Fatal(transport_failure())
-                })
+                Err(transport_failure())
             }
             Ok(Ok(response)) => Ok(response),
         }
@@ -364,7 +348,7 @@ impl HttpClient {
         url: &str,
         mut response: reqwest::Response,
         cancel: &CancellationToken,
-    ) -> Attempt {
+    ) -> Result<HttpReply, ProviderError> {
         let timeout = self.settings.receive_timeout;
         let status = response.status();
         let retry_after = response
@@ -380,7 +364,7 @@ impl HttpClient {
             .filter(|length| *length > cap as u64)
         {
             tracing::warn!(%url, %status, length, cap, "model reply refused: over the response cap");
-            return Attempt::Fatal(if status.is_success() {
+            return Err(if status.is_success() {
                 stream_too_large(cap)
             } else {
                 malformed(&format!(
@@ -391,28 +375,24 @@ impl HttpClient {
         let mut body = Vec::new();
         loop {
             let chunk = tokio::select! {
-                _ = cancel.cancelled() => return Attempt::Fatal(ProviderError::Cancelled),
+                _ = cancel.cancelled() => return Err(ProviderError::Cancelled),
                 chunk = tokio::time::timeout(timeout, response.chunk()) => chunk,
             };
             match chunk {
-                Err(_) => return Attempt::Fatal(stalled(url, timeout, body.len())),
+                Err(_) => return Err(stalled(url, timeout, body.len())),
                 Ok(Err(error)) => {
                     log_broken(url, &error);
-                    let failure = if status.is_success() {
+                    return Err(if status.is_success() {
                         transport_failure()
                     } else {
                         unreadable_error_body(status)
-                    };
-                    return Attempt::Retry {
-                        retry_after: None,
-                        last: Err(failure),
-                    };
+                    });
                 }
                 Ok(Ok(None)) => break,
                 Ok(Ok(Some(bytes))) => {
                     if body.len() + bytes.len() > cap {
                         tracing::warn!(%url, %status, cap, "model reply refused: over the response cap");
-                        return Attempt::Fatal(if status.is_success() {
+                        return Err(if status.is_success() {
                             stream_too_large(cap)
                         } else {
                             malformed(&format!("response body exceeds the {cap}-byte limit"))
@@ -422,20 +402,11 @@ impl HttpClient {
                 }
             }
         }
-        let reply = HttpReply {
+        Ok(HttpReply {
             status,
             body,
-            attempts: 1,
-        };
-        if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
-            tracing::warn!(%url, %status, "model request answered with a retryable status");
-            Attempt::Retry {
-                retry_after,
-                last: Ok(reply),
-            }
-        } else {
-            Attempt::Done(reply)
-        }
+            retry_after,
+        })
     }
 }
 
@@ -574,34 +545,6 @@ fn error_causes(error: &reqwest::Error) -> String {
     causes.join(": ")
 }
 
-/// A connection that was reset or closed early: worth a retry, unlike a refused one.
-fn is_broken_connection(error: &reqwest::Error) -> bool {
-    if error.is_connect() {
-        return false;
-    }
-    let mut source = error.source();
-    while let Some(cause) = source {
-        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
-            use std::io::ErrorKind::*;
-            if matches!(
-                io.kind(),
-                ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof
-            ) {
-                return true;
-            }
-        }
-        // hyper reports a peer that hung up before answering only in words.
-        if cause
-            .to_string()
-            .contains("connection closed before message completed")
-        {
-            return true;
-        }
-        source = cause.source();
-    }
-    false
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -668,6 +611,50 @@ mod tests {
         );
         let data = serde_json::from_str::<u8>("\"secret\"").unwrap_err();
         assert_eq!(json_error_detail(&data), "invalid at line 1 column 8");
+    }
+
+    #[test]
+    fn transient_failures_are_the_guides_plus_429() {
+        let transient = [
+            transport_failure(),
+            malformed("not JSON"),
+            stream_too_large(10),
+            unreadable_error_body(StatusCode::BAD_REQUEST),
+            status_failure(StatusCode::INTERNAL_SERVER_ERROR),
+            status_failure(StatusCode::SERVICE_UNAVAILABLE),
+            status_failure(StatusCode::TOO_MANY_REQUESTS),
+        ];
+        assert!(transient.iter().all(is_transient));
+        let lasting = [
+            status_failure(StatusCode::BAD_REQUEST),
+            status_failure(StatusCode::UNAUTHORIZED),
+            ProviderError::Failed("missing environment variable: K".into()),
+            ProviderError::ContextOverflow("too long".into()),
+            ProviderError::Cancelled,
+        ];
+        assert!(!lasting.iter().any(is_transient));
+    }
+
+    #[test]
+    fn base_urls_with_or_without_v1_reach_one_endpoint() {
+        let at = |base_url: &str| {
+            HttpProviderConfig {
+                base_url: base_url.into(),
+                model: "m".into(),
+                api_key_env: None,
+                http: HttpSettings::default(),
+            }
+            .endpoint("/v1/messages")
+        };
+        for base in [
+            "http://h:1",
+            "http://h:1/",
+            "http://h:1/v1",
+            "http://h:1/v1/",
+        ] {
+            assert_eq!(at(base), "http://h:1/v1/messages", "{base}");
+        }
+        assert_eq!(at("http://h/api/v1"), "http://h/api/v1/messages");
     }
 
     #[test]

@@ -45,10 +45,10 @@ use pf_harness::{ModelInfo, ModelProvider, ThinkingSupport};
 pub use anthropic::{
     AnthropicMessages, AnthropicProvider, DEFAULT_MAX_TOKENS as ANTHROPIC_DEFAULT_MAX_TOKENS,
 };
-pub use http::{HttpProviderConfig, HttpSettings, MAX_BODY_BYTES, RECEIVE_TIMEOUT};
+pub use http::{is_transient, HttpProviderConfig, HttpSettings, MAX_BODY_BYTES, RECEIVE_TIMEOUT};
 pub use openai::{ChatCompletions, OpenAiProvider};
 pub use provider::{HttpProvider, StreamStep, WireFormat};
-pub use record::RecordingProvider;
+pub use record::{RecordFile, RecordingProvider};
 pub use script::{ScriptProvider, ScriptedReply, ScriptedToolCall, ScriptedUsage};
 
 /// The context window a Host assumes when its configuration gives none.
@@ -68,14 +68,19 @@ pub const DEFAULT_ANTHROPIC_KEY_ENV: &str = "ANTHROPIC_API_KEY";
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProviderSpec {
     pub kind: ProviderKind,
-    /// The provider's model name; also the catalog id (`sys.model`).
+    /// The catalog id (`sys.model`, `models.get`, the record's `model`).
+    pub id: String,
+    /// The provider's model name, sent in each request.
     pub model: String,
     /// Context window in tokens.
     pub context: u64,
     pub thinking: ThinkingSupport,
     pub description: String,
-    /// Append each request to this JSON Lines file (any provider).
+    /// Append each request to this JSON Lines file (any provider; every attempt).
     pub record: Option<PathBuf>,
+    /// How often a transient failure or a 429 is retried (HTTP providers);
+    /// 0 reruns nothing (guide ch. 17).
+    pub retries: u32,
 }
 
 /// Which provider answers, with what only that provider needs.
@@ -92,19 +97,19 @@ pub enum ProviderKind {
 /// Where an HTTP provider sends requests and which variable holds its key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpEndpoint {
-    /// For OpenAI-compatible servers this includes the version path (`…/v1`);
-    /// for Anthropic it is the host root.
+    /// The API root, with or without a trailing `/v1` (both reach the same endpoint).
     pub base_url: String,
     /// The NAME of the environment variable holding the API key; `None` sends no key.
     pub api_key_env: Option<String>,
 }
 
-/// Build the provider `spec` describes (wrapped in a [`RecordingProvider`] when
-/// it names a record file). Errors are the constructors' own (an unreadable
-/// replies file, an HTTP client that cannot start).
+/// Build the provider `spec` describes, recording to its record file when it
+/// names one (an HTTP provider records each attempt, a script each call).
+/// Errors are the constructors' own (an unreadable replies file, an HTTP client
+/// that cannot start).
 pub fn build_provider(spec: &ProviderSpec) -> Result<Arc<dyn ModelProvider>, String> {
     let info = ModelInfo {
-        id: spec.model.clone(),
+        id: spec.id.clone(),
         context: spec.context,
         thinking: spec.thinking,
         description: spec.description.clone(),
@@ -113,19 +118,35 @@ pub fn build_provider(spec: &ProviderSpec) -> Result<Arc<dyn ModelProvider>, Str
         base_url: endpoint.base_url.clone(),
         model: spec.model.clone(),
         api_key_env: endpoint.api_key_env.clone(),
-        http: HttpSettings::default(),
+        http: HttpSettings {
+            max_retries: spec.retries,
+            ..HttpSettings::default()
+        },
     };
-    let provider: Arc<dyn ModelProvider> = match &spec.kind {
-        ProviderKind::Script { replies } => Arc::new(ScriptProvider::from_file(replies, info)?),
+    let record = spec.record.as_ref().map(|r| Arc::new(RecordFile::new(r)));
+    fn recorded<W: WireFormat>(
+        provider: HttpProvider<W>,
+        record: Option<Arc<RecordFile>>,
+    ) -> Arc<dyn ModelProvider> {
+        match record {
+            Some(record) => Arc::new(provider.with_record(record)),
+            None => Arc::new(provider),
+        }
+    }
+    Ok(match &spec.kind {
+        ProviderKind::Script { replies } => {
+            let script: Arc<dyn ModelProvider> =
+                Arc::new(ScriptProvider::from_file(replies, info)?);
+            match &spec.record {
+                Some(path) => Arc::new(RecordingProvider::new(script, path.clone())),
+                None => script,
+            }
+        }
         ProviderKind::OpenAi(endpoint) => {
-            Arc::new(OpenAiProvider::new(info, http_config(endpoint))?)
+            recorded(OpenAiProvider::new(info, http_config(endpoint))?, record)
         }
         ProviderKind::Anthropic(endpoint) => {
-            Arc::new(AnthropicProvider::new(info, http_config(endpoint))?)
+            recorded(AnthropicProvider::new(info, http_config(endpoint))?, record)
         }
-    };
-    Ok(match &spec.record {
-        Some(record) => Arc::new(RecordingProvider::new(provider, record.clone())),
-        None => provider,
     })
 }

@@ -1,4 +1,4 @@
-//! The Chat Completions API (`POST {base_url}/chat/completions`), as OpenAI and
+//! The Chat Completions API (`POST {base_url}/v1/chat/completions`; a base URL given with `/v1` is the same), as OpenAI and
 //! OpenAI-compatible servers (Ollama, vLLM, llama.cpp, LM Studio) speak it.
 //!
 //! The thinking switch: on a `Switchable` model, `thinking: Some(true)` sends
@@ -36,7 +36,7 @@ pub struct ChatCompletions {
 }
 
 impl WireFormat for ChatCompletions {
-    const PATH: &'static str = "/chat/completions";
+    const PATH: &'static str = "/v1/chat/completions";
     type Stream = StreamedReply;
 
     fn key_header(&self, key: &str) -> (HeaderName, String) {

@@ -1,8 +1,11 @@
 //! The one HTTP provider, generic over its wire format: the key, the request,
-//! status handling, the whole-body fallback of a stream and the stream loop are
-//! written once here; a [`WireFormat`] only says what the bytes look like.
+//! status handling, the whole-body fallback of a stream, the stream loop and
+//! the opt-in retries are written once here; a [`WireFormat`] only says what
+//! the bytes look like.
 
 use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use pf_harness::{
@@ -13,9 +16,11 @@ use reqwest::StatusCode;
 use serde_json::{Map, Value as Json};
 
 use crate::http::{
-    log_safe, malformed, read_api_key, scrub_key, secret_header, status_failure, stream_malformed,
-    EventStream, HttpClient, HttpProviderConfig, HttpReply, Streamed,
+    describe_duration, is_transient, log_safe, malformed, read_api_key, scrub_key, secret_header,
+    status_failure, stream_malformed, EventStream, HttpClient, HttpProviderConfig, HttpReply,
+    Streamed,
 };
+use crate::record::RecordFile;
 use crate::scrub::{KeyScrubber, StreamScrub};
 use crate::wire;
 
@@ -34,6 +39,21 @@ fn scrub_reply(mut reply: ChatResponse, scrubber: Option<&KeyScrubber>) -> ChatR
         call.arguments = scrubber.scrub(&call.arguments);
     }
     reply
+}
+
+/// One failed attempt, with the wait the server asked for before the next.
+struct AttemptFailure {
+    error: ProviderError,
+    retry_after: Option<Duration>,
+}
+
+impl From<ProviderError> for AttemptFailure {
+    fn from(error: ProviderError) -> Self {
+        AttemptFailure {
+            error,
+            retry_after: None,
+        }
+    }
 }
 
 /// The detail for an error the server reported inside a stream that began well:
@@ -58,7 +78,8 @@ pub enum StreamStep {
 /// this crate's own words (`Err(String)`, never quoting the reply); the provider
 /// turns them into `malformed response: …` and logs them with the URL.
 pub trait WireFormat: Default + Debug + Send + Sync + 'static {
-    /// The endpoint, joined to the configured base URL.
+    /// The endpoint under the API root, starting `/v1/`; joined to the
+    /// configured base URL with any trailing `/v1` of its own taken off.
     const PATH: &'static str;
     /// A streamed reply under assembly.
     type Stream: Default + Send;
@@ -108,6 +129,8 @@ pub struct HttpProvider<W> {
     config: HttpProviderConfig,
     http: HttpClient,
     wire: W,
+    /// Where each attempt's request is appended, when the Host records.
+    record: Option<Arc<RecordFile>>,
 }
 
 impl<W: WireFormat> HttpProvider<W> {
@@ -118,7 +141,67 @@ impl<W: WireFormat> HttpProvider<W> {
             config,
             http,
             wire: W::default(),
+            record: None,
         })
+    }
+
+    /// Append every attempt's request to `record` (a retried call shows each one).
+    pub fn with_record(mut self, record: Arc<RecordFile>) -> Self {
+        self.record = Some(record);
+        self
+    }
+
+    /// Run `attempt` once, and again after a transient failure while retries
+    /// remain ([`crate::HttpSettings::max_retries`], default none), waiting the
+    /// server's `Retry-After` or a backoff. Every attempt is recorded and logged.
+    /// A streamed attempt that already showed text is never rerun.
+    async fn with_retries<'a, F, Fut>(
+        &'a self,
+        request: &'a ChatRequest,
+        key: Option<&'a str>,
+        cancel: &'a CancellationToken,
+        mut attempt: F,
+    ) -> Result<ChatResponse, ProviderError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = (Result<ChatResponse, AttemptFailure>, bool)>,
+    {
+        let settings = self.http.settings();
+        let mut attempts: u32 = 0;
+        loop {
+            attempts += 1;
+            if let Some(record) = &self.record {
+                record.append(&self.info.id, request)?;
+            }
+            let (outcome, showed_text) = attempt().await;
+            let failure = match outcome {
+                Ok(response) => return Ok(response),
+                Err(failure) => failure,
+            };
+            let error = scrub_key(failure.error, key);
+            if !is_transient(&error) || showed_text || attempts > settings.max_retries {
+                if attempts > 1 {
+                    tracing::warn!(model = %self.info.id, attempts, "model call failed after {attempts} attempts: {error}");
+                }
+                return Err(error);
+            }
+            let delay = match failure.retry_after {
+                Some(wanted) => wanted.min(settings.max_retry_after),
+                None => self.http.backoff(attempts),
+            };
+            tracing::warn!(
+                model = %self.info.id,
+                attempt = attempts,
+                "model call failed ({error}); attempt {} of {} in {}",
+                attempts + 1,
+                settings.max_retries + 1,
+                describe_duration(delay)
+            );
+            tokio::select! {
+                _ = cancel.cancelled() => return Err(ProviderError::Cancelled),
+                _ = tokio::time::sleep(delay) => {}
+            }
+        }
     }
 
     fn headers(&self, key: Option<&str>) -> Result<HeaderMap, ProviderError> {
@@ -140,7 +223,7 @@ impl<W: WireFormat> HttpProvider<W> {
         request: &ChatRequest,
         key: Option<&str>,
         cancel: &CancellationToken,
-    ) -> Result<ChatResponse, ProviderError> {
+    ) -> Result<ChatResponse, AttemptFailure> {
         let url = self.config.endpoint(W::PATH);
         let body = Json::Object(self.request_body(request)?);
         let reply = self
@@ -148,6 +231,10 @@ impl<W: WireFormat> HttpProvider<W> {
             .post_json(&url, self.headers(key)?, &body, cancel)
             .await?;
         self.whole_reply(&url, &reply, key)
+            .map_err(|error| AttemptFailure {
+                error,
+                retry_after: reply.retry_after,
+            })
     }
 
     async fn send_streaming(
@@ -156,7 +243,7 @@ impl<W: WireFormat> HttpProvider<W> {
         key: Option<&str>,
         cancel: &CancellationToken,
         on_text: &mut OnText<'_>,
-    ) -> Result<ChatResponse, ProviderError> {
+    ) -> Result<ChatResponse, AttemptFailure> {
         let url = self.config.endpoint(W::PATH);
         let mut body = self.request_body(request)?;
         self.wire.ask_for_stream(&mut body);
@@ -169,7 +256,12 @@ impl<W: WireFormat> HttpProvider<W> {
             Streamed::Events(stream) => stream,
             // A server that does not stream answers with one body: its text is one fragment.
             Streamed::Whole(reply) => {
-                let response = self.whole_reply(&url, &reply, key)?;
+                let response =
+                    self.whole_reply(&url, &reply, key)
+                        .map_err(|error| AttemptFailure {
+                            error,
+                            retry_after: reply.retry_after,
+                        })?;
                 if let Some(text) = response.content.as_deref().filter(|t| !t.is_empty()) {
                     on_text(text);
                 }
@@ -240,7 +332,6 @@ impl<W: WireFormat> HttpProvider<W> {
         tracing::warn!(
             %url,
             status = %reply.status,
-            attempts = reply.attempts,
             server_message = %log_safe(&message, key),
             "model request failed with a non-success status"
         );
@@ -283,11 +374,13 @@ impl<W: WireFormat> ModelProvider for HttpProvider<W> {
             return Err(ProviderError::Cancelled);
         }
         let key = read_api_key(self.config.api_key_env.as_deref())?;
-        let outcome = self.send(&request, key.as_deref(), &cancel).await;
-        let scrubber = KeyScrubber::new(key.as_deref());
-        outcome
-            .map(|reply| scrub_reply(reply, scrubber.as_ref()))
-            .map_err(|error| scrub_key(error, key.as_deref()))
+        let key = key.as_deref();
+        let scrubber = KeyScrubber::new(key);
+        self.with_retries(&request, key, &cancel, || async {
+            (self.send(&request, key, &cancel).await, false)
+        })
+        .await
+        .map(|reply| scrub_reply(reply, scrubber.as_ref()))
     }
 
     async fn complete_streaming(
@@ -300,35 +393,46 @@ impl<W: WireFormat> ModelProvider for HttpProvider<W> {
             return Err(ProviderError::Cancelled);
         }
         let key = read_api_key(self.config.api_key_env.as_deref())?;
-        let scrubber = KeyScrubber::new(key.as_deref());
-        let outcome = match &scrubber {
-            None => {
-                self.send_streaming(&request, key.as_deref(), &cancel, on_text)
-                    .await
-            }
-            Some(scrubber) => {
-                // Fragments pass through a scrubber that holds back a tail that
-                // could be the start of the key, so a split key is caught.
-                let mut stream = StreamScrub::new(scrubber.clone());
-                let outcome = {
-                    let mut scrubbed = |text: &str| {
-                        let safe = stream.push(text);
-                        if !safe.is_empty() {
-                            on_text(&safe);
-                        }
+        let key = key.as_deref();
+        let scrubber = KeyScrubber::new(key);
+        // Fragments pass through a scrubber that holds back a tail that could be
+        // the start of the key, so a key split across fragments is caught.
+        let stream = std::sync::Mutex::new(scrubber.clone().map(StreamScrub::new));
+        // One `on_text` serves every attempt; the flag says whether text was shown.
+        let on_text = tokio::sync::Mutex::new(on_text);
+        let showed = std::sync::atomic::AtomicBool::new(false);
+        let outcome = self
+            .with_retries(&request, key, &cancel, || async {
+                let mut on_text = on_text.lock().await;
+                let mut forward = |text: &str| {
+                    // Text that arrived counts as shown even while the scrubber
+                    // holds it back: a retry would show it twice.
+                    showed.store(true, std::sync::atomic::Ordering::Relaxed);
+                    let safe = match stream.lock() {
+                        Ok(mut guard) => match guard.as_mut() {
+                            Some(scrub) => scrub.push(text),
+                            None => text.to_string(),
+                        },
+                        Err(_) => String::new(),
                     };
-                    self.send_streaming(&request, key.as_deref(), &cancel, &mut scrubbed)
-                        .await
+                    if !safe.is_empty() {
+                        (**on_text)(&safe)
+                    }
                 };
-                let rest = stream.finish();
-                if !rest.is_empty() && !matches!(outcome, Err(ProviderError::Cancelled)) {
-                    on_text(&rest);
-                }
-                outcome
-            }
+                let outcome = self
+                    .send_streaming(&request, key, &cancel, &mut forward)
+                    .await;
+                (outcome, showed.load(std::sync::atomic::Ordering::Relaxed))
+            })
+            .await;
+        let rest = match stream.lock() {
+            Ok(mut guard) => guard.take().map(StreamScrub::finish).unwrap_or_default(),
+            Err(_) => String::new(),
         };
-        outcome
-            .map(|reply| scrub_reply(reply, scrubber.as_ref()))
-            .map_err(|error| scrub_key(error, key.as_deref()))
+        if !rest.is_empty() && !matches!(outcome, Err(ProviderError::Cancelled)) {
+            let mut on_text = on_text.lock().await;
+            (**on_text)(&rest);
+        }
+        outcome.map(|reply| scrub_reply(reply, scrubber.as_ref()))
     }
 }

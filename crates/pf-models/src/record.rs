@@ -1,4 +1,7 @@
-//! The recording wrapper: appends each request sent to a JSON Lines file.
+//! Recording: each request sent, appended to a JSON Lines file. [`RecordFile`]
+//! writes the lines; [`RecordingProvider`] records every call of a provider
+//! that has no attempts of its own (a script), while an HTTP provider records
+//! each attempt itself, so a retried call shows every request it sent.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -12,29 +15,18 @@ use serde_json::Value as Json;
 
 use crate::wire;
 
-/// Wraps a provider; before each call, appends the request as one JSON line in
-/// chat-completions shape: `{"model", "messages", "tools"?, "temperature"?, "max_tokens"?}`.
-/// The line is written whether or not the call then succeeds (it was sent).
-pub struct RecordingProvider {
-    inner: Arc<dyn ModelProvider>,
+/// A record file: each request appended as one JSON line in chat-completions
+/// shape, `{"model", "messages", "tools"?, "temperature"?, "max_tokens"?}`.
+#[derive(Debug)]
+pub struct RecordFile {
     path: PathBuf,
     /// Serializes appends from concurrent rounds of one run.
     write_lock: Mutex<()>,
 }
 
-impl std::fmt::Debug for RecordingProvider {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RecordingProvider")
-            .field("model", &self.inner.info().id)
-            .field("path", &self.path)
-            .finish()
-    }
-}
-
-impl RecordingProvider {
-    pub fn new(inner: Arc<dyn ModelProvider>, path: impl Into<PathBuf>) -> Self {
-        RecordingProvider {
-            inner,
+impl RecordFile {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        RecordFile {
             path: path.into(),
             write_lock: Mutex::new(()),
         }
@@ -44,14 +36,14 @@ impl RecordingProvider {
         &self.path
     }
 
-    /// The record line for `request`, without the newline.
-    pub fn record_line(&self, request: &ChatRequest) -> String {
-        let body = wire::chat_completions_body(&self.inner.info().id, request);
-        Json::Object(body).to_string()
+    /// The record line for `request` to the model `model_id`, without the newline.
+    pub fn record_line(model_id: &str, request: &ChatRequest) -> String {
+        Json::Object(wire::chat_completions_body(model_id, request)).to_string()
     }
 
-    fn append(&self, request: &ChatRequest) -> Result<(), ProviderError> {
-        let mut line = self.record_line(request);
+    /// Append one request; written before it is sent, whatever then happens.
+    pub fn append(&self, model_id: &str, request: &ChatRequest) -> Result<(), ProviderError> {
+        let mut line = Self::record_line(model_id, request);
         line.push('\n');
         let _guard = self
             .write_lock
@@ -69,6 +61,44 @@ impl RecordingProvider {
                 self.path.display()
             ))
         })
+    }
+}
+
+/// Wraps a provider; before each call, appends the request to a [`RecordFile`].
+/// The line is written whether or not the call then succeeds (it was sent).
+pub struct RecordingProvider {
+    inner: Arc<dyn ModelProvider>,
+    file: RecordFile,
+}
+
+impl std::fmt::Debug for RecordingProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecordingProvider")
+            .field("model", &self.inner.info().id)
+            .field("path", &self.file.path)
+            .finish()
+    }
+}
+
+impl RecordingProvider {
+    pub fn new(inner: Arc<dyn ModelProvider>, path: impl Into<PathBuf>) -> Self {
+        RecordingProvider {
+            inner,
+            file: RecordFile::new(path),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.file.path()
+    }
+
+    /// The record line for `request`, without the newline.
+    pub fn record_line(&self, request: &ChatRequest) -> String {
+        RecordFile::record_line(&self.inner.info().id, request)
+    }
+
+    fn append(&self, request: &ChatRequest) -> Result<(), ProviderError> {
+        self.file.append(&self.inner.info().id, request)
     }
 }
 

@@ -53,7 +53,8 @@ fn the_catalog_entry_comes_from_the_spec() {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("r.json"), "[]").expect("write");
     let spec = ProviderSpec {
-        model: "m".into(),
+        id: "m".into(),
+        model: "provider-name".into(),
         context: 32_000,
         thinking: ThinkingSupport::Switchable,
         description: "General assistant".into(),
@@ -84,12 +85,17 @@ async fn an_openai_model_talks_to_its_base_url() {
             base_url: format!("{}/v1", server.base_url),
             api_key_env: Some("PF_MODELS_TEST_BUILD_KEY".into()),
         }),
+        id: "small".into(),
         model: "qwen2.5:7b".into(),
         context: 32_768,
         ..script_spec("unused".into())
     };
     let provider = build_provider(&spec).expect("provider");
-    assert_eq!(provider.info().id, "qwen2.5:7b");
+    assert_eq!(
+        provider.info().id,
+        "small",
+        "the catalog id, not the provider's name"
+    );
     assert_eq!(provider.info().context, 32_768);
     let reply = provider
         .complete(hello(), CancellationToken::new())
@@ -135,10 +141,12 @@ fn an_unreadable_replies_file_is_named() {
 fn script_spec(replies: std::path::PathBuf) -> ProviderSpec {
     ProviderSpec {
         kind: ProviderKind::Script { replies },
+        id: "scripted-model".into(),
         model: "scripted-model".into(),
         context: 128_000,
         thinking: ThinkingSupport::Never,
         description: String::new(),
         record: None,
+        retries: 0,
     }
 }

@@ -214,7 +214,10 @@ async fn leaves_out_what_the_request_does_not_set() {
     assert_eq!(response.finish_reason.as_deref(), Some("stop"));
     assert_eq!(response.usage, None);
     let sent = &server.requests()[0];
-    assert_eq!(sent.path, "/chat/completions");
+    assert_eq!(
+        sent.path, "/v1/chat/completions",
+        "a base URL without /v1 gets it"
+    );
     assert_eq!(sent.header("authorization"), None);
     assert_eq!(
         sent.json(),
@@ -482,7 +485,8 @@ async fn a_body_over_the_cap_fails() {
             failure(&provider).await,
             "malformed response: response stream exceeds the 16777216-byte limit"
         );
-        assert_eq!(server.requests().len(), 1);
+        // An oversized reply is transient (guide ch. 17): the opted-in retries rerun it.
+        assert_eq!(server.requests().len(), 4);
     }
 }
 
@@ -559,7 +563,11 @@ async fn a_silent_server_hits_the_receive_timeout() {
         impatient_http(),
     );
     assert_eq!(failure(&provider).await, "http transport failure");
-    assert_eq!(server.requests().len(), 1, "a timeout is not retried");
+    assert_eq!(
+        server.requests().len(),
+        4,
+        "a timeout is transient, so the opted-in retries rerun it"
+    );
 }
 
 #[tokio::test]
@@ -625,6 +633,20 @@ async fn server_errors_are_retried_then_succeed() {
 }
 
 #[tokio::test]
+async fn by_default_nothing_is_retried() {
+    let server =
+        TestServer::start(|_, _| Reply::json(503, json!({"error": {"message": "busy"}}))).await;
+    let provider = provider_with(
+        &server.base_url,
+        None,
+        ThinkingSupport::Never,
+        HttpSettings::default(),
+    );
+    assert_eq!(failure(&provider).await, "non-success backend status 503");
+    assert_eq!(server.requests().len(), 1);
+}
+
+#[tokio::test]
 async fn retries_are_bounded() {
     let server =
         TestServer::start(|_, _| Reply::json(500, json!({"error": {"message": "always broken"}})))
@@ -673,7 +695,7 @@ async fn a_connection_that_always_breaks_fails_after_the_retries() {
 }
 
 #[tokio::test]
-async fn a_refused_connection_fails_without_retrying() {
+async fn a_refused_connection_is_a_transport_failure() {
     let port = {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         listener.local_addr().expect("address").port()

@@ -20,6 +20,8 @@ pub enum Command {
     Run(RunArgs),
     /// Parse only; print each problem as FILE:LINE:COL: Kind: message.
     Check(CheckArgs),
+    /// List the host file's model catalog and which model is current.
+    Models(ModelsArgs),
 }
 
 #[derive(Debug, Args)]
@@ -28,6 +30,8 @@ pub struct RunArgs {
     pub args: Option<String>,
     #[command(flatten)]
     pub host: HostArgs,
+    #[command(flatten)]
+    pub model: ModelArgs,
     #[command(flatten)]
     pub seed: SeedArgs,
     #[command(flatten)]
@@ -41,10 +45,37 @@ pub struct CheckArgs {
     pub file: PathBuf,
 }
 
+#[derive(Debug, Args)]
+pub struct ModelsArgs {
+    #[command(flatten)]
+    pub host: HostArgs,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// Which catalog model is the run's current model.
+#[derive(Debug, Clone, Args)]
+pub struct ModelArgs {
+    /// The current model's catalog id. Default: $PROMPTFORGE_MODEL, else the
+    /// host file's default_model, else its only model.
+    #[arg(long = "model", value_name = "ID")]
+    pub model: Option<String>,
+}
+
+impl ModelArgs {
+    /// `--model`, else `$PROMPTFORGE_MODEL`.
+    pub fn chosen(&self) -> Option<String> {
+        crate::host::chosen_model(self.model.as_deref())
+    }
+}
+
 /// Which host file configures the Host.
 #[derive(Debug, Clone, Args)]
 pub struct HostArgs {
-    /// Host file (TOML). Default: $PROMPTFORGE_HOST, else ~/.config/promptforge/host.toml.
+    /// Host file (TOML). Default: $PROMPTFORGE_HOST, else
+    /// $XDG_CONFIG_HOME/promptforge/host.toml, else ~/.config/promptforge/host.toml.
     #[arg(long = "host")]
     pub host: Option<PathBuf>,
 }

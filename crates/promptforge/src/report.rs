@@ -26,6 +26,16 @@ pub struct RunReport {
     /// The declared output file, after a completed run that declares one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<ReportOutput>,
+    /// Tokens used over every model round, when the provider reported them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<ReportUsage>,
+}
+
+/// Token usage totals of a run, summed over its rounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportUsage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
 }
 
 /// How the run ended (`"outcome"`), with what that ending carries.
@@ -95,6 +105,19 @@ impl RunReport {
             execution: Some(run.execution.clone()),
             store: Some(store.to_path_buf()),
             output: None,
+            usage: None,
+        }
+    }
+
+    /// The report of a run cancelled before it could finish (a second signal).
+    pub fn of_cancelled(seed: u64, execution: &str, store: &Path) -> Self {
+        RunReport {
+            outcome: ReportOutcome::Cancelled,
+            seed: Some(seed),
+            execution: Some(execution.to_string()),
+            store: Some(store.to_path_buf()),
+            output: None,
+            usage: None,
         }
     }
 
@@ -114,6 +137,7 @@ impl RunReport {
             execution: None,
             store: None,
             output: None,
+            usage: None,
         }
     }
 
@@ -203,6 +227,7 @@ mod tests {
                 file: Some("/tmp/s/out.md".into()),
                 error: None,
             }),
+            usage: None,
         }
     }
 

@@ -1,30 +1,84 @@
-//! Signals: Ctrl-C cancels the run.
+//! Signals: SIGINT (Ctrl-C), SIGTERM and SIGHUP each cancel the run; a second
+//! one exits at once, still printing the cancelled report.
+
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use pf_harness::CancellationToken;
 
-/// Ctrl-C cancels the run. The watcher has a thread of its own because the run's
-/// thread may be busy inside Lua; the engine polls the token from an instruction hook.
-pub fn watch_ctrl_c(cancel: CancellationToken) {
+/// Whether the run's report has been printed (by the run, or by a second signal).
+static REPORTED: AtomicBool = AtomicBool::new(false);
+
+/// Take the one right to print the run's report: `true` for the first caller
+/// only, so a second signal and a finishing run never both print.
+pub fn claim_report() -> bool {
+    !REPORTED.swap(true, Ordering::SeqCst)
+}
+
+/// SIGINT, SIGTERM and SIGHUP cancel the run (the engine then stops every
+/// Plugin, MCP servers included, and the run reports `cancelled`). A second
+/// signal calls `print_cancelled` (unless the run's own report is out) and
+/// exits with 130 at once. The watcher has a thread of its own because the
+/// run's thread may be busy inside Lua; the engine polls the token from an
+/// instruction hook.
+pub fn watch_signals(cancel: CancellationToken, print_cancelled: Box<dyn FnOnce() + Send>) {
     let spawned = std::thread::Builder::new()
-        .name("ctrl-c".into())
+        .name("signals".into())
         .spawn(move || {
             let Ok(rt) = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
             else {
+                tracing::warn!("signals will not cancel the run: no runtime for the watcher");
                 return;
             };
             rt.block_on(async {
-                if tokio::signal::ctrl_c().await.is_ok() {
-                    cancel.cancel();
-                    // A second Ctrl-C stops at once.
-                    if tokio::signal::ctrl_c().await.is_ok() {
-                        std::process::exit(i32::from(crate::EXIT_CANCELLED));
-                    }
+                let Some(mut signals) = Signals::register() else {
+                    return;
+                };
+                signals.next().await;
+                cancel.cancel();
+                signals.next().await;
+                if claim_report() {
+                    print_cancelled();
                 }
+                std::process::exit(i32::from(crate::EXIT_CANCELLED));
             });
         });
     if let Err(e) = spawned {
-        tracing::warn!("Ctrl-C will not cancel the run: {e}");
+        tracing::warn!("signals will not cancel the run: {e}");
+    }
+}
+
+/// The three signals that stop a run, registered before the run starts.
+struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn register() -> Option<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let listen = |kind: SignalKind, name: &str| match signal(kind) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!("{name} will not cancel the run: {e}");
+                None
+            }
+        };
+        Some(Signals {
+            interrupt: listen(SignalKind::interrupt(), "SIGINT")?,
+            terminate: listen(SignalKind::terminate(), "SIGTERM")?,
+            hangup: listen(SignalKind::hangup(), "SIGHUP")?,
+        })
+    }
+
+    /// Wait for the next of the three.
+    async fn next(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+            _ = self.hangup.recv() => {}
+        }
     }
 }

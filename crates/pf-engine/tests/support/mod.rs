@@ -108,6 +108,7 @@ pub fn run(
         store_dir: store.path().to_path_buf(),
         harness: Harness::new(),
         model: Some(model),
+        catalog: Vec::new(),
         cancel: cancel.clone(),
         ui: None,
         live: None,

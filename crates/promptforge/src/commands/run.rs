@@ -12,7 +12,7 @@ use pf_syntax::Prompt;
 use crate::cli::{OutputFormat, RunArgs};
 use crate::host::HostConfig;
 use crate::live::{terminal_live, LivePrinter};
-use crate::report::{ReportOutput, RunReport};
+use crate::report::{ReportOutput, ReportUsage, RunReport};
 
 pub fn run(args: RunArgs) -> ExitCode {
     let file = args.file.as_path();
@@ -37,6 +37,10 @@ pub fn run(args: RunArgs) -> ExitCode {
         Ok(h) => h,
         Err(m) => return super::usage(&m),
     };
+    let current = match host_config.current_id(args.model.chosen().as_deref()) {
+        Ok(id) => id,
+        Err(m) => return super::usage(&m),
+    };
     let (execution, _) = pf_engine::seeded_names(seed);
     let store_dir = args.store.store.clone().unwrap_or_else(|| {
         std::env::temp_dir().join(format!("promptforge-{execution}-{}", std::process::id()))
@@ -51,13 +55,20 @@ pub fn run(args: RunArgs) -> ExitCode {
         Err(e) => return super::usage(&format!("cannot start the async runtime: {e}")),
     };
     let cancel = CancellationToken::new();
-    crate::signals::watch_ctrl_c(cancel.clone());
+    let cancelled_report = RunReport::of_cancelled(seed, &execution, &store_dir);
+    let report_file = file.to_path_buf();
+    crate::signals::watch_signals(
+        cancel.clone(),
+        Box::new(move || cancelled_report.print(format, &report_file)),
+    );
     // Live output is for a person watching: never in a report, a pipe or a file.
     let printer = (format == OutputFormat::Human && std::io::stderr().is_terminal())
         .then(|| Arc::new(Mutex::new(LivePrinter::default())));
     let live = printer.as_ref().map(|p| terminal_live(Arc::clone(p)));
+    let mut usage = None;
     let finished = runtime.block_on(async {
-        let host = host_config.assemble()?;
+        let host = host_config.assemble(current.as_deref())?;
+        usage = Some(Arc::clone(&host.usage));
         let setup = RunSetup {
             seed,
             start_ms,
@@ -65,8 +76,9 @@ pub fn run(args: RunArgs) -> ExitCode {
             store_dir: store_dir.clone(),
             harness: host.harness,
             model: host.model,
+            catalog: host.catalog,
             cancel: cancel.clone(),
-            ui: None,
+            ui: host.ui,
             live,
         };
         Ok::<_, String>(pf_engine::run(Arc::clone(&prompt), setup).await)
@@ -80,10 +92,18 @@ pub fn run(args: RunArgs) -> ExitCode {
         let _ = printer.finish(&mut std::io::stderr().lock());
     }
     let mut report = RunReport::of_run(seed, &finished, &store_dir);
+    report.usage = usage
+        .and_then(|u| u.totals())
+        .map(|(input_tokens, output_tokens)| ReportUsage {
+            input_tokens,
+            output_tokens,
+        });
     if matches!(finished.outcome, Outcome::Completed(_)) {
         report.output = collect_output(&prompt, &store_dir);
     }
-    report.print(format, file);
+    if crate::signals::claim_report() {
+        report.print(format, file);
+    }
     match finished.outcome {
         Outcome::Completed(_) => ExitCode::SUCCESS,
         Outcome::Failed(_) => ExitCode::from(crate::EXIT_FAILED),

@@ -10,13 +10,21 @@ use serde::Deserialize;
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HostFile {
+    /// The catalog id of the current model when `--model` is not given.
+    pub default_model: Option<String>,
+    /// A one-model catalog (the model's `model` is its catalog id).
     pub model: Option<ModelTable>,
+    /// The model catalog, by catalog id.
+    pub models: Option<BTreeMap<String, ModelTable>>,
+    /// The host-state snapshot's own keys (`ui()`).
+    pub ui: Option<toml::Table>,
     pub web: Option<WebTable>,
     pub plugins: Option<BTreeMap<String, PluginTable>>,
     pub input: Option<InputTable>,
 }
 
-/// `[model]`. Key order is the order serde lists them in an unknown-key error.
+/// `[model]` and each `[models.ID]`. Key order is the order serde lists them in
+/// an unknown-key error.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelTable {
@@ -34,6 +42,8 @@ pub struct ModelTable {
     pub replies: Option<PathBuf>,
     /// Append each request to this file (relative to the host file's folder).
     pub record: Option<PathBuf>,
+    /// Rerun a transient failure or a 429 up to this many times (default 0).
+    pub retries: Option<u32>,
 }
 
 /// `thinking = "Never" | "Always" | "Switchable"`.

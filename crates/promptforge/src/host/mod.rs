@@ -2,15 +2,21 @@
 //!
 //! [`HostConfig::load`] reads the host file ([`file`]: its TOML shape) and
 //! checks it whole: defaults applied, paths resolved against the host file's
-//! folder, cross-key rules (`command` xor `url`, `replies` only for scripts)
-//! enforced, each error quoting the keys. [`HostConfig::assemble`] then builds
-//! the [`Host`] every command runs against: the model provider, the Harness
-//! with its Plugins, and the Host services.
+//! folder, cross-key rules (`command` xor `url`, `replies` only for scripts,
+//! `[model]` xor `[models]`, `default_model` in the catalog) enforced, each
+//! error quoting the keys. [`HostConfig::current_id`] picks the run's current
+//! model (`--model`, `PROMPTFORGE_MODEL`, `default_model`, the only one), and
+//! [`HostConfig::assemble`] then builds the [`Host`] every command runs
+//! against: the model providers (each metered, [`usage`]), the Harness with its
+//! Plugins, the Host services and the `ui()` snapshot.
 
 pub mod file;
+pub mod usage;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+use serde_json::{Map, Value as Json};
 
 use pf_harness::{Harness, HostServices, InputBroker, ModelProvider, ThinkingSupport};
 use pf_models::{HttpEndpoint, ProviderKind, ProviderSpec};
@@ -24,8 +30,12 @@ use file::{HostFile, ModelTable, PluginTable, Search, Thinking};
 /// What the host file configures, checked and resolved.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HostConfig {
-    /// The current model; `None` when the host file has no `[model]`.
-    pub model: Option<ProviderSpec>,
+    /// The model catalog: `[models.ID]` in id order, or the one `[model]`.
+    pub catalog: Vec<ProviderSpec>,
+    /// `default_model`, checked to name a catalog id.
+    pub default_model: Option<String>,
+    /// `[ui]`'s own keys; `None` without a `[ui]` table (no snapshot).
+    pub ui: Option<Map<String, Json>>,
     pub web: WebConfig,
     /// MCP servers offered as Plugins, by Plugin id (in id order).
     pub plugins: Vec<(String, McpConfig)>,
@@ -33,22 +43,49 @@ pub struct HostConfig {
     pub answers: Option<Vec<String>>,
 }
 
-/// What a command runs against: the model and the Harness (Plugins and services).
+/// What a command runs against: the models, the Harness (Plugins and services)
+/// and the `ui()` snapshot.
 pub struct Host {
     pub harness: Harness,
+    /// The current model; every role binds to it.
     pub model: Option<Arc<dyn ModelProvider>>,
+    /// The catalog models `models.get(id)` reaches: only with a snapshot.
+    pub catalog: Vec<Arc<dyn ModelProvider>>,
+    pub ui: Option<Json>,
+    /// Token usage summed over every round of every model.
+    pub usage: Arc<usage::UsageTotals>,
 }
 
-/// Where the host file comes from when `--host` is not given.
+/// The variable that chooses the current model when `--model` is not given.
+pub const MODEL_ENV: &str = "PROMPTFORGE_MODEL";
+
+/// Where the host file comes from when `--host` is not given:
+/// `$PROMPTFORGE_HOST`, else `$XDG_CONFIG_HOME/promptforge/host.toml`, else
+/// `~/.config/promptforge/host.toml`, each only if present.
 pub fn default_host_path() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("PROMPTFORGE_HOST") {
         if !p.is_empty() {
             return Some(PathBuf::from(p));
         }
     }
-    let home = std::env::var_os("HOME")?;
-    let p = Path::new(&home).join(".config/promptforge/host.toml");
-    p.is_file().then_some(p)
+    // The XDG spec ignores an empty or relative XDG_CONFIG_HOME.
+    let xdg = std::env::var_os("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .filter(|dir| dir.is_absolute())
+        .map(|dir| dir.join("promptforge/host.toml"));
+    let home =
+        std::env::var_os("HOME").map(|home| Path::new(&home).join(".config/promptforge/host.toml"));
+    xdg.into_iter().chain(home).find(|p| p.is_file())
+}
+
+/// The model the command line or the environment asks for: `--model`, else
+/// `$PROMPTFORGE_MODEL` when set and non-empty.
+pub fn chosen_model(flag: Option<&str>) -> Option<String> {
+    flag.map(str::to_string).or_else(|| {
+        std::env::var(MODEL_ENV)
+            .ok()
+            .filter(|id| !id.trim().is_empty())
+    })
 }
 
 impl HostConfig {
@@ -79,23 +116,102 @@ impl HostConfig {
         for (id, table) in file.plugins.iter().flatten() {
             plugins.push((id.clone(), mcp_config(id, table)?));
         }
-        let model = match &file.model {
-            Some(table) => {
-                Some(provider_spec(table, base_dir).map_err(|e| format!("host file: {e}"))?)
+        let catalog = match (&file.model, &file.models) {
+            (Some(_), Some(_)) => {
+                return Err(
+                    "host file: [model] and [models.ID] tables cannot both be present: \
+                     [model] is a one-model catalog; move it under [models.ID]"
+                        .to_string(),
+                )
             }
+            (Some(table), None) => {
+                vec![provider_spec(table, None, base_dir).map_err(|e| format!("host file: {e}"))?]
+            }
+            (None, Some(models)) => {
+                let mut catalog = Vec::new();
+                for (id, table) in models {
+                    check_catalog_id(id)?;
+                    catalog.push(
+                        provider_spec(table, Some(id), base_dir)
+                            .map_err(|e| format!("host file: {e}"))?,
+                    );
+                }
+                catalog
+            }
+            (None, None) => Vec::new(),
+        };
+        if let Some(id) = &file.default_model {
+            if !catalog.iter().any(|spec| spec.id == *id) {
+                return Err(format!(
+                    "host file: default_model \"{id}\" is not in the catalog; {}",
+                    catalog_list(&catalog)
+                ));
+            }
+        }
+        let ui = match &file.ui {
+            Some(table) => Some(ui_keys(table)?),
             None => None,
         };
         Ok(HostConfig {
-            model,
+            catalog,
+            default_model: file.default_model.clone(),
+            ui,
             web,
             plugins,
             answers: file.input.as_ref().and_then(|i| i.answers.clone()),
         })
     }
 
-    /// Build the Host: register the Plugins and services and start the model
-    /// provider. Call it inside the async runtime the run will use.
-    pub fn assemble(&self) -> Result<Host, String> {
+    /// The catalog entry with this id.
+    pub fn spec(&self, id: &str) -> Option<&ProviderSpec> {
+        self.catalog.iter().find(|spec| spec.id == id)
+    }
+
+    /// The run's current model id: `chosen` (from [`chosen_model`]) when it is
+    /// in the catalog, else `default_model`, else the only model; `None` for an
+    /// empty catalog. An unknown id, or a choice left open among several
+    /// models, is an error listing the catalog ids.
+    pub fn current_id(&self, chosen: Option<&str>) -> Result<Option<String>, String> {
+        if let Some(id) = chosen {
+            return match self.spec(id) {
+                Some(spec) => Ok(Some(spec.id.clone())),
+                None => Err(format!(
+                    "unknown model \"{id}\"; {}",
+                    catalog_list(&self.catalog)
+                )),
+            };
+        }
+        if let Some(id) = &self.default_model {
+            return Ok(Some(id.clone()));
+        }
+        match self.catalog.as_slice() {
+            [] => Ok(None),
+            [only] => Ok(Some(only.id.clone())),
+            several => Err(format!(
+                "the host file's catalog has several models and no default_model: \
+                 choose one with --model ID or {MODEL_ENV} ({})",
+                ids(several)
+            )),
+        }
+    }
+
+    /// The `ui()` snapshot: `[ui]`'s own keys, `selected_model` (the current
+    /// id, when there is one) and `models` (the catalog ids); `None` without `[ui]`.
+    pub fn ui_snapshot(&self, current: Option<&str>) -> Option<Json> {
+        let mut snapshot = self.ui.clone()?;
+        if let Some(id) = current {
+            snapshot.insert("selected_model".into(), Json::String(id.to_string()));
+        }
+        let models = self.catalog.iter().map(|s| Json::String(s.id.clone()));
+        snapshot.insert("models".into(), Json::Array(models.collect()));
+        Some(Json::Object(snapshot))
+    }
+
+    /// Build the Host with `current` (from [`HostConfig::current_id`]) as its
+    /// current model: register the Plugins and services and start the model
+    /// providers (the other catalog models only with a `ui()` snapshot, the one
+    /// way a prompt reaches them). Call it inside the async runtime the run will use.
+    pub fn assemble(&self, current: Option<&str>) -> Result<Host, String> {
         let mut harness = Harness::new();
         harness.register(Arc::new(WebPlugin::new(self.web.clone())));
         for (id, config) in &self.plugins {
@@ -108,13 +224,91 @@ impl HostConfig {
         harness.services = HostServices {
             input_broker: Some(broker),
         };
-        let model = match &self.model {
-            Some(spec) => {
-                Some(pf_models::build_provider(spec).map_err(|e| format!("host file: {e}"))?)
-            }
+        let totals = Arc::new(usage::UsageTotals::default());
+        let build = |spec: &ProviderSpec| -> Result<Arc<dyn ModelProvider>, String> {
+            let provider = pf_models::build_provider(spec)
+                .map_err(|e| format!("host file: model \"{}\": {e}", spec.id))?;
+            Ok(Arc::new(usage::Metered::new(provider, Arc::clone(&totals))))
+        };
+        let model = match current.and_then(|id| self.spec(id)) {
+            Some(spec) => Some(build(spec)?),
             None => None,
         };
-        Ok(Host { harness, model })
+        let ui = self.ui_snapshot(current);
+        let mut catalog = Vec::new();
+        if ui.is_some() {
+            for spec in &self.catalog {
+                match &model {
+                    Some(m) if Some(spec.id.as_str()) == current => catalog.push(Arc::clone(m)),
+                    _ => catalog.push(build(spec)?),
+                }
+            }
+        }
+        Ok(Host {
+            harness,
+            model,
+            catalog,
+            ui,
+            usage: totals,
+        })
+    }
+}
+
+/// The catalog ids, comma-separated, in catalog order.
+fn ids(catalog: &[ProviderSpec]) -> String {
+    let ids: Vec<&str> = catalog.iter().map(|spec| spec.id.as_str()).collect();
+    ids.join(", ")
+}
+
+/// The end of an unknown-id message: what the catalog holds.
+fn catalog_list(catalog: &[ProviderSpec]) -> String {
+    if catalog.is_empty() {
+        "the host file has no models".to_string()
+    } else {
+        format!("the catalog has: {}", ids(catalog))
+    }
+}
+
+/// A catalog id is a model id (guide ch. 10): non-empty, no control characters.
+fn check_catalog_id(id: &str) -> Result<(), String> {
+    if id.trim().is_empty() || id.chars().any(char::is_control) {
+        return Err(format!(
+            "host file: [models.{id:?}] is not a usable model id: it must be non-empty text without control characters"
+        ));
+    }
+    Ok(())
+}
+
+/// `[ui]`'s keys as JSON; the two keys the Host fills itself are refused.
+fn ui_keys(table: &toml::Table) -> Result<Map<String, Json>, String> {
+    let mut keys = Map::new();
+    for (key, value) in table {
+        if key == "selected_model" || key == "models" {
+            return Err(format!(
+                "host file: [ui] `{key}` is set by the Host (the current model and the catalog ids)"
+            ));
+        }
+        keys.insert(key.clone(), toml_to_json(value));
+    }
+    Ok(keys)
+}
+
+fn toml_to_json(value: &toml::Value) -> Json {
+    match value {
+        toml::Value::String(s) => Json::String(s.clone()),
+        toml::Value::Integer(i) => Json::from(*i),
+        toml::Value::Float(f) => serde_json::Number::from_f64(*f)
+            .map(Json::Number)
+            .unwrap_or(Json::Null),
+        toml::Value::Boolean(b) => Json::Bool(*b),
+        toml::Value::Datetime(d) => Json::String(d.to_string()),
+        toml::Value::Array(items) => Json::Array(items.iter().map(toml_to_json).collect()),
+        toml::Value::Table(table) => Json::Object(
+            table
+                .iter()
+                .map(|(k, v)| (k.clone(), toml_to_json(v)))
+                .collect(),
+        ),
     }
 }
 
@@ -160,19 +354,28 @@ fn mcp_config(id: &str, table: &PluginTable) -> Result<McpConfig, String> {
     })
 }
 
-/// `[model]` with its defaults: a missing `provider` means `"openai"`; `model`
-/// is required for the HTTP providers, and a scripted model's id defaults to
-/// [`pf_models::DEFAULT_SCRIPT_MODEL_ID`].
-fn provider_spec(table: &ModelTable, base_dir: &Path) -> Result<ProviderSpec, String> {
+/// `[model]` (`id` `None`) or `[models.ID]` with its defaults: a missing
+/// `provider` means `"openai"`; `model` is required for the HTTP providers, and
+/// a scripted model's name defaults to its catalog id, or for `[model]` to
+/// [`pf_models::DEFAULT_SCRIPT_MODEL_ID`]. `[model]`'s catalog id is its `model`.
+fn provider_spec(
+    table: &ModelTable,
+    id: Option<&str>,
+    base_dir: &Path,
+) -> Result<ProviderSpec, String> {
+    let name = match id {
+        Some(id) => format!("[models.{}]", toml_key(id)),
+        None => "[model]".to_string(),
+    };
     let provider = table.provider.as_deref().unwrap_or("openai");
     if matches!(provider, "openai" | "anthropic") && table.replies.is_some() {
         return Err(format!(
-            "[model] `replies` applies only to provider \"script\", not \"{provider}\""
+            "{name} `replies` applies only to provider \"script\", not \"{provider}\""
         ));
     }
     let needs_model = || {
         table.model.clone().ok_or_else(|| {
-            format!("[model] provider \"{provider}\" needs `model`, the model name to request")
+            format!("{name} provider \"{provider}\" needs `model`, the model name to request")
         })
     };
     let endpoint = |default_base_url: &str, default_key_env: Option<&str>| HttpEndpoint {
@@ -188,18 +391,17 @@ fn provider_spec(table: &ModelTable, base_dir: &Path) -> Result<ProviderSpec, St
     let (kind, model) = match provider {
         "script" => {
             if table.base_url.is_some() || table.api_key_env.is_some() {
-                return Err(
-                    "[model] provider \"script\" takes no `base_url` or `api_key_env`".to_string(),
-                );
+                return Err(format!(
+                    "{name} provider \"script\" takes no `base_url` or `api_key_env`"
+                ));
             }
-            let replies = table
-                .replies
-                .as_ref()
-                .ok_or("[model] provider \"script\" needs `replies`, the scripted replies file")?;
+            let replies = table.replies.as_ref().ok_or_else(|| {
+                format!("{name} provider \"script\" needs `replies`, the scripted replies file")
+            })?;
             let model = table
                 .model
                 .clone()
-                .unwrap_or_else(|| pf_models::DEFAULT_SCRIPT_MODEL_ID.to_string());
+                .unwrap_or_else(|| id.unwrap_or(pf_models::DEFAULT_SCRIPT_MODEL_ID).to_string());
             let replies = resolve(base_dir, replies);
             (ProviderKind::Script { replies }, model)
         }
@@ -216,12 +418,13 @@ fn provider_spec(table: &ModelTable, base_dir: &Path) -> Result<ProviderSpec, St
         ),
         other => {
             return Err(format!(
-                "[model] provider \"{other}\" is not known: use \"openai\", \"anthropic\" or \"script\""
-            ))
+            "{name} provider \"{other}\" is not known: use \"openai\", \"anthropic\" or \"script\""
+        ))
         }
     };
     Ok(ProviderSpec {
         kind,
+        id: id.map(str::to_string).unwrap_or_else(|| model.clone()),
         model,
         context: table.context.unwrap_or(pf_models::DEFAULT_CONTEXT),
         thinking: match table.thinking {
@@ -231,7 +434,21 @@ fn provider_spec(table: &ModelTable, base_dir: &Path) -> Result<ProviderSpec, St
         },
         description: table.description.clone().unwrap_or_default(),
         record: table.record.as_ref().map(|r| resolve(base_dir, r)),
+        retries: table.retries.unwrap_or(0),
     })
+}
+
+/// A table key as TOML writes it: bare when it can be, else quoted.
+fn toml_key(key: &str) -> String {
+    let bare = !key.is_empty()
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    if bare {
+        key.to_string()
+    } else {
+        format!("{key:?}")
+    }
 }
 
 /// `path` against the host file's folder, made absolute (against the working
@@ -252,7 +469,8 @@ mod tests {
 
     fn model(toml_text: &str) -> Result<ProviderSpec, String> {
         config(&format!("[model]\n{toml_text}"))?
-            .model
+            .catalog
+            .pop()
             .ok_or_else(|| "no model".to_string())
     }
 
@@ -265,11 +483,13 @@ mod tests {
                 kind: ProviderKind::Script {
                     replies: "/base/r.json".into()
                 },
+                id: "scripted-model".into(),
                 model: "scripted-model".into(),
                 context: 128_000,
                 thinking: ThinkingSupport::Never,
                 description: String::new(),
                 record: Some("/base/q.jsonl".into()),
+                retries: 0,
             })
         );
     }
@@ -338,7 +558,8 @@ mod tests {
         assert!(
             unknown.as_deref().is_some_and(|e| e.contains(
                 "unknown field `temperature`, expected one of `provider`, `base_url`, `model`, \
-                 `api_key_env`, `context`, `thinking`, `description`, `replies`, `record`"
+                 `api_key_env`, `context`, `thinking`, `description`, `replies`, `record`, \
+                 `retries`"
             )),
             "{unknown:?}"
         );
@@ -416,10 +637,67 @@ mod tests {
         );
     }
 
+    const CATALOG: &str = "default_model = \"small\"\n\
+        [models.small]\nprovider = \"script\"\nreplies = \"s.json\"\ncontext = 32768\n\
+        [models.big]\nprovider = \"anthropic\"\nmodel = \"claude-x\"\nretries = 2\n\
+        [ui]\ntheme = \"dark\"\n";
+
+    #[test]
+    fn a_catalog_chooses_its_current_model() {
+        let c = config(CATALOG).expect("catalog");
+        let ids: Vec<&str> = c.catalog.iter().map(|s| s.id.as_str()).collect();
+        assert_eq!(ids, vec!["big", "small"]);
+        assert_eq!(
+            c.spec("big").map(|s| (s.model.as_str(), s.retries)),
+            Some(("claude-x", 2))
+        );
+        assert_eq!(c.spec("small").map(|s| s.model.as_str()), Some("small"));
+        assert_eq!(c.current_id(None), Ok(Some("small".into())));
+        assert_eq!(c.current_id(Some("big")), Ok(Some("big".into())));
+        assert_eq!(
+            c.current_id(Some("huge")),
+            Err("unknown model \"huge\"; the catalog has: big, small".into())
+        );
+        assert_eq!(
+            c.ui_snapshot(Some("big")),
+            Some(
+                serde_json::json!({"theme": "dark", "selected_model": "big", "models": ["big", "small"]})
+            )
+        );
+        let open = config(&CATALOG.replace("default_model = \"small\"\n", "")).expect("no default");
+        assert!(open
+            .current_id(None)
+            .is_err_and(|e| e.contains("several models")));
+        let one = config("[model]\nprovider = \"script\"\nreplies = \"r.json\"\nmodel = \"m\"\n")
+            .expect("one");
+        assert_eq!(one.current_id(None), Ok(Some("m".into())));
+    }
+
+    #[test]
+    fn catalog_mistakes_are_named() {
+        let both = config("[model]\nmodel = \"m\"\n[models.a]\nmodel = \"a\"\n");
+        assert!(both
+            .is_err_and(|e| e.contains("[model] and [models.ID] tables cannot both be present")));
+        let stray = config("default_model = \"x\"\n[models.a]\nmodel = \"a\"\n");
+        assert_eq!(
+            stray,
+            Err("host file: default_model \"x\" is not in the catalog; the catalog has: a".into())
+        );
+        let named = config("[models.\"qwen/7b\"]\nprovider = \"script\"\n");
+        assert_eq!(
+            named,
+            Err("host file: [models.\"qwen/7b\"] provider \"script\" needs `replies`, the scripted replies file".into())
+        );
+        let reserved = config("[ui]\nselected_model = \"x\"\n");
+        assert!(reserved.is_err_and(|e| e.contains("[ui] `selected_model` is set by the Host")));
+    }
+
     #[test]
     fn no_host_file_means_the_defaults() {
         let defaults = HostConfig::load(None).expect("defaults");
-        assert_eq!(defaults.model, None);
+        assert!(defaults.catalog.is_empty());
+        assert_eq!(defaults.current_id(None), Ok(None));
+        assert_eq!(defaults.ui_snapshot(None), None);
         assert_eq!(defaults.web, WebConfig::default());
         assert!(defaults.plugins.is_empty());
         assert_eq!(defaults.answers, None);
