@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
 use clap::{Parser, Subcommand};
-use pf_engine::{LiveOutput, LiveText, Outcome, RunSetup};
+use pf_engine::{LiveText, Outcome, RunEvent, RunObserver, RunSetup};
 use pf_harness::CancellationToken;
 use serde_json::json;
 
@@ -214,7 +214,9 @@ fn run(
     // Live output is for a person watching: never in a report, a pipe or a file.
     let printer = (!json_out && std::io::stderr().is_terminal())
         .then(|| Arc::new(Mutex::new(LivePrinter::default())));
-    let live = printer.as_ref().map(|p| terminal_live(Arc::clone(p)));
+    let observer = printer
+        .as_ref()
+        .map(|p| Arc::new(TerminalLive(Arc::clone(p))) as Arc<dyn RunObserver>);
     let report = runtime.block_on(async {
         let host = match host::build(&host_file, &base_dir) {
             Ok(h) => h,
@@ -229,7 +231,8 @@ fn run(
             model: host.model,
             cancel: cancel.clone(),
             ui: None,
-            live,
+            observer,
+            capture: false,
         };
         Ok(pf_engine::run(Arc::clone(&prompt), setup).await)
     });
@@ -364,11 +367,17 @@ fn printable(text: &str) -> String {
 }
 
 /// The live output listener: writes to stderr and stops listening once stderr fails.
-fn terminal_live(printer: Arc<Mutex<LivePrinter>>) -> LiveOutput {
-    Arc::new(move |text: LiveText<'_>| {
-        let mut printer = printer.lock().unwrap_or_else(|p| p.into_inner());
+struct TerminalLive(Arc<Mutex<LivePrinter>>);
+
+impl RunObserver for TerminalLive {
+    fn event(&self, _: &str, _: &RunEvent) {}
+    fn wants_live_text(&self) -> bool {
+        true
+    }
+    fn live_text(&self, text: LiveText<'_>) -> bool {
+        let mut printer = self.0.lock().unwrap_or_else(|p| p.into_inner());
         printer.write(&mut std::io::stderr().lock(), text).is_ok()
-    })
+    }
 }
 
 /// Ctrl-C cancels the run. The watcher has a thread of its own because the run's
