@@ -199,7 +199,6 @@ impl RunCtx {
     }
 
     /// `task`'s events numbered above `after` (all for `None`), as reported.
-    #[allow(dead_code)] // read by `tasks.events`, which comes next
     pub fn history(&self, task: &str, after: Option<u32>) -> Vec<RunEvent> {
         self.events.borrow().history(task, after)
     }

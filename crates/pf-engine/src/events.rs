@@ -308,7 +308,6 @@ impl EventLog {
     }
 
     /// `task`'s events with a sequence number above `after` (all of them for `None`), in order.
-    #[allow(dead_code)] // read by `tasks.events`, which comes next
     pub(crate) fn history(&self, task: &str, after: Option<u32>) -> Vec<RunEvent> {
         self.tasks
             .get(task)

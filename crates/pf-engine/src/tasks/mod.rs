@@ -169,6 +169,7 @@ pub(crate) fn make_tasks(lua: &Lua) -> mlua::Result<Table> {
     t.raw_set("pending", host_fn(lua, pending)?)?;
     t.raw_set("note", host_fn(lua, note)?)?;
     t.raw_set("cancel", host_fn(lua, cancel)?)?;
+    t.raw_set("events", host_fn(lua, events)?)?;
     Ok(t)
 }
 
@@ -567,6 +568,85 @@ fn cancel(lua: &Lua, args: MultiValue) -> HostResult<()> {
     // Dropping the chain stops it and abandons the tasks it owns.
     drop(future);
     Ok(())
+}
+
+/// `tasks.events(task, opts?)`: the events a task reported so far, after `last`
+/// when given (guide ch. 16 "Reading a task's history"). The checks run in the
+/// guide's order: opts type, `last` type, the task argument, `last` range, ownership.
+fn events(lua: &Lua, args: MultiValue) -> HostResult<Table> {
+    let (run, owner, own_task) = caller(lua)?;
+    let last = match arg(&args, 1) {
+        Value::Nil => Value::Nil,
+        Value::Table(opts) => match opts.raw_get::<Value>("last")? {
+            v @ (Value::Nil | Value::Integer(_) | Value::Number(_)) => v,
+            other => {
+                return Err(HostError::lua(format!(
+                    "tasks.events last must be a number, got {}",
+                    lua_type_name(&other)
+                ))
+                .into())
+            }
+        },
+        other => {
+            return Err(HostError::lua(format!(
+                "tasks.events opts must be a table, got {}",
+                lua_type_name(&other)
+            ))
+            .into())
+        }
+    };
+    let key = task_arg(&arg(&args, 0), "tasks.events")?;
+    let out_of_range = |shown: String| {
+        Raise::from(HostError::lua(format!(
+            "last must be a non-negative integer sequence number, got {shown}"
+        )))
+    };
+    let after = match last {
+        Value::Integer(i) => Some(u32::try_from(i).map_err(|_| out_of_range(i.to_string()))?),
+        Value::Number(n) => {
+            if n.fract() != 0.0 || !(0.0..=f64::from(u32::MAX)).contains(&n) {
+                // Lua's own number text, as `tostring` shows it.
+                let shown = lua
+                    .coerce_string(Value::Number(n))?
+                    .map_or_else(|| n.to_string(), |s| s.to_string_lossy());
+                return Err(out_of_range(shown));
+            }
+            // In range and whole, so the conversion is exact.
+            Some(n as u32)
+        }
+        _ => None,
+    };
+    let id = key_text(&key);
+    let owned = run
+        .task_table()
+        .borrow()
+        .entries
+        .get(&key)
+        .is_some_and(|e| e.owner == owner);
+    if !owned && id != own_task {
+        return Err(not_owned(&key).into());
+    }
+    let out = lua.create_table()?;
+    for (n, event) in run.history(&id, after).iter().enumerate() {
+        out.raw_set(n + 1, event_table(lua, &run.fixed.execution, event)?)?;
+    }
+    Ok(out)
+}
+
+/// One event as a prompt reads it: a plain table with the run-log line's keys.
+fn event_table(lua: &Lua, execution: &str, event: &crate::events::RunEvent) -> mlua::Result<Table> {
+    let t = lua.create_table()?;
+    t.raw_set("kind", event.kind.as_str())?;
+    t.raw_set("execution", execution)?;
+    t.raw_set("section", event.section.as_str())?;
+    let provenance = lua.create_table()?;
+    provenance.raw_set("task", event.provenance.task.as_str())?;
+    provenance.raw_set("seq", event.provenance.seq)?;
+    t.raw_set("provenance", provenance)?;
+    for (name, value) in &event.fields {
+        t.raw_set(name.as_str(), crate::json::json_to_lua(lua, value)?)?;
+    }
+    Ok(t)
 }
 
 /// The wait set's members, each checked as a task of the caller's chain.
