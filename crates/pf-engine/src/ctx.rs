@@ -112,8 +112,8 @@ pub(crate) struct RunCtx {
     default_role: RefCell<Option<String>>,
     checkpoints: RefCell<Vec<Checkpoint>>,
     events: RefCell<EventLog>,
-    /// The main walk's round count.
-    turns: Cell<u32>,
+    /// Each task's round count (guide ch. 16 "Round numbers").
+    turns: RefCell<HashMap<String, u32>>,
     /// Every live chain's store claims (guide ch. 09 "Claims").
     claims: RefCell<ClaimRegistry>,
     /// A failure that ends the whole run on the spot, past every `pcall` (a
@@ -127,12 +127,13 @@ pub(crate) struct RunCtx {
 }
 
 impl RunCtx {
-    pub fn new(fixed: RunFixed) -> Self {
+    /// The run's state, continuing `events` (which may already hold the parse events).
+    pub fn new(fixed: RunFixed, events: EventLog) -> Self {
         RunCtx {
             always: Default::default(),
             default_role: Default::default(),
             checkpoints: Default::default(),
-            events: RefCell::new(EventLog::new(fixed.observer.clone())),
+            events: RefCell::new(events),
             turns: Default::default(),
             claims: Default::default(),
             fatal: Default::default(),
@@ -203,17 +204,29 @@ impl RunCtx {
         self.events.borrow().history(task, after)
     }
 
-    /// The rounds completed so far.
-    pub fn turns(&self) -> u32 {
-        self.turns.get()
+    /// The rounds `task` completed so far.
+    pub fn turns(&self, task: &str) -> u32 {
+        self.turns.borrow().get(task).copied().unwrap_or(0)
     }
 
-    /// Count one completed round and return its number; the count stops at the
-    /// top of the `u32` range instead of wrapping, so a number is never reused.
-    pub fn complete_turn(&self) -> u32 {
-        let n = self.turns.get().saturating_add(1);
-        self.turns.set(n);
-        n
+    /// Count one completed round of `task` and return its number; the count
+    /// stops at the top of the `u32` range instead of wrapping, so a number is
+    /// never reused.
+    pub fn complete_turn(&self, task: &str) -> u32 {
+        let mut turns = self.turns.borrow_mut();
+        let n = turns.entry(task.to_string()).or_default();
+        *n = n.saturating_add(1);
+        *n
+    }
+
+    /// Record that the chain `owner` started `task`, so it may read its history.
+    pub fn set_task_owner(&self, task: &str, owner: &str) {
+        self.events.borrow_mut().set_owner(task, owner);
+    }
+
+    /// The chain that started `task`, if one did.
+    pub fn task_owner(&self, task: &str) -> Option<String> {
+        self.events.borrow().owner(task).map(str::to_string)
     }
 
     /// The store claims of every live chain.
@@ -342,6 +355,11 @@ impl Chain {
         format!("{}.{n}", self.id)
     }
 
+    /// The seed the chain's first entry will take, if it has one and has not taken it.
+    pub fn seed_preview(&self) -> Option<ArmSeed> {
+        self.seed.borrow().clone()
+    }
+
     /// The id for this chain's next child chain.
     pub fn next_child_id(&self) -> String {
         let n = self.children.get();
@@ -452,6 +470,22 @@ impl SectionCtx {
     pub fn report(&self, kind: EventKind, fields: Map<String, Json>) {
         let task = self.chain.task.borrow().clone();
         self.run.report(&task, &self.name, kind, fields);
+    }
+
+    /// The task the chain runs inside (`sys.taskid`).
+    pub fn task(&self) -> String {
+        self.chain.task.borrow().clone()
+    }
+
+    /// The rounds the task the chain runs inside completed so far.
+    pub fn turns(&self) -> u32 {
+        self.run.turns(&self.chain.task.borrow())
+    }
+
+    /// Count one completed round of the task the chain runs inside.
+    pub fn complete_turn(&self) -> u32 {
+        let task = self.task();
+        self.run.complete_turn(&task)
     }
 
     /// Number one piece of host work on the task the chain runs inside.

@@ -22,6 +22,25 @@ pub const MAIN_TASK: &str = "0";
 /// What an event reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EventKind {
+    ParseStarted,
+    ParseSucceeded,
+    ParseFailed,
+    RunStarted,
+    RunSucceeded,
+    RunFailed,
+    SectionStarted,
+    SectionFinished,
+    LuaSharedLoadStarted,
+    LuaSharedLoadSucceeded,
+    LuaSharedLoadFailed,
+    LuaChunkStarted,
+    LuaChunkSucceeded,
+    LuaChunkFailed,
+    LuaTeardownStarted,
+    LuaTeardownSucceeded,
+    LuaCompilationStarted,
+    LuaCompilationSucceeded,
+    LuaCompilationFailed,
     /// An author checkpoint from `log`; `message` holds the logged text.
     Lua,
     ModelTurnCompleted,
@@ -52,6 +71,15 @@ pub enum EventKind {
     StoreGlobFailed,
     UserInputWaitStarted,
     UserInput,
+    Thinking,
+    TaskStarted,
+    TaskSucceeded,
+    TaskFailed,
+    TaskCancelled,
+    TaskAbandoned,
+    TaskNotice,
+    Request,
+    Response,
 }
 
 impl EventKind {
@@ -59,6 +87,25 @@ impl EventKind {
     pub fn as_str(self) -> &'static str {
         use EventKind::*;
         match self {
+            ParseStarted => "parse_started",
+            ParseSucceeded => "parse_succeeded",
+            ParseFailed => "parse_failed",
+            RunStarted => "run_started",
+            RunSucceeded => "run_succeeded",
+            RunFailed => "run_failed",
+            SectionStarted => "section_started",
+            SectionFinished => "section_finished",
+            LuaSharedLoadStarted => "lua_shared_load_started",
+            LuaSharedLoadSucceeded => "lua_shared_load_succeeded",
+            LuaSharedLoadFailed => "lua_shared_load_failed",
+            LuaChunkStarted => "lua_chunk_started",
+            LuaChunkSucceeded => "lua_chunk_succeeded",
+            LuaChunkFailed => "lua_chunk_failed",
+            LuaTeardownStarted => "lua_teardown_started",
+            LuaTeardownSucceeded => "lua_teardown_succeeded",
+            LuaCompilationStarted => "lua_compilation_started",
+            LuaCompilationSucceeded => "lua_compilation_succeeded",
+            LuaCompilationFailed => "lua_compilation_failed",
             Lua => "lua",
             ModelTurnCompleted => "model_turn_completed",
             ModelTurnFailed => "model_turn_failed",
@@ -88,6 +135,15 @@ impl EventKind {
             StoreGlobFailed => "store_glob_failed",
             UserInputWaitStarted => "user_input_wait_started",
             UserInput => "user_input",
+            Thinking => "thinking",
+            TaskStarted => "task_started",
+            TaskSucceeded => "task_succeeded",
+            TaskFailed => "task_failed",
+            TaskCancelled => "task_cancelled",
+            TaskAbandoned => "task_abandoned",
+            TaskNotice => "task_notice",
+            Request => "request",
+            Response => "response",
         }
     }
 }
@@ -248,6 +304,8 @@ pub(crate) struct EventLog {
 struct TaskHistory {
     next_seq: u32,
     events: Vec<RunEvent>,
+    /// The chain that started the task, which may read its history.
+    owner: Option<String>,
 }
 
 impl EventLog {
@@ -305,6 +363,16 @@ impl EventLog {
         if let Some(history) = self.tasks.get_mut(task) {
             history.events.push(event);
         }
+    }
+
+    /// Record that the chain `owner` started `task` (so it may read its history).
+    pub(crate) fn set_owner(&mut self, task: &str, owner: &str) {
+        self.tasks.entry(task.to_string()).or_default().owner = Some(owner.to_string());
+    }
+
+    /// The chain that started `task`, if a chain did.
+    pub(crate) fn owner(&self, task: &str) -> Option<&str> {
+        self.tasks.get(task).and_then(|h| h.owner.as_deref())
     }
 
     /// `task`'s events with a sequence number above `after` (all of them for `None`), in order.

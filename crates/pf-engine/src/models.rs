@@ -598,7 +598,7 @@ async fn send_round(
         },
         Some(live) => {
             let section = sec.name.clone();
-            let turn = sec.run.turns().saturating_add(1);
+            let turn = sec.turns().saturating_add(1);
             let mut listening = true;
             let mut on_text = |text: &str| {
                 if text.is_empty() {
@@ -663,8 +663,7 @@ fn report_failed_round(sec: &SectionCtx) {
 /// (with the detail and finish reason of an empty reply), any degraded
 /// metadata, and `model_turn_truncated` for a text reply cut at `length`.
 fn complete_round(sec: &SectionCtx, resp: &ChatResponse) -> u32 {
-    let turn = sec.run.complete_turn();
-    crate::tasks::count_task_turn(sec);
+    let turn = sec.complete_turn();
     let text_reply = resp.tool_calls.is_empty();
     let mut completed = serde_json::Map::new();
     if text_reply && is_empty_reply(resp.content.as_deref()) {
@@ -1119,6 +1118,8 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
             append_record(list, r)?;
         }
     }
+    // The model's tasks end with its loop (guide ch. 16 "Abandoned tasks").
+    crate::tasks::abandon_model_tasks(&sec, crate::tasks::AbandonReason::ToolLoopExhausted);
     Err(HostError::new(
         ErrorKind::ToolLoopExhausted,
         "tool-call loop did not converge",

@@ -662,7 +662,7 @@ async fn tools_call(lua: Lua, args: MultiValue) -> HostResult<Value> {
         }
     };
     // A script call's `tool_result` carries the rounds completed when it was made.
-    let turn = sec.run.turns();
+    let turn = sec.turns();
     match call_tool(&lua, &sec, Caller::Script, &name, call_args, turn).await? {
         ToolReply::Text(text) => Ok(Value::String(lua.create_string(&text)?)),
         ToolReply::Structured(json) => Ok(json_to_lua(&lua, &json)?),

@@ -62,12 +62,24 @@ impl RunObserver for Collect {
     }
 }
 
-/// What a run reported: its outcome and every event its observer heard, in order.
+/// What a run reported: its outcome and the events its observer heard, in order.
 struct RunReport {
     outcome: Outcome,
     execution: String,
     checkpoints: Vec<pf_engine::Checkpoint>,
+    /// The events of the work the prompt did (models, tools, store, log, input):
+    /// every event but the parse, run, section and section VM boundaries.
     events: Vec<RunEvent>,
+    /// Every event, boundaries included.
+    all: Vec<RunEvent>,
+}
+
+/// The parse, run, section and section VM boundaries around the work.
+fn is_lifecycle(kind: EventKind) -> bool {
+    kind.as_str().starts_with("parse_")
+        || kind.as_str().starts_with("run_")
+        || kind.as_str().starts_with("section_")
+        || kind.as_str().starts_with("lua_")
 }
 
 fn run_with(
@@ -98,12 +110,17 @@ fn run_with(
         .build()
         .unwrap_or_else(|e| panic!("runtime: {e}"));
     let report = rt.block_on(pf_engine::run(prompt, setup));
-    let events = std::mem::take(&mut *observer.events.lock().unwrap_or_else(|p| p.into_inner()));
+    let all = std::mem::take(&mut *observer.events.lock().unwrap_or_else(|p| p.into_inner()));
     RunReport {
         outcome: report.outcome,
         execution: report.execution,
         checkpoints: report.checkpoints,
-        events,
+        events: all
+            .iter()
+            .filter(|e| !is_lifecycle(e.kind))
+            .cloned()
+            .collect(),
+        all,
     }
 }
 
@@ -172,7 +189,13 @@ fn a_tool_round_then_a_reply_reports_the_guides_order() {
         .iter()
         .all(|e| e.section == "Ask" && e.provenance.task == "0"));
     // Each model call takes a number of its own, so the events skip 2 and 9.
-    let seqs: Vec<u32> = report.events.iter().map(|e| e.provenance.seq).collect();
+    // Counted from the first one: the parse and section boundaries come before.
+    let first = report.events.first().map_or(0, |e| e.provenance.seq);
+    let seqs: Vec<u32> = report
+        .events
+        .iter()
+        .map(|e| e.provenance.seq - first)
+        .collect();
     assert_eq!(seqs, vec![0, 1, 3, 4, 5, 6, 7, 8, 10, 11]);
 }
 
@@ -491,8 +514,152 @@ fn bound_tool_calls_report_outcomes_and_wrapped_results() {
         .unwrap_or("");
     assert!(sour.contains("no luck"), "{sour}");
     // Each bound call is host work and takes a number: the events skip past it.
-    let seqs: Vec<u32> = report.events.iter().map(|e| e.provenance.seq).collect();
+    // Counted from the first one: the parse and section boundaries come before.
+    let first = report.events.first().map_or(0, |e| e.provenance.seq);
+    let seqs: Vec<u32> = report
+        .events
+        .iter()
+        .map(|e| e.provenance.seq - first)
+        .collect();
     assert_eq!(seqs, vec![0, 1, 3, 4, 6, 7, 9, 10, 11, 12, 14, 15]);
+}
+
+#[test]
+fn the_observer_hears_the_whole_lifecycle_including_what_no_prompt_reads() {
+    let body = "```lua shared\nfunction shout(text) return string.upper(text) end\n```\n\n## First\n\n```lua\nvar.word = shout('hello')\n```\n\n## Second\n\n```lua\nreturn var.word\n```\n";
+    let report = run(body, json!([]));
+    assert_eq!(report.outcome, Outcome::Completed("HELLO".into()));
+    let lines: Vec<String> = report
+        .all
+        .iter()
+        .map(|e| format!("{} {} {}", e.provenance.seq, e.section, e.kind))
+        .collect();
+    let section = |name: &str, from: u32| {
+        [
+            "section_started",
+            "lua_shared_load_started",
+            "lua_shared_load_succeeded",
+            "lua_chunk_started",
+            "lua_chunk_succeeded",
+            "lua_teardown_started",
+            "lua_teardown_succeeded",
+            "section_finished",
+        ]
+        .iter()
+        .zip(from..)
+        .map(|(kind, seq)| format!("{seq} {name} {kind}"))
+        .collect::<Vec<_>>()
+    };
+    let mut expected: Vec<String> = [
+        "0 Prompt parse_started",
+        "1 Events lua_compilation_started",
+        "2 Events lua_compilation_succeeded",
+        "3 First lua_compilation_started",
+        "4 First lua_compilation_succeeded",
+        "5 Second lua_compilation_started",
+        "6 Second lua_compilation_succeeded",
+        "7 Prompt parse_succeeded",
+        "8 Events run_started",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    expected.extend(section("First", 9));
+    expected.extend(section("Second", 17));
+    expected.push("25 Events run_succeeded".into());
+    assert_eq!(lines, expected);
+    assert!(report.all.iter().all(|e| e.provenance.task == "0"));
+}
+
+#[test]
+fn a_task_stranded_by_a_cancelled_run_is_abandoned_before_the_run_closes() {
+    // The main walk waits on a model round that never answers while its task
+    // waits on a second one; the run is cancelled from outside.
+    let body = "## Main\n\n```lua\nlocal t = tasks.spawn('### Slow')\nmodels.use('w')\nmodels.infer('never')\n```\n\n### Slow\n\n```lua\nmodels.use('w')\nreturn models.infer('never')\n```\n";
+    let store = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let observer = Arc::new(Collect {
+        events: Mutex::default(),
+        live: None,
+    });
+    let cancel = CancellationToken::new();
+    let setup = RunSetup {
+        seed: 3,
+        start_ms: 0,
+        args: String::new(),
+        store_dir: store.path().to_path_buf(),
+        harness: Harness::new(),
+        model: Some(Arc::new(Never)),
+        cancel: cancel.clone(),
+        ui: None,
+        observer: Some(Arc::clone(&observer) as Arc<dyn RunObserver>),
+        capture: false,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("runtime: {e}"));
+    let report = rt.block_on(async {
+        let run = pf_engine::run(prompt("", body), setup);
+        tokio::pin!(run);
+        // Poll until both rounds are in flight, then cancel.
+        loop {
+            tokio::select! {
+                r = &mut run => break r,
+                _ = tokio::task::yield_now() => {
+                    let waiting = observer
+                        .events
+                        .lock()
+                        .map(|e| e.iter().filter(|e| e.kind == EventKind::LuaChunkStarted).count())
+                        .unwrap_or(0);
+                    if waiting == 2 {
+                        cancel.cancel();
+                    }
+                }
+            }
+        }
+    });
+    assert_eq!(report.outcome, Outcome::Cancelled);
+    let all = observer
+        .events
+        .lock()
+        .map(|e| e.clone())
+        .unwrap_or_default();
+    let tail: Vec<String> = all
+        .iter()
+        .rev()
+        .take(2)
+        .rev()
+        .map(|e| {
+            let reason = e.field("reason").and_then(Json::as_str).unwrap_or("");
+            format!("{} {} {} {reason}", e.provenance.task, e.section, e.kind)
+        })
+        .collect();
+    assert_eq!(
+        tail,
+        vec![
+            "0.0 Slow task_abandoned run_terminated",
+            "0 Events run_failed ",
+        ]
+    );
+}
+
+/// A model that never answers until cancelled.
+struct Never;
+
+#[async_trait]
+impl ModelProvider for Never {
+    fn info(&self) -> ModelInfo {
+        info()
+    }
+    async fn complete(
+        &self,
+        _: ChatRequest,
+        _: &WorkId,
+        cancel: CancellationToken,
+    ) -> Result<ChatResponse, ProviderError> {
+        cancel.cancelled().await;
+        Err(ProviderError::Cancelled)
+    }
 }
 
 // ---------------------------------------------------------------------------
