@@ -663,6 +663,22 @@ fn report_failed_round(sec: &SectionCtx) {
 /// (with the detail and finish reason of an empty reply), any degraded
 /// metadata, and `model_turn_truncated` for a text reply cut at `length`.
 fn complete_round(sec: &SectionCtx, resp: &ChatResponse) -> u32 {
+    // Debug capture: the bodies exchanged, ahead of the round's other events.
+    if let (true, Some(capture)) = (sec.run.fixed.capture, &resp.capture) {
+        let turn = sec.turns().saturating_add(1);
+        sec.report(
+            EventKind::Request,
+            fields(serde_json::json!({"turn": turn, "body": capture.request})),
+        );
+        let mut response = fields(serde_json::json!({"turn": turn, "body": capture.response}));
+        if let Some(f) = &resp.finish_reason {
+            response.insert("finish_reason".into(), Json::String(f.clone()));
+        }
+        if let Some(r) = &resp.reasoning {
+            response.insert("reasoning_content".into(), Json::String(r.clone()));
+        }
+        sec.report(EventKind::Response, response);
+    }
     let turn = sec.complete_turn();
     let text_reply = resp.tool_calls.is_empty();
     let mut completed = serde_json::Map::new();
@@ -679,6 +695,22 @@ fn complete_round(sec: &SectionCtx, resp: &ChatResponse) -> u32 {
             fields(serde_json::json!({
                 "turn": turn,
                 "message": "completion response named no string `model`; recorded as empty",
+            })),
+        );
+    }
+    for message in &resp.degraded {
+        sec.report(
+            EventKind::ModelMetadataDegraded,
+            fields(serde_json::json!({"turn": turn, "message": message})),
+        );
+    }
+    if let Some(text) = resp.reasoning.as_deref().filter(|t| !t.is_empty()) {
+        sec.report(
+            EventKind::Thinking,
+            fields(serde_json::json!({
+                "turn": turn,
+                "model": resp.model.clone().unwrap_or_default(),
+                "text": text,
             })),
         );
     }

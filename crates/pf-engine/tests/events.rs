@@ -643,6 +643,73 @@ fn a_task_stranded_by_a_cancelled_run_is_abandoned_before_the_run_closes() {
     );
 }
 
+#[test]
+fn capture_reports_the_bodies_ahead_of_each_round_only_when_switched_on() {
+    let body = "## Ask\n\n```lua\nmodels.use('w')\nreturn models.infer('hello there')\n```\n";
+    let replies = json!([{"content": "hi", "reasoning": "greet back"}]);
+    let ran = |capture: bool| {
+        let store = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let observer = Arc::new(Collect {
+            events: Mutex::default(),
+            live: None,
+        });
+        let setup = RunSetup {
+            seed: 3,
+            start_ms: 0,
+            args: String::new(),
+            store_dir: store.path().to_path_buf(),
+            harness: Harness::new(),
+            model: Some(script(replies.clone())),
+            cancel: CancellationToken::new(),
+            ui: None,
+            observer: Some(Arc::clone(&observer) as Arc<dyn RunObserver>),
+            capture,
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("runtime: {e}"));
+        let outcome = rt.block_on(pf_engine::run(prompt("", body), setup)).outcome;
+        assert_eq!(outcome, Outcome::Completed("hi".into()));
+        let all = observer
+            .events
+            .lock()
+            .map(|e| e.clone())
+            .unwrap_or_default();
+        all.into_iter()
+            .filter(|e| !is_lifecycle(e.kind))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        kinds(&ran(false)),
+        vec!["model_turn_completed", "thinking", "assistant_reply"]
+    );
+    let captured = ran(true);
+    assert_eq!(
+        kinds(&captured),
+        vec![
+            "request",
+            "response",
+            "model_turn_completed",
+            "thinking",
+            "assistant_reply"
+        ]
+    );
+    let request = &captured[0];
+    assert_eq!(request.turn(), Some(1));
+    let sent = request.field("body").and_then(Json::as_str).unwrap_or("");
+    assert!(sent.contains("hello there"), "{sent}");
+    let response = &captured[1];
+    assert_eq!(response.turn(), Some(1));
+    assert_eq!(response.field("finish_reason"), Some(&json!("stop")));
+    assert_eq!(
+        response.field("reasoning_content"),
+        Some(&json!("greet back"))
+    );
+    let received = response.field("body").and_then(Json::as_str).unwrap_or("");
+    assert!(received.contains("greet back"), "{received}");
+}
+
 /// A model that never answers until cancelled.
 struct Never;
 

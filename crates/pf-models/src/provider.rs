@@ -7,7 +7,7 @@ use std::fmt::Debug;
 use async_trait::async_trait;
 use pf_harness::{
     CancellationToken, ChatRequest, ChatResponse, ModelInfo, ModelProvider, OnText, ProviderError,
-    WorkId,
+    WireCapture, WorkId,
 };
 use reqwest::header::{HeaderMap, HeaderName};
 use reqwest::StatusCode;
@@ -130,7 +130,14 @@ impl<W: WireFormat> HttpProvider<W> {
             .http
             .post_json(&url, self.headers(key)?, &body, cancel)
             .await?;
-        self.whole_reply(&url, &reply, key)
+        let mut response = self.whole_reply(&url, &reply, key)?;
+        if request.capture {
+            response.capture = Some(WireCapture {
+                request: body.to_string(),
+                response: String::from_utf8_lossy(&reply.body).into_owned(),
+            });
+        }
+        Ok(response)
     }
 
     async fn send_streaming(
@@ -152,17 +159,30 @@ impl<W: WireFormat> HttpProvider<W> {
             Streamed::Events(stream) => stream,
             // A server that does not stream answers with one body: its text is one fragment.
             Streamed::Whole(reply) => {
-                let response = self.whole_reply(&url, &reply, key)?;
+                let mut response = self.whole_reply(&url, &reply, key)?;
+                if request.capture {
+                    response.capture = Some(WireCapture {
+                        request: body.to_string(),
+                        response: String::from_utf8_lossy(&reply.body).into_owned(),
+                    });
+                }
                 if let Some(text) = response.content.as_deref().filter(|t| !t.is_empty()) {
                     on_text(text);
                 }
                 return Ok(response);
             }
         };
+        let mut received = request.capture.then(String::new);
         let reply = self
-            .read_stream(&url, key, &mut stream, cancel, on_text)
+            .read_stream(&url, key, &mut stream, cancel, on_text, received.as_mut())
             .await?;
-        Ok(self.wire.finish_stream(reply))
+        let mut response = self.wire.finish_stream(reply);
+        // A streamed reply's captured body is its events' data, one per line.
+        response.capture = received.map(|response| WireCapture {
+            request: body.to_string(),
+            response,
+        });
+        Ok(response)
     }
 
     /// Read events until the wire format says the reply is complete; a stream
@@ -174,9 +194,14 @@ impl<W: WireFormat> HttpProvider<W> {
         stream: &mut EventStream,
         cancel: &CancellationToken,
         on_text: &mut OnText<'_>,
+        mut received: Option<&mut String>,
     ) -> Result<W::Stream, ProviderError> {
         let mut reply = W::Stream::default();
         while let Some(event) = stream.next_event(cancel).await? {
+            if let Some(received) = received.as_deref_mut() {
+                received.push_str(&event.data);
+                received.push('\n');
+            }
             let step = self
                 .wire
                 .stream_event(&mut reply, &event.data, on_text)
