@@ -20,7 +20,8 @@ fn setup(store: &std::path::Path, model: Option<Arc<dyn ModelProvider>>) -> RunS
         catalog: Vec::new(),
         cancel: CancellationToken::new(),
         ui: None,
-        live: None,
+        observer: None,
+        capture: false,
     }
 }
 

@@ -11,13 +11,13 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use mlua::{Function, IntoLuaMulti, Lua, MultiValue, Table, Value};
-use pf_harness::{ActivePlugin, CancellationToken, HostServices, ModelProvider};
+use pf_harness::{ActivePlugin, CancellationToken, HostServices, ModelProvider, WorkId};
 use pf_syntax::{Prompt, RoleDecl};
 use serde_json::{json, Map, Value as Json};
 
 use crate::claims::{ClaimIdentity, ClaimRegistry};
 use crate::error::{error_table, ErrorKind, HostError, HostResult, Raise, RunError};
-use crate::events::{fields as event_fields, EventKind, EventLog, LiveOutput, RunEvent};
+use crate::events::{fields as event_fields, EventKind, EventLog, RunEvent, RunObserver};
 use crate::tasks::table::TaskTable;
 
 /// A tool slot bound at prepare.
@@ -73,8 +73,10 @@ pub(crate) struct RunFixed {
     pub section_count: usize,
     pub log_event_quota: u32,
     pub memory_limit: usize,
-    /// The Host's live output, when it shows one.
-    pub live: Option<LiveOutput>,
+    /// The Host's observer: every event, and live output when it shows one.
+    pub observer: Option<Arc<dyn RunObserver>>,
+    /// The Host switched debug capture on (`request`/`response` events).
+    pub capture: bool,
 }
 
 impl RunFixed {
@@ -101,7 +103,6 @@ pub(crate) struct RunRecord {
     /// The failure that ended the run on the spot, if one did.
     pub fatal: Option<RunError>,
     pub checkpoints: Vec<Checkpoint>,
-    pub events: Vec<RunEvent>,
 }
 
 /// State shared by every chain of one run: what prepare fixed, and what changes
@@ -113,8 +114,8 @@ pub(crate) struct RunCtx {
     default_role: RefCell<Option<String>>,
     checkpoints: RefCell<Vec<Checkpoint>>,
     events: RefCell<EventLog>,
-    /// The main walk's round count.
-    turns: Cell<u32>,
+    /// Each task's round count (guide ch. 16 "Round numbers").
+    turns: RefCell<HashMap<String, u32>>,
     /// Every live chain's store claims (guide ch. 09 "Claims").
     claims: RefCell<ClaimRegistry>,
     /// A failure that ends the whole run on the spot, past every `pcall` (a
@@ -128,18 +129,19 @@ pub(crate) struct RunCtx {
 }
 
 impl RunCtx {
-    pub fn new(fixed: RunFixed) -> Self {
+    /// The run's state, continuing `events` (which may already hold the parse events).
+    pub fn new(fixed: RunFixed, events: EventLog) -> Self {
         RunCtx {
-            fixed,
             always: Default::default(),
             default_role: Default::default(),
             checkpoints: Default::default(),
-            events: Default::default(),
+            events: RefCell::new(events),
             turns: Default::default(),
             claims: Default::default(),
             fatal: Default::default(),
             abort: CancellationToken::new(),
             tasks: Default::default(),
+            fixed,
         }
     }
 
@@ -187,29 +189,46 @@ impl RunCtx {
         self.checkpoints.borrow_mut().push(checkpoint);
     }
 
-    /// Number one piece of host work, so later events keep their place against it.
-    pub fn host_work(&self) {
-        self.events.borrow_mut().host_work();
+    /// Number one piece of `task`'s host work, so later events keep their place against it.
+    pub fn host_work(&self, task: &str) -> WorkId {
+        self.events.borrow_mut().host_work(task)
     }
 
-    /// Report an event filed under `section`: the one path every event takes.
-    pub fn report(&self, section: &str, kind: EventKind, fields: Map<String, Json>) {
+    /// Report an event of `task` filed under `section`: the one path every event takes.
+    pub fn report(&self, task: &str, section: &str, kind: EventKind, fields: Map<String, Json>) {
         self.events
             .borrow_mut()
-            .record(&self.fixed.execution, section, kind, fields);
+            .record(&self.fixed.execution, task, section, kind, fields);
     }
 
-    /// The rounds completed so far.
-    pub fn turns(&self) -> u32 {
-        self.turns.get()
+    /// `task`'s events numbered above `after` (all for `None`), as reported.
+    pub fn history(&self, task: &str, after: Option<u32>) -> Vec<RunEvent> {
+        self.events.borrow().history(task, after)
     }
 
-    /// Count one completed round and return its number; the count stops at the
-    /// top of the `u32` range instead of wrapping, so a number is never reused.
-    pub fn complete_turn(&self) -> u32 {
-        let n = self.turns.get().saturating_add(1);
-        self.turns.set(n);
-        n
+    /// The rounds `task` completed so far.
+    pub fn turns(&self, task: &str) -> u32 {
+        self.turns.borrow().get(task).copied().unwrap_or(0)
+    }
+
+    /// Count one completed round of `task` and return its number; the count
+    /// stops at the top of the `u32` range instead of wrapping, so a number is
+    /// never reused.
+    pub fn complete_turn(&self, task: &str) -> u32 {
+        let mut turns = self.turns.borrow_mut();
+        let n = turns.entry(task.to_string()).or_default();
+        *n = n.saturating_add(1);
+        *n
+    }
+
+    /// Record that the chain `owner` started `task`, so it may read its history.
+    pub fn set_task_owner(&self, task: &str, owner: &str) {
+        self.events.borrow_mut().set_owner(task, owner);
+    }
+
+    /// The chain that started `task`, if one did.
+    pub fn task_owner(&self, task: &str) -> Option<String> {
+        self.events.borrow().owner(task).map(str::to_string)
     }
 
     /// The store claims of every live chain.
@@ -269,7 +288,6 @@ impl RunCtx {
         RunRecord {
             fatal: self.fatal.borrow_mut().take(),
             checkpoints: self.checkpoints.take(),
-            events: self.events.borrow_mut().take(),
         }
     }
 }
@@ -337,6 +355,11 @@ impl Chain {
         let n = self.entries.get();
         self.entries.set(n + 1);
         format!("{}.{n}", self.id)
+    }
+
+    /// The seed the chain's first entry will take, if it has one and has not taken it.
+    pub fn seed_preview(&self) -> Option<ArmSeed> {
+        self.seed.borrow().clone()
     }
 
     /// The id for this chain's next child chain.
@@ -445,9 +468,32 @@ impl SectionCtx {
             && (self.role.borrow().is_some() || self.run.default_role.borrow().is_some())
     }
 
-    /// Report an event under this section.
+    /// Report an event under this section, on the task the chain runs inside.
     pub fn report(&self, kind: EventKind, fields: Map<String, Json>) {
-        self.run.report(&self.name, kind, fields);
+        let task = self.chain.task.borrow().clone();
+        self.run.report(&task, &self.name, kind, fields);
+    }
+
+    /// The task the chain runs inside (`sys.taskid`).
+    pub fn task(&self) -> String {
+        self.chain.task.borrow().clone()
+    }
+
+    /// The rounds the task the chain runs inside completed so far.
+    pub fn turns(&self) -> u32 {
+        self.run.turns(&self.chain.task.borrow())
+    }
+
+    /// Count one completed round of the task the chain runs inside.
+    pub fn complete_turn(&self) -> u32 {
+        let task = self.task();
+        self.run.complete_turn(&task)
+    }
+
+    /// Number one piece of host work on the task the chain runs inside.
+    pub fn host_work(&self) -> WorkId {
+        let task = self.chain.task.borrow().clone();
+        self.run.host_work(&task)
     }
 
     /// A boundary event: the kind and its coordinates only.

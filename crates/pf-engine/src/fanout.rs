@@ -7,6 +7,7 @@
 //! no arm outlives the call. Dropping an arm's future is how it is cancelled:
 //! its section VMs go with it, and its store claims are released on drop.
 
+use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -20,10 +21,12 @@ use serde_json::Value as Json;
 use crate::claims::ClaimIdentity;
 use crate::ctx::{
     arg, cancelled_error, frozen_newindex, helpers, host_async, mlua_message, section, ArmSeed,
-    Chain, RunCtx,
+    Chain, RunCtx, SectionCtx,
 };
 use crate::error::{ErrorKind, HostError, HostResult, Raise};
+use crate::events::EventKind;
 use crate::json::lua_to_json;
+use crate::tasks::AbandonReason;
 use crate::text::lua_type_name;
 use crate::walk::{chain_argv, target_arg, walk_chain, Failure, DEPTH_CAP};
 
@@ -48,6 +51,56 @@ type ArmFuture = Pin<Box<dyn Future<Output = Result<Option<String>, Failure>>>>;
 struct LiveArm {
     slot: usize,
     future: ArmFuture,
+    /// Set when a failing sibling stops the arm, so it ends as cancelled.
+    cancelled: Rc<Cell<bool>>,
+}
+
+/// Reports an arm's one terminal event (guide ch. 16): `task_succeeded` or
+/// `task_failed` when its chain ends, else, when the arm is dropped,
+/// `task_cancelled` for a sibling's fail-fast or `task_abandoned` when its
+/// owner or the run stopped it. It is dropped after the arm's own tasks.
+struct ArmEnd {
+    run: Rc<RunCtx>,
+    task: String,
+    target: String,
+    cancelled: Rc<Cell<bool>>,
+    reported: bool,
+}
+
+impl ArmEnd {
+    fn report(&mut self, kind: EventKind, reason: Option<AbandonReason>) {
+        self.reported = true;
+        let mut fields = serde_json::Map::new();
+        fields.insert("task".into(), Json::String(self.task.clone()));
+        if let Some(reason) = reason {
+            fields.insert("reason".into(), Json::String(reason.as_str().into()));
+        }
+        self.run.report(&self.task, &self.target, kind, fields);
+    }
+
+    fn finished(mut self, ok: bool) {
+        let kind = if ok {
+            EventKind::TaskSucceeded
+        } else {
+            EventKind::TaskFailed
+        };
+        self.report(kind, None);
+    }
+}
+
+impl Drop for ArmEnd {
+    fn drop(&mut self) {
+        if self.reported {
+            return;
+        }
+        if self.run.fixed.cancel.is_cancelled() || self.run.has_ended() {
+            self.report(EventKind::TaskAbandoned, Some(AbandonReason::RunTerminated));
+        } else if self.cancelled.get() {
+            self.report(EventKind::TaskCancelled, None);
+        } else {
+            self.report(EventKind::TaskAbandoned, Some(AbandonReason::OwnerAborted));
+        }
+    }
 }
 
 /// Releases an arm's store claims when the arm ends, however it ends: finished,
@@ -121,8 +174,20 @@ async fn fanout(lua: &Lua, args: &MultiValue) -> HostResult<Table> {
                 item: Some(item),
                 index: i64::try_from(next + 1).ok(),
             };
-            let future = start_arm(&run, &parent, &worker, argv.clone(), &var, seed);
-            live.push(LiveArm { slot: next, future });
+            let cancelled = Rc::new(Cell::new(false));
+            let arm = Arm {
+                worker: &worker,
+                target: &found.name,
+                argv: argv.clone(),
+                var: &var,
+                seed,
+            };
+            let future = start_arm(&sec, arm, Rc::clone(&cancelled));
+            live.push(LiveArm {
+                slot: next,
+                future,
+                cancelled,
+            });
             next += 1;
         }
         if live.is_empty() {
@@ -164,47 +229,79 @@ async fn fanout(lua: &Lua, args: &MultiValue) -> HostResult<Table> {
         _ = run.fixed.cancel.cancelled() => Err(Raise::from(cancelled_error())),
         r = driven => r,
     };
-    // Whatever the outcome, no arm outlives the call.
+    // Whatever the outcome, no arm outlives the call; a failure cancels the rest.
+    if outcome.is_err() {
+        for arm in &live {
+            arm.cancelled.set(true);
+        }
+    }
     drop(live);
     outcome?;
     results(lua, &members, slots)
 }
 
-/// Start one arm: a child chain of the caller's chain, seeded with its member,
-/// claiming under its own identity until it ends.
-fn start_arm(
-    run: &Rc<RunCtx>,
-    parent: &Rc<Chain>,
-    worker: &[usize],
+/// What one arm starts from.
+struct Arm<'a> {
+    worker: &'a [usize],
+    /// The worker section's heading.
+    target: &'a str,
     argv: Option<Json>,
-    var: &Json,
+    var: &'a Json,
     seed: ArmSeed,
-) -> ArmFuture {
+}
+
+/// Start one arm: a child chain of the caller's chain, seeded with its member,
+/// claiming under its own identity until it ends. The arm is a task: its
+/// `task_started` goes into the caller's history, and the caller may read its own.
+fn start_arm(sec: &Rc<SectionCtx>, arm: Arm<'_>, cancelled: Rc<Cell<bool>>) -> ArmFuture {
+    let run = Rc::clone(&sec.run);
+    let parent = Rc::clone(&sec.chain);
     let chain = Rc::new(Chain::new(
         parent.next_child_id(),
         parent.args.clone(),
-        argv,
+        arm.argv,
         parent.depth + 1,
-        var.clone(),
-        Some(seed),
+        arm.var.clone(),
+        Some(arm.seed),
     ));
+    run.set_task_owner(&chain.id, &parent.id);
+    let started =
+        crate::tasks::task_started_fields(&chain.id, arm.target, false, &None, &chain, sec);
+    sec.report(EventKind::TaskStarted, started);
     let claims = ArmClaims {
-        run: Rc::clone(run),
+        run: Rc::clone(&run),
         identity: chain.identity.borrow().clone(),
     };
-    let run = Rc::clone(run);
-    let worker = worker.to_vec();
+    let end = ArmEnd {
+        run: Rc::clone(&run),
+        task: chain.id.clone(),
+        target: arm.target.to_string(),
+        cancelled,
+        reported: false,
+    };
+    let worker = arm.worker.to_vec();
     Box::pin(async move {
         let _claims = claims;
-        let _owned = crate::tasks::OwnedTasks::new(&run, &chain.id);
-        let end = walk_chain(&run, &chain, worker).await?;
-        crate::tasks::settle(&run, &chain.id).map_err(|e| {
-            Failure::Error(
-                crate::error::RunError::new(crate::error::RunErrorKind::Lua, e.message.clone()),
-                Some(e),
-            )
-        })?;
-        Ok(end)
+        let arm_end = end;
+        let owned = crate::tasks::OwnedTasks::new(&run, &chain.id);
+        let walked = walk_chain(&run, &chain, worker).await;
+        owned.chain_ended(walked.is_ok());
+        let result = walked.and_then(|end| {
+            crate::tasks::settle(&run, &chain.id)
+                .map(|()| end)
+                .map_err(|e| {
+                    Failure::Error(
+                        crate::error::RunError::new(
+                            crate::error::RunErrorKind::Lua,
+                            e.message.clone(),
+                        ),
+                        Some(e),
+                    )
+                })
+        });
+        drop(owned);
+        arm_end.finished(result.is_ok());
+        result
     })
 }
 

@@ -33,7 +33,7 @@ use rand::{RngCore, SeedableRng};
 
 pub use ctx::Checkpoint;
 pub use error::{RunError, RunErrorKind};
-pub use events::{EventKind, LiveOutput, LiveText, Provenance, RunEvent, MAIN_TASK};
+pub use events::{EventKind, LiveText, Provenance, RunEvent, RunObserver, MAIN_TASK};
 pub use io_files::{collect_output, missing_input, place_input, CollectedOutput};
 pub use text::{envelope, format_when};
 
@@ -55,9 +55,12 @@ pub struct RunSetup {
     pub cancel: CancellationToken,
     /// The host-state snapshot for `ui()`, when the Host has one.
     pub ui: Option<serde_json::Value>,
-    /// Live output: when set, `models.loop` rounds stream and each text fragment
-    /// reaches it as it arrives (`models.infer` rounds never stream).
-    pub live: Option<LiveOutput>,
+    /// The Host's observer: hears every event as it happens, and live output
+    /// when it asks for it ([`RunObserver::wants_live_text`]).
+    pub observer: Option<Arc<dyn RunObserver>>,
+    /// Debug capture: when true, each model round also reports `request` and
+    /// `response` events with the bodies exchanged (guide ch. 16).
+    pub capture: bool,
 }
 
 /// How a run ended.
@@ -74,8 +77,6 @@ pub struct RunReport {
     pub outcome: Outcome,
     pub execution: String,
     pub checkpoints: Vec<Checkpoint>,
-    /// Everything the run reported, in order (guide ch. 16).
-    pub events: Vec<RunEvent>,
 }
 
 /// The version rules: `Ok` when the prompt may run.
@@ -145,29 +146,54 @@ async fn run_beside(
     foreign_claims: Vec<testing::ForeignClaim>,
 ) -> RunReport {
     let (execution, nonce) = seeded_names(setup.seed);
-    if let Err(e) = check_version(&prompt) {
-        return RunReport {
-            outcome: Outcome::Failed(e),
-            execution,
+    let title = prompt.title.clone();
+    let mut log = events::EventLog::new(setup.observer.clone());
+    // The standard runner logs the parse ahead of the run (guide ch. 16 "Parse
+    // and compile events"); the prompt reached us parsed, so it is reported here.
+    let gate = check_version(&prompt);
+    report_parse(
+        &mut log,
+        &execution,
+        &prompt,
+        !matches!(&gate, Err(e) if e.kind == RunErrorKind::Parse),
+    );
+    let failed_early = |log: &mut events::EventLog, error: RunError, started: bool| {
+        if started {
+            log.record(
+                &execution,
+                MAIN_TASK,
+                &title,
+                EventKind::RunFailed,
+                Default::default(),
+            );
+        }
+        RunReport {
+            outcome: Outcome::Failed(error),
+            execution: execution.clone(),
             checkpoints: Vec::new(),
-            events: Vec::new(),
-        };
+        }
+    };
+    if let Err(e) = gate {
+        return failed_early(&mut log, e, false);
     }
+    log.record(
+        &execution,
+        MAIN_TASK,
+        &title,
+        EventKind::RunStarted,
+        Default::default(),
+    );
     // A store that fails as the run starts fails the run (kind `Store`), rather
     // than letting it run against a throwaway store.
     let store = match pf_store::Store::open(&setup.store_dir) {
         Ok(store) => store,
         Err(e) => {
             tracing::error!("the store cannot be opened: {e}");
-            return RunReport {
-                outcome: Outcome::Failed(RunError::new(
-                    RunErrorKind::Store,
-                    pf_store::messages::STORE_OPERATION_FAILED,
-                )),
-                execution,
-                checkpoints: Vec::new(),
-                events: Vec::new(),
-            };
+            let error = RunError::new(
+                RunErrorKind::Store,
+                pf_store::messages::STORE_OPERATION_FAILED,
+            );
+            return failed_early(&mut log, error, true);
         }
     };
     let info = setup.model.as_ref().map(|m| m.info());
@@ -185,40 +211,40 @@ async fn run_beside(
             for a in active {
                 a.shutdown().await;
             }
-            return RunReport {
-                outcome: Outcome::Failed(RunError::new(RunErrorKind::RequirementsUnmet, notice)),
-                execution,
-                checkpoints: Vec::new(),
-                events: Vec::new(),
-            };
+            let error = RunError::new(RunErrorKind::RequirementsUnmet, notice);
+            return failed_early(&mut log, error, true);
         }
     };
     let argv = args_value(&prompt, &setup.args);
-    let run_ctx = Rc::new(ctx::RunCtx::new(ctx::RunFixed {
-        prompt: Arc::clone(&prompt),
-        args: setup.args.clone(),
-        argv,
-        execution: execution.clone(),
-        when: format_when(setup.start_ms),
-        nonce,
-        cancel: setup.cancel.clone(),
-        services: setup.harness.services.clone(),
-        ui: setup.ui.clone(),
-        store_dir: setup.store_dir.clone(),
-        store,
-        bound,
-        model: setup.model.clone(),
-        catalog: setup.catalog.clone(),
-        roles: prompt.frontmatter.models.clone(),
-        max_rounds: prompt
-            .frontmatter
-            .max_tool_iterations
-            .unwrap_or(DEFAULT_ROUND_CAP),
-        section_count: prompt.sections.len(),
-        log_event_quota: DEFAULT_LOG_EVENTS,
-        memory_limit: DEFAULT_MEMORY,
-        live: setup.live.clone(),
-    }));
+    let run_ctx = Rc::new(ctx::RunCtx::new(
+        ctx::RunFixed {
+            prompt: Arc::clone(&prompt),
+            args: setup.args.clone(),
+            argv,
+            execution: execution.clone(),
+            when: format_when(setup.start_ms),
+            nonce,
+            cancel: setup.cancel.clone(),
+            services: setup.harness.services.clone(),
+            ui: setup.ui.clone(),
+            store_dir: setup.store_dir.clone(),
+            store,
+            bound,
+            model: setup.model.clone(),
+            catalog: setup.catalog.clone(),
+            roles: prompt.frontmatter.models.clone(),
+            max_rounds: prompt
+                .frontmatter
+                .max_tool_iterations
+                .unwrap_or(DEFAULT_ROUND_CAP),
+            section_count: prompt.sections.len(),
+            log_event_quota: DEFAULT_LOG_EVENTS,
+            memory_limit: DEFAULT_MEMORY,
+            observer: setup.observer.clone(),
+            capture: setup.capture,
+        },
+        log,
+    ));
     for claim in foreign_claims {
         let identity = claims::ClaimIdentity::of_chain(&claim.chain_id);
         if let Err(conflict) = run_ctx.claims().claim(&identity, &claim.path, claim.kind) {
@@ -247,6 +273,13 @@ async fn run_beside(
         }
         (None, o) => o,
     };
+    // The closing event comes after every task's terminal event; a cancelled
+    // run closes with `run_failed` too (there is no run-cancelled kind).
+    let closing = match outcome {
+        Outcome::Completed(_) => EventKind::RunSucceeded,
+        _ => EventKind::RunFailed,
+    };
+    run_ctx.report(MAIN_TASK, &title, closing, Default::default());
     for a in active {
         a.shutdown().await;
     }
@@ -254,7 +287,69 @@ async fn run_beside(
         outcome,
         execution,
         checkpoints: record.checkpoints,
-        events: record.events,
+    }
+}
+
+/// The parse events of a parsed prompt, on the main walk's count: `parse_started`,
+/// one compilation pair per Lua block in file order (under the H1 title for the
+/// H1 body, shared library included, else the section's heading), then
+/// `parse_succeeded`, or `parse_failed` when the file is not a prompt.
+fn report_parse(log: &mut events::EventLog, execution: &str, prompt: &Prompt, parsed: bool) {
+    fn section_blocks<'p>(sections: &'p [pf_syntax::Section], out: &mut Vec<(u32, &'p str)>) {
+        for s in sections {
+            for b in &s.blocks {
+                if let pf_syntax::Block::Lua(lua) = b {
+                    out.push((lua.first_line, &s.name));
+                }
+            }
+            section_blocks(&s.children, out);
+        }
+    }
+    let mut blocks: Vec<(u32, &str)> = Vec::new();
+    if let Some(shared) = &prompt.shared {
+        blocks.push((shared.first_line, &prompt.title));
+    }
+    for b in &prompt.h1_blocks {
+        if let pf_syntax::Block::Lua(lua) = b {
+            blocks.push((lua.first_line, &prompt.title));
+        }
+    }
+    section_blocks(&prompt.sections, &mut blocks);
+    blocks.sort_by_key(|(line, _)| *line);
+    let mut report = |section: &str, kind| {
+        log.record(execution, MAIN_TASK, section, kind, Default::default());
+    };
+    report(PARSE_SECTION, EventKind::ParseStarted);
+    for (_, section) in blocks {
+        report(section, EventKind::LuaCompilationStarted);
+        report(section, EventKind::LuaCompilationSucceeded);
+    }
+    let closing = if parsed {
+        EventKind::ParseSucceeded
+    } else {
+        EventKind::ParseFailed
+    };
+    report(PARSE_SECTION, closing);
+}
+
+/// The `section` of parse events (guide ch. 16 "The section label").
+const PARSE_SECTION: &str = "Prompt";
+
+/// What the standard runner logs for a file whose parse failed, so a Host's
+/// run log shows it: `parse_started` then `parse_failed`, on the main walk's
+/// count, under `Prompt`. The file never runs, so no prompt reads them.
+pub fn report_parse_failure(observer: &dyn RunObserver, execution: &str) {
+    for (seq, kind) in [(0, EventKind::ParseStarted), (1, EventKind::ParseFailed)] {
+        let event = RunEvent {
+            kind,
+            section: PARSE_SECTION.to_string(),
+            provenance: Provenance {
+                task: MAIN_TASK.to_string(),
+                seq,
+            },
+            fields: Default::default(),
+        };
+        observer.event(execution, &event);
     }
 }
 

@@ -591,21 +591,27 @@ async fn send_round(
         temperature: target.temperature,
         max_tokens: target.max_tokens,
         thinking,
+        capture: sec.run.fixed.capture,
     };
     let cancel = sec.run.fixed.cancel.clone();
-    sec.run.host_work();
+    let work = sec.host_work();
     let started = std::time::Instant::now();
-    let live = sec.run.fixed.live.clone().filter(|_| stream);
+    let live = sec
+        .run
+        .fixed
+        .observer
+        .clone()
+        .filter(|o| stream && o.wants_live_text());
     let mut fragments = Fragments::default();
     let blocked = crate::tasks::blocked_on(sec, crate::tasks::Blocked::Chat);
     let reply = match &live {
         None => tokio::select! {
             _ = cancel.cancelled() => return Err(RoundFailure::Error(cancelled_error())),
-            r = model.complete(request, cancel.child_token()) => r,
+            r = model.complete(request, &work, cancel.child_token()) => r,
         },
         Some(live) => {
             let section = sec.name.clone();
-            let turn = sec.run.turns().saturating_add(1);
+            let turn = sec.turns().saturating_add(1);
             let mut listening = true;
             let mut on_text = |text: &str| {
                 if text.is_empty() {
@@ -622,12 +628,12 @@ async fn send_round(
                         turn,
                         text,
                     };
-                    listening = deliver(live, fragment);
+                    listening = deliver(live.as_ref(), fragment);
                 }
             };
             tokio::select! {
                 _ = cancel.cancelled() => return Err(RoundFailure::Error(cancelled_error())),
-                r = model.complete_streaming(request, cancel.child_token(), &mut on_text) => r,
+                r = model.complete_streaming(request, &work, cancel.child_token(), &mut on_text) => r,
             }
         }
     };
@@ -670,8 +676,23 @@ fn report_failed_round(sec: &SectionCtx) {
 /// (with the detail and finish reason of an empty reply), any degraded
 /// metadata, and `model_turn_truncated` for a text reply cut at `length`.
 fn complete_round(sec: &SectionCtx, resp: &ChatResponse) -> u32 {
-    let turn = sec.run.complete_turn();
-    crate::tasks::count_task_turn(sec);
+    // Debug capture: the bodies exchanged, ahead of the round's other events.
+    if let (true, Some(capture)) = (sec.run.fixed.capture, &resp.capture) {
+        let turn = sec.turns().saturating_add(1);
+        sec.report(
+            EventKind::Request,
+            fields(serde_json::json!({"turn": turn, "body": capture.request})),
+        );
+        let mut response = fields(serde_json::json!({"turn": turn, "body": capture.response}));
+        if let Some(f) = &resp.finish_reason {
+            response.insert("finish_reason".into(), Json::String(f.clone()));
+        }
+        if let Some(r) = &resp.reasoning {
+            response.insert("reasoning_content".into(), Json::String(r.clone()));
+        }
+        sec.report(EventKind::Response, response);
+    }
+    let turn = sec.complete_turn();
     let text_reply = resp.tool_calls.is_empty();
     let mut completed = serde_json::Map::new();
     if text_reply && is_empty_reply(resp.content.as_deref()) {
@@ -687,6 +708,22 @@ fn complete_round(sec: &SectionCtx, resp: &ChatResponse) -> u32 {
             fields(serde_json::json!({
                 "turn": turn,
                 "message": "completion response named no string `model`; recorded as empty",
+            })),
+        );
+    }
+    for message in &resp.degraded {
+        sec.report(
+            EventKind::ModelMetadataDegraded,
+            fields(serde_json::json!({"turn": turn, "message": message})),
+        );
+    }
+    if let Some(text) = resp.reasoning.as_deref().filter(|t| !t.is_empty()) {
+        sec.report(
+            EventKind::Thinking,
+            fields(serde_json::json!({
+                "turn": turn,
+                "model": resp.model.clone().unwrap_or_default(),
+                "text": text,
             })),
         );
     }
@@ -1126,6 +1163,8 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
             append_record(list, r)?;
         }
     }
+    // The model's tasks end with its loop (guide ch. 16 "Abandoned tasks").
+    crate::tasks::abandon_model_tasks(&sec, crate::tasks::AbandonReason::ToolLoopExhausted);
     Err(HostError::new(
         ErrorKind::ToolLoopExhausted,
         "tool-call loop did not converge",
@@ -1163,6 +1202,7 @@ mod tests {
         async fn complete(
             &self,
             request: ChatRequest,
+            _: &pf_harness::WorkId,
             _: CancellationToken,
         ) -> Result<ChatResponse, ProviderError> {
             self.seen
@@ -1213,7 +1253,8 @@ mod tests {
             catalog,
             cancel: CancellationToken::new(),
             ui,
-            live: None,
+            observer: None,
+            capture: false,
         };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -1327,9 +1368,10 @@ mod tests {
         async fn complete(
             &self,
             request: ChatRequest,
+            work: &pf_harness::WorkId,
             cancel: CancellationToken,
         ) -> Result<ChatResponse, ProviderError> {
-            self.1.complete(request, cancel).await
+            self.1.complete(request, work, cancel).await
         }
     }
 

@@ -457,10 +457,10 @@ async fn run_bound(
     let plugin = b.plugin.clone();
     let path = b.path.clone();
     let child = cancel.child_token();
-    sec.run.host_work();
+    let work = sec.host_work();
     let result = tokio::select! {
         _ = cancel.cancelled() => return Err(cancelled_error()),
-        r = plugin.call(&path, args, child) => r,
+        r = plugin.call(&path, args, &work, child) => r,
     };
     Ok(match result {
         Ok(text) if b.trusted => BoundOutcome::Output(text),
@@ -662,7 +662,7 @@ async fn tools_call(lua: Lua, args: MultiValue) -> HostResult<Value> {
         }
     };
     // A script call's `tool_result` carries the rounds completed when it was made.
-    let turn = sec.run.turns();
+    let turn = sec.turns();
     match call_tool(&lua, &sec, Caller::Script, &name, call_args, turn).await? {
         ToolReply::Text(text) => Ok(Value::String(lua.create_string(&text)?)),
         ToolReply::Structured(json) => Ok(json_to_lua(&lua, &json)?),

@@ -17,6 +17,7 @@ use crate::ctx::{
 use crate::error::{
     read_error_value, ErrorKind, HostError, HostResult, Raise, RunError, RunErrorKind,
 };
+use crate::events::EventKind;
 use crate::text::{lua_type_name, scalar_text};
 use crate::vm::{install_name_globals, new_vm};
 use crate::Outcome;
@@ -103,7 +104,7 @@ pub(crate) async fn run_main(run: Rc<RunCtx>) -> Outcome {
         None,
     ));
     // Tasks the H1 pass or the walk spawned end with the main chain.
-    let _owned = crate::tasks::OwnedTasks::new(&run, &main.id);
+    let owned = crate::tasks::OwnedTasks::new(&run, &main.id);
     // The H1 pass is always entry 0.0, whether or not it runs.
     let h1_id = main.next_entry_id();
     let mut start = if prompt.sections.is_empty() {
@@ -126,19 +127,20 @@ pub(crate) async fn run_main(run: Rc<RunCtx>) -> Outcome {
         let h1_identity = main.identity.replace(walk_identity);
         run.claims().release(&h1_identity);
         match end {
-            EntryEnd::Return(t) => return finish(&run, &main, Outcome::Completed(t)),
+            EntryEnd::Return(t) => return finish(&run, &main, &owned, Outcome::Completed(t)),
             EntryEnd::Jump(target) => match resolve_heading(&prompt, &[], &target) {
                 Ok((path, _)) => start = Some(path),
                 Err(m) => {
                     return finish(
                         &run,
                         &main,
+                        &owned,
                         Outcome::Failed(RunError::new(RunErrorKind::Lua, m)),
                     )
                 }
             },
             EntryEnd::FallThrough => {}
-            EntryEnd::Fail(f) => return finish(&run, &main, failure_outcome(f)),
+            EntryEnd::Fail(f) => return finish(&run, &main, &owned, failure_outcome(f)),
         }
     }
     let outcome = match start {
@@ -151,10 +153,16 @@ pub(crate) async fn run_main(run: Rc<RunCtx>) -> Outcome {
         Ok(None) => Outcome::Completed("done".into()),
         Err(f) => failure_outcome(f),
     };
-    finish(&run, &main, outcome)
+    finish(&run, &main, &owned, outcome)
 }
 
-fn finish(run: &RunCtx, main: &Chain, outcome: Outcome) -> Outcome {
+fn finish(
+    run: &RunCtx,
+    main: &Chain,
+    owned: &crate::tasks::OwnedTasks,
+    outcome: Outcome,
+) -> Outcome {
+    owned.chain_ended(matches!(outcome, Outcome::Completed(_)));
     let outcome = match (outcome, crate::tasks::settle(run, &main.id)) {
         (Outcome::Completed(_), Err(e)) => {
             Outcome::Failed(RunError::new(RunErrorKind::Lua, e.message))
@@ -262,17 +270,38 @@ fn run_entry(
     })
 }
 
+/// One section entry with its events (guide ch. 16): `section_started`, the
+/// section VM's phases, then `section_finished` when the section completed.
+/// The H1 pass reports only its VM's phases.
 async fn run_entry_in(sec: &Rc<SectionCtx>, spec: &EntrySpec) -> EntryEnd {
+    if !sec.is_h1 {
+        sec.boundary(EventKind::SectionStarted);
+    }
     let lua = match new_vm(Rc::clone(sec)) {
         Ok(l) => l,
         Err(e) => return EntryEnd::Fail(Failure::internal(e)),
     };
-    // The shared library replays in every section VM.
+    let end = run_vm(&lua, sec, spec).await;
+    // The model tasks this entry started end with it (guide ch. 15).
+    crate::tasks::section_ended(sec, matches!(end, EntryEnd::Fail(_)));
+    sec.boundary(EventKind::LuaTeardownStarted);
+    drop(lua);
+    sec.boundary(EventKind::LuaTeardownSucceeded);
+    if !sec.is_h1 && !matches!(end, EntryEnd::Fail(_)) {
+        sec.boundary(EventKind::SectionFinished);
+    }
+    end
+}
+
+async fn run_vm(lua: &Lua, sec: &Rc<SectionCtx>, spec: &EntrySpec) -> EntryEnd {
+    // The shared library replays in every section VM; a VM without one still
+    // reports the (empty) load.
+    sec.boundary(EventKind::LuaSharedLoadStarted);
     if let Some(shared) = sec.run.fixed.prompt.shared.clone() {
         sec.loading_shared.set(true);
-        let flag = helpers(&lua).and_then(|h| h.raw_set("loading_shared", true));
-        let end = run_block(&lua, sec, &shared).await;
-        let unflag = helpers(&lua).and_then(|h| h.raw_set("loading_shared", false));
+        let flag = helpers(lua).and_then(|h| h.raw_set("loading_shared", true));
+        let end = run_block(lua, sec, &shared).await;
+        let unflag = helpers(lua).and_then(|h| h.raw_set("loading_shared", false));
         sec.loading_shared.set(false);
         if let Err(e) = flag.and(unflag) {
             return EntryEnd::Fail(Failure::internal(e));
@@ -280,14 +309,19 @@ async fn run_entry_in(sec: &Rc<SectionCtx>, spec: &EntrySpec) -> EntryEnd {
         match end {
             BlockEnd::Value(_) => {}
             BlockEnd::Jump(_) => {
+                sec.boundary(EventKind::LuaSharedLoadFailed);
                 return EntryEnd::Fail(Failure::lua(
                     "jump is not available during shared library load",
-                ))
+                ));
             }
-            BlockEnd::Fail(f) => return EntryEnd::Fail(f),
+            BlockEnd::Fail(f) => {
+                sec.boundary(EventKind::LuaSharedLoadFailed);
+                return EntryEnd::Fail(f);
+            }
         }
     }
-    if let Err(e) = install_name_globals(&lua) {
+    sec.boundary(EventKind::LuaSharedLoadSucceeded);
+    if let Err(e) = install_name_globals(lua) {
         return EntryEnd::Fail(Failure::internal(e));
     }
     let mut pending = String::new();
@@ -296,26 +330,30 @@ async fn run_entry_in(sec: &Rc<SectionCtx>, spec: &EntrySpec) -> EntryEnd {
             Block::Prose(p) => pending = p.text.clone(),
             Block::Lua(b) => {
                 *sec.prose.borrow_mut() = (std::mem::take(&mut pending), None);
-                let end = run_block(&lua, sec, b).await;
-                if let BlockEnd::Fail(f) = &end {
-                    // Nothing more runs after a cancel or a run-ending failure.
-                    if matches!(f, Failure::Cancelled) || sec.run.has_ended() {
-                        return EntryEnd::Fail(f.clone());
-                    }
-                }
-                if let Err(m) = crate::var::check_var_global(&lua) {
-                    return EntryEnd::Fail(Failure::lua(m));
-                }
+                sec.boundary(EventKind::LuaChunkStarted);
+                let end = run_block(lua, sec, b).await;
+                // Nothing more runs after a cancel or a run-ending failure;
+                // otherwise a broken `var` global fails the block.
+                let stopped = matches!(&end, BlockEnd::Fail(f)
+                    if matches!(f, Failure::Cancelled) || sec.run.has_ended());
+                let end = match crate::var::check_var_global(lua) {
+                    Err(m) if !stopped => BlockEnd::Fail(Failure::lua(m)),
+                    _ => end,
+                };
+                sec.boundary(match end {
+                    BlockEnd::Fail(_) => EventKind::LuaChunkFailed,
+                    _ => EventKind::LuaChunkSucceeded,
+                });
                 match end {
                     BlockEnd::Value(Some(text)) => return EntryEnd::Return(text),
                     BlockEnd::Value(None) => {}
-                    BlockEnd::Jump(t) => return freeze_argv(&lua, sec, EntryEnd::Jump(t)),
+                    BlockEnd::Jump(t) => return freeze_argv(lua, sec, EntryEnd::Jump(t)),
                     BlockEnd::Fail(f) => return EntryEnd::Fail(f),
                 }
             }
         }
     }
-    freeze_argv(&lua, sec, EntryEnd::FallThrough)
+    freeze_argv(lua, sec, EntryEnd::FallThrough)
 }
 
 /// At the end of the H1 pass, read `argv` back: what the H1 left there is what
@@ -619,6 +657,7 @@ pub(crate) fn make_call(lua: &Lua) -> mlua::Result<Function> {
         let owned = crate::tasks::OwnedTasks::new(&sec.run, &chain.id);
         let blocked = crate::tasks::blocked_on(&sec, crate::tasks::Blocked::Call);
         let end = walk_chain(&sec.run, &chain, target_path).await;
+        owned.chain_ended(end.is_ok());
         drop(blocked);
         let end = match end {
             Ok(result) => crate::tasks::settle(&sec.run, &chain.id)
@@ -670,6 +709,7 @@ mod tests {
         async fn ask(
             &self,
             _question: &str,
+            _: &pf_harness::WorkId,
             cancel: CancellationToken,
         ) -> Result<Option<String>, String> {
             cancel.cancelled().await;
@@ -685,6 +725,7 @@ mod tests {
         async fn ask(
             &self,
             _question: &str,
+            _: &pf_harness::WorkId,
             _cancel: CancellationToken,
         ) -> Result<Option<String>, String> {
             Err("the terminal went away".to_string())
@@ -715,7 +756,8 @@ mod tests {
             catalog: Vec::new(),
             cancel: cancel.clone(),
             ui: None,
-            live: None,
+            observer: None,
+            capture: false,
         };
         if let Some(delay) = cancel_after {
             std::thread::spawn(move || {

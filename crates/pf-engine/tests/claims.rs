@@ -65,7 +65,8 @@ fn run_in(
         catalog: Vec::new(),
         cancel,
         ui: None,
-        live: None,
+        observer: None,
+        capture: false,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -4,11 +4,11 @@
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use pf_engine::{EventKind, LiveOutput, LiveText, Outcome, RunEvent, RunReport, RunSetup};
+use pf_engine::{EventKind, LiveText, Outcome, RunEvent, RunObserver, RunSetup};
 use pf_harness::{
     ActivationContext, ActivePlugin, CancellationToken, ChatRequest, ChatResponse, Harness,
     ModelInfo, ModelProvider, OnText, Plugin, ProviderError, ThinkingSupport, ToolFailure,
-    ToolSpec,
+    ToolSpec, WorkId,
 };
 use pf_models::ScriptProvider;
 use serde_json::{json, Value as Json};
@@ -39,12 +39,59 @@ fn prompt(frontmatter_extra: &str, body: &str) -> Arc<pf_syntax::Prompt> {
     }
 }
 
+/// A live output listener: true while it listens.
+type LiveOutput = Box<dyn Fn(LiveText<'_>) -> bool + Send + Sync>;
+
+/// An observer that keeps every event and passes live text to its listener.
+struct Collect {
+    events: Mutex<Vec<RunEvent>>,
+    live: Option<LiveOutput>,
+}
+
+impl RunObserver for Collect {
+    fn event(&self, execution: &str, event: &RunEvent) {
+        assert!(execution.starts_with("run-"), "{execution}");
+        let mut all = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        all.push(event.clone());
+    }
+    fn wants_live_text(&self) -> bool {
+        self.live.is_some()
+    }
+    fn live_text(&self, text: LiveText<'_>) -> bool {
+        self.live.as_ref().is_some_and(|live| live(text))
+    }
+}
+
+/// What a run reported: its outcome and the events its observer heard, in order.
+struct RunReport {
+    outcome: Outcome,
+    execution: String,
+    checkpoints: Vec<pf_engine::Checkpoint>,
+    /// The events of the work the prompt did (models, tools, store, log, input):
+    /// every event but the parse, run, section and section VM boundaries.
+    events: Vec<RunEvent>,
+    /// Every event, boundaries included.
+    all: Vec<RunEvent>,
+}
+
+/// The parse, run, section and section VM boundaries around the work.
+fn is_lifecycle(kind: EventKind) -> bool {
+    kind.as_str().starts_with("parse_")
+        || kind.as_str().starts_with("run_")
+        || kind.as_str().starts_with("section_")
+        || kind.as_str().starts_with("lua_")
+}
+
 fn run_with(
     prompt: Arc<pf_syntax::Prompt>,
     model: Arc<dyn ModelProvider>,
     harness: Harness,
     live: Option<LiveOutput>,
 ) -> RunReport {
+    let observer = Arc::new(Collect {
+        events: Mutex::default(),
+        live,
+    });
     let store = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
     let setup = RunSetup {
         seed: 3,
@@ -56,13 +103,26 @@ fn run_with(
         catalog: Vec::new(),
         cancel: CancellationToken::new(),
         ui: None,
-        live,
+        observer: Some(Arc::clone(&observer) as Arc<dyn RunObserver>),
+        capture: false,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap_or_else(|e| panic!("runtime: {e}"));
-    rt.block_on(pf_engine::run(prompt, setup))
+    let report = rt.block_on(pf_engine::run(prompt, setup));
+    let all = std::mem::take(&mut *observer.events.lock().unwrap_or_else(|p| p.into_inner()));
+    RunReport {
+        outcome: report.outcome,
+        execution: report.execution,
+        checkpoints: report.checkpoints,
+        events: all
+            .iter()
+            .filter(|e| !is_lifecycle(e.kind))
+            .cloned()
+            .collect(),
+        all,
+    }
 }
 
 fn run(body: &str, replies: Json) -> RunReport {
@@ -130,7 +190,13 @@ fn a_tool_round_then_a_reply_reports_the_guides_order() {
         .iter()
         .all(|e| e.section == "Ask" && e.provenance.task == "0"));
     // Each model call takes a number of its own, so the events skip 2 and 9.
-    let seqs: Vec<u32> = report.events.iter().map(|e| e.provenance.seq).collect();
+    // Counted from the first one: the parse and section boundaries come before.
+    let first = report.events.first().map_or(0, |e| e.provenance.seq);
+    let seqs: Vec<u32> = report
+        .events
+        .iter()
+        .map(|e| e.provenance.seq - first)
+        .collect();
     assert_eq!(seqs, vec![0, 1, 3, 4, 5, 6, 7, 8, 10, 11]);
 }
 
@@ -374,7 +440,13 @@ impl ActivePlugin for WildActive {
             })
             .collect()
     }
-    async fn call(&self, path: &str, _: Json, _: CancellationToken) -> Result<String, ToolFailure> {
+    async fn call(
+        &self,
+        path: &str,
+        _: Json,
+        _: &WorkId,
+        _: CancellationToken,
+    ) -> Result<String, ToolFailure> {
         match path {
             "acme/wild/peek" => Ok("peeked".into()),
             _ => Err(ToolFailure("no luck".into())),
@@ -443,8 +515,221 @@ fn bound_tool_calls_report_outcomes_and_wrapped_results() {
         .unwrap_or("");
     assert!(sour.contains("no luck"), "{sour}");
     // Each bound call is host work and takes a number: the events skip past it.
-    let seqs: Vec<u32> = report.events.iter().map(|e| e.provenance.seq).collect();
+    // Counted from the first one: the parse and section boundaries come before.
+    let first = report.events.first().map_or(0, |e| e.provenance.seq);
+    let seqs: Vec<u32> = report
+        .events
+        .iter()
+        .map(|e| e.provenance.seq - first)
+        .collect();
     assert_eq!(seqs, vec![0, 1, 3, 4, 6, 7, 9, 10, 11, 12, 14, 15]);
+}
+
+#[test]
+fn the_observer_hears_the_whole_lifecycle_including_what_no_prompt_reads() {
+    let body = "```lua shared\nfunction shout(text) return string.upper(text) end\n```\n\n## First\n\n```lua\nvar.word = shout('hello')\n```\n\n## Second\n\n```lua\nreturn var.word\n```\n";
+    let report = run(body, json!([]));
+    assert_eq!(report.outcome, Outcome::Completed("HELLO".into()));
+    let lines: Vec<String> = report
+        .all
+        .iter()
+        .map(|e| format!("{} {} {}", e.provenance.seq, e.section, e.kind))
+        .collect();
+    let section = |name: &str, from: u32| {
+        [
+            "section_started",
+            "lua_shared_load_started",
+            "lua_shared_load_succeeded",
+            "lua_chunk_started",
+            "lua_chunk_succeeded",
+            "lua_teardown_started",
+            "lua_teardown_succeeded",
+            "section_finished",
+        ]
+        .iter()
+        .zip(from..)
+        .map(|(kind, seq)| format!("{seq} {name} {kind}"))
+        .collect::<Vec<_>>()
+    };
+    let mut expected: Vec<String> = [
+        "0 Prompt parse_started",
+        "1 Events lua_compilation_started",
+        "2 Events lua_compilation_succeeded",
+        "3 First lua_compilation_started",
+        "4 First lua_compilation_succeeded",
+        "5 Second lua_compilation_started",
+        "6 Second lua_compilation_succeeded",
+        "7 Prompt parse_succeeded",
+        "8 Events run_started",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    expected.extend(section("First", 9));
+    expected.extend(section("Second", 17));
+    expected.push("25 Events run_succeeded".into());
+    assert_eq!(lines, expected);
+    assert!(report.all.iter().all(|e| e.provenance.task == "0"));
+}
+
+#[test]
+fn a_task_stranded_by_a_cancelled_run_is_abandoned_before_the_run_closes() {
+    // The main walk waits on a model round that never answers while its task
+    // waits on a second one; the run is cancelled from outside.
+    let body = "## Main\n\n```lua\nlocal t = tasks.spawn('### Slow')\nmodels.use('w')\nmodels.infer('never')\n```\n\n### Slow\n\n```lua\nmodels.use('w')\nreturn models.infer('never')\n```\n";
+    let store = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let observer = Arc::new(Collect {
+        events: Mutex::default(),
+        live: None,
+    });
+    let cancel = CancellationToken::new();
+    let setup = RunSetup {
+        seed: 3,
+        start_ms: 0,
+        args: String::new(),
+        store_dir: store.path().to_path_buf(),
+        harness: Harness::new(),
+        model: Some(Arc::new(Never)),
+        catalog: Vec::new(),
+        cancel: cancel.clone(),
+        ui: None,
+        observer: Some(Arc::clone(&observer) as Arc<dyn RunObserver>),
+        capture: false,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("runtime: {e}"));
+    let report = rt.block_on(async {
+        let run = pf_engine::run(prompt("", body), setup);
+        tokio::pin!(run);
+        // Poll until both rounds are in flight, then cancel.
+        loop {
+            tokio::select! {
+                r = &mut run => break r,
+                _ = tokio::task::yield_now() => {
+                    let waiting = observer
+                        .events
+                        .lock()
+                        .map(|e| e.iter().filter(|e| e.kind == EventKind::LuaChunkStarted).count())
+                        .unwrap_or(0);
+                    if waiting == 2 {
+                        cancel.cancel();
+                    }
+                }
+            }
+        }
+    });
+    assert_eq!(report.outcome, Outcome::Cancelled);
+    let all = observer
+        .events
+        .lock()
+        .map(|e| e.clone())
+        .unwrap_or_default();
+    let tail: Vec<String> = all
+        .iter()
+        .rev()
+        .take(2)
+        .rev()
+        .map(|e| {
+            let reason = e.field("reason").and_then(Json::as_str).unwrap_or("");
+            format!("{} {} {} {reason}", e.provenance.task, e.section, e.kind)
+        })
+        .collect();
+    assert_eq!(
+        tail,
+        vec![
+            "0.0 Slow task_abandoned run_terminated",
+            "0 Events run_failed ",
+        ]
+    );
+}
+
+#[test]
+fn capture_reports_the_bodies_ahead_of_each_round_only_when_switched_on() {
+    let body = "## Ask\n\n```lua\nmodels.use('w')\nreturn models.infer('hello there')\n```\n";
+    let replies = json!([{"content": "hi", "reasoning": "greet back"}]);
+    let ran = |capture: bool| {
+        let store = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let observer = Arc::new(Collect {
+            events: Mutex::default(),
+            live: None,
+        });
+        let setup = RunSetup {
+            seed: 3,
+            start_ms: 0,
+            args: String::new(),
+            store_dir: store.path().to_path_buf(),
+            harness: Harness::new(),
+            model: Some(script(replies.clone())),
+            catalog: Vec::new(),
+            cancel: CancellationToken::new(),
+            ui: None,
+            observer: Some(Arc::clone(&observer) as Arc<dyn RunObserver>),
+            capture,
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("runtime: {e}"));
+        let outcome = rt.block_on(pf_engine::run(prompt("", body), setup)).outcome;
+        assert_eq!(outcome, Outcome::Completed("hi".into()));
+        let all = observer
+            .events
+            .lock()
+            .map(|e| e.clone())
+            .unwrap_or_default();
+        all.into_iter()
+            .filter(|e| !is_lifecycle(e.kind))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        kinds(&ran(false)),
+        vec!["model_turn_completed", "thinking", "assistant_reply"]
+    );
+    let captured = ran(true);
+    assert_eq!(
+        kinds(&captured),
+        vec![
+            "request",
+            "response",
+            "model_turn_completed",
+            "thinking",
+            "assistant_reply"
+        ]
+    );
+    let request = &captured[0];
+    assert_eq!(request.turn(), Some(1));
+    let sent = request.field("body").and_then(Json::as_str).unwrap_or("");
+    assert!(sent.contains("hello there"), "{sent}");
+    let response = &captured[1];
+    assert_eq!(response.turn(), Some(1));
+    assert_eq!(response.field("finish_reason"), Some(&json!("stop")));
+    assert_eq!(
+        response.field("reasoning_content"),
+        Some(&json!("greet back"))
+    );
+    let received = response.field("body").and_then(Json::as_str).unwrap_or("");
+    assert!(received.contains("greet back"), "{received}");
+}
+
+/// A model that never answers until cancelled.
+struct Never;
+
+#[async_trait]
+impl ModelProvider for Never {
+    fn info(&self) -> ModelInfo {
+        info()
+    }
+    async fn complete(
+        &self,
+        _: ChatRequest,
+        _: &WorkId,
+        cancel: CancellationToken,
+    ) -> Result<ChatResponse, ProviderError> {
+        cancel.cancelled().await;
+        Err(ProviderError::Cancelled)
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -455,7 +740,7 @@ type Heard = Arc<Mutex<Vec<(String, u32, String)>>>;
 
 fn listener(heard: &Heard, listen_for: usize) -> LiveOutput {
     let heard = Arc::clone(heard);
-    Arc::new(move |t: LiveText<'_>| {
+    Box::new(move |t: LiveText<'_>| {
         let mut all = heard.lock().unwrap_or_else(|p| p.into_inner());
         all.push((t.section.to_string(), t.turn, t.text.to_string()));
         all.len() < listen_for
@@ -493,6 +778,7 @@ impl ModelProvider for Drip {
     async fn complete(
         &self,
         _: ChatRequest,
+        _: &WorkId,
         _: CancellationToken,
     ) -> Result<ChatResponse, ProviderError> {
         Ok(ChatResponse {
@@ -505,6 +791,7 @@ impl ModelProvider for Drip {
     async fn complete_streaming(
         &self,
         _: ChatRequest,
+        _: &WorkId,
         _: CancellationToken,
         on_text: &mut OnText<'_>,
     ) -> Result<ChatResponse, ProviderError> {
@@ -552,7 +839,7 @@ fn the_terminal_record_is_the_fragments_joined_and_a_host_may_stop_listening() {
 
 #[test]
 fn a_listener_that_panics_does_not_fail_the_round() {
-    let live: LiveOutput = Arc::new(|_| panic!("the terminal is gone"));
+    let live: LiveOutput = Box::new(|_| panic!("the terminal is gone"));
     let report = run_with(
         prompt("", LOOP_ONCE),
         Arc::new(Drip {

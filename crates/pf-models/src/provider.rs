@@ -10,6 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use pf_harness::{
     CancellationToken, ChatRequest, ChatResponse, ModelInfo, ModelProvider, OnText, ProviderError,
+    WireCapture, WorkId,
 };
 use reqwest::header::{HeaderMap, HeaderName};
 use reqwest::StatusCode;
@@ -230,11 +231,19 @@ impl<W: WireFormat> HttpProvider<W> {
             .http
             .post_json(&url, self.headers(key)?, &body, cancel)
             .await?;
-        self.whole_reply(&url, &reply, key)
+        let mut response = self
+            .whole_reply(&url, &reply, key)
             .map_err(|error| AttemptFailure {
                 error,
                 retry_after: reply.retry_after,
-            })
+            })?;
+        if request.capture {
+            response.capture = Some(WireCapture {
+                request: body.to_string(),
+                response: String::from_utf8_lossy(&reply.body).into_owned(),
+            });
+        }
+        Ok(response)
     }
 
     async fn send_streaming(
@@ -256,22 +265,35 @@ impl<W: WireFormat> HttpProvider<W> {
             Streamed::Events(stream) => stream,
             // A server that does not stream answers with one body: its text is one fragment.
             Streamed::Whole(reply) => {
-                let response =
+                let mut response =
                     self.whole_reply(&url, &reply, key)
                         .map_err(|error| AttemptFailure {
                             error,
                             retry_after: reply.retry_after,
                         })?;
+                if request.capture {
+                    response.capture = Some(WireCapture {
+                        request: body.to_string(),
+                        response: String::from_utf8_lossy(&reply.body).into_owned(),
+                    });
+                }
                 if let Some(text) = response.content.as_deref().filter(|t| !t.is_empty()) {
                     on_text(text);
                 }
                 return Ok(response);
             }
         };
+        let mut received = request.capture.then(String::new);
         let reply = self
-            .read_stream(&url, key, &mut stream, cancel, on_text)
+            .read_stream(&url, key, &mut stream, cancel, on_text, received.as_mut())
             .await?;
-        Ok(self.wire.finish_stream(reply))
+        let mut response = self.wire.finish_stream(reply);
+        // A streamed reply's captured body is its events' data, one per line.
+        response.capture = received.map(|response| WireCapture {
+            request: body.to_string(),
+            response,
+        });
+        Ok(response)
     }
 
     /// Read events until the wire format says the reply is complete; a stream
@@ -283,9 +305,14 @@ impl<W: WireFormat> HttpProvider<W> {
         stream: &mut EventStream,
         cancel: &CancellationToken,
         on_text: &mut OnText<'_>,
+        mut received: Option<&mut String>,
     ) -> Result<W::Stream, ProviderError> {
         let mut reply = W::Stream::default();
         while let Some(event) = stream.next_event(cancel).await? {
+            if let Some(received) = received.as_deref_mut() {
+                received.push_str(&event.data);
+                received.push('\n');
+            }
             let step = self
                 .wire
                 .stream_event(&mut reply, &event.data, on_text)
@@ -368,6 +395,7 @@ impl<W: WireFormat> ModelProvider for HttpProvider<W> {
     async fn complete(
         &self,
         request: ChatRequest,
+        _work: &WorkId,
         cancel: CancellationToken,
     ) -> Result<ChatResponse, ProviderError> {
         if cancel.is_cancelled() {
@@ -386,6 +414,7 @@ impl<W: WireFormat> ModelProvider for HttpProvider<W> {
     async fn complete_streaming(
         &self,
         request: ChatRequest,
+        _work: &WorkId,
         cancel: CancellationToken,
         on_text: &mut OnText<'_>,
     ) -> Result<ChatResponse, ProviderError> {

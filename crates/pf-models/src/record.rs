@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use pf_harness::{
     CancellationToken, ChatRequest, ChatResponse, ModelInfo, ModelProvider, OnText, ProviderError,
+    WorkId,
 };
 use serde_json::Value as Json;
 
@@ -111,18 +112,20 @@ impl ModelProvider for RecordingProvider {
     async fn complete(
         &self,
         request: ChatRequest,
+        work: &WorkId,
         cancel: CancellationToken,
     ) -> Result<ChatResponse, ProviderError> {
         if cancel.is_cancelled() {
             return Err(ProviderError::Cancelled);
         }
         self.append(&request)?;
-        self.inner.complete(request, cancel).await
+        self.inner.complete(request, work, cancel).await
     }
 
     async fn complete_streaming(
         &self,
         request: ChatRequest,
+        work: &WorkId,
         cancel: CancellationToken,
         on_text: &mut OnText<'_>,
     ) -> Result<ChatResponse, ProviderError> {
@@ -131,7 +134,7 @@ impl ModelProvider for RecordingProvider {
         }
         self.append(&request)?;
         self.inner
-            .complete_streaming(request, cancel, on_text)
+            .complete_streaming(request, work, cancel, on_text)
             .await
     }
 }

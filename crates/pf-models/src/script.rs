@@ -6,8 +6,13 @@
 //! the raw text so a script can hand the engine malformed arguments), `finish`
 //! (the finish reason; default `tool_calls` when there are tool calls, else
 //! `stop`), `usage` (`{"input_tokens","output_tokens"}`), `error` (the round
-//! fails with that text) and `context_overflow: true` (the round fails as a
-//! context overflow, with the `error` text if given).
+//! fails with that text), `context_overflow: true` (the round fails as a
+//! context overflow, with the `error` text if given), `reasoning` (the model's
+//! reasoning text) and `model` (the name the reply gives as the model that
+//! served it; `null` for a reply that names none).
+//!
+//! With debug capture on, the captured request is the chat-completions JSON of
+//! the request and the captured response the reply as written in the file.
 //!
 //! Tool call ids are `call_1`, `call_2`, … counted across the rounds of one provider.
 //! Each reply names the scripted model's id as the model that served it.
@@ -20,7 +25,7 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use pf_harness::{
     CancellationToken, ChatRequest, ChatResponse, ModelInfo, ModelProvider, ProviderError,
-    ToolCall, Usage,
+    ToolCall, Usage, WireCapture, WorkId,
 };
 use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
@@ -35,6 +40,11 @@ pub struct ScriptedReply {
     pub error: Option<String>,
     pub context_overflow: bool,
     pub usage: Option<ScriptedUsage>,
+    pub reasoning: Option<String>,
+    /// `None`: the scripted model's id; `Some(None)`: the reply names no model.
+    pub model: Option<Option<String>>,
+    /// The reply as written in the file (the captured response body).
+    pub raw: Json,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -75,6 +85,15 @@ struct ReplyObject {
     context_overflow: bool,
     #[serde(default)]
     usage: Option<ScriptedUsage>,
+    #[serde(default)]
+    reasoning: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    model: Option<Option<String>>,
+}
+
+/// A field that is present (`null` included) as `Some`.
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<String>>, D::Error> {
+    Option::<String>::deserialize(d).map(Some)
 }
 
 // Written by hand (not `untagged`) so a bad element gets serde_json's precise
@@ -85,17 +104,22 @@ impl<'de> Deserialize<'de> for ScriptedReply {
         impl<'de> Visitor<'de> for ReplyVisitor {
             type Value = ScriptedReply;
             fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
-                formatter.write_str("a reply: a string, or an object with content, tool_calls, finish, error, context_overflow or usage")
+                formatter.write_str("a reply: a string, or an object with content, tool_calls, finish, error, context_overflow, usage, reasoning or model")
             }
             fn visit_str<E: de::Error>(self, text: &str) -> Result<ScriptedReply, E> {
                 Ok(ScriptedReply {
                     content: Some(text.to_string()),
+                    raw: Json::String(text.to_string()),
                     ..ScriptedReply::default()
                 })
             }
             fn visit_map<M: MapAccess<'de>>(self, map: M) -> Result<ScriptedReply, M::Error> {
-                let object = ReplyObject::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                let raw = Json::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                let object = ReplyObject::deserialize(&raw).map_err(de::Error::custom)?;
                 Ok(ScriptedReply {
+                    raw,
+                    reasoning: object.reasoning,
+                    model: object.model,
                     content: object.content,
                     tool_calls: object.tool_calls,
                     finish: object.finish,
@@ -168,7 +192,7 @@ impl ScriptProvider {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn next_round(&self) -> Result<ChatResponse, ProviderError> {
+    fn next_round(&self, request: &ChatRequest) -> Result<ChatResponse, ProviderError> {
         let mut progress = self.lock();
         progress.rounds += 1;
         let round = progress.rounds;
@@ -218,9 +242,40 @@ impl ScriptProvider {
                 input_tokens: usage.input_tokens,
                 output_tokens: usage.output_tokens,
             }),
-            model: Some(self.info.id.clone()),
+            model: match &reply.model {
+                None => Some(self.info.id.clone()),
+                Some(named) => named.clone(),
+            },
+            reasoning: reply.reasoning.clone(),
+            capture: request.capture.then(|| WireCapture {
+                request: request_json(request).to_string(),
+                response: reply.raw.to_string(),
+            }),
+            ..Default::default()
         })
     }
+}
+
+/// The request in chat-completions shape, as a capture shows it.
+fn request_json(request: &ChatRequest) -> Json {
+    let mut body = serde_json::Map::new();
+    body.insert(
+        "messages".into(),
+        serde_json::to_value(&request.messages).unwrap_or(Json::Null),
+    );
+    if let Some(tools) = &request.tools {
+        body.insert(
+            "tools".into(),
+            serde_json::to_value(tools).unwrap_or(Json::Null),
+        );
+    }
+    if let Some(t) = request.temperature {
+        body.insert("temperature".into(), Json::from(t));
+    }
+    if let Some(m) = request.max_tokens {
+        body.insert("max_tokens".into(), Json::from(m));
+    }
+    Json::Object(body)
 }
 
 #[async_trait]
@@ -231,12 +286,13 @@ impl ModelProvider for ScriptProvider {
 
     async fn complete(
         &self,
-        _request: ChatRequest,
+        request: ChatRequest,
+        _work: &WorkId,
         cancel: CancellationToken,
     ) -> Result<ChatResponse, ProviderError> {
         if cancel.is_cancelled() {
             return Err(ProviderError::Cancelled);
         }
-        self.next_round()
+        self.next_round(&request)
     }
 }

@@ -132,7 +132,11 @@ async fn echoes_in_a_reply_and_its_tool_calls_are_redacted() {
     .await;
     let provider = openai(&server.base_url, "PF_MODELS_TEST_ECHO_WHOLE");
     let reply = provider
-        .complete(hello(), CancellationToken::new())
+        .complete(
+            hello(),
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+        )
         .await
         .expect("a reply");
     let content = reply.content.clone().unwrap_or_default();
@@ -165,7 +169,14 @@ async fn echoes_in_error_texts_are_redacted() {
     })
     .await;
     let provider = openai(&server.base_url, "PF_MODELS_TEST_ECHO_ERROR");
-    match provider.complete(hello(), CancellationToken::new()).await {
+    match provider
+        .complete(
+            hello(),
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+        )
+        .await
+    {
         Err(ProviderError::ContextOverflow(message)) => {
             assert_clean(&message);
             assert!(message.starts_with("maximum context length exceeded for [redacted] ; "));
@@ -191,7 +202,12 @@ async fn stream(provider: &OpenAiProvider) -> (Result<ChatResponse, ProviderErro
     let mut shown = String::new();
     let mut on_text = |text: &str| shown.push_str(text);
     let result = provider
-        .complete_streaming(hello(), CancellationToken::new(), &mut on_text)
+        .complete_streaming(
+            hello(),
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+            &mut on_text,
+        )
         .await;
     (result, shown)
 }
@@ -265,7 +281,11 @@ async fn the_anthropic_wire_is_scrubbed_the_same_way() {
     let provider = AnthropicProvider::new(model_info("claude-test", ThinkingSupport::Never), cfg)
         .expect("provider");
     let reply = provider
-        .complete(hello(), CancellationToken::new())
+        .complete(
+            hello(),
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+        )
         .await
         .expect("a reply");
     assert_eq!(

@@ -23,7 +23,11 @@ fn script(json: &str) -> ScriptProvider {
 
 async fn round(provider: &ScriptProvider) -> Result<pf_harness::ChatResponse, ProviderError> {
     provider
-        .complete(ChatRequest::default(), CancellationToken::new())
+        .complete(
+            ChatRequest::default(),
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+        )
         .await
 }
 
@@ -154,7 +158,13 @@ async fn a_cancelled_call_uses_no_reply() {
     let cancel = CancellationToken::new();
     cancel.cancel();
     assert_eq!(
-        provider.complete(ChatRequest::default(), cancel).await,
+        provider
+            .complete(
+                ChatRequest::default(),
+                &pf_harness::WorkId::new("0", 0),
+                cancel
+            )
+            .await,
         Err(ProviderError::Cancelled)
     );
     assert_eq!(
@@ -189,18 +199,20 @@ fn bad_files_are_reported_with_the_file_and_the_place() {
             "number.json",
             r#"["a", 5]"#,
             "invalid type: integer `5`, expected a reply: a string, or an object with content, tool_calls, \
-             finish, error, context_overflow or usage at line 1 column 7",
+             finish, error, context_overflow, usage, reasoning or model at line 1 column 7",
         ),
         (
             "typo.json",
             r#"[{"contnet": "a"}]"#,
+            // The object is read whole first (its text is the captured response),
+            // so the place is the object's end.
             "unknown field `contnet`, expected one of `content`, `tool_calls`, `finish`, `error`, \
-             `context_overflow`, `usage` at line 1 column 11",
+             `context_overflow`, `usage`, `reasoning`, `model` at line 1 column 17",
         ),
         (
             "call.json",
             r#"[{"tool_calls": [{"arguments": {}}]}]"#,
-            "missing field `name` at line 1 column 34",
+            "missing field `name` at line 1 column 36",
         ),
     ];
     for (name, text, problem) in cases {

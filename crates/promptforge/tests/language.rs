@@ -66,7 +66,7 @@ fn bless_rewrites_snapshots_and_keeps_assertions() {
         std::fs::read_to_string(&case).expect("case"),
         "{\n \"expect\": {\n  \"result\": \"done\",\n  \"result_contains\": [\n   \"do\"\n  ],\n  \
          \"store\": {\n   \"a.txt\": \"A\",\n   \"b.txt\": null\n  },\n  \
-         \"events\": [\n   \"0.0 Only: lua {\\\"message\\\":\\\"checkpoint\\\"}\",\n   \"0.2 Only: store_write_succeeded\"\n  ]\n }\n}\n"
+         \"events\": [\n   \"0.0 Prompt: parse_started\",\n   \"0.1 Only: lua_compilation_started\",\n   \"0.2 Only: lua_compilation_succeeded\",\n   \"0.3 Prompt: parse_succeeded\",\n   \"0.4 Echo: run_started\",\n   \"0.5 Only: section_started\",\n   \"0.6 Only: lua_shared_load_started\",\n   \"0.7 Only: lua_shared_load_succeeded\",\n   \"0.8 Only: lua_chunk_started\",\n   \"0.9 Only: lua {\\\"message\\\":\\\"checkpoint\\\"}\",\n   \"0.11 Only: store_write_succeeded\",\n   \"0.12 Only: lua_chunk_succeeded\",\n   \"0.13 Only: lua_teardown_started\",\n   \"0.14 Only: lua_teardown_succeeded\",\n   \"0.15 Only: section_finished\",\n   \"0.16 Echo: run_succeeded\"\n  ]\n }\n}\n"
     );
 
     let again = runner().run_case(dir.path(), Mode::Bless).expect("runs");

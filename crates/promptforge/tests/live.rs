@@ -100,12 +100,26 @@ fn events_are_logged_at_debug_level() {
     assert_eq!(
         kinds,
         vec![
+            "parse_started",
+            "lua_compilation_started",
+            "lua_compilation_succeeded",
+            "parse_succeeded",
+            "run_started",
+            "section_started",
+            "lua_shared_load_started",
+            "lua_shared_load_succeeded",
+            "lua_chunk_started",
             "model_turn_completed",
             "assistant_reply",
             "tool_scope_validation_started",
             "tool_scope_validation_succeeded",
             "model_turn_completed",
             "assistant_reply",
+            "lua_chunk_succeeded",
+            "lua_teardown_started",
+            "lua_teardown_succeeded",
+            "section_finished",
+            "run_succeeded",
         ]
     );
     assert!(err.contains("\"section\":\"Ask\",\"provenance\":{\"task\":\"0\",\"seq\":1}"));

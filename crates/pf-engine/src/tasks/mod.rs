@@ -20,6 +20,7 @@ use crate::claims::ClaimIdentity;
 use crate::ctx::ArmSeed;
 use crate::ctx::{arg, cancelled_error, host_async, host_fn, section, Chain, RunCtx, SectionCtx};
 use crate::error::{ErrorKind, HostError, HostResult, Raise};
+use crate::events::EventKind;
 use crate::json::lua_to_json;
 use crate::text::{envelope, lua_type_name};
 use crate::walk::{chain_argv, target_arg, walk_chain, Failure, DEPTH_CAP};
@@ -27,7 +28,7 @@ use crate::walk::{chain_argv, target_arg, walk_chain, Failure, DEPTH_CAP};
 pub(crate) mod table;
 
 use table::{key_text, parse_key, State, TaskEntry, TaskFuture, TaskOrigin};
-pub(crate) use table::{Blocked, TaskKey};
+pub(crate) use table::{AbandonReason, Blocked, TaskKey};
 
 /// Poll every live task once, in spawn order (tasks spawned meanwhile included).
 pub(crate) fn drive(run: &RunCtx, cx: &mut Context<'_>) {
@@ -69,28 +70,128 @@ pub(crate) fn drive(run: &RunCtx, cx: &mut Context<'_>) {
     }
 }
 
-/// Drop every task still in the pool: the run has ended.
+/// Settle every task still live as the run ends: each is abandoned once,
+/// `run_terminated` for a task stranded directly, `owner_aborted` for the tasks
+/// nested under it (they end first, as its chain is dropped).
 pub(crate) fn end_run(run: &RunCtx) {
-    let futures: Vec<TaskFuture> = match run.task_table().try_borrow_mut() {
-        Ok(mut table) => table
+    let running: Vec<TaskKey> = match run.task_table().try_borrow() {
+        Ok(table) => table
             .entries
-            .values_mut()
-            .filter_map(|e| {
-                if e.state == State::Running {
-                    e.state = State::Abandoned;
-                }
-                e.future.take()
-            })
+            .iter()
+            .filter(|(_, e)| e.state == State::Running)
+            .map(|(k, _)| k.clone())
             .collect(),
         Err(_) => Vec::new(),
     };
-    drop(futures);
+    for key in running {
+        end_task(run, &key, TaskEnd::Abandoned(AbandonReason::RunTerminated));
+    }
 }
 
-/// Abandons the tasks a chain owns when the chain ends, however it ends.
+/// How a task ended, for its terminal event and its notice.
+pub(crate) enum TaskEnd {
+    /// Its chain ended with a result or an error.
+    Finished(Result<String, HostError>),
+    /// Cancelled; `notify` queues the model's notice (not for the model's own cancel).
+    Cancelled {
+        notify: bool,
+    },
+    Abandoned(AbandonReason),
+}
+
+/// End the task behind `key` if it is still running: set its state, stop its
+/// chain (so everything it owned ends first), report its one terminal event
+/// under its target section with its own provenance, and queue the notice of
+/// a model task. A task that already ended is left alone.
+pub(crate) fn end_task(run: &RunCtx, key: &TaskKey, end: TaskEnd) {
+    let (future, target, owner) = {
+        let Ok(mut table) = run.task_table().try_borrow_mut() else {
+            return;
+        };
+        let Some(entry) = table.entries.get_mut(key) else {
+            return;
+        };
+        if entry.state != State::Running {
+            return;
+        }
+        entry.state = match &end {
+            TaskEnd::Finished(_) => State::Done,
+            TaskEnd::Cancelled { .. } => State::Cancelled,
+            TaskEnd::Abandoned(_) => State::Abandoned,
+        };
+        if let TaskEnd::Finished(result) = &end {
+            entry.result = Some(result.clone());
+        }
+        let future = entry.future.take();
+        let owner = (entry.origin == TaskOrigin::Model)
+            .then(|| (entry.owner_label.clone(), entry.owner_task.clone()));
+        (future, entry.target.clone(), owner)
+    };
+    drop(future);
+    let id = key_text(key);
+    let mut fields = serde_json::Map::new();
+    fields.insert("task".into(), Json::String(id.clone()));
+    let kind = match &end {
+        TaskEnd::Finished(Ok(_)) => EventKind::TaskSucceeded,
+        TaskEnd::Finished(Err(_)) => EventKind::TaskFailed,
+        TaskEnd::Cancelled { .. } => EventKind::TaskCancelled,
+        TaskEnd::Abandoned(reason) => {
+            fields.insert("reason".into(), Json::String(reason.as_str().into()));
+            EventKind::TaskAbandoned
+        }
+    };
+    run.report(&id, &target, kind, fields);
+    let head = format!("Task id={id} (## {target})");
+    let notice = match &end {
+        TaskEnd::Finished(Ok(text)) => Some(format!(
+            "{head} completed: {}",
+            envelope(text, &run.fixed.nonce)
+        )),
+        TaskEnd::Finished(Err(e)) => Some(format!("{head} failed: {}", e.message)),
+        TaskEnd::Cancelled { notify: true } => {
+            Some(format!("{head} was canceled: the author cancelled it"))
+        }
+        TaskEnd::Cancelled { notify: false } => None,
+        TaskEnd::Abandoned(reason) => Some(format!("{head} was abandoned: {}", reason.phrase())),
+    };
+    if let (Some((label, owner_task)), Some(text)) = (owner, notice) {
+        let turn = run.turns(&owner_task);
+        run.report(
+            &owner_task,
+            &label,
+            EventKind::TaskNotice,
+            crate::events::fields(serde_json::json!({"turn": turn, "task": id, "text": text})),
+        );
+        if let Ok(mut table) = run.task_table().try_borrow_mut() {
+            if let Some(entry) = table.entries.get_mut(key) {
+                entry.notice = Some(text);
+            }
+        }
+    }
+    if let Ok(mut table) = run.task_table().try_borrow_mut() {
+        table.mark_ended(key);
+        table.wake_waiters();
+    }
+}
+
+/// Why a chain's live tasks end with it: the run ending, or its own end.
+pub(crate) fn chain_end_reason(run: &RunCtx, completed: bool) -> AbandonReason {
+    if run.fixed.cancel.is_cancelled() || run.has_ended() {
+        AbandonReason::RunTerminated
+    } else if completed {
+        AbandonReason::OwnerReturned
+    } else {
+        AbandonReason::OwnerFailed
+    }
+}
+
+/// Abandons the tasks a chain owns when the chain ends, however it ends: with
+/// the reason the chain gave, or `owner_aborted` when the chain itself was
+/// stopped from outside (dropped before it could say).
 pub(crate) struct OwnedTasks {
     run: Rc<RunCtx>,
     owner: String,
+    reason: std::cell::Cell<AbandonReason>,
 }
 
 impl OwnedTasks {
@@ -98,18 +199,41 @@ impl OwnedTasks {
         OwnedTasks {
             run: Rc::clone(run),
             owner: owner.to_string(),
+            reason: std::cell::Cell::new(AbandonReason::OwnerAborted),
         }
+    }
+
+    /// The chain ended by itself (`completed` when it returned or fell off its end).
+    pub fn chain_ended(&self, completed: bool) {
+        self.reason.set(chain_end_reason(&self.run, completed));
     }
 }
 
 impl Drop for OwnedTasks {
     fn drop(&mut self) {
-        let futures = match self.run.task_table().try_borrow_mut() {
-            Ok(mut table) => table.abandon_owned(&self.owner),
+        let running = match self.run.task_table().try_borrow() {
+            Ok(table) => table.running_owned(&self.owner),
             Err(_) => Vec::new(),
         };
-        drop(futures);
+        for key in running {
+            end_task(&self.run, &key, TaskEnd::Abandoned(self.reason.get()));
+        }
     }
+}
+
+/// The model tasks `sec`'s entry started that are still running end with it
+/// (guide ch. 15): at the section's end, or when its tool loop is exhausted.
+pub(crate) fn abandon_model_tasks(sec: &SectionCtx, reason: AbandonReason) {
+    for id in running_model_tasks(&sec.run, &sec.id) {
+        if let Some(key) = parse_key(&id) {
+            end_task(&sec.run, &key, TaskEnd::Abandoned(reason));
+        }
+    }
+}
+
+/// The section entry `sec` ended (`failed` when it failed).
+pub(crate) fn section_ended(sec: &SectionCtx, failed: bool) {
+    abandon_model_tasks(sec, chain_end_reason(&sec.run, !failed));
 }
 
 /// The chain-end rule: a chain that ended normally with author tasks still
@@ -169,6 +293,7 @@ pub(crate) fn make_tasks(lua: &Lua) -> mlua::Result<Table> {
     t.raw_set("pending", host_fn(lua, pending)?)?;
     t.raw_set("note", host_fn(lua, note)?)?;
     t.raw_set("cancel", host_fn(lua, cancel)?)?;
+    t.raw_set("events", host_fn(lua, events)?)?;
     Ok(t)
 }
 
@@ -299,12 +424,20 @@ fn start_task(
     let key = parse_key(&id).ok_or_else(|| HostError::new(ErrorKind::Internal, "bad task id"))?;
     let chain = Rc::new(Chain::new(
         id.clone(),
-        input.unwrap_or_else(|| parent.args.clone()),
+        input.clone().unwrap_or_else(|| parent.args.clone()),
         argv,
         parent.depth + 1,
         sec.var.borrow().clone(),
         (seed.item.is_some() || seed.index.is_some()).then_some(seed),
     ));
+    let started = task_started_fields(
+        &id,
+        &resolved.name,
+        model_section.is_some(),
+        &input,
+        &chain,
+        sec,
+    );
     let future = task_future(&run, chain, key.clone(), resolved.path);
     run.task_table().borrow_mut().entries.insert(
         key,
@@ -323,14 +456,50 @@ fn start_task(
             note: None,
             future: Some(future),
             owner_section: model_section.unwrap_or_default().to_string(),
+            owner_label: sec.name.clone(),
+            owner_task: sec.task(),
             ended_seq: None,
-            noticed: model_section.is_none(),
+            notice: None,
             section: None,
             blocked: None,
-            turns: 0,
         },
     );
+    run.set_task_owner(&id, &parent.id);
+    sec.report(EventKind::TaskStarted, started);
     Ok(id)
+}
+
+/// The fields of `task_started`, in the guide's order; unset seeds are left out.
+pub(crate) fn task_started_fields(
+    id: &str,
+    target: &str,
+    by_model: bool,
+    input: &Option<String>,
+    chain: &Chain,
+    owner: &SectionCtx,
+) -> serde_json::Map<String, Json> {
+    let mut fields = serde_json::Map::new();
+    fields.insert("task".into(), Json::String(id.into()));
+    fields.insert("target".into(), Json::String(target.into()));
+    let origin = if by_model {
+        TaskOrigin::Model
+    } else {
+        TaskOrigin::Author
+    };
+    fields.insert("origin".into(), Json::String(origin.as_str().into()));
+    if let Some(text) = input {
+        fields.insert("input".into(), Json::String(text.clone()));
+    }
+    if let Some(seed) = chain.seed_preview() {
+        if let Some(item) = seed.item {
+            fields.insert("item".into(), item);
+        }
+        if let Some(index) = seed.index {
+            fields.insert("index".into(), Json::from(index));
+        }
+    }
+    fields.insert("var".into(), owner.var.borrow().clone());
+    fields
 }
 
 fn task_future(run: &Rc<RunCtx>, chain: Rc<Chain>, key: TaskKey, start: Vec<usize>) -> TaskFuture {
@@ -343,21 +512,13 @@ fn task_future(run: &Rc<RunCtx>, chain: Rc<Chain>, key: TaskKey, start: Vec<usiz
         let _claims = claims;
         let owned = OwnedTasks::new(&run, &chain.id);
         let end = walk_chain(&run, &chain, start).await;
+        owned.chain_ended(end.is_ok());
         let result = match end {
             Ok(text) => settle(&run, &chain.id).map(|()| text.unwrap_or_default()),
             Err(failure) => Err(failure_value(failure)),
         };
         drop(owned);
-        if let Ok(mut table) = run.task_table().try_borrow_mut() {
-            if let Some(entry) = table.entries.get_mut(&key) {
-                if entry.state == State::Running {
-                    entry.state = State::Done;
-                    entry.result = Some(result);
-                }
-            }
-            table.mark_ended(&key);
-            table.wake_waiters();
-        }
+        end_task(&run, &key, TaskEnd::Finished(result));
     })
 }
 
@@ -451,7 +612,7 @@ fn status(lua: &Lua, args: MultiValue) -> HostResult<Table> {
         (State::Done, Some(Ok(_))) => t.raw_set("ok", true)?,
         _ => t.raw_set("ok", false)?,
     }
-    t.raw_set("turns", entry.turns)?;
+    t.raw_set("turns", run.turns(&key_text(&key)))?;
     let live = lua.create_table()?;
     if entry.state == State::Running {
         if let Some(name) = &entry.section {
@@ -551,22 +712,90 @@ fn cancel(lua: &Lua, args: MultiValue) -> HostResult<()> {
     let (run, owner, own_task) = caller(lua)?;
     let key = task_arg(&arg(&args, 0), "tasks.cancel")?;
     check_owned(&run, &owner, &own_task, &key, false)?;
-    let future = {
-        let mut table = run.task_table().borrow_mut();
-        let future = match table.entries.get_mut(&key) {
-            Some(entry) if entry.state == State::Running => {
-                entry.state = State::Cancelled;
-                entry.future.take()
-            }
-            _ => None,
-        };
-        table.mark_ended(&key);
-        table.wake_waiters();
-        future
-    };
-    // Dropping the chain stops it and abandons the tasks it owns.
-    drop(future);
+    // Stopping the chain abandons the tasks it owns; a second cancel does nothing.
+    end_task(&run, &key, TaskEnd::Cancelled { notify: true });
     Ok(())
+}
+
+/// `tasks.events(task, opts?)`: the events a task reported so far, after `last`
+/// when given (guide ch. 16 "Reading a task's history"). The checks run in the
+/// guide's order: opts type, `last` type, the task argument, `last` range, ownership.
+fn events(lua: &Lua, args: MultiValue) -> HostResult<Table> {
+    let (run, owner, own_task) = caller(lua)?;
+    let last = match arg(&args, 1) {
+        Value::Nil => Value::Nil,
+        Value::Table(opts) => match opts.raw_get::<Value>("last")? {
+            v @ (Value::Nil | Value::Integer(_) | Value::Number(_)) => v,
+            other => {
+                return Err(HostError::lua(format!(
+                    "tasks.events last must be a number, got {}",
+                    lua_type_name(&other)
+                ))
+                .into())
+            }
+        },
+        other => {
+            return Err(HostError::lua(format!(
+                "tasks.events opts must be a table, got {}",
+                lua_type_name(&other)
+            ))
+            .into())
+        }
+    };
+    let key = task_arg(&arg(&args, 0), "tasks.events")?;
+    let out_of_range = |shown: String| {
+        Raise::from(HostError::lua(format!(
+            "last must be a non-negative integer sequence number, got {shown}"
+        )))
+    };
+    let after = match last {
+        Value::Integer(i) => Some(u32::try_from(i).map_err(|_| out_of_range(i.to_string()))?),
+        Value::Number(n) => {
+            if n.fract() != 0.0 || !(0.0..=f64::from(u32::MAX)).contains(&n) {
+                // Lua's own number text, as `tostring` shows it.
+                let shown = lua
+                    .coerce_string(Value::Number(n))?
+                    .map_or_else(|| n.to_string(), |s| s.to_string_lossy());
+                return Err(out_of_range(shown));
+            }
+            // In range and whole, so the conversion is exact.
+            Some(n as u32)
+        }
+        _ => None,
+    };
+    let id = key_text(&key);
+    // Spawned and model tasks are in the task table; fanout arms only in the log.
+    let owned = run
+        .task_table()
+        .borrow()
+        .entries
+        .get(&key)
+        .is_some_and(|e| e.owner == owner)
+        || run.task_owner(&id).as_deref() == Some(owner.as_str());
+    if !owned && id != own_task {
+        return Err(not_owned(&key).into());
+    }
+    let out = lua.create_table()?;
+    for (n, event) in run.history(&id, after).iter().enumerate() {
+        out.raw_set(n + 1, event_table(lua, &run.fixed.execution, event)?)?;
+    }
+    Ok(out)
+}
+
+/// One event as a prompt reads it: a plain table with the run-log line's keys.
+fn event_table(lua: &Lua, execution: &str, event: &crate::events::RunEvent) -> mlua::Result<Table> {
+    let t = lua.create_table()?;
+    t.raw_set("kind", event.kind.as_str())?;
+    t.raw_set("execution", execution)?;
+    t.raw_set("section", event.section.as_str())?;
+    let provenance = lua.create_table()?;
+    provenance.raw_set("task", event.provenance.task.as_str())?;
+    provenance.raw_set("seq", event.provenance.seq)?;
+    t.raw_set("provenance", provenance)?;
+    for (name, value) in &event.fields {
+        t.raw_set(name.as_str(), crate::json::json_to_lua(lua, value)?)?;
+    }
+    Ok(t)
 }
 
 /// The wait set's members, each checked as a task of the caller's chain.
@@ -876,7 +1105,7 @@ pub(crate) fn model_status_line(run: &RunCtx, key: &TaskKey) -> String {
             line.push_str(&format!(", waiting on {}", what.as_str()));
         }
     }
-    line.push_str(&format!(", turns {}", entry.turns));
+    line.push_str(&format!(", turns {}", run.turns(&id)));
     if entry.state == State::Running {
         let live = table.live_owned(&id, None);
         if !live.is_empty() {
@@ -891,21 +1120,8 @@ pub(crate) fn model_status_line(run: &RunCtx, key: &TaskKey) -> String {
 
 /// The model's `task_cancel`: end the task; its confirmation is the only word on it.
 pub(crate) fn model_cancel(run: &RunCtx, key: &TaskKey) -> String {
-    let future = {
-        let mut table = run.task_table().borrow_mut();
-        let future = match table.entries.get_mut(key) {
-            Some(entry) if entry.state == State::Running => {
-                entry.state = State::Cancelled;
-                entry.noticed = true;
-                entry.future.take()
-            }
-            _ => None,
-        };
-        table.mark_ended(key);
-        table.wake_waiters();
-        future
-    };
-    drop(future);
+    // The model read the confirmation already, so no notice is queued.
+    end_task(run, key, TaskEnd::Cancelled { notify: false });
     format!("Task id={} cancelled", key_text(key))
 }
 
@@ -915,41 +1131,21 @@ pub(crate) fn take_notices(run: &RunCtx, section_id: &str) -> Vec<String> {
     let mut due: Vec<(u64, TaskKey)> = table
         .entries
         .iter()
-        .filter(|(_, e)| {
-            e.origin == TaskOrigin::Model
-                && e.owner_section == section_id
-                && !e.noticed
-                && matches!(e.state, State::Done | State::Cancelled)
-        })
+        .filter(|(_, e)| e.owner_section == section_id && e.notice.is_some())
         .filter_map(|(k, e)| e.ended_seq.map(|seq| (seq, k.clone())))
         .collect();
     due.sort();
-    let mut out = Vec::new();
-    for (_, key) in due {
-        let Some(entry) = table.entries.get_mut(&key) else {
-            continue;
-        };
-        entry.noticed = true;
-        let head = format!("Task id={} (## {})", key_text(&key), entry.target);
-        out.push(match (entry.state, &entry.result) {
-            (State::Done, Some(Ok(text))) => {
-                format!("{head} completed: {}", envelope(text, &run.fixed.nonce))
-            }
-            (State::Done, Some(Err(e))) => format!("{head} failed: {}", e.message),
-            (State::Done, None) => format!("{head} failed: the task ended without a result"),
-            _ => format!("{head} was canceled: the author cancelled it"),
-        });
-    }
-    out
+    due.into_iter()
+        .filter_map(|(_, key)| table.entries.get_mut(&key).and_then(|e| e.notice.take()))
+        .collect()
 }
 
 fn has_notices(run: &RunCtx, section_id: &str) -> bool {
-    run.task_table().borrow().entries.values().any(|e| {
-        e.origin == TaskOrigin::Model
-            && e.owner_section == section_id
-            && !e.noticed
-            && matches!(e.state, State::Done | State::Cancelled)
-    })
+    run.task_table()
+        .borrow()
+        .entries
+        .values()
+        .any(|e| e.owner_section == section_id && e.notice.is_some())
 }
 
 fn running_model_tasks(run: &RunCtx, section_id: &str) -> Vec<String> {
@@ -1058,17 +1254,6 @@ impl Drop for BlockedGuard {
             if let Some(entry) = table.entries.get_mut(key) {
                 entry.blocked = None;
             }
-        }
-    }
-}
-
-/// Count one completed model round for the task `sec` runs inside (its
-/// nearest enclosing task, so a called chain's rounds count for the task).
-pub(crate) fn count_task_turn(sec: &SectionCtx) {
-    let task = sec.chain.task.borrow().clone();
-    if let Some(key) = parse_key(&task) {
-        if let Some(entry) = sec.run.task_table().borrow_mut().entries.get_mut(&key) {
-            entry.turns = entry.turns.saturating_add(1);
         }
     }
 }

@@ -106,16 +106,18 @@ pub(super) struct TaskEntry {
     pub(super) future: Option<TaskFuture>,
     /// For a model task, the section entry whose model started it.
     pub(super) owner_section: String,
+    /// The owner section's heading and the task its chain runs inside: where
+    /// the model task's notices are reported.
+    pub(super) owner_label: String,
+    pub(super) owner_task: String,
     /// When the task ended, in the run's end order (notices arrive in it).
     pub(super) ended_seq: Option<u64>,
-    /// True once the model task's notice was taken (or is never due).
-    pub(super) noticed: bool,
+    /// The model task's notice, queued when it ended and not yet taken.
+    pub(super) notice: Option<String>,
     /// The section the task's own chain is in now (`section` in its status).
     pub(super) section: Option<String>,
     /// What the task's own chain waits on now (`blocked` in its status).
     pub(super) blocked: Option<Blocked>,
-    /// The task's own model round count, apart from its owner's.
-    pub(super) turns: u32,
 }
 
 /// A task id as its numeric components, so ids order in spawn order (`0.9` before `0.10`).
@@ -174,25 +176,47 @@ impl TaskTable {
             .collect()
     }
 
-    /// Mark every live task `owner` spawned abandoned and hand back their futures,
-    /// to be dropped once the table is no longer borrowed.
-    pub(super) fn abandon_owned(&mut self, owner: &str) -> Vec<TaskFuture> {
-        let mut dropped = Vec::new();
-        let mut ended = Vec::new();
-        for (key, entry) in self.entries.iter_mut() {
-            if entry.owner == owner && entry.state == State::Running {
-                entry.state = State::Abandoned;
-                dropped.extend(entry.future.take());
-                ended.push(key.clone());
-            }
+    /// The running tasks `owner` spawned, in spawn order.
+    pub(super) fn running_owned(&self, owner: &str) -> Vec<TaskKey> {
+        self.entries
+            .iter()
+            .filter(|(_, e)| e.owner == owner && e.state == State::Running)
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+}
+
+/// Why a live task was ended along with its owner (`task_abandoned.reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AbandonReason {
+    OwnerReturned,
+    OwnerFailed,
+    ToolLoopExhausted,
+    OwnerAborted,
+    RunTerminated,
+}
+
+impl AbandonReason {
+    /// The reason's name in `task_abandoned`.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            AbandonReason::OwnerReturned => "owner_returned",
+            AbandonReason::OwnerFailed => "owner_failed",
+            AbandonReason::ToolLoopExhausted => "tool_loop_exhausted",
+            AbandonReason::OwnerAborted => "owner_aborted",
+            AbandonReason::RunTerminated => "run_terminated",
         }
-        for key in &ended {
-            self.mark_ended(key);
+    }
+
+    /// The phrase the abandoned notice ends with (only ever in notice text).
+    pub(crate) fn phrase(self) -> &'static str {
+        match self {
+            AbandonReason::OwnerReturned => "the section ended",
+            AbandonReason::OwnerFailed => "the owner failed",
+            AbandonReason::ToolLoopExhausted => "the tool loop was exhausted",
+            AbandonReason::OwnerAborted => "the owner was aborted",
+            AbandonReason::RunTerminated => "the run ended",
         }
-        if !dropped.is_empty() {
-            self.wake_waiters();
-        }
-        dropped
     }
 }
 

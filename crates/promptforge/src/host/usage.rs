@@ -8,6 +8,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use pf_harness::{
     CancellationToken, ChatRequest, ChatResponse, ModelInfo, ModelProvider, OnText, ProviderError,
+    WorkId,
 };
 
 /// The run's token counts so far, shared by every metered provider.
@@ -72,21 +73,23 @@ impl ModelProvider for Metered {
     async fn complete(
         &self,
         request: ChatRequest,
+        work: &WorkId,
         cancel: CancellationToken,
     ) -> Result<ChatResponse, ProviderError> {
-        let reply = self.inner.complete(request, cancel).await;
+        let reply = self.inner.complete(request, work, cancel).await;
         self.count(reply)
     }
 
     async fn complete_streaming(
         &self,
         request: ChatRequest,
+        work: &WorkId,
         cancel: CancellationToken,
         on_text: &mut OnText<'_>,
     ) -> Result<ChatResponse, ProviderError> {
         let reply = self
             .inner
-            .complete_streaming(request, cancel, on_text)
+            .complete_streaming(request, work, cancel, on_text)
             .await;
         self.count(reply)
     }
