@@ -1,9 +1,7 @@
 //! Live output: a loop round's text as it streams, for a person at a terminal.
 
+use pf_engine::LiveText;
 use std::io::Write;
-use std::sync::{Arc, Mutex};
-
-use pf_engine::{LiveOutput, LiveText};
 
 /// Shows live output: each `models.loop` round's text as it streams, under a
 /// `[section, round N]` line whenever the round changes.
@@ -54,14 +52,6 @@ pub fn printable(text: &str) -> String {
             }
         })
         .collect()
-}
-
-/// The live output listener: writes to stderr and stops listening once stderr fails.
-pub fn terminal_live(printer: Arc<Mutex<LivePrinter>>) -> LiveOutput {
-    Arc::new(move |text: LiveText<'_>| {
-        let mut printer = printer.lock().unwrap_or_else(|p| p.into_inner());
-        printer.write(&mut std::io::stderr().lock(), text).is_ok()
-    })
 }
 
 #[cfg(test)]

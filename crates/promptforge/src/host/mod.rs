@@ -5,14 +5,19 @@
 //! folder, cross-key rules (`command` xor `url`, `replies` only for scripts)
 //! enforced, each error quoting the keys. [`HostConfig::assemble`] then builds
 //! the [`Host`] every command runs against: the model provider, the Harness
-//! with its Plugins, and the Host services.
+//! with its Plugins, and the Host services, wrapped in the decorators
+//! [`HostWork`] asks for ([`record`]: the run log's recorders).
+//! [`data`] finds the run log; [`observe`] is the Host's one run observer.
 
+pub mod data;
 pub mod file;
+pub mod observe;
+pub mod record;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use pf_harness::{Harness, HostServices, InputBroker, ModelProvider, ThinkingSupport};
+use pf_harness::{Harness, HostServices, InputBroker, ModelProvider, Plugin, ThinkingSupport};
 use pf_models::{HttpEndpoint, ProviderKind, ProviderSpec};
 use pf_plugins::{
     FixedAnswersBroker, McpConfig, McpPlugin, McpTransport, SearchBackend, StdinInputBroker,
@@ -20,6 +25,8 @@ use pf_plugins::{
 };
 
 use file::{HostFile, ModelTable, PluginTable, Search, Thinking};
+pub use record::HostWork;
+use record::{RecordingBroker, RecordingModel, RecordingPlugin};
 
 /// What the host file configures, checked and resolved.
 #[derive(Debug, Clone, PartialEq)]
@@ -96,14 +103,32 @@ impl HostConfig {
     /// Build the Host: register the Plugins and services and start the model
     /// provider. Call it inside the async runtime the run will use.
     pub fn assemble(&self) -> Result<Host, String> {
+        self.assemble_for(&HostWork::Direct)
+    }
+
+    /// [`assemble`](HostConfig::assemble), with every piece of host work
+    /// (model rounds, tool calls, operator answers) going through the
+    /// decorators `work` names. The one place they are installed, for every
+    /// command that runs prompts.
+    pub fn assemble_for(&self, work: &HostWork) -> Result<Host, String> {
         let mut harness = Harness::new();
-        harness.register(Arc::new(WebPlugin::new(self.web.clone())));
+        let mut plugins: Vec<Arc<dyn Plugin>> = vec![Arc::new(WebPlugin::new(self.web.clone()))];
         for (id, config) in &self.plugins {
-            harness.register(Arc::new(McpPlugin::new(id.clone(), config.clone())));
+            plugins.push(Arc::new(McpPlugin::new(id.clone(), config.clone())));
+        }
+        for plugin in plugins {
+            harness.register(match work {
+                HostWork::Direct => plugin,
+                HostWork::Recorded(r) => Arc::new(RecordingPlugin::new(plugin, Arc::clone(r))),
+            });
         }
         let broker: Arc<dyn InputBroker> = match &self.answers {
             Some(answers) => Arc::new(FixedAnswersBroker::new(answers.clone())),
             None => Arc::new(StdinInputBroker::new()),
+        };
+        let broker: Arc<dyn InputBroker> = match work {
+            HostWork::Direct => broker,
+            HostWork::Recorded(r) => Arc::new(RecordingBroker::new(broker, Arc::clone(r))),
         };
         harness.services = HostServices {
             input_broker: Some(broker),
@@ -113,6 +138,12 @@ impl HostConfig {
                 Some(pf_models::build_provider(spec).map_err(|e| format!("host file: {e}"))?)
             }
             None => None,
+        };
+        let model = match (model, work) {
+            (Some(model), HostWork::Recorded(r)) => {
+                Some(Arc::new(RecordingModel::new(model, Arc::clone(r))) as Arc<dyn ModelProvider>)
+            }
+            (model, _) => model,
         };
         Ok(Host { harness, model })
     }
