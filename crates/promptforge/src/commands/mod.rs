@@ -3,6 +3,8 @@
 
 pub mod check;
 pub mod run;
+pub mod runs;
+pub mod show;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -14,6 +16,8 @@ pub fn dispatch(command: Command) -> ExitCode {
     match command {
         Command::Run(args) => run::run(args),
         Command::Check(args) => check::run(args),
+        Command::Runs(args) => runs::run(args),
+        Command::Show(args) => show::run(args),
     }
 }
 
