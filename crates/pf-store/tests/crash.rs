@@ -61,7 +61,14 @@ fn sigkill_mid_write_leaves_old_or_new_content() {
     let all = versions();
     let executable = std::env::current_exe().expect("current exe");
     let mut killed_mid_write = 0;
-    for (attempt, delay_ms) in [5u64, 37, 90, 160, 260].into_iter().enumerate() {
+    // At least five kills; then more, until one lands inside a write, because
+    // where a kill lands depends on how busy the machine is.
+    let delays = [5u64, 37, 90, 160, 260, 11, 53, 120, 2, 23];
+    for attempt in 0..60 {
+        if attempt >= 5 && killed_mid_write > 0 {
+            break;
+        }
+        let delay_ms = delays[attempt % delays.len()];
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Store::open(dir.path()).expect("open");
         for index in 0..FILES {

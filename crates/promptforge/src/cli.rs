@@ -22,7 +22,32 @@ pub enum Command {
     Check(CheckArgs),
     /// List the host file's model catalog and which model is current.
     Models(ModelsArgs),
+    /// List logged runs, newest first.
+    #[command(after_help = RUNS_EXAMPLES)]
+    Runs(RunsArgs),
+    /// Show one logged run: a summary, then its timeline.
+    #[command(after_help = SHOW_EXAMPLES)]
+    Show(ShowArgs),
 }
+
+const RUNS_EXAMPLES: &str = "\
+The run log is one SQLite database in the data directory: $PROMPTFORGE_HOME,
+else $XDG_DATA_HOME/promptforge, else ~/.local/share/promptforge.
+
+Examples:
+  promptforge runs                       the 20 newest runs
+  promptforge runs -n 5 --outcome failed the 5 newest failed runs
+  promptforge runs --prompt notes --json runs of prompts whose path contains `notes`, as JSON";
+
+const SHOW_EXAMPLES: &str = "\
+RUN is an execution id (run-3f2a...), a unique prefix of one (3f2a), `last`
+(the newest run) or `#N` (the log's own number, from `runs`). A RUN that
+matches no run, or several, is a usage error (exit 2) listing candidates.
+
+Examples:
+  promptforge show last
+  promptforge show 3f2a --json
+  promptforge show last --all            every event, the section VM's too";
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -38,6 +63,8 @@ pub struct RunArgs {
     pub store: StoreArgs,
     #[command(flatten)]
     pub output: OutputArgs,
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
 #[derive(Debug, Args)]
@@ -51,6 +78,21 @@ pub struct ModelsArgs {
     pub host: HostArgs,
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct RunsArgs {
+    /// Show at most N runs.
+    #[arg(short = 'n', long = "limit", value_name = "N", default_value_t = 20)]
+    pub limit: usize,
+    /// Only runs whose prompt path contains SUBSTR.
+    #[arg(long, value_name = "SUBSTR")]
+    pub prompt: Option<String>,
+    /// Only runs that ended this way (`running`: no recorded end yet, or killed).
+    #[arg(long, value_enum)]
+    pub outcome: Option<OutcomeFilter>,
     #[command(flatten)]
     pub output: OutputArgs,
 }
@@ -69,6 +111,50 @@ impl ModelArgs {
     pub fn chosen(&self) -> Option<String> {
         crate::host::chosen_model(self.model.as_deref())
     }
+}
+
+/// The outcomes `runs --outcome` filters on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutcomeFilter {
+    Completed,
+    Failed,
+    Cancelled,
+    Running,
+}
+
+impl OutcomeFilter {
+    /// The label the run log stores.
+    pub fn label(self) -> &'static str {
+        match self {
+            OutcomeFilter::Completed => "completed",
+            OutcomeFilter::Failed => "failed",
+            OutcomeFilter::Cancelled => "cancelled",
+            OutcomeFilter::Running => pf_runlog::RUNNING,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// The run: an execution id, a unique prefix of one, `last`, or `#N`.
+    pub run: String,
+    /// Show every event in the timeline, the section VM's phases included.
+    #[arg(long)]
+    pub all: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// Whether and how a run is logged.
+#[derive(Debug, Clone, Args)]
+pub struct LogArgs {
+    /// Do not record this run in the run log.
+    #[arg(long)]
+    pub no_log: bool,
+    /// Also record each model round's raw request and response bodies as
+    /// `request`/`response` events (debug capture; they hold the full prompt).
+    #[arg(long)]
+    pub capture: bool,
 }
 
 /// Which host file configures the Host.
@@ -137,7 +223,8 @@ pub struct StoreArgs {
 /// How results are printed.
 #[derive(Debug, Clone, Args)]
 pub struct OutputArgs {
-    /// Print the run report as one JSON object.
+    /// Print JSON instead of text: `run` its report object, `runs` an array of
+    /// runs, `show` the run with its events.
     #[arg(long)]
     pub json: bool,
 }

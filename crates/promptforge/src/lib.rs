@@ -10,6 +10,7 @@ pub mod cli;
 pub mod commands;
 pub mod host;
 pub mod live;
+pub mod logview;
 pub mod report;
 pub mod signals;
 
@@ -22,8 +23,10 @@ pub const EXIT_CANCELLED: u8 = 130;
 
 /// Diagnostics go to stderr, filtered by `PROMPTFORGE_LOG` (default `warn`).
 pub fn init_logging() {
+    // The run log's own warning reaches stderr once, as a `warning:` line
+    // (`host::data::begin_run_log`), so its tracing copy stays quiet by default.
     let filter = tracing_subscriber::EnvFilter::try_from_env("PROMPTFORGE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,pf_runlog=error"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

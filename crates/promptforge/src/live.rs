@@ -1,9 +1,7 @@
 //! Live output: a loop round's text as it streams, for a person at a terminal.
 
+use pf_engine::LiveText;
 use std::io::Write;
-use std::sync::{Arc, Mutex};
-
-use pf_engine::{LiveText, RunEvent, RunObserver};
 
 /// Shows live output: each `models.loop` round's text as it streams, under a
 /// `[section, round N]` line whenever the round changes.
@@ -54,21 +52,6 @@ pub fn printable(text: &str) -> String {
             }
         })
         .collect()
-}
-
-/// Live output as a run observer: writes each fragment to stderr, and stops
-/// listening once stderr fails.
-pub struct TerminalLive(pub Arc<Mutex<LivePrinter>>);
-
-impl RunObserver for TerminalLive {
-    fn event(&self, _: &str, _: &RunEvent) {}
-    fn wants_live_text(&self) -> bool {
-        true
-    }
-    fn live_text(&self, text: LiveText<'_>) -> bool {
-        let mut printer = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        printer.write(&mut std::io::stderr().lock(), text).is_ok()
-    }
 }
 
 #[cfg(test)]

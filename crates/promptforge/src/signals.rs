@@ -2,6 +2,7 @@
 //! one exits at once, still printing the cancelled report.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 
 use pf_harness::CancellationToken;
 
@@ -12,6 +13,16 @@ static REPORTED: AtomicBool = AtomicBool::new(false);
 /// only, so a second signal and a finishing run never both print.
 pub fn claim_report() -> bool {
     !REPORTED.swap(true, Ordering::SeqCst)
+}
+
+type ExitHook = Box<dyn Fn() + Send + Sync>;
+
+static BEFORE_FORCED_EXIT: OnceLock<ExitHook> = OnceLock::new();
+
+/// What to do before a second signal ends the process (the run log records
+/// the run's end). Only the first hook set counts.
+pub fn before_forced_exit(hook: impl Fn() + Send + Sync + 'static) {
+    let _ = BEFORE_FORCED_EXIT.set(Box::new(hook));
 }
 
 /// SIGINT, SIGTERM and SIGHUP cancel the run (the engine then stops every
@@ -38,6 +49,9 @@ pub fn watch_signals(cancel: CancellationToken, print_cancelled: Box<dyn FnOnce(
                 signals.next().await;
                 cancel.cancel();
                 signals.next().await;
+                if let Some(hook) = BEFORE_FORCED_EXIT.get() {
+                    hook();
+                }
                 if claim_report() {
                     print_cancelled();
                 }

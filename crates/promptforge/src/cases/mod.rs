@@ -250,7 +250,9 @@ impl Runner {
             .arg(&case.start)
             .arg("--store")
             .arg(&store)
-            .arg("--json");
+            .arg("--json")
+            // Each case logs into its own scratch run log, never the user's.
+            .env("PROMPTFORGE_HOME", work.join("data"));
         if case.expect.events.is_some() {
             // Events reach stderr as debug log lines; only then is stderr read.
             cmd.env("PROMPTFORGE_LOG", "promptforge::events=debug")

@@ -4,6 +4,8 @@
 pub mod check;
 pub mod models;
 pub mod run;
+pub mod runs;
+pub mod show;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -16,6 +18,8 @@ pub fn dispatch(command: Command) -> ExitCode {
         Command::Run(args) => run::run(args),
         Command::Check(args) => check::run(args),
         Command::Models(args) => models::run(args),
+        Command::Runs(args) => runs::run(args),
+        Command::Show(args) => show::run(args),
     }
 }
 

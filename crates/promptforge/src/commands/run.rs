@@ -4,17 +4,23 @@ use std::io::IsTerminal;
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use pf_engine::{Outcome, RunSetup};
 use pf_harness::CancellationToken;
+use pf_runlog::{Outcome as LoggedOutcome, RunStart};
 use pf_syntax::Prompt;
+use serde_json::Value as Json;
 
 use crate::cli::{OutputFormat, RunArgs};
-use crate::host::HostConfig;
-use crate::live::{LivePrinter, TerminalLive};
-use crate::report::{ReportOutput, ReportUsage, RunReport};
+use crate::host::observe::{HostObserver, SectionTracker};
+use crate::host::record::{Recorder, RunLogSink};
+use crate::host::{HostConfig, HostWork};
+use crate::live::LivePrinter;
+use crate::report::{ReportOutcome, ReportOutput, ReportUsage, RunReport};
 
 pub fn run(args: RunArgs) -> ExitCode {
+    let began = Instant::now();
     let file = args.file.as_path();
     let format = args.output.format();
     let source = match super::read_prompt(file) {
@@ -26,14 +32,8 @@ pub fn run(args: RunArgs) -> ExitCode {
         Err(m) => return super::usage(&m),
     };
     let seed = args.seed.seed_or_random();
-    let prompt = match parse_prompt(&source) {
-        Ok(p) => p,
-        Err(e) => {
-            RunReport::of_parse_failure(&e).print(format, file);
-            return ExitCode::from(crate::EXIT_FAILED);
-        }
-    };
-    let host_config = match HostConfig::load(args.host.path().as_deref()) {
+    let host_path = args.host.path();
+    let host_config = match HostConfig::load(host_path.as_deref()) {
         Ok(h) => h,
         Err(m) => return super::usage(&m),
     };
@@ -45,6 +45,41 @@ pub fn run(args: RunArgs) -> ExitCode {
     let store_dir = args.store.store.clone().unwrap_or_else(|| {
         std::env::temp_dir().join(format!("promptforge-{execution}-{}", std::process::id()))
     });
+    // From here on the run has begun: every way out goes through `log.end`.
+    let log = RunLog {
+        sink: (!args.log.no_log)
+            .then(|| {
+                crate::host::data::begin_run_log(RunStart {
+                    execution: execution.clone(),
+                    prompt_path: display_path(file),
+                    prompt_text: String::from_utf8_lossy(&source).into_owned(),
+                    args: Json::String(args.args.clone().unwrap_or_default()),
+                    seed,
+                    start_rfc3339: pf_engine::format_when(start_ms),
+                    start_ms,
+                    host_file: host_path.as_deref().map(display_path),
+                    model: current.clone(),
+                    store_dir: Some(display_path(&store_dir)),
+                    replay_of: None,
+                    resumed_from: None,
+                })
+            })
+            .flatten(),
+        began,
+    };
+    let log = Arc::new(log);
+    // A second Ctrl-C exits at once; the log records the run as cancelled first.
+    let on_exit = Arc::clone(&log);
+    crate::signals::before_forced_exit(move || on_exit.end_with(LoggedOutcome::Cancelled));
+    let prompt = match parse_prompt(&source) {
+        Ok(p) => p,
+        Err(e) => {
+            let report = RunReport::of_parse_failure(&e);
+            log.end(&report);
+            report.print(format, file);
+            return ExitCode::from(crate::EXIT_FAILED);
+        }
+    };
     place_input(&prompt, file, &store_dir);
     let prompt = Arc::new(prompt);
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -52,7 +87,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         .build()
     {
         Ok(r) => r,
-        Err(e) => return super::usage(&format!("cannot start the async runtime: {e}")),
+        Err(e) => return log.usage(&format!("cannot start the async runtime: {e}")),
     };
     let cancel = CancellationToken::new();
     let cancelled_report = RunReport::of_cancelled(seed, &execution, &store_dir);
@@ -64,12 +99,19 @@ pub fn run(args: RunArgs) -> ExitCode {
     // Live output is for a person watching: never in a report, a pipe or a file.
     let printer = (format == OutputFormat::Human && std::io::stderr().is_terminal())
         .then(|| Arc::new(Mutex::new(LivePrinter::default())));
-    let observer = printer
-        .as_ref()
-        .map(|p| Arc::new(TerminalLive(Arc::clone(p))) as Arc<dyn pf_engine::RunObserver>);
+    let sections = Arc::new(SectionTracker::default());
+    let work = match &log.sink {
+        Some(sink) => HostWork::Recorded(Arc::new(Recorder::new(
+            Arc::clone(sink),
+            Arc::clone(&sections),
+            &prompt,
+        ))),
+        None => HostWork::Direct,
+    };
+    let observer = HostObserver::new(log.sink.clone(), printer.clone(), sections);
     let mut usage = None;
     let finished = runtime.block_on(async {
-        let host = host_config.assemble(current.as_deref())?;
+        let host = host_config.assemble_for(current.as_deref(), &work)?;
         usage = Some(Arc::clone(&host.usage));
         let setup = RunSetup {
             seed,
@@ -81,14 +123,15 @@ pub fn run(args: RunArgs) -> ExitCode {
             catalog: host.catalog,
             cancel: cancel.clone(),
             ui: host.ui,
-            observer,
-            capture: false,
+            observer: Some(Arc::new(observer)),
+            capture: args.log.capture,
         };
         Ok::<_, String>(pf_engine::run(Arc::clone(&prompt), setup).await)
     });
+    drop(work);
     let finished = match finished {
         Ok(r) => r,
-        Err(m) => return super::usage(&m),
+        Err(m) => return log.usage(&m),
     };
     if let Some(printer) = &printer {
         let mut printer = printer.lock().unwrap_or_else(|p| p.into_inner());
@@ -104,6 +147,7 @@ pub fn run(args: RunArgs) -> ExitCode {
     if matches!(finished.outcome, Outcome::Completed(_)) {
         report.output = collect_output(&prompt, &store_dir);
     }
+    log.end(&report);
     if crate::signals::claim_report() {
         report.print(format, file);
     }
@@ -112,6 +156,54 @@ pub fn run(args: RunArgs) -> ExitCode {
         Outcome::Failed(_) => ExitCode::from(crate::EXIT_FAILED),
         Outcome::Cancelled => ExitCode::from(crate::EXIT_CANCELLED),
     }
+}
+
+/// The run's log, if it is logged, and when it began: ended exactly once on
+/// every way out (a result, a failure, a cancel, a usage error after the
+/// start, a second Ctrl-C).
+struct RunLog {
+    sink: Option<Arc<RunLogSink>>,
+    began: Instant,
+}
+
+impl RunLog {
+    fn end(&self, report: &RunReport) {
+        let outcome = match &report.outcome {
+            ReportOutcome::Completed { result } => LoggedOutcome::Completed {
+                result: result.clone(),
+            },
+            ReportOutcome::Failed { error } => LoggedOutcome::Failed {
+                kind: error.kind.clone(),
+                message: error.message.clone(),
+            },
+            ReportOutcome::Cancelled => LoggedOutcome::Cancelled,
+        };
+        self.end_with(outcome);
+    }
+
+    fn end_with(&self, outcome: LoggedOutcome) {
+        if let Some(sink) = &self.sink {
+            let duration = u64::try_from(self.began.elapsed().as_millis()).unwrap_or(u64::MAX);
+            sink.finish(outcome, duration);
+        }
+    }
+
+    /// A usage error after the run began: logged as failed (`Usage`), exit 2.
+    fn usage(&self, message: &str) -> ExitCode {
+        self.end_with(LoggedOutcome::Failed {
+            kind: "Usage".to_string(),
+            message: message.to_string(),
+        });
+        super::usage(message)
+    }
+}
+
+/// A path as the log shows it: absolute when it can be made so.
+fn display_path(path: &Path) -> String {
+    std::path::absolute(path)
+        .unwrap_or_else(|_| path.to_path_buf())
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// The prompt, or the parse error to report; a file without `promptforge:` in

@@ -9,8 +9,14 @@
 //! [`HostConfig::assemble`] then builds the [`Host`] every command runs
 //! against: the model providers (each metered, [`usage`]), the Harness with its
 //! Plugins, the Host services and the `ui()` snapshot.
+//! Every piece of host work goes through the decorators [`HostWork`] asks for
+//! ([`record`]: the run log's recorders). [`data`] finds the run log;
+//! [`observe`] is the Host's one run observer.
 
+pub mod data;
 pub mod file;
+pub mod observe;
+pub mod record;
 pub mod usage;
 
 use std::path::{Path, PathBuf};
@@ -18,7 +24,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value as Json};
 
-use pf_harness::{Harness, HostServices, InputBroker, ModelProvider, ThinkingSupport};
+use pf_harness::{Harness, HostServices, InputBroker, ModelProvider, Plugin, ThinkingSupport};
 use pf_models::{HttpEndpoint, ProviderKind, ProviderSpec};
 use pf_plugins::{
     FixedAnswersBroker, McpConfig, McpPlugin, McpTransport, SearchBackend, StdinInputBroker,
@@ -26,6 +32,8 @@ use pf_plugins::{
 };
 
 use file::{HostFile, ModelTable, PluginTable, Search, Thinking};
+pub use record::HostWork;
+use record::{RecordingBroker, RecordingModel, RecordingPlugin};
 
 /// What the host file configures, checked and resolved.
 #[derive(Debug, Clone, PartialEq)]
@@ -212,14 +220,32 @@ impl HostConfig {
     /// providers (the other catalog models only with a `ui()` snapshot, the one
     /// way a prompt reaches them). Call it inside the async runtime the run will use.
     pub fn assemble(&self, current: Option<&str>) -> Result<Host, String> {
+        self.assemble_for(current, &HostWork::Direct)
+    }
+
+    /// [`assemble`](HostConfig::assemble), with every piece of host work
+    /// (model rounds, tool calls, operator answers) going through the
+    /// decorators `work` names. The one place they are installed, for every
+    /// command that runs prompts.
+    pub fn assemble_for(&self, current: Option<&str>, work: &HostWork) -> Result<Host, String> {
         let mut harness = Harness::new();
-        harness.register(Arc::new(WebPlugin::new(self.web.clone())));
+        let mut plugins: Vec<Arc<dyn Plugin>> = vec![Arc::new(WebPlugin::new(self.web.clone()))];
         for (id, config) in &self.plugins {
-            harness.register(Arc::new(McpPlugin::new(id.clone(), config.clone())));
+            plugins.push(Arc::new(McpPlugin::new(id.clone(), config.clone())));
+        }
+        for plugin in plugins {
+            harness.register(match work {
+                HostWork::Direct => plugin,
+                HostWork::Recorded(r) => Arc::new(RecordingPlugin::new(plugin, Arc::clone(r))),
+            });
         }
         let broker: Arc<dyn InputBroker> = match &self.answers {
             Some(answers) => Arc::new(FixedAnswersBroker::new(answers.clone())),
             None => Arc::new(StdinInputBroker::new()),
+        };
+        let broker: Arc<dyn InputBroker> = match work {
+            HostWork::Direct => broker,
+            HostWork::Recorded(r) => Arc::new(RecordingBroker::new(broker, Arc::clone(r))),
         };
         harness.services = HostServices {
             input_broker: Some(broker),
@@ -228,7 +254,12 @@ impl HostConfig {
         let build = |spec: &ProviderSpec| -> Result<Arc<dyn ModelProvider>, String> {
             let provider = pf_models::build_provider(spec)
                 .map_err(|e| format!("host file: model \"{}\": {e}", spec.id))?;
-            Ok(Arc::new(usage::Metered::new(provider, Arc::clone(&totals))))
+            let metered: Arc<dyn ModelProvider> =
+                Arc::new(usage::Metered::new(provider, Arc::clone(&totals)));
+            Ok(match work {
+                HostWork::Direct => metered,
+                HostWork::Recorded(r) => Arc::new(RecordingModel::new(metered, Arc::clone(r))),
+            })
         };
         let model = match current.and_then(|id| self.spec(id)) {
             Some(spec) => Some(build(spec)?),

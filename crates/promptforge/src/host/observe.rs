@@ -1,0 +1,127 @@
+//! The Host's one observer of a run: every event the Engine reports, and live
+//! text, fan out from here to the run log, the live printer and (later)
+//! progress. Nothing else in the Host watches a run.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use pf_engine::{LiveText, RunEvent, RunObserver};
+
+use super::record::RunLogSink;
+use crate::live::LivePrinter;
+
+/// Fans each event out to whoever listens: the run log (when the run is
+/// logged) and the live printer (when a person watches stderr).
+pub struct HostObserver {
+    log: Option<Arc<RunLogSink>>,
+    live: Option<Arc<Mutex<LivePrinter>>>,
+    sections: Arc<SectionTracker>,
+}
+
+impl HostObserver {
+    pub fn new(
+        log: Option<Arc<RunLogSink>>,
+        live: Option<Arc<Mutex<LivePrinter>>>,
+        sections: Arc<SectionTracker>,
+    ) -> HostObserver {
+        HostObserver {
+            log,
+            live,
+            sections,
+        }
+    }
+}
+
+impl RunObserver for HostObserver {
+    fn event(&self, _execution: &str, event: &RunEvent) {
+        self.sections.heard(event);
+        if let Some(log) = &self.log {
+            log.event(event);
+        }
+    }
+
+    fn wants_live_text(&self) -> bool {
+        self.live.is_some()
+    }
+
+    fn live_text(&self, text: LiveText<'_>) -> bool {
+        let Some(printer) = &self.live else {
+            return false;
+        };
+        let mut printer = printer.lock().unwrap_or_else(PoisonError::into_inner);
+        printer.write(&mut std::io::stderr().lock(), text).is_ok()
+    }
+}
+
+/// Which section each task is running, as its events tell: host work (a
+/// model round, a tool call, an operator wait) names only its task, and the
+/// run log files it under that task's current section.
+///
+/// A task's sections nest only through `call`, so a stack per task follows
+/// them: `section_started` pushes, `section_finished` pops back to the caller.
+/// Outside any walked section (the H1 pass) the latest event's label holds.
+#[derive(Debug, Default)]
+pub struct SectionTracker {
+    tasks: Mutex<HashMap<String, TaskSections>>,
+}
+
+#[derive(Debug, Default)]
+struct TaskSections {
+    open: Vec<String>,
+    latest: String,
+}
+
+impl SectionTracker {
+    fn heard(&self, event: &RunEvent) {
+        self.heard_kind(event.kind.as_str(), &event.section, &event.provenance.task);
+    }
+
+    fn heard_kind(&self, kind: &str, section: &str, task: &str) {
+        let mut tasks = self.tasks.lock().unwrap_or_else(PoisonError::into_inner);
+        let task = match tasks.get_mut(task) {
+            Some(sections) => sections,
+            None => tasks.entry(task.to_string()).or_default(),
+        };
+        match kind {
+            "section_started" => task.open.push(section.to_string()),
+            "section_finished" if task.open.last().is_some_and(|open| open == section) => {
+                task.open.pop();
+            }
+            _ => {}
+        }
+        if task.latest != section {
+            task.latest = section.to_string();
+        }
+    }
+
+    /// The section `task` is running now (empty before its first event).
+    pub fn current(&self, task: &str) -> String {
+        let tasks = self.tasks.lock().unwrap_or_else(PoisonError::into_inner);
+        tasks
+            .get(task)
+            .map(|t| t.open.last().unwrap_or(&t.latest).clone())
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_called_section_hands_back_to_its_caller() {
+        let tracker = SectionTracker::default();
+        tracker.heard_kind("run_started", "Title", "0");
+        assert_eq!(tracker.current("0"), "Title");
+        tracker.heard_kind("section_started", "Outer", "0");
+        tracker.heard_kind("section_started", "Inner", "0");
+        tracker.heard_kind("lua_chunk_started", "Inner", "0");
+        assert_eq!(tracker.current("0"), "Inner");
+        tracker.heard_kind("section_finished", "Inner", "0");
+        assert_eq!(tracker.current("0"), "Outer");
+        tracker.heard_kind("section_started", "Arm", "0.1");
+        assert_eq!(tracker.current("0.1"), "Arm");
+        assert_eq!(tracker.current("0"), "Outer");
+        assert_eq!(tracker.current("0.7"), "");
+    }
+}
