@@ -12,6 +12,7 @@ pub mod host;
 pub mod live;
 pub mod report;
 pub mod signals;
+pub mod usertest;
 
 /// The run failed, or `check` found a problem.
 pub const EXIT_FAILED: u8 = 1;

@@ -3,6 +3,7 @@
 
 pub mod check;
 pub mod run;
+pub mod test;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -14,6 +15,7 @@ pub fn dispatch(command: Command) -> ExitCode {
     match command {
         Command::Run(args) => run::run(args),
         Command::Check(args) => check::run(args),
+        Command::Test(args) => test::run(args),
     }
 }
 
