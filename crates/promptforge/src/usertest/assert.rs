@@ -50,7 +50,7 @@ impl Failure {
         match (&self.expected, &self.actual) {
             (Some(e), Some(a)) if e.contains('\n') || a.contains('\n') => {
                 out.push_str(" (- expected, + actual):\n");
-                out.push_str(&line_diff(e, a));
+                out.push_str(line_diff(e, a).trim_end_matches('\n'));
             }
             (e, a) => {
                 if let Some(e) = e {

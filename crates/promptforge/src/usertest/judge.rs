@@ -43,9 +43,18 @@ pub fn verdict(reply: &str) -> Verdict {
         .to_ascii_uppercase();
     match first.as_str() {
         "PASS" | "YES" => Verdict::Pass,
-        "FAIL" | "NO" => Verdict::Fail(reply.trim().to_string()),
+        "FAIL" | "NO" => Verdict::Fail(reason(reply)),
         _ => Verdict::Unclear(reply.trim().to_string()),
     }
+}
+
+/// The reply after its verdict word, on one line.
+fn reason(reply: &str) -> String {
+    let rest = reply.trim_start();
+    let rest = rest.find(char::is_whitespace).map_or("", |at| &rest[at..]);
+    let rest =
+        rest.trim_start_matches(|c: char| c.is_whitespace() || matches!(c, ':' | '-' | '.' | '*'));
+    rest.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// Ask `model` the rubric question about `output`.
@@ -91,10 +100,10 @@ mod tests {
         assert_eq!(verdict("**Pass** - fine"), Verdict::Pass);
         assert_eq!(verdict("yes."), Verdict::Pass);
         assert_eq!(
-            verdict("FAIL: rude"),
-            Verdict::Fail("FAIL: rude".to_string())
+            verdict("FAIL - rude\nand short"),
+            Verdict::Fail("rude and short".to_string())
         );
-        assert_eq!(verdict("No"), Verdict::Fail("No".to_string()));
+        assert_eq!(verdict("No"), Verdict::Fail(String::new()));
         assert_eq!(
             verdict("Maybe, it depends"),
             Verdict::Unclear("Maybe, it depends".to_string())

@@ -287,6 +287,7 @@ fn judges(settings: &Settings, expect: &Expect, obs: &Observed) -> Vec<Failure> 
             .and_then(|m| judge::ask(&m, &j.rubric, &result));
         let problem = match verdict {
             Ok(judge::Verdict::Pass) => continue,
+            Ok(judge::Verdict::Fail(reason)) if reason.is_empty() => "the judge said FAIL".into(),
             Ok(judge::Verdict::Fail(reason)) => format!("the judge said FAIL: {reason}"),
             Ok(judge::Verdict::Unclear(reply)) => {
                 format!("the judge answered neither PASS nor FAIL: {reply:?}")
