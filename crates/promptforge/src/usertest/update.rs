@@ -193,6 +193,18 @@ pub fn rewrite(text: &str, updates: &[(usize, Json)]) -> Result<String, String> 
         }
         let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
         let (start, end, indent) = match span.expect {
+            Some((line, col))
+                if refs
+                    .get(line.saturating_sub(1))
+                    .and_then(|l| l.get(..col))
+                    .is_some_and(|before| !before.trim().is_empty()) =>
+            {
+                return Err(format!(
+                    "case #{} (line {line}): `expect:` shares its line with other text; \
+                     put it on a line of its own for --update",
+                    index + 1
+                ));
+            }
             Some((line, col)) => {
                 let start = line.saturating_sub(1);
                 (start, block_end(&refs, start, col + 1), col)
@@ -264,5 +276,16 @@ mod tests {
         );
         let spans = locate_cases(&out).expect("still parses");
         assert_eq!(spans.len(), 2);
+    }
+
+    #[test]
+    fn an_expect_sharing_the_dash_line_is_refused() {
+        let text = "cases:\n  - expect: {result: a}\n    name: one\n";
+        let err = rewrite(text, &[(0, json!({"result": "b"}))]).err();
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.contains("shares its line")),
+            "{err:?}"
+        );
     }
 }
