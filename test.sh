@@ -11,6 +11,8 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo test"
 cargo test --workspace
+echo "== promptforge test examples"
+cargo run -q -p promptforge -- test examples
 echo "== conformance (seed)"
 cargo build -p promptforge
 conformance="${PROMPTFORGE_CONFORMANCE:-../shared/conformance}"

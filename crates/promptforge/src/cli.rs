@@ -28,6 +28,8 @@ pub enum Command {
     /// Show one logged run: a summary, then its timeline.
     #[command(after_help = SHOW_EXAMPLES)]
     Show(ShowArgs),
+    /// Run prompt tests (NAME.test.yaml beside NAME.md, or tests/*.yaml); exit 1 on any failure.
+    Test(TestArgs),
 }
 
 const RUNS_EXAMPLES: &str = "\
@@ -155,6 +157,38 @@ pub struct LogArgs {
     /// `request`/`response` events (debug capture; they hold the full prompt).
     #[arg(long)]
     pub capture: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct TestArgs {
+    /// Test files, prompts (their NAME.test.yaml) or folders to search. Default: `.`.
+    #[arg(default_value = ".")]
+    pub paths: Vec<PathBuf>,
+    /// Only cases whose `FILE: NAME` contains this text.
+    #[arg(long, value_name = "SUBSTR")]
+    pub filter: Option<String>,
+    /// Write the current results as the new expectations.
+    #[arg(long)]
+    pub update: bool,
+    /// Write a JUnit XML report to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<PathBuf>,
+    /// Run every case against this catalog model instead of its scripted replies.
+    #[arg(long = "model", value_name = "ID")]
+    pub model: Option<String>,
+    /// Runs per case; the line shows each case's pass rate.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub repeat: u32,
+    /// With --repeat: the share of runs (0 to 1) that must pass for the case to pass.
+    #[arg(long, default_value_t = 1.0, value_name = "RATE")]
+    pub pass_rate: f64,
+    /// Cases running at once. Default: the number of CPUs.
+    #[arg(long, short = 'j')]
+    pub jobs: Option<usize>,
+    #[command(flatten)]
+    pub host: HostArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 /// Which host file configures the Host.

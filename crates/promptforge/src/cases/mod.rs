@@ -112,10 +112,10 @@ pub struct Actual {
 }
 
 /// A scratch directory removed when dropped.
-struct WorkDir(PathBuf);
+pub(crate) struct WorkDir(pub(crate) PathBuf);
 
 impl WorkDir {
-    fn new() -> Result<WorkDir, String> {
+    pub(crate) fn new() -> Result<WorkDir, String> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let n = NEXT.fetch_add(1, Ordering::SeqCst);
         let path =
@@ -230,39 +230,70 @@ impl Runner {
             .replace("{{WEB}}", base);
         let prompt_file = work.join("prompt.md");
         std::fs::write(&prompt_file, prompt).map_err(|e| e.to_string())?;
-        let record = work.join("requests.jsonl");
-        let _ = std::fs::remove_file(&record);
-        let host_file = work.join("host.toml");
-        let host = self.host_file(case, work, &record, base)?;
-        std::fs::write(&host_file, host).map_err(|e| e.to_string())?;
         let store = work.join(format!("store-{seed}"));
         let _ = std::fs::remove_dir_all(&store);
+        let invoked = self.invoke(&Invocation {
+            prompt_file: &prompt_file,
+            case,
+            work,
+            seed,
+            base,
+            store: &store,
+            capture_events: case.expect.events.is_some(),
+        })?;
+        Ok(Actual {
+            report: invoked.report,
+            requests: invoked.requests,
+            store,
+            events: render_events(&invoked.stderr),
+        })
+    }
+
+    /// Where [`Runner::invoke`] has the model record its requests: the host
+    /// file it writes names this file for the scripted model, and a caller
+    /// that brings its own `[model]` table (in `host_extra`) names it there.
+    pub fn record_path(work: &Path) -> PathBuf {
+        work.join("requests.jsonl")
+    }
+
+    /// `promptforge run --json` of `inv.prompt_file`, in place, against the
+    /// host file the case's fixtures describe; the store directory is used as
+    /// the caller left it (files placed before the run stay).
+    pub fn invoke(&self, inv: &Invocation<'_>) -> Result<Invoked, String> {
+        let (case, work) = (inv.case, inv.work);
+        let record = Runner::record_path(work);
+        let _ = std::fs::remove_file(&record);
+        let host_file = work.join("host.toml");
+        let host = self.host_file(case, work, &record, inv.base)?;
+        std::fs::write(&host_file, host).map_err(|e| e.to_string())?;
         let mut cmd = Command::new(&self.bin);
-        cmd.arg("run").arg(&prompt_file);
+        cmd.arg("run").arg(inv.prompt_file);
         if let Some(a) = &case.args {
             cmd.arg(a);
         }
         cmd.arg("--host")
             .arg(&host_file)
             .arg("--seed")
-            .arg(seed.to_string())
+            .arg(inv.seed.to_string())
             .arg("--start")
             .arg(&case.start)
             .arg("--store")
-            .arg(&store)
+            .arg(inv.store)
             .arg("--json")
             // Each case logs into its own scratch run log, never the user's.
             .env("PROMPTFORGE_HOME", work.join("data"));
-        if case.expect.events.is_some() {
+        if inv.capture_events {
             // Events reach stderr as debug log lines; only then is stderr read.
             cmd.env("PROMPTFORGE_LOG", "promptforge::events=debug")
                 .env("NO_COLOR", "1");
         }
+        let started = std::time::Instant::now();
         let out = cmd
             .output()
             .map_err(|e| format!("cannot run {}: {e}", self.bin.display()))?;
+        let elapsed = started.elapsed();
         let stdout = String::from_utf8_lossy(&out.stdout);
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         let last = stdout.lines().last().unwrap_or("");
         let report: RunReport = serde_json::from_str(last).map_err(|_| {
             format!(
@@ -278,11 +309,11 @@ impl Runner {
                     .collect()
             })
             .unwrap_or_default();
-        Ok(Actual {
+        Ok(Invoked {
             report,
             requests,
-            store,
-            events: render_events(&stderr),
+            stderr,
+            elapsed,
         })
     }
 
@@ -365,6 +396,30 @@ pub struct Verdict {
     pub blessed: bool,
 }
 
+/// One run for [`Runner::invoke`]: the prompt file (run where it is), the
+/// case whose fixtures make the host file, the scratch folder, the seed, what
+/// `{{WEB}}` stands for, the store directory, and whether to capture events.
+pub struct Invocation<'a> {
+    pub prompt_file: &'a Path,
+    pub case: &'a Case,
+    pub work: &'a Path,
+    pub seed: u64,
+    pub base: &'a str,
+    pub store: &'a Path,
+    pub capture_events: bool,
+}
+
+/// What [`Runner::invoke`] saw: the report, the recorded model requests, the
+/// process's stderr (events are read from it by [`parse_events`]) and how
+/// long the process took.
+#[derive(Debug)]
+pub struct Invoked {
+    pub report: RunReport,
+    pub requests: Vec<Json>,
+    pub stderr: String,
+    pub elapsed: std::time::Duration,
+}
+
 /// A JSON string is a valid TOML basic string.
 fn toml_str(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_default()
@@ -390,11 +445,8 @@ fn substitute(v: &Json, from: &str, to: &str) -> Json {
 /// read `"<ms>"` so the snapshot is the same on every run.
 pub fn render_events(stderr: &str) -> Vec<String> {
     let mut lines = Vec::new();
-    for line in stderr.lines() {
-        let Some(at) = line.find("{\"kind\":") else {
-            continue;
-        };
-        let Ok(Json::Object(mut event)) = serde_json::from_str::<Json>(&line[at..]) else {
+    for event in parse_events(stderr) {
+        let Json::Object(mut event) = event else {
             continue;
         };
         let kind = event.shift_remove("kind").unwrap_or_default();
@@ -415,6 +467,21 @@ pub fn render_events(stderr: &str) -> Vec<String> {
         lines.push(text);
     }
     lines
+}
+
+/// The run's events as the engine writes them (`{"kind", "execution",
+/// "section", "provenance", ...fields}`), in order, read from the
+/// `promptforge::events` debug lines on stderr.
+pub fn parse_events(stderr: &str) -> Vec<Json> {
+    stderr
+        .lines()
+        .filter_map(|line| {
+            let at = line.find("{\"kind\":")?;
+            serde_json::from_str::<Json>(&line[at..])
+                .ok()
+                .filter(Json::is_object)
+        })
+        .collect()
 }
 
 /// `v` with every number under a key ending in `_ms` replaced by `"<ms>"`.

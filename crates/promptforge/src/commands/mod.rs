@@ -6,6 +6,7 @@ pub mod models;
 pub mod run;
 pub mod runs;
 pub mod show;
+pub mod test;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -20,6 +21,7 @@ pub fn dispatch(command: Command) -> ExitCode {
         Command::Models(args) => models::run(args),
         Command::Runs(args) => runs::run(args),
         Command::Show(args) => show::run(args),
+        Command::Test(args) => test::run(args),
     }
 }
 
