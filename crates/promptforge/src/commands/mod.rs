@@ -2,6 +2,11 @@
 //! command: a variant in [`crate::cli::Command`], a module here, an arm below.
 
 pub mod check;
+pub mod completions;
+pub mod info;
+pub mod init;
+pub mod prepare_checks;
+pub mod reference;
 pub mod run;
 
 use std::path::Path;
@@ -14,11 +19,20 @@ pub fn dispatch(command: Command) -> ExitCode {
     match command {
         Command::Run(args) => run::run(args),
         Command::Check(args) => check::run(args),
+        Command::Info(args) => info::run(args),
+        Command::Init(args) => init::run(args),
+        Command::Completions(args) => completions::run(args),
+        Command::Man => completions::man(),
+        Command::Reference => reference::run(),
     }
 }
 
-/// A usage error: the message on stderr, exit status 2.
+/// A usage error: the message on stderr (under `--json`, a JSON object on
+/// stdout as well), exit status 2.
 pub(crate) fn usage(msg: &str) -> ExitCode {
+    if crate::ui::json_errors() {
+        println!("{}", crate::ui::usage_error_json(msg));
+    }
     eprintln!("error: {msg}");
     ExitCode::from(crate::EXIT_USAGE)
 }
