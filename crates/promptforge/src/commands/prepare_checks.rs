@@ -673,7 +673,7 @@ pub fn host_problems(
         let Some(Ok(tools)) = offered.plugins.get(slot.plugin_id()) else {
             continue;
         };
-        if tools.iter().any(|t| *t == slot.path) {
+        if tools.contains(&slot.path) {
             continue;
         }
         let names: Vec<&str> = tools.iter().map(String::as_str).collect();
