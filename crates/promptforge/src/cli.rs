@@ -54,7 +54,7 @@ pub struct RunArgs {
     pub file: PathBuf,
     /// The run's argument string (JSON object for declared args, else prose); `-` reads stdin.
     pub args: Option<String>,
-    /// One declared argument, typed by the prompt's `args:` (repeatable; instead of ARGS).
+    /// One declared argument, typed by the prompt's `args:`; instead of ARGS.
     #[arg(long = "arg", value_name = "NAME=VALUE")]
     pub arg: Vec<String>,
     /// No live output, progress or warnings: only the result and errors.

@@ -56,11 +56,7 @@ pub fn cli_reference() -> String {
         if let Some(about) = sub.get_about() {
             let _ = writeln!(out, "{about}\n");
         }
-        let _ = writeln!(
-            out,
-            "```text\n{}\n```\n",
-            usage(&mut sub).replacen(&name, &format!("promptforge {name}"), 1)
-        );
+        let _ = writeln!(out, "```text\n{}\n```\n", usage(&mut sub));
         let positionals: Vec<&Arg> = sub.get_positionals().filter(|a| !a.is_hide_set()).collect();
         if !positionals.is_empty() {
             let _ = writeln!(out, "Arguments:\n");
@@ -132,7 +128,7 @@ fn arg_line(arg: &Arg) -> String {
         .iter()
         .map(|v| v.to_string_lossy().into_owned())
         .collect();
-    if !defaults.is_empty() {
+    if !defaults.is_empty() && takes_value {
         extras.push(format!("default: {}", defaults.join(", ")));
     }
     if arg.is_required_set() {
