@@ -13,6 +13,18 @@ echo "== cargo test"
 cargo test --workspace
 echo "== promptforge test examples"
 cargo run -q -p promptforge -- test examples
+echo "== the user guide (mdBook)"
+mdbook_version="0.4.52"
+mdbook="$(command -v mdbook || true)"
+if [ -z "$mdbook" ] || ! "$mdbook" --version | grep -q "v$mdbook_version"; then
+  mdbook="$PWD/.tools/bin/mdbook"
+  if ! [ -x "$mdbook" ] || ! "$mdbook" --version | grep -q "v$mdbook_version"; then
+    echo "test.sh: installing mdbook $mdbook_version into .tools/" >&2
+    cargo install mdbook --locked --version "$mdbook_version" --root "$PWD/.tools" \
+      || { echo "test.sh: could not install mdbook $mdbook_version" >&2; exit 1; }
+  fi
+fi
+"$mdbook" build docs || { echo "test.sh: the user guide (docs/) does not build" >&2; exit 1; }
 echo "== conformance (seed)"
 cargo build -p promptforge
 conformance="${PROMPTFORGE_CONFORMANCE:-../shared/conformance}"

@@ -7,8 +7,16 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "promptforge", version, about = "Runs promptforge prompt files")]
+#[command(
+    name = "promptforge",
+    version,
+    about = "Runs promptforge prompt files",
+    after_help = MAIN_EXAMPLES
+)]
 pub struct Cli {
+    /// When to colour diagnostics: auto (stderr is a terminal and NO_COLOR is unset), always, never.
+    #[arg(long, global = true, value_enum, default_value_t = ColorChoice::Auto)]
+    pub color: ColorChoice,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -17,8 +25,10 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a prompt; ARGS is the run's argument string.
+    #[command(after_help = RUN_EXAMPLES)]
     Run(RunArgs),
-    /// Parse only; print each problem as FILE:LINE:COL: Kind: message.
+    /// Check prompt files and folders; print each problem as FILE:LINE:COL: Kind: message.
+    #[command(after_help = CHECK_EXAMPLES)]
     Check(CheckArgs),
     /// List the host file's model catalog and which model is current.
     Models(ModelsArgs),
@@ -30,6 +40,22 @@ pub enum Command {
     Show(ShowArgs),
     /// Run prompt tests (NAME.test.yaml beside NAME.md, or tests/*.yaml); exit 1 on any failure.
     Test(TestArgs),
+    // --- added by the CLI-UX work (info, init, completions, man, reference) ---
+    /// Show a prompt's name, description, args, roles, Plugins, tool slots and sections.
+    #[command(after_help = INFO_EXAMPLES)]
+    Info(InfoArgs),
+    /// Scaffold a prompt NAME.md, a host file NAME.host.toml and a test NAME.test.yaml.
+    #[command(after_help = INIT_EXAMPLES)]
+    Init(InitArgs),
+    /// Print a shell completion script (bash, zsh, fish) on stdout.
+    #[command(after_help = COMPLETIONS_EXAMPLES)]
+    Completions(CompletionsArgs),
+    /// Print the man page (roff) on stdout.
+    #[command(hide = true)]
+    Man,
+    /// Print the CLI reference (Markdown) that docs/src/reference/cli.md holds.
+    #[command(hide = true)]
+    Reference,
 }
 
 const RUNS_EXAMPLES: &str = "\
@@ -53,8 +79,16 @@ Examples:
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
+    /// The prompt file.
     pub file: PathBuf,
+    /// The run's argument string (JSON object for declared args, else prose); `-` reads stdin.
     pub args: Option<String>,
+    /// One declared argument, typed by the prompt's `args:`; instead of ARGS.
+    #[arg(long = "arg", value_name = "NAME=VALUE")]
+    pub arg: Vec<String>,
+    /// No live output, progress or warnings: only the result and errors.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
     #[command(flatten)]
     pub host: HostArgs,
     #[command(flatten)]
@@ -71,7 +105,17 @@ pub struct RunArgs {
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
-    pub file: PathBuf,
+    /// Prompt files, or folders searched for `*.md` files that start with `---`.
+    #[arg(required = true, value_name = "PATH")]
+    pub paths: Vec<PathBuf>,
+    /// Also make the checks prepare would make against this host file (Plugins' tools, roles).
+    #[arg(long = "host", value_name = "FILE")]
+    pub host: Option<PathBuf>,
+    /// How problems print: one line each, or rich snippets. Default: rich when stderr is a terminal.
+    #[arg(long, value_enum)]
+    pub format: Option<CheckFormat>,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 #[derive(Debug, Args)]
@@ -147,6 +191,23 @@ pub struct ShowArgs {
     pub output: OutputArgs,
 }
 
+/// `check --format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CheckFormat {
+    /// `FILE:LINE:COL: Kind: message`, one problem a line, on stdout.
+    Short,
+    /// rustc-style snippets with help, on stdout.
+    Rich,
+}
+
+#[derive(Debug, Args)]
+pub struct InfoArgs {
+    /// The prompt file.
+    pub file: PathBuf,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
 /// Whether and how a run is logged.
 #[derive(Debug, Clone, Args)]
 pub struct LogArgs {
@@ -191,6 +252,74 @@ pub struct TestArgs {
     pub output: OutputArgs,
 }
 
+#[derive(Debug, Args)]
+pub struct InitArgs {
+    /// The new prompt's name (a path: `tools/triage` writes tools/triage.md, ...).
+    pub name: PathBuf,
+    /// Overwrite files that already exist.
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub shell: CompletionShell,
+}
+
+/// The shells `completions` writes for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CompletionShell {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+/// `--color`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ColorChoice {
+    #[default]
+    Auto,
+    Always,
+    Never,
+}
+
+const MAIN_EXAMPLES: &str = "Examples:
+  promptforge run examples/hello.md reader
+  promptforge run examples/notes.md 'The tide rises twice a day.' --host examples/notes.host.toml
+  promptforge check examples
+  promptforge info examples/typed-args.md
+  promptforge init triage
+
+Docs: docs/ (mdBook); `promptforge <COMMAND> --help` for each command.";
+
+const RUN_EXAMPLES: &str = "Examples:
+  promptforge run hello.md reader
+  promptforge run greet.md --arg name=Ada --arg times=3
+  echo '{\"name\":\"Ada\"}' | promptforge run greet.md -
+  promptforge run notes.md 'text' --host notes.host.toml --store /tmp/s --json
+  promptforge run p.md --seed 7 --start 2026-01-02T03:04:05Z   # repeat a run exactly";
+
+const CHECK_EXAMPLES: &str = "Examples:
+  promptforge check prompt.md
+  promptforge check examples prompts/ --json
+  promptforge check agent.md --host host.toml   # also: tools, roles, jump targets, output path
+Exit status: 0 no errors (warnings allowed), 1 an error, 2 a usage error.";
+
+const INFO_EXAMPLES: &str = "Examples:
+  promptforge info prompt.md
+  promptforge info prompt.md --json";
+
+const INIT_EXAMPLES: &str = "Examples:
+  promptforge init triage        # triage.md, triage.host.toml, triage.test.yaml
+  promptforge run triage.md 'a bug report' --host triage.host.toml";
+
+const COMPLETIONS_EXAMPLES: &str = "Examples:
+  promptforge completions bash > ~/.local/share/bash-completion/completions/promptforge
+  promptforge completions zsh > ~/.zfunc/_promptforge
+  promptforge completions fish > ~/.config/fish/completions/promptforge.fish";
+
 /// Which host file configures the Host.
 #[derive(Debug, Clone, Args)]
 pub struct HostArgs {
@@ -219,9 +348,10 @@ pub struct SeedArgs {
 }
 
 impl SeedArgs {
-    /// The given seed, else a random one.
+    /// The given seed, else a random one below 2^53, so JSON tools that read
+    /// numbers as doubles keep it exact.
     pub fn seed_or_random(&self) -> u64 {
-        self.seed.unwrap_or_else(rand::random)
+        self.seed.unwrap_or_else(|| rand::random::<u64>() >> 11)
     }
 
     /// The start instant in milliseconds since the epoch: `--start`, else now.

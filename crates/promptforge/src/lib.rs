@@ -11,8 +11,10 @@ pub mod commands;
 pub mod host;
 pub mod live;
 pub mod logview;
+pub mod progress;
 pub mod report;
 pub mod signals;
+pub mod ui;
 pub mod usertest;
 
 /// The run failed, or `check` found a problem.
@@ -22,15 +24,59 @@ pub const EXIT_USAGE: u8 = 2;
 /// The run was cancelled (as a shell reports SIGINT).
 pub const EXIT_CANCELLED: u8 = 130;
 
+/// Dependencies whose own logs are noise to a prompt author: kept at `warn`
+/// unless `PROMPTFORGE_LOG` names them or asks for `trace`.
+const NOISY_TARGETS: &[&str] = &[
+    "html5ever",
+    "markup5ever",
+    "html2text",
+    "selectors",
+    "hyper",
+    "hyper_util",
+    "reqwest",
+    "rustls",
+    "h2",
+    "tower",
+];
+
 /// Diagnostics go to stderr, filtered by `PROMPTFORGE_LOG` (default `warn`).
 pub fn init_logging() {
-    // The run log's own warning reaches stderr once, as a `warning:` line
-    // (`host::data::begin_run_log`), so its tracing copy stays quiet by default.
-    let filter = tracing_subscriber::EnvFilter::try_from_env("PROMPTFORGE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,pf_runlog=error"));
+    init_logging_with_default("warn");
+}
+
+/// [`init_logging`] with another default level (`--quiet` uses `error`).
+pub fn init_logging_with_default(default_level: &str) {
+    let spec = std::env::var("PROMPTFORGE_LOG")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+        .unwrap_or_else(|| default_level.to_string());
     tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_env_filter(log_filter(&spec))
         .with_writer(std::io::stderr)
         .with_target(false)
         .init();
+}
+
+/// The filter for a `PROMPTFORGE_LOG` spec, with dependency noise turned down.
+pub fn log_filter(spec: &str) -> tracing_subscriber::EnvFilter {
+    let mut filter = tracing_subscriber::EnvFilter::try_new(spec)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    // The run log's own warning reaches stderr once, as a `warning:` line
+    // (`host::data::begin_run_log`), so its tracing copy stays quiet by default.
+    if !spec.contains("pf_runlog") {
+        if let Ok(directive) = "pf_runlog=error".parse() {
+            filter = filter.add_directive(directive);
+        }
+    }
+    if !spec.contains("trace") {
+        for target in NOISY_TARGETS {
+            if spec.contains(target) {
+                continue;
+            }
+            if let Ok(directive) = format!("{target}=warn").parse() {
+                filter = filter.add_directive(directive);
+            }
+        }
+    }
+    filter
 }

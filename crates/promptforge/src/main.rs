@@ -6,17 +6,38 @@ use clap::Parser;
 use promptforge::cli::Cli;
 
 fn main() -> ExitCode {
-    promptforge::init_logging();
+    // Read before parsing so a usage error can honour them too.
+    let raw: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let flag = |name: &str| raw.iter().skip(1).any(|a| a == name);
+    promptforge::ui::set_json_errors(flag("--json"));
+    if flag("--quiet") || flag("-q") {
+        promptforge::init_logging_with_default("error");
+    } else {
+        promptforge::init_logging();
+    }
     match Cli::try_parse() {
-        Ok(cli) => promptforge::commands::dispatch(cli.command),
+        Ok(cli) => {
+            promptforge::ui::set_color_choice(cli.color);
+            promptforge::commands::dispatch(cli.command)
+        }
         Err(e) => {
-            let code = if e.use_stderr() {
-                promptforge::EXIT_USAGE
+            if !e.use_stderr() {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            if promptforge::ui::json_errors() {
+                let message = e.kind().to_string();
+                let detail = e.to_string();
+                let first = detail
+                    .lines()
+                    .find(|l| l.starts_with("error:"))
+                    .map(|l| l.trim_start_matches("error:").trim().to_string())
+                    .unwrap_or(message);
+                println!("{}", promptforge::ui::usage_error_json(&first));
             } else {
-                0
-            };
-            let _ = e.print();
-            ExitCode::from(code)
+                let _ = e.print();
+            }
+            ExitCode::from(promptforge::EXIT_USAGE)
         }
     }
 }

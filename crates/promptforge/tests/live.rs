@@ -136,7 +136,40 @@ fn on_a_terminal(command: &str) -> Option<String> {
         .output()
         .ok()?;
     assert_eq!(out.status.code(), Some(0), "{out:?}");
-    Some(String::from_utf8_lossy(&out.stdout).replace('\r', ""))
+    Some(screen(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// What a terminal would finally show for `raw`: a lone carriage return or
+/// an erase-line sequence clears the current line (the progress spinner
+/// redraws itself that way), other escape sequences draw nothing.
+fn screen(raw: &str) -> String {
+    let raw = raw.replace("\r\n", "\n");
+    let mut lines: Vec<String> = vec![String::new()];
+    let mut chars = raw.chars().peekable();
+    while let Some(c) = chars.next() {
+        let current = lines.last_mut().expect("one line at least");
+        match c {
+            '\n' => lines.push(String::new()),
+            '\r' => current.clear(),
+            '\u{1b}' => {
+                let mut sequence = String::new();
+                if chars.peek() == Some(&'[') {
+                    chars.next();
+                    for c in chars.by_ref() {
+                        sequence.push(c);
+                        if c.is_ascii_alphabetic() {
+                            break;
+                        }
+                    }
+                }
+                if sequence == "2K" {
+                    current.clear();
+                }
+            }
+            c => current.push(c),
+        }
+    }
+    lines.join("\n")
 }
 
 #[test]

@@ -161,7 +161,7 @@ fn each_assertion_kind_fails_with_a_clear_diff() {
         "    error.message differs\n      expected: \"models.use failed\"\n      actual:   \"section `Take` prologue:",
         "    error.message does not contain \"nope\"",
         "FAILED tests/errors.yaml: cannot run",
-        "    cannot run: no JSON report",
+        "    outcome differs (the run failed: Usage: host file: [model] provider \"nothing\" is not known",
     ];
     for w in wanted {
         assert!(out.contains(w), "wanted {w:?} in:\n{out}");

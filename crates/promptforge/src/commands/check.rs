@@ -1,27 +1,206 @@
-//! `promptforge check FILE`: parse only.
+//! `promptforge check PATH...`: every problem of every prompt file, without
+//! running anything. Folders are searched for `*.md` files that start with
+//! `---`. Syntax problems come from [`pf_syntax::diagnose`]; the checks
+//! prepare would make (and a few static ones over the Lua blocks) come from
+//! [`super::prepare_checks`]. Errors fail the exit status, warnings do not.
 
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use crate::cli::CheckArgs;
+use pf_syntax::Severity;
+
+use super::prepare_checks::{self, Problem};
+use crate::cli::{CheckArgs, CheckFormat, OutputFormat};
+use crate::host::HostConfig;
 
 pub fn run(args: CheckArgs) -> ExitCode {
-    let file = &args.file;
-    let source = match super::read_prompt(file) {
-        Ok(s) => s,
-        Err(m) => return super::usage(&m),
-    };
-    match pf_syntax::parse(&source) {
-        Ok(_) => ExitCode::SUCCESS,
-        Err(e) => {
-            println!(
-                "{}:{}:{}: {}: {}",
-                file.display(),
-                e.line.unwrap_or(1),
-                e.column.unwrap_or(1),
-                e.kind.as_str(),
-                e.message
-            );
-            ExitCode::from(crate::EXIT_FAILED)
+    let mut files = Vec::new();
+    for path in &args.paths {
+        match collect(path, &mut files) {
+            Ok(()) => {}
+            Err(m) => return super::usage(&m),
         }
     }
+    let host = match &args.host {
+        Some(path) => match HostConfig::load(Some(path)) {
+            Ok(config) => Some(config),
+            Err(m) => return super::usage(&m),
+        },
+        None => None,
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => return super::usage(&format!("cannot start the async runtime: {e}")),
+    };
+    // The host's Plugins are activated once and their tools listed for every file.
+    let offered = match &host {
+        Some(config) => match runtime.block_on(prepare_checks::offered_tools(config, &files)) {
+            Ok(offered) => Some(offered),
+            Err(m) => return super::usage(&m),
+        },
+        None => None,
+    };
+    let mut reports = Vec::new();
+    for file in &files {
+        let source = match super::read_prompt(file) {
+            Ok(s) => s,
+            Err(m) => return super::usage(&m),
+        };
+        let problems = check_source(&source, host.as_ref(), offered.as_ref());
+        reports.push(FileReport {
+            file: file.clone(),
+            source,
+            problems,
+        });
+    }
+    let errors: usize = reports.iter().map(|r| r.count(Severity::Error)).sum();
+    let warnings: usize = reports.iter().map(|r| r.count(Severity::Warning)).sum();
+    if args.output.format() == OutputFormat::Json {
+        println!("{}", json_report(&reports, errors, warnings));
+    } else {
+        let rich = match args.format {
+            Some(format) => format == CheckFormat::Rich,
+            None => std::io::stdout().is_terminal(),
+        };
+        let color = crate::ui::stdout_color();
+        let mut out = std::io::stdout().lock();
+        for report in &reports {
+            let _ = report.write(&mut out, rich, color);
+        }
+        if rich && (errors > 0 || warnings > 0) {
+            eprintln!(
+                "{} error{}, {} warning{} in {} file{}",
+                errors,
+                plural(errors),
+                warnings,
+                plural(warnings),
+                reports.len(),
+                plural(reports.len())
+            );
+        }
+    }
+    if errors > 0 {
+        ExitCode::from(crate::EXIT_FAILED)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+/// Every problem of one prompt's bytes: the parser's, then (when it parses)
+/// the static checks over its Lua blocks and frontmatter, then the host's.
+pub fn check_source(
+    source: &[u8],
+    host: Option<&HostConfig>,
+    offered: Option<&prepare_checks::OfferedTools>,
+) -> Vec<Problem> {
+    let diagnostics = pf_syntax::diagnose(source);
+    let mut problems: Vec<Problem> = diagnostics.iter().map(Problem::from_syntax).collect();
+    if diagnostics.has_errors() {
+        return problems;
+    }
+    let Ok(prompt) = pf_syntax::parse(source) else {
+        return problems;
+    };
+    let text = String::from_utf8_lossy(source);
+    problems.extend(prepare_checks::static_problems(&prompt, &text));
+    if let (Some(host), Some(offered)) = (host, offered) {
+        problems.extend(prepare_checks::host_problems(&prompt, &text, host, offered));
+    }
+    problems
+}
+
+/// The files one PATH names: itself, or the prompt-like `*.md` files under it.
+fn collect(path: &Path, files: &mut Vec<PathBuf>) -> Result<(), String> {
+    let meta =
+        std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if !meta.is_dir() {
+        files.push(path.to_path_buf());
+        return Ok(());
+    }
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(path)
+        .map_err(|e| format!("cannot read folder {}: {e}", path.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    entries.sort();
+    for entry in entries {
+        let name = entry.file_name().map(|n| n.to_string_lossy().into_owned());
+        let name = name.unwrap_or_default();
+        // Hidden folders, build output and dependencies hold no prompts of ours.
+        if name.starts_with('.') || name == "target" || name == "node_modules" {
+            continue;
+        }
+        if entry.is_dir() {
+            collect(&entry, files)?;
+        } else if name.ends_with(".md") && looks_like_a_prompt(&entry) {
+            files.push(entry);
+        }
+    }
+    Ok(())
+}
+
+/// A Markdown file is taken for a prompt when it opens with a `---` line.
+fn looks_like_a_prompt(path: &Path) -> bool {
+    let Ok(bytes) = std::fs::read(path) else {
+        return false;
+    };
+    let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(&bytes);
+    let first = bytes.split(|b| *b == b'\n').next().unwrap_or_default();
+    first.trim_ascii() == b"---"
+}
+
+struct FileReport {
+    file: PathBuf,
+    source: Vec<u8>,
+    problems: Vec<Problem>,
+}
+
+impl FileReport {
+    fn count(&self, severity: Severity) -> usize {
+        self.problems
+            .iter()
+            .filter(|p| p.severity == severity)
+            .count()
+    }
+
+    fn name(&self) -> String {
+        self.file.display().to_string()
+    }
+
+    fn write(&self, out: &mut impl std::io::Write, rich: bool, color: bool) -> std::io::Result<()> {
+        let name = self.name();
+        for problem in &self.problems {
+            if rich {
+                writeln!(out, "{}", problem.render(&name, &self.source, color))?;
+            } else {
+                writeln!(out, "{}", problem.one_line(&name))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn json_report(reports: &[FileReport], errors: usize, warnings: usize) -> String {
+    let files: Vec<serde_json::Value> = reports
+        .iter()
+        .map(|r| {
+            let name = r.name();
+            serde_json::json!({
+                "file": name,
+                "diagnostics": r.problems.iter().map(|p| p.to_json(&name)).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    serde_json::json!({"files": files, "errors": errors, "warnings": warnings}).to_string()
 }

@@ -2,7 +2,12 @@
 //! command: a variant in [`crate::cli::Command`], a module here, an arm below.
 
 pub mod check;
+pub mod completions;
+pub mod info;
+pub mod init;
 pub mod models;
+pub mod prepare_checks;
+pub mod reference;
 pub mod run;
 pub mod runs;
 pub mod show;
@@ -22,11 +27,20 @@ pub fn dispatch(command: Command) -> ExitCode {
         Command::Runs(args) => runs::run(args),
         Command::Show(args) => show::run(args),
         Command::Test(args) => test::run(args),
+        Command::Info(args) => info::run(args),
+        Command::Init(args) => init::run(args),
+        Command::Completions(args) => completions::run(args),
+        Command::Man => completions::man(),
+        Command::Reference => reference::run(),
     }
 }
 
-/// A usage error: the message on stderr, exit status 2.
+/// A usage error: the message on stderr (under `--json`, a JSON object on
+/// stdout as well), exit status 2.
 pub(crate) fn usage(msg: &str) -> ExitCode {
+    if crate::ui::json_errors() {
+        println!("{}", crate::ui::usage_error_json(msg));
+    }
     eprintln!("error: {msg}");
     ExitCode::from(crate::EXIT_USAGE)
 }

@@ -1,28 +1,29 @@
 //! `promptforge run FILE [ARGS]`: run a prompt against the Host and report.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Read};
 use std::path::Path;
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use pf_engine::{Outcome, RunSetup};
 use pf_harness::CancellationToken;
 use pf_runlog::{Outcome as LoggedOutcome, RunStart};
-use pf_syntax::Prompt;
+use pf_syntax::{ArgType, Prompt};
 use serde_json::Value as Json;
 
 use crate::cli::{OutputFormat, RunArgs};
 use crate::host::observe::{HostObserver, SectionTracker};
 use crate::host::record::{Recorder, RunLogSink};
 use crate::host::{HostConfig, HostWork};
-use crate::live::LivePrinter;
+use crate::progress::RunProgress;
 use crate::report::{ReportOutcome, ReportOutput, ReportUsage, RunReport};
 
 pub fn run(args: RunArgs) -> ExitCode {
     let began = Instant::now();
     let file = args.file.as_path();
     let format = args.output.format();
+    let quiet = args.quiet;
     let source = match super::read_prompt(file) {
         Ok(s) => s,
         Err(m) => return super::usage(&m),
@@ -53,7 +54,7 @@ pub fn run(args: RunArgs) -> ExitCode {
                     execution: execution.clone(),
                     prompt_path: display_path(file),
                     prompt_text: String::from_utf8_lossy(&source).into_owned(),
-                    args: Json::String(args.args.clone().unwrap_or_default()),
+                    args: Json::String(args.args.clone().unwrap_or_else(|| args.arg.join(" "))),
                     seed,
                     start_rfc3339: pf_engine::format_when(start_ms),
                     start_ms,
@@ -74,13 +75,23 @@ pub fn run(args: RunArgs) -> ExitCode {
     let prompt = match parse_prompt(&source) {
         Ok(p) => p,
         Err(e) => {
-            let report = RunReport::of_parse_failure(&e);
+            let report = report_parse_failure(&e, &source, format, file);
             log.end(&report);
-            report.print(format, file);
             return ExitCode::from(crate::EXIT_FAILED);
         }
     };
-    place_input(&prompt, file, &store_dir);
+    let run_args = match argument_string(&prompt, args.args.as_deref(), &args.arg) {
+        Ok(a) => a,
+        Err(m) => return log.usage(&m),
+    };
+    log_host(
+        host_path.as_deref(),
+        &host_config,
+        current.as_deref(),
+        &prompt,
+    );
+    tracing::info!("store directory: {}", store_dir.display());
+    place_input(&prompt, file, &store_dir, quiet);
     let prompt = Arc::new(prompt);
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -96,9 +107,10 @@ pub fn run(args: RunArgs) -> ExitCode {
         cancel.clone(),
         Box::new(move || cancelled_report.print(format, &report_file)),
     );
-    // Live output is for a person watching: never in a report, a pipe or a file.
-    let printer = (format == OutputFormat::Human && std::io::stderr().is_terminal())
-        .then(|| Arc::new(Mutex::new(LivePrinter::default())));
+    // Live output and progress are for a person watching: never in a report,
+    // a pipe or a file, and not under --quiet.
+    let watching = format == OutputFormat::Human && !quiet && std::io::stderr().is_terminal();
+    let progress = watching.then(|| RunProgress::new(true));
     let sections = Arc::new(SectionTracker::default());
     let work = match &log.sink {
         Some(sink) => HostWork::Recorded(Arc::new(Recorder::new(
@@ -108,7 +120,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         ))),
         None => HostWork::Direct,
     };
-    let observer = HostObserver::new(log.sink.clone(), printer.clone(), sections);
+    let observer = HostObserver::new(log.sink.clone(), progress.clone(), sections);
     let mut usage = None;
     let finished = runtime.block_on(async {
         let host = host_config.assemble_for(current.as_deref(), &work)?;
@@ -116,7 +128,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         let setup = RunSetup {
             seed,
             start_ms,
-            args: args.args.clone().unwrap_or_default(),
+            args: run_args,
             store_dir: store_dir.clone(),
             harness: host.harness,
             model: host.model,
@@ -129,14 +141,13 @@ pub fn run(args: RunArgs) -> ExitCode {
         Ok::<_, String>(pf_engine::run(Arc::clone(&prompt), setup).await)
     });
     drop(work);
+    if let Some(progress) = &progress {
+        progress.finish();
+    }
     let finished = match finished {
         Ok(r) => r,
         Err(m) => return log.usage(&m),
     };
-    if let Some(printer) = &printer {
-        let mut printer = printer.lock().unwrap_or_else(|p| p.into_inner());
-        let _ = printer.finish(&mut std::io::stderr().lock());
-    }
     let mut report = RunReport::of_run(seed, &finished, &store_dir);
     report.usage = usage
         .and_then(|u| u.totals())
@@ -145,11 +156,18 @@ pub fn run(args: RunArgs) -> ExitCode {
             output_tokens,
         });
     if matches!(finished.outcome, Outcome::Completed(_)) {
-        report.output = collect_output(&prompt, &store_dir);
+        report.output = collect_output(&prompt, &store_dir, quiet);
+    }
+    if let ReportOutcome::Failed { error } = &mut report.outcome {
+        error.line = runtime_error_line(&error.message);
     }
     log.end(&report);
     if crate::signals::claim_report() {
-        report.print(format, file);
+        if format == OutputFormat::Json {
+            report.print(format, file);
+        } else {
+            print_human(&report, file, quiet, progress.as_deref());
+        }
     }
     match finished.outcome {
         Outcome::Completed(_) => ExitCode::SUCCESS,
@@ -206,6 +224,239 @@ fn display_path(path: &Path) -> String {
         .into_owned()
 }
 
+/// The report for a person: the result on stdout (unless the live output
+/// just showed that very reply on this same terminal), a failure as
+/// `error[Kind]: message` with a `  --> FILE:LINE` line when it names one.
+fn print_human(report: &RunReport, file: &Path, quiet: bool, progress: Option<&RunProgress>) {
+    let mut shown = report.clone();
+    if quiet {
+        shown.output = None;
+    }
+    match &report.outcome {
+        ReportOutcome::Completed { result } => {
+            let already_on_screen =
+                std::io::stdout().is_terminal() && progress.is_some_and(|p| p.showed(result));
+            if already_on_screen {
+                if let Some(output) = shown.output.as_ref().filter(|o| o.error.is_none()) {
+                    if let Some(path) = &output.file {
+                        eprintln!("output file {}: {}", output.path, path.display());
+                    }
+                }
+                return;
+            }
+            shown.print(OutputFormat::Human, file);
+        }
+        ReportOutcome::Failed { error } => {
+            let color = crate::ui::stderr_color();
+            let (kind, rest) = if color {
+                (
+                    format!("\x1b[1;31merror[{}]\x1b[0m", error.kind),
+                    format!("\x1b[1m: {}\x1b[0m", error.message),
+                )
+            } else {
+                (
+                    format!("error[{}]", error.kind),
+                    format!(": {}", error.message),
+                )
+            };
+            eprintln!("{kind}{rest}");
+            if let Some(line) = error.line {
+                let arrow = if color { "\x1b[1;34m-->\x1b[0m" } else { "-->" };
+                eprintln!("  {arrow} {}:{line}", file.display());
+            }
+        }
+        ReportOutcome::Cancelled => shown.print(OutputFormat::Human, file),
+    }
+}
+
+/// A parse failure: the JSON report (with `line` for a Lua compile error,
+/// whose position `parse` leaves inside its message), or the rendered
+/// diagnostic on stderr.
+fn report_parse_failure(
+    e: &pf_syntax::ParseError,
+    source: &[u8],
+    format: OutputFormat,
+    file: &Path,
+) -> RunReport {
+    let diagnostics = pf_syntax::diagnose(source);
+    let first = diagnostics.first_error().filter(|d| d.message == e.message);
+    let mut report = RunReport::of_parse_failure(e);
+    if let (ReportOutcome::Failed { error }, Some(d)) = (&mut report.outcome, first) {
+        if e.kind == pf_syntax::ParseErrorKind::Lua && error.line.is_none() {
+            error.line = d.line;
+            error.column = d.column;
+        }
+    }
+    match (format, first) {
+        (OutputFormat::Human, Some(d)) => {
+            let name = file.display().to_string();
+            let color = crate::ui::stderr_color();
+            eprintln!("{}", pf_syntax::render_diagnostic(&name, source, d, color));
+        }
+        _ => report.print(format, file),
+    }
+    report
+}
+
+/// The prompt-file line a run error names: the block label's
+/// ``section `X` epilog:N:`` prefix the engine puts first, else Lua's own
+/// `[string "…"]:N:` chunk position (both absolute: the engine pads chunks
+/// so Lua's lines are the file's).
+pub fn runtime_error_line(message: &str) -> Option<u32> {
+    let number_after = |rest: &str| -> Option<u32> {
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        let after = rest.get(digits.len()..)?;
+        if digits.is_empty() || !after.starts_with(':') {
+            return None;
+        }
+        digits.parse().ok()
+    };
+    // The label the engine puts first: no `: ` before it, a backtick or `H1` in it.
+    if let Some(colon) = message.find(':') {
+        let label = &message[..colon];
+        let is_label = !label.is_empty()
+            && (label.contains('`') || label.starts_with("H1") || label.contains("shared"));
+        if is_label {
+            if let Some(n) = number_after(&message[colon + 1..]) {
+                return Some(n);
+            }
+        }
+    }
+    let at = message.find("\"]:")?;
+    number_after(&message[at + 3..])
+}
+
+/// The run's argument string: ARGS as given (`-` reads stdin), or the JSON
+/// object `--arg NAME=VALUE` builds, each value typed by the `args:` declaration.
+fn argument_string(
+    prompt: &Prompt,
+    positional: Option<&str>,
+    pairs: &[String],
+) -> Result<String, String> {
+    if pairs.is_empty() {
+        return match positional {
+            Some("-") => read_stdin(),
+            Some(text) => Ok(text.to_string()),
+            None => Ok(String::new()),
+        };
+    }
+    if positional.is_some() {
+        return Err("--arg cannot be combined with ARGS: give the arguments one way".to_string());
+    }
+    let Some(decls) = prompt.frontmatter.args.as_ref() else {
+        return Err(
+            "--arg needs an `args:` declaration; this prompt takes free text: pass it as ARGS"
+                .to_string(),
+        );
+    };
+    let declared = || {
+        if decls.is_empty() {
+            "none".to_string()
+        } else {
+            decls
+                .iter()
+                .map(|d| format!("{} ({})", d.name, super::info::arg_type_name(d.ty)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    };
+    let mut object = serde_json::Map::new();
+    for pair in pairs {
+        let Some((name, value)) = pair.split_once('=') else {
+            return Err(format!("--arg {pair:?}: expected NAME=VALUE"));
+        };
+        let Some(decl) = decls.iter().find(|d| d.name == name) else {
+            return Err(format!(
+                "--arg {name}: the prompt declares no arg `{name}`; declared: {}",
+                declared()
+            ));
+        };
+        if object.contains_key(name) {
+            return Err(format!("--arg {name} given twice"));
+        }
+        let typed = match decl.ty {
+            ArgType::String => serde_json::Value::String(value.to_string()),
+            ArgType::Integer => value
+                .trim()
+                .parse::<i64>()
+                .map(serde_json::Value::from)
+                .map_err(|_| format!("--arg {name}={value}: `{name}` is an integer"))?,
+            ArgType::Number => value
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .and_then(serde_json::Number::from_f64)
+                .map(serde_json::Value::Number)
+                .ok_or_else(|| format!("--arg {name}={value}: `{name}` is a number"))?,
+            ArgType::Boolean => match value.trim() {
+                "true" => serde_json::Value::Bool(true),
+                "false" => serde_json::Value::Bool(false),
+                _ => {
+                    return Err(format!(
+                        "--arg {name}={value}: `{name}` is a boolean (true or false)"
+                    ))
+                }
+            },
+        };
+        object.insert(name.to_string(), typed);
+    }
+    Ok(serde_json::Value::Object(object).to_string())
+}
+
+/// ARGS `-`: all of stdin, less the one line ending a shell or `echo` adds.
+fn read_stdin() -> Result<String, String> {
+    let mut text = String::new();
+    std::io::stdin()
+        .read_to_string(&mut text)
+        .map_err(|e| format!("cannot read ARGS from stdin: {e}"))?;
+    if let Some(stripped) = text.strip_suffix('\n') {
+        text = stripped.strip_suffix('\r').unwrap_or(stripped).to_string();
+    }
+    Ok(text)
+}
+
+/// What `PROMPTFORGE_LOG=info` tells about the Host a run gets.
+fn log_host(path: Option<&Path>, config: &HostConfig, current: Option<&str>, prompt: &Prompt) {
+    match path {
+        Some(p) => tracing::info!("host file: {}", p.display()),
+        None => tracing::info!("no host file: no model, the web Plugin with its defaults"),
+    }
+    match current.and_then(|id| config.spec(id)) {
+        Some(spec) => {
+            let provider = match &spec.kind {
+                pf_models::ProviderKind::Script { .. } => "script",
+                pf_models::ProviderKind::OpenAi(_) => "openai",
+                pf_models::ProviderKind::Anthropic(_) => "anthropic",
+            };
+            tracing::info!(
+                "model: {} (provider {provider}, provider model {}, context {})",
+                spec.id,
+                spec.model,
+                spec.context
+            );
+        }
+        None => tracing::info!("model: none configured"),
+    }
+    let mut offered = vec!["promptforge/web".to_string()];
+    offered.extend(config.plugins.iter().map(|(id, _)| id.clone()));
+    tracing::info!("Plugins offered: {}", offered.join(", "));
+    let declared: Vec<String> = prompt
+        .frontmatter
+        .plugins
+        .iter()
+        .map(|p| {
+            if p.optional {
+                format!("{} (optional)", p.id)
+            } else {
+                p.id.clone()
+            }
+        })
+        .collect();
+    if !declared.is_empty() {
+        tracing::info!("Plugins the prompt activates: {}", declared.join(", "));
+    }
+}
+
 /// The prompt, or the parse error to report; a file without `promptforge:` in
 /// its frontmatter is not a prompt.
 fn parse_prompt(source: &[u8]) -> Result<Prompt, pf_syntax::ParseError> {
@@ -227,7 +478,7 @@ fn parse_prompt(source: &[u8]) -> Result<Prompt, pf_syntax::ParseError> {
 /// Host copies it in from beside the prompt file (the file the operator wrote
 /// the prompt next to); otherwise a missing input is only a warning, because
 /// the run never checks the declaration (guide ch. 02).
-fn place_input(prompt: &Prompt, prompt_file: &Path, store_dir: &Path) {
+fn place_input(prompt: &Prompt, prompt_file: &Path, store_dir: &Path, quiet: bool) {
     if pf_engine::missing_input(prompt, store_dir).is_some() {
         if let Some(declared) = prompt.frontmatter.input.as_ref() {
             let beside = prompt_file
@@ -241,7 +492,7 @@ fn place_input(prompt: &Prompt, prompt_file: &Path, store_dir: &Path) {
             }
         }
     }
-    if let Some(notice) = pf_engine::missing_input(prompt, store_dir) {
+    if let Some(notice) = pf_engine::missing_input(prompt, store_dir).filter(|_| !quiet) {
         eprintln!(
             "warning: {notice} (store directory {})",
             store_dir.display()
@@ -252,7 +503,7 @@ fn place_input(prompt: &Prompt, prompt_file: &Path, store_dir: &Path) {
 /// After a completed run, the declared output file stays in the store directory:
 /// the report names it (`"output"`), and a missing one is a warning, never a
 /// failure, because the run never checks the declaration (guide ch. 02).
-fn collect_output(prompt: &Prompt, store_dir: &Path) -> Option<ReportOutput> {
+fn collect_output(prompt: &Prompt, store_dir: &Path, quiet: bool) -> Option<ReportOutput> {
     let collected = pf_engine::collect_output(prompt, store_dir)?;
     Some(match collected {
         Ok(output) => ReportOutput {
@@ -261,7 +512,9 @@ fn collect_output(prompt: &Prompt, store_dir: &Path) -> Option<ReportOutput> {
             error: None,
         },
         Err(message) => {
-            eprintln!("warning: {message}");
+            if !quiet {
+                eprintln!("warning: {message}");
+            }
             let declared = prompt
                 .frontmatter
                 .output
@@ -275,4 +528,21 @@ fn collect_output(prompt: &Prompt, store_dir: &Path) -> Option<ReportOutput> {
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runtime_error_line;
+
+    #[test]
+    fn the_line_comes_from_the_label_or_the_chunk_position() {
+        let engine = "section `Only` epilog:15: [string \"section `Only` epilog\"]:15: boom";
+        assert_eq!(runtime_error_line(engine), Some(15));
+        assert_eq!(runtime_error_line("[string \"x\"]:7: oops"), Some(7));
+        assert_eq!(
+            runtime_error_line("tool failed: http://h:8080: refused"),
+            None
+        );
+        assert_eq!(runtime_error_line("no location"), None);
+    }
 }

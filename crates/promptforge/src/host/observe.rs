@@ -1,6 +1,5 @@
 //! The Host's one observer of a run: every event the Engine reports, and live
-//! text, fan out from here to the run log, the live printer and (later)
-//! progress. Nothing else in the Host watches a run.
+//! text, fan out from here to the run log, and the progress line with its live text. Nothing else in the Host watches a run.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -8,20 +7,20 @@ use std::sync::{Arc, Mutex, PoisonError};
 use pf_engine::{LiveText, RunEvent, RunObserver};
 
 use super::record::RunLogSink;
-use crate::live::LivePrinter;
+use crate::progress::RunProgress;
 
 /// Fans each event out to whoever listens: the run log (when the run is
-/// logged) and the live printer (when a person watches stderr).
+/// logged) and the progress line with its live text (when a person watches stderr).
 pub struct HostObserver {
     log: Option<Arc<RunLogSink>>,
-    live: Option<Arc<Mutex<LivePrinter>>>,
+    live: Option<Arc<RunProgress>>,
     sections: Arc<SectionTracker>,
 }
 
 impl HostObserver {
     pub fn new(
         log: Option<Arc<RunLogSink>>,
-        live: Option<Arc<Mutex<LivePrinter>>>,
+        live: Option<Arc<RunProgress>>,
         sections: Arc<SectionTracker>,
     ) -> HostObserver {
         HostObserver {
@@ -38,6 +37,9 @@ impl RunObserver for HostObserver {
         if let Some(log) = &self.log {
             log.event(event);
         }
+        if let Some(progress) = &self.live {
+            progress.event(event);
+        }
     }
 
     fn wants_live_text(&self) -> bool {
@@ -45,11 +47,10 @@ impl RunObserver for HostObserver {
     }
 
     fn live_text(&self, text: LiveText<'_>) -> bool {
-        let Some(printer) = &self.live else {
-            return false;
-        };
-        let mut printer = printer.lock().unwrap_or_else(PoisonError::into_inner);
-        printer.write(&mut std::io::stderr().lock(), text).is_ok()
+        match &self.live {
+            Some(progress) => progress.live_text(text),
+            None => false,
+        }
     }
 }
 

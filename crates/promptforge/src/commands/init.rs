@@ -1,0 +1,96 @@
+//! `promptforge init NAME`: a prompt that runs, a host file with a scripted
+//! model so it runs offline, its replies, and a test file. Never overwrites
+//! a file unless `--force`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use crate::cli::InitArgs;
+
+pub fn run(args: InitArgs) -> ExitCode {
+    let stem = match args.name.file_name().and_then(|n| n.to_str()) {
+        Some(s) if pf_syntax::is_valid_name(s) || valid_file_stem(s) => s.to_string(),
+        _ => {
+            return super::usage(&format!(
+                "init: {} is not a usable prompt name (letters, digits, `-`, `_`)",
+                args.name.display()
+            ))
+        }
+    };
+    let dir = args
+        .name
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    let files = scaffold(&stem);
+    for (name, _) in &files {
+        let path = dir.join(name);
+        if path.exists() && !args.force {
+            return super::usage(&format!(
+                "init: {} exists (use --force to overwrite)",
+                path.display()
+            ));
+        }
+    }
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        return super::usage(&format!("init: cannot create {}: {e}", dir.display()));
+    }
+    for (name, text) in &files {
+        let path = dir.join(name);
+        if let Err(e) = std::fs::write(&path, text) {
+            return super::usage(&format!("init: cannot write {}: {e}", path.display()));
+        }
+        println!("wrote {}", path.display());
+    }
+    println!(
+        "try: promptforge run {} 'a first request' --host {}",
+        dir.join(format!("{stem}.md")).display(),
+        dir.join(format!("{stem}.host.toml")).display()
+    );
+    ExitCode::SUCCESS
+}
+
+fn valid_file_stem(s: &str) -> bool {
+    !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+/// The files `init` writes, by name.
+pub fn scaffold(stem: &str) -> Vec<(String, String)> {
+    let prompt = format!(
+        "---\nname: {stem}\ndescription: Answers a request in one short paragraph\npromptforge: 0\nmodels:\n  writer:\n    description: writes the answer\n---\n\n# {title}\n\nAnswer the request below in one short paragraph.\n\n## Answer\n\n```lua\nmodels.use('writer')\nreturn models.infer(prose .. '\\n\\nRequest: ' .. args)\n```\n",
+        title = title_of(stem)
+    );
+    let host = format!(
+        "# A scripted model, so the prompt runs offline. For a real model use e.g.\n# [model]\n# provider = \"openai\"\n# base_url = \"http://localhost:11434/v1\"\n# model = \"qwen2.5:7b\"\n[model]\nprovider = \"script\"\nreplies = \"{stem}.replies.json\"\n"
+    );
+    let replies = "[\"Here is a short answer to your request.\"]\n".to_string();
+    // The test format belongs to `promptforge test` (docs/testing.md); this
+    // minimal case is its documented shape at the time of writing.
+    let test = format!(
+        "# Tests for {stem}.md: run with `promptforge test {stem}.test.yaml`.\nprompt: {stem}.md\nhost: {stem}.host.toml\ntests:\n  - name: answers\n    args: a first request\n    expect:\n      outcome: completed\n      result: Here is a short answer to your request.\n"
+    );
+    vec![
+        (format!("{stem}.md"), prompt),
+        (format!("{stem}.host.toml"), host),
+        (format!("{stem}.replies.json"), replies),
+        (format!("{stem}.test.yaml"), test),
+    ]
+}
+
+fn title_of(stem: &str) -> String {
+    let words: Vec<String> = stem
+        .split(['-', '_'])
+        .filter(|w| !w.is_empty())
+        .map(|w| {
+            let mut chars = w.chars();
+            match chars.next() {
+                Some(first) => first.to_uppercase().collect::<String>() + chars.as_str(),
+                None => String::new(),
+            }
+        })
+        .collect();
+    words.join(" ")
+}

@@ -1,0 +1,167 @@
+//! What a person at a terminal sees while a run works: a spinner line on
+//! stderr (section, round, streamed tokens, the last tool call) with the
+//! live output (loop rounds' text, see [`crate::live`]) printed above it,
+//! whole lines at a time so the spinner never tears a line.
+//!
+//! Fed by the Host's run observer (`host::observe::HostObserver`): live text
+//! through [`RunProgress::live_text`], sections and tool calls through
+//! [`RunProgress::event`].
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use pf_engine::{LiveText, RunEvent};
+
+use crate::live::{printable, LivePrinter};
+
+/// The spinner and the live text, shared with the engine's listener.
+pub struct RunProgress {
+    bar: Option<ProgressBar>,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    printer: LivePrinter,
+    /// Live text not yet printed: the current line, until it ends.
+    pending: Vec<u8>,
+    section: String,
+    round: u32,
+    fragments: u64,
+    last_tool: Option<String>,
+    /// The text the latest round streamed, to avoid printing the reply twice.
+    last_round_text: String,
+    shown_any: bool,
+}
+
+impl RunProgress {
+    /// `spinner`: draw the progress line (stderr is a terminal and the run is
+    /// not `--quiet`). Live text is shown either way.
+    pub fn new(spinner: bool) -> Arc<RunProgress> {
+        let bar = spinner.then(|| {
+            let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+            let style = ProgressStyle::with_template("{spinner} {msg} {elapsed}")
+                .unwrap_or_else(|_| ProgressStyle::default_spinner());
+            bar.set_style(style);
+            bar.set_message("preparing");
+            bar.enable_steady_tick(Duration::from_millis(120));
+            bar
+        });
+        Arc::new(RunProgress {
+            bar,
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    /// One fragment of live text; `false` once stderr fails.
+    pub fn live_text(&self, text: LiveText<'_>) -> bool {
+        self.on_live(text).is_ok()
+    }
+
+    /// A run event: a section starting or a tool call's result moves the line on.
+    pub fn event(&self, event: &RunEvent) {
+        match event.kind.as_str() {
+            "section_started" => self.section(&event.section),
+            "tool_result" => {
+                if let Some(alias) = event.field("alias").and_then(|a| a.as_str()) {
+                    self.tool_call(alias);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn on_live(&self, text: LiveText<'_>) -> std::io::Result<()> {
+        let mut state = self.state();
+        if state.section != text.section || state.round != text.turn {
+            state.last_round_text.clear();
+        }
+        state.section = text.section.to_string();
+        state.round = text.turn;
+        state.fragments += 1;
+        state.last_round_text.push_str(text.text);
+        state.shown_any = true;
+        let State {
+            printer, pending, ..
+        } = &mut *state;
+        printer.write(pending, text)?;
+        let complete = pending.iter().rposition(|b| *b == b'\n').map(|i| i + 1);
+        if let Some(end) = complete {
+            let lines: Vec<u8> = pending.drain(..end).collect();
+            self.print(&lines)?;
+        }
+        self.update(&state);
+        Ok(())
+    }
+
+    /// A section began.
+    pub fn section(&self, name: &str) {
+        let mut state = self.state();
+        state.section = name.to_string();
+        self.update(&state);
+    }
+
+    /// A tool call answered.
+    pub fn tool_call(&self, name: &str) {
+        let mut state = self.state();
+        state.last_tool = Some(name.to_string());
+        self.update(&state);
+    }
+
+    fn update(&self, state: &State) {
+        let Some(bar) = &self.bar else { return };
+        let mut message = printable(&state.section).replace('\n', " ");
+        if state.round > 0 {
+            message.push_str(&format!(" · round {}", state.round));
+        }
+        if state.fragments > 0 {
+            // Streamed deltas: about one token each.
+            message.push_str(&format!(" · ~{} tokens", state.fragments));
+        }
+        if let Some(tool) = &state.last_tool {
+            message.push_str(&format!(" · tool {}", printable(tool)));
+        }
+        bar.set_message(message);
+    }
+
+    fn print(&self, bytes: &[u8]) -> std::io::Result<()> {
+        let write = || {
+            let mut err = std::io::stderr().lock();
+            err.write_all(bytes)?;
+            err.flush()
+        };
+        match &self.bar {
+            Some(bar) => bar.suspend(write),
+            None => write(),
+        }
+    }
+
+    /// End the progress: clear the spinner, end the live text on its own line.
+    pub fn finish(&self) {
+        let mut state = self.state();
+        let State {
+            printer, pending, ..
+        } = &mut *state;
+        let _ = printer.finish(pending);
+        let rest: Vec<u8> = std::mem::take(pending);
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+        let _ = self.print(&rest);
+    }
+
+    /// Whether the live output already showed exactly `result` (the final
+    /// reply), so printing it again on the same terminal would double it.
+    pub fn showed(&self, result: &str) -> bool {
+        let state = self.state();
+        state.shown_any
+            && !result.trim().is_empty()
+            && state.last_round_text.trim() == result.trim()
+    }
+}

@@ -1,0 +1,82 @@
+//! Terminal conventions every command shares: when to colour, whether usage
+//! errors print as JSON. Set once by `main` from the command line, read
+//! anywhere, so commands need no extra parameters for them.
+
+use std::io::IsTerminal;
+use std::sync::OnceLock;
+
+use crate::cli::ColorChoice;
+
+static COLOR: OnceLock<ColorChoice> = OnceLock::new();
+static JSON_ERRORS: OnceLock<bool> = OnceLock::new();
+
+/// Record `--color` (call once, before dispatch).
+pub fn set_color_choice(choice: ColorChoice) {
+    let _ = COLOR.set(choice);
+}
+
+/// Record that the command line asked for `--json`, so a usage error prints
+/// a JSON object too.
+pub fn set_json_errors(json: bool) {
+    let _ = JSON_ERRORS.set(json);
+}
+
+pub fn json_errors() -> bool {
+    JSON_ERRORS.get().copied().unwrap_or(false)
+}
+
+/// Whether text for stderr gets ANSI colour: `--color always|never`, else
+/// only when stderr is a terminal and `NO_COLOR` is unset or empty.
+pub fn stderr_color() -> bool {
+    resolve(
+        COLOR.get().copied().unwrap_or_default(),
+        std::io::stderr().is_terminal(),
+    )
+}
+
+/// Whether text for stdout gets ANSI colour (the same rule, for stdout).
+pub fn stdout_color() -> bool {
+    resolve(
+        COLOR.get().copied().unwrap_or_default(),
+        std::io::stdout().is_terminal(),
+    )
+}
+
+fn resolve(choice: ColorChoice, is_terminal: bool) -> bool {
+    match choice {
+        ColorChoice::Always => true,
+        ColorChoice::Never => false,
+        ColorChoice::Auto => {
+            is_terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+        }
+    }
+}
+
+/// The usage-error object `--json` prints: `{"outcome":"failed","error":{"kind":"Usage","message":…}}`.
+pub fn usage_error_json(message: &str) -> String {
+    serde_json::json!({
+        "outcome": "failed",
+        "error": {"kind": "Usage", "message": message},
+    })
+    .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn never_and_always_win_over_the_terminal() {
+        assert!(!resolve(ColorChoice::Never, true));
+        assert!(resolve(ColorChoice::Always, false));
+        assert!(!resolve(ColorChoice::Auto, false));
+    }
+
+    #[test]
+    fn the_usage_object_has_the_report_shape() {
+        assert_eq!(
+            usage_error_json("bad \"flag\""),
+            r#"{"outcome":"failed","error":{"kind":"Usage","message":"bad \"flag\""}}"#
+        );
+    }
+}
