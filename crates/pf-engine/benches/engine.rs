@@ -19,7 +19,8 @@ fn setup(store: &std::path::Path, model: Option<Arc<dyn ModelProvider>>) -> RunS
         model,
         cancel: CancellationToken::new(),
         ui: None,
-        live: None,
+        observer: None,
+        capture: false,
     }
 }
 

@@ -11,13 +11,13 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use mlua::{Function, IntoLuaMulti, Lua, MultiValue, Table, Value};
-use pf_harness::{ActivePlugin, CancellationToken, HostServices, ModelProvider};
+use pf_harness::{ActivePlugin, CancellationToken, HostServices, ModelProvider, WorkId};
 use pf_syntax::{Prompt, RoleDecl};
 use serde_json::{json, Map, Value as Json};
 
 use crate::claims::{ClaimIdentity, ClaimRegistry};
 use crate::error::{error_table, ErrorKind, HostError, HostResult, Raise, RunError};
-use crate::events::{fields as event_fields, EventKind, EventLog, LiveOutput, RunEvent};
+use crate::events::{fields as event_fields, EventKind, EventLog, RunEvent, RunObserver};
 use crate::tasks::table::TaskTable;
 
 /// A tool slot bound at prepare.
@@ -71,8 +71,10 @@ pub(crate) struct RunFixed {
     pub section_count: usize,
     pub log_event_quota: u32,
     pub memory_limit: usize,
-    /// The Host's live output, when it shows one.
-    pub live: Option<LiveOutput>,
+    /// The Host's observer: every event, and live output when it shows one.
+    pub observer: Option<Arc<dyn RunObserver>>,
+    /// The Host switched debug capture on (`request`/`response` events).
+    pub capture: bool,
 }
 
 impl RunFixed {
@@ -99,7 +101,6 @@ pub(crate) struct RunRecord {
     /// The failure that ended the run on the spot, if one did.
     pub fatal: Option<RunError>,
     pub checkpoints: Vec<Checkpoint>,
-    pub events: Vec<RunEvent>,
 }
 
 /// State shared by every chain of one run: what prepare fixed, and what changes
@@ -128,16 +129,16 @@ pub(crate) struct RunCtx {
 impl RunCtx {
     pub fn new(fixed: RunFixed) -> Self {
         RunCtx {
-            fixed,
             always: Default::default(),
             default_role: Default::default(),
             checkpoints: Default::default(),
-            events: Default::default(),
+            events: RefCell::new(EventLog::new(fixed.observer.clone())),
             turns: Default::default(),
             claims: Default::default(),
             fatal: Default::default(),
             abort: CancellationToken::new(),
             tasks: Default::default(),
+            fixed,
         }
     }
 
@@ -185,16 +186,22 @@ impl RunCtx {
         self.checkpoints.borrow_mut().push(checkpoint);
     }
 
-    /// Number one piece of host work, so later events keep their place against it.
-    pub fn host_work(&self) {
-        self.events.borrow_mut().host_work();
+    /// Number one piece of `task`'s host work, so later events keep their place against it.
+    pub fn host_work(&self, task: &str) -> WorkId {
+        self.events.borrow_mut().host_work(task)
     }
 
-    /// Report an event filed under `section`: the one path every event takes.
-    pub fn report(&self, section: &str, kind: EventKind, fields: Map<String, Json>) {
+    /// Report an event of `task` filed under `section`: the one path every event takes.
+    pub fn report(&self, task: &str, section: &str, kind: EventKind, fields: Map<String, Json>) {
         self.events
             .borrow_mut()
-            .record(&self.fixed.execution, section, kind, fields);
+            .record(&self.fixed.execution, task, section, kind, fields);
+    }
+
+    /// `task`'s events numbered above `after` (all for `None`), as reported.
+    #[allow(dead_code)] // read by `tasks.events`, which comes next
+    pub fn history(&self, task: &str, after: Option<u32>) -> Vec<RunEvent> {
+        self.events.borrow().history(task, after)
     }
 
     /// The rounds completed so far.
@@ -267,7 +274,6 @@ impl RunCtx {
         RunRecord {
             fatal: self.fatal.borrow_mut().take(),
             checkpoints: self.checkpoints.take(),
-            events: self.events.borrow_mut().take(),
         }
     }
 }
@@ -443,9 +449,16 @@ impl SectionCtx {
             && (self.role.borrow().is_some() || self.run.default_role.borrow().is_some())
     }
 
-    /// Report an event under this section.
+    /// Report an event under this section, on the task the chain runs inside.
     pub fn report(&self, kind: EventKind, fields: Map<String, Json>) {
-        self.run.report(&self.name, kind, fields);
+        let task = self.chain.task.borrow().clone();
+        self.run.report(&task, &self.name, kind, fields);
+    }
+
+    /// Number one piece of host work on the task the chain runs inside.
+    pub fn host_work(&self) -> WorkId {
+        let task = self.chain.task.borrow().clone();
+        self.run.host_work(&task)
     }
 
     /// A boundary event: the kind and its coordinates only.

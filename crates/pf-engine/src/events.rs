@@ -10,8 +10,10 @@
 //! Events say that something happened, never everything about it: no `_failed`
 //! event holds a message, and no event holds prompt text or a credential.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
+use pf_harness::WorkId;
 use serde_json::{json, Map, Value as Json};
 
 /// The id of the main walk's task.
@@ -151,15 +153,41 @@ pub struct LiveText<'a> {
     pub text: &'a str,
 }
 
-/// The Host's live output: called with each fragment in arrival order. It returns
-/// `false` once it stops listening; the run then sends it nothing more, and the
-/// round goes on as if it were still there.
-pub type LiveOutput = Arc<dyn Fn(LiveText<'_>) -> bool + Send + Sync>;
+/// The one seam through which a run reports what happens: the run log, live
+/// output and progress all observe a run through it, and none reaches into the
+/// engine.
+///
+/// Both methods are called synchronously on the run's thread, as things happen
+/// and in order. They must not block: an observer that writes anywhere slow
+/// hands the event to a channel or a buffer and returns. A panicking observer
+/// never fails the run (the panic is caught; a `live_text` panic counts as
+/// having stopped listening).
+pub trait RunObserver: Send + Sync {
+    /// One event, the moment it is reported. `execution` is the run's id
+    /// (`sys.execution`), the same for every event of the run.
+    fn event(&self, execution: &str, event: &RunEvent);
 
-/// Hand one fragment to the Host. A listener that panics counts as one that
+    /// Whether the Host shows live output. When true, `models.loop` rounds stream
+    /// and each text fragment reaches [`RunObserver::live_text`] (`models.infer`
+    /// rounds never stream).
+    fn wants_live_text(&self) -> bool {
+        false
+    }
+
+    /// One fragment of a streaming round's text, in arrival order. It returns
+    /// `false` once it stops listening; the run then sends it nothing more, and
+    /// the round goes on as if it were still there.
+    fn live_text(&self, text: LiveText<'_>) -> bool {
+        let _ = text;
+        false
+    }
+}
+
+/// Hand one fragment to the Host. An observer that panics counts as one that
 /// stopped listening: showing output must never fail a round.
-pub(crate) fn deliver(live: &LiveOutput, text: LiveText<'_>) -> bool {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| live(text))).unwrap_or(false)
+pub(crate) fn deliver(observer: &dyn RunObserver, text: LiveText<'_>) -> bool {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| observer.live_text(text)))
+        .unwrap_or(false)
 }
 
 /// The kind's fields from a `json!` object literal (anything else gives none).
@@ -204,31 +232,54 @@ impl StoreOp {
     }
 }
 
-/// The events a run reported so far, and its one counter that numbers them
-/// beside the host work (the place a run-log observer will plug in).
+/// Every task's count and history: the one recording path every event takes,
+/// and the place the Host's observer hears each event as it happens.
+///
+/// One counter per task numbers both its host work and its events (guide ch.
+/// 16, "Provenance"). The per-task histories are what `tasks.events` reads: the
+/// same events, in the same order, that the Host's run log receives.
 #[derive(Default)]
 pub(crate) struct EventLog {
+    tasks: HashMap<String, TaskHistory>,
+    observer: Option<Arc<dyn RunObserver>>,
+}
+
+#[derive(Default)]
+struct TaskHistory {
+    next_seq: u32,
     events: Vec<RunEvent>,
-    seq: u32,
 }
 
 impl EventLog {
-    /// The next number of the task's count (saturating at the top of the `u32` range).
-    fn take_seq(&mut self) -> u32 {
-        let n = self.seq;
-        self.seq = n.saturating_add(1);
+    pub(crate) fn new(observer: Option<Arc<dyn RunObserver>>) -> Self {
+        EventLog {
+            tasks: HashMap::new(),
+            observer,
+        }
+    }
+
+    /// The next number of `task`'s count (saturating at the top of the `u32` range).
+    fn take_seq(&mut self, task: &str) -> u32 {
+        let history = match self.tasks.get_mut(task) {
+            Some(h) => h,
+            None => self.tasks.entry(task.to_string()).or_default(),
+        };
+        let n = history.next_seq;
+        history.next_seq = n.saturating_add(1);
         n
     }
 
-    /// Number one piece of host work, so later events keep their place against it.
-    pub(crate) fn host_work(&mut self) {
-        self.take_seq();
+    /// Number one piece of `task`'s host work, so later events keep their place against it.
+    pub(crate) fn host_work(&mut self, task: &str) -> WorkId {
+        WorkId::new(task, self.take_seq(task))
     }
 
-    /// Record an event under `section` and log it at debug level.
+    /// Record an event of `task` under `section`, hand it to the observer and
+    /// log it at debug level.
     pub(crate) fn record(
         &mut self,
         execution: &str,
+        task: &str,
         section: &str,
         kind: EventKind,
         fields: Map<String, Json>,
@@ -237,18 +288,38 @@ impl EventLog {
             kind,
             section: section.to_string(),
             provenance: Provenance {
-                task: MAIN_TASK.to_string(),
-                seq: self.take_seq(),
+                task: task.to_string(),
+                seq: self.take_seq(task),
             },
             fields,
         };
         tracing::debug!(target: "promptforge::events", "{}", event.to_json(execution));
-        self.events.push(event);
+        if let Some(observer) = &self.observer {
+            let heard = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                observer.event(execution, &event)
+            }));
+            if heard.is_err() {
+                tracing::warn!("the run observer panicked on an event; the run goes on");
+            }
+        }
+        if let Some(history) = self.tasks.get_mut(task) {
+            history.events.push(event);
+        }
     }
 
-    /// Everything recorded so far, leaving the log empty.
-    pub(crate) fn take(&mut self) -> Vec<RunEvent> {
-        std::mem::take(&mut self.events)
+    /// `task`'s events with a sequence number above `after` (all of them for `None`), in order.
+    #[allow(dead_code)] // read by `tasks.events`, which comes next
+    pub(crate) fn history(&self, task: &str, after: Option<u32>) -> Vec<RunEvent> {
+        self.tasks
+            .get(task)
+            .map(|h| {
+                h.events
+                    .iter()
+                    .filter(|e| after.is_none_or(|last| e.provenance.seq > last))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 }
 
@@ -276,16 +347,48 @@ mod tests {
         assert_eq!(event.turn(), Some(2));
     }
 
+    struct Terminal {
+        gone: bool,
+    }
+
+    impl RunObserver for Terminal {
+        fn event(&self, _: &str, _: &RunEvent) {
+            panic!("the log went away");
+        }
+        fn live_text(&self, text: LiveText<'_>) -> bool {
+            if self.gone {
+                panic!("the terminal went away");
+            }
+            text.text == "hi"
+        }
+    }
+
     #[test]
     fn a_panicking_listener_counts_as_gone() {
-        let live: LiveOutput = Arc::new(|_| panic!("the terminal went away"));
         let text = LiveText {
             section: "S",
             turn: 1,
             text: "hi",
         };
-        assert!(!deliver(&live, text));
-        let listening: LiveOutput = Arc::new(|t| t.text == "hi");
-        assert!(deliver(&listening, text));
+        assert!(!deliver(&Terminal { gone: true }, text));
+        assert!(deliver(&Terminal { gone: false }, text));
+    }
+
+    #[test]
+    fn each_task_counts_its_own_work_and_events_and_a_panicking_observer_is_survived() {
+        let mut log = EventLog::new(Some(Arc::new(Terminal { gone: false })));
+        log.record("run-1", "0", "A", EventKind::Lua, Map::new());
+        assert_eq!(log.host_work("0"), WorkId::new("0", 1));
+        log.record("run-1", "0.0", "B", EventKind::Lua, Map::new());
+        log.record("run-1", "0", "A", EventKind::Lua, Map::new());
+        let seqs = |task| -> Vec<u32> {
+            log.history(task, None)
+                .iter()
+                .map(|e| e.provenance.seq)
+                .collect()
+        };
+        assert_eq!(seqs("0"), vec![0, 2]);
+        assert_eq!(seqs("0.0"), vec![0]);
+        assert_eq!(log.history("0", Some(0)).len(), 1);
     }
 }

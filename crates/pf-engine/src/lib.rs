@@ -33,7 +33,7 @@ use rand::{RngCore, SeedableRng};
 
 pub use ctx::Checkpoint;
 pub use error::{RunError, RunErrorKind};
-pub use events::{EventKind, LiveOutput, LiveText, Provenance, RunEvent, MAIN_TASK};
+pub use events::{EventKind, LiveText, Provenance, RunEvent, RunObserver, MAIN_TASK};
 pub use io_files::{collect_output, missing_input, place_input, CollectedOutput};
 pub use text::{envelope, format_when};
 
@@ -50,9 +50,12 @@ pub struct RunSetup {
     pub cancel: CancellationToken,
     /// The host-state snapshot for `ui()`, when the Host has one.
     pub ui: Option<serde_json::Value>,
-    /// Live output: when set, `models.loop` rounds stream and each text fragment
-    /// reaches it as it arrives (`models.infer` rounds never stream).
-    pub live: Option<LiveOutput>,
+    /// The Host's observer: hears every event as it happens, and live output
+    /// when it asks for it ([`RunObserver::wants_live_text`]).
+    pub observer: Option<Arc<dyn RunObserver>>,
+    /// Debug capture: when true, each model round also reports `request` and
+    /// `response` events with the bodies exchanged (guide ch. 16).
+    pub capture: bool,
 }
 
 /// How a run ended.
@@ -69,8 +72,6 @@ pub struct RunReport {
     pub outcome: Outcome,
     pub execution: String,
     pub checkpoints: Vec<Checkpoint>,
-    /// Everything the run reported, in order (guide ch. 16).
-    pub events: Vec<RunEvent>,
 }
 
 /// The version rules: `Ok` when the prompt may run.
@@ -145,7 +146,6 @@ async fn run_beside(
             outcome: Outcome::Failed(e),
             execution,
             checkpoints: Vec::new(),
-            events: Vec::new(),
         };
     }
     // A store that fails as the run starts fails the run (kind `Store`), rather
@@ -161,7 +161,6 @@ async fn run_beside(
                 )),
                 execution,
                 checkpoints: Vec::new(),
-                events: Vec::new(),
             };
         }
     };
@@ -184,7 +183,6 @@ async fn run_beside(
                 outcome: Outcome::Failed(RunError::new(RunErrorKind::RequirementsUnmet, notice)),
                 execution,
                 checkpoints: Vec::new(),
-                events: Vec::new(),
             };
         }
     };
@@ -211,7 +209,8 @@ async fn run_beside(
         section_count: prompt.sections.len(),
         log_event_quota: DEFAULT_LOG_EVENTS,
         memory_limit: DEFAULT_MEMORY,
-        live: setup.live.clone(),
+        observer: setup.observer.clone(),
+        capture: setup.capture,
     }));
     for claim in foreign_claims {
         let identity = claims::ClaimIdentity::of_chain(&claim.chain_id);
@@ -248,7 +247,6 @@ async fn run_beside(
         outcome,
         execution,
         checkpoints: record.checkpoints,
-        events: record.events,
     }
 }
 

@@ -578,17 +578,23 @@ async fn send_round(
         temperature: target.temperature,
         max_tokens: target.max_tokens,
         thinking,
+        capture: sec.run.fixed.capture,
     };
     let cancel = sec.run.fixed.cancel.clone();
-    sec.run.host_work();
+    let work = sec.host_work();
     let started = std::time::Instant::now();
-    let live = sec.run.fixed.live.clone().filter(|_| stream);
+    let live = sec
+        .run
+        .fixed
+        .observer
+        .clone()
+        .filter(|o| stream && o.wants_live_text());
     let mut fragments = Fragments::default();
     let blocked = crate::tasks::blocked_on(sec, crate::tasks::Blocked::Chat);
     let reply = match &live {
         None => tokio::select! {
             _ = cancel.cancelled() => return Err(RoundFailure::Error(cancelled_error())),
-            r = model.complete(request, cancel.child_token()) => r,
+            r = model.complete(request, &work, cancel.child_token()) => r,
         },
         Some(live) => {
             let section = sec.name.clone();
@@ -609,12 +615,12 @@ async fn send_round(
                         turn,
                         text,
                     };
-                    listening = deliver(live, fragment);
+                    listening = deliver(live.as_ref(), fragment);
                 }
             };
             tokio::select! {
                 _ = cancel.cancelled() => return Err(RoundFailure::Error(cancelled_error())),
-                r = model.complete_streaming(request, cancel.child_token(), &mut on_text) => r,
+                r = model.complete_streaming(request, &work, cancel.child_token(), &mut on_text) => r,
             }
         }
     };
@@ -1150,6 +1156,7 @@ mod tests {
         async fn complete(
             &self,
             request: ChatRequest,
+            _: &pf_harness::WorkId,
             _: CancellationToken,
         ) -> Result<ChatResponse, ProviderError> {
             self.seen
@@ -1190,7 +1197,8 @@ mod tests {
             model: Some(provider),
             cancel: CancellationToken::new(),
             ui,
-            live: None,
+            observer: None,
+            capture: false,
         };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -170,7 +170,7 @@ async fn run_op<T: Send + 'static>(
     op: impl FnOnce(&Store) -> Result<T, StoreError> + Send + 'static,
 ) -> Result<T, HostError> {
     let store = sec.run.fixed.store.clone();
-    sec.run.host_work();
+    sec.host_work();
     match tokio::task::spawn_blocking(move || op(&store)).await {
         Ok(Ok(value)) => Ok(value),
         // User errors carry their exact message; backend errors already carry

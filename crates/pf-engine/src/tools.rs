@@ -457,10 +457,10 @@ async fn run_bound(
     let plugin = b.plugin.clone();
     let path = b.path.clone();
     let child = cancel.child_token();
-    sec.run.host_work();
+    let work = sec.host_work();
     let result = tokio::select! {
         _ = cancel.cancelled() => return Err(cancelled_error()),
-        r = plugin.call(&path, args, child) => r,
+        r = plugin.call(&path, args, &work, child) => r,
     };
     Ok(match result {
         Ok(text) if b.trusted => BoundOutcome::Output(text),

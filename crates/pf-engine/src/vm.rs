@@ -308,11 +308,11 @@ fn make_input(lua: &Lua) -> mlua::Result<Table> {
             let Some(broker) = sec.run.fixed.services.input_broker.clone() else {
                 return Ok((INPUT_UNAVAILABLE.to_string(), false));
             };
-            sec.run.host_work();
+            let work = sec.host_work();
             let cancel = sec.run.fixed.cancel.clone();
             let answer = tokio::select! {
                 _ = cancel.cancelled() => return Err(crate::ctx::cancelled_error().into()),
-                a = broker.ask(&question, cancel.clone()) => a,
+                a = broker.ask(&question, &work, cancel.clone()) => a,
             };
             match answer {
                 Ok(Some(text)) => {

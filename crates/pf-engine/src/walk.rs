@@ -670,6 +670,7 @@ mod tests {
         async fn ask(
             &self,
             _question: &str,
+            _: &pf_harness::WorkId,
             cancel: CancellationToken,
         ) -> Result<Option<String>, String> {
             cancel.cancelled().await;
@@ -685,6 +686,7 @@ mod tests {
         async fn ask(
             &self,
             _question: &str,
+            _: &pf_harness::WorkId,
             _cancel: CancellationToken,
         ) -> Result<Option<String>, String> {
             Err("the terminal went away".to_string())
@@ -714,7 +716,8 @@ mod tests {
             model: None,
             cancel: cancel.clone(),
             ui: None,
-            live: None,
+            observer: None,
+            capture: false,
         };
         if let Some(delay) = cancel_after {
             std::thread::spawn(move || {

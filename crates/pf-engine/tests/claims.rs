@@ -64,7 +64,8 @@ fn run_in(
         model: Some(model(replies)),
         cancel,
         ui: None,
-        live: None,
+        observer: None,
+        capture: false,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -4,11 +4,11 @@
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use pf_engine::{EventKind, LiveOutput, LiveText, Outcome, RunEvent, RunReport, RunSetup};
+use pf_engine::{EventKind, LiveText, Outcome, RunEvent, RunObserver, RunSetup};
 use pf_harness::{
     ActivationContext, ActivePlugin, CancellationToken, ChatRequest, ChatResponse, Harness,
     ModelInfo, ModelProvider, OnText, Plugin, ProviderError, ThinkingSupport, ToolFailure,
-    ToolSpec,
+    ToolSpec, WorkId,
 };
 use pf_models::ScriptProvider;
 use serde_json::{json, Value as Json};
@@ -39,12 +39,47 @@ fn prompt(frontmatter_extra: &str, body: &str) -> Arc<pf_syntax::Prompt> {
     }
 }
 
+/// A live output listener: true while it listens.
+type LiveOutput = Box<dyn Fn(LiveText<'_>) -> bool + Send + Sync>;
+
+/// An observer that keeps every event and passes live text to its listener.
+struct Collect {
+    events: Mutex<Vec<RunEvent>>,
+    live: Option<LiveOutput>,
+}
+
+impl RunObserver for Collect {
+    fn event(&self, execution: &str, event: &RunEvent) {
+        assert!(execution.starts_with("run-"), "{execution}");
+        let mut all = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        all.push(event.clone());
+    }
+    fn wants_live_text(&self) -> bool {
+        self.live.is_some()
+    }
+    fn live_text(&self, text: LiveText<'_>) -> bool {
+        self.live.as_ref().is_some_and(|live| live(text))
+    }
+}
+
+/// What a run reported: its outcome and every event its observer heard, in order.
+struct RunReport {
+    outcome: Outcome,
+    execution: String,
+    checkpoints: Vec<pf_engine::Checkpoint>,
+    events: Vec<RunEvent>,
+}
+
 fn run_with(
     prompt: Arc<pf_syntax::Prompt>,
     model: Arc<dyn ModelProvider>,
     harness: Harness,
     live: Option<LiveOutput>,
 ) -> RunReport {
+    let observer = Arc::new(Collect {
+        events: Mutex::default(),
+        live,
+    });
     let store = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
     let setup = RunSetup {
         seed: 3,
@@ -55,13 +90,21 @@ fn run_with(
         model: Some(model),
         cancel: CancellationToken::new(),
         ui: None,
-        live,
+        observer: Some(Arc::clone(&observer) as Arc<dyn RunObserver>),
+        capture: false,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap_or_else(|e| panic!("runtime: {e}"));
-    rt.block_on(pf_engine::run(prompt, setup))
+    let report = rt.block_on(pf_engine::run(prompt, setup));
+    let events = std::mem::take(&mut *observer.events.lock().unwrap_or_else(|p| p.into_inner()));
+    RunReport {
+        outcome: report.outcome,
+        execution: report.execution,
+        checkpoints: report.checkpoints,
+        events,
+    }
 }
 
 fn run(body: &str, replies: Json) -> RunReport {
@@ -373,7 +416,13 @@ impl ActivePlugin for WildActive {
             })
             .collect()
     }
-    async fn call(&self, path: &str, _: Json, _: CancellationToken) -> Result<String, ToolFailure> {
+    async fn call(
+        &self,
+        path: &str,
+        _: Json,
+        _: &WorkId,
+        _: CancellationToken,
+    ) -> Result<String, ToolFailure> {
         match path {
             "acme/wild/peek" => Ok("peeked".into()),
             _ => Err(ToolFailure("no luck".into())),
@@ -454,7 +503,7 @@ type Heard = Arc<Mutex<Vec<(String, u32, String)>>>;
 
 fn listener(heard: &Heard, listen_for: usize) -> LiveOutput {
     let heard = Arc::clone(heard);
-    Arc::new(move |t: LiveText<'_>| {
+    Box::new(move |t: LiveText<'_>| {
         let mut all = heard.lock().unwrap_or_else(|p| p.into_inner());
         all.push((t.section.to_string(), t.turn, t.text.to_string()));
         all.len() < listen_for
@@ -492,6 +541,7 @@ impl ModelProvider for Drip {
     async fn complete(
         &self,
         _: ChatRequest,
+        _: &WorkId,
         _: CancellationToken,
     ) -> Result<ChatResponse, ProviderError> {
         Ok(ChatResponse {
@@ -504,6 +554,7 @@ impl ModelProvider for Drip {
     async fn complete_streaming(
         &self,
         _: ChatRequest,
+        _: &WorkId,
         _: CancellationToken,
         on_text: &mut OnText<'_>,
     ) -> Result<ChatResponse, ProviderError> {
@@ -551,7 +602,7 @@ fn the_terminal_record_is_the_fragments_joined_and_a_host_may_stop_listening() {
 
 #[test]
 fn a_listener_that_panics_does_not_fail_the_round() {
-    let live: LiveOutput = Arc::new(|_| panic!("the terminal is gone"));
+    let live: LiveOutput = Box::new(|_| panic!("the terminal is gone"));
     let report = run_with(
         prompt("", LOOP_ONCE),
         Arc::new(Drip {

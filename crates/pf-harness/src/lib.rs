@@ -22,6 +22,40 @@ use serde_json::Value as Json;
 pub use tokio_util::sync::CancellationToken;
 
 // ---------------------------------------------------------------------------
+// Host work
+// ---------------------------------------------------------------------------
+
+/// Where one piece of host work (a model round, a bound tool call, an operator
+/// wait) comes from: the task that asked for it and the number it took in that
+/// task's count (guide ch. 16, "Provenance").
+///
+/// Replaying and recording Hosts key host work by it; the same prompt, args and
+/// answers give the same WorkIds whatever order host work finishes in.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct WorkId {
+    /// The dotted id of the task that asked (`0` for the main walk).
+    pub task: String,
+    /// The number the work took in that task's count.
+    pub seq: u32,
+}
+
+impl WorkId {
+    /// The work numbered `seq` in `task`'s count.
+    pub fn new(task: impl Into<String>, seq: u32) -> Self {
+        WorkId {
+            task: task.into(),
+            seq,
+        }
+    }
+}
+
+impl std::fmt::Display for WorkId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}#{}", self.task, self.seq)
+    }
+}
+
+// ---------------------------------------------------------------------------
 // Plugins and tools
 // ---------------------------------------------------------------------------
 
@@ -84,10 +118,12 @@ pub trait ActivePlugin: Send + Sync {
     fn tools(&self) -> Vec<ToolSpec>;
     /// Run one tool call. `path` is a full tool path from [`ActivePlugin::tools`].
     /// The returned text is the tool's output (JSON text for a structured tool).
+    /// `work` names the call's place in the run.
     async fn call(
         &self,
         path: &str,
         arguments: Json,
+        work: &WorkId,
         cancel: CancellationToken,
     ) -> Result<String, ToolFailure>;
     /// Release resources (stop servers). Called once when the run ends, whatever the outcome.
@@ -105,9 +141,11 @@ pub const INPUT_BROKER: &str = "promptforge/input-broker";
 #[async_trait]
 pub trait InputBroker: Send + Sync {
     /// `Ok(Some(text))` an answer, `Ok(None)` no input available, `Err` the source failed.
+    /// `work` names the wait's place in the run.
     async fn ask(
         &self,
         question: &str,
+        work: &WorkId,
         cancel: CancellationToken,
     ) -> Result<Option<String>, String>;
 }
@@ -243,6 +281,9 @@ pub struct ChatRequest {
     pub max_tokens: Option<u64>,
     /// `Some(true/false)` switches thinking on a Switchable model.
     pub thinking: Option<bool>,
+    /// The Host switched debug capture on: the provider fills
+    /// [`ChatResponse::capture`] with the bodies it exchanged.
+    pub capture: bool,
 }
 
 /// The tokens one round used, as the provider counted them.
@@ -269,6 +310,23 @@ pub struct ChatResponse {
     /// The name of the model that served the round, as the provider returned it;
     /// `None` when the response named none.
     pub model: Option<String>,
+    /// The model's reasoning text, when the backend returned any.
+    pub reasoning: Option<String>,
+    /// Problems with the response's metadata that the provider ignored, each in
+    /// the guide's words (ch. 16 `model_metadata_degraded`), in the order found.
+    pub degraded: Vec<String>,
+    /// The bodies exchanged, when [`ChatRequest::capture`] asked for them.
+    pub capture: Option<WireCapture>,
+}
+
+/// The request and response bodies of one model call, as sent and received
+/// (debug capture; never any header, so never a key).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct WireCapture {
+    /// The request body sent.
+    pub request: String,
+    /// The response body received (a streamed reply: the events as received).
+    pub response: String,
 }
 
 /// How a model call failed.
@@ -300,10 +358,12 @@ pub trait ModelProvider: Send + Sync {
     /// The model behind this provider, as the catalog describes it.
     fn info(&self) -> ModelInfo;
     /// Send one round and wait for the whole reply. It must return
-    /// [`ProviderError::Cancelled`] promptly once `cancel` fires.
+    /// [`ProviderError::Cancelled`] promptly once `cancel` fires. `work` names
+    /// the round's place in the run.
     async fn complete(
         &self,
         request: ChatRequest,
+        work: &WorkId,
         cancel: CancellationToken,
     ) -> Result<ChatResponse, ProviderError>;
 
@@ -314,10 +374,11 @@ pub trait ModelProvider: Send + Sync {
     async fn complete_streaming(
         &self,
         request: ChatRequest,
+        work: &WorkId,
         cancel: CancellationToken,
         on_text: &mut OnText<'_>,
     ) -> Result<ChatResponse, ProviderError> {
-        let response = self.complete(request, cancel).await?;
+        let response = self.complete(request, work, cancel).await?;
         if let Some(text) = response.content.as_deref().filter(|text| !text.is_empty()) {
             on_text(text);
         }

@@ -328,6 +328,7 @@ impl StreamedMessage {
             finish_reason: self.stop_reason,
             usage,
             model: self.model,
+            ..Default::default()
         }
     }
 }
@@ -517,6 +518,7 @@ fn parse_reply(body: &[u8]) -> Result<ChatResponse, String> {
         finish_reason,
         usage,
         model,
+        ..Default::default()
     })
 }
 

@@ -238,6 +238,7 @@ impl StreamedReply {
             finish_reason: self.finish_reason,
             usage: self.usage,
             model: self.model,
+            ..Default::default()
         }
     }
 }
@@ -292,6 +293,7 @@ fn parse_reply(body: &[u8], synthetic_ids: &AtomicU64) -> Result<ChatResponse, S
         finish_reason,
         usage,
         model,
+        ..Default::default()
     })
 }
 

@@ -7,6 +7,7 @@ use std::fmt::Debug;
 use async_trait::async_trait;
 use pf_harness::{
     CancellationToken, ChatRequest, ChatResponse, ModelInfo, ModelProvider, OnText, ProviderError,
+    WorkId,
 };
 use reqwest::header::{HeaderMap, HeaderName};
 use reqwest::StatusCode;
@@ -259,6 +260,7 @@ impl<W: WireFormat> ModelProvider for HttpProvider<W> {
     async fn complete(
         &self,
         request: ChatRequest,
+        _work: &WorkId,
         cancel: CancellationToken,
     ) -> Result<ChatResponse, ProviderError> {
         if cancel.is_cancelled() {
@@ -272,6 +274,7 @@ impl<W: WireFormat> ModelProvider for HttpProvider<W> {
     async fn complete_streaming(
         &self,
         request: ChatRequest,
+        _work: &WorkId,
         cancel: CancellationToken,
         on_text: &mut OnText<'_>,
     ) -> Result<ChatResponse, ProviderError> {

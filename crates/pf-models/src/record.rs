@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use pf_harness::{
     CancellationToken, ChatRequest, ChatResponse, ModelInfo, ModelProvider, OnText, ProviderError,
+    WorkId,
 };
 use serde_json::Value as Json;
 
@@ -81,18 +82,20 @@ impl ModelProvider for RecordingProvider {
     async fn complete(
         &self,
         request: ChatRequest,
+        work: &WorkId,
         cancel: CancellationToken,
     ) -> Result<ChatResponse, ProviderError> {
         if cancel.is_cancelled() {
             return Err(ProviderError::Cancelled);
         }
         self.append(&request)?;
-        self.inner.complete(request, cancel).await
+        self.inner.complete(request, work, cancel).await
     }
 
     async fn complete_streaming(
         &self,
         request: ChatRequest,
+        work: &WorkId,
         cancel: CancellationToken,
         on_text: &mut OnText<'_>,
     ) -> Result<ChatResponse, ProviderError> {
@@ -101,7 +104,7 @@ impl ModelProvider for RecordingProvider {
         }
         self.append(&request)?;
         self.inner
-            .complete_streaming(request, cancel, on_text)
+            .complete_streaming(request, work, cancel, on_text)
             .await
     }
 }

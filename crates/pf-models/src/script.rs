@@ -20,7 +20,7 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use pf_harness::{
     CancellationToken, ChatRequest, ChatResponse, ModelInfo, ModelProvider, ProviderError,
-    ToolCall, Usage,
+    ToolCall, Usage, WorkId,
 };
 use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
@@ -219,6 +219,7 @@ impl ScriptProvider {
                 output_tokens: usage.output_tokens,
             }),
             model: Some(self.info.id.clone()),
+            ..Default::default()
         })
     }
 }
@@ -232,6 +233,7 @@ impl ModelProvider for ScriptProvider {
     async fn complete(
         &self,
         _request: ChatRequest,
+        _work: &WorkId,
         cancel: CancellationToken,
     ) -> Result<ChatResponse, ProviderError> {
         if cancel.is_cancelled() {

@@ -76,7 +76,14 @@ fn text_reply(text: &str, stop_reason: &str) -> Reply {
 }
 
 async fn failure(provider: &AnthropicProvider, request: ChatRequest) -> String {
-    match provider.complete(request, CancellationToken::new()).await {
+    match provider
+        .complete(
+            request,
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+        )
+        .await
+    {
         Err(ProviderError::Failed(message)) => message,
         other => panic!("expected a failure, got {other:?}"),
     }
@@ -149,10 +156,15 @@ async fn sends_every_field_and_reads_the_reply() {
         temperature: Some(0.5),
         max_tokens: None,
         thinking: Some(true),
+        capture: false,
     };
 
     let response = provider
-        .complete(request, CancellationToken::new())
+        .complete(
+            request,
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+        )
         .await
         .expect("reply");
 
@@ -226,11 +238,19 @@ async fn thinking_gets_a_budget_on_top_of_the_answer() {
         ..hello()
     };
     provider(&server.base_url, None, ThinkingSupport::Switchable)
-        .complete(switched_on.clone(), CancellationToken::new())
+        .complete(
+            switched_on.clone(),
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+        )
         .await
         .expect("reply");
     provider(&server.base_url, None, ThinkingSupport::Always)
-        .complete(hello(), CancellationToken::new())
+        .complete(
+            hello(),
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+        )
         .await
         .expect("reply");
     let switched_off = ChatRequest {
@@ -238,11 +258,19 @@ async fn thinking_gets_a_budget_on_top_of_the_answer() {
         ..switched_on.clone()
     };
     provider(&server.base_url, None, ThinkingSupport::Switchable)
-        .complete(switched_off, CancellationToken::new())
+        .complete(
+            switched_off,
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+        )
         .await
         .expect("reply");
     provider(&server.base_url, None, ThinkingSupport::Never)
-        .complete(switched_on, CancellationToken::new())
+        .complete(
+            switched_on,
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+        )
         .await
         .expect("reply");
 
@@ -281,7 +309,11 @@ async fn stop_reasons_are_normalized() {
     ] {
         let server = TestServer::sequence(vec![text_reply("x", stop_reason)]).await;
         let response = provider(&server.base_url, None, ThinkingSupport::Never)
-            .complete(hello(), CancellationToken::new())
+            .complete(
+                hello(),
+                &pf_harness::WorkId::new("0", 0),
+                CancellationToken::new(),
+            )
             .await
             .expect("reply");
         assert_eq!(
@@ -397,7 +429,11 @@ async fn a_reply_without_text_has_no_content_and_string_input_stays_raw() {
     )])
     .await;
     let response = provider(&server.base_url, None, ThinkingSupport::Never)
-        .complete(hello(), CancellationToken::new())
+        .complete(
+            hello(),
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+        )
         .await
         .expect("reply");
     assert_eq!(response.content, None);
@@ -421,7 +457,11 @@ async fn a_prompt_too_long_is_a_context_overflow() {
     .await;
     assert_eq!(
         provider(&server.base_url, None, ThinkingSupport::Never)
-            .complete(hello(), CancellationToken::new())
+            .complete(
+                hello(),
+                &pf_harness::WorkId::new("0", 0),
+                CancellationToken::new()
+            )
             .await,
         Err(ProviderError::ContextOverflow(
             "prompt is too long: 210000 tokens > 200000 maximum".into()
@@ -486,7 +526,11 @@ async fn overloaded_is_retried_then_succeeds() {
     ])
     .await;
     let response = provider(&server.base_url, None, ThinkingSupport::Never)
-        .complete(hello(), CancellationToken::new())
+        .complete(
+            hello(),
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+        )
         .await
         .expect("reply");
     assert_eq!(response.content.as_deref(), Some("finally"));
@@ -550,7 +594,9 @@ async fn cancellation_cuts_a_slow_response_short() {
     });
     let started = Instant::now();
     assert_eq!(
-        provider.complete(hello(), cancel).await,
+        provider
+            .complete(hello(), &pf_harness::WorkId::new("0", 0), cancel)
+            .await,
         Err(ProviderError::Cancelled)
     );
     assert!(started.elapsed() < Duration::from_secs(2));

@@ -38,7 +38,11 @@ async fn a_script_model_replies_and_records() {
         }
     );
     let reply = provider
-        .complete(hello(), CancellationToken::new())
+        .complete(
+            hello(),
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+        )
         .await
         .expect("reply");
     assert_eq!(reply.content.as_deref(), Some("scripted hello"));
@@ -92,7 +96,11 @@ async fn an_openai_model_talks_to_its_base_url() {
     assert_eq!(provider.info().id, "qwen2.5:7b");
     assert_eq!(provider.info().context, 32_768);
     let reply = provider
-        .complete(hello(), CancellationToken::new())
+        .complete(
+            hello(),
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+        )
         .await
         .expect("reply");
     assert_eq!(reply.content.as_deref(), Some("from the server"));
@@ -115,7 +123,13 @@ async fn an_anthropic_model_needs_its_key_variable() {
     };
     let provider = build_provider(&spec).expect("provider");
     assert_eq!(
-        provider.complete(hello(), CancellationToken::new()).await,
+        provider
+            .complete(
+                hello(),
+                &pf_harness::WorkId::new("0", 0),
+                CancellationToken::new()
+            )
+            .await,
         Err(pf_harness::ProviderError::Failed(
             "missing environment variable: PF_MODELS_TEST_BUILD_ANTHROPIC_UNSET".into()
         ))

@@ -63,7 +63,14 @@ fn text_reply(text: &str) -> Reply {
 }
 
 async fn failure(provider: &OpenAiProvider) -> String {
-    match provider.complete(hello(), CancellationToken::new()).await {
+    match provider
+        .complete(
+            hello(),
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+        )
+        .await
+    {
         Err(ProviderError::Failed(message)) => message,
         other => panic!("expected a failure, got {other:?}"),
     }
@@ -132,10 +139,15 @@ async fn sends_every_field_and_reads_the_reply() {
         temperature: Some(0.25),
         max_tokens: Some(300),
         thinking: Some(true),
+        ..Default::default()
     };
 
     let response = provider
-        .complete(request, CancellationToken::new())
+        .complete(
+            request,
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+        )
         .await
         .expect("reply");
 
@@ -206,7 +218,11 @@ async fn leaves_out_what_the_request_does_not_set() {
     let server = TestServer::sequence(vec![text_reply("hi")]).await;
     let provider = provider(&server.base_url, None, ThinkingSupport::Switchable);
     let response = provider
-        .complete(hello(), CancellationToken::new())
+        .complete(
+            hello(),
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+        )
         .await
         .expect("reply");
     assert_eq!(response.content.as_deref(), Some("hi"));
@@ -231,12 +247,20 @@ async fn the_thinking_switch_is_sent_only_to_switchable_models() {
     };
     let switchable = provider(&server.base_url, None, ThinkingSupport::Switchable);
     switchable
-        .complete(switch_off.clone(), CancellationToken::new())
+        .complete(
+            switch_off.clone(),
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+        )
         .await
         .expect("reply");
     let fixed = provider(&server.base_url, None, ThinkingSupport::Never);
     fixed
-        .complete(switch_off, CancellationToken::new())
+        .complete(
+            switch_off,
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+        )
         .await
         .expect("reply");
     let requests = server.requests();
@@ -253,7 +277,11 @@ async fn an_empty_tool_list_is_left_out() {
         ..hello()
     };
     provider
-        .complete(request, CancellationToken::new())
+        .complete(
+            request,
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+        )
         .await
         .expect("reply");
     assert_eq!(server.requests()[0].json().get("tools"), None);
@@ -407,7 +435,11 @@ async fn tool_calls_without_ids_get_numbered_ids_and_object_arguments_become_tex
     .await;
     let provider = provider(&server.base_url, None, ThinkingSupport::Never);
     let response = provider
-        .complete(hello(), CancellationToken::new())
+        .complete(
+            hello(),
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+        )
         .await
         .expect("reply");
     assert_eq!(response.content, None);
@@ -456,7 +488,13 @@ async fn context_overflow_is_recognized() {
         let server = TestServer::sequence(vec![reply]).await;
         let provider = provider(&server.base_url, None, ThinkingSupport::Never);
         assert_eq!(
-            provider.complete(hello(), CancellationToken::new()).await,
+            provider
+                .complete(
+                    hello(),
+                    &pf_harness::WorkId::new("0", 0),
+                    CancellationToken::new()
+                )
+                .await,
             Err(ProviderError::ContextOverflow(message.to_string()))
         );
     }
@@ -572,7 +610,11 @@ async fn a_429_waits_for_retry_after_then_succeeds() {
     let provider = provider(&server.base_url, None, ThinkingSupport::Never);
     let started = Instant::now();
     let response = provider
-        .complete(hello(), CancellationToken::new())
+        .complete(
+            hello(),
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+        )
         .await
         .expect("reply");
     assert_eq!(response.content.as_deref(), Some("after the wait"));
@@ -596,7 +638,11 @@ async fn a_long_retry_after_is_capped() {
     let provider = provider_with(&server.base_url, None, ThinkingSupport::Never, settings);
     let started = Instant::now();
     let response = provider
-        .complete(hello(), CancellationToken::new())
+        .complete(
+            hello(),
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+        )
         .await
         .expect("reply");
     assert_eq!(response.content.as_deref(), Some("soon"));
@@ -613,7 +659,11 @@ async fn server_errors_are_retried_then_succeed() {
     .await;
     let provider = provider(&server.base_url, None, ThinkingSupport::Never);
     let response = provider
-        .complete(hello(), CancellationToken::new())
+        .complete(
+            hello(),
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+        )
         .await
         .expect("reply");
     assert_eq!(response.content.as_deref(), Some("third time"));
@@ -653,7 +703,11 @@ async fn a_connection_closed_mid_response_is_retried() {
     .await;
     let provider = provider(&server.base_url, None, ThinkingSupport::Never);
     let response = provider
-        .complete(hello(), CancellationToken::new())
+        .complete(
+            hello(),
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+        )
         .await
         .expect("reply");
     assert_eq!(response.content.as_deref(), Some("whole"));
@@ -704,7 +758,9 @@ async fn cancellation_cuts_a_slow_response_short() {
     });
     let started = Instant::now();
     assert_eq!(
-        provider.complete(hello(), cancel).await,
+        provider
+            .complete(hello(), &pf_harness::WorkId::new("0", 0), cancel)
+            .await,
         Err(ProviderError::Cancelled)
     );
     assert!(started.elapsed() < Duration::from_secs(2));
@@ -726,7 +782,9 @@ async fn cancellation_cuts_a_backoff_sleep_short() {
     });
     let started = Instant::now();
     assert_eq!(
-        provider.complete(hello(), cancel).await,
+        provider
+            .complete(hello(), &pf_harness::WorkId::new("0", 0), cancel)
+            .await,
         Err(ProviderError::Cancelled)
     );
     assert!(started.elapsed() < Duration::from_secs(2));
@@ -740,7 +798,9 @@ async fn an_already_cancelled_call_sends_nothing() {
     let cancel = CancellationToken::new();
     cancel.cancel();
     assert_eq!(
-        provider.complete(hello(), cancel).await,
+        provider
+            .complete(hello(), &pf_harness::WorkId::new("0", 0), cancel)
+            .await,
         Err(ProviderError::Cancelled)
     );
     assert_eq!(server.requests().len(), 0);

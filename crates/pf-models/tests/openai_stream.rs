@@ -79,7 +79,12 @@ async fn stream(
     let mut fragments = Vec::new();
     let mut on_text = |text: &str| fragments.push(text.to_string());
     let result = provider
-        .complete_streaming(hello(), cancel, &mut on_text)
+        .complete_streaming(
+            hello(),
+            &pf_harness::WorkId::new("0", 0),
+            cancel,
+            &mut on_text,
+        )
         .await;
     (result, fragments)
 }
@@ -296,7 +301,12 @@ async fn cancelling_mid_stream_stops_at_once() {
     };
     let started = Instant::now();
     let result = model
-        .complete_streaming(hello(), cancel.clone(), &mut on_text)
+        .complete_streaming(
+            hello(),
+            &pf_harness::WorkId::new("0", 0),
+            cancel.clone(),
+            &mut on_text,
+        )
         .await;
     assert_eq!(result, Err(ProviderError::Cancelled));
     assert_eq!(*seen.lock().expect("lock"), vec!["a".to_string()]);

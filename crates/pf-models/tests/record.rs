@@ -59,9 +59,14 @@ async fn each_request_is_one_exact_line() {
         temperature: Some(0.5),
         max_tokens: Some(100),
         thinking: Some(true),
+        ..Default::default()
     };
     let reply = provider
-        .complete(first, CancellationToken::new())
+        .complete(
+            first,
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+        )
         .await
         .expect("round 1");
     let second = ChatRequest {
@@ -83,7 +88,11 @@ async fn each_request_is_one_exact_line() {
         ..ChatRequest::default()
     };
     provider
-        .complete(second, CancellationToken::new())
+        .complete(
+            second,
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+        )
         .await
         .expect("round 2");
 
@@ -115,7 +124,13 @@ async fn a_failed_round_is_still_recorded_and_lines_append() {
         ..ChatRequest::default()
     };
     assert_eq!(
-        provider.complete(request, CancellationToken::new()).await,
+        provider
+            .complete(
+                request,
+                &pf_harness::WorkId::new("0", 0),
+                CancellationToken::new()
+            )
+            .await,
         Err(ProviderError::Failed("down".into()))
     );
     assert_eq!(
@@ -131,7 +146,7 @@ async fn an_unwritable_record_fails_the_call_naming_the_file() {
     let script = Arc::new(ScriptProvider::from_json(r#"["unused"]"#, info()).expect("script"));
     let provider = RecordingProvider::new(script.clone(), &record);
     assert_eq!(
-        provider.complete(ChatRequest::default(), CancellationToken::new()).await,
+        provider.complete(ChatRequest::default(), &pf_harness::WorkId::new("0", 0), CancellationToken::new()).await,
         Err(ProviderError::Failed(format!(
             "cannot append the request to the record file {}: No such file or directory (os error 2)",
             record.display()
@@ -166,7 +181,11 @@ async fn the_api_key_never_reaches_the_record() {
         ..ChatRequest::default()
     };
     provider
-        .complete(request, CancellationToken::new())
+        .complete(
+            request,
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+        )
         .await
         .expect("reply");
     assert_eq!(
@@ -218,7 +237,12 @@ async fn a_streamed_round_is_recorded_and_streams_through() {
     let mut fragments = Vec::new();
     let mut on_text = |text: &str| fragments.push(text.to_string());
     let response = provider
-        .complete_streaming(request, CancellationToken::new(), &mut on_text)
+        .complete_streaming(
+            request,
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+            &mut on_text,
+        )
         .await
         .expect("reply");
     assert_eq!(response.content.as_deref(), Some("streamed whole"));

@@ -23,7 +23,11 @@ fn script(json: &str) -> ScriptProvider {
 
 async fn round(provider: &ScriptProvider) -> Result<pf_harness::ChatResponse, ProviderError> {
     provider
-        .complete(ChatRequest::default(), CancellationToken::new())
+        .complete(
+            ChatRequest::default(),
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+        )
         .await
 }
 
@@ -154,7 +158,13 @@ async fn a_cancelled_call_uses_no_reply() {
     let cancel = CancellationToken::new();
     cancel.cancel();
     assert_eq!(
-        provider.complete(ChatRequest::default(), cancel).await,
+        provider
+            .complete(
+                ChatRequest::default(),
+                &pf_harness::WorkId::new("0", 0),
+                cancel
+            )
+            .await,
         Err(ProviderError::Cancelled)
     );
     assert_eq!(

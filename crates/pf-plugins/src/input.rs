@@ -5,7 +5,7 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use pf_harness::{CancellationToken, InputBroker};
+use pf_harness::{CancellationToken, InputBroker, WorkId};
 
 /// Answers from a fixed list, in order; afterwards no input is available.
 #[derive(Debug, Default)]
@@ -26,6 +26,7 @@ impl InputBroker for FixedAnswersBroker {
     async fn ask(
         &self,
         _question: &str,
+        _work: &WorkId,
         _cancel: CancellationToken,
     ) -> Result<Option<String>, String> {
         let mut answers = self
@@ -68,6 +69,7 @@ impl InputBroker for StdinInputBroker {
     async fn ask(
         &self,
         question: &str,
+        _work: &WorkId,
         cancel: CancellationToken,
     ) -> Result<Option<String>, String> {
         if !self.interactive {
@@ -133,15 +135,29 @@ mod tests {
         let broker = FixedAnswersBroker::new(["yes".to_string(), "no".to_string()]);
         let cancel = CancellationToken::new();
         assert_eq!(
-            broker.ask("q1", cancel.clone()).await,
+            broker
+                .ask("q1", &pf_harness::WorkId::new("0", 0), cancel.clone())
+                .await,
             Ok(Some("yes".into()))
         );
         assert_eq!(
-            broker.ask("q2", cancel.clone()).await,
+            broker
+                .ask("q2", &pf_harness::WorkId::new("0", 0), cancel.clone())
+                .await,
             Ok(Some("no".into()))
         );
-        assert_eq!(broker.ask("q3", cancel.clone()).await, Ok(None));
-        assert_eq!(broker.ask("q4", cancel).await, Ok(None));
+        assert_eq!(
+            broker
+                .ask("q3", &pf_harness::WorkId::new("0", 0), cancel.clone())
+                .await,
+            Ok(None)
+        );
+        assert_eq!(
+            broker
+                .ask("q4", &pf_harness::WorkId::new("0", 0), cancel)
+                .await,
+            Ok(None)
+        );
     }
 
     #[test]
@@ -163,6 +179,15 @@ mod tests {
     #[tokio::test]
     async fn non_terminal_stdin_has_no_input() {
         let broker = StdinInputBroker { interactive: false };
-        assert_eq!(broker.ask("q", CancellationToken::new()).await, Ok(None));
+        assert_eq!(
+            broker
+                .ask(
+                    "q",
+                    &pf_harness::WorkId::new("0", 0),
+                    CancellationToken::new()
+                )
+                .await,
+            Ok(None)
+        );
     }
 }

@@ -107,7 +107,14 @@ async fn call(
     path: &str,
     arguments: Json,
 ) -> Result<String, ToolFailure> {
-    active.call(path, arguments, CancellationToken::new()).await
+    active
+        .call(
+            path,
+            arguments,
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+        )
+        .await
 }
 
 fn kit_tools() -> Json {
@@ -461,7 +468,14 @@ async fn a_call_that_never_answers_times_out_or_is_cancelled() {
     let patient = activate(&slow).await;
     let started = Instant::now();
     assert_eq!(
-        patient.call("acme/kit/silent", json!({}), cancel).await,
+        patient
+            .call(
+                "acme/kit/silent",
+                json!({}),
+                &pf_harness::WorkId::new("0", 0),
+                cancel
+            )
+            .await,
         Err(ToolFailure("cancelled".into()))
     );
     assert!(started.elapsed() < Duration::from_secs(3));

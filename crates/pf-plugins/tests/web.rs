@@ -233,14 +233,20 @@ async fn active(plugin: WebPlugin) -> Arc<dyn ActivePlugin> {
 }
 
 async fn fetch(web: &Arc<dyn ActivePlugin>, arguments: Json) -> Result<String, ToolFailure> {
-    web.call("promptforge/web/fetch", arguments, CancellationToken::new())
-        .await
+    web.call(
+        "promptforge/web/fetch",
+        arguments,
+        &pf_harness::WorkId::new("0", 0),
+        CancellationToken::new(),
+    )
+    .await
 }
 
 async fn search(web: &Arc<dyn ActivePlugin>, arguments: Json) -> Result<String, ToolFailure> {
     web.call(
         "promptforge/web/search",
         arguments,
+        &pf_harness::WorkId::new("0", 0),
         CancellationToken::new(),
     )
     .await
@@ -911,6 +917,7 @@ async fn a_cancelled_fetch_returns_promptly() {
         .call(
             "promptforge/web/fetch",
             json!({"url": server.url("/slow")}),
+            &pf_harness::WorkId::new("0", 0),
             cancel,
         )
         .await;

@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
-use pf_engine::{LiveOutput, LiveText};
+use pf_engine::{LiveText, RunEvent, RunObserver};
 
 /// Shows live output: each `models.loop` round's text as it streams, under a
 /// `[section, round N]` line whenever the round changes.
@@ -56,12 +56,20 @@ pub fn printable(text: &str) -> String {
         .collect()
 }
 
-/// The live output listener: writes to stderr and stops listening once stderr fails.
-pub fn terminal_live(printer: Arc<Mutex<LivePrinter>>) -> LiveOutput {
-    Arc::new(move |text: LiveText<'_>| {
-        let mut printer = printer.lock().unwrap_or_else(|p| p.into_inner());
+/// The live output observer: writes to stderr and stops listening once stderr fails.
+pub struct TerminalLive(pub Arc<Mutex<LivePrinter>>);
+
+impl RunObserver for TerminalLive {
+    fn event(&self, _execution: &str, _event: &RunEvent) {}
+
+    fn wants_live_text(&self) -> bool {
+        true
+    }
+
+    fn live_text(&self, text: LiveText<'_>) -> bool {
+        let mut printer = self.0.lock().unwrap_or_else(|p| p.into_inner());
         printer.write(&mut std::io::stderr().lock(), text).is_ok()
-    })
+    }
 }
 
 #[cfg(test)]

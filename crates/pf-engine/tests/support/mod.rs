@@ -8,7 +8,7 @@ use std::time::Duration;
 use pf_engine::{Outcome, RunSetup};
 use pf_harness::{
     CancellationToken, ChatRequest, ChatResponse, Harness, ModelInfo, ModelProvider, ProviderError,
-    ThinkingSupport,
+    ThinkingSupport, WorkId,
 };
 
 /// A model that answers each prompt `NAME:MILLIS` with `NAME!` after MILLIS
@@ -51,6 +51,7 @@ impl ModelProvider for SlowModel {
     async fn complete(
         &self,
         request: ChatRequest,
+        _work: &WorkId,
         cancel: CancellationToken,
     ) -> Result<ChatResponse, ProviderError> {
         let prompt = request
@@ -110,7 +111,8 @@ pub fn run(
         model: Some(model),
         cancel: cancel.clone(),
         ui: None,
-        live: None,
+        observer: None,
+        capture: false,
     };
     if let Some(delay) = cancel_after {
         std::thread::spawn(move || {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use pf_harness::{
-    ActivationContext, ActivePlugin, CancellationToken, Plugin, ToolFailure, ToolSpec,
+    ActivationContext, ActivePlugin, CancellationToken, Plugin, ToolFailure, ToolSpec, WorkId,
 };
 use rmcp::model::{
     CallToolRequest, CallToolRequestParam, CallToolResult, CancelledNotificationParam, ClientInfo,
@@ -528,6 +528,7 @@ impl ActivePlugin for ActiveMcp {
         &self,
         path: &str,
         arguments: Json,
+        _work: &WorkId,
         cancel: CancellationToken,
     ) -> Result<String, ToolFailure> {
         let Some(entry) = self.entries.get(path) else {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use pf_harness::{
-    ActivationContext, ActivePlugin, CancellationToken, Plugin, ToolFailure, ToolSpec,
+    ActivationContext, ActivePlugin, CancellationToken, Plugin, ToolFailure, ToolSpec, WorkId,
 };
 use serde_json::{json, Value as Json};
 
@@ -246,6 +246,7 @@ impl ActivePlugin for ActiveWeb {
         &self,
         path: &str,
         arguments: Json,
+        _work: &WorkId,
         cancel: CancellationToken,
     ) -> Result<String, ToolFailure> {
         let (work, cancelled): (_, &str) = match path {

@@ -11,7 +11,7 @@ use pf_syntax::Prompt;
 
 use crate::cli::{OutputFormat, RunArgs};
 use crate::host::HostConfig;
-use crate::live::{terminal_live, LivePrinter};
+use crate::live::{LivePrinter, TerminalLive};
 use crate::report::{ReportOutput, RunReport};
 
 pub fn run(args: RunArgs) -> ExitCode {
@@ -55,7 +55,9 @@ pub fn run(args: RunArgs) -> ExitCode {
     // Live output is for a person watching: never in a report, a pipe or a file.
     let printer = (format == OutputFormat::Human && std::io::stderr().is_terminal())
         .then(|| Arc::new(Mutex::new(LivePrinter::default())));
-    let live = printer.as_ref().map(|p| terminal_live(Arc::clone(p)));
+    let observer = printer
+        .as_ref()
+        .map(|p| Arc::new(TerminalLive(Arc::clone(p))) as Arc<dyn pf_engine::RunObserver>);
     let finished = runtime.block_on(async {
         let host = host_config.assemble()?;
         let setup = RunSetup {
@@ -67,7 +69,8 @@ pub fn run(args: RunArgs) -> ExitCode {
             model: host.model,
             cancel: cancel.clone(),
             ui: None,
-            live,
+            observer,
+            capture: false,
         };
         Ok::<_, String>(pf_engine::run(Arc::clone(&prompt), setup).await)
     });
