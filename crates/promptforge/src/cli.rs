@@ -20,6 +20,8 @@ pub enum Command {
     Run(RunArgs),
     /// Parse only; print each problem as FILE:LINE:COL: Kind: message.
     Check(CheckArgs),
+    /// Serve prompts as MCP tools: stdio by default, --http ADDR for streamable HTTP.
+    Mcp(McpArgs),
 }
 
 #[derive(Debug, Args)]
@@ -39,6 +41,31 @@ pub struct RunArgs {
 #[derive(Debug, Args)]
 pub struct CheckArgs {
     pub file: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct McpArgs {
+    /// Prompt files, and folders searched for prompt files (`*.md`). Default: `.`.
+    #[arg(default_value = ".")]
+    pub paths: Vec<PathBuf>,
+    #[command(flatten)]
+    pub host: HostArgs,
+    /// Every call's store directory. Default: a fresh private directory per call.
+    #[arg(long = "store")]
+    pub store: Option<PathBuf>,
+    /// Serve streamable HTTP at http://ADDR/mcp instead of stdio (e.g. 127.0.0.1:8808).
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<std::net::SocketAddr>,
+    /// The environment variable holding the bearer token HTTP clients must send.
+    /// Default: `token_env` under [mcp_server] in the host file.
+    #[arg(long, value_name = "NAME")]
+    pub token_env: Option<String>,
+    /// How many runs go at once.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_concurrent: u32,
+    /// How many calls may wait for a run; beyond that a call gets an error result.
+    #[arg(long, default_value_t = 16)]
+    pub queue: u32,
 }
 
 /// Which host file configures the Host.

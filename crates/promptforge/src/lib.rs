@@ -10,6 +10,7 @@ pub mod cli;
 pub mod commands;
 pub mod host;
 pub mod live;
+pub mod mcp_server;
 pub mod report;
 pub mod signals;
 

@@ -2,6 +2,7 @@
 //! command: a variant in [`crate::cli::Command`], a module here, an arm below.
 
 pub mod check;
+pub mod mcp;
 pub mod run;
 
 use std::path::Path;
@@ -14,6 +15,7 @@ pub fn dispatch(command: Command) -> ExitCode {
     match command {
         Command::Run(args) => run::run(args),
         Command::Check(args) => check::run(args),
+        Command::Mcp(args) => mcp::run(args),
     }
 }
 
