@@ -49,6 +49,10 @@ pub fn run(args: McpArgs) -> ExitCode {
         Ok(r) => r,
         Err(e) => return super::usage(&format!("cannot start the async runtime: {e}")),
     };
+    let fresh_root = match &store {
+        StorePlace::FreshUnder(root) => Some(root.clone()),
+        StorePlace::Shared(_) => None,
+    };
     let options = ServeOptions {
         paths: args.paths.clone(),
         host,
@@ -68,6 +72,10 @@ pub fn run(args: McpArgs) -> ExitCode {
     });
     // Runs still going after the bounded wait must not keep the process alive.
     runtime.shutdown_background();
+    // The per-call stores are the server's own: they go with it (`--store` keeps its directory).
+    if let Some(root) = fresh_root {
+        let _ = std::fs::remove_dir_all(root);
+    }
     match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(m) => super::usage(&m),

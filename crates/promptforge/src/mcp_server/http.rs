@@ -69,7 +69,13 @@ async fn guard(State(token): State<Arc<Option<String>>>, request: Request, next:
             return response;
         }
     }
-    next.run(request).await
+    let ending_session = request.method() == axum::http::Method::DELETE;
+    let mut response = next.run(request).await;
+    // rmcp answers a session's DELETE with 202; clients expect a plain success.
+    if ending_session && response.status() == StatusCode::ACCEPTED {
+        *response.status_mut() = StatusCode::OK;
+    }
+    response
 }
 
 /// A browser origin on this machine (`http://localhost:…`, `http://127.0.0.1:…`, `http://[::1]:…`).

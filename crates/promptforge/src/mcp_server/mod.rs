@@ -17,7 +17,7 @@ use std::time::Duration;
 use pf_harness::CancellationToken;
 use rmcp::model::{
     CallToolRequestParam, CallToolResult, Implementation, ListToolsResult, PaginatedRequestParam,
-    ServerCapabilities, ServerInfo, Tool,
+    ProtocolVersion, ServerCapabilities, ServerInfo, Tool,
 };
 use rmcp::service::{NotificationContext, Peer, RequestContext, RoleServer};
 use rmcp::{ErrorData, ServerHandler};
@@ -162,6 +162,9 @@ fn tool_of(
 impl ServerHandler for PromptServer {
     fn get_info(&self) -> ServerInfo {
         ServerInfo {
+            // rmcp still defaults to 2025-03-26; structured results, output
+            // schemas and elicitation are 2025-06-18.
+            protocol_version: ProtocolVersion::V_2025_06_18,
             capabilities: ServerCapabilities::builder()
                 .enable_tools()
                 .enable_tool_list_changed()
