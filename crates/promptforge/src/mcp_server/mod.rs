@@ -178,7 +178,6 @@ impl ServerHandler for PromptServer {
                 "Each tool runs one promptforge prompt file; the result is the run's result."
                     .into(),
             ),
-            ..ServerInfo::default()
         }
     }
 
