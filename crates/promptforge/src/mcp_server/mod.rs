@@ -37,6 +37,8 @@ pub struct ServerState {
     host: Arc<HostConfig>,
     store: StorePlace,
     catalog: RwLock<Arc<Catalog>>,
+    /// The files as they were just before the first scan.
+    first_fingerprint: catalog::Fingerprint,
     admission: Admission,
     /// Cancelled at shutdown: every run's cancel token is a child.
     shutdown: CancellationToken,
@@ -56,6 +58,8 @@ pub struct ServeOptions {
 impl ServerState {
     /// Scan the paths once (logging what is left out) and get ready to serve.
     pub fn new(options: ServeOptions) -> Arc<ServerState> {
+        // Taken before the scan, so a change during it is seen by the watch.
+        let first_fingerprint = catalog::fingerprint(&options.paths);
         let catalog = catalog::scan(&options.paths);
         log_catalog(&catalog);
         Arc::new(ServerState {
@@ -63,6 +67,7 @@ impl ServerState {
             host: Arc::new(options.host),
             store: options.store,
             catalog: RwLock::new(Arc::new(catalog)),
+            first_fingerprint,
             admission: Admission::new(options.max_concurrent, options.queue),
             shutdown: CancellationToken::new(),
             peers: Mutex::new(Vec::new()),
@@ -75,7 +80,7 @@ impl ServerState {
 
     /// Watch the paths until shutdown; on a change, rescan and tell every client.
     pub async fn watch(self: Arc<Self>) {
-        let mut seen = catalog::fingerprint(&self.paths);
+        let mut seen = self.first_fingerprint.clone();
         loop {
             tokio::select! {
                 _ = self.shutdown.cancelled() => return,
@@ -94,10 +99,15 @@ impl ServerState {
             let Ok(fresh) = tokio::task::spawn_blocking(move || catalog::scan(&paths)).await else {
                 continue;
             };
-            if !fresh.differs_from(&self.catalog()) {
+            let current = self.catalog();
+            // A file that stops (or starts) parsing is news even when the tools stay.
+            if fresh.problems != current.problems {
+                log_problems(&fresh);
+            }
+            if !fresh.differs_from(&current) {
                 continue;
             }
-            log_catalog(&fresh);
+            log_tools(&fresh);
             *self.catalog.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(fresh);
             self.notify_tools_changed().await;
         }
@@ -125,9 +135,17 @@ impl ServerState {
 }
 
 fn log_catalog(catalog: &Catalog) {
+    log_problems(catalog);
+    log_tools(catalog);
+}
+
+fn log_problems(catalog: &Catalog) {
     for problem in &catalog.problems {
         tracing::warn!("{problem}");
     }
+}
+
+fn log_tools(catalog: &Catalog) {
     let names: Vec<&str> = catalog.tools.keys().map(String::as_str).collect();
     tracing::info!("serving {} prompt tools: {}", names.len(), names.join(", "));
 }
