@@ -10,6 +10,10 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo test"
+# Every test's run log and default stores stay out of the user's data directory.
+PROMPTFORGE_HOME="$(mktemp -d)"
+export PROMPTFORGE_HOME
+trap 'rm -rf "$PROMPTFORGE_HOME"' EXIT
 cargo test --workspace
 echo "== promptforge test examples"
 cargo run -q -p promptforge -- test examples

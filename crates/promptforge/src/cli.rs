@@ -56,6 +56,8 @@ pub enum Command {
     /// Print the CLI reference (Markdown) that docs/src/reference/cli.md holds.
     #[command(hide = true)]
     Reference,
+    /// Serve prompts as MCP tools: stdio by default, --http ADDR for streamable HTTP.
+    Mcp(McpArgs),
 }
 
 const RUNS_EXAMPLES: &str = "\
@@ -319,6 +321,31 @@ const COMPLETIONS_EXAMPLES: &str = "Examples:
   promptforge completions bash > ~/.local/share/bash-completion/completions/promptforge
   promptforge completions zsh > ~/.zfunc/_promptforge
   promptforge completions fish > ~/.config/fish/completions/promptforge.fish";
+
+#[derive(Debug, Args)]
+pub struct McpArgs {
+    /// Prompt files, and folders searched for prompt files (`*.md`). Default: `.`.
+    #[arg(default_value = ".")]
+    pub paths: Vec<PathBuf>,
+    #[command(flatten)]
+    pub host: HostArgs,
+    /// Every call's store directory. Default: a fresh private directory per call.
+    #[arg(long = "store")]
+    pub store: Option<PathBuf>,
+    /// Serve streamable HTTP at http://ADDR/mcp instead of stdio (e.g. 127.0.0.1:8808).
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<std::net::SocketAddr>,
+    /// The environment variable holding the bearer token HTTP clients must send.
+    /// Default: `token_env` under [mcp_server] in the host file.
+    #[arg(long, value_name = "NAME")]
+    pub token_env: Option<String>,
+    /// How many runs go at once.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_concurrent: u32,
+    /// How many calls may wait for a run; beyond that a call gets an error result.
+    #[arg(long, default_value_t = 16)]
+    pub queue: u32,
+}
 
 /// Which host file configures the Host.
 #[derive(Debug, Clone, Args)]

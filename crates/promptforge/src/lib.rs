@@ -11,6 +11,7 @@ pub mod commands;
 pub mod host;
 pub mod live;
 pub mod logview;
+pub mod mcp_server;
 pub mod progress;
 pub mod report;
 pub mod signals;

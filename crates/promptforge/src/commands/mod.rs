@@ -5,6 +5,7 @@ pub mod check;
 pub mod completions;
 pub mod info;
 pub mod init;
+pub mod mcp;
 pub mod models;
 pub mod prepare_checks;
 pub mod reference;
@@ -32,6 +33,7 @@ pub fn dispatch(command: Command) -> ExitCode {
         Command::Completions(args) => completions::run(args),
         Command::Man => completions::man(),
         Command::Reference => reference::run(),
+        Command::Mcp(args) => mcp::run(args),
     }
 }
 

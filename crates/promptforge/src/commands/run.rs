@@ -478,7 +478,7 @@ fn parse_prompt(source: &[u8]) -> Result<Prompt, pf_syntax::ParseError> {
 /// Host copies it in from beside the prompt file (the file the operator wrote
 /// the prompt next to); otherwise a missing input is only a warning, because
 /// the run never checks the declaration (guide ch. 02).
-fn place_input(prompt: &Prompt, prompt_file: &Path, store_dir: &Path, quiet: bool) {
+pub(crate) fn place_input(prompt: &Prompt, prompt_file: &Path, store_dir: &Path, quiet: bool) {
     if pf_engine::missing_input(prompt, store_dir).is_some() {
         if let Some(declared) = prompt.frontmatter.input.as_ref() {
             let beside = prompt_file
@@ -503,7 +503,11 @@ fn place_input(prompt: &Prompt, prompt_file: &Path, store_dir: &Path, quiet: boo
 /// After a completed run, the declared output file stays in the store directory:
 /// the report names it (`"output"`), and a missing one is a warning, never a
 /// failure, because the run never checks the declaration (guide ch. 02).
-fn collect_output(prompt: &Prompt, store_dir: &Path, quiet: bool) -> Option<ReportOutput> {
+pub(crate) fn collect_output(
+    prompt: &Prompt,
+    store_dir: &Path,
+    quiet: bool,
+) -> Option<ReportOutput> {
     let collected = pf_engine::collect_output(prompt, store_dir)?;
     Some(match collected {
         Ok(output) => ReportOutput {

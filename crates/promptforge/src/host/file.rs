@@ -21,6 +21,7 @@ pub struct HostFile {
     pub web: Option<WebTable>,
     pub plugins: Option<BTreeMap<String, PluginTable>>,
     pub input: Option<InputTable>,
+    pub mcp_server: Option<McpServerTable>,
 }
 
 /// `[model]` and each `[models.ID]`. Key order is the order serde lists them in
@@ -94,6 +95,14 @@ pub struct PluginTable {
 pub struct InputTable {
     /// Fixed operator answers, in order (instead of asking on stdin).
     pub answers: Option<Vec<String>>,
+}
+
+/// `[mcp_server]`: how `promptforge mcp` serves.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpServerTable {
+    /// The NAME of the environment variable holding the HTTP bearer token.
+    pub token_env: Option<String>,
 }
 
 /// Read and parse a host file; errors name the file and the problem.

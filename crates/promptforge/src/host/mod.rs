@@ -49,6 +49,8 @@ pub struct HostConfig {
     pub plugins: Vec<(String, McpConfig)>,
     /// Fixed operator answers; `None` asks on stdin.
     pub answers: Option<Vec<String>>,
+    /// `[mcp_server] token_env`: the variable holding `promptforge mcp --http`'s bearer token.
+    pub mcp_token_env: Option<String>,
 }
 
 /// What a command runs against: the models, the Harness (Plugins and services)
@@ -167,6 +169,7 @@ impl HostConfig {
             web,
             plugins,
             answers: file.input.as_ref().and_then(|i| i.answers.clone()),
+            mcp_token_env: file.mcp_server.as_ref().and_then(|m| m.token_env.clone()),
         })
     }
 

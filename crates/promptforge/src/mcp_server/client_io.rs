@@ -1,0 +1,183 @@
+//! What a run says back to the MCP client while it runs: progress
+//! notifications from its events, and operator questions as elicitation.
+
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use pf_engine::{EventKind, RunEvent, RunObserver};
+use pf_harness::{CancellationToken, InputBroker, WorkId};
+use rmcp::model::{
+    CreateElicitationRequestParam, ElicitationAction, ElicitationSchema, ProgressNotificationParam,
+    ProgressToken,
+};
+use rmcp::service::{Peer, RoleServer};
+use serde_json::json;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// The progress line an event makes, if it is one a caller wants to see:
+/// entering a section, a model round, a tool call, a `log` line, a question.
+pub fn progress_message(event: &RunEvent, section_changed: bool) -> Option<String> {
+    let section = &event.section;
+    let text = |name: &str| {
+        event
+            .field(name)
+            .and_then(|v| v.as_str())
+            .map(str::to_string)
+    };
+    let what = match event.kind {
+        EventKind::ModelTurnCompleted => Some(match event.turn() {
+            Some(turn) => format!("model round {turn} completed"),
+            None => "model round completed".to_string(),
+        }),
+        EventKind::ModelTurnFailed => Some("model round failed".to_string()),
+        EventKind::ModelTurnTruncated => Some("model round cut short".to_string()),
+        EventKind::ToolCallSucceeded | EventKind::ToolCallFailed => {
+            let outcome = if event.kind == EventKind::ToolCallSucceeded {
+                "succeeded"
+            } else {
+                "failed"
+            };
+            Some(match text("tool").or_else(|| text("name")) {
+                Some(tool) => format!("tool call {tool} {outcome}"),
+                None => format!("tool call {outcome}"),
+            })
+        }
+        EventKind::Lua => Some(match text("message") {
+            Some(message) => format!("log: {message}"),
+            None => "log".to_string(),
+        }),
+        EventKind::UserInputWaitStarted => Some("waiting for operator input".to_string()),
+        _ => None,
+    };
+    let what = what?;
+    Some(if section_changed {
+        format!("section {section}: {what}")
+    } else {
+        format!("{section}: {what}")
+    })
+}
+
+/// Turns a run's events into `notifications/progress` for one call. It only
+/// queues: a forwarding task sends them in order, so the run never waits on
+/// the client.
+pub struct ProgressObserver {
+    token: ProgressToken,
+    sender: UnboundedSender<ProgressNotificationParam>,
+    state: Mutex<ProgressState>,
+}
+
+#[derive(Default)]
+struct ProgressState {
+    count: u32,
+    section: Option<String>,
+}
+
+impl ProgressObserver {
+    pub fn new(token: ProgressToken, sender: UnboundedSender<ProgressNotificationParam>) -> Self {
+        ProgressObserver {
+            token,
+            sender,
+            state: Mutex::new(ProgressState::default()),
+        }
+    }
+}
+
+impl RunObserver for ProgressObserver {
+    fn event(&self, _execution: &str, event: &RunEvent) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        // A walked section is announced with the first progress it makes, so
+        // sections that do nothing a caller would see stay quiet.
+        if event.kind == EventKind::SectionStarted {
+            state.section = Some(event.section.clone());
+            return;
+        }
+        let entering = state.section.as_deref() == Some(event.section.as_str());
+        let Some(message) = progress_message(event, entering) else {
+            return;
+        };
+        if entering {
+            state.section = None;
+        }
+        state.count += 1;
+        let _ = self.sender.send(ProgressNotificationParam {
+            progress_token: self.token.clone(),
+            progress: f64::from(state.count),
+            total: None,
+            message: Some(message),
+        });
+    }
+}
+
+/// Forward queued progress to the client until the run's observer is gone.
+pub async fn forward_progress(
+    peer: Peer<RoleServer>,
+    mut receiver: tokio::sync::mpsc::UnboundedReceiver<ProgressNotificationParam>,
+) {
+    while let Some(param) = receiver.recv().await {
+        if peer.notify_progress(param).await.is_err() {
+            break;
+        }
+    }
+}
+
+/// `input.ask` through MCP elicitation: the question becomes an elicitation
+/// request for one string. A client without the capability, or one that
+/// declines or cancels, means no input is available (guide ch. 05: the run
+/// goes on with the "unavailable" text).
+pub struct ElicitationBroker {
+    peer: Peer<RoleServer>,
+}
+
+impl ElicitationBroker {
+    pub fn new(peer: Peer<RoleServer>) -> Self {
+        ElicitationBroker { peer }
+    }
+}
+
+#[async_trait]
+impl InputBroker for ElicitationBroker {
+    async fn ask(
+        &self,
+        question: &str,
+        _work: &WorkId,
+        cancel: CancellationToken,
+    ) -> Result<Option<String>, String> {
+        if !self.peer.supports_elicitation() {
+            return Ok(None);
+        }
+        let schema = json!({
+            "type": "object",
+            "properties": {"answer": {"type": "string", "description": "Your answer"}},
+            "required": ["answer"]
+        });
+        let schema = match schema {
+            serde_json::Value::Object(map) => ElicitationSchema::from_json_schema(map)
+                .map_err(|e| format!("cannot build the question: {e}"))?,
+            _ => return Err("cannot build the question".to_string()),
+        };
+        let message = if question.is_empty() {
+            "The prompt asks for your input.".to_string()
+        } else {
+            question.to_string()
+        };
+        let request = self.peer.create_elicitation(CreateElicitationRequestParam {
+            message,
+            requested_schema: schema,
+        });
+        let answer = tokio::select! {
+            _ = cancel.cancelled() => return Ok(None),
+            answer = request => answer.map_err(|e| format!("the MCP client did not answer: {e}"))?,
+        };
+        if answer.action != ElicitationAction::Accept {
+            return Ok(None);
+        }
+        Ok(answer.content.and_then(|content| match content {
+            serde_json::Value::Object(map) => match map.get("answer") {
+                Some(serde_json::Value::String(text)) => Some(text.clone()),
+                _ => None,
+            },
+            serde_json::Value::String(text) => Some(text),
+            _ => None,
+        }))
+    }
+}
