@@ -13,6 +13,7 @@ pub mod live;
 pub mod logview;
 pub mod report;
 pub mod signals;
+pub mod trace;
 
 /// The run failed, or `check` found a problem.
 pub const EXIT_FAILED: u8 = 1;

@@ -14,6 +14,7 @@ pub struct HostFile {
     pub web: Option<WebTable>,
     pub plugins: Option<BTreeMap<String, PluginTable>>,
     pub input: Option<InputTable>,
+    pub telemetry: Option<TelemetryTable>,
 }
 
 /// `[model]`. Key order is the order serde lists them in an unknown-key error.
@@ -82,6 +83,14 @@ pub struct PluginTable {
 pub struct InputTable {
     /// Fixed operator answers, in order (instead of asking on stdin).
     pub answers: Option<Vec<String>>,
+}
+
+/// `[telemetry]`: where runs are exported as OpenTelemetry traces.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetryTable {
+    /// An OTLP/HTTP collector's base URL (`run --otlp` overrides it).
+    pub otlp: Option<String>,
 }
 
 /// Read and parse a host file; errors name the file and the problem.

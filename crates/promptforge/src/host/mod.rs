@@ -38,6 +38,8 @@ pub struct HostConfig {
     pub plugins: Vec<(String, McpConfig)>,
     /// Fixed operator answers; `None` asks on stdin.
     pub answers: Option<Vec<String>>,
+    /// `[telemetry] otlp`: the OTLP/HTTP collector runs are exported to.
+    pub otlp: Option<String>,
 }
 
 /// What a command runs against: the model and the Harness (Plugins and services).
@@ -92,11 +94,17 @@ impl HostConfig {
             }
             None => None,
         };
+        let otlp = file.telemetry.as_ref().and_then(|t| t.otlp.clone());
+        if let Some(url) = &otlp {
+            crate::trace::otlp::traces_url(url)
+                .map_err(|e| format!("host file: [telemetry] otlp: {e}"))?;
+        }
         Ok(HostConfig {
             model,
             web,
             plugins,
             answers: file.input.as_ref().and_then(|i| i.answers.clone()),
+            otlp,
         })
     }
 

@@ -1,6 +1,7 @@
 //! The Host's one observer of a run: every event the Engine reports, and live
-//! text, fan out from here to the run log, the live printer and (later)
-//! progress. Nothing else in the Host watches a run.
+//! text, fan out from here to the run log, the live printer, the
+//! OpenTelemetry trace (`--otlp`) and (later) progress. Nothing else in the
+//! Host watches a run.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -9,6 +10,7 @@ use pf_engine::{LiveText, RunEvent, RunObserver};
 
 use super::record::RunLogSink;
 use crate::live::LivePrinter;
+use crate::trace::otlp::OtlpTrace;
 
 /// Fans each event out to whoever listens: the run log (when the run is
 /// logged) and the live printer (when a person watches stderr).
@@ -16,6 +18,7 @@ pub struct HostObserver {
     log: Option<Arc<RunLogSink>>,
     live: Option<Arc<Mutex<LivePrinter>>>,
     sections: Arc<SectionTracker>,
+    trace: Option<Arc<OtlpTrace>>,
 }
 
 impl HostObserver {
@@ -28,7 +31,14 @@ impl HostObserver {
             log,
             live,
             sections,
+            trace: None,
         }
+    }
+
+    /// Also note every event for the run's OpenTelemetry trace.
+    pub fn with_trace(mut self, trace: Option<Arc<OtlpTrace>>) -> HostObserver {
+        self.trace = trace;
+        self
     }
 }
 
@@ -37,6 +47,9 @@ impl RunObserver for HostObserver {
         self.sections.heard(event);
         if let Some(log) = &self.log {
             log.event(event);
+        }
+        if let Some(trace) = &self.trace {
+            trace.event(event);
         }
     }
 
