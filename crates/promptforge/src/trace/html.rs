@@ -213,12 +213,28 @@ pub fn render(run: &LoggedRun) -> String {
     } else {
         Vec::new()
     };
-    let failure_at = items
-        .iter()
-        .enumerate()
-        .rev()
-        .find(|(_, item)| is_failure(item))
-        .map(|(i, _)| i);
+    // Where a failed run failed: its last failing item, else (an error with
+    // no event of its own) the last thing it did inside a section.
+    let last_failure = || {
+        items
+            .iter()
+            .enumerate()
+            .rev()
+            .find(|(_, item)| is_failure(item))
+            .map(|(i, _)| i)
+    };
+    let last_in_entry = || {
+        places
+            .iter()
+            .rposition(|p| matches!(p, Place::Entry(_)))
+            .map(|i| (i, true))
+    };
+    let failure = if failed {
+        last_failure().map(|i| (i, false)).or_else(last_in_entry)
+    } else {
+        None
+    };
+    let failure_at = failure.map(|(i, _)| i);
     let failing_entries: Vec<usize> = failure_at
         .and_then(|i| match places[i] {
             Place::Entry(e) => Some(e),
@@ -249,7 +265,7 @@ pub fn render(run: &LoggedRun) -> String {
     header(
         &mut page,
         run,
-        failure_at.map(|i| (i, &items[i])),
+        failure.map(|(i, guessed)| (i, &items[i], guessed)),
         &unfinished,
         &sections,
     );
@@ -301,13 +317,14 @@ pub fn render(run: &LoggedRun) -> String {
         let kind = if entry.explicit {
             ""
         } else {
-            " (no section events)"
+            // Grouped by heading: the log has no section events for it.
+            " title=\"grouped by heading: no section_started was logged\""
         };
         let _ = write!(
             page,
             "<details class=\"block{class}\" id=\"s{index}\" data-lane=\"{}\" \
              style=\"--hue:{hue};margin-left:{}em\"{open}><summary>\
-             <span class=\"lane-chip\">{}</span> <span class=\"sec\">{}</span>{kind} \
+             <span class=\"lane-chip\">{}</span> <span class=\"sec\"{kind}>{}</span> \
              <span class=\"muted\">{} entries</span> {status}</summary><ol class=\"items\">",
             esc(&entry.task),
             entry.depth.min(8) * 2,
@@ -362,7 +379,7 @@ fn is_failure(item: &Item<'_>) -> bool {
 fn header(
     page: &mut String,
     run: &LoggedRun,
-    failure: Option<(usize, &Item<'_>)>,
+    failure: Option<(usize, &Item<'_>, bool)>,
     unfinished: &[usize],
     sections: &Sections,
 ) {
@@ -424,16 +441,21 @@ fn header(
                 esc(kind),
                 esc_capped(message)
             );
-            if let Some((i, item)) = failure {
+            if let Some((i, item, guessed)) = failure {
                 let what = match item {
-                    Item::Event(e) => e.kind.clone(),
+                    Item::Event(e) => e.kind.replace('_', " "),
                     Item::Exchange(_) => "model exchange failed".to_string(),
                     Item::ToolCall(t) => format!("tool call {} failed", t.alias),
                     Item::Answer(_) => String::new(),
                 };
                 let _ = write!(
                     page,
-                    "<p>Where: <a href=\"#i{i}\">{}</a> in <b>{}</b> on {} (#{}).</p>",
+                    "<p>{}: <a href=\"#i{i}\">{}</a> in <b>{}</b> on {} (#{}).</p>",
+                    if guessed {
+                        "Last logged before the failure"
+                    } else {
+                        "Where"
+                    },
                     esc(&what),
                     esc(item.section()),
                     esc(&lane_label(item.task())),
