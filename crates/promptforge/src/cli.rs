@@ -77,7 +77,9 @@ matches no run, or several, is a usage error (exit 2) listing candidates.
 Examples:
   promptforge show last
   promptforge show 3f2a --json
-  promptforge show last --all            every event, the section VM's too";
+  promptforge show last --all            every event, the section VM's too
+  promptforge show last --html -o run.html   the run as a self-contained trace page
+  promptforge show last --open           write the page and open it in the browser";
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -103,6 +105,8 @@ pub struct RunArgs {
     pub output: OutputArgs,
     #[command(flatten)]
     pub log: LogArgs,
+    #[command(flatten)]
+    pub telemetry: TelemetryArgs,
 }
 
 #[derive(Debug, Args)]
@@ -191,6 +195,41 @@ pub struct ShowArgs {
     pub all: bool,
     #[command(flatten)]
     pub output: OutputArgs,
+    #[command(flatten)]
+    pub page: PageArgs,
+}
+
+/// `show --html`: the run as one self-contained trace page.
+#[derive(Debug, Clone, Args)]
+pub struct PageArgs {
+    /// Write the run as one self-contained HTML trace page (no external
+    /// scripts, styles or fonts), to stdout unless --output is given.
+    #[arg(long, conflicts_with = "json")]
+    pub html: bool,
+    /// Write the page to FILE instead of stdout (implies --html).
+    #[arg(long, short = 'o', value_name = "FILE", conflicts_with = "json")]
+    pub output: Option<PathBuf>,
+    /// Write the page (to --output, else into the data directory's `pages/`)
+    /// and open it in the browser with xdg-open (open on macOS) (implies --html).
+    #[arg(long, conflicts_with = "json")]
+    pub open: bool,
+}
+
+impl PageArgs {
+    /// Whether the page was asked for.
+    pub fn wanted(&self) -> bool {
+        self.html || self.open || self.output.is_some()
+    }
+}
+
+/// Where a run's trace goes, beside the run log.
+#[derive(Debug, Clone, Args)]
+pub struct TelemetryArgs {
+    /// Export the run as an OpenTelemetry trace over OTLP/HTTP (protobuf) to
+    /// URL (POST URL/v1/traces), e.g. http://127.0.0.1:4318; overrides the
+    /// host file's `[telemetry] otlp`. Export never slows or fails the run.
+    #[arg(long, value_name = "URL")]
+    pub otlp: Option<String>,
 }
 
 /// `check --format`.

@@ -15,6 +15,7 @@ pub mod mcp_server;
 pub mod progress;
 pub mod report;
 pub mod signals;
+pub mod trace;
 pub mod ui;
 pub mod usertest;
 

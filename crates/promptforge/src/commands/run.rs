@@ -43,6 +43,17 @@ pub fn run(args: RunArgs) -> ExitCode {
         Err(m) => return super::usage(&m),
     };
     let (execution, _) = pf_engine::seeded_names(seed);
+    // `--otlp` wins over the host file's `[telemetry] otlp`.
+    let otlp = args
+        .telemetry
+        .otlp
+        .clone()
+        .or_else(|| host_config.otlp.clone());
+    if let Some(url) = &otlp {
+        if let Err(m) = crate::trace::otlp::traces_url(url) {
+            return super::usage(&format!("--otlp: {m}"));
+        }
+    }
     let store_dir = args.store.store.clone().unwrap_or_else(|| {
         std::env::temp_dir().join(format!("promptforge-{execution}-{}", std::process::id()))
     });
@@ -92,6 +103,20 @@ pub fn run(args: RunArgs) -> ExitCode {
     );
     tracing::info!("store directory: {}", store_dir.display());
     place_input(&prompt, file, &store_dir, quiet);
+    let trace = otlp.and_then(|url| {
+        let info = crate::trace::otlp::RunInfo {
+            execution: execution.clone(),
+            prompt_path: display_path(file),
+            prompt_name: prompt.frontmatter.name.clone(),
+            seed,
+            model: current.clone(),
+            provider: current
+                .as_deref()
+                .and_then(|id| host_config.spec(id))
+                .map(|m| crate::trace::otlp::provider_name(&m.kind).to_string()),
+        };
+        crate::trace::otlp::OtlpTrace::new(&url, info).ok()
+    });
     let prompt = Arc::new(prompt);
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -120,7 +145,8 @@ pub fn run(args: RunArgs) -> ExitCode {
         ))),
         None => HostWork::Direct,
     };
-    let observer = HostObserver::new(log.sink.clone(), progress.clone(), sections);
+    let observer =
+        HostObserver::new(log.sink.clone(), progress.clone(), sections).with_trace(trace.clone());
     let mut usage = None;
     let finished = runtime.block_on(async {
         let host = host_config.assemble_for(current.as_deref(), &work)?;
@@ -168,6 +194,10 @@ pub fn run(args: RunArgs) -> ExitCode {
         } else {
             print_human(&report, file, quiet, progress.as_deref());
         }
+    }
+    // After the report: the export may take up to its timeout, never the run.
+    if let Some(trace) = &trace {
+        runtime.block_on(trace.export(&report.outcome));
     }
     match finished.outcome {
         Outcome::Completed(_) => ExitCode::SUCCESS,

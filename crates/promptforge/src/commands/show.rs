@@ -47,6 +47,9 @@ pub fn run(args: ShowArgs) -> ExitCode {
             return ExitCode::from(crate::EXIT_FAILED);
         }
     };
+    if args.page.wanted() {
+        return crate::trace::page::show(&logged, &args.page);
+    }
     let mut out = std::io::stdout().lock();
     let written = match args.output.format() {
         OutputFormat::Json => writeln!(out, "{}", run_json(&logged)),

@@ -67,7 +67,7 @@ pub fn begin_run_log(start: RunStart) -> Option<Arc<RunLogSink>> {
     ))))
 }
 
-fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+pub(crate) fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     if dir.is_dir() {
         return Ok(());
     }

@@ -22,6 +22,7 @@ pub struct HostFile {
     pub plugins: Option<BTreeMap<String, PluginTable>>,
     pub input: Option<InputTable>,
     pub mcp_server: Option<McpServerTable>,
+    pub telemetry: Option<TelemetryTable>,
 }
 
 /// `[model]` and each `[models.ID]`. Key order is the order serde lists them in
@@ -103,6 +104,14 @@ pub struct InputTable {
 pub struct McpServerTable {
     /// The NAME of the environment variable holding the HTTP bearer token.
     pub token_env: Option<String>,
+}
+
+/// `[telemetry]`: where runs are exported as OpenTelemetry traces.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetryTable {
+    /// An OTLP/HTTP collector's base URL (`run --otlp` overrides it).
+    pub otlp: Option<String>,
 }
 
 /// Read and parse a host file; errors name the file and the problem.

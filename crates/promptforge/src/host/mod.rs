@@ -51,6 +51,8 @@ pub struct HostConfig {
     pub answers: Option<Vec<String>>,
     /// `[mcp_server] token_env`: the variable holding `promptforge mcp --http`'s bearer token.
     pub mcp_token_env: Option<String>,
+    /// `[telemetry] otlp`: the OTLP/HTTP collector runs are exported to.
+    pub otlp: Option<String>,
 }
 
 /// What a command runs against: the models, the Harness (Plugins and services)
@@ -162,6 +164,11 @@ impl HostConfig {
             Some(table) => Some(ui_keys(table)?),
             None => None,
         };
+        let otlp = file.telemetry.as_ref().and_then(|t| t.otlp.clone());
+        if let Some(url) = &otlp {
+            crate::trace::otlp::traces_url(url)
+                .map_err(|e| format!("host file: [telemetry] otlp: {e}"))?;
+        }
         Ok(HostConfig {
             catalog,
             default_model: file.default_model.clone(),
@@ -170,6 +177,7 @@ impl HostConfig {
             plugins,
             answers: file.input.as_ref().and_then(|i| i.answers.clone()),
             mcp_token_env: file.mcp_server.as_ref().and_then(|m| m.token_env.clone()),
+            otlp,
         })
     }
 

@@ -1,5 +1,7 @@
 //! The Host's one observer of a run: every event the Engine reports, and live
-//! text, fan out from here to the run log, and the progress line with its live text. Nothing else in the Host watches a run.
+//! text, fan out from here to the run log, the progress line with its live
+//! text, and the OpenTelemetry trace (`--otlp`). Nothing else in the Host
+//! watches a run.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -8,6 +10,7 @@ use pf_engine::{LiveText, RunEvent, RunObserver};
 
 use super::record::RunLogSink;
 use crate::progress::RunProgress;
+use crate::trace::otlp::OtlpTrace;
 
 /// Fans each event out to whoever listens: the run log (when the run is
 /// logged) and the progress line with its live text (when a person watches stderr).
@@ -15,6 +18,7 @@ pub struct HostObserver {
     log: Option<Arc<RunLogSink>>,
     live: Option<Arc<RunProgress>>,
     sections: Arc<SectionTracker>,
+    trace: Option<Arc<OtlpTrace>>,
 }
 
 impl HostObserver {
@@ -27,7 +31,14 @@ impl HostObserver {
             log,
             live,
             sections,
+            trace: None,
         }
+    }
+
+    /// Also note every event for the run's OpenTelemetry trace.
+    pub fn with_trace(mut self, trace: Option<Arc<OtlpTrace>>) -> HostObserver {
+        self.trace = trace;
+        self
     }
 }
 
@@ -39,6 +50,9 @@ impl RunObserver for HostObserver {
         }
         if let Some(progress) = &self.live {
             progress.event(event);
+        }
+        if let Some(trace) = &self.trace {
+            trace.event(event);
         }
     }
 
