@@ -1,5 +1,6 @@
 //! `promptforge check FILE`: parse only.
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use crate::cli::CheckArgs;
@@ -13,13 +14,14 @@ pub fn run(args: CheckArgs) -> ExitCode {
     match pf_syntax::parse(&source) {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
-            println!(
+            let _ = writeln!(
+                std::io::stdout(),
                 "{}:{}:{}: {}: {}",
                 file.display(),
                 e.line.unwrap_or(1),
                 e.column.unwrap_or(1),
                 e.kind.as_str(),
-                e.message
+                crate::report::terminal_safe(&e.message)
             );
             ExitCode::from(crate::EXIT_FAILED)
         }

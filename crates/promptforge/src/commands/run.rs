@@ -1,7 +1,7 @@
 //! `promptforge run FILE [ARGS]`: run a prompt against the Host and report.
 
 use std::io::IsTerminal;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
@@ -42,9 +42,13 @@ pub fn run(args: RunArgs) -> ExitCode {
         Err(m) => return super::usage(&m),
     };
     let (execution, _) = pf_engine::seeded_names(seed);
-    let store_dir = args.store.store.clone().unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("promptforge-{execution}-{}", std::process::id()))
-    });
+    let store_dir = match args.store.store.clone() {
+        Some(dir) => dir,
+        None => match private_store_dir(&execution) {
+            Ok(dir) => dir,
+            Err(m) => return super::usage(&m),
+        },
+    };
     place_input(&prompt, file, &store_dir);
     let prompt = Arc::new(prompt);
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -112,6 +116,59 @@ pub fn run(args: RunArgs) -> ExitCode {
         Outcome::Failed(_) => ExitCode::from(crate::EXIT_FAILED),
         Outcome::Cancelled => ExitCode::from(crate::EXIT_CANCELLED),
     }
+}
+
+/// The data directory: `$PROMPTFORGE_HOME`, else `$XDG_DATA_HOME/promptforge`
+/// (absolute only), else `~/.local/share/promptforge`.
+fn data_dir() -> Option<PathBuf> {
+    let set = |name: &str| {
+        std::env::var_os(name)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(dir) = set("PROMPTFORGE_HOME") {
+        return Some(dir);
+    }
+    if let Some(dir) = set("XDG_DATA_HOME").filter(|d| d.is_absolute()) {
+        return Some(dir.join("promptforge"));
+    }
+    set("HOME").map(|home| home.join(".local/share/promptforge"))
+}
+
+/// A fresh, private store directory for a run without `--store`, made like
+/// `mkdtemp`: under `<data dir>/stores`, an unpredictable name, mode 0700, and
+/// never one that already exists (nothing there is reused or followed).
+fn private_store_dir(execution: &str) -> Result<PathBuf, String> {
+    use rand::Rng;
+    let parent = data_dir()
+        .ok_or("no data directory for the default store: set PROMPTFORGE_HOME or pass --store")?
+        .join("stores");
+    let private = |recursive: bool| {
+        let mut builder = std::fs::DirBuilder::new();
+        builder.recursive(recursive);
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+        builder
+    };
+    private(true)
+        .create(&parent)
+        .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+    let builder = private(false);
+    let mut last = None;
+    for _ in 0..8 {
+        let tag: u64 = rand::rng().random();
+        let dir = parent.join(format!("{execution}-{tag:016x}"));
+        match builder.create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(format!("cannot create {}: {e}", dir.display())),
+        }
+    }
+    Err(format!(
+        "cannot create a store directory under {}: {}",
+        parent.display(),
+        last.map_or_else(String::new, |e| e.to_string())
+    ))
 }
 
 /// The prompt, or the parse error to report; a file without `promptforge:` in
