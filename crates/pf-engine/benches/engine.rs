@@ -1,6 +1,7 @@
 //! Engine overhead: a 100-section run, one section VM's life, and the engine's
 //! own cost per model round in a 50-round tool loop (scripted model, so the
 //! provider answers at once and only engine time is measured).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
 

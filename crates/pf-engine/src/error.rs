@@ -205,6 +205,14 @@ pub(crate) fn error_table(lua: &Lua, helpers: &Table, e: &HostError) -> mlua::Re
     for (k, v) in &e.fields {
         t.raw_set(*k, v.as_str())?;
     }
+    // The snapshot the classification reads: only values listed here are host errors.
+    let snapshot = lua.create_table()?;
+    for pair in t.pairs::<Value, Value>() {
+        let (k, v) = pair?;
+        snapshot.raw_set(k, v)?;
+    }
+    let genuine: Table = helpers.get("genuine")?;
+    genuine.raw_set(t.clone(), snapshot)?;
     let mt: Table = helpers.get("ERR_MT")?;
     t.set_metatable(Some(mt))?;
     if let Some(rk) = e.run_kind {
@@ -254,24 +262,40 @@ pub(crate) struct ErrorInfo {
     pub value: HostError,
 }
 
-/// Read an error value raised by the host (a table with the error metatable).
-pub(crate) fn read_error_value(helpers: &Table, v: &Value) -> Option<ErrorInfo> {
-    let Value::Table(t) = v else { return None };
-    let mt: Table = helpers.get("ERR_MT").ok()?;
-    if t.metatable().as_ref() != Some(&mt) {
-        return None;
+/// The fields a host error value was built with, if `t` is one the engine built
+/// and block code has not changed since: identity in the engine's private
+/// registry, not the metatable or the fields, makes a value a host error.
+fn genuine_fields(helpers: &Table, t: &Table) -> Option<Table> {
+    let genuine: Table = helpers.get("genuine").ok()?;
+    let snapshot: Table = genuine.raw_get::<Option<Table>>(t.clone()).ok()??;
+    let mut count = 0usize;
+    for pair in snapshot.pairs::<Value, Value>() {
+        let (k, v) = pair.ok()?;
+        if t.raw_get::<Value>(k).ok()? != v {
+            return None;
+        }
+        count += 1;
     }
+    let now = t.pairs::<Value, Value>().count();
+    (now == count).then_some(snapshot)
+}
+
+/// Read an error value raised by the host (one the engine built, unchanged).
+pub(crate) fn read_error_value(helpers: &Table, v: &Value) -> Option<ErrorInfo> {
+    let Value::Table(live) = v else { return None };
+    let t = genuine_fields(helpers, live)?;
+    let t = &t;
     let kind_name: String = t.raw_get("kind").ok()?;
     let kind = ErrorKind::from_name(&kind_name);
     let message: String = t.raw_get("message").unwrap_or_default();
     let kinds: Option<Table> = helpers.get("run_kinds").ok();
     let explicit = kinds
-        .and_then(|k| k.raw_get::<Option<String>>(t.clone()).ok().flatten())
+        .and_then(|k| k.raw_get::<Option<String>>(live.clone()).ok().flatten())
         .and_then(|s| RunErrorKind::from_name(&s));
     let born: Option<i64> = helpers
         .get::<Table>("born")
         .ok()
-        .and_then(|b| b.raw_get::<Option<i64>>(t.clone()).ok().flatten());
+        .and_then(|b| b.raw_get::<Option<i64>>(live.clone()).ok().flatten());
     let now: i64 = helpers
         .get::<Option<i64>>("suspends")
         .ok()
@@ -293,7 +317,7 @@ pub(crate) fn read_error_value(helpers: &Table, v: &Value) -> Option<ErrorInfo> 
     let located = helpers
         .get::<Table>("located")
         .ok()
-        .and_then(|l| l.raw_get::<Option<bool>>(t.clone()).ok().flatten())
+        .and_then(|l| l.raw_get::<Option<bool>>(live.clone()).ok().flatten())
         .unwrap_or(false);
     let mut value =
         HostError::new(kind.unwrap_or(ErrorKind::Lua), message.clone()).run_kind(run_kind);

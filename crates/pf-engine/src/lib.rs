@@ -212,7 +212,13 @@ async fn run_beside(
                 a.shutdown().await;
             }
             let error = RunError::new(RunErrorKind::RequirementsUnmet, notice);
-            return failed_early(&mut log, error, true);
+            let mut report = failed_early(&mut log, error, true);
+            // A Ctrl-C while a required Plugin was starting stopped its activation:
+            // the run was cancelled, its requirements were not found unmet.
+            if setup.cancel.is_cancelled() {
+                report.outcome = Outcome::Cancelled;
+            }
+            return report;
         }
     };
     let argv = args_value(&prompt, &setup.args);

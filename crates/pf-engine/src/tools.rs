@@ -120,6 +120,22 @@ pub(crate) fn make_tools(lua: &Lua) -> mlua::Result<Table> {
             Ok(Value::Nil)
         })?,
     )?;
+    // `tools.calls` cannot be shadowed by assignment, and the metatable is
+    // protected, so a prompt cannot swap the read-only counts for its own table.
+    mt.raw_set(
+        "__newindex",
+        host_fn(lua, |_, args| -> HostResult<()> {
+            let key = arg(&args, 1);
+            if matches!(&key, Value::String(k) if k.as_bytes() == b"calls") {
+                return Err(HostError::lua("tools.calls is read-only").into());
+            }
+            match arg(&args, 0) {
+                Value::Table(t) => Ok(t.raw_set(key, arg(&args, 2))?),
+                _ => Ok(()),
+            }
+        })?,
+    )?;
+    mt.raw_set("__metatable", false)?;
     t.set_metatable(Some(mt))?;
     Ok(t)
 }

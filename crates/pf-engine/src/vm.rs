@@ -20,6 +20,7 @@ pub(crate) const CANCEL_POLL_INSTRUCTIONS: u32 = 10_000;
 pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     // SAFETY: the debug library is loaded only so the prelude can capture what the
     // engine needs; the prelude removes it from the globals before any prompt code runs.
+    #[allow(unsafe_code)]
     let lua = unsafe {
         Lua::unsafe_new_with(
             StdLib::STRING | StdLib::TABLE | StdLib::MATH | StdLib::UTF8 | StdLib::DEBUG,

@@ -3,6 +3,7 @@
 //! run beside a simulated second live chain through the test-only
 //! `pf_engine::testing::run_beside_live_chain`, which holds store claims for the
 //! whole run under `ExecId(0.9)`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::Path;
 use std::sync::Arc;

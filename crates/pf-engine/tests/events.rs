@@ -1,5 +1,6 @@
 //! The run's event stream (guide ch. 11 "Turns and live output", ch. 16) and live
 //! output, read back through `RunReport`, against the scripted model.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::{Arc, Mutex};
 

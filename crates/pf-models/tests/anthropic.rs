@@ -1,4 +1,5 @@
 //! The Anthropic provider against a local server speaking the Messages API.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;
 

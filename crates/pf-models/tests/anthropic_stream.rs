@@ -1,6 +1,7 @@
 //! Streaming over the Anthropic Messages API against a local server speaking
 //! its server-sent events: text deltas in order, tool input assembled from its
 //! JSON deltas, and every way a stream can go wrong.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;
 

@@ -1,4 +1,5 @@
 //! `build_provider`: a resolved `ProviderSpec` to a provider.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;
 

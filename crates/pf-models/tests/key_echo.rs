@@ -1,6 +1,7 @@
 //! A server that echoes the API key back, re-encoded every way it can: in
 //! replies, tool calls, error texts and streams (split across events). The key
 //! reaches none of what the provider hands on.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;
 

@@ -1,5 +1,6 @@
 //! The OpenAI-compatible provider against a local server that checks each
 //! request field by field and then misbehaves in every way we guard against.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;
 

@@ -1,6 +1,7 @@
 //! Streaming over the Chat Completions API against a local server speaking
 //! server-sent events: fragments in order, tool calls assembled from their
 //! deltas, and every way a stream can go wrong.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;
 

@@ -3,6 +3,7 @@
 //! did before the run log) and sending on a plain channel. A fourth line,
 //! `run_writer_committed`, includes waiting until SQLite has committed the
 //! events, i.e. the writer thread's throughput.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};

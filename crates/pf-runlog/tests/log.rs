@@ -1,5 +1,6 @@
 //! The run log against real SQLite files: round trip, listing, resolving,
 //! migration, and every kind of bad database.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! Many writers at once (threads and processes) and a writer killed with
 //! SIGKILL. Child processes are this test binary run again with
 //! `CHILD_DB` set, so they use the real crate exactly as a Host would.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 

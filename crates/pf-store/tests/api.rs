@@ -1,4 +1,5 @@
 //! The store's behaviour and exact messages, case by case from guide ch. 09.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use pf_store::{Store, StoreError, StoreErrorKind};
 

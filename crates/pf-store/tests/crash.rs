@@ -3,6 +3,7 @@
 //! The test re-runs this test binary as a child (selected by an environment
 //! variable) that rewrites and appends large files in a loop, kills it at a
 //! random-ish moment, and checks what is on disk.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 #![cfg(unix)]
 
 use std::path::Path;

@@ -1,4 +1,5 @@
 //! Parse throughput on a generated prompt: 1,000 sections, about 1 MB.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::hint::black_box;

@@ -7,6 +7,7 @@
 //!
 //! Each case also asserts that the first error equals what `parse` returns.
 //! `PF_BLESS=1` rewrites both files from the current output (review the diff).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use pf_syntax::{diagnose, parse, render_diagnostic, Diagnostics};
 use std::fs;

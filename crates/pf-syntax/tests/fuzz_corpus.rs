@@ -7,6 +7,7 @@
 //! `PF_FUZZ_ITERATIONS` (mutations per corpus file, default 100) and
 //! `PF_FUZZ_SEED` lengthen or vary a run; a failure prints the seed and file so
 //! it replays. Inputs that once broke the parser belong in the corpus.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
 

@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! What the run log costs: the same workloads through the Host's own pieces
 //! (host assembly, observer, recording decorators, pf-engine) with the log on
 //! and off, in one process. Workloads: the engine bench's 50-round tool loop

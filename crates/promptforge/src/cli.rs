@@ -445,7 +445,8 @@ fn now_ms() -> i64 {
 /// The run's store directory.
 #[derive(Debug, Clone, Args)]
 pub struct StoreArgs {
-    /// The run's store directory. Default: a fresh directory.
+    /// The run's store directory. Default: a fresh private directory (0700) under
+    /// the data directory's `stores/`.
     #[arg(long = "store")]
     pub store: Option<PathBuf>,
 }

@@ -197,22 +197,61 @@ impl RunReport {
                     (Some(l), Some(c)) => writeln!(
                         err,
                         "{file}:{l}:{c}: error[{}]: {}",
-                        error.kind, error.message
+                        error.kind,
+                        terminal_safe(&error.message)
                     ),
-                    _ => writeln!(err, "{file}: error[{}]: {}", error.kind, error.message),
+                    _ => writeln!(
+                        err,
+                        "{file}: error[{}]: {}",
+                        error.kind,
+                        terminal_safe(&error.message)
+                    ),
                 }
             }
             ReportOutcome::Failed { error } => {
-                writeln!(err, "error[{}]: {}", error.kind, error.message)
+                writeln!(
+                    err,
+                    "error[{}]: {}",
+                    error.kind,
+                    terminal_safe(&error.message)
+                )
             }
             ReportOutcome::Cancelled => writeln!(err, "cancelled"),
         }
     }
 }
 
+/// Error text made safe to print on a terminal: control characters other than
+/// newline and tab (escape sequences, carriage returns, C1 controls) are shown
+/// escaped, so a message a prompt or server chose cannot drive the terminal.
+pub(crate) fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !text.chars().any(unsafe_char) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if unsafe_char(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn terminal_text_escapes_control_characters() {
+        assert_eq!(terminal_safe("plain\nline\tok"), "plain\nline\tok");
+        assert_eq!(
+            terminal_safe("a\u{1b}[2Jb\rc\u{9b}"),
+            "a\\u{1b}[2Jb\\rc\\u{9b}"
+        );
+    }
 
     fn completed() -> RunReport {
         RunReport {

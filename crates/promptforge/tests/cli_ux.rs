@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! The CLI around the language, through the real binary: `check` over files
 //! and folders (every problem, warnings, `--json`, rich snippets, `--host`
 //! checks), `info`, `run --arg`/`-`/`--quiet`, error locations, usage errors

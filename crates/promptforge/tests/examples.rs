@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! Every prompt in examples/ runs through the real binary, offline, with the
 //! result it is written to give; `check examples` is clean. The research
 //! example's web tools reach a local fixture server started here.

@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! `promptforge mcp` driven by the official MCP Python SDK client (`mcp` from
 //! PyPI) over stdio and streamable HTTP. The client scenarios live in
 //! `tests/mcp_client/scenarios.py`; the prompts they serve in

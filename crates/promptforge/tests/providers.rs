@@ -1,6 +1,7 @@
 //! The same conversation through each HTTP provider, end to end: the CLI runs a
 //! prompt whose model loop calls a local tool, against a local server speaking
 //! the provider's real wire format; the test checks the result and every request.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;

@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! `promptforge test` through the real binary: passing and failing files,
 //! every assertion kind's diff, fixtures, parallel runs, JUnit read back by
 //! Python's XML parser, `--update`, malformed files, and live mode with a

@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! Seeing a run (issue 18) through the real binary: `show --html` pages for
 //! runs with model rounds, tool calls, tasks, fanout, operator input, a
 //! failure and a large history, loaded in a real headless Chromium; and

@@ -2,16 +2,23 @@
 local H = ...
 local rawget, rawset, rawequal, type, next, error = H.rawget, H.rawset, H.rawequal, H.type, next, error
 local base_setmetatable, base_getmetatable = H.setmetatable, H.getmetatable
+local raw_setmetatable = H.debug_setmetatable
 local G = _G
 
 local PROSE_RO = 'prose is read-only: assign to `var` or a section global instead'
 local ARGV_FROZEN = 'argv is frozen outside H1: assign it in H1 only'
 
-local function build(user_mt)
+-- The metatable the prompt installed on _G, if any. The one actually on _G
+-- combines it with the `prose`/`argv` guards and is protected, so neither
+-- getmetatable nor setmetatable ever reaches the guards themselves.
+local user_mt = nil
+local GUARDED = {}
+
+local function build(mt)
   local combined = {}
-  if user_mt then for k, v in next, user_mt do combined[k] = v end end
-  local uindex = user_mt and rawget(user_mt, '__index')
-  local unewindex = user_mt and rawget(user_mt, '__newindex')
+  if mt then for k, v in next, mt do combined[k] = v end end
+  local uindex = mt and rawget(mt, '__index')
+  local unewindex = mt and rawget(mt, '__newindex')
   combined.__index = function(t, k)
     if k == 'prose' then return H.prose_read() end
     if k == 'argv' and H.argv_frozen then return H.argv_value end
@@ -26,17 +33,35 @@ local function build(user_mt)
     if type(unewindex) == 'function' then return unewindex(t, k, v) end
     unewindex[k] = v
   end
+  combined.__metatable = GUARDED
   return combined
 end
 
-base_setmetatable(G, build(nil))
+raw_setmetatable(G, build(nil))
 
 function G.setmetatable(t, mt)
   if rawequal(t, G) then
-    base_setmetatable(G, build(mt))
+    if mt ~= nil and type(mt) ~= 'table' then
+      error("bad argument #2 to 'setmetatable' (nil or table expected)", 2)
+    end
+    if user_mt ~= nil and rawget(user_mt, '__metatable') ~= nil then
+      error('cannot change a protected metatable', 2)
+    end
+    user_mt = mt
+    raw_setmetatable(G, build(mt))
     return t
   end
   return base_setmetatable(t, mt)
+end
+
+function G.getmetatable(t)
+  if rawequal(t, G) then
+    if user_mt == nil then return nil end
+    local shown = rawget(user_mt, '__metatable')
+    if shown ~= nil then return shown end
+    return user_mt
+  end
+  return base_getmetatable(t)
 end
 
 -- The sandbox has no coroutine library, whatever the runtime loaded for itself.

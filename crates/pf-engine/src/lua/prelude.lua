@@ -7,27 +7,39 @@ local rawget, rawset, rawequal, rawlen, next = rawget, rawset, rawequal, rawlen,
 local type, error, select, tostring, pcall, xpcall = type, error, select, tostring, pcall, xpcall
 local setmetatable, getmetatable = setmetatable, getmetatable
 local debug_getmetatable, debug_getinfo, debug_traceback = debug.getmetatable, debug.getinfo, debug.traceback
+local debug_setmetatable = debug.setmetatable
 local math_type, tsort, tpack, tunpack = math.type, table.sort, table.pack, table.unpack
 local utf8_len = utf8.len
 local collectgarbage = collectgarbage
 
 -- Error values --------------------------------------------------------------
+-- Only values the engine built classify as host errors: GENUINE maps each one
+-- (weakly) to a snapshot of its fields as built, and nothing a prompt can reach
+-- writes it. The metatable is protected so a prompt can neither take it nor
+-- strip it; a table carrying it, or a genuine value whose fields were edited,
+-- is the prompt's own value and ends a block as a plain Lua error.
+local GENUINE = setmetatable({}, { __mode = 'k' })
+H.genuine = GENUINE
 local ERR_MT = {}
 ERR_MT.__tostring = function(e) return rawget(e, 'message') end
 ERR_MT.__concat = function(a, b)
-  if getmetatable(a) == ERR_MT then a = rawget(a, 'message') end
-  if getmetatable(b) == ERR_MT then b = rawget(b, 'message') end
+  if debug_getmetatable(a) == ERR_MT then a = rawget(a, 'message') end
+  if debug_getmetatable(b) == ERR_MT then b = rawget(b, 'message') end
   return a .. b
 end
 ERR_MT.__name = 'error value'
+ERR_MT.__metatable = false
 H.ERR_MT = ERR_MT
 
 function H.make_error(kind, message, fields)
   local e = { kind = kind, message = message }
   if fields then for k, v in next, fields do rawset(e, k, v) end end
+  local snapshot = {}
+  for k, v in next, e do snapshot[k] = v end
+  GENUINE[e] = snapshot
   return setmetatable(e, ERR_MT)
 end
-function H.is_error(v) return type(v) == 'table' and debug_getmetatable(v) == ERR_MT end
+function H.is_error(v) return type(v) == 'table' and GENUINE[v] ~= nil end
 
 -- Host calls return (true, ...) or (false, err): raise the error value here so
 -- pcall sees exactly the value the host built.
@@ -291,6 +303,7 @@ end
 -- getmetatable / setmetatable see guards through __metatable as usual.
 H.rawget, H.rawset, H.rawequal, H.rawlen = rawget, rawset, rawequal, rawlen
 H.debug_getmetatable = debug_getmetatable
+H.debug_setmetatable = debug_setmetatable
 H.utf8_len = utf8_len
 H.setmetatable, H.getmetatable = setmetatable, getmetatable
 H.select, H.type, H.tostring = select, type, tostring

@@ -43,11 +43,29 @@ pub(crate) fn usage(msg: &str) -> ExitCode {
     if crate::ui::json_errors() {
         println!("{}", crate::ui::usage_error_json(msg));
     }
-    eprintln!("error: {msg}");
+    eprintln!("error: {}", crate::report::terminal_safe(msg));
     ExitCode::from(crate::EXIT_USAGE)
 }
 
+/// The largest prompt file read, so `run /dev/zero` cannot grow without bound.
+pub(crate) const MAX_PROMPT_BYTES: u64 = 16 * 1024 * 1024;
+
 /// The prompt file's bytes, or a message naming it.
 pub(crate) fn read_prompt(file: &Path) -> Result<Vec<u8>, String> {
-    std::fs::read(file).map_err(|e| format!("cannot read {}: {e}", file.display()))
+    use std::io::Read;
+    let cannot = |e: std::io::Error| format!("cannot read {}: {e}", file.display());
+    let mut bytes = Vec::new();
+    std::fs::File::open(file)
+        .map_err(cannot)?
+        .take(MAX_PROMPT_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(cannot)?;
+    if bytes.len() as u64 > MAX_PROMPT_BYTES {
+        return Err(format!(
+            "cannot read {}: the prompt file is larger than {} MiB",
+            file.display(),
+            MAX_PROMPT_BYTES / (1024 * 1024)
+        ));
+    }
+    Ok(bytes)
 }

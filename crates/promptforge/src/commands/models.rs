@@ -1,6 +1,7 @@
 //! `promptforge models`: the host file's model catalog, which model is
 //! current, and whether each model's key variable is set (never the key).
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use pf_harness::ThinkingSupport;
@@ -63,10 +64,15 @@ pub fn run(args: ModelsArgs) -> ExitCode {
     };
     match args.output.format() {
         OutputFormat::Json => match serde_json::to_string(&catalog) {
-            Ok(line) => println!("{line}"),
+            // A closed stdout (`| head`) is not an error worth a panic.
+            Ok(line) => {
+                let _ = writeln!(std::io::stdout(), "{line}");
+            }
             Err(e) => return super::usage(&format!("cannot encode the catalog: {e}")),
         },
-        OutputFormat::Human => print!("{}", text(&catalog)),
+        OutputFormat::Human => {
+            let _ = write!(std::io::stdout(), "{}", text(&catalog));
+        }
     }
     ExitCode::SUCCESS
 }

@@ -1,7 +1,7 @@
 //! `promptforge run FILE [ARGS]`: run a prompt against the Host and report.
 
 use std::io::{IsTerminal, Read};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
@@ -54,9 +54,13 @@ pub fn run(args: RunArgs) -> ExitCode {
             return super::usage(&format!("--otlp: {m}"));
         }
     }
-    let store_dir = args.store.store.clone().unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("promptforge-{execution}-{}", std::process::id()))
-    });
+    let store_dir = match args.store.store.clone() {
+        Some(dir) => dir,
+        None => match private_store_dir(&execution) {
+            Ok(dir) => dir,
+            Err(m) => return super::usage(&m),
+        },
+    };
     // From here on the run has begun: every way out goes through `log.end`.
     let log = RunLog {
         sink: (!args.log.no_log)
@@ -278,16 +282,16 @@ fn print_human(report: &RunReport, file: &Path, quiet: bool, progress: Option<&R
         }
         ReportOutcome::Failed { error } => {
             let color = crate::ui::stderr_color();
+            // Error text may carry a model's or server's words: no control
+            // characters reach the terminal.
+            let message = crate::report::terminal_safe(&error.message);
             let (kind, rest) = if color {
                 (
                     format!("\x1b[1;31merror[{}]\x1b[0m", error.kind),
-                    format!("\x1b[1m: {}\x1b[0m", error.message),
+                    format!("\x1b[1m: {message}\x1b[0m"),
                 )
             } else {
-                (
-                    format!("error[{}]", error.kind),
-                    format!(": {}", error.message),
-                )
+                (format!("error[{}]", error.kind), format!(": {message}"))
             };
             eprintln!("{kind}{rest}");
             if let Some(line) = error.line {
@@ -485,6 +489,53 @@ fn log_host(path: Option<&Path>, config: &HostConfig, current: Option<&str>, pro
     if !declared.is_empty() {
         tracing::info!("Plugins the prompt activates: {}", declared.join(", "));
     }
+}
+
+/// The data directory: `$PROMPTFORGE_HOME`, else `$XDG_DATA_HOME/promptforge`
+/// (absolute only), else `~/.local/share/promptforge`.
+fn data_dir() -> Option<PathBuf> {
+    let var = |name: &str| std::env::var_os(name);
+    pf_runlog::data_dir(
+        var("PROMPTFORGE_HOME").as_deref(),
+        var("XDG_DATA_HOME").as_deref(),
+        var("HOME").as_deref(),
+    )
+}
+
+/// A fresh, private store directory for a run without `--store`, made like
+/// `mkdtemp`: under `<data dir>/stores`, an unpredictable name, mode 0700, and
+/// never one that already exists (nothing there is reused or followed).
+fn private_store_dir(execution: &str) -> Result<PathBuf, String> {
+    use rand::Rng;
+    let parent = data_dir()
+        .ok_or("no data directory for the default store: set PROMPTFORGE_HOME or pass --store")?
+        .join("stores");
+    let private = |recursive: bool| {
+        let mut builder = std::fs::DirBuilder::new();
+        builder.recursive(recursive);
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+        builder
+    };
+    private(true)
+        .create(&parent)
+        .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+    let builder = private(false);
+    let mut last = None;
+    for _ in 0..8 {
+        let tag: u64 = rand::rng().random();
+        let dir = parent.join(format!("{execution}-{tag:016x}"));
+        match builder.create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(format!("cannot create {}: {e}", dir.display())),
+        }
+    }
+    Err(format!(
+        "cannot create a store directory under {}: {}",
+        parent.display(),
+        last.map_or_else(String::new, |e| e.to_string())
+    ))
 }
 
 /// The prompt, or the parse error to report; a file without `promptforge:` in
