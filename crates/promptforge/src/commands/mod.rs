@@ -3,6 +3,7 @@
 
 pub mod check;
 pub mod models;
+pub mod replay;
 pub mod run;
 pub mod runs;
 pub mod show;
@@ -20,6 +21,7 @@ pub fn dispatch(command: Command) -> ExitCode {
         Command::Models(args) => models::run(args),
         Command::Runs(args) => runs::run(args),
         Command::Show(args) => show::run(args),
+        Command::Replay(args) => replay::run(args),
     }
 }
 

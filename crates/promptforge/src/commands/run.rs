@@ -1,7 +1,7 @@
 //! `promptforge run FILE [ARGS]`: run a prompt against the Host and report.
 
 use std::io::IsTerminal;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -12,26 +12,41 @@ use pf_runlog::{Outcome as LoggedOutcome, RunStart};
 use pf_syntax::Prompt;
 use serde_json::Value as Json;
 
-use crate::cli::{OutputFormat, RunArgs};
+use crate::cli::{LogArgs, OutputFormat, RunArgs};
 use crate::host::observe::{HostObserver, SectionTracker};
 use crate::host::record::{Recorder, RunLogSink};
+use crate::host::replay::{LoggedWork, ReplayMode, Replayer};
 use crate::host::{HostConfig, HostWork};
 use crate::live::LivePrinter;
-use crate::report::{ReportOutcome, ReportOutput, ReportUsage, RunReport};
+use crate::report::{ReportError, ReportOutcome, ReportOutput, ReportUsage, RunReport};
 
 pub fn run(args: RunArgs) -> ExitCode {
-    let began = Instant::now();
     let file = args.file.as_path();
-    let format = args.output.format();
     let source = match super::read_prompt(file) {
         Ok(s) => s,
         Err(m) => return super::usage(&m),
     };
-    let start_ms = match args.seed.start_ms() {
-        Ok(v) => v,
-        Err(m) => return super::usage(&m),
+    let resumed = match args.resume.as_deref().map(super::replay::read_logged_run) {
+        None => None,
+        Some(Ok(logged)) => Some(logged),
+        Some(Err(m)) => return super::usage(&m),
     };
-    let seed = args.seed.seed_or_random();
+    // A resume repeats the logged run's seed, start and args unless told otherwise.
+    let start_ms = match (&args.seed.start, &resumed) {
+        (None, Some(logged)) => logged.record.start.start_ms,
+        _ => match args.seed.start_ms() {
+            Ok(v) => v,
+            Err(m) => return super::usage(&m),
+        },
+    };
+    let seed = match (args.seed.seed, &resumed) {
+        (None, Some(logged)) => logged.record.start.seed,
+        _ => args.seed.seed_or_random(),
+    };
+    let run_args = match (&args.args, &resumed) {
+        (None, Some(logged)) => logged.args(),
+        _ => args.args.clone(),
+    };
     let host_path = args.host.path();
     let host_config = match HostConfig::load(host_path.as_deref()) {
         Ok(h) => h,
@@ -41,27 +56,80 @@ pub fn run(args: RunArgs) -> ExitCode {
         Ok(id) => id,
         Err(m) => return super::usage(&m),
     };
+    let resumed_from = resumed
+        .as_ref()
+        .map(|logged| logged.record.start.execution.clone());
+    execute(RunPlan {
+        file: file.to_path_buf(),
+        source,
+        args: run_args,
+        seed,
+        start_ms,
+        host_path,
+        host_config,
+        current,
+        store_dir: args.store.store.clone(),
+        format: args.output.format(),
+        log: args.log.clone(),
+        replay_of: None,
+        resumed_from,
+        replay: resumed.map(|logged| (logged.work, ReplayMode::Resume)),
+    })
+}
+
+/// Everything one run needs, however the command came by it (`run`, a
+/// resume, a replay).
+pub(crate) struct RunPlan {
+    /// The prompt file the report names and input files are placed from.
+    pub file: PathBuf,
+    pub source: Vec<u8>,
+    pub args: Option<String>,
+    pub seed: u64,
+    pub start_ms: i64,
+    pub host_path: Option<PathBuf>,
+    pub host_config: HostConfig,
+    pub current: Option<String>,
+    /// `None`: a fresh store directory.
+    pub store_dir: Option<PathBuf>,
+    pub format: OutputFormat,
+    pub log: LogArgs,
+    pub replay_of: Option<String>,
+    pub resumed_from: Option<String>,
+    /// Host work answered from a logged run, and how.
+    pub replay: Option<(LoggedWork, ReplayMode)>,
+}
+
+/// Run a plan against the Host and report.
+pub(crate) fn execute(plan: RunPlan) -> ExitCode {
+    let began = Instant::now();
+    let file = plan.file.as_path();
+    let format = plan.format;
+    let source = plan.source;
+    let (seed, start_ms) = (plan.seed, plan.start_ms);
+    let host_path = plan.host_path;
+    let host_config = plan.host_config;
+    let current = plan.current;
     let (execution, _) = pf_engine::seeded_names(seed);
-    let store_dir = args.store.store.clone().unwrap_or_else(|| {
+    let store_dir = plan.store_dir.unwrap_or_else(|| {
         std::env::temp_dir().join(format!("promptforge-{execution}-{}", std::process::id()))
     });
     // From here on the run has begun: every way out goes through `log.end`.
     let log = RunLog {
-        sink: (!args.log.no_log)
+        sink: (!plan.log.no_log)
             .then(|| {
                 crate::host::data::begin_run_log(RunStart {
                     execution: execution.clone(),
                     prompt_path: display_path(file),
                     prompt_text: String::from_utf8_lossy(&source).into_owned(),
-                    args: Json::String(args.args.clone().unwrap_or_default()),
+                    args: Json::String(plan.args.clone().unwrap_or_default()),
                     seed,
                     start_rfc3339: pf_engine::format_when(start_ms),
                     start_ms,
                     host_file: host_path.as_deref().map(display_path),
                     model: current.clone(),
                     store_dir: Some(display_path(&store_dir)),
-                    replay_of: None,
-                    resumed_from: None,
+                    replay_of: plan.replay_of.clone(),
+                    resumed_from: plan.resumed_from.clone(),
                 })
             })
             .flatten(),
@@ -100,13 +168,20 @@ pub fn run(args: RunArgs) -> ExitCode {
     let printer = (format == OutputFormat::Human && std::io::stderr().is_terminal())
         .then(|| Arc::new(Mutex::new(LivePrinter::default())));
     let sections = Arc::new(SectionTracker::default());
-    let work = match &log.sink {
-        Some(sink) => HostWork::Recorded(Arc::new(Recorder::new(
+    let recorder = log.sink.as_ref().map(|sink| {
+        Arc::new(Recorder::new(
             Arc::clone(sink),
             Arc::clone(&sections),
             &prompt,
-        ))),
-        None => HostWork::Direct,
+        ))
+    });
+    let replayer = plan
+        .replay
+        .map(|(logged, mode)| Arc::new(Replayer::new(logged, mode, cancel.clone())));
+    let work = match (&replayer, recorder) {
+        (Some(replayer), recorder) => HostWork::Replayed(Arc::clone(replayer), recorder),
+        (None, Some(recorder)) => HostWork::Recorded(recorder),
+        (None, None) => HostWork::Direct,
     };
     let observer = HostObserver::new(log.sink.clone(), printer.clone(), sections);
     let mut usage = None;
@@ -116,7 +191,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         let setup = RunSetup {
             seed,
             start_ms,
-            args: args.args.clone().unwrap_or_default(),
+            args: plan.args.clone().unwrap_or_default(),
             store_dir: store_dir.clone(),
             harness: host.harness,
             model: host.model,
@@ -124,7 +199,7 @@ pub fn run(args: RunArgs) -> ExitCode {
             cancel: cancel.clone(),
             ui: host.ui,
             observer: Some(Arc::new(observer)),
-            capture: args.log.capture,
+            capture: plan.log.capture,
         };
         Ok::<_, String>(pf_engine::run(Arc::clone(&prompt), setup).await)
     });
@@ -144,12 +219,28 @@ pub fn run(args: RunArgs) -> ExitCode {
             input_tokens,
             output_tokens,
         });
-    if matches!(finished.outcome, Outcome::Completed(_)) {
+    // A strict replay that met a different request stopped the run by
+    // cancelling it: the report says why, as a Host-side failure.
+    let stopped = replayer.as_ref().and_then(|r| r.stopped());
+    if let Some(diff) = &stopped {
+        report.outcome = ReportOutcome::Failed {
+            error: ReportError {
+                kind: REPLAY_ERROR_KIND.to_string(),
+                phase: None,
+                message: diff.clone(),
+                line: None,
+                column: None,
+            },
+        };
+    } else if matches!(finished.outcome, Outcome::Completed(_)) {
         report.output = collect_output(&prompt, &store_dir);
     }
     log.end(&report);
     if crate::signals::claim_report() {
         report.print(format, file);
+    }
+    if stopped.is_some() {
+        return ExitCode::from(crate::EXIT_FAILED);
     }
     match finished.outcome {
         Outcome::Completed(_) => ExitCode::SUCCESS,
@@ -157,6 +248,9 @@ pub fn run(args: RunArgs) -> ExitCode {
         Outcome::Cancelled => ExitCode::from(crate::EXIT_CANCELLED),
     }
 }
+
+/// The error kind of a replay stopped by a request the log does not hold.
+pub const REPLAY_ERROR_KIND: &str = "Replay";
 
 /// The run's log, if it is logged, and when it began: ended exactly once on
 /// every way out (a result, a failure, a cancel, a usage error after the
