@@ -23,8 +23,8 @@ use std::time::Duration;
 pub use error::RunLogError;
 pub use paths::{data_dir, default_db_path, DB_FILE_NAME};
 pub use records::{
-    AnswerRecord, EventRecord, ExchangeRecord, Outcome, RunEnd, RunFilter, RunId, RunRecord,
-    RunStart, RunSummary, TokenUsage, ToolCallRecord, RUNNING,
+    ActivationRecord, AnswerRecord, EventRecord, ExchangeRecord, Outcome, RunEnd, RunFilter, RunId,
+    RunRecord, RunStart, RunSummary, TokenUsage, ToolCallRecord, RUNNING,
 };
 pub use writer::{RunWriter, WarningSink, WriterOptions};
 

@@ -7,8 +7,8 @@ use serde_json::Value;
 use crate::db::from_sql_int;
 use crate::error::{classify, RunLogError};
 use crate::records::{
-    AnswerRecord, EventRecord, ExchangeRecord, Outcome, RunEnd, RunFilter, RunId, RunRecord,
-    RunStart, RunSummary, TokenUsage, ToolCallRecord, RUNNING,
+    ActivationRecord, AnswerRecord, EventRecord, ExchangeRecord, Outcome, RunEnd, RunFilter, RunId,
+    RunRecord, RunStart, RunSummary, TokenUsage, ToolCallRecord, RUNNING,
 };
 use crate::RunLog;
 
@@ -379,6 +379,27 @@ impl RunLog {
                     section: row.get(2)?,
                     question: row.get(3)?,
                     answer: row.get(4)?,
+                })
+            })
+            .map_err(|e| self.fail(e))?;
+        rows.collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(|e| self.fail(e))
+    }
+
+    /// The run's Plugin activations in the order they were logged.
+    pub fn activations(&self, id: RunId) -> Result<Vec<ActivationRecord>, RunLogError> {
+        let mut query = self
+            .conn
+            .prepare_cached(
+                "SELECT plugin, tools_json, error FROM activations WHERE run_id = ?1 ORDER BY id",
+            )
+            .map_err(|e| self.fail(e))?;
+        let rows = query
+            .query_map([id.0], |row| {
+                Ok(ActivationRecord {
+                    plugin: row.get(0)?,
+                    tools: optional_json_column(row, 1)?,
+                    error: row.get(2)?,
                 })
             })
             .map_err(|e| self.fail(e))?;

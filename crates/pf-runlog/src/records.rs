@@ -166,6 +166,18 @@ pub struct AnswerRecord {
     pub answer: Option<String>,
 }
 
+/// One Plugin activation: the tools it offered, or why it failed to activate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ActivationRecord {
+    /// The Plugin id `namespace/plugin`.
+    pub plugin: String,
+    /// The tool specs in the Plugin's order (`path`, `description`,
+    /// `parameters`, `structured`, `trusted`); `None` when activation failed.
+    pub tools: Option<Value>,
+    /// The activation's failure text.
+    pub error: Option<String>,
+}
+
 /// A run as read back in full.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunRecord {

@@ -105,8 +105,21 @@ CREATE TABLE answers (
 CREATE INDEX answers_by_work ON answers(run_id, task, seq);
 ";
 
+/// Version 3: each Plugin activation with the tool catalog it offered (or
+/// why it failed), so a replay can offer the same catalog without the Plugin.
+const V3: &str = "
+CREATE TABLE activations (
+    id             INTEGER PRIMARY KEY,
+    run_id         INTEGER NOT NULL REFERENCES runs(id),
+    plugin         TEXT NOT NULL,
+    tools_json     TEXT,           -- NULL when the activation failed
+    error          TEXT
+);
+CREATE INDEX activations_by_run ON activations(run_id);
+";
+
 /// Every migration in order; entry `i` takes the database to version `i + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2];
+const MIGRATIONS: &[&str] = &[V1, V2, V3];
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

@@ -12,8 +12,8 @@ use sha2::{Digest, Sha256};
 
 use crate::db::{connect, retry_busy, to_sql_int, BUSY_RETRIES};
 use crate::records::{
-    AnswerRecord, EventRecord, ExchangeRecord, Outcome, RunEnd, RunStart, TokenUsage,
-    ToolCallRecord,
+    ActivationRecord, AnswerRecord, EventRecord, ExchangeRecord, Outcome, RunEnd, RunStart,
+    TokenUsage, ToolCallRecord,
 };
 
 /// A callback that receives the writer's one warning.
@@ -72,6 +72,7 @@ enum Message {
     Exchange(Box<ExchangeRecord>),
     ToolCall(Box<ToolCallRecord>),
     Answer(Box<AnswerRecord>),
+    Activation(Box<ActivationRecord>),
     /// Commit what is queued, then acknowledge.
     Flush(SyncSender<()>),
     Finish(Box<RunEnd>, SyncSender<()>),
@@ -185,6 +186,11 @@ impl RunWriter {
     /// Append one operator answer.
     pub fn answer(&self, answer: AnswerRecord) {
         self.send(Message::Answer(Box::new(answer)));
+    }
+
+    /// Append one Plugin activation.
+    pub fn activation(&self, activation: ActivationRecord) {
+        self.send(Message::Activation(Box::new(activation)));
     }
 
     /// The warning, if the log has given up on this run.
@@ -502,6 +508,18 @@ fn write_message(
             )?
             .execute(params![
                 run_id, a.task, a.seq, a.section, a.question, a.answer
+            ])?;
+        }
+        Message::Activation(a) => {
+            tx.prepare_cached(
+                "INSERT INTO activations (run_id, plugin, tools_json, error)
+                 VALUES (?1, ?2, ?3, ?4)",
+            )?
+            .execute(params![
+                run_id,
+                a.plugin,
+                a.tools.as_ref().map(json_text),
+                a.error
             ])?;
         }
         Message::Finish(end, _) => {

@@ -11,8 +11,8 @@ use std::time::Duration;
 use common::*;
 use pf_runlog::schema::SCHEMA_VERSION;
 use pf_runlog::{
-    EventRecord, Outcome, RunEnd, RunFilter, RunId, RunLog, RunLogError, RunWriter, TokenUsage,
-    WriterOptions,
+    ActivationRecord, EventRecord, Outcome, RunEnd, RunFilter, RunId, RunLog, RunLogError,
+    RunWriter, TokenUsage, WriterOptions,
 };
 use rusqlite::Connection;
 use serde_json::json;
@@ -77,6 +77,22 @@ fn everything_written_reads_back_in_order() {
     for a in &answers {
         writer.answer(a.clone());
     }
+    let activations = vec![
+        ActivationRecord {
+            plugin: "acme/kit".to_owned(),
+            tools: Some(json!([{"path": "acme/kit/echo", "description": "Echoes",
+                "parameters": {"type": "object"}, "structured": false, "trusted": true}])),
+            error: None,
+        },
+        ActivationRecord {
+            plugin: "acme/gone".to_owned(),
+            tools: None,
+            error: Some("failed to initialize".to_owned()),
+        },
+    ];
+    for a in &activations {
+        writer.activation(a.clone());
+    }
     let end = completed("the result");
     assert_eq!(writer.finish(end.clone()), None);
 
@@ -92,6 +108,7 @@ fn everything_written_reads_back_in_order() {
     assert_eq!(log.exchanges(id).unwrap(), exchanges);
     assert_eq!(log.tool_calls(id).unwrap(), tools);
     assert_eq!(log.answers(id).unwrap(), answers);
+    assert_eq!(log.activations(id).unwrap(), activations);
 
     let child: Vec<_> = events.iter().filter(|e| e.task == "0.1").cloned().collect();
     assert_eq!(log.events_of_task(id, "0.1", None).unwrap(), child);

@@ -58,7 +58,26 @@ pub enum Command {
     Reference,
     /// Serve prompts as MCP tools: stdio by default, --http ADDR for streamable HTTP.
     Mcp(McpArgs),
+    /// Rerun a logged run, answering every model round, tool call and
+    /// operator question from the log (offline).
+    #[command(after_help = REPLAY_EXAMPLES)]
+    Replay(ReplayArgs),
 }
+
+const REPLAY_EXAMPLES: &str = "\
+The prompt text, args, seed and start come from the log; so does every
+answer, looked up by the work's task and number, so no model, MCP server or
+web request is contacted. The replay is logged too, with replay_of RUN.
+
+With --prompt FILE (an edited prompt), the first request that differs from
+the logged one stops the replay (exit 1, error kind `Replay`, with a diff of
+the two requests); with --live, that request and everything after it go to the
+host file's real models, Plugins and operator instead.
+
+Examples:
+  promptforge replay last
+  promptforge replay 3f2a --json
+  promptforge replay last --prompt edited.md --live";
 
 const RUNS_EXAMPLES: &str = "\
 The run log is one SQLite database in the data directory: $PROMPTFORGE_HOME,
@@ -107,6 +126,30 @@ pub struct RunArgs {
     pub log: LogArgs,
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
+    /// Run again a logged run that failed or was cancelled: the answers it
+    /// logged are reused (its seed, start and args too unless given), the
+    /// rest goes live. RUN as for `show`.
+    #[arg(long, value_name = "RUN")]
+    pub resume: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// The run: an execution id, a unique prefix of one, `last`, or `#N`.
+    pub run: String,
+    /// Replay this (edited) prompt file instead of the logged prompt text.
+    #[arg(long, value_name = "FILE")]
+    pub prompt: Option<PathBuf>,
+    /// At the first request the log does not hold, go on live instead of stopping.
+    #[arg(long)]
+    pub live: bool,
+    /// Do not record this replay in the run log.
+    #[arg(long)]
+    pub no_log: bool,
+    #[command(flatten)]
+    pub host: HostArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 #[derive(Debug, Args)]

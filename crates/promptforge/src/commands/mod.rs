@@ -9,6 +9,7 @@ pub mod mcp;
 pub mod models;
 pub mod prepare_checks;
 pub mod reference;
+pub mod replay;
 pub mod run;
 pub mod runs;
 pub mod show;
@@ -34,6 +35,7 @@ pub fn dispatch(command: Command) -> ExitCode {
         Command::Man => completions::man(),
         Command::Reference => reference::run(),
         Command::Mcp(args) => mcp::run(args),
+        Command::Replay(args) => replay::run(args),
     }
 }
 

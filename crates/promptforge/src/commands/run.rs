@@ -12,27 +12,41 @@ use pf_runlog::{Outcome as LoggedOutcome, RunStart};
 use pf_syntax::{ArgType, Prompt};
 use serde_json::Value as Json;
 
-use crate::cli::{OutputFormat, RunArgs};
+use crate::cli::{LogArgs, OutputFormat, RunArgs};
 use crate::host::observe::{HostObserver, SectionTracker};
 use crate::host::record::{Recorder, RunLogSink};
+use crate::host::replay::{LoggedWork, ReplayMode, Replayer};
 use crate::host::{HostConfig, HostWork};
 use crate::progress::RunProgress;
-use crate::report::{ReportOutcome, ReportOutput, ReportUsage, RunReport};
+use crate::report::{ReportError, ReportOutcome, ReportOutput, ReportUsage, RunReport};
 
 pub fn run(args: RunArgs) -> ExitCode {
-    let began = Instant::now();
     let file = args.file.as_path();
-    let format = args.output.format();
-    let quiet = args.quiet;
     let source = match super::read_prompt(file) {
         Ok(s) => s,
         Err(m) => return super::usage(&m),
     };
-    let start_ms = match args.seed.start_ms() {
-        Ok(v) => v,
-        Err(m) => return super::usage(&m),
+    let resumed = match args.resume.as_deref().map(super::replay::read_logged_run) {
+        None => None,
+        Some(Ok(logged)) => Some(logged),
+        Some(Err(m)) => return super::usage(&m),
     };
-    let seed = args.seed.seed_or_random();
+    // A resume repeats the logged run's seed, start and args unless told otherwise.
+    let start_ms = match (&args.seed.start, &resumed) {
+        (None, Some(logged)) => logged.record.start.start_ms,
+        _ => match args.seed.start_ms() {
+            Ok(v) => v,
+            Err(m) => return super::usage(&m),
+        },
+    };
+    let seed = match (args.seed.seed, &resumed) {
+        (None, Some(logged)) => logged.record.start.seed,
+        _ => args.seed.seed_or_random(),
+    };
+    let run_args = match (&args.args, &resumed) {
+        (None, Some(logged)) if args.arg.is_empty() => logged.args(),
+        _ => args.args.clone(),
+    };
     let host_path = args.host.path();
     let host_config = match HostConfig::load(host_path.as_deref()) {
         Ok(h) => h,
@@ -42,19 +56,78 @@ pub fn run(args: RunArgs) -> ExitCode {
         Ok(id) => id,
         Err(m) => return super::usage(&m),
     };
+    let resumed_from = resumed
+        .as_ref()
+        .map(|logged| logged.record.start.execution.clone());
+    execute(RunPlan {
+        file: file.to_path_buf(),
+        source,
+        args: run_args,
+        arg_pairs: args.arg.clone(),
+        seed,
+        start_ms,
+        host_path,
+        host_config,
+        current,
+        store_dir: args.store.store.clone(),
+        format: args.output.format(),
+        quiet: args.quiet,
+        otlp: args.telemetry.otlp.clone(),
+        log: args.log.clone(),
+        replay_of: None,
+        resumed_from,
+        replay: resumed.map(|logged| (logged.work, ReplayMode::Resume)),
+    })
+}
+
+/// Everything one run needs, however the command came by it (`run`, a
+/// resume, a replay).
+pub(crate) struct RunPlan {
+    /// The prompt file the report names and input files are placed from.
+    pub file: PathBuf,
+    pub source: Vec<u8>,
+    /// ARGS as given (`-` reads stdin).
+    pub args: Option<String>,
+    /// `--arg NAME=VALUE` pairs, typed by the prompt's `args:`.
+    pub arg_pairs: Vec<String>,
+    pub seed: u64,
+    pub start_ms: i64,
+    pub host_path: Option<PathBuf>,
+    pub host_config: HostConfig,
+    pub current: Option<String>,
+    /// `None`: a fresh private store directory.
+    pub store_dir: Option<PathBuf>,
+    pub format: OutputFormat,
+    pub quiet: bool,
+    /// `--otlp`; the host file's `[telemetry] otlp` otherwise.
+    pub otlp: Option<String>,
+    pub log: LogArgs,
+    pub replay_of: Option<String>,
+    pub resumed_from: Option<String>,
+    /// Host work answered from a logged run, and how.
+    pub replay: Option<(LoggedWork, ReplayMode)>,
+}
+
+/// Run a plan against the Host and report.
+pub(crate) fn execute(plan: RunPlan) -> ExitCode {
+    let began = Instant::now();
+    let file = plan.file.as_path();
+    let format = plan.format;
+    let quiet = plan.quiet;
+    let source = plan.source;
+    let (seed, start_ms) = (plan.seed, plan.start_ms);
+    let host_path = plan.host_path;
+    let host_config = plan.host_config;
+    let current = plan.current;
     let (execution, _) = pf_engine::seeded_names(seed);
     // `--otlp` wins over the host file's `[telemetry] otlp`.
-    let otlp = args
-        .telemetry
-        .otlp
-        .clone()
-        .or_else(|| host_config.otlp.clone());
+    let otlp = plan.otlp.clone().or_else(|| host_config.otlp.clone());
     if let Some(url) = &otlp {
         if let Err(m) = crate::trace::otlp::traces_url(url) {
             return super::usage(&format!("--otlp: {m}"));
         }
     }
-    let store_dir = match args.store.store.clone() {
+    let store_dir = match plan.store_dir.clone() {
         Some(dir) => dir,
         None => match private_store_dir(&execution) {
             Ok(dir) => dir,
@@ -63,21 +136,25 @@ pub fn run(args: RunArgs) -> ExitCode {
     };
     // From here on the run has begun: every way out goes through `log.end`.
     let log = RunLog {
-        sink: (!args.log.no_log)
+        sink: (!plan.log.no_log)
             .then(|| {
                 crate::host::data::begin_run_log(RunStart {
                     execution: execution.clone(),
                     prompt_path: display_path(file),
                     prompt_text: String::from_utf8_lossy(&source).into_owned(),
-                    args: Json::String(args.args.clone().unwrap_or_else(|| args.arg.join(" "))),
+                    args: Json::String(
+                        plan.args
+                            .clone()
+                            .unwrap_or_else(|| plan.arg_pairs.join(" ")),
+                    ),
                     seed,
                     start_rfc3339: pf_engine::format_when(start_ms),
                     start_ms,
                     host_file: host_path.as_deref().map(display_path),
                     model: current.clone(),
                     store_dir: Some(display_path(&store_dir)),
-                    replay_of: None,
-                    resumed_from: None,
+                    replay_of: plan.replay_of.clone(),
+                    resumed_from: plan.resumed_from.clone(),
                 })
             })
             .flatten(),
@@ -95,7 +172,7 @@ pub fn run(args: RunArgs) -> ExitCode {
             return ExitCode::from(crate::EXIT_FAILED);
         }
     };
-    let run_args = match argument_string(&prompt, args.args.as_deref(), &args.arg) {
+    let run_args = match argument_string(&prompt, plan.args.as_deref(), &plan.arg_pairs) {
         Ok(a) => a,
         Err(m) => return log.usage(&m),
     };
@@ -141,13 +218,20 @@ pub fn run(args: RunArgs) -> ExitCode {
     let watching = format == OutputFormat::Human && !quiet && std::io::stderr().is_terminal();
     let progress = watching.then(|| RunProgress::new(true));
     let sections = Arc::new(SectionTracker::default());
-    let work = match &log.sink {
-        Some(sink) => HostWork::Recorded(Arc::new(Recorder::new(
+    let recorder = log.sink.as_ref().map(|sink| {
+        Arc::new(Recorder::new(
             Arc::clone(sink),
             Arc::clone(&sections),
             &prompt,
-        ))),
-        None => HostWork::Direct,
+        ))
+    });
+    let replayer = plan
+        .replay
+        .map(|(logged, mode)| Arc::new(Replayer::new(logged, mode, cancel.clone())));
+    let work = match (&replayer, recorder) {
+        (Some(replayer), recorder) => HostWork::Replayed(Arc::clone(replayer), recorder),
+        (None, Some(recorder)) => HostWork::Recorded(recorder),
+        (None, None) => HostWork::Direct,
     };
     let observer =
         HostObserver::new(log.sink.clone(), progress.clone(), sections).with_trace(trace.clone());
@@ -166,7 +250,7 @@ pub fn run(args: RunArgs) -> ExitCode {
             cancel: cancel.clone(),
             ui: host.ui,
             observer: Some(Arc::new(observer)),
-            capture: args.log.capture,
+            capture: plan.log.capture,
         };
         Ok::<_, String>(pf_engine::run(Arc::clone(&prompt), setup).await)
     });
@@ -185,11 +269,26 @@ pub fn run(args: RunArgs) -> ExitCode {
             input_tokens,
             output_tokens,
         });
-    if matches!(finished.outcome, Outcome::Completed(_)) {
+    // A strict replay that met a different request stopped the run by
+    // cancelling it: the report says why, as a Host-side failure.
+    let stopped = replayer.as_ref().and_then(|r| r.stopped());
+    if let Some(diff) = &stopped {
+        report.outcome = ReportOutcome::Failed {
+            error: ReportError {
+                kind: REPLAY_ERROR_KIND.to_string(),
+                phase: None,
+                message: diff.clone(),
+                line: None,
+                column: None,
+            },
+        };
+    } else if matches!(finished.outcome, Outcome::Completed(_)) {
         report.output = collect_output(&prompt, &store_dir, quiet);
     }
     if let ReportOutcome::Failed { error } = &mut report.outcome {
-        error.line = runtime_error_line(&error.message);
+        if stopped.is_none() {
+            error.line = runtime_error_line(&error.message);
+        }
     }
     log.end(&report);
     if crate::signals::claim_report() {
@@ -203,12 +302,18 @@ pub fn run(args: RunArgs) -> ExitCode {
     if let Some(trace) = &trace {
         runtime.block_on(trace.export(&report.outcome));
     }
+    if stopped.is_some() {
+        return ExitCode::from(crate::EXIT_FAILED);
+    }
     match finished.outcome {
         Outcome::Completed(_) => ExitCode::SUCCESS,
         Outcome::Failed(_) => ExitCode::from(crate::EXIT_FAILED),
         Outcome::Cancelled => ExitCode::from(crate::EXIT_CANCELLED),
     }
 }
+
+/// The error kind of a replay stopped by a request the log does not hold.
+pub const REPLAY_ERROR_KIND: &str = "Replay";
 
 /// The run's log, if it is logged, and when it began: ended exactly once on
 /// every way out (a result, a failure, a cancel, a usage error after the

@@ -78,7 +78,7 @@ pub fn load(log: &pf_runlog::RunLog, run: &str) -> Result<LoggedRun, RunLogError
 }
 
 /// An unknown or ambiguous RUN, with the candidates to pick from.
-fn resolve_message(error: &RunLogError) -> String {
+pub(crate) fn resolve_message(error: &RunLogError) -> String {
     match error {
         RunLogError::Unknown { recent, .. } if recent.is_empty() => format!("{error}"),
         RunLogError::Unknown { recent, .. } => {

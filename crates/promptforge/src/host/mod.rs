@@ -17,6 +17,7 @@ pub mod data;
 pub mod file;
 pub mod observe;
 pub mod record;
+pub mod replay;
 pub mod usage;
 
 use std::path::{Path, PathBuf};
@@ -34,6 +35,7 @@ use pf_plugins::{
 use file::{HostFile, ModelTable, PluginTable, Search, Thinking};
 pub use record::HostWork;
 use record::{RecordingBroker, RecordingModel, RecordingPlugin};
+use replay::{ReplayBroker, ReplayModel, ReplayPlugin};
 
 /// What the host file configures, checked and resolved.
 #[derive(Debug, Clone, PartialEq)]
@@ -244,32 +246,61 @@ impl HostConfig {
         for (id, config) in &self.plugins {
             plugins.push(Arc::new(McpPlugin::new(id.clone(), config.clone())));
         }
+        if let Some(replayer) = work.replayer() {
+            // The logged catalog answers; the real Plugin only goes live. A
+            // Plugin the host file no longer has still replays under its id.
+            let mut replaying: Vec<Arc<dyn Plugin>> = Vec::new();
+            for plugin in &plugins {
+                let id = plugin.id().to_string();
+                replaying.push(Arc::new(ReplayPlugin::new(
+                    id,
+                    Some(Arc::clone(plugin)),
+                    Arc::clone(replayer),
+                )));
+            }
+            for id in replayer.logged_plugin_ids() {
+                if !plugins.iter().any(|p| p.id() == id) {
+                    replaying.push(Arc::new(ReplayPlugin::new(id, None, Arc::clone(replayer))));
+                }
+            }
+            plugins = replaying;
+        }
         for plugin in plugins {
-            harness.register(match work {
-                HostWork::Direct => plugin,
-                HostWork::Recorded(r) => Arc::new(RecordingPlugin::new(plugin, Arc::clone(r))),
+            harness.register(match work.recorder() {
+                None => plugin,
+                Some(r) => Arc::new(RecordingPlugin::new(plugin, Arc::clone(r))),
             });
         }
         let broker: Arc<dyn InputBroker> = match &self.answers {
             Some(answers) => Arc::new(FixedAnswersBroker::new(answers.clone())),
             None => Arc::new(StdinInputBroker::new()),
         };
-        let broker: Arc<dyn InputBroker> = match work {
-            HostWork::Direct => broker,
-            HostWork::Recorded(r) => Arc::new(RecordingBroker::new(broker, Arc::clone(r))),
+        let broker: Arc<dyn InputBroker> = match work.replayer() {
+            None => broker,
+            Some(r) => Arc::new(ReplayBroker::new(broker, Arc::clone(r))),
+        };
+        let broker: Arc<dyn InputBroker> = match work.recorder() {
+            None => broker,
+            Some(r) => Arc::new(RecordingBroker::new(broker, Arc::clone(r))),
         };
         harness.services = HostServices {
             input_broker: Some(broker),
         };
         let totals = Arc::new(usage::UsageTotals::default());
+        // provider, then the replay's answers, then metering (replayed usage
+        // counts), then recording (the replayed run is logged too).
         let build = |spec: &ProviderSpec| -> Result<Arc<dyn ModelProvider>, String> {
             let provider = pf_models::build_provider(spec)
                 .map_err(|e| format!("host file: model \"{}\": {e}", spec.id))?;
+            let provider: Arc<dyn ModelProvider> = match work.replayer() {
+                None => provider,
+                Some(r) => Arc::new(ReplayModel::new(provider, Arc::clone(r))),
+            };
             let metered: Arc<dyn ModelProvider> =
                 Arc::new(usage::Metered::new(provider, Arc::clone(&totals)));
-            Ok(match work {
-                HostWork::Direct => metered,
-                HostWork::Recorded(r) => Arc::new(RecordingModel::new(metered, Arc::clone(r))),
+            Ok(match work.recorder() {
+                None => metered,
+                Some(r) => Arc::new(RecordingModel::new(metered, Arc::clone(r))),
             })
         };
         let model = match current.and_then(|id| self.spec(id)) {

@@ -18,19 +18,41 @@ use pf_harness::{
     ModelInfo, ModelProvider, OnText, Plugin, ProviderError, ToolFailure, ToolSpec, WorkId,
 };
 use pf_runlog::{
-    AnswerRecord, EventRecord, ExchangeRecord, RunEnd, RunWriter, TokenUsage, ToolCallRecord,
+    ActivationRecord, AnswerRecord, EventRecord, ExchangeRecord, RunEnd, RunWriter, TokenUsage,
+    ToolCallRecord,
 };
 use serde_json::{json, Value as Json};
 
 use super::observe::SectionTracker;
 
-/// How the Host does its work for a run: directly, or directly while
-/// recording every piece into the run log. (Replay adds a variant.)
+/// How the Host does its work for a run: directly, directly while
+/// recording every piece into the run log, or answered from a logged run
+/// ([`super::replay`]), recorded when the replay is logged too.
 #[derive(Clone, Default)]
 pub enum HostWork {
     #[default]
     Direct,
     Recorded(Arc<Recorder>),
+    Replayed(Arc<super::replay::Replayer>, Option<Arc<Recorder>>),
+}
+
+impl HostWork {
+    /// The recorder, when this run's host work is logged.
+    pub fn recorder(&self) -> Option<&Arc<Recorder>> {
+        match self {
+            HostWork::Direct => None,
+            HostWork::Recorded(r) => Some(r),
+            HostWork::Replayed(_, r) => r.as_ref(),
+        }
+    }
+
+    /// The replayer, when this run's host work is answered from the log.
+    pub fn replayer(&self) -> Option<&Arc<super::replay::Replayer>> {
+        match self {
+            HostWork::Replayed(r, _) => Some(r),
+            _ => None,
+        }
+    }
 }
 
 /// One run's writer, shared by the observer and the decorators. `finish`
@@ -303,7 +325,22 @@ impl Plugin for RecordingPlugin {
     }
 
     async fn activate(&self, ctx: ActivationContext) -> Result<Arc<dyn ActivePlugin>, String> {
-        let active = self.inner.activate(ctx).await?;
+        let activated = self.inner.activate(ctx).await;
+        let record = ActivationRecord {
+            plugin: self.inner.id().to_string(),
+            tools: activated.as_ref().ok().map(|active| {
+                Json::Array(
+                    active
+                        .tools()
+                        .iter()
+                        .map(super::replay::tool_spec_json)
+                        .collect(),
+                )
+            }),
+            error: activated.as_ref().err().cloned(),
+        };
+        self.recorder.sink.with(|w| w.activation(record));
+        let active = activated?;
         let trusted = active
             .tools()
             .into_iter()
