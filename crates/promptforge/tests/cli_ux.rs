@@ -486,6 +486,14 @@ fn init_scaffolds_a_prompt_that_checks_and_runs_offline() {
         "{}",
         text(&run.stderr)
     );
+    // The scaffolded test file passes under `promptforge test`.
+    let test = bin().arg("test").arg(dir.path()).output().expect("test");
+    assert_eq!(test.status.code(), Some(0), "{}", text(&test.stdout));
+    assert!(
+        text(&test.stdout).ends_with("1 passed, 0 failed\n"),
+        "{}",
+        text(&test.stdout)
+    );
     // A second init refuses to overwrite.
     let again = bin().arg("init").arg(&name).output().expect("init");
     assert_eq!(again.status.code(), Some(2));

@@ -67,10 +67,10 @@ pub fn scaffold(stem: &str) -> Vec<(String, String)> {
         "# A scripted model, so the prompt runs offline. For a real model use e.g.\n# [model]\n# provider = \"openai\"\n# base_url = \"http://localhost:11434/v1\"\n# model = \"qwen2.5:7b\"\n[model]\nprovider = \"script\"\nreplies = \"{stem}.replies.json\"\n"
     );
     let replies = "[\"Here is a short answer to your request.\"]\n".to_string();
-    // The test format belongs to `promptforge test` (docs/testing.md); this
-    // minimal case is its documented shape at the time of writing.
+    // The `promptforge test` format (docs/testing.md): the replies are
+    // scripted in the case, so the test needs no host file.
     let test = format!(
-        "# Tests for {stem}.md: run with `promptforge test {stem}.test.yaml`.\nprompt: {stem}.md\nhost: {stem}.host.toml\ntests:\n  - name: answers\n    args: a first request\n    expect:\n      outcome: completed\n      result: Here is a short answer to your request.\n"
+        "# Tests for {stem}.md: run with `promptforge test {stem}.test.yaml`.\ncases:\n  - name: answers in one paragraph\n    args: a first request\n    replies:\n      - Here is a short answer to your request.\n    expect:\n      outcome: completed\n      result: Here is a short answer to your request.\n      events:\n        model_turn_completed: 1\n"
     );
     vec![
         (format!("{stem}.md"), prompt),
