@@ -71,9 +71,16 @@ fn copy_tree(from: &Path, to: &Path) {
 }
 
 fn run_client(python: &Path, args: &[&str]) {
+    let home = tempfile::tempdir().expect("tempdir");
+    run_client_in(python, args, home.path());
+}
+
+/// The client, and so the server it starts, with its run log under `home`.
+fn run_client_in(python: &Path, args: &[&str], home: &Path) {
     let output = Command::new(python)
         .arg(client_dir().join("scenarios.py"))
         .args(args)
+        .env("PROMPTFORGE_HOME", home)
         .output()
         .expect("run the client");
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -92,7 +99,8 @@ fn the_python_sdk_drives_the_server_over_stdio() {
     // The log sits outside the folder the server watches.
     let logs = tempfile::tempdir().expect("tempdir");
     let errlog = logs.path().join("server-stderr.log");
-    run_client(
+    let home = tempfile::tempdir().expect("tempdir");
+    run_client_in(
         &python,
         &[
             "stdio",
@@ -100,7 +108,23 @@ fn the_python_sdk_drives_the_server_over_stdio() {
             &prompts.path().display().to_string(),
             &errlog.display().to_string(),
         ],
+        home.path(),
     );
+    // Every call was a run in the run log, completed and failed ones alike.
+    let listed = Command::new(BIN)
+        .args(["runs", "--json", "-n", "100"])
+        .env("PROMPTFORGE_HOME", home.path())
+        .output()
+        .expect("runs");
+    let runs: serde_json::Value = serde_json::from_slice(&listed.stdout).expect("runs --json");
+    let outcomes: Vec<&str> = runs
+        .as_array()
+        .expect("an array")
+        .iter()
+        .filter_map(|run| run["outcome"].as_str())
+        .collect();
+    assert!(outcomes.contains(&"completed"), "{runs}");
+    assert!(outcomes.contains(&"failed"), "{runs}");
     let log = std::fs::read_to_string(&errlog).expect("server stderr");
     assert!(
         log.contains("broken.md:7:11: Frontmatter: invalid frontmatter: unknown variant `integre`"),

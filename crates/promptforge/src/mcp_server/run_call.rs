@@ -158,18 +158,57 @@ fn run_on_this_thread(tool: &PromptTool, args: String, setup: CallSetup) -> RunR
         Err(e) => return host_failure(format!("cannot start the async runtime: {e}")),
     };
     let prompt = Arc::clone(&tool.prompt);
+    let began = std::time::Instant::now();
+    let current = match setup
+        .host
+        .current_id(crate::host::chosen_model(None).as_deref())
+    {
+        Ok(id) => id,
+        Err(m) => return host_failure(m),
+    };
+    // Every call is a run of its own in the run log, like `promptforge run`.
+    let start_ms = now_ms();
+    let absolute = |path: &std::path::Path| {
+        std::path::absolute(path)
+            .unwrap_or_else(|_| path.to_path_buf())
+            .to_string_lossy()
+            .into_owned()
+    };
+    let sink = crate::host::data::begin_run_log(pf_runlog::RunStart {
+        execution: execution.clone(),
+        prompt_path: absolute(&tool.file),
+        prompt_text: std::fs::read_to_string(&tool.file).unwrap_or_default(),
+        args: serde_json::Value::String(args.clone()),
+        seed,
+        start_rfc3339: pf_engine::format_when(start_ms),
+        start_ms,
+        host_file: None,
+        model: current.clone(),
+        store_dir: Some(absolute(&store_dir)),
+        replay_of: None,
+        resumed_from: None,
+    });
+    let sections = Arc::new(crate::host::observe::SectionTracker::default());
+    let work = match &sink {
+        Some(sink) => crate::host::HostWork::Recorded(Arc::new(
+            crate::host::record::Recorder::new(Arc::clone(sink), Arc::clone(&sections), &prompt),
+        )),
+        None => crate::host::HostWork::Direct,
+    };
+    let logging = crate::host::observe::HostObserver::new(sink.clone(), None, sections);
+    let observer: Arc<dyn RunObserver> = match setup.observer {
+        Some(progress) => Arc::new(BothObservers(Arc::new(logging), progress)),
+        None => Arc::new(logging),
+    };
     let finished = runtime.block_on(async {
-        let current = setup
-            .host
-            .current_id(crate::host::chosen_model(None).as_deref())?;
-        let mut host = setup.host.assemble(current.as_deref())?;
+        let mut host = setup.host.assemble_for(current.as_deref(), &work)?;
         // Stdin is the MCP transport (or nobody's): the operator is the client.
         if setup.host.answers.is_none() {
             host.harness.services.input_broker = Some(setup.broker);
         }
         let run_setup = RunSetup {
             seed,
-            start_ms: now_ms(),
+            start_ms,
             args,
             store_dir: store_dir.clone(),
             harness: host.harness,
@@ -177,20 +216,51 @@ fn run_on_this_thread(tool: &PromptTool, args: String, setup: CallSetup) -> RunR
             catalog: host.catalog,
             cancel: setup.cancel,
             ui: host.ui,
-            observer: setup.observer,
+            observer: Some(observer),
             capture: false,
         };
         Ok::<_, String>(pf_engine::run(Arc::clone(&prompt), run_setup).await)
     });
-    let finished = match finished {
-        Ok(f) => f,
-        Err(m) => return host_failure(m),
+    drop(work);
+    let duration = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let report = match finished {
+        Ok(finished) => {
+            let mut report = RunReport::of_run(seed, &finished, &store_dir);
+            if matches!(finished.outcome, Outcome::Completed(_)) {
+                report.output = crate::commands::run::collect_output(&prompt, &store_dir, true);
+            }
+            report
+        }
+        Err(m) => host_failure(m),
     };
-    let mut report = RunReport::of_run(seed, &finished, &store_dir);
-    if matches!(finished.outcome, Outcome::Completed(_)) {
-        report.output = crate::commands::run::collect_output(&prompt, &store_dir, true);
+    if let Some(sink) = &sink {
+        sink.finish(logged_outcome(&report), duration);
     }
     report
+}
+
+/// The run log's outcome for a call's report.
+fn logged_outcome(report: &RunReport) -> pf_runlog::Outcome {
+    match &report.outcome {
+        ReportOutcome::Completed { result } => pf_runlog::Outcome::Completed {
+            result: result.clone(),
+        },
+        ReportOutcome::Failed { error } => pf_runlog::Outcome::Failed {
+            kind: error.kind.clone(),
+            message: error.message.clone(),
+        },
+        ReportOutcome::Cancelled => pf_runlog::Outcome::Cancelled,
+    }
+}
+
+/// A call's run is observed twice: by the run log and by the client's progress.
+struct BothObservers(Arc<dyn RunObserver>, Arc<dyn RunObserver>);
+
+impl RunObserver for BothObservers {
+    fn event(&self, execution: &str, event: &pf_engine::RunEvent) {
+        self.0.event(execution, event);
+        self.1.event(execution, event);
+    }
 }
 
 /// A call the Host could not run at all (the host file's Plugins or model
