@@ -155,24 +155,19 @@ impl Diagnostic {
     /// The `--json` form: `severity`, `kind`, `message`, `file`, and `line`,
     /// `column`, `span_len`, `help`, `note` when known.
     pub fn to_json(&self, file_name: &str) -> serde_json::Value {
-        let mut object = serde_json::Map::new();
-        object.insert("severity".into(), self.severity.as_str().into());
-        object.insert("kind".into(), self.kind.as_str().into());
-        object.insert("message".into(), self.message.clone().into());
-        object.insert("file".into(), file_name.into());
-        let optional = [
-            ("line", self.line.map(serde_json::Value::from)),
-            ("column", self.column.map(serde_json::Value::from)),
-            ("span_len", self.span_len.map(serde_json::Value::from)),
-            ("help", self.help.clone().map(serde_json::Value::from)),
-            ("note", self.note.clone().map(serde_json::Value::from)),
-        ];
-        for (key, value) in optional {
-            if let Some(value) = value {
-                object.insert(key.into(), value);
-            }
-        }
-        serde_json::Value::Object(object)
+        diagnostic_json(
+            self.severity,
+            self.kind.as_str(),
+            &self.message,
+            file_name,
+            DiagnosticPlace {
+                line: self.line,
+                column: self.column,
+                span_len: self.span_len,
+                help: self.help.as_deref(),
+                note: self.note.as_deref(),
+            },
+        )
     }
 
     /// `FILE:LINE:COL: Kind: message`, the `check` line (1:1 when unlocated).
@@ -380,4 +375,44 @@ mod tests {
         assert_eq!(nearest("zzzz", &keys), None);
         assert_eq!(nearest("", &keys), None);
     }
+}
+
+/// Where a diagnostic points and what it adds, each part optional.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DiagnosticPlace<'a> {
+    pub line: Option<u32>,
+    pub column: Option<u32>,
+    pub span_len: Option<u32>,
+    pub help: Option<&'a str>,
+    pub note: Option<&'a str>,
+}
+
+/// The one `--json` shape of a diagnostic, for the parser's and for any
+/// other check's: `severity`, `kind`, `message`, `file`, then `line`,
+/// `column`, `span_len`, `help`, `note` when known.
+pub fn diagnostic_json(
+    severity: Severity,
+    kind: &str,
+    message: &str,
+    file_name: &str,
+    place: DiagnosticPlace<'_>,
+) -> serde_json::Value {
+    let mut object = serde_json::Map::new();
+    object.insert("severity".into(), severity.as_str().into());
+    object.insert("kind".into(), kind.into());
+    object.insert("message".into(), message.into());
+    object.insert("file".into(), file_name.into());
+    let optional = [
+        ("line", place.line.map(serde_json::Value::from)),
+        ("column", place.column.map(serde_json::Value::from)),
+        ("span_len", place.span_len.map(serde_json::Value::from)),
+        ("help", place.help.map(serde_json::Value::from)),
+        ("note", place.note.map(serde_json::Value::from)),
+    ];
+    for (key, value) in optional {
+        if let Some(value) = value {
+            object.insert(key.into(), value);
+        }
+    }
+    serde_json::Value::Object(object)
 }

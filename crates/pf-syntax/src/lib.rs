@@ -11,7 +11,10 @@ pub mod names;
 mod yaml;
 
 pub use ast::*;
-pub use diagnostics::{render_diagnostic, Diagnostic, DiagnosticKind, Diagnostics, Severity};
+pub use diagnostics::{
+    diagnostic_json, render_diagnostic, Diagnostic, DiagnosticKind, DiagnosticPlace, Diagnostics,
+    Severity,
+};
 pub use frontmatter::ROLE_KEYWORDS;
 pub use heading::{heading_of, parse_heading_ref, resolve_heading, HeadingRef};
 pub use names::{

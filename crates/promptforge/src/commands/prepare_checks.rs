@@ -92,24 +92,19 @@ impl Problem {
         if let Some(d) = &self.syntax {
             return d.to_json(file);
         }
-        let mut object = serde_json::Map::new();
-        object.insert("severity".into(), self.severity.as_str().into());
-        object.insert("kind".into(), self.kind.clone().into());
-        object.insert("message".into(), self.message.clone().into());
-        object.insert("file".into(), file.into());
-        let optional = [
-            ("line", self.line.map(serde_json::Value::from)),
-            ("column", self.column.map(serde_json::Value::from)),
-            ("span_len", self.span_len.map(serde_json::Value::from)),
-            ("help", self.help.clone().map(serde_json::Value::from)),
-            ("note", self.note.clone().map(serde_json::Value::from)),
-        ];
-        for (key, value) in optional {
-            if let Some(value) = value {
-                object.insert(key.into(), value);
-            }
-        }
-        serde_json::Value::Object(object)
+        pf_syntax::diagnostic_json(
+            self.severity,
+            &self.kind,
+            &self.message,
+            file,
+            pf_syntax::DiagnosticPlace {
+                line: self.line,
+                column: self.column,
+                span_len: self.span_len,
+                help: self.help.as_deref(),
+                note: self.note.as_deref(),
+            },
+        )
     }
 
     /// A rustc-style snippet.
