@@ -631,9 +631,9 @@ where
     F: Fn(Lua, MultiValue) -> Fut + 'static,
     Fut: Future<Output = HostResult<R>> + 'static,
 {
-    let raw = lua.create_async_function(move |lua, args: MultiValue| {
+    let entry: crate::hostfn::AsyncEntry = Rc::new(move |lua: Lua, args: MultiValue| {
         let fut = f(lua.clone(), args);
-        async move {
+        Box::pin(async move {
             let run = section(&lua)?.run.clone();
             let abort = run.abort_signal();
             // Once the run has ended on the spot, no suspending call starts or
@@ -656,9 +656,9 @@ where
                 Ok(r) => ok_values(&lua, r),
                 Err(e) => raise_values(&lua, e),
             }
-        }
-    })?;
-    wrap(lua, raw)
+        })
+    });
+    crate::hostfn::register_async(lua, entry)
 }
 
 /// The `n`th argument (0-based), nil when absent.

@@ -9,6 +9,7 @@ mod ctx;
 mod error;
 mod events;
 mod fanout;
+mod hostfn;
 mod io_files;
 mod json;
 mod models;

@@ -988,10 +988,11 @@ fn text_record(lua: &Lua, role: &str, content: &str) -> mlua::Result<Table> {
 /// Check the list as it stands: each record's fields, then the rules across
 /// records, whose failure is also reported as a failed round.
 fn checked_records(
+    lua: &Lua,
     sec: &SectionCtx,
     list_v: &Value,
 ) -> Result<Vec<crate::models_check::Record>, HostError> {
-    let records = read_list(list_v).map_err(HostError::lua)?;
+    let records = read_list(lua, list_v).map_err(HostError::lua)?;
     if let Err(message) = check_across(&records) {
         sec.boundary(EventKind::ModelTurnFailed);
         return Err(HostError::lua(message));
@@ -1026,7 +1027,7 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
             .into())
         }
     };
-    checked_records(&sec, &list_v)?;
+    checked_records(&lua, &sec, &list_v)?;
     let Value::Table(list) = &list_v else {
         return Err(HostError::lua(format!(
             "messages must be a table of message tables, got {}",
@@ -1052,7 +1053,7 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
         for notice in crate::tasks::take_notices(&sec.run, &sec.id) {
             append_record(list, text_record(&lua, "user", &notice)?)?;
         }
-        let records = checked_records(&sec, &list_v)?;
+        let records = checked_records(&lua, &sec, &list_v)?;
         let composed = compose(&records);
         if estimate_tokens(&composed) > target.context {
             return Err(overflow(&lua, compactor.as_ref(), "precheck").await);

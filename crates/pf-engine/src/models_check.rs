@@ -2,7 +2,7 @@
 //! "Checking the list"), composing what the model receives (merge rules), and the
 //! precheck's token estimate.
 
-use mlua::{Table, Value};
+use mlua::{Lua, Table, Value};
 use pf_harness::{ChatMessage, ToolCall};
 use serde_json::{json, Map, Value as Json};
 
@@ -65,29 +65,79 @@ pub(crate) struct Record {
 // ---------------------------------------------------------------------------
 
 /// Read and check a message list value; the `Err` is the guide's exact message.
-pub(crate) fn read_list(value: &Value) -> Result<Vec<Record>, String> {
+/// `models.loop` reads its whole list every round, so this is on the hot path:
+/// the whole-list walks run in Lua (the prelude's `list_shape`) and the field
+/// names are created once per read.
+pub(crate) fn read_list(lua: &Lua, value: &Value) -> Result<Vec<Record>, String> {
     let Value::Table(list) = value else {
         return Err(format!(
             "messages must be a table of message tables, got {}",
             lua_type(value)
         ));
     };
-    let mut path = Vec::new();
-    if !representable(list, &mut path) {
+    let (is_representable, len) = match list_shape(lua, list) {
+        Some(shape) => shape,
+        // No helper, or it was interrupted: the same rules, walked from Rust.
+        None => {
+            let mut path = Vec::new();
+            let ok = representable(list, &mut path);
+            (ok, if ok { sequence_len(list) } else { None })
+        }
+    };
+    if !is_representable {
         return Err("messages must be a JSON-representable table".into());
     }
-    let Some(len) = sequence_len(list) else {
+    let Some(len) = len else {
         return Err("messages must be an array of message tables".into());
     };
     if len == 0 {
         return Err("messages must not be empty".into());
     }
+    let keys = Keys::new(lua).map_err(|e| e.to_string())?;
     let mut records = Vec::with_capacity(len);
     for index in 1..=len {
         let value: Value = list.raw_get(index).unwrap_or(Value::Nil);
-        records.push(read_record(index, &value)?);
+        records.push(read_record(&keys, index, &value)?);
     }
     Ok(records)
+}
+
+/// [`representable`] and [`sequence_len`] in one call of the prelude's
+/// `list_shape`; `None` when the helper is missing or raised (a cancel).
+fn list_shape(lua: &Lua, list: &Table) -> Option<(bool, Option<usize>)> {
+    let helpers: Table = lua.named_registry_value("pf.helpers").ok()?;
+    let shape: mlua::Function = helpers.raw_get("list_shape").ok()?;
+    let (ok, len): (bool, Option<i64>) = shape.call((list, MAX_DEPTH)).ok()?;
+    Some((ok, len.and_then(|n| usize::try_from(n).ok())))
+}
+
+/// The record field names, as Lua strings made once per read.
+struct Keys {
+    role: mlua::String,
+    content: mlua::String,
+    tool_call_id: mlua::String,
+    tool_calls: mlua::String,
+    id: mlua::String,
+    name: mlua::String,
+    arguments: mlua::String,
+}
+
+impl Keys {
+    fn new(lua: &Lua) -> mlua::Result<Keys> {
+        Ok(Keys {
+            role: lua.create_string("role")?,
+            content: lua.create_string("content")?,
+            tool_call_id: lua.create_string("tool_call_id")?,
+            tool_calls: lua.create_string("tool_calls")?,
+            id: lua.create_string("id")?,
+            name: lua.create_string("name")?,
+            arguments: lua.create_string("arguments")?,
+        })
+    }
+}
+
+fn field(table: &Table, key: &mlua::String) -> Value {
+    table.raw_get(key).unwrap_or(Value::Nil)
 }
 
 /// `type()` as Lua reports it (the list messages name plain Lua types).
@@ -157,11 +207,11 @@ fn text_of(value: &Value) -> Option<String> {
     }
 }
 
-fn read_record(index: usize, value: &Value) -> Result<Record, String> {
+fn read_record(keys: &Keys, index: usize, value: &Value) -> Result<Record, String> {
     let Value::Table(rec) = value else {
         return Err(format!("messages[{index}] must be a message table"));
     };
-    let role = match string_field(rec, "role") {
+    let role = match field(rec, &keys.role) {
         Value::String(s) => match &*s.to_string_lossy() {
             "system" => Role::System,
             "user" => Role::User,
@@ -179,8 +229,8 @@ fn read_record(index: usize, value: &Value) -> Result<Record, String> {
             ))
         }
     };
-    let content = read_content(index, &string_field(rec, "content"))?;
-    let tool_call_id = match string_field(rec, "tool_call_id") {
+    let content = read_content(index, &field(rec, &keys.content))?;
+    let tool_call_id = match field(rec, &keys.tool_call_id) {
         Value::Nil => None,
         Value::String(s) => Some(s.to_string_lossy()),
         _ => return Err(format!("messages[{index}] tool_call_id must be a string")),
@@ -190,7 +240,7 @@ fn read_record(index: usize, value: &Value) -> Result<Record, String> {
             "messages[{index}] is a tool message and must set a string tool_call_id"
         ));
     }
-    let tool_calls = match string_field(rec, "tool_calls") {
+    let tool_calls = match field(rec, &keys.tool_calls) {
         Value::Nil => None,
         Value::Table(calls) => {
             let Some(len) = sequence_len(&calls) else {
@@ -199,7 +249,7 @@ fn read_record(index: usize, value: &Value) -> Result<Record, String> {
             let mut out = Vec::with_capacity(len);
             for call_index in 1..=len {
                 let call: Value = calls.raw_get(call_index).unwrap_or(Value::Nil);
-                out.push(read_call(index, call_index, &call)?);
+                out.push(read_call(keys, index, call_index, &call)?);
             }
             Some(out)
         }
@@ -268,26 +318,31 @@ fn read_part(index: usize, part_index: usize, value: &Value) -> Result<Part, Str
     }
 }
 
-fn read_call(index: usize, call_index: usize, value: &Value) -> Result<CallRecord, String> {
-    let prefix = format!("messages[{index}] tool_calls[{call_index}]");
+fn read_call(
+    keys: &Keys,
+    index: usize,
+    call_index: usize,
+    value: &Value,
+) -> Result<CallRecord, String> {
+    let prefix = || format!("messages[{index}] tool_calls[{call_index}]");
     let Value::Table(call) = value else {
-        return Err(format!("{prefix} must be a table"));
+        return Err(format!("{} must be a table", prefix()));
     };
-    let Some(id) = text_of(&string_field(call, "id")) else {
-        return Err(format!("{prefix} must set a string id"));
+    let Some(id) = text_of(&field(call, &keys.id)) else {
+        return Err(format!("{} must set a string id", prefix()));
     };
-    let Some(name) = text_of(&string_field(call, "name")) else {
-        return Err(format!("{prefix} must set a string name"));
+    let Some(name) = text_of(&field(call, &keys.name)) else {
+        return Err(format!("{} must set a string name", prefix()));
     };
-    let arguments = match string_field(call, "arguments") {
+    let arguments = match field(call, &keys.arguments) {
         Value::Nil => Json::Object(Map::new()),
         // A keyed table: no sequence part (an empty table is an empty object).
         Value::Table(t) if t.raw_len() == 0 => match lua_to_json(&Value::Table(t), "arguments") {
             Ok(j @ Json::Object(_)) => j,
             Ok(Json::Array(a)) if a.is_empty() => Json::Object(Map::new()),
-            _ => return Err(format!("{prefix} arguments must be a table")),
+            _ => return Err(format!("{} arguments must be a table", prefix())),
         },
-        _ => return Err(format!("{prefix} arguments must be a table")),
+        _ => return Err(format!("{} arguments must be a table", prefix())),
     };
     Ok(CallRecord {
         id,

@@ -278,6 +278,17 @@ impl Background {
                 None
             }
         };
+        if let Some(conn) = &conn {
+            // Closing the last connection would checkpoint the WAL into the
+            // database, fsync both and delete the WAL, which the next run then
+            // recreates (fsyncing the directory): several ms per run, and a
+            // busy database for a run that starts meanwhile. Committed rows
+            // are in the WAL either way; SQLite's auto-checkpoint keeps it short.
+            let _ = conn.set_db_config(
+                rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+                true,
+            );
+        }
         if let (Some(conn), Some(pages)) = (&conn, self.options.max_page_count) {
             let _ = conn.pragma_update(None, "max_page_count", pages);
         }

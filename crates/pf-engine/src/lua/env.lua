@@ -1,6 +1,8 @@
 -- Installs the `prose` global and keeps it working under a user metatable on _G.
 local H = ...
-local rawget, rawset, rawequal, type, next, error = H.rawget, H.rawset, H.rawequal, H.type, next, error
+-- The raw `next`: the global one is the ordered iterator, which sorts the keys on
+-- every step (quadratic over a namespace, and this runs in every section VM).
+local rawget, rawset, rawequal, type, next, error = H.rawget, H.rawset, H.rawequal, H.type, H.next, error
 local base_setmetatable, base_getmetatable = H.setmetatable, H.getmetatable
 local raw_setmetatable = H.debug_setmetatable
 local G = _G

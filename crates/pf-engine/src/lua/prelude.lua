@@ -51,6 +51,10 @@ function H.wrap(raw)
   return function(...) return check(raw(...)) end
 end
 H.check = check
+-- The suspending host functions share one async dispatcher per VM (hostfn.rs).
+function H.wrap_async(dispatch, id)
+  return function(...) return check(dispatch(id, ...)) end
+end
 
 -- Deterministic iteration ----------------------------------------------------
 local function key_class(k)
@@ -230,6 +234,39 @@ function H.pcall_values(f, ...)
   return false, r[2]
 end
 
+-- A message list's shape for models.loop, which reads its whole list every round
+-- (walking it here is far cheaper than key by key from Rust): whether every key
+-- and value is a string, number, boolean or table, with no cycle and at most
+-- `max` levels, then its length when its keys are exactly 1..n (else nil).
+local function representable(t, path, depth, max)
+  if depth > max or path[t] then return false end
+  path[t] = true
+  for k, v in next, t do
+    local tk, tv = type(k), type(v)
+    if not (tk == 'string' or tk == 'number' or tk == 'boolean'
+        or (tk == 'table' and representable(k, path, depth + 1, max))) then
+      return false
+    end
+    if not (tv == 'string' or tv == 'number' or tv == 'boolean'
+        or (tv == 'table' and representable(v, path, depth + 1, max))) then
+      return false
+    end
+  end
+  path[t] = nil
+  return true
+end
+function H.list_shape(list, max)
+  if not representable(list, {}, 0, max) then return false, nil end
+  local count, top = 0, 0
+  for k in next, list do
+    if math_type(k) ~= 'integer' or k < 1 then return true, nil end
+    count = count + 1
+    if k > top then top = k end
+  end
+  if count ~= top then return true, nil end
+  return true, count
+end
+
 -- table.concat honouring __tostring (ch. 05)
 local tconcat = table.concat
 local function concat(list, sep, i, j)
@@ -302,6 +339,7 @@ end
 
 -- getmetatable / setmetatable see guards through __metatable as usual.
 H.rawget, H.rawset, H.rawequal, H.rawlen = rawget, rawset, rawequal, rawlen
+H.next = next
 H.debug_getmetatable = debug_getmetatable
 H.debug_setmetatable = debug_setmetatable
 H.utf8_len = utf8_len

@@ -1,0 +1,590 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! The engine next to its physical limits (issue 17) and the run log's cost
+//! (issue 10): every workload beside its bare baseline, in one run, so the
+//! ratios mean something on a noisy machine.
+//!
+//! `cargo bench -p promptforge --bench perf` prints one table. Memory figures
+//! come from child processes (this same binary re-run with `PF_PERF_CHILD`
+//! set), each reporting its peak RSS (`VmHWM`), so one workload's peak never
+//! hides another's. `PF_PERF_QUICK=1` runs each timing fewer times.
+//!
+//! Workloads:
+//! - section entry: 10,000 pure-Lua fanout arms vs a loop creating a fresh
+//!   mlua Lua state (std libs), setting one global and running one chunk;
+//! - the 50-round tool loop through the OpenAI provider against a local
+//!   server, run log on, vs a bare reqwest loop doing the same HTTP work;
+//! - 1,000 fanout arms each making one scripted model round (time, peak RSS);
+//! - memory per parked task and per live arm;
+//! - run log on vs off for the tool loop and the 1,000-arm fanout.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pf_engine::{Outcome, RunSetup};
+use pf_harness::CancellationToken;
+use pf_runlog::{RunStart, RunWriter};
+use promptforge::host::file::HostFile;
+use promptforge::host::observe::{HostObserver, SectionTracker};
+use promptforge::host::record::{Recorder, RunLogSink};
+use promptforge::host::{HostConfig, HostWork};
+
+// ---------------------------------------------------------------------------
+// Prompts
+
+const HEAD: &str = "---\nname: bench\ndescription: a benchmark\npromptforge: 0\n";
+
+fn pure_fanout_prompt(arms: usize) -> String {
+    format!("{HEAD}---\n\n# Wide\n\n## Gather\n\n```lua\nlocal items = {{}}\nfor i = 1, {arms} do items[i] = i end\nlocal results = fanout('### Arm', items)\nreturn #results\n```\n\n### Arm\n\n```lua\nreturn item * 2\n```\n")
+}
+
+fn model_fanout_prompt(arms: usize) -> String {
+    format!("{HEAD}models:\n  writer: {{}}\n---\n\n# Wide\n\n```lua\nmodels.default('writer')\n```\n\n## Gather\n\n```lua\nlocal items = {{}}\nfor i = 1, {arms} do items[i] = i end\nlocal results = fanout('### Arm', items)\nreturn #results\n```\n\n### Arm\n\n```lua\nreturn models.infer('hello ' .. item)\n```\n")
+}
+
+fn loop_prompt() -> String {
+    format!("{HEAD}max_tool_iterations: 60\nmodels:\n  writer: {{}}\n---\n\n# Loop\n\n## Run\n\n```lua\nmodels.use('writer')\nlocal n = 0\ntools.add_local('tick', 'Count one', {{ step = 'integer' }}, function(a)\n  n = n + a.step\n  return 'ok'\nend)\nlocal msgs = messages.new():user('tick fifty times')\nmodels.loop(msgs)\nreturn n\n```\n")
+}
+
+/// `tasks` tasks spawned at once, each parked in one model round (and, with
+/// `arms` > 0, in a fanout of `arms` arms that each make one model round).
+fn parked_tasks_prompt(tasks: usize, arms: usize) -> String {
+    let body = if arms == 0 {
+        "return models.infer('hello')".to_string()
+    } else {
+        format!("local items = {{}}\nfor i = 1, {arms} do items[i] = i end\nreturn #fanout('#### Arm', items)")
+    };
+    format!("{HEAD}models:\n  writer: {{}}\n---\n\n# Parked\n\n```lua\nmodels.default('writer')\n```\n\n## Main\n\n```lua\nlocal all = {{}}\nfor i = 1, {tasks} do all[i] = tasks.spawn('### Work') end\nlocal done = tasks.when_all(all)\nreturn #done\n```\n\n### Work\n\n```lua\n{body}\n```\n\n#### Arm\n\n```lua\nreturn models.infer('hello ' .. item)\n```\n")
+}
+
+// ---------------------------------------------------------------------------
+// Hosts
+
+fn host_from(text: &str, dir: &Path) -> HostConfig {
+    let host: HostFile = toml::from_str(text).expect("host file");
+    HostConfig::from_file(&host, dir).expect("host config")
+}
+
+/// A scripted model with `replies` replies: `tick` tool calls first, then text.
+fn script_host(dir: &Path, ticks: usize, texts: usize) -> HostConfig {
+    let mut replies: Vec<serde_json::Value> = (0..ticks)
+        .map(|_| serde_json::json!({"tool_calls": [{"name": "tick", "arguments": {"step": 1}}]}))
+        .collect();
+    replies.extend((0..texts).map(|_| serde_json::json!("done")));
+    let file = dir.join(format!("replies-{ticks}-{texts}.json"));
+    std::fs::write(&file, serde_json::Value::Array(replies).to_string()).expect("replies");
+    host_from(
+        &format!(
+            "[model]\nprovider = \"script\"\nreplies = {:?}\n",
+            file.display().to_string()
+        ),
+        dir,
+    )
+}
+
+fn openai_host(dir: &Path, base: &str) -> HostConfig {
+    host_from(
+        &format!("[model]\nprovider = \"openai\"\nbase_url = {base:?}\nmodel = \"bench\"\n"),
+        dir,
+    )
+}
+
+// ---------------------------------------------------------------------------
+// One run, as `promptforge run` does it
+
+struct Bench {
+    runtime: tokio::runtime::Runtime,
+    store: PathBuf,
+    db: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Bench {
+    fn new() -> Bench {
+        let dir = tempfile::tempdir().expect("tempdir");
+        Bench {
+            runtime: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime"),
+            store: dir.path().join("store"),
+            db: dir.path().join("runs.db"),
+            _dir: dir,
+        }
+    }
+
+    fn dir(&self) -> &Path {
+        self._dir.path()
+    }
+
+    /// One run through the Host's own pieces (assembly, observer, recording
+    /// decorators, engine), logged when `log` is true.
+    fn run(&self, prompt: &Arc<pf_syntax::Prompt>, text: &str, host: &HostConfig, log: bool) -> Outcome {
+        let sections = Arc::new(SectionTracker::default());
+        let sink = log.then(|| {
+            Arc::new(RunLogSink::new(RunWriter::begin(
+                &self.db,
+                RunStart {
+                    execution: pf_engine::seeded_names(7).0,
+                    prompt_path: "bench.md".into(),
+                    prompt_text: text.to_string(),
+                    args: serde_json::Value::String(String::new()),
+                    seed: 7,
+                    start_rfc3339: pf_engine::format_when(0),
+                    start_ms: 0,
+                    host_file: None,
+                    model: None,
+                    store_dir: Some(self.store.display().to_string()),
+                    replay_of: None,
+                    resumed_from: None,
+                },
+            )))
+        });
+        let work = match &sink {
+            Some(sink) => HostWork::Recorded(Arc::new(Recorder::new(
+                Arc::clone(sink),
+                Arc::clone(&sections),
+                prompt,
+            ))),
+            None => HostWork::Direct,
+        };
+        let observer = HostObserver::new(sink.clone(), None, sections);
+        let report = self.runtime.block_on(async {
+            let current = host.current_id(None).expect("current model");
+            let host = host.assemble_for(current.as_deref(), &work).expect("host");
+            let setup = RunSetup {
+                seed: 7,
+                start_ms: 0,
+                args: String::new(),
+                store_dir: self.store.clone(),
+                harness: host.harness,
+                model: host.model,
+                catalog: host.catalog,
+                cancel: CancellationToken::new(),
+                ui: host.ui,
+                observer: Some(Arc::new(observer)),
+                capture: false,
+            };
+            pf_engine::run(Arc::clone(prompt), setup).await
+        });
+        if let Some(sink) = &sink {
+            sink.finish(
+                pf_runlog::Outcome::Completed {
+                    result: String::new(),
+                },
+                0,
+            );
+        }
+        report.outcome
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Timing
+
+fn quick() -> bool {
+    std::env::var_os("PF_PERF_QUICK").is_some()
+}
+
+/// Two workloads timed in alternation (A, B, A, B, ...) so drift on a noisy
+/// machine hits both alike; the medians of each.
+fn paired(n: usize, mut a: impl FnMut(), mut b: impl FnMut()) -> (Duration, Duration) {
+    a();
+    b();
+    let n = if quick() { n.div_ceil(3).max(1) } else { n };
+    let mut ta = Vec::new();
+    let mut tb = Vec::new();
+    for _ in 0..n {
+        let t = Instant::now();
+        a();
+        ta.push(t.elapsed());
+        let t = Instant::now();
+        b();
+        tb.push(t.elapsed());
+    }
+    ta.sort();
+    tb.sort();
+    (ta[ta.len() / 2], tb[tb.len() / 2])
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+fn row(name: &str, value: String, baseline: &str, ratio: String) {
+    println!("{name:<48} {value:>14}  {baseline:<40} {ratio:>8}");
+}
+
+fn ratio(a: Duration, b: Duration) -> String {
+    format!("{:.2}x", a.as_secs_f64() / b.as_secs_f64())
+}
+
+fn pct(on: Duration, off: Duration) -> String {
+    format!("{:+.1}%", (on.as_secs_f64() / off.as_secs_f64() - 1.0) * 100.0)
+}
+
+// ---------------------------------------------------------------------------
+// Baselines
+
+/// A fresh Lua state with the standard libraries, one global, one chunk.
+fn bare_lua_arms(arms: usize) {
+    for i in 0..arms {
+        let lua = mlua::Lua::new();
+        lua.globals().set("item", i as i64).expect("global");
+        let r: i64 = lua.load("return item * 2").eval().expect("chunk");
+        assert_eq!(r, i as i64 * 2);
+    }
+}
+
+/// The tool loop's HTTP work without the engine: the same 51 POSTs, each
+/// carrying the whole conversation so far, each reply parsed.
+async fn bare_http_loop(client: &reqwest::Client, url: &str) -> usize {
+    let tools = serde_json::json!([{"type": "function", "function": {"name": "tick", "description": "Count one",
+        "parameters": {"type": "object", "properties": {"step": {"type": "integer"}}, "required": ["step"], "additionalProperties": false}}}]);
+    let mut messages = vec![serde_json::json!({"role": "user", "content": "tick fifty times"})];
+    let mut n = 0;
+    loop {
+        let body = serde_json::json!({"model": "bench", "messages": messages, "tools": tools});
+        let reply: serde_json::Value = client
+            .post(url)
+            .json(&body)
+            .send()
+            .await
+            .expect("send")
+            .json()
+            .await
+            .expect("reply");
+        let message = reply["choices"][0]["message"].clone();
+        let Some(calls) = message["tool_calls"].as_array().cloned() else {
+            return n;
+        };
+        messages.push(message);
+        for call in calls {
+            let args: serde_json::Value =
+                serde_json::from_str(call["function"]["arguments"].as_str().expect("args"))
+                    .expect("args json");
+            n += args["step"].as_i64().expect("step") as usize;
+            messages.push(serde_json::json!({"role": "tool", "tool_call_id": call["id"], "content": "ok"}));
+        }
+    }
+}
+
+/// A local OpenAI-compatible server that answers at once: a `tick` tool call
+/// until the request holds 50 tool results, then a text reply.
+fn instant_openai_server() -> String {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let base = format!("http://{}/v1", listener.local_addr().expect("addr"));
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { continue };
+            let _ = stream.set_nodelay(true);
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+                let mut stream = stream;
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let mut length = 0usize;
+                    loop {
+                        let mut h = String::new();
+                        if reader.read_line(&mut h).unwrap_or(0) == 0 || h.trim().is_empty() {
+                            break;
+                        }
+                        if let Some((k, v)) = h.split_once(':') {
+                            if k.trim().eq_ignore_ascii_case("content-length") {
+                                length = v.trim().parse().unwrap_or(0);
+                            }
+                        }
+                    }
+                    let mut body = vec![0u8; length];
+                    if reader.read_exact(&mut body).is_err() {
+                        return;
+                    }
+                    let request: serde_json::Value =
+                        serde_json::from_slice(&body).unwrap_or_default();
+                    let results = request["messages"]
+                        .as_array()
+                        .map_or(0, |m| m.iter().filter(|r| r["role"] == "tool").count());
+                    let reply = if results < 50 {
+                        serde_json::json!({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,
+                            "tool_calls": [{"id": format!("call_{results}"), "type": "function", "function": {"name": "tick", "arguments": "{\"step\":1}"}}]}}]})
+                    } else {
+                        serde_json::json!({"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "done"}}]})
+                    };
+                    let text = reply.to_string();
+                    let head = format!("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", text.len());
+                    // One write: a split head and body would stall on Nagle plus delayed ACK.
+                    if stream.write_all(format!("{head}{text}").as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    base
+}
+
+// ---------------------------------------------------------------------------
+// Child processes: one workload each, reporting time and peak RSS
+
+fn peak_rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Run `workload` in a child process; its wall time (of the run alone) and peak RSS in KiB.
+fn in_child(workload: &str) -> (Duration, u64) {
+    let exe = std::env::current_exe().expect("current exe");
+    let out = std::process::Command::new(exe)
+        .env("PF_PERF_CHILD", workload)
+        .output()
+        .expect("child");
+    assert!(
+        out.status.success(),
+        "child {workload}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut fields = text.split_whitespace();
+    let micros: u64 = fields.next().and_then(|f| f.parse().ok()).expect("time");
+    let kib: u64 = fields.next().and_then(|f| f.parse().ok()).expect("rss");
+    (Duration::from_micros(micros), kib)
+}
+
+fn child(workload: &str) {
+    let bench = Bench::new();
+    let mut parts = workload.split(':');
+    let kind = parts.next().unwrap_or_default();
+    let a: usize = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    let b: usize = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    let (text, host, want) = match kind {
+        // The process with the engine loaded and one trivial run: the floor.
+        "floor" => (
+            model_fanout_prompt(1),
+            script_host(bench.dir(), 0, 1),
+            "1".to_string(),
+        ),
+        // For profiling: `PF_PERF_CHILD=pure_fanout:10000 perf record ...`.
+        "pure_fanout" => (
+            pure_fanout_prompt(a),
+            HostConfig::load(None).expect("defaults"),
+            a.to_string(),
+        ),
+        "scripted_loop" => (loop_prompt(), script_host(bench.dir(), 50, 1), "50".to_string()),
+        "model_fanout" => (
+            model_fanout_prompt(a),
+            script_host(bench.dir(), 0, a),
+            a.to_string(),
+        ),
+        "parked" => (
+            parked_tasks_prompt(a, b),
+            script_host(bench.dir(), 0, a * b.max(1)),
+            a.to_string(),
+        ),
+        other => panic!("unknown workload {other}"),
+    };
+    let prompt = Arc::new(pf_syntax::parse(text.as_bytes()).expect("parse"));
+    let log = std::env::var_os("PF_PERF_LOG").is_some();
+    // `PF_PERF_REPEAT=N` runs the workload N times (for a profiler's samples).
+    let repeat: usize = std::env::var("PF_PERF_REPEAT")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(1);
+    let t = Instant::now();
+    let mut outcome = bench.run(&prompt, &text, &host, log);
+    for _ in 1..repeat {
+        outcome = bench.run(&prompt, &text, &host, log);
+    }
+    let took = t.elapsed();
+    assert_eq!(outcome, Outcome::Completed(want), "{workload}");
+    println!("{} {}", took.as_micros(), peak_rss_kib());
+}
+
+// ---------------------------------------------------------------------------
+
+fn main() {
+    if let Ok(workload) = std::env::var("PF_PERF_CHILD") {
+        child(&workload);
+        return;
+    }
+    // `cargo bench` passes `--bench`; a filter-free run is the only mode.
+    let bench = Bench::new();
+    println!(
+        "{:<48} {:>14}  {:<40} {:>8}",
+        "workload", "time", "baseline", "ratio"
+    );
+
+    // (a) section entry
+    let arms = 10_000;
+    let text = pure_fanout_prompt(arms);
+    let prompt = Arc::new(pf_syntax::parse(text.as_bytes()).expect("parse"));
+    let defaults = HostConfig::load(None).expect("defaults");
+    let check = bench.run(&prompt, &text, &defaults, false);
+    assert_eq!(check, Outcome::Completed(arms.to_string()));
+    let (engine, bare) = paired(
+        5,
+        || {
+            bench.run(&prompt, &text, &defaults, false);
+        },
+        || bare_lua_arms(arms),
+    );
+    row(
+        "10,000 pure-Lua fanout arms",
+        ms(engine),
+        &format!("fresh Lua state x10,000 {}", ms(bare)),
+        ratio(engine, bare),
+    );
+    row(
+        "  per section entry",
+        format!("{:.1} µs", engine.as_secs_f64() * 1e6 / arms as f64),
+        &format!("per fresh Lua state {:.1} µs", bare.as_secs_f64() * 1e6 / arms as f64),
+        String::new(),
+    );
+
+    // (b) the tool loop over HTTP, run log on, vs bare reqwest
+    let base = instant_openai_server();
+    let openai = openai_host(bench.dir(), &base);
+    let text = loop_prompt();
+    let looping = Arc::new(pf_syntax::parse(text.as_bytes()).expect("parse"));
+    assert_eq!(
+        bench.run(&looping, &text, &openai, true),
+        Outcome::Completed("50".into())
+    );
+    let client = reqwest::Client::new();
+    let url = format!("{base}/chat/completions");
+    let (engine, bare) = paired(
+        15,
+        || {
+            bench.run(&looping, &text, &openai, true);
+        },
+        || {
+            assert_eq!(bench.runtime.block_on(bare_http_loop(&client, &url)), 50);
+        },
+    );
+    row(
+        "50-round tool loop, OpenAI, run log on",
+        ms(engine),
+        &format!("bare reqwest loop {}", ms(bare)),
+        ratio(engine, bare),
+    );
+    row(
+        "  engine overhead per round",
+        format!(
+            "{:.0} µs",
+            (engine.as_secs_f64() - bare.as_secs_f64()) * 1e6 / 51.0
+        ),
+        "",
+        String::new(),
+    );
+
+    // (e) run log on vs off
+    let (on, off) = paired(
+        15,
+        || {
+            bench.run(&looping, &text, &openai, true);
+        },
+        || {
+            bench.run(&looping, &text, &openai, false);
+        },
+    );
+    row(
+        "50-round tool loop, OpenAI, run log on",
+        ms(on),
+        &format!("run log off {}", ms(off)),
+        pct(on, off),
+    );
+    let scripted = script_host(bench.dir(), 50, 1);
+    let (on, off) = paired(
+        15,
+        || {
+            bench.run(&looping, &text, &scripted, true);
+        },
+        || {
+            bench.run(&looping, &text, &scripted, false);
+        },
+    );
+    row(
+        "50-round tool loop, scripted, run log on",
+        ms(on),
+        &format!("run log off {}", ms(off)),
+        pct(on, off),
+    );
+    let text = pure_fanout_prompt(1000);
+    let wide = Arc::new(pf_syntax::parse(text.as_bytes()).expect("parse"));
+    let (on, off) = paired(
+        9,
+        || {
+            bench.run(&wide, &text, &defaults, true);
+        },
+        || {
+            bench.run(&wide, &text, &defaults, false);
+        },
+    );
+    row(
+        "1,000-arm fanout, run log on",
+        ms(on),
+        &format!("run log off {}", ms(off)),
+        pct(on, off),
+    );
+    let text = model_fanout_prompt(1000);
+    let wide = Arc::new(pf_syntax::parse(text.as_bytes()).expect("parse"));
+    let replies = script_host(bench.dir(), 0, 1000);
+    let (on, off) = paired(
+        9,
+        || {
+            bench.run(&wide, &text, &replies, true);
+        },
+        || {
+            bench.run(&wide, &text, &replies, false);
+        },
+    );
+    row(
+        "1,000 arms x one model round, run log on",
+        ms(on),
+        &format!("run log off {}", ms(off)),
+        pct(on, off),
+    );
+
+    // (c) 1,000 arms with one scripted round each, in a child process
+    let (_, floor) = in_child("floor");
+    let runs: Vec<(Duration, u64)> = (0..if quick() { 1 } else { 3 })
+        .map(|_| in_child("model_fanout:1000"))
+        .collect();
+    let took = runs.iter().map(|r| r.0).min().unwrap_or_default();
+    let peak = runs.iter().map(|r| r.1).max().unwrap_or_default();
+    row(
+        "1,000 arms x one scripted round (child)",
+        ms(took),
+        &format!("peak RSS {:.1} MB (floor {:.1} MB)", peak as f64 / 1024.0, floor as f64 / 1024.0),
+        String::new(),
+    );
+
+    // (d) memory per parked task and per live arm
+    let tasks = 1000;
+    let (_, parked) = in_child(&format!("parked:{tasks}:0"));
+    row(
+        "memory per parked task (1,000 tasks)",
+        format!("{:.1} KB", (parked.saturating_sub(floor)) as f64 / tasks as f64),
+        &format!("peak RSS {:.1} MB", parked as f64 / 1024.0),
+        String::new(),
+    );
+    let (tasks, arms) = (100, 8);
+    let (_, base_tasks) = in_child(&format!("parked:{tasks}:0"));
+    let (_, with_arms) = in_child(&format!("parked:{tasks}:{arms}"));
+    row(
+        "memory per live arm (100 tasks x 8 arms)",
+        format!(
+            "{:.1} KB",
+            (with_arms.saturating_sub(base_tasks)) as f64 / (tasks * arms) as f64
+        ),
+        &format!("peak RSS {:.1} MB", with_arms as f64 / 1024.0),
+        String::new(),
+    );
+}
