@@ -729,3 +729,43 @@ pub(crate) fn internal_chunk(
     INTERNAL_BYTECODE.with(|c| c.borrow_mut().insert(name, code));
     Ok(f)
 }
+
+/// How many prompt blocks' bytecode one thread keeps (a long-lived Host runs many prompts).
+const BLOCK_CACHE_LIMIT: usize = 512;
+
+thread_local! {
+    /// Bytecode of prompt blocks this thread compiled, by chunk name and source:
+    /// a fanout enters the same block once per arm, and compiling it again each
+    /// time was a tenth of a section entry. Only the engine's own dump of text
+    /// it compiled is ever loaded as binary; the function is new in every VM.
+    static BLOCK_BYTECODE: RefCell<HashMap<(String, String), Vec<u8>>> =
+        RefCell::new(HashMap::new());
+}
+
+/// Compile one prompt block (text only), from this thread's cache when it was
+/// compiled before.
+pub(crate) fn block_chunk(lua: &Lua, name: &str, source: String) -> mlua::Result<Function> {
+    let key = (name.to_string(), source);
+    let cached = BLOCK_BYTECODE.with(|c| c.borrow().get(&key).cloned());
+    if let Some(code) = cached {
+        return lua
+            .load(code)
+            .set_name(name)
+            .set_mode(mlua::ChunkMode::Binary)
+            .into_function();
+    }
+    let f = lua
+        .load(key.1.as_str())
+        .set_name(name)
+        .set_mode(mlua::ChunkMode::Text)
+        .into_function()?;
+    let code = f.dump(false);
+    BLOCK_BYTECODE.with(|c| {
+        let mut cache = c.borrow_mut();
+        if cache.len() >= BLOCK_CACHE_LIMIT {
+            cache.clear();
+        }
+        cache.insert(key, code);
+    });
+    Ok(f)
+}

@@ -45,6 +45,9 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     // The memory ceiling covers everything from the first instruction, the setup included.
     lua.set_memory_limit(sec.run.fixed.memory_limit)?;
     lua.set_app_data(Rc::clone(&sec));
+    // Everything the setup builds lives as long as the VM: collecting while
+    // building it is wasted work. Restarted before any prompt code runs.
+    lua.gc_stop();
 
     let h = lua.create_table()?;
     let kinds = lua.create_table()?;
@@ -160,6 +163,7 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
         host_fn(&lua, |lua, _| crate::walk::read_prose(lua))?,
     )?;
     internal_chunk(&lua, "=[promptforge env]", ENV)?.call::<()>(h)?;
+    lua.gc_restart();
     Ok(lua)
 }
 

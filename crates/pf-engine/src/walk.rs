@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use mlua::{ChunkMode, Function, Lua, MultiValue, Table, Value};
+use mlua::{Function, Lua, MultiValue, Table, Value};
 use pf_syntax::{resolve_heading, Block, LuaBlock, Prompt, Section};
 use serde_json::Value as Json;
 
@@ -435,12 +435,7 @@ async fn run_block(lua: &Lua, sec: &Rc<SectionCtx>, block: &LuaBlock) -> BlockEn
     // Pad with newlines so Lua's own line numbers are the prompt file's lines.
     let padding = "\n".repeat(block.first_line.saturating_sub(1) as usize);
     let source = format!("{padding}{}", block.source);
-    let func = match lua
-        .load(source)
-        .set_name(block.label.clone())
-        .set_mode(ChunkMode::Text)
-        .into_function()
-    {
+    let func = match crate::ctx::block_chunk(lua, &block.label, source) {
         Ok(f) => f,
         Err(e) => return fail(sec, RunErrorKind::Lua, crate::ctx::mlua_message(&e), None),
     };
