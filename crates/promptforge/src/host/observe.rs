@@ -19,6 +19,8 @@ pub struct HostObserver {
     live: Option<Arc<RunProgress>>,
     sections: Arc<SectionTracker>,
     trace: Option<Arc<OtlpTrace>>,
+    /// The host file's `stream = true`: loop rounds stream with no one watching.
+    stream: bool,
 }
 
 impl HostObserver {
@@ -32,7 +34,15 @@ impl HostObserver {
             live,
             sections,
             trace: None,
+            stream: false,
         }
+    }
+
+    /// Ask for every loop round streamed, whether or not anyone watches, so
+    /// the round's `metrics.client` times its first and later fragments.
+    pub fn streaming(mut self, stream: bool) -> HostObserver {
+        self.stream = stream;
+        self
     }
 
     /// Also note every event for the run's OpenTelemetry trace.
@@ -57,7 +67,7 @@ impl RunObserver for HostObserver {
     }
 
     fn wants_live_text(&self) -> bool {
-        self.live.is_some()
+        self.live.is_some() || self.stream
     }
 
     fn live_text(&self, text: LiveText<'_>) -> bool {
