@@ -60,6 +60,9 @@ pub struct ModelFixture {
     /// The host file's `stream = true`: every `models.loop` round streams.
     #[serde(default)]
     pub stream: bool,
+    /// Run with `--capture`: each round reports its raw `request`/`response` bodies.
+    #[serde(default)]
+    pub capture: bool,
     #[serde(default = "default_model_id")]
     pub id: String,
     #[serde(default = "default_context")]

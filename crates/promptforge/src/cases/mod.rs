@@ -284,6 +284,9 @@ impl Runner {
         if let Some(a) = &case.args {
             cmd.arg(a);
         }
+        if case.model.as_ref().is_some_and(|m| m.capture) {
+            cmd.arg("--capture");
+        }
         cmd.arg("--host")
             .arg(&host_file)
             .arg("--seed")
