@@ -379,6 +379,40 @@ fn a_lua_runtime_error_names_its_prompt_line() {
 }
 
 #[test]
+fn a_failed_block_logs_its_lua_traceback_at_debug_level() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = write(
+        dir.path(),
+        "f.md",
+        "---\nname: f\ndescription: d\npromptforge: 0\n---\n\n# F\n\n```lua shared\nfunction helper(x)\n  error('bad ' .. x)\nend\n```\n\n## Main\n\n```lua\nlocal function inner()\n  helper('thing')\nend\ninner()\n```\n",
+    );
+    let run = |log: Option<&str>| {
+        let mut c = bin();
+        c.arg("run")
+            .arg(&p)
+            .env("PROMPTFORGE_HOME", dir.path().join("home"));
+        if let Some(level) = log {
+            c.env("PROMPTFORGE_LOG", level);
+        }
+        c.output().expect("run")
+    };
+    let out = run(Some("debug"));
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    let file = p.display().to_string();
+    assert!(
+        err.contains(&format!(
+            "Lua traceback of the failed block section `Main` prologue ({file}, task 0):\nstack traceback:\n\t{file}:11: in global 'helper' (prompt shared library)\n\t{file}:19: in local 'inner' (section `Main` prologue)\n\t{file}:21: in main chunk (section `Main` prologue)\n"
+        )),
+        "{err}"
+    );
+    // The engine's own frames (prelude, C functions) stay out; no ANSI when piped.
+    assert!(!err.contains("[C]") && !err.contains('\x1b'), "{err}");
+    assert!(!text(&run(None).stderr).contains("traceback"));
+    assert!(!text(&run(Some("info")).stderr).contains("traceback"));
+}
+
+#[test]
 fn usage_errors_under_json_print_a_json_object() {
     let dir = tempfile::tempdir().expect("tempdir");
     let p = write(dir.path(), "p.md", OK_PROMPT);

@@ -233,8 +233,9 @@ pub(crate) fn execute(plan: RunPlan) -> ExitCode {
         (None, Some(recorder)) => HostWork::Recorded(recorder),
         (None, None) => HostWork::Direct,
     };
-    let observer =
-        HostObserver::new(log.sink.clone(), progress.clone(), sections).with_trace(trace.clone());
+    let observer = HostObserver::new(log.sink.clone(), progress.clone(), sections)
+        .with_trace(trace.clone())
+        .with_prompt_file(file);
     let mut usage = None;
     let finished = runtime.block_on(async {
         let host = host_config.assemble_for(current.as_deref(), &work)?;
