@@ -226,7 +226,9 @@ return (page:find('Fixture page', 1, true) and 'page' or 'no page') .. '|' .. fo
       store:
         out.txt: before+tides
         missing.txt: null
-      tool_calls: [fetch, lookup]
+      tool_calls:
+        - {alias: fetch, arguments: {url: "{{WEB}}/page.txt"}}
+        - {alias: lookup, arguments: {word: tide}}
       events:
         user_input: 1
 "#,
@@ -234,6 +236,69 @@ return (page:find('Fixture page', 1, true) and 'page' or 'no page') .. '|' .. fo
     let (code, out, err) = pf_test(dir.path(), &["fix.md"]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.ends_with("1 passed, 0 failed\n"), "{out}");
+}
+
+const TALLY: &str = r#"---
+name: tally
+description: a script and the model both call a local tool
+promptforge: 0
+models:
+  w: {}
+---
+
+# Tally
+
+## Count
+
+```lua
+models.use('w')
+tools.add_local('add', 'Add n to the tally', { n = 'integer' }, function(a)
+  var.total = (var.total or 0) + a.n
+  return tostring(var.total)
+end)
+tools.call('add', { n = 2 })
+local ok = pcall(tools.call, 'missing', { why = 'not bound' })
+local msgs = messages.new():user('Add more: ' .. args)
+models.loop(msgs)
+tools.call('add', { n = 10 })
+return tostring(var.total)
+```
+"#;
+
+#[test]
+fn script_and_model_tool_calls_are_checked_with_their_arguments() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write(dir.path(), "tally.md", TALLY);
+    let case = |name: &str, calls: &str| {
+        format!(
+            "  - name: {name}\n    args: x\n    replies:\n      - tool_calls: [{{name: add, arguments: {{n: 5}}}}]\n      - done\n    expect:\n      result: \"17\"\n      tool_calls:\n{calls}"
+        )
+    };
+    let right = "        - {alias: add, arguments: {n: 2}}\n        - {alias: missing, arguments: {why: not bound}}\n        - {alias: add, arguments: {n: 5}}\n        - {alias: add, arguments: {n: 10}}\n";
+    let wrong = "        - {alias: add, arguments: {n: 2}}\n        - missing\n        - {alias: add, arguments: {n: 5}}\n        - {alias: add, arguments: {n: 1}}\n";
+    write(
+        dir.path(),
+        "tally.test.yaml",
+        &format!(
+            "cases:\n{}{}{}",
+            case("every call with its arguments", right),
+            case("aliases only", "        - add\n        - missing\n        - add\n        - add\n"),
+            case("a script call's arguments differ", wrong)
+        ),
+    );
+    let (code, out, err) = pf_test(dir.path(), &["."]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("ok     tally.test.yaml: every call with its arguments"), "{out}");
+    assert!(out.contains("ok     tally.test.yaml: aliases only"), "{out}");
+    assert!(
+        out.contains("FAILED tally.test.yaml: a script call's arguments differ"),
+        "{out}"
+    );
+    assert!(
+        out.contains("    tool calls differ (4 expected, 4 made) (- expected, + actual):\n        add {\"n\":2}\n        missing\n        add {\"n\":5}\n      - add {\"n\":1}\n      + add {\"n\":10}\n"),
+        "{out}"
+    );
+    assert!(out.ends_with("2 passed, 1 failed\n"), "{out}");
 }
 
 #[test]
