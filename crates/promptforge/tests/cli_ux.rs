@@ -273,6 +273,68 @@ fn run_builds_typed_arguments_from_arg_flags() {
 }
 
 #[test]
+fn arg_flags_type_numbers_and_booleans_and_the_guide_has_four_types() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = write(
+        dir.path(),
+        "num.md",
+        "---\nname: num\ndescription: d\npromptforge: 0\nargs:\n  n:\n    type: number\n  b:\n    type: boolean\n    optional: true\n---\n\n# Num\n\n## Only\n\n```lua\nreturn tostring(argv.n) .. ' ' .. math.type(argv.n) .. ' ' .. tostring(argv.b)\n```\n",
+    );
+    let run = |extra: &[&str]| {
+        bin()
+            .arg("run")
+            .arg(&p)
+            .args(extra)
+            .env("PROMPTFORGE_HOME", dir.path().join("home"))
+            .output()
+            .expect("run")
+    };
+    // A number reads as the same JSON would: `3` stays an integer.
+    assert_eq!(text(&run(&["--arg", "n=3"]).stdout), "3 integer nil\n");
+    assert_eq!(
+        text(&run(&["--arg", "n=2.5", "--arg", "b=false"]).stdout),
+        "2.5 float false\n"
+    );
+    for (pair, message) in [
+        ("n=x", "error: --arg n=x: `n` is a number\n"),
+        ("n=inf", "error: --arg n=inf: `n` is a number\n"),
+        (
+            "b=yes",
+            "error: --arg b=yes: `b` is a boolean (true or false)\n",
+        ),
+        ("n", "error: --arg \"n\": expected NAME=VALUE\n"),
+    ] {
+        let out = run(&["--arg", pair]);
+        assert_eq!(out.status.code(), Some(2), "{pair}");
+        assert_eq!(text(&out.stderr), message, "{pair}");
+    }
+    let out = run(&["--arg", "n=1", "--arg", "n=2"]);
+    assert_eq!(text(&out.stderr), "error: --arg n given twice\n");
+    // The guide's four types are all there are: another word is its Frontmatter error.
+    let bad = write(
+        dir.path(),
+        "arr.md",
+        "---\nname: a\ndescription: d\npromptforge: 0\nargs:\n  items:\n    type: array\n---\n\n# A\n",
+    );
+    let message = "invalid frontmatter: unknown variant `array`, expected one of `string`, `boolean`, `integer`, `number`";
+    let out = bin().arg("check").arg(&bad).output().expect("check");
+    assert_eq!(
+        text(&out.stdout),
+        format!("{}:7:11: Frontmatter: {message}\n", bad.display())
+    );
+    let out = bin()
+        .arg("run")
+        .arg(&bad)
+        .arg("--json")
+        .env("PROMPTFORGE_HOME", dir.path().join("home"))
+        .output()
+        .expect("run");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["error"]["message"], message);
+    assert_eq!(v["error"]["line"], 7);
+}
+
+#[test]
 fn args_dash_reads_stdin() {
     let dir = tempfile::tempdir().expect("tempdir");
     let p = write(dir.path(), "p.md", OK_PROMPT);

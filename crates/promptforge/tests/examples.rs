@@ -233,12 +233,18 @@ fn every_example_has_tests_and_they_pass() {
         if path.extension().is_none_or(|e| e != "md") {
             continue;
         }
-        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
+        let stem = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default();
         let file = format!("{stem}.test.yaml");
         let count = cases
             .iter()
             .filter(|c| c["file"].as_str().is_some_and(|f| f.ends_with(&file)))
             .count();
-        assert!(count >= 2, "{stem}.md has {count} test cases; every example needs its tests");
+        assert!(
+            count >= 2,
+            "{stem}.md has {count} test cases; every example needs its tests"
+        );
     }
 }

@@ -282,14 +282,23 @@ fn script_and_model_tool_calls_are_checked_with_their_arguments() {
         &format!(
             "cases:\n{}{}{}",
             case("every call with its arguments", right),
-            case("aliases only", "        - add\n        - missing\n        - add\n        - add\n"),
+            case(
+                "aliases only",
+                "        - add\n        - missing\n        - add\n        - add\n"
+            ),
             case("a script call's arguments differ", wrong)
         ),
     );
     let (code, out, err) = pf_test(dir.path(), &["."]);
     assert_eq!(code, 1, "{out}{err}");
-    assert!(out.contains("ok     tally.test.yaml: every call with its arguments"), "{out}");
-    assert!(out.contains("ok     tally.test.yaml: aliases only"), "{out}");
+    assert!(
+        out.contains("ok     tally.test.yaml: every call with its arguments"),
+        "{out}"
+    );
+    assert!(
+        out.contains("ok     tally.test.yaml: aliases only"),
+        "{out}"
+    );
     assert!(
         out.contains("FAILED tally.test.yaml: a script call's arguments differ"),
         "{out}"

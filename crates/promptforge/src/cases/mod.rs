@@ -288,7 +288,7 @@ impl Runner {
                 "PROMPTFORGE_LOG",
                 "promptforge::events=debug,promptforge::tools=debug",
             )
-                .env("NO_COLOR", "1");
+            .env("NO_COLOR", "1");
         }
         let started = std::time::Instant::now();
         let out = cmd
