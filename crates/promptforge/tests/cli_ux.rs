@@ -247,6 +247,43 @@ fn info_shows_what_a_prompt_declares() {
 }
 
 #[test]
+fn info_shows_roles_plugins_tool_slots_and_the_section_tree() {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let info = |name: &str, json: bool| {
+        let mut c = bin();
+        c.arg("info").arg(examples.join(name));
+        if json {
+            c.arg("--json");
+        }
+        let out = c.output().expect("info");
+        assert_eq!(out.status.code(), Some(0));
+        text(&out.stdout)
+    };
+    let shown = info("research.md", false);
+    for part in [
+        "roles:\n  researcher  — plans searches, reads pages, writes the answer\n",
+        "plugins:\n  promptforge/web\n",
+        "tools:\n  search -> promptforge/web/search\n  fetch -> promptforge/web/fetch\n",
+        "(none declared: ARGS is free text, `args` and `argv.prose` in Lua)",
+    ] {
+        assert!(shown.contains(part), "{part:?} in {shown}");
+    }
+    let shown = info("pipeline.md", false);
+    assert!(
+        shown.contains("sections:\n  # Pipeline\n    ## Draft  line 18\n    ## Review  line 26\n      ### Critique  line 37\n"),
+        "{shown}"
+    );
+    let v: Value = serde_json::from_str(&info("research.md", true)).expect("json");
+    assert_eq!(v["roles"][0]["label"], "researcher");
+    assert_eq!(v["plugins"][0]["id"], "promptforge/web");
+    assert_eq!(v["tools"][1]["alias"], "fetch");
+    assert_eq!(v["tools"][1]["path"], "promptforge/web/fetch");
+    let v: Value = serde_json::from_str(&info("pipeline.md", true)).expect("json");
+    assert_eq!(v["sections"][1]["children"][0]["heading"], "### Critique");
+    assert_eq!(v["sections"][1]["children"][0]["line"], 37);
+}
+
+#[test]
 fn run_builds_typed_arguments_from_arg_flags() {
     let dir = tempfile::tempdir().expect("tempdir");
     let p = write(dir.path(), "greet.md", TYPED);
@@ -620,6 +657,47 @@ fn info_logs_say_what_the_host_is() {
     );
     assert!(err.contains("store directory: "), "{err}");
     assert!(err.contains("Plugins offered: promptforge/web"), "{err}");
+}
+
+#[test]
+fn dependency_logs_stay_out_below_trace() {
+    use promptforge::cases::case::{Page, WebFixture};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut fixture = WebFixture::default();
+    fixture.pages.insert(
+        "/page.txt".to_string(),
+        Page {
+            status: 200,
+            content_type: Some("text/plain".to_string()),
+            headers: Default::default(),
+            body: serde_json::json!("a page"),
+        },
+    );
+    let server = promptforge::cases::WebServer::start(fixture).expect("web fixture");
+    let p = write(
+        dir.path(),
+        "fetch.md",
+        &format!("---\nname: f\ndescription: d\npromptforge: 0\nplugins:\n  - promptforge/web\ntools:\n  fetch: promptforge/web/fetch\n---\n\n# F\n\n## Only\n\n```lua\nreturn tools.call('fetch', {{ url = '{}/page.txt' }})\n```\n", server.base()),
+    );
+    let host = write(dir.path(), "host.toml", "[web]\nallow_loopback = true\n");
+    let run = |level: &str| {
+        let out = bin()
+            .arg("run")
+            .arg(&p)
+            .arg("--host")
+            .arg(&host)
+            .env("PROMPTFORGE_HOME", dir.path().join("home"))
+            .env("PROMPTFORGE_LOG", level)
+            .output()
+            .expect("run");
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        text(&out.stderr)
+    };
+    let debug = run("debug");
+    // Our own debug lines are there; the HTTP client's are not.
+    assert!(debug.contains("{\"tool_call\":"), "{debug}");
+    assert!(!debug.contains("connecting to"), "{debug}");
+    assert!(run("trace").contains("connecting to"));
 }
 
 #[test]
