@@ -140,9 +140,21 @@ fn each_assertion_kind_fails_with_a_clear_diff() {
         "tests/errors.yaml",
         "prompt: ../notes.md\ncases:\n  - name: error kind\n    expect:\n      error: {kind: Tool}\n  - name: error message\n    expect:\n      error: {message: \"models.use failed\"}\n  - name: error contains\n    expect:\n      error: {message: {contains: nope}}\n  - name: cannot run\n    host_extra: \"[model]\\nprovider = \\\"nothing\\\"\\n\"\n",
     );
+    write(
+        dir.path(),
+        "echo.test.yaml",
+        "cases:\n  - name: result not contains\n    args: '{\"a\": [1, {\"b\": \"x\"}]}'\n    expect:\n      result: {not_contains: '\"b\"'}\n  - name: result json path value\n    args: '{\"a\": [1, {\"b\": \"x\"}]}'\n    expect:\n      result:\n        json_path:\n          $.a[1].b: y\n          $.c: 1\n  - name: wall budget\n    args: x\n    expect:\n      budget: {wall_ms: 0}\n",
+    );
     let (code, out, err) = pf_test(dir.path(), &["."]);
     assert_eq!(code, 1, "{out}{err}");
     let wanted = [
+        "FAILED echo.test.yaml: result not contains",
+        "    result contains \"\\\"b\\\"\"\n      actual:   \"{\\\"a\\\": [1, {\\\"b\\\": \\\"x\\\"}]}\"",
+        "    result $.a[1].b differs\n      expected: \"\\\"y\\\"\"\n      actual:   \"\\\"x\\\"\"",
+        "    result has nothing at $.c\n      expected: \"1\"",
+        "FAILED echo.test.yaml: wall budget",
+        "    over budget: ",
+        " milliseconds, at most 0 allowed\n      expected: \"<= 0\"",
         "FAILED notes.test.yaml: result equals",
         "    result differs (- expected, + actual):\n        done\n      - with 2 lines\n      + with two lines",
         "    result does not contain \"absent\"\n      actual:   \"done\\nwith two lines\"",
@@ -167,7 +179,7 @@ fn each_assertion_kind_fails_with_a_clear_diff() {
     for w in wanted {
         assert!(out.contains(w), "wanted {w:?} in:\n{out}");
     }
-    assert!(out.ends_with("0 passed, 16 failed\n"), "{out}");
+    assert!(out.ends_with("0 passed, 19 failed\n"), "{out}");
 }
 
 #[test]
@@ -308,6 +320,35 @@ fn script_and_model_tool_calls_are_checked_with_their_arguments() {
         "{out}"
     );
     assert!(out.ends_with("2 passed, 1 failed\n"), "{out}");
+}
+
+#[test]
+fn a_case_runs_with_its_seed_and_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write(
+        dir.path(),
+        "when.md",
+        "---\nname: when\ndescription: d\npromptforge: 0\n---\n\n# When\n\n## Only\n\n```lua\nreturn sys.when .. ' ' .. sys.execution\n```\n",
+    );
+    // What `run` gives with that seed and start is what the case must see.
+    let out = Command::new(env!("CARGO_BIN_EXE_promptforge"))
+        .arg("run")
+        .arg(dir.path().join("when.md"))
+        .args(["--seed", "42", "--start", "2030-05-06T07:08:09Z"])
+        .env("PROMPTFORGE_HOME", dir.path().join("home"))
+        .output()
+        .expect("run");
+    let expected = String::from_utf8_lossy(&out.stdout).trim_end().to_string();
+    assert!(expected.starts_with("2030-05-06"), "{expected}");
+    write(
+        dir.path(),
+        "when.test.yaml",
+        &format!("cases:\n  - name: fixed\n    seed: 42\n    start: \"2030-05-06T07:08:09Z\"\n    expect:\n      result: \"{expected}\"\n  - name: another seed\n    seed: 43\n    start: \"2030-05-06T07:08:09Z\"\n    expect:\n      result: \"{expected}\"\n"),
+    );
+    let (code, out, err) = pf_test(dir.path(), &["."]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("ok     when.test.yaml: fixed"), "{out}");
+    assert!(out.contains("FAILED when.test.yaml: another seed"), "{out}");
 }
 
 #[test]
