@@ -10,9 +10,12 @@ use pf_harness::{CancellationToken, Harness, ModelInfo, ThinkingSupport};
 use pf_models::ScriptProvider;
 use serde_json::{json, Value as Json};
 
+/// A heard call: alias, arguments, the model's call id, section.
+type HeardCall = (String, Json, Option<String>, String);
+
 #[derive(Default)]
 struct Heard {
-    calls: Mutex<Vec<(String, Json, Option<String>, String)>>,
+    calls: Mutex<Vec<HeardCall>>,
     traces: Mutex<Vec<(String, String, String)>>,
 }
 
@@ -81,7 +84,10 @@ fn every_dispatched_tool_call_is_heard_with_its_arguments() {
     assert_eq!(outcome, Outcome::Completed("done".into()));
     let calls = heard.calls.lock().unwrap().clone();
     assert_eq!(calls.len(), 3, "{calls:?}");
-    assert_eq!(calls[0], ("add".into(), json!({"a": 1}), None, "Add".into()));
+    assert_eq!(
+        calls[0],
+        ("add".into(), json!({"a": 1}), None, "Add".into())
+    );
     assert_eq!(calls[1].0, "nothing");
     assert_eq!(calls[1].1, json!({"why": "unbound"}));
     assert_eq!(calls[2].0, "add");
