@@ -715,3 +715,54 @@ fn the_cli_reference_page_matches_the_clap_definitions() {
          (or UPDATE_EXPECT=1 cargo test -p promptforge --test cli_ux)"
     );
 }
+
+#[test]
+fn the_guide_lists_every_chapter_and_the_readme_links_it() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let src = root.join("docs/src");
+    let summary = std::fs::read_to_string(src.join("SUMMARY.md")).expect("SUMMARY.md");
+    let mut pages = Vec::new();
+    for dir in [
+        src.clone(),
+        src.join("language"),
+        src.join("host"),
+        src.join("reference"),
+    ] {
+        for entry in std::fs::read_dir(&dir).expect("docs folder") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_some_and(|e| e == "md") && !path.ends_with("SUMMARY.md") {
+                pages.push(path);
+            }
+        }
+    }
+    for page in &pages {
+        let relative = page
+            .strip_prefix(&src)
+            .expect("under src")
+            .display()
+            .to_string();
+        assert!(
+            summary.contains(&format!("]({relative})")),
+            "{relative} is not in SUMMARY.md"
+        );
+        // Every `{{#include}}` names a file that exists.
+        let body = std::fs::read_to_string(page).expect("page");
+        for line in body.lines().filter(|l| l.starts_with("{{#include ")) {
+            let target = line
+                .trim_start_matches("{{#include ")
+                .trim_end_matches("}}")
+                .trim();
+            let included = page.parent().expect("folder").join(target);
+            assert!(
+                included.is_file(),
+                "{relative}: {} is missing",
+                included.display()
+            );
+        }
+    }
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README");
+    assert!(
+        readme.contains("mdBook in `docs/`"),
+        "the README links the guide"
+    );
+}
