@@ -315,3 +315,41 @@ fn colour_only_on_a_terminal_unless_asked() {
     let never = on_terminal("", "--color never").expect("script");
     assert!(!coloured_text(&never), "{never:?}");
 }
+
+#[test]
+fn each_tool_call_gets_a_progress_line_on_a_terminal() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let prompt = write(
+        dir.path(),
+        "tools.md",
+        "---\nname: tools\ndescription: a script and the model call a local tool\npromptforge: 0\nmodels:\n  w: {}\n---\n\n# Tools\n\n## Count\n\n```lua\nmodels.use('w')\ntools.add_local('add', 'Add', { n = 'integer' }, function(a) return tostring(a.n) end)\ntools.call('add', { n = 1 })\nlocal msgs = messages.new():user('more')\nmodels.loop(msgs)\nreturn 'done'\n```\n",
+    );
+    write(
+        dir.path(),
+        "r.json",
+        r#"[{"tool_calls": [{"name": "add", "arguments": {"n": 2}}]}, "added"]"#,
+    );
+    let host = write(
+        dir.path(),
+        "host.toml",
+        "[model]\nprovider = \"script\"\nreplies = \"r.json\"\n",
+    );
+    let result = dir.path().join("result.txt");
+    let command = format!(
+        "PROMPTFORGE_HOME={} {} run {} --host {} > {}",
+        dir.path().join("home").display(),
+        env!("CARGO_BIN_EXE_promptforge"),
+        prompt.display(),
+        host.display(),
+        result.display()
+    );
+    let Some(screen) = on_a_terminal(&command) else {
+        eprintln!("skipped: `script` (util-linux) is not installed");
+        return;
+    };
+    assert_eq!(
+        screen,
+        "  → add {\"n\":1}\n  → add {\"n\":2}\n[Count, round 2]\nadded\n"
+    );
+    assert_eq!(std::fs::read_to_string(&result).expect("result"), "done\n");
+}

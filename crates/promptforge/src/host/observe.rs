@@ -79,6 +79,9 @@ impl RunObserver for HostObserver {
 
     fn tool_call(&self, _execution: &str, call: &ToolCallNotice<'_>) {
         tracing::debug!(target: TOOL_CALLS_TARGET, "{}", tool_call_json(call));
+        if let Some(progress) = &self.live {
+            progress.tool_started(call.alias, call.arguments);
+        }
     }
 
     fn lua_traceback(&self, _execution: &str, trace: &LuaTraceback<'_>) {
