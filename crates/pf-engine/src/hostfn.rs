@@ -16,7 +16,8 @@ use futures::future::LocalBoxFuture;
 use mlua::{Function, Lua, MultiValue, Value};
 
 /// A suspending host function, type-erased: what `host_async` built.
-pub(crate) type AsyncEntry = Rc<dyn Fn(Lua, MultiValue) -> LocalBoxFuture<'static, mlua::Result<MultiValue>>>;
+pub(crate) type AsyncEntry =
+    Rc<dyn Fn(Lua, MultiValue) -> LocalBoxFuture<'static, mlua::Result<MultiValue>>>;
 
 /// The VM's dispatcher, the prelude's closure maker, and every entry so far.
 struct AsyncTable {

@@ -119,7 +119,13 @@ impl Bench {
 
     /// One run through the Host's own pieces (assembly, observer, recording
     /// decorators, engine), logged when `log` is true.
-    fn run(&self, prompt: &Arc<pf_syntax::Prompt>, text: &str, host: &HostConfig, log: bool) -> Outcome {
+    fn run(
+        &self,
+        prompt: &Arc<pf_syntax::Prompt>,
+        text: &str,
+        host: &HostConfig,
+        log: bool,
+    ) -> Outcome {
         let sections = Arc::new(SectionTracker::default());
         let sink = log.then(|| {
             Arc::new(RunLogSink::new(RunWriter::begin(
@@ -220,7 +226,10 @@ fn ratio(a: Duration, b: Duration) -> String {
 }
 
 fn pct(on: Duration, off: Duration) -> String {
-    format!("{:+.1}%", (on.as_secs_f64() / off.as_secs_f64() - 1.0) * 100.0)
+    format!(
+        "{:+.1}%",
+        (on.as_secs_f64() / off.as_secs_f64() - 1.0) * 100.0
+    )
 }
 
 // ---------------------------------------------------------------------------
@@ -264,7 +273,9 @@ async fn bare_http_loop(client: &reqwest::Client, url: &str) -> usize {
                 serde_json::from_str(call["function"]["arguments"].as_str().expect("args"))
                     .expect("args json");
             n += args["step"].as_i64().expect("step") as usize;
-            messages.push(serde_json::json!({"role": "tool", "tool_call_id": call["id"], "content": "ok"}));
+            messages.push(
+                serde_json::json!({"role": "tool", "tool_call_id": call["id"], "content": "ok"}),
+            );
         }
     }
 }
@@ -317,7 +328,10 @@ fn instant_openai_server() -> String {
                     let text = reply.to_string();
                     let head = format!("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", text.len());
                     // One write: a split head and body would stall on Nagle plus delayed ACK.
-                    if stream.write_all(format!("{head}{text}").as_bytes()).is_err() {
+                    if stream
+                        .write_all(format!("{head}{text}").as_bytes())
+                        .is_err()
+                    {
                         return;
                     }
                 }
@@ -377,7 +391,11 @@ fn child(workload: &str) {
             HostConfig::load(None).expect("defaults"),
             a.to_string(),
         ),
-        "scripted_loop" => (loop_prompt(), script_host(bench.dir(), 50, 1), "50".to_string()),
+        "scripted_loop" => (
+            loop_prompt(),
+            script_host(bench.dir(), 50, 1),
+            "50".to_string(),
+        ),
         "model_fanout" => (
             model_fanout_prompt(a),
             script_host(bench.dir(), 0, a),
@@ -444,7 +462,10 @@ fn main() {
     row(
         "  per section entry",
         format!("{:.1} µs", engine.as_secs_f64() * 1e6 / arms as f64),
-        &format!("per fresh Lua state {:.1} µs", bare.as_secs_f64() * 1e6 / arms as f64),
+        &format!(
+            "per fresh Lua state {:.1} µs",
+            bare.as_secs_f64() * 1e6 / arms as f64
+        ),
         String::new(),
     );
 
@@ -562,7 +583,11 @@ fn main() {
     row(
         "1,000 arms x one scripted round (child)",
         ms(took),
-        &format!("peak RSS {:.1} MB (floor {:.1} MB)", peak as f64 / 1024.0, floor as f64 / 1024.0),
+        &format!(
+            "peak RSS {:.1} MB (floor {:.1} MB)",
+            peak as f64 / 1024.0,
+            floor as f64 / 1024.0
+        ),
         String::new(),
     );
 
@@ -571,7 +596,10 @@ fn main() {
     let (_, parked) = in_child(&format!("parked:{tasks}:0"));
     row(
         "memory per parked task (1,000 tasks)",
-        format!("{:.1} KB", (parked.saturating_sub(floor)) as f64 / tasks as f64),
+        format!(
+            "{:.1} KB",
+            (parked.saturating_sub(floor)) as f64 / tasks as f64
+        ),
         &format!("peak RSS {:.1} MB", parked as f64 / 1024.0),
         String::new(),
     );
