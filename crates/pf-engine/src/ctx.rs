@@ -605,23 +605,18 @@ fn ok_values(lua: &Lua, r: impl IntoLuaMulti) -> mlua::Result<MultiValue> {
     Ok(mv)
 }
 
-fn wrap(lua: &Lua, raw: Function) -> mlua::Result<Function> {
-    let h = helpers(lua)?;
-    let wrap: Function = h.get("wrap")?;
-    wrap.call(raw)
-}
-
 /// Register a host function whose failures raise error values.
 pub(crate) fn host_fn<R, F>(lua: &Lua, f: F) -> mlua::Result<Function>
 where
     R: IntoLuaMulti,
     F: Fn(&Lua, MultiValue) -> HostResult<R> + 'static,
 {
-    let raw = lua.create_function(move |lua, args: MultiValue| match f(lua, args) {
-        Ok(r) => ok_values(lua, r),
-        Err(e) => raise_values(lua, e),
-    })?;
-    wrap(lua, raw)
+    let entry: crate::hostfn::SyncEntry =
+        Rc::new(move |lua: &Lua, args: MultiValue| match f(lua, args) {
+            Ok(r) => ok_values(lua, r),
+            Err(e) => raise_values(lua, e),
+        });
+    crate::hostfn::register_sync(lua, entry)
 }
 
 /// Register a suspending host function.

@@ -1,13 +1,14 @@
-//! One Lua-visible dispatcher per section VM for the suspending host functions.
+//! Two Lua-visible dispatchers per section VM for the host functions.
 //!
 //! `Lua::create_async_function` builds, for every function, an environment
-//! table, two C functions and a Lua poller chunk; a section VM registers some
-//! twenty suspending functions, and doing that in every VM was a fifth of a
-//! section entry. Instead each VM makes one async dispatcher, and each host
+//! table, two C functions and a Lua poller chunk, and `create_function` a
+//! userdata and a C closure; a section VM registers some sixty host
+//! functions, and doing that in every VM was a third of a section entry.
+//! Instead each VM makes one sync and one async dispatcher, and each host
 //! function is a Lua closure `function(...) return check(dispatch(id, ...)) end`
-//! (the prelude's `wrap_async`) over its entry in this table. Nothing a prompt
-//! can reach tells the two apart: the closure is what `H.wrap` returned before,
-//! and the dispatcher is only its upvalue.
+//! (the prelude's `wrap_host`) over its entry in this table. Nothing a prompt
+//! can reach tells them apart from before: the closure has the shape `H.wrap`
+//! gave, and the dispatcher is only its upvalue.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -19,57 +20,106 @@ use mlua::{Function, Lua, MultiValue, Value};
 pub(crate) type AsyncEntry =
     Rc<dyn Fn(Lua, MultiValue) -> LocalBoxFuture<'static, mlua::Result<MultiValue>>>;
 
-/// The VM's dispatcher, the prelude's closure maker, and every entry so far.
-struct AsyncTable {
-    dispatch: Function,
-    wrap_async: Function,
-    entries: RefCell<Vec<AsyncEntry>>,
+/// A plain host function, type-erased: what `host_fn` built.
+pub(crate) type SyncEntry = Rc<dyn Fn(&Lua, MultiValue) -> mlua::Result<MultiValue>>;
+
+/// The VM's dispatchers, the prelude's closure maker, and every entry so far.
+struct HostFns {
+    dispatch_async: Function,
+    dispatch_sync: Function,
+    wrap_host: Function,
+    async_entries: RefCell<Vec<AsyncEntry>>,
+    sync_entries: RefCell<Vec<SyncEntry>>,
 }
 
-/// Register `entry` in this VM; the Lua function prompts call.
-pub(crate) fn register_async(lua: &Lua, entry: AsyncEntry) -> mlua::Result<Function> {
-    if lua.app_data_ref::<AsyncTable>().is_none() {
-        let table = AsyncTable {
-            dispatch: make_dispatcher(lua)?,
-            wrap_async: crate::ctx::helpers(lua)?.get("wrap_async")?,
-            entries: RefCell::new(Vec::new()),
+fn ensure_table(lua: &Lua) -> mlua::Result<()> {
+    if lua.app_data_ref::<HostFns>().is_none() {
+        let table = HostFns {
+            dispatch_async: make_async_dispatcher(lua)?,
+            dispatch_sync: make_sync_dispatcher(lua)?,
+            wrap_host: crate::ctx::helpers(lua)?.get("wrap_host")?,
+            async_entries: RefCell::new(Vec::new()),
+            sync_entries: RefCell::new(Vec::new()),
         };
         lua.set_app_data(table);
     }
-    let (dispatch, wrap_async, id) = {
-        let Some(table) = lua.app_data_ref::<AsyncTable>() else {
-            return Err(mlua::Error::runtime(
-                "internal invariant violated: host function table missing",
-            ));
-        };
-        let mut entries = table.entries.borrow_mut();
+    Ok(())
+}
+
+fn missing() -> mlua::Error {
+    mlua::Error::runtime("internal invariant violated: host function table missing")
+}
+
+/// Register a suspending host function in this VM; the Lua function prompts call.
+pub(crate) fn register_async(lua: &Lua, entry: AsyncEntry) -> mlua::Result<Function> {
+    ensure_table(lua)?;
+    let (dispatch, wrap_host, id) = {
+        let table = lua.app_data_ref::<HostFns>().ok_or_else(missing)?;
+        let mut entries = table.async_entries.borrow_mut();
         entries.push(entry);
         (
-            table.dispatch.clone(),
-            table.wrap_async.clone(),
+            table.dispatch_async.clone(),
+            table.wrap_host.clone(),
             entries.len() - 1,
         )
     };
-    wrap_async.call((dispatch, id))
+    wrap_host.call((dispatch, id))
 }
 
-fn make_dispatcher(lua: &Lua) -> mlua::Result<Function> {
+/// Register a plain host function in this VM; the Lua function prompts call.
+pub(crate) fn register_sync(lua: &Lua, entry: SyncEntry) -> mlua::Result<Function> {
+    ensure_table(lua)?;
+    let (dispatch, wrap_host, id) = {
+        let table = lua.app_data_ref::<HostFns>().ok_or_else(missing)?;
+        let mut entries = table.sync_entries.borrow_mut();
+        entries.push(entry);
+        (
+            table.dispatch_sync.clone(),
+            table.wrap_host.clone(),
+            entries.len() - 1,
+        )
+    };
+    wrap_host.call((dispatch, id))
+}
+
+fn entry_id(args: &mut MultiValue) -> Option<usize> {
+    match args.pop_front() {
+        Some(Value::Integer(id)) => usize::try_from(id).ok(),
+        _ => None,
+    }
+}
+
+fn unknown() -> mlua::Error {
+    mlua::Error::runtime("internal invariant violated: unknown host function")
+}
+
+fn make_sync_dispatcher(lua: &Lua) -> mlua::Result<Function> {
+    lua.create_function(|lua, args: MultiValue| {
+        let mut args = args;
+        // Cloned out, so the entry may register or call host functions itself.
+        let entry = entry_id(&mut args).and_then(|id| {
+            lua.app_data_ref::<HostFns>()
+                .and_then(|table| table.sync_entries.borrow().get(id).cloned())
+        });
+        match entry {
+            Some(entry) => entry(lua, args),
+            None => Err(unknown()),
+        }
+    })
+}
+
+fn make_async_dispatcher(lua: &Lua) -> mlua::Result<Function> {
     lua.create_async_function(|lua, args: MultiValue| {
         let mut args = args;
-        let entry = match args.pop_front() {
-            Some(Value::Integer(id)) => usize::try_from(id).ok().and_then(|id| {
-                lua.app_data_ref::<AsyncTable>()
-                    .and_then(|table| table.entries.borrow().get(id).cloned())
-            }),
-            _ => None,
-        };
+        let entry = entry_id(&mut args).and_then(|id| {
+            lua.app_data_ref::<HostFns>()
+                .and_then(|table| table.async_entries.borrow().get(id).cloned())
+        });
         let future = entry.map(|entry| entry(lua.clone(), args));
         async move {
             match future {
                 Some(future) => future.await,
-                None => Err(mlua::Error::runtime(
-                    "internal invariant violated: unknown host function",
-                )),
+                None => Err(unknown()),
             }
         }
     })

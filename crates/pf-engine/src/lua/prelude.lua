@@ -51,8 +51,8 @@ function H.wrap(raw)
   return function(...) return check(raw(...)) end
 end
 H.check = check
--- The suspending host functions share one async dispatcher per VM (hostfn.rs).
-function H.wrap_async(dispatch, id)
+-- Host functions share one sync and one async dispatcher per VM (hostfn.rs).
+function H.wrap_host(dispatch, id)
   return function(...) return check(dispatch(id, ...)) end
 end
 
