@@ -174,6 +174,7 @@ impl Bench {
             pf_engine::run(Arc::clone(prompt), setup).await
         });
         if let Some(sink) = &sink {
+            let _finish = FinishTimer::start();
             sink.finish(
                 pf_runlog::Outcome::Completed {
                     result: String::new(),
@@ -187,6 +188,24 @@ impl Bench {
 
 // ---------------------------------------------------------------------------
 // Timing
+
+static FINISH_MICROS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Adds the time until it drops to `FINISH_MICROS` (the run log's wait at the end).
+struct FinishTimer(Instant);
+
+impl FinishTimer {
+    fn start() -> FinishTimer {
+        FinishTimer(Instant::now())
+    }
+}
+
+impl Drop for FinishTimer {
+    fn drop(&mut self) {
+        let micros = u64::try_from(self.0.elapsed().as_micros()).unwrap_or(u64::MAX);
+        FINISH_MICROS.fetch_add(micros, std::sync::atomic::Ordering::Relaxed);
+    }
+}
 
 fn quick() -> bool {
     std::env::var_os("PF_PERF_QUICK").is_some()
@@ -423,6 +442,10 @@ fn child(workload: &str) {
     let took = t.elapsed();
     assert_eq!(outcome, Outcome::Completed(want), "{workload}");
     println!("{} {}", took.as_micros(), peak_rss_kib());
+    eprintln!(
+        "run log finish waits: {} µs in all",
+        FINISH_MICROS.load(std::sync::atomic::Ordering::Relaxed)
+    );
 }
 
 // ---------------------------------------------------------------------------
