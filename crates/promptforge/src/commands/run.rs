@@ -251,6 +251,7 @@ pub(crate) fn execute(plan: RunPlan) -> ExitCode {
             ui: host.ui,
             observer: Some(Arc::new(observer)),
             capture: plan.log.capture,
+            limits: host.limits,
         };
         Ok::<_, String>(pf_engine::run(Arc::clone(&prompt), setup).await)
     });

@@ -23,6 +23,7 @@ pub struct HostFile {
     pub input: Option<InputTable>,
     pub mcp_server: Option<McpServerTable>,
     pub telemetry: Option<TelemetryTable>,
+    pub limits: Option<LimitsTable>,
 }
 
 /// `[model]` and each `[models.ID]`. Key order is the order serde lists them in
@@ -112,6 +113,42 @@ pub struct McpServerTable {
 pub struct TelemetryTable {
     /// An OTLP/HTTP collector's base URL (`run --otlp` overrides it).
     pub otlp: Option<String>,
+}
+
+/// `[limits]`: the limits a run observes that the Host sets (guide ch. 17).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsTable {
+    /// The run-wide memory budget across every Lua VM of a run, in MiB.
+    pub run_memory_mib: Option<RunMemoryMib>,
+}
+
+/// `run_memory_mib = N`: a whole number of MiB from 1 to [`RunMemoryMib::MAX`].
+/// Checked while the file is parsed, so the error carries the file, line and key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunMemoryMib(pub u64);
+
+impl RunMemoryMib {
+    /// 1 TiB: past any machine this runs on, and far from overflowing bytes.
+    pub const MAX: u64 = 1024 * 1024;
+
+    /// The budget in bytes.
+    pub fn bytes(self) -> usize {
+        usize::try_from(self.0.saturating_mul(1024 * 1024)).unwrap_or(usize::MAX)
+    }
+}
+
+impl<'de> Deserialize<'de> for RunMemoryMib {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = toml::Value::deserialize(d)?;
+        match raw.as_integer() {
+            Some(n) if (1..=RunMemoryMib::MAX as i64).contains(&n) => Ok(RunMemoryMib(n as u64)),
+            _ => Err(serde::de::Error::custom(format!(
+                "[limits] `run_memory_mib` must be a whole number of MiB from 1 to {}, got {raw}",
+                RunMemoryMib::MAX
+            ))),
+        }
+    }
 }
 
 /// Read and parse a host file; errors name the file and the problem.

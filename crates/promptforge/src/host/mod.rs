@@ -55,6 +55,8 @@ pub struct HostConfig {
     pub mcp_token_env: Option<String>,
     /// `[telemetry] otlp`: the OTLP/HTTP collector runs are exported to.
     pub otlp: Option<String>,
+    /// `[limits]`: what each run may use.
+    pub limits: pf_engine::RunLimits,
 }
 
 /// What a command runs against: the models, the Harness (Plugins and services)
@@ -68,6 +70,8 @@ pub struct Host {
     pub ui: Option<Json>,
     /// Token usage summed over every round of every model.
     pub usage: Arc<usage::UsageTotals>,
+    /// The limits each run observes.
+    pub limits: pf_engine::RunLimits,
 }
 
 /// The variable that chooses the current model when `--model` is not given.
@@ -180,6 +184,7 @@ impl HostConfig {
             answers: file.input.as_ref().and_then(|i| i.answers.clone()),
             mcp_token_env: file.mcp_server.as_ref().and_then(|m| m.token_env.clone()),
             otlp,
+            limits: run_limits(file.limits.as_ref()),
         })
     }
 
@@ -323,8 +328,18 @@ impl HostConfig {
             catalog,
             ui,
             usage: totals,
+            limits: self.limits,
         })
     }
+}
+
+/// `[limits]` over the Engine's defaults.
+fn run_limits(table: Option<&file::LimitsTable>) -> pf_engine::RunLimits {
+    let mut limits = pf_engine::RunLimits::default();
+    if let Some(mib) = table.and_then(|t| t.run_memory_mib) {
+        limits.memory_budget = mib.bytes();
+    }
+    limits
 }
 
 /// The catalog ids, comma-separated, in catalog order.

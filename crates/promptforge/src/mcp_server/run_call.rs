@@ -218,6 +218,7 @@ fn run_on_this_thread(tool: &PromptTool, args: String, setup: CallSetup) -> RunR
             ui: host.ui,
             observer: Some(observer),
             capture: false,
+            limits: host.limits,
         };
         Ok::<_, String>(pf_engine::run(Arc::clone(&prompt), run_setup).await)
     });
