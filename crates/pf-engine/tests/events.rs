@@ -670,6 +670,7 @@ fn capture_reports_the_bodies_ahead_of_each_round_only_when_switched_on() {
             ui: None,
             observer: Some(Arc::clone(&observer) as Arc<dyn RunObserver>),
             capture,
+            limits: Default::default(),
         };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
