@@ -60,7 +60,7 @@ pub fn run(args: CheckArgs) -> ExitCode {
     let errors: usize = reports.iter().map(|r| r.count(Severity::Error)).sum();
     let warnings: usize = reports.iter().map(|r| r.count(Severity::Warning)).sum();
     if args.output.format() == OutputFormat::Json {
-        println!("{}", json_report(&reports, errors, warnings));
+        crate::ui::print_stdout(&format!("{}\n", json_report(&reports, errors, warnings)));
     } else {
         let rich = match args.format {
             Some(format) => format == CheckFormat::Rich,

@@ -43,7 +43,7 @@ pub fn dispatch(command: Command) -> ExitCode {
 /// stdout as well), exit status 2.
 pub(crate) fn usage(msg: &str) -> ExitCode {
     if crate::ui::json_errors() {
-        println!("{}", crate::ui::usage_error_json(msg));
+        crate::ui::print_stdout(&format!("{}\n", crate::ui::usage_error_json(msg)));
     }
     eprintln!("error: {}", crate::report::terminal_safe(msg));
     ExitCode::from(crate::EXIT_USAGE)
