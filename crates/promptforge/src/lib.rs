@@ -56,6 +56,8 @@ pub fn init_logging_with_default(default_level: &str) {
         .with_env_filter(log_filter(&spec))
         .with_writer(std::io::stderr)
         .with_target(false)
+        // No colour codes into a pipe or a file, nor with NO_COLOR.
+        .with_ansi(crate::ui::stderr_color())
         .init();
 }
 

@@ -171,3 +171,123 @@ fn listing_commands_with_a_closed_stdout_never_panic() {
         assert_ne!(status.code(), Some(101), "{args:?}: {err}");
     }
 }
+
+// ---------------------------------------------------------------------------
+// MCP servers cannot hang a run: through the CLI, with pf-plugins' test server.
+// ---------------------------------------------------------------------------
+
+fn mcp_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../pf-plugins/tests/mcp_server.py")
+}
+
+/// A run of `body` against the test MCP server described by `spec`, whose
+/// tool `t` is bound as `t`; `timeout` is the host file's per-call bound.
+fn run_against_mcp(spec: Value, body: &str, json: bool) -> (Option<i32>, String, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spec_file = write(dir.path(), "spec.json", &spec.to_string());
+    let host = format!(
+        "[plugins.\"acme/kit\"]\ncommand = [\"python3\", {:?}, {:?}]\ntimeout = 0.5\n",
+        mcp_script().display().to_string(),
+        spec_file.display().to_string()
+    );
+    let host = write(dir.path(), "host.toml", &host);
+    let prompt = format!(
+        "---\nname: mcp\ndescription: calls an MCP tool\npromptforge: 0\nplugins:\n  - acme/kit\ntools:\n  t: acme/kit/t\n---\n\n# Mcp\n\n## Only\n\n```lua\n{body}\n```\n"
+    );
+    let p = write(dir.path(), "p.md", &prompt);
+    let mut cmd = bin();
+    cmd.arg("run")
+        .arg(&p)
+        .arg("--host")
+        .arg(&host)
+        .arg("--store")
+        .arg(dir.path().join("s"))
+        .env("PROMPTFORGE_HOME", dir.path().join("home"));
+    if json {
+        cmd.arg("--json");
+    }
+    let out = cmd.output().expect("run");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn tool_with(result: Value) -> Value {
+    json!({"tools": [{"name": "t", "description": "a tool", "result": result}]})
+}
+
+#[test]
+fn a_misbehaving_mcp_call_fails_the_call_and_never_hangs_the_run() {
+    for behaviour in [
+        "silent",
+        "wrong_id",
+        "garbage_only",
+        "malformed",
+        "no_result",
+        "null_id_error",
+    ] {
+        let spec = tool_with(json!({"behaviour": behaviour}));
+        let (code, stdout, stderr) =
+            run_against_mcp(spec.clone(), "return tools.call('t', {})", true);
+        assert_eq!(code, Some(1), "{behaviour}: {stdout} {stderr}");
+        let report: Value = serde_json::from_str(&stdout).expect("one JSON report");
+        assert_eq!(report["error"]["kind"], "Tool", "{behaviour}: {report}");
+        let message = report["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with("tool call failure: "),
+            "{behaviour}: {message}"
+        );
+        assert!(
+            !message.chars().any(|c| c.is_control()),
+            "{behaviour}: {message:?}"
+        );
+        // Caught, the failure is a `tool` error value and the run goes on, the
+        // session too: a second call still gets its own answer (or failure).
+        let (code, stdout, _) = run_against_mcp(
+            spec,
+            "local ok, err = pcall(tools.call, 't', {})\nlocal again = pcall(tools.call, 't', {})\nreturn tostring(ok) .. ' ' .. err.kind .. ' ' .. tostring(again)",
+            false,
+        );
+        assert_eq!(code, Some(0), "{behaviour}: {stdout}");
+        assert_eq!(stdout, "false tool false\n", "{behaviour}");
+    }
+}
+
+#[test]
+fn an_mcp_server_that_cannot_initialize_fails_activation_with_its_stderr_tail() {
+    for spec in [
+        json!({"fail_start": true, "stderr_lines": ["boot \u{1b}[31mfailed\u{7}"]}),
+        json!({"init": "wrong_id", "stderr_lines": ["boot \u{1b}[31mfailed\u{7}"]}),
+        json!({"init": "garbage", "stderr_lines": ["boot \u{1b}[31mfailed\u{7}"]}),
+    ] {
+        let (code, stdout, stderr) = run_against_mcp(spec.clone(), "return 'never'", false);
+        assert_eq!(code, Some(1), "{spec}: {stdout} {stderr}");
+        assert!(
+            stderr.contains("error[RequirementsUnmet]: the environment cannot satisfy this prompt:\n- missing required Plugin: acme/kit"),
+            "{spec}: {stderr}"
+        );
+        // The notice keeps the guide's layout; the activation failure, with
+        // the server's last stderr lines, is the warning logged before it
+        // (no colour codes: stderr is a pipe here).
+        assert!(
+            stderr.contains(
+                "required Plugin failed to activate: MCP server acme/kit failed to initialize"
+            ),
+            "{spec}: {stderr}"
+        );
+        assert!(
+            stderr.contains("the server's stderr ended with: boot \\u{001b}[31mfailed\\u{0007}"),
+            "{spec}: {stderr}"
+        );
+        assert!(
+            !stderr.contains('\u{1b}') && !stderr.contains('\u{7}'),
+            "{spec}: {stderr:?}"
+        );
+        let (code, stdout, _) = run_against_mcp(spec.clone(), "return 'never'", true);
+        assert_eq!(code, Some(1));
+        let report: Value = serde_json::from_str(&stdout).expect("one JSON report");
+        assert_eq!(report["error"]["kind"], "RequirementsUnmet", "{report}");
+    }
+}
