@@ -291,3 +291,85 @@ fn an_mcp_server_that_cannot_initialize_fails_activation_with_its_stderr_tail() 
         assert_eq!(report["error"]["kind"], "RequirementsUnmet", "{report}");
     }
 }
+
+// ---------------------------------------------------------------------------
+// Inputs read whole are capped, not only the prompt file.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn endless_args_on_stdin_and_an_endless_host_file_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = write(dir.path(), "p.md", WRITER);
+    let mut child = bin()
+        .arg("run")
+        .arg(&p)
+        .arg("-")
+        .arg("--store")
+        .arg(dir.path().join("s"))
+        .env("PROMPTFORGE_HOME", dir.path().join("home"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut stdin = child.stdin.take().expect("stdin");
+    // An endless stream: write until the reader stops reading.
+    let writer = std::thread::spawn(move || {
+        let chunk = vec![b'y'; 1 << 20];
+        while stdin.write_all(&chunk).is_ok() {}
+    });
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut err)
+        .expect("read");
+    let status = child.wait().expect("wait");
+    writer.join().expect("writer");
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("cannot read ARGS from stdin: more than 16 MiB"),
+        "{err}"
+    );
+
+    for command in ["run", "check"] {
+        let out = bin()
+            .arg(command)
+            .arg(&p)
+            .args(["--host", "/dev/zero"])
+            .env("PROMPTFORGE_HOME", dir.path().join("home"))
+            .output()
+            .expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command}: {err}");
+        assert!(
+            err.contains("cannot read host file /dev/zero: larger than 16 MiB"),
+            "{command}: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_device_among_served_or_checked_prompts_is_not_read_whole() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let folder = dir.path().join("prompts");
+    std::fs::create_dir(&folder).expect("folder");
+    write(&folder, "writer.md", WRITER);
+    std::os::unix::fs::symlink("/dev/zero", folder.join("zero.md")).expect("symlink");
+    let out = bin()
+        .arg("check")
+        .arg(&folder)
+        .env("PROMPTFORGE_HOME", dir.path().join("home"))
+        .output()
+        .expect("check");
+    assert_ne!(out.status.code(), Some(101), "{out:?}");
+    let out = bin()
+        .arg("check")
+        .arg(folder.join("zero.md"))
+        .env("PROMPTFORGE_HOME", dir.path().join("home"))
+        .output()
+        .expect("check");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("larger than 16 MiB"));
+}

@@ -152,9 +152,13 @@ fn collect(path: &Path, files: &mut Vec<PathBuf>) -> Result<(), String> {
 
 /// A Markdown file is taken for a prompt when it opens with a `---` line.
 fn looks_like_a_prompt(path: &Path) -> bool {
-    let Ok(bytes) = std::fs::read(path) else {
+    // Only the opening line matters: a huge file or a device is not read whole.
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    let read = std::fs::File::open(path).and_then(|f| f.take(4096).read_to_end(&mut bytes));
+    if read.is_err() {
         return false;
-    };
+    }
     let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(&bytes);
     let first = bytes.split(|b| *b == b'\n').next().unwrap_or_default();
     first.trim_ascii() == b"---"

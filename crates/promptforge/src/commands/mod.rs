@@ -50,7 +50,7 @@ pub(crate) fn usage(msg: &str) -> ExitCode {
 }
 
 /// The largest prompt file read, so `run /dev/zero` cannot grow without bound.
-pub(crate) const MAX_PROMPT_BYTES: u64 = 16 * 1024 * 1024;
+pub(crate) const MAX_PROMPT_BYTES: u64 = crate::MAX_INPUT_BYTES;
 
 /// The prompt file's bytes, or a message naming it.
 pub(crate) fn read_prompt(file: &Path) -> Result<Vec<u8>, String> {

@@ -1,6 +1,6 @@
 //! `promptforge run FILE [ARGS]`: run a prompt against the Host and report.
 
-use std::io::{IsTerminal, Read};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -545,10 +545,17 @@ fn argument_string(
 
 /// ARGS `-`: all of stdin, less the one line ending a shell or `echo` adds.
 fn read_stdin() -> Result<String, String> {
-    let mut text = String::new();
-    std::io::stdin()
-        .read_to_string(&mut text)
-        .map_err(|e| format!("cannot read ARGS from stdin: {e}"))?;
+    let bytes = crate::read_capped(std::io::stdin().lock())
+        .map_err(|e| format!("cannot read ARGS from stdin: {e}"))?
+        .ok_or_else(|| {
+            format!(
+                "cannot read ARGS from stdin: more than {} MiB",
+                crate::MAX_INPUT_BYTES / (1024 * 1024)
+            )
+        })?;
+    let mut text = String::from_utf8(bytes).map_err(|_| {
+        "cannot read ARGS from stdin: stream did not contain valid UTF-8".to_string()
+    })?;
     if let Some(stripped) = text.strip_suffix('\n') {
         text = stripped.strip_suffix('\r').unwrap_or(stripped).to_string();
     }

@@ -153,8 +153,18 @@ impl<'de> Deserialize<'de> for RunMemoryMib {
 
 /// Read and parse a host file; errors name the file and the problem.
 pub fn read(path: &Path) -> Result<HostFile, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read host file {}: {e}", path.display()))?;
+    let cannot = |e: String| format!("cannot read host file {}: {e}", path.display());
+    let bytes = std::fs::File::open(path)
+        .and_then(crate::read_capped)
+        .map_err(|e| cannot(e.to_string()))?
+        .ok_or_else(|| {
+            cannot(format!(
+                "larger than {} MiB",
+                crate::MAX_INPUT_BYTES / (1024 * 1024)
+            ))
+        })?;
+    let text = String::from_utf8(bytes)
+        .map_err(|_| cannot("stream did not contain valid UTF-8".to_string()))?;
     toml::from_str::<HostFile>(&text)
         .map_err(|e| format!("host file {}: {}", path.display(), e.to_string().trim_end()))
 }
