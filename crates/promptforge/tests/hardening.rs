@@ -373,3 +373,33 @@ fn a_device_among_served_or_checked_prompts_is_not_read_whole() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("larger than 16 MiB"));
 }
+
+#[test]
+fn check_escapes_control_characters_a_prompt_put_in_its_problems() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = write(
+        dir.path(),
+        "p.md",
+        "---\nname: c\ndescription: c\npromptforge: 0\n---\n\n# C\n\n## A\u{1b}[2J\u{7}\n\nx\n\n## A\u{1b}[2J\u{7}\n\nx\n",
+    );
+    let out = bin().arg("check").arg(&p).output().expect("check");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !text.contains('\u{1b}') && !text.contains('\u{7}'),
+        "{text:?}"
+    );
+    assert!(text.contains("`A\\u{1b}[2J\\u{7}`"), "{text}");
+    // JSON carries the text exactly, escaped the JSON way.
+    let out = bin()
+        .args(["check", "--json"])
+        .arg(&p)
+        .output()
+        .expect("check");
+    let report: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert!(
+        report.to_string().contains("A\\u001b[2J\\u0007"),
+        "{report}"
+    );
+}

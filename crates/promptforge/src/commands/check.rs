@@ -184,11 +184,20 @@ impl FileReport {
 
     fn write(&self, out: &mut impl std::io::Write, rich: bool, color: bool) -> std::io::Result<()> {
         let name = self.name();
+        // A message, file name or source line a prompt chose must not drive the
+        // terminal: control characters are shown escaped (and then without colour,
+        // whose own escapes would be escaped too).
+        let unsafe_source = String::from_utf8_lossy(&self.source)
+            .chars()
+            .any(|c| c.is_control() && c != '\n' && c != '\t' && c != '\r');
         for problem in &self.problems {
+            let line = problem.one_line(&name);
+            let risky = unsafe_source || crate::report::terminal_safe(&line) != line;
             if rich {
-                writeln!(out, "{}", problem.render(&name, &self.source, color))?;
+                let text = problem.render(&name, &self.source, color && !risky);
+                writeln!(out, "{}", crate::report::terminal_safe(&text))?;
             } else {
-                writeln!(out, "{}", problem.one_line(&name))?;
+                writeln!(out, "{}", crate::report::terminal_safe(&line))?;
             }
         }
         Ok(())
