@@ -14,6 +14,7 @@ mod json;
 mod models;
 mod models_check;
 mod prepare;
+mod sandbox_guards;
 mod storeapi;
 mod subst;
 mod tasks;

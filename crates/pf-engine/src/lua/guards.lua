@@ -1,0 +1,110 @@
+-- Sandbox guards (sandbox_guards/mod.rs): library functions that poll the
+-- run's cancel, and no `__gc` finalizers. Runs after env.lua, before any
+-- prompt code. `R` holds the Rust halves; each returns (true, values...) or
+-- (false, message, level), raised here at the prompt's call site.
+local H, R = ...
+local error, type, rawget, rawequal, select = error, type, H.rawget, H.rawequal, H.select
+local tpack, tunpack = H.tpack, H.tunpack
+local ssub = string.sub
+local raw_concat = H.raw_tconcat
+local G = _G
+
+-- Tail-called, so level 2 is the prompt's frame, as luaL_error would place it.
+local function ck(ok, ...)
+  if ok then return ... end
+  local message, level = ...
+  error(message, level)
+end
+
+local raw_find, raw_match, raw_gmatch, raw_gsub = R.find, R.match, R.gmatch, R.gsub
+
+string.find = function(...) return ck(raw_find(...)) end
+string.match = function(...) return ck(raw_match(...)) end
+
+string.gmatch = function(...)
+  local ok, step, level = raw_gmatch(...)
+  if not ok then error(step, level) end
+  return function() return ck(step()) end
+end
+
+string.gsub = function(...)
+  local ok, a, b, c = raw_gsub(...)
+  if not ok then error(a, b) end
+  if a ~= false then return a, b end
+  -- A function or table makes each replacement: called here, so what it raises
+  -- reaches the prompt unchanged and the count hook runs inside it.
+  local step, s, repl = b, c, (select(3, ...))
+  local calls = type(repl) == 'function'
+  local parts, np, pos, n, changed = {}, 0, 1, 0, false
+  while true do
+    local r = tpack(step())
+    if not r[1] then error(r[2], r[3]) end
+    local start, stop = r[2], r[3]
+    if start == nil then break end
+    n = n + 1
+    local v
+    if calls then v = repl(tunpack(r, 4, r.n)) else v = repl[r[4]] end
+    if start > pos then np = np + 1; parts[np] = ssub(s, pos, start - 1) end
+    np = np + 1
+    if not v then
+      parts[np] = ssub(s, start, stop - 1)
+    else
+      local tv = type(v)
+      if tv ~= 'string' and tv ~= 'number' then
+        error('invalid replacement value (a ' .. tv .. ')', 2)
+      end
+      parts[np] = v
+      changed = true
+    end
+    pos = stop
+  end
+  if not changed then return s, n end
+  np = np + 1; parts[np] = ssub(s, pos)
+  return raw_concat(parts), n
+end
+
+-- table.move over chunks of the C function: between two chunks Lua runs
+-- instructions again, so the count hook fires even for table.move({}, 1, 1e15, 2).
+local c_move = table.move
+local CHUNK = 4096
+local move_plan = R.move_plan
+table.move = function(...)
+  local ok, a1, f, e, t, dest, given = move_plan(...)
+  if not ok then error(a1, f) end
+  if a1 == 'c' then return c_move(...) end
+  if e < f then return dest end
+  local n = e - f + 1
+  if n <= CHUNK then
+    c_move(a1, f, e, t, dest)
+    return dest
+  end
+  if t > e or t <= f or (given and not (a1 == dest)) then
+    local off = 0
+    while off < n do
+      local last = off + CHUNK - 1
+      if last > n - 1 then last = n - 1 end
+      c_move(a1, f + off, f + last, t + off, dest)
+      off = last + 1
+    end
+  else
+    local last = n - 1
+    while last >= 0 do
+      local first = last - CHUNK + 1
+      if first < 0 then first = 0 end
+      c_move(a1, f + first, f + last, t + first, dest)
+      last = first - 1
+    end
+  end
+  return dest
+end
+
+-- No finalizers: Lua runs `__gc` with hooks off, so a looping one could never
+-- be cancelled. Lua marks a table for finalization only when its metatable has
+-- a `__gc` field at setmetatable time, so refusing that is enough.
+local inner_setmetatable = G.setmetatable
+G.setmetatable = function(t, mt)
+  if type(mt) == 'table' and rawget(mt, '__gc') ~= nil then
+    error("bad argument #2 to 'setmetatable' (__gc metamethods are not allowed in prompts)", 2)
+  end
+  return inner_setmetatable(t, mt)
+end
