@@ -120,6 +120,12 @@ pub async fn run(prompt: Arc<Prompt>, setup: RunSetup) -> RunReport {
 pub mod testing {
     use super::*;
 
+    /// A Lua state with the sandbox's string and table guards over the standard
+    /// libraries (no engine, no cancel), for benchmarks against the bare library.
+    pub fn guarded_library_lua() -> mlua::Result<mlua::Lua> {
+        crate::sandbox_guards::library_lua()
+    }
+
     pub use crate::claims::ClaimKind;
 
     /// A store claim held for the whole run by a live chain that is not the

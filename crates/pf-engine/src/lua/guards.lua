@@ -17,17 +17,60 @@ local function ck(ok, ...)
 end
 
 local raw_find, raw_match, raw_gmatch, raw_gsub = R.find, R.match, R.gmatch, R.gsub
+local c_find, c_match, c_gmatch, c_gsub = string.find, string.match, string.gmatch, string.gsub
+local math_type = math.type
 
-string.find = function(...) return ck(raw_find(...)) end
-string.match = function(...) return ck(raw_match(...)) end
+-- Fast path: the C functions themselves where their worst case is provably
+-- short (a subject no longer than the pattern's limit, valid arguments, a
+-- pattern that cannot raise); everything else takes the polling matcher.
+local subject_limit, step_budget = R.c_subject_limit, R.c_step_budget
+local limits, cached = {}, 0
+local function limit_of(p)
+  local limit = limits[p]
+  if limit == nil then
+    if cached >= 512 then limits, cached = {}, 0 end
+    limit = subject_limit(p)
+    limits[p] = limit
+    cached = cached + 1
+  end
+  return limit
+end
+local function c_safe(s, p, init)
+  return type(s) == 'string' and type(p) == 'string' and (init == nil or math_type(init) == 'integer')
+    and #s <= limit_of(p)
+end
+
+string.find = function(...)
+  local s, p, init, plain = ...
+  if plain and type(s) == 'string' and type(p) == 'string' and (init == nil or math_type(init) == 'integer') then
+    if #s * (#p + 1) <= step_budget then return c_find(s, p, init, plain) end
+  elseif c_safe(s, p, init) then
+    return c_find(s, p, init, plain)
+  end
+  return ck(raw_find(...))
+end
+string.match = function(...)
+  local s, p, init = ...
+  if c_safe(s, p, init) then return c_match(s, p, init) end
+  return ck(raw_match(...))
+end
 
 string.gmatch = function(...)
+  local s, p, init = ...
+  -- (gmatch has no anchor: a leading `^` would break the bound's start count)
+  if c_safe(s, p, init) and ssub(p, 1, 1) ~= '^' then return c_gmatch(s, p, init) end
   local ok, step, level = raw_gmatch(...)
   if not ok then error(step, level) end
   return function() return ck(step()) end
 end
 
 string.gsub = function(...)
+  local s, p, repl, max = ...
+  -- A replacement string without `%` cannot make C's gsub raise either.
+  if type(repl) == 'string' and (max == nil or math_type(max) == 'integer') and c_safe(s, p, nil)
+    and not c_find(repl, '%', 1, true) then
+    return c_gsub(s, p, repl, max)
+  end
   local ok, a, b, c = raw_gsub(...)
   if not ok then error(a, b) end
   if a ~= false then return a, b end

@@ -76,7 +76,7 @@ impl<'a> Matcher<'a> {
 
     /// The pattern byte at `i`, `0` past the end (C reads the terminating NUL there).
     #[inline]
-    fn p(&self, i: usize) -> u8 {
+    pub(crate) fn p(&self, i: usize) -> u8 {
         self.pat.get(i).copied().unwrap_or(0)
     }
 
@@ -92,7 +92,7 @@ impl<'a> Matcher<'a> {
         self.do_match(s, 0)
     }
 
-    fn classend(&self, mut p: usize) -> Step<usize> {
+    pub(crate) fn classend(&self, mut p: usize) -> Step<usize> {
         let c = self.p(p);
         p += 1;
         match c {
@@ -384,6 +384,118 @@ impl<'a> Matcher<'a> {
     }
 }
 
+/// How much matching the C library may do in one call and still be stopped in
+/// time by a cancel: a bound on its steps (each a few nanoseconds). The bound
+/// below overestimates real backtracking (`.-.-.-.-b` does about n^5/120 of
+/// its n^5), so a call admitted to C ends well within 100 ms.
+pub(crate) const C_STEP_BUDGET: f64 = (1u64 << 25) as f64;
+
+/// The longest subject the C library may match `pattern` against directly: its
+/// worst case stays within [`C_STEP_BUDGET`], and the pattern cannot raise any
+/// error (a C error would be placed at the guard, not the prompt's line).
+/// `-1` when the pattern must always take the polling matcher.
+///
+/// The bound: per start position at most `(len + 1) · 2^optionals · (n + 1)^repeats`
+/// steps (`repeats` counts `*`, `+`, `-`, `%b` and back-references), times `n + 1`
+/// start positions unless the pattern is anchored.
+pub(crate) fn c_subject_limit(pattern: &[u8]) -> i64 {
+    let (pat, anchored) = match pattern.first() {
+        Some(b'^') => (&pattern[1..], true),
+        _ => (pattern, false),
+    };
+    let never = || false;
+    let m = Matcher::new(b"", pat, &never);
+    let (mut repeats, mut optionals, mut nesting) = (0u32, 0u32, 0u32);
+    let mut level = 0usize;
+    let mut open: Vec<usize> = Vec::new();
+    let mut closed = [false; MAX_CAPTURES];
+    let mut i = 0;
+    while i < pat.len() {
+        match pat[i] {
+            b'(' => {
+                if level >= MAX_CAPTURES {
+                    return -1;
+                }
+                if m.p(i + 1) == b')' {
+                    closed[level] = true;
+                    i += 2;
+                } else {
+                    open.push(level);
+                    i += 1;
+                }
+                level += 1;
+                nesting += 1;
+            }
+            b')' => {
+                let Some(l) = open.pop() else { return -1 };
+                closed[l] = true;
+                nesting += 1;
+                i += 1;
+            }
+            b'$' if i + 1 == pat.len() => i += 1,
+            L_ESC if m.p(i + 1) == b'b' => {
+                if i + 4 > pat.len() {
+                    return -1;
+                }
+                repeats += 1;
+                i += 4;
+            }
+            L_ESC if m.p(i + 1) == b'f' => {
+                if m.p(i + 2) != b'[' {
+                    return -1;
+                }
+                match m.classend(i + 2) {
+                    Ok(ep) => i = ep,
+                    Err(_) => return -1,
+                }
+            }
+            L_ESC if m.p(i + 1).is_ascii_digit() => {
+                let d = usize::from(m.p(i + 1));
+                if d == usize::from(b'0') || d - usize::from(b'1') >= level || !closed[d - usize::from(b'1')] {
+                    return -1;
+                }
+                repeats += 1;
+                i += 2;
+            }
+            _ => {
+                let Ok(ep) = m.classend(i) else { return -1 };
+                match m.p(ep) {
+                    b'*' | b'+' | b'-' => {
+                        repeats += 1;
+                        nesting += 1;
+                        i = ep + 1;
+                    }
+                    b'?' => {
+                        optionals += 1;
+                        nesting += 1;
+                        i = ep + 1;
+                    }
+                    _ => i = ep,
+                }
+            }
+        }
+    }
+    // An unfinished capture raises when pushed; deep nesting may be "too complex".
+    if !open.is_empty() || nesting > 150 || optionals > 20 {
+        return -1;
+    }
+    let exponent = repeats + u32::from(!anchored);
+    let per_step = (pat.len() as f64 + 1.0) * f64::from(1u32 << optionals);
+    if exponent == 0 {
+        return i64::MAX;
+    }
+    let room = C_STEP_BUDGET / per_step;
+    if room < 1.0 {
+        return -1;
+    }
+    let n = room.powf(1.0 / f64::from(exponent)).floor() - 1.0;
+    if n < 0.0 {
+        -1
+    } else {
+        n as i64
+    }
+}
+
 /// C's `match_class` under the "C" locale.
 fn match_class(c: u8, class: u8) -> bool {
     let res = match class.to_ascii_lowercase() {
@@ -430,6 +542,17 @@ mod tests {
         assert_eq!(find("abc", "%f[%w]%w+"), Ok(Some((0, 3))));
         assert_eq!(find("x", "[%a"), fail("malformed pattern (missing ']')"));
         assert_eq!(find("x", "x%"), fail("malformed pattern (ends with '%')"));
+    }
+
+    #[test]
+    fn only_short_subjects_and_tame_patterns_go_to_c() {
+        assert!(c_subject_limit(b".-.-.-.-b") < 100);
+        assert!(c_subject_limit(b"%w+") > 1000);
+        assert_eq!(c_subject_limit(b"^abc"), i64::MAX);
+        for wild in [&b"x%"[..], b"[a", b"(a", b"a)", b"%1", b"(a)%2", b"%b(", b"%fx", b"(%w+"] {
+            assert_eq!(c_subject_limit(wild), -1, "{}", String::from_utf8_lossy(wild));
+        }
+        assert!(c_subject_limit(b"(a)%1") > 0 && c_subject_limit(b"%b()") > 0);
     }
 
     #[test]

@@ -92,6 +92,12 @@ fn shim_function(
     lua.create_function(move |lua, args: MultiValue| shim_values(lua, f(lua, args)))
 }
 
+thread_local! {
+    /// Whether short calls go straight to the C library (tests turn it off to
+    /// exercise the polling matcher on every call).
+    static C_FAST_PATH: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
+}
+
 /// Install the guards in a fresh section VM. `helpers` is the prelude's table.
 pub(crate) fn install(
     lua: &Lua,
@@ -126,11 +132,41 @@ pub(crate) fn install(
         "move_plan",
         shim_function(lua, |lua, args| move_plan(lua, &args))?,
     )?;
-    let poll = Rc::clone(&interrupted);
-    raw.raw_set("interrupted", lua.create_function(move |_, ()| Ok(poll()))?)?;
+    let fast = C_FAST_PATH.with(std::cell::Cell::get);
+    raw.raw_set(
+        "c_subject_limit",
+        lua.create_function(move |_, pattern: mlua::String| {
+            Ok(if fast {
+                matcher::c_subject_limit(&pattern.as_bytes())
+            } else {
+                -1
+            })
+        })?,
+    )?;
+    raw.raw_set(
+        "c_step_budget",
+        if fast { matcher::C_STEP_BUDGET } else { -1.0 },
+    )?;
     crate::ctx::internal_chunk(lua, "=[promptforge guards]", GUARDS)?
         .call::<()>((helpers.clone(), raw))?;
     Ok(())
+}
+
+/// The standard `string`/`table`/`math` libraries with the guards installed
+/// over a stand-in for the prelude's helpers (tests and benchmarks).
+pub(crate) fn library_lua() -> mlua::Result<Lua> {
+    let lua = Lua::new_with(
+        mlua::StdLib::STRING | mlua::StdLib::TABLE | mlua::StdLib::MATH,
+        mlua::LuaOptions::default(),
+    )?;
+    let h: Table = lua
+        .load(
+            "return { rawget = rawget, rawequal = rawequal, select = select,
+                      tpack = table.pack, tunpack = table.unpack, raw_tconcat = table.concat }",
+        )
+        .eval()?;
+    install(&lua, &h, 64 * 1024 * 1024, Rc::new(|| false))?;
+    Ok(lua)
 }
 
 // Arguments, checked the way lauxlib checks them ------------------------------

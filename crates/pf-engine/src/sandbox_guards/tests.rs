@@ -33,8 +33,20 @@ fn never() -> super::Interrupted {
     Rc::new(|| false)
 }
 
-/// Runs `script` (which returns one string) in both states.
+/// Runs `script` (which returns one string) in both states, the guarded one
+/// with and without the C fast path; the two guarded results must agree.
 fn both(script: &str) -> (String, String) {
+    let (lua, fast) = both_once(script);
+    super::C_FAST_PATH.with(|f| f.set(false));
+    let (_, polling) = both_once(script);
+    super::C_FAST_PATH.with(|f| f.set(true));
+    for (i, (a, b)) in fast.split("\\x01").zip(polling.split("\\x01")).enumerate() {
+        assert_eq!(a, b, "case {i}: the fast path and the polling matcher differ");
+    }
+    (lua, fast)
+}
+
+fn both_once(script: &str) -> (String, String) {
     let run = |lua: Lua| -> String {
         // Bytes, escaped: results may be any bytes, not only UTF-8.
         lua.load(script)
