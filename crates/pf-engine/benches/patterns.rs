@@ -18,15 +18,27 @@ const CASES: &[(&str, &str)] = &[
 const SETUP: &str = "s = string.rep('hay ', 50) .. 'k=12 needle' big = string.rep('lorem ipsum  dolor\\tsit amet, ', 350)";
 
 fn bare() -> Lua {
-    Lua::new_with(StdLib::STRING | StdLib::TABLE | StdLib::MATH, mlua::LuaOptions::default()).unwrap()
+    Lua::new_with(
+        StdLib::STRING | StdLib::TABLE | StdLib::MATH,
+        mlua::LuaOptions::default(),
+    )
+    .unwrap()
 }
 
 fn bench(c: &mut Criterion) {
-    for (name, lua) in [("c", bare()), ("guarded", pf_engine::testing::guarded_library_lua().unwrap())] {
+    for (name, lua) in [
+        ("c", bare()),
+        (
+            "guarded",
+            pf_engine::testing::guarded_library_lua().unwrap(),
+        ),
+    ] {
         lua.load(SETUP).exec().unwrap();
         for (case, code) in CASES {
             let f: Function = lua.load(*code).eval().unwrap();
-            c.bench_function(&format!("{case}/{name}"), |b| b.iter(|| f.call::<()>(()).unwrap()));
+            c.bench_function(&format!("{case}/{name}"), |b| {
+                b.iter(|| f.call::<()>(()).unwrap())
+            });
         }
     }
 }

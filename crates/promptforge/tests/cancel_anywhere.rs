@@ -57,7 +57,11 @@ fn start(body: &str, frontmatter: &str, host: Option<&Path>) -> Run {
 fn wait_for(path: &Path) {
     let deadline = Instant::now() + HANG_GUARD;
     while !path.exists() {
-        assert!(Instant::now() < deadline, "{} never appeared", path.display());
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -101,7 +105,11 @@ fn cancels(long_call: &str, signal_name: &str) {
     signal(&run.child, signal_name);
     let (code, reports) = finish(run);
     assert_eq!(reports.len(), 1, "{reports:?}");
-    assert_eq!(reports[0]["outcome"], "cancelled", "{long_call}: {}", reports[0]);
+    assert_eq!(
+        reports[0]["outcome"], "cancelled",
+        "{long_call}: {}",
+        reports[0]
+    );
     assert_eq!(code, Some(130), "{long_call}");
 }
 
@@ -112,12 +120,18 @@ fn a_backtracking_find_is_cancelled() {
 
 #[test]
 fn a_backtracking_match_gmatch_and_gsub_are_cancelled() {
-    cancels(r#"local s = string.rep("a", 30000) s:match("(.-)(.-)(.-)(.-)b")"#, "INT");
+    cancels(
+        r#"local s = string.rep("a", 30000) s:match("(.-)(.-)(.-)(.-)b")"#,
+        "INT",
+    );
     cancels(
         r#"for w in string.rep("a", 30000):gmatch(".-.-.-.-b") do end"#,
         "TERM",
     );
-    cancels(r#"string.gsub(string.rep("a", 30000), ".-.-.-.-b", "x")"#, "HUP");
+    cancels(
+        r#"string.gsub(string.rep("a", 30000), ".-.-.-.-b", "x")"#,
+        "HUP",
+    );
     cancels(
         r#"string.gsub(string.rep("a", 30000), ".-.-.-.-b", function() return "x" end)"#,
         "INT",
@@ -177,14 +191,21 @@ fn mcp_host(dir: &Path, init: &str) -> (PathBuf, PathBuf) {
     let spec_file = dir.join("spec.json");
     std::fs::write(&spec_file, spec.to_string()).expect("spec");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../pf-plugins/tests/mcp_server.py");
-    let command: Vec<String> = ["python3".to_string(), script.display().to_string(), spec_file.display().to_string()]
-        .iter()
-        .map(|c| Value::String(c.clone()).to_string())
-        .collect();
+    let command: Vec<String> = [
+        "python3".to_string(),
+        script.display().to_string(),
+        spec_file.display().to_string(),
+    ]
+    .iter()
+    .map(|c| Value::String(c.clone()).to_string())
+    .collect();
     let host = dir.join("host.toml");
     std::fs::write(
         &host,
-        format!("[plugins.\"acme/slow\"]\ncommand = [{}]\ntrusted = true\n", command.join(", ")),
+        format!(
+            "[plugins.\"acme/slow\"]\ncommand = [{}]\ntrusted = true\n",
+            command.join(", ")
+        ),
     )
     .expect("host");
     (host, pid_file)
@@ -194,8 +215,10 @@ fn mcp_host(dir: &Path, init: &str) -> (PathBuf, PathBuf) {
 fn gone(pid: &str) -> bool {
     let deadline = Instant::now() + HANG_GUARD;
     loop {
-        let alive = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .is_ok_and(|t| !t.lines().any(|l| l.starts_with("State:") && l.contains('Z')));
+        let alive = std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|t| {
+            !t.lines()
+                .any(|l| l.starts_with("State:") && l.contains('Z'))
+        });
         if !alive {
             return true;
         }

@@ -238,5 +238,8 @@ fn a_second_signal_exits_at_once_with_one_cancelled_report() {
             .args(["-KILL", &pid.to_string()])
             .status();
     }
-    assert!(stopped, "server {pid} outlived a run ended by a second signal");
+    assert!(
+        stopped,
+        "server {pid} outlived a run ended by a second signal"
+    );
 }

@@ -451,7 +451,10 @@ pub(crate) fn c_subject_limit(pattern: &[u8]) -> i64 {
             }
             L_ESC if m.p(i + 1).is_ascii_digit() => {
                 let d = usize::from(m.p(i + 1));
-                if d == usize::from(b'0') || d - usize::from(b'1') >= level || !closed[d - usize::from(b'1')] {
+                if d == usize::from(b'0')
+                    || d - usize::from(b'1') >= level
+                    || !closed[d - usize::from(b'1')]
+                {
                     return -1;
                 }
                 repeats += 1;
@@ -549,8 +552,23 @@ mod tests {
         assert!(c_subject_limit(b".-.-.-.-b") < 100);
         assert!(c_subject_limit(b"%w+") > 1000);
         assert_eq!(c_subject_limit(b"^abc"), i64::MAX);
-        for wild in [&b"x%"[..], b"[a", b"(a", b"a)", b"%1", b"(a)%2", b"%b(", b"%fx", b"(%w+"] {
-            assert_eq!(c_subject_limit(wild), -1, "{}", String::from_utf8_lossy(wild));
+        for wild in [
+            &b"x%"[..],
+            b"[a",
+            b"(a",
+            b"a)",
+            b"%1",
+            b"(a)%2",
+            b"%b(",
+            b"%fx",
+            b"(%w+",
+        ] {
+            assert_eq!(
+                c_subject_limit(wild),
+                -1,
+                "{}",
+                String::from_utf8_lossy(wild)
+            );
         }
         assert!(c_subject_limit(b"(a)%1") > 0 && c_subject_limit(b"%b()") > 0);
     }

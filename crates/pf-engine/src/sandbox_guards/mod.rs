@@ -294,12 +294,7 @@ fn int(n: usize) -> Value {
     Value::Integer(i64::try_from(n).unwrap_or(i64::MAX))
 }
 
-fn capture_values(
-    lua: &Lua,
-    src: &[u8],
-    caps: Vec<Capture>,
-    out: &mut MultiValue,
-) -> Guarded<()> {
+fn capture_values(lua: &Lua, src: &[u8], caps: Vec<Capture>, out: &mut MultiValue) -> Guarded<()> {
     for cap in caps {
         out.push_back(match cap {
             Capture::Text(a, b) => Value::String(lua.create_string(&src[a..b])?),
@@ -319,11 +314,20 @@ fn split_anchor(pat: &[u8]) -> (&[u8], bool) {
 
 // string.find / string.match ---------------------------------------------------
 
-fn find(lua: &Lua, values: &MultiValue, is_find: bool, poll: &dyn Fn() -> bool) -> Guarded<MultiValue> {
+fn find(
+    lua: &Lua,
+    values: &MultiValue,
+    is_find: bool,
+    poll: &dyn Fn() -> bool,
+) -> Guarded<MultiValue> {
     let args = Args {
         lua,
         values,
-        qualified: if is_find { "string.find" } else { "string.match" },
+        qualified: if is_find {
+            "string.find"
+        } else {
+            "string.match"
+        },
     };
     let subject = args.string(0)?;
     let pattern = args.string(1)?;
@@ -387,7 +391,11 @@ struct Scan {
 impl Scan {
     /// The next match that does not end where the previous one did (Lua 5.4's
     /// rule against an empty match right after a match): `(start, end, captures)`.
-    fn next(&mut self, poll: &dyn Fn() -> bool, whole_if_none: bool) -> Guarded<Option<(usize, usize, Vec<Capture>)>> {
+    fn next(
+        &mut self,
+        poll: &dyn Fn() -> bool,
+        whole_if_none: bool,
+    ) -> Guarded<Option<(usize, usize, Vec<Capture>)>> {
         if self.done {
             return Ok(None);
         }
@@ -471,7 +479,12 @@ fn gmatch(lua: &Lua, values: &MultiValue, poll: Interrupted) -> Guarded<MultiVal
 
 // string.gsub ----------------------------------------------------------------
 
-fn gsub(lua: &Lua, values: &MultiValue, memory_limit: usize, poll: Interrupted) -> Guarded<MultiValue> {
+fn gsub(
+    lua: &Lua,
+    values: &MultiValue,
+    memory_limit: usize,
+    poll: Interrupted,
+) -> Guarded<MultiValue> {
     let args = Args {
         lua,
         values,
@@ -480,7 +493,10 @@ fn gsub(lua: &Lua, values: &MultiValue, memory_limit: usize, poll: Interrupted) 
     let subject = args.string(0)?;
     let pattern = args.string(1)?;
     let src_len = subject.as_bytes().len();
-    let max_s = args.opt_integer(3, i64::try_from(src_len).unwrap_or(i64::MAX).saturating_add(1))?;
+    let max_s = args.opt_integer(
+        3,
+        i64::try_from(src_len).unwrap_or(i64::MAX).saturating_add(1),
+    )?;
     let repl = args.get(2).cloned();
     let repl_text = match &repl {
         Some(Value::String(s)) => Some(s.clone()),
@@ -598,7 +614,9 @@ fn add_replacement(
                 Capture::Position(p) => out.extend_from_slice(p.to_string().as_bytes()),
             }
         } else {
-            return Err(Raised::at_caller("invalid use of '%' in replacement string"));
+            return Err(Raised::at_caller(
+                "invalid use of '%' in replacement string",
+            ));
         }
     }
     Ok(())
@@ -625,7 +643,9 @@ fn move_plan(lua: &Lua, values: &MultiValue) -> Guarded<MultiValue> {
             Some(Value::Table(_)) => {}
             // Strings and userdata may have the metamethods ltablib accepts.
             Some(Value::String(_) | Value::UserData(_)) => {
-                return Ok(MultiValue::from_iter([Value::String(lua.create_string("c")?)]))
+                return Ok(MultiValue::from_iter([Value::String(
+                    lua.create_string("c")?,
+                )]))
             }
             _ => return Err(args.type_error(i, "table")),
         }

@@ -41,7 +41,10 @@ fn both(script: &str) -> (String, String) {
     let (_, polling) = both_once(script);
     super::C_FAST_PATH.with(|f| f.set(true));
     for (i, (a, b)) in fast.split("\\x01").zip(polling.split("\\x01")).enumerate() {
-        assert_eq!(a, b, "case {i}: the fast path and the polling matcher differ");
+        assert_eq!(
+            a, b,
+            "case {i}: the fast path and the polling matcher differ"
+        );
     }
     (lua, fast)
 }
