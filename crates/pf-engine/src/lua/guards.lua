@@ -64,6 +64,14 @@ string.gmatch = function(...)
   return function() return ck(step()) end
 end
 
+-- One step of gsub's Lua loop: the next match's span and its replacement value
+-- (the function's first result, or the table's value at the first capture).
+local function replace_one(repl, calls, ok, start, stop, ...)
+  if not ok or start == nil then return ok, start, stop end
+  if calls then return true, start, stop, (repl(...)) end
+  return true, start, stop, repl[(...)]
+end
+
 string.gsub = function(...)
   local s, p, repl, max = ...
   -- A replacement string without `%` cannot make C's gsub raise either.
@@ -80,13 +88,10 @@ string.gsub = function(...)
   local calls = type(repl) == 'function'
   local parts, np, pos, n, changed = {}, 0, 1, 0, false
   while true do
-    local r = tpack(step())
-    if not r[1] then error(r[2], r[3]) end
-    local start, stop = r[2], r[3]
+    local ok, start, stop, v = replace_one(repl, calls, step())
+    if not ok then error(start, stop) end
     if start == nil then break end
     n = n + 1
-    local v
-    if calls then v = repl(tunpack(r, 4, r.n)) else v = repl[r[4]] end
     if start > pos then np = np + 1; parts[np] = ssub(s, pos, start - 1) end
     np = np + 1
     if not v then
