@@ -13,9 +13,11 @@ const CASES: &[(&str, &str)] = &[
     ("gsub_text_10k", "return function() local r = big:gsub('%s+', ' ') end"),
     ("gsub_function_10k", "return function() local r = big:gsub('%w+', function(w) return w end) end"),
     ("gmatch_words_10k", "return function() local n = 0 for w in big:gmatch('%a+') do n = n + 1 end end"),
+    ("sort_ints_100k", "return function() local t = {} for i = 1, 1e5 do t[i] = (i * 7919) % 100003 end table.sort(t) end"),
+    ("sort_strings_20k", "return function() local t = {} for i = 1, 2e4 do t[i] = words[i] end table.sort(t) end"),
 ];
 
-const SETUP: &str = "s = string.rep('hay ', 50) .. 'k=12 needle' big = string.rep('lorem ipsum  dolor\\tsit amet, ', 350)";
+const SETUP: &str = "s = string.rep('hay ', 50) .. 'k=12 needle' big = string.rep('lorem ipsum  dolor\\tsit amet, ', 350) words = {} for i = 1, 2e4 do words[i] = 'w' .. ((i * 7919) % 20011) end";
 
 fn bare() -> Lua {
     Lua::new_with(

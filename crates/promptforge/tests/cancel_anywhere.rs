@@ -97,7 +97,12 @@ fn finish(mut run: Run) -> (Option<i32>, Vec<Value>) {
 
 /// The prompt reaches `long_call` (after writing the marker); one signal cancels it.
 fn cancels(long_call: &str, signal_name: &str) {
-    let body = format!("store.write('marker.txt', 'in')\n{long_call}\nreturn 'finished'");
+    cancels_after("", long_call, signal_name);
+}
+
+/// Like [`cancels`], with `setup` run before the marker is written.
+fn cancels_after(setup: &str, long_call: &str, signal_name: &str) {
+    let body = format!("{setup}\nstore.write('marker.txt', 'in')\n{long_call}\nreturn 'finished'");
     let run = start(&body, "", None);
     wait_for(&run.dir.path().join("store/marker.txt"));
     // Give the block time to enter the long call itself.
@@ -150,6 +155,13 @@ fn a_backtracking_match_inside_pcall_is_cancelled() {
 fn a_huge_table_move_is_cancelled() {
     cancels("table.move({}, 1, 1e15, 2)", "INT");
     cancels("local t = {1, 2, 3} table.move(t, 1, 1e15, 2, {})", "INT");
+}
+
+#[test]
+fn a_long_sort_without_a_comparator_is_cancelled() {
+    let fill = |value: &str| format!("local t = {{}} for i = 1, 3e6 do t[i] = {value} end");
+    cancels_after(&fill("(i * 7919) % 1000003"), "table.sort(t)", "INT");
+    cancels_after(&fill("(i * 7919) % 1000003 + 0.5"), "table.sort(t)", "TERM");
 }
 
 #[test]

@@ -146,6 +146,25 @@ table.move = function(...)
   return dest
 end
 
+-- table.sort without a comparator over a large plain array of integers,
+-- strings or floats sorts in Rust, polling the cancel; everything else is the
+-- C sort (a comparator or metamethods run Lua code, where the hook fires).
+-- The C sort runs under pcall, where it places its own "invalid order
+-- function" error nowhere; raised again here at the prompt's call. Its
+-- arguments were checked already, and what a comparator raises passes as is.
+local c_sort, sort_plain = table.sort, R.sort_plain
+local guarded_pcall = pcall
+local INVALID_ORDER = 'invalid order function for sorting'
+table.sort = function(...)
+  local ok, sorted, level = sort_plain(...)
+  if not ok then error(sorted, level) end
+  if sorted then return end
+  local done, e = guarded_pcall(c_sort, ...)
+  if done then return end
+  if rawequal(e, INVALID_ORDER) then error(e, 2) end
+  error(e, 0)
+end
+
 -- No finalizers: Lua runs `__gc` with hooks off, so a looping one could never
 -- be cancelled. Lua marks a table for finalization only when its metatable has
 -- a `__gc` field at setmetatable time, so refusing that is enough.

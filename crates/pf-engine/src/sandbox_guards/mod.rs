@@ -7,6 +7,8 @@
 //! - `string.find`, `match`, `gmatch`, `gsub`: the Lua 5.5 matcher ported step
 //!   for step ([`matcher`]), same results and messages, plain search in linear time;
 //! - `table.move`: the C function over bounded chunks, so the hook fires between them;
+//! - `table.sort` without a comparator: a polling merge sort for large plain
+//!   arrays of integers, strings or floats (the C sort otherwise);
 //! - `setmetatable`: refuses a metatable with a `__gc` field (finalizers run
 //!   with hooks off, so a looping one could never be stopped);
 //! - the sandbox `xpcall` stops calling the prompt's message handler once the
@@ -127,6 +129,11 @@ pub(crate) fn install(
         shim_function(lua, move |lua, args| {
             gsub(lua, &args, memory_limit, Rc::clone(&poll))
         })?,
+    )?;
+    let poll = Rc::clone(&interrupted);
+    raw.raw_set(
+        "sort_plain",
+        shim_function(lua, move |lua, args| sort_plain(lua, &args, &*poll))?,
     )?;
     raw.raw_set(
         "move_plan",
@@ -669,6 +676,147 @@ fn move_plan(lua: &Lua, values: &MultiValue) -> Guarded<MultiValue> {
         dest,
         Value::Boolean(given),
     ]))
+}
+
+// table.sort without a comparator ---------------------------------------------
+
+/// Arrays shorter than this are left to the C sort (nothing to interrupt).
+const SORT_IN_RUST_FROM: usize = 256;
+/// Elements between two polls of the cancel while sorting.
+const SORT_POLL_EVERY: usize = 4096;
+
+/// `table.sort(t)` over a plain array of only integers, only strings or only
+/// floats (no NaN, no zero), sorted here with polls of the cancel. For such
+/// arrays every correct sort gives C's result (equal elements are the same
+/// value; the "C" locale orders strings bytewise, as `strcoll` does). Returns
+/// `(true)` when sorted, `(false)` to leave the call to the C function.
+///
+/// Arguments are checked here as ltablib checks them, so the C sort this
+/// leaves the rest to cannot raise an argument error of its own (it would name
+/// the guard, not the prompt's call).
+fn sort_plain(lua: &Lua, values: &MultiValue, poll: &dyn Fn() -> bool) -> Guarded<MultiValue> {
+    let leave_to_c = || Ok(MultiValue::from_iter([Value::Boolean(false)]));
+    let args = Args {
+        lua,
+        values,
+        qualified: "table.sort",
+    };
+    let t = match args.get(0) {
+        Some(Value::Table(t)) => t.clone(),
+        Some(Value::UserData(_)) => return leave_to_c(),
+        _ => return Err(args.type_error(0, "table")),
+    };
+    // A `__len` runs Lua code (and decides the length): the C sort handles it.
+    if let Some(mt) = t.metatable() {
+        if !matches!(mt.raw_get::<Value>("__len")?, Value::Nil) {
+            return leave_to_c();
+        }
+    }
+    let n = t.raw_len();
+    if n > 1 {
+        if n >= i32::MAX as usize {
+            return Err(args.arg_error(1, "array too big"));
+        }
+        match args.get(1) {
+            None | Some(Value::Nil | Value::Function(_)) => {}
+            Some(_) => return Err(args.type_error(1, "function")),
+        }
+    }
+    if !args.absent_or_nil(1) || t.metatable().is_some() || n < SORT_IN_RUST_FROM {
+        return leave_to_c();
+    }
+    let interrupted = || Raised(INTERRUPTED.into(), 0);
+    let mut items = Vec::with_capacity(n);
+    for i in 1..=n {
+        if i % SORT_POLL_EVERY == 0 && poll() {
+            return Err(interrupted());
+        }
+        items.push(t.raw_get::<Value>(i)?);
+    }
+    let sorted = match items.first() {
+        Some(Value::Integer(_)) if items.iter().all(|v| matches!(v, Value::Integer(_))) => {
+            polling_sort(&mut items, poll, |a, b| match (a, b) {
+                (Value::Integer(x), Value::Integer(y)) => x.cmp(y),
+                _ => std::cmp::Ordering::Equal,
+            })
+        }
+        Some(Value::Number(_))
+            if items
+                .iter()
+                .all(|v| matches!(v, Value::Number(f) if !f.is_nan() && *f != 0.0)) =>
+        {
+            polling_sort(&mut items, poll, |a, b| match (a, b) {
+                (Value::Number(x), Value::Number(y)) => {
+                    x.partial_cmp(y).unwrap_or(std::cmp::Ordering::Equal)
+                }
+                _ => std::cmp::Ordering::Equal,
+            })
+        }
+        Some(Value::String(_)) if items.iter().all(|v| matches!(v, Value::String(_))) => {
+            polling_sort(&mut items, poll, |a, b| match (a, b) {
+                (Value::String(x), Value::String(y)) => x.as_bytes().cmp(&y.as_bytes()),
+                _ => std::cmp::Ordering::Equal,
+            })
+        }
+        _ => return leave_to_c(),
+    };
+    if sorted.is_err() {
+        return Err(interrupted());
+    }
+    for (i, v) in items.into_iter().enumerate() {
+        if (i + 1) % SORT_POLL_EVERY == 0 && poll() {
+            return Err(interrupted());
+        }
+        t.raw_set(i + 1, v)?;
+    }
+    Ok(MultiValue::from_iter([Value::Boolean(true)]))
+}
+
+/// A bottom-up merge sort that polls `poll` every few thousand elements.
+fn polling_sort<T: Clone>(
+    items: &mut Vec<T>,
+    poll: &dyn Fn() -> bool,
+    order: impl Fn(&T, &T) -> std::cmp::Ordering,
+) -> Result<(), ()> {
+    let n = items.len();
+    for run in items.chunks_mut(SORT_POLL_EVERY) {
+        run.sort_by(&order);
+        if poll() {
+            return Err(());
+        }
+    }
+    let mut from = items.clone();
+    let mut width = SORT_POLL_EVERY;
+    let mut merged = 0usize;
+    while width < n {
+        let mut into = Vec::with_capacity(n);
+        let mut lo = 0;
+        while lo < n {
+            let mid = (lo + width).min(n);
+            let hi = (lo + 2 * width).min(n);
+            let (mut i, mut j) = (lo, mid);
+            while i < mid || j < hi {
+                let take_left =
+                    j >= hi || (i < mid && order(&from[j], &from[i]) != std::cmp::Ordering::Less);
+                if take_left {
+                    into.push(from[i].clone());
+                    i += 1;
+                } else {
+                    into.push(from[j].clone());
+                    j += 1;
+                }
+                merged += 1;
+                if merged % SORT_POLL_EVERY == 0 && poll() {
+                    return Err(());
+                }
+            }
+            lo = hi;
+        }
+        from = into;
+        width *= 2;
+    }
+    *items = from;
+    Ok(())
 }
 
 #[cfg(test)]

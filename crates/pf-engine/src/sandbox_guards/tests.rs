@@ -149,6 +149,23 @@ rec(function() local t = table.move(big, 1, 20000, 7) return t[7] .. ',' .. t[20
 rec(function() local t = table.move(big, 3, 20000, 1) return t[1] .. ',' .. t[19998] .. ',' .. t[20000] end)
 rec(function() local t = table.move(big, 1, 20000, 1, {}) return #t end)
 rec(function() local t = {} for i = 1, 20000 do t[i] = i end table.move(t, 1, 19990, 11) return t[11] .. ',' .. t[20000] .. ',' .. t[1] end)
+-- table.sort
+local function sorted(t, ...) table.sort(t, ...) return table.concat(t, ',', 1, math.min(#t, 40)) .. '#' .. #t end
+local function ints(n) local t = {} for i = 1, n do t[i] = (i * 7919) % 1009 - 500 end return t end
+rec(sorted, ints(5000))
+rec(sorted, ints(20))
+rec(sorted, (function() local t = ints(3000) for i = 1, #t do t[i] = t[i] + 0.5 end return t end)())
+rec(sorted, (function() local t = ints(3000) for i = 1, #t do t[i] = 'k' .. t[i] end t[7] = 'a\0b' t[8] = 'a' return t end)())
+rec(sorted, ints(3000), function(a, b) return a > b end)
+rec(sorted, (function() local t = ints(3000) t[100] = 'x' return t end)())
+rec(sorted, (function() local t = ints(3000) t[100] = 0 / 0 return t end)())
+rec(sorted, ints(3000), function(a, b) return true end)
+rec(function() local ok, e = pcall(table.sort, ints(300), function(a, b) error({ mine = true }) end) return ok, type(e) == 'table' and e.mine end)
+rec(table.sort)
+rec(table.sort, 'abc')
+rec(table.sort, {3, 2, 1}, 5)
+rec(table.sort, {1}, 5)
+rec(function() local r = table.sort({ 2, 1 }, {}) return r end)
 return table.concat(out, '\1')
 "#
     );
