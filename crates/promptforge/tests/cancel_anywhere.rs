@@ -274,3 +274,29 @@ fn a_server_that_never_initializes_is_cancelled_not_unmet() {
 fn a_second_signal_during_initialize_still_stops_the_server() {
     cancel_during_initialize(&["INT", "INT"]);
 }
+
+/// A known gap: when the count hook raises the interrupt, mlua's error path
+/// truncates the running frame's stack (`lua_settop`) inside the hook, which
+/// runs that frame's to-be-closed `__close` handlers with hooks off; one that
+/// loops cannot be stopped. (A `__close` reached by any other error, or in an
+/// outer frame, runs with hooks on and is cancelled.)
+#[test]
+#[ignore = "mlua closes the hooked frame's <close> variables inside the hook (hooks off)"]
+fn a_close_handler_in_the_interrupted_frame_is_cancelled() {
+    cancels(
+        "local x <close> = setmetatable({}, { __close = function() while true do end end })\nwhile true do end",
+        "INT",
+    );
+}
+
+#[test]
+fn a_close_handler_reached_by_an_error_is_cancelled() {
+    cancels(
+        "local x <close> = setmetatable({}, { __close = function() while true do end end })\nerror('boom')",
+        "INT",
+    );
+    cancels(
+        "local function inner() while true do end end\nlocal x <close> = setmetatable({}, { __close = function() while true do end end })\ninner()",
+        "INT",
+    );
+}
