@@ -728,7 +728,7 @@ fn sort_plain(lua: &Lua, values: &MultiValue, poll: &dyn Fn() -> bool) -> Guarde
     let interrupted = || Raised(INTERRUPTED.into(), 0);
     let mut items = Vec::with_capacity(n);
     for i in 1..=n {
-        if i % SORT_POLL_EVERY == 0 && poll() {
+        if i.is_multiple_of(SORT_POLL_EVERY) && poll() {
             return Err(interrupted());
         }
         items.push(t.raw_get::<Value>(i)?);
@@ -764,7 +764,7 @@ fn sort_plain(lua: &Lua, values: &MultiValue, poll: &dyn Fn() -> bool) -> Guarde
         return Err(interrupted());
     }
     for (i, v) in items.into_iter().enumerate() {
-        if (i + 1) % SORT_POLL_EVERY == 0 && poll() {
+        if (i + 1).is_multiple_of(SORT_POLL_EVERY) && poll() {
             return Err(interrupted());
         }
         t.raw_set(i + 1, v)?;
@@ -806,7 +806,7 @@ fn polling_sort<T: Clone>(
                     j += 1;
                 }
                 merged += 1;
-                if merged % SORT_POLL_EVERY == 0 && poll() {
+                if merged.is_multiple_of(SORT_POLL_EVERY) && poll() {
                     return Err(());
                 }
             }
