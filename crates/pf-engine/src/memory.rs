@@ -67,6 +67,11 @@ impl MemoryAccount {
         })
     }
 
+    /// One VM's memory ceiling: no VM's limit passes it, whatever the budget.
+    pub(crate) fn ceiling(&self) -> usize {
+        self.ceiling
+    }
+
     /// Enter a freshly built VM into the account and give it its headroom.
     /// A VM the budget cannot hold gets a limit below what it uses, so its
     /// first allocation fails with the memory error.

@@ -57,6 +57,9 @@ pub struct HostConfig {
     pub otlp: Option<String>,
     /// `[limits]`: what each run may use.
     pub limits: pf_engine::RunLimits,
+    /// `stream = true`: every `models.loop` round is streamed, also with no one
+    /// watching, so the client measures `ttft_ms` and `mean_itl_ms` (guide ch. 16).
+    pub stream: bool,
 }
 
 /// What a command runs against: the models, the Harness (Plugins and services)
@@ -185,6 +188,7 @@ impl HostConfig {
             mcp_token_env: file.mcp_server.as_ref().and_then(|m| m.token_env.clone()),
             otlp,
             limits: run_limits(file.limits.as_ref()),
+            stream: file.stream.unwrap_or(false),
         })
     }
 
