@@ -72,7 +72,8 @@ pub(crate) struct RunFixed {
     pub max_rounds: u32,
     pub section_count: usize,
     pub log_event_quota: u32,
-    pub memory_limit: usize,
+    /// Each VM's memory ceiling, and the run-wide budget every VM draws on.
+    pub memory: Rc<crate::memory::MemoryAccount>,
     /// The Host's observer: every event, and live output when it shows one.
     pub observer: Option<Arc<dyn RunObserver>>,
     /// The Host switched debug capture on (`request`/`response` events).
@@ -628,7 +629,8 @@ where
 {
     let entry: crate::hostfn::AsyncEntry = Rc::new(move |lua: Lua, args: MultiValue| {
         let fut = f(lua.clone(), args);
-        Box::pin(async move {
+        let claim_for = lua.clone();
+        let fut = async move {
             let run = section(&lua)?.run.clone();
             let abort = run.abort_signal();
             // Once the run has ended on the spot, no suspending call starts or
@@ -647,11 +649,15 @@ where
                     }
                 },
             };
+            // Whatever ran meanwhile (a `call` chain, fanout arms) may have
+            // shrunk this VM's memory reservation: claim before writing into it.
+            crate::memory::claim(&lua)?;
             match result {
                 Ok(r) => ok_values(&lua, r),
                 Err(e) => raise_values(&lua, e),
             }
-        })
+        };
+        Box::pin(async move { crate::memory::claimed(&claim_for, fut).await })
     });
     crate::hostfn::register_async(lua, entry)
 }

@@ -43,7 +43,8 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
         },
     )?;
     // The memory ceiling covers everything from the first instruction, the setup included.
-    lua.set_memory_limit(sec.run.fixed.memory_limit)?;
+    // The run-wide budget may leave this VM less than the ceiling.
+    sec.run.fixed.memory.enter(&lua)?;
     lua.set_app_data(Rc::clone(&sec));
     // Everything the setup builds lives as long as the VM: collecting while
     // building it is wasted work. Restarted before any prompt code runs.
@@ -162,7 +163,15 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
         "prose_read",
         host_fn(&lua, |lua, _| crate::walk::read_prose(lua))?,
     )?;
-    internal_chunk(&lua, "=[promptforge env]", ENV)?.call::<()>(h)?;
+    internal_chunk(&lua, "=[promptforge env]", ENV)?.call::<()>(h.clone())?;
+    let cancel = sec.run.fixed.cancel.clone();
+    let abort = sec.run.abort_signal();
+    crate::sandbox_guards::install(
+        &lua,
+        &h,
+        sec.run.fixed.memory.ceiling(),
+        Rc::new(move || cancel.is_cancelled() || abort.is_cancelled()),
+    )?;
     lua.gc_restart();
     Ok(lua)
 }
