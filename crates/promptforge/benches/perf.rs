@@ -170,6 +170,7 @@ impl Bench {
                 ui: host.ui,
                 observer: Some(Arc::new(observer)),
                 capture: false,
+                limits: Default::default(),
             };
             pf_engine::run(Arc::clone(prompt), setup).await
         });
