@@ -6,7 +6,8 @@
 //! functions, and doing that in every VM was a third of a section entry.
 //! Instead each VM makes one sync and one async dispatcher, and each host
 //! function is a Lua closure `function(...) return check(dispatch(id, ...)) end`
-//! (the prelude's `wrap_host`) over its entry in this table. Nothing a prompt
+//! (the prelude's `wrap_host`, and `wrap_async`, which finds its dispatcher
+//! at call time) over its entry in this table. Nothing a prompt
 //! can reach tells them apart from before: the closure has the shape `H.wrap`
 //! gave, and the dispatcher is only its upvalue.
 
@@ -25,19 +26,32 @@ pub(crate) type SyncEntry = Rc<dyn Fn(&Lua, MultiValue) -> mlua::Result<MultiVal
 
 /// The VM's dispatchers, the prelude's closure maker, and every entry so far.
 struct HostFns {
-    dispatch_async: Function,
     dispatch_sync: Function,
     wrap_host: Function,
+    wrap_async: Function,
     async_entries: RefCell<Vec<AsyncEntry>>,
     sync_entries: RefCell<Vec<SyncEntry>>,
 }
 
 fn ensure_table(lua: &Lua) -> mlua::Result<()> {
     if lua.app_data_ref::<HostFns>().is_none() {
+        let helpers = crate::ctx::helpers(lua)?;
+        // The async dispatcher costs mlua a coroutine library and a compiled
+        // poller chunk, so it is made on the first suspending call (most
+        // section entries make none): the closures find it in `H`.
+        helpers.raw_set(
+            "make_async_dispatch",
+            lua.create_function(|lua, ()| {
+                let helpers = crate::ctx::helpers(lua)?;
+                let dispatch = make_async_dispatcher(lua)?;
+                helpers.raw_set("dispatch_async", dispatch.clone())?;
+                Ok(dispatch)
+            })?,
+        )?;
         let table = HostFns {
-            dispatch_async: make_async_dispatcher(lua)?,
             dispatch_sync: make_sync_dispatcher(lua)?,
-            wrap_host: crate::ctx::helpers(lua)?.get("wrap_host")?,
+            wrap_host: helpers.get("wrap_host")?,
+            wrap_async: helpers.get("wrap_async")?,
             async_entries: RefCell::new(Vec::new()),
             sync_entries: RefCell::new(Vec::new()),
         };
@@ -53,17 +67,13 @@ fn missing() -> mlua::Error {
 /// Register a suspending host function in this VM; the Lua function prompts call.
 pub(crate) fn register_async(lua: &Lua, entry: AsyncEntry) -> mlua::Result<Function> {
     ensure_table(lua)?;
-    let (dispatch, wrap_host, id) = {
+    let (wrap_async, id) = {
         let table = lua.app_data_ref::<HostFns>().ok_or_else(missing)?;
         let mut entries = table.async_entries.borrow_mut();
         entries.push(entry);
-        (
-            table.dispatch_async.clone(),
-            table.wrap_host.clone(),
-            entries.len() - 1,
-        )
+        (table.wrap_async.clone(), entries.len() - 1)
     };
-    wrap_host.call((dispatch, id))
+    wrap_async.call(id)
 }
 
 /// Register a plain host function in this VM; the Lua function prompts call.

@@ -55,6 +55,12 @@ H.check = check
 function H.wrap_host(dispatch, id)
   return function(...) return check(dispatch(id, ...)) end
 end
+function H.wrap_async(id)
+  return function(...)
+    local dispatch = H.dispatch_async or H.make_async_dispatch()
+    return check(dispatch(id, ...))
+  end
+end
 
 -- Deterministic iteration ----------------------------------------------------
 local function key_class(k)
