@@ -43,7 +43,7 @@ fn ensure_table(lua: &Lua) -> mlua::Result<()> {
             "make_async_dispatch",
             lua.create_function(|lua, ()| {
                 let helpers = crate::ctx::helpers(lua)?;
-                let dispatch = make_async_dispatcher(lua)?;
+                let dispatch = dispatcher_beside_prompt_globals(lua)?;
                 helpers.raw_set("dispatch_async", dispatch.clone())?;
                 Ok(dispatch)
             })?,
@@ -116,6 +116,24 @@ fn make_sync_dispatcher(lua: &Lua) -> mlua::Result<Function> {
             None => Err(unknown()),
         }
     })
+}
+
+/// The async dispatcher, made while prompt code may have run. mlua loads the
+/// coroutine library into the globals for it (the sandbox has none) and reads
+/// `coroutine.yield` from there: give it the real library, never a global the
+/// prompt set, and leave the prompt's `coroutine` global as it was.
+fn dispatcher_beside_prompt_globals(lua: &Lua) -> mlua::Result<Function> {
+    let globals = lua.globals();
+    let prompts: Value = globals.raw_get("coroutine")?;
+    let loaded: Option<mlua::Table> = lua.named_registry_value("_LOADED").ok();
+    let real: Value = match &loaded {
+        Some(loaded) => loaded.raw_get("coroutine")?,
+        None => Value::Nil,
+    };
+    globals.raw_set("coroutine", real)?;
+    let made = make_async_dispatcher(lua);
+    globals.raw_set("coroutine", prompts)?;
+    made
 }
 
 fn make_async_dispatcher(lua: &Lua) -> mlua::Result<Function> {
