@@ -16,7 +16,7 @@ use pf_syntax::{Prompt, RoleDecl};
 use serde_json::{json, Map, Value as Json};
 
 use crate::claims::{ClaimIdentity, ClaimRegistry};
-use crate::error::{error_table, ErrorKind, HostError, HostResult, Raise, RunError};
+use crate::error::{error_table, ErrorKind, HostError, HostResult, Raise, RunError, RunErrorKind};
 use crate::events::{fields as event_fields, EventKind, EventLog, RunEvent, RunObserver};
 use crate::tasks::table::TaskTable;
 
@@ -370,6 +370,43 @@ impl Chain {
     }
 }
 
+/// Calls, tasks and fanout arms nest up to this many levels.
+pub(crate) const DEPTH_CAP: u32 = 8;
+
+/// How a run stopped early.
+#[derive(Debug, Clone)]
+pub(crate) enum Failure {
+    /// A failure, with the error value that caused it when there was one
+    /// (so a `call` can raise it again unchanged in its caller).
+    Error(RunError, Option<HostError>),
+    Cancelled,
+}
+
+impl Failure {
+    pub fn lua(message: impl Into<String>) -> Self {
+        Failure::Error(RunError::new(RunErrorKind::Lua, message), None)
+    }
+    pub fn internal(e: impl std::fmt::Display) -> Self {
+        Failure::Error(
+            RunError::new(
+                RunErrorKind::Internal,
+                format!("internal invariant violated: {e}"),
+            ),
+            None,
+        )
+    }
+
+    /// The error value the failure raises where its chain was started (`call`,
+    /// `fanout`, a task's delivery): its own value, kind and message unchanged.
+    pub fn into_value(self) -> HostError {
+        match self {
+            Failure::Cancelled => cancelled_error(),
+            Failure::Error(_, Some(value)) => value,
+            Failure::Error(e, None) => HostError::lua(e.message).run_kind(e.kind).located(),
+        }
+    }
+}
+
 /// A local tool registered by `tools.add_local`.
 pub(crate) struct LocalTool {
     pub alias: String,
@@ -677,6 +714,17 @@ pub(crate) fn string_arg(args: &MultiValue, n: usize, name: &str) -> Result<Stri
         },
         other => Err(HostError::lua(format!(
             "{name} must be a string, got {}",
+            crate::text::lua_type_name(&other)
+        ))),
+    }
+}
+
+/// The target of `call`, `jump` and `list_from_section`: a string.
+pub(crate) fn target_arg(args: &MultiValue) -> Result<String, HostError> {
+    match arg(args, 0) {
+        Value::String(s) => Ok(s.to_string_lossy()),
+        other => Err(HostError::lua(format!(
+            "section target must be a string, got {}",
             crate::text::lua_type_name(&other)
         ))),
     }

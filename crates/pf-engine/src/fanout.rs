@@ -20,15 +20,15 @@ use serde_json::Value as Json;
 
 use crate::claims::ClaimIdentity;
 use crate::ctx::{
-    arg, cancelled_error, frozen_newindex, helpers, host_async, mlua_message, section, ArmSeed,
-    Chain, RunCtx, SectionCtx,
+    arg, cancelled_error, frozen_newindex, helpers, host_async, mlua_message, section, target_arg,
+    ArmSeed, Chain, Failure, RunCtx, SectionCtx, DEPTH_CAP,
 };
 use crate::error::{ErrorKind, HostError, HostResult, Raise};
 use crate::events::EventKind;
 use crate::json::lua_to_json;
 use crate::tasks::AbandonReason;
 use crate::text::lua_type_name;
-use crate::walk::{chain_argv, target_arg, walk_chain, Failure, DEPTH_CAP};
+use crate::walk::{chain_argv, walk_chain};
 
 /// At most this many arms of one `fanout` call are live at once (guide ch. 17).
 pub(crate) const CONCURRENCY_CAP: usize = 8;
@@ -214,7 +214,7 @@ async fn fanout(lua: &Lua, args: &MultiValue) -> HostResult<Table> {
                     ArmResult::Exhausted(lua_to_json(member, "item").unwrap_or(Json::Null))
                 }
                 // Fail-fast: returning drops (cancels) every live sibling.
-                Err(failure) => return Poll::Ready(Err(failure_raise(failure))),
+                Err(failure) => return Poll::Ready(Err(failure.into_value().into())),
             };
             if let Some(s) = slots.get_mut(slot) {
                 *s = Some(result);
@@ -303,16 +303,6 @@ fn start_arm(sec: &Rc<SectionCtx>, arm: Arm<'_>, cancelled: Rc<Cell<bool>>) -> A
         arm_end.finished(result.is_ok());
         result
     })
-}
-
-/// The failure an arm raises from the `fanout` call: its own error value,
-/// kind and message unchanged.
-fn failure_raise(failure: Failure) -> Raise {
-    match failure {
-        Failure::Cancelled => cancelled_error().into(),
-        Failure::Error(_, Some(value)) => value.into(),
-        Failure::Error(e, None) => HostError::lua(e.message).run_kind(e.kind).located().into(),
-    }
 }
 
 /// The collection's members in fanout order (the array part, then the keyed

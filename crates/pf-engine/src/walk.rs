@@ -12,7 +12,8 @@ use serde_json::Value as Json;
 
 use crate::claims::ClaimIdentity;
 use crate::ctx::{
-    arg, helpers, host_async, host_fn, section, Chain, EntryPlace, RunCtx, SectionCtx,
+    arg, helpers, host_async, host_fn, section, target_arg, Chain, EntryPlace, Failure, RunCtx,
+    SectionCtx, DEPTH_CAP,
 };
 use crate::error::{
     read_error_value, ErrorKind, HostError, HostResult, Raise, RunError, RunErrorKind,
@@ -21,33 +22,6 @@ use crate::events::EventKind;
 use crate::text::{lua_type_name, scalar_text};
 use crate::vm::{install_name_globals, new_vm};
 use crate::Outcome;
-
-/// Calls, tasks and fanout arms nest up to this many levels.
-pub(crate) const DEPTH_CAP: u32 = 8;
-
-/// How a run stopped early.
-#[derive(Debug, Clone)]
-pub(crate) enum Failure {
-    /// A failure, with the error value that caused it when there was one
-    /// (so a `call` can raise it again unchanged in its caller).
-    Error(RunError, Option<HostError>),
-    Cancelled,
-}
-
-impl Failure {
-    fn lua(message: impl Into<String>) -> Self {
-        Failure::Error(RunError::new(RunErrorKind::Lua, message), None)
-    }
-    fn internal(e: impl std::fmt::Display) -> Self {
-        Failure::Error(
-            RunError::new(
-                RunErrorKind::Internal,
-                format!("internal invariant violated: {e}"),
-            ),
-            None,
-        )
-    }
-}
 
 /// How one section entry ended.
 pub(crate) enum EntryEnd {
@@ -542,17 +516,6 @@ fn fail(
     BlockEnd::Fail(Failure::Error(RunError::new(kind, message), value))
 }
 
-/// The target of `call`, `jump` and `list_from_section`: a string.
-pub(crate) fn target_arg(args: &MultiValue) -> Result<String, HostError> {
-    match arg(args, 0) {
-        Value::String(s) => Ok(s.to_string_lossy()),
-        other => Err(HostError::lua(format!(
-            "section target must be a string, got {}",
-            lua_type_name(&other)
-        ))),
-    }
-}
-
 pub(crate) fn make_jump(lua: &Lua) -> mlua::Result<Function> {
     let sentinel = lua.create_table()?;
     lua.set_named_registry_value("pf.jump_sentinel", sentinel)?;
@@ -670,11 +633,7 @@ pub(crate) fn make_call(lua: &Lua) -> mlua::Result<Function> {
         drop(owned);
         match end {
             Ok(result) => Ok(result.unwrap_or_default()),
-            Err(Failure::Cancelled) => Err(crate::ctx::cancelled_error().into()),
-            Err(Failure::Error(_, Some(value))) => Err(value.into()),
-            Err(Failure::Error(e, None)) => {
-                Err(HostError::lua(e.message).run_kind(e.kind).located().into())
-            }
+            Err(failure) => Err(failure.into_value().into()),
         }
     })
 }

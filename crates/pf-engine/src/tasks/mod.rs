@@ -18,12 +18,15 @@ use serde_json::Value as Json;
 
 use crate::claims::ClaimIdentity;
 use crate::ctx::ArmSeed;
-use crate::ctx::{arg, cancelled_error, host_async, host_fn, section, Chain, RunCtx, SectionCtx};
+use crate::ctx::{
+    arg, cancelled_error, host_async, host_fn, section, target_arg, Chain, RunCtx, SectionCtx,
+    DEPTH_CAP,
+};
 use crate::error::{ErrorKind, HostError, HostResult, Raise};
 use crate::events::EventKind;
 use crate::json::lua_to_json;
 use crate::text::{envelope, lua_type_name};
-use crate::walk::{chain_argv, target_arg, walk_chain, Failure, DEPTH_CAP};
+use crate::walk::{chain_argv, walk_chain};
 
 pub(crate) mod table;
 
@@ -269,14 +272,6 @@ impl Drop for TaskClaims {
     }
 }
 
-fn failure_value(failure: Failure) -> HostError {
-    match failure {
-        Failure::Cancelled => cancelled_error(),
-        Failure::Error(_, Some(value)) => value,
-        Failure::Error(e, None) => HostError::lua(e.message).run_kind(e.kind).located(),
-    }
-}
-
 pub(crate) fn make_tasks(lua: &Lua) -> mlua::Result<Table> {
     let t = lua.create_table()?;
     t.raw_set("spawn", host_fn(lua, spawn)?)?;
@@ -515,7 +510,7 @@ fn task_future(run: &Rc<RunCtx>, chain: Rc<Chain>, key: TaskKey, start: Vec<usiz
         owned.chain_ended(end.is_ok());
         let result = match end {
             Ok(text) => settle(&run, &chain.id).map(|()| text.unwrap_or_default()),
-            Err(failure) => Err(failure_value(failure)),
+            Err(failure) => Err(failure.into_value()),
         };
         drop(owned);
         end_task(&run, &key, TaskEnd::Finished(result));
