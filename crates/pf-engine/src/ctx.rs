@@ -4,7 +4,7 @@
 //! A leaf the other engine modules build on: it imports only the other leaves
 //! (`error`, `events`, `claims`, `text` and the task table), never a namespace.
 
-use std::cell::{Cell, RefCell, RefMut};
+use std::cell::{Cell, Ref, RefCell, RefMut};
 use std::collections::HashMap;
 use std::future::Future;
 use std::rc::Rc;
@@ -17,7 +17,9 @@ use serde_json::{json, Map, Value as Json};
 
 use crate::claims::{ClaimIdentity, ClaimRegistry};
 use crate::error::{error_table, ErrorKind, HostError, HostResult, Raise, RunError, RunErrorKind};
-use crate::events::{fields as event_fields, EventKind, EventLog, RunEvent, RunObserver};
+use crate::events::{
+    fields as event_fields, EventKind, EventLog, RunEvent, RunObserver, MAIN_TASK,
+};
 use crate::tasks::table::TaskTable;
 
 /// A tool slot bound at prepare.
@@ -91,7 +93,8 @@ impl RunFixed {
     }
 }
 
-/// The `tools.always` scope: aliases in the order first added, with overrides.
+/// A scope of added aliases (`tools.always`, `tools.add`): aliases in the
+/// order first added, with description overrides.
 #[derive(Default)]
 struct AlwaysScope {
     aliases: Vec<String>,
@@ -303,6 +306,9 @@ pub(crate) struct ArmSeed {
 
 /// One chain: a walk over sibling sections that something began (the run, a `call`,
 /// a task, a fanout arm). Entry ids, child ids, input and `var` belong to it.
+///
+/// Built whole by [`Chain::main`], [`Chain::called`] or [`Chain::spawned`]: its
+/// id, depth, claim identity and task never change afterwards.
 pub(crate) struct Chain {
     /// The chain id, such as `0` for the main walk or `0.1` for a call's chain.
     pub id: String,
@@ -310,44 +316,110 @@ pub(crate) struct Chain {
     entries: Cell<u64>,
     /// The next child chain counter, shared by calls, tasks and fanout arms.
     children: Cell<u64>,
-    /// The chain's argument string and its parsed, frozen `argv`.
+    /// The chain's argument string.
     pub args: String,
-    pub argv: RefCell<Option<Json>>,
     /// Nesting depth: 0 for the main walk, one more per call, task or arm.
     pub depth: u32,
-    /// The chain's current `var`.
-    pub var: RefCell<Json>,
-    /// Whose store claims the chain's calls take: its own by default, its
-    /// caller's for a called chain, the H1 pass's own during the pass.
-    pub identity: RefCell<ClaimIdentity>,
+    /// The chain's parsed `argv`: frozen, except that the end of the H1 pass
+    /// sets the main chain's to what the H1 body left ([`Chain::repair_argv`]).
+    argv: RefCell<Option<Json>>,
+    /// The chain's `var` between entries: what its last entry ended with
+    /// (written only by [`SectionCtx::end_entry`]).
+    var: RefCell<Json>,
+    /// Whose store claims the chain's entries take: its own, or its caller's
+    /// for a called chain (the H1 pass claims as [`ClaimIdentity::h1_pass`]).
+    identity: ClaimIdentity,
     /// The nearest enclosing task's id (`sys.taskid`): the chain's own id for the
-    /// main walk and a fanout arm, the caller's task for a called chain.
-    pub task: RefCell<String>,
+    /// main walk, a task and a fanout arm, the caller's task for a called chain.
+    task: String,
     /// What a fanout arm or task seeds into the chain's first entry (taken by that entry).
     seed: RefCell<Option<ArmSeed>>,
 }
 
+/// What a chain starts from: its input, the `var` it inherits, its first entry's seed.
+struct ChainStart {
+    args: String,
+    argv: Option<Json>,
+    var: Json,
+    seed: Option<ArmSeed>,
+}
+
 impl Chain {
-    pub fn new(
+    fn build(
         id: String,
+        depth: u32,
+        identity: ClaimIdentity,
+        task: String,
+        start: ChainStart,
+    ) -> Self {
+        Chain {
+            id,
+            entries: Cell::new(0),
+            children: Cell::new(0),
+            args: start.args,
+            depth,
+            argv: RefCell::new(start.argv),
+            var: RefCell::new(start.var),
+            identity,
+            task,
+            seed: RefCell::new(start.seed),
+        }
+    }
+
+    /// The main walk's chain `0`, with the run's arguments and an empty `var`.
+    pub fn main(args: String, argv: Option<Json>) -> Self {
+        let id = MAIN_TASK.to_string();
+        let start = ChainStart {
+            args,
+            argv,
+            var: Json::Object(Default::default()),
+            seed: None,
+        };
+        Chain::build(id.clone(), 0, ClaimIdentity::of_chain(&id), id, start)
+    }
+
+    /// The chain a `call` from `caller` starts: the next child of the caller's
+    /// chain, claiming as the caller and inside the caller's task.
+    pub fn called(caller: &SectionCtx, args: String, argv: Option<Json>, var: Json) -> Self {
+        let parent = &caller.chain;
+        let start = ChainStart {
+            args,
+            argv,
+            var,
+            seed: None,
+        };
+        Chain::build(
+            parent.next_child_id(),
+            parent.depth + 1,
+            caller.claim_identity(),
+            parent.task.clone(),
+            start,
+        )
+    }
+
+    /// A task's or fanout arm's chain: the next child of `parent`, its own task
+    /// with its own claims identity, `seed` going to its first entry.
+    pub fn spawned(
+        parent: &Chain,
         args: String,
         argv: Option<Json>,
-        depth: u32,
         var: Json,
         seed: Option<ArmSeed>,
     ) -> Self {
-        Chain {
-            entries: Cell::new(0),
-            children: Cell::new(0),
+        let id = parent.next_child_id();
+        let start = ChainStart {
             args,
-            argv: RefCell::new(argv),
-            depth,
-            var: RefCell::new(var),
-            identity: RefCell::new(ClaimIdentity::of_chain(&id)),
-            task: RefCell::new(id.clone()),
-            seed: RefCell::new(seed),
+            argv,
+            var,
+            seed,
+        };
+        Chain::build(
+            id.clone(),
+            parent.depth + 1,
+            ClaimIdentity::of_chain(&id),
             id,
-        }
+            start,
+        )
     }
 
     /// The id for this chain's next section entry.
@@ -357,16 +429,37 @@ impl Chain {
         format!("{}.{n}", self.id)
     }
 
-    /// The seed the chain's first entry will take, if it has one and has not taken it.
-    pub fn seed_preview(&self) -> Option<ArmSeed> {
-        self.seed.borrow().clone()
-    }
-
     /// The id for this chain's next child chain.
     pub fn next_child_id(&self) -> String {
         let n = self.children.get();
         self.children.set(n + 1);
         format!("{}.{n}", self.id)
+    }
+
+    /// The seed the chain's first entry will take, if it has one and has not taken it.
+    pub fn seed_preview(&self) -> Option<ArmSeed> {
+        self.seed.borrow().clone()
+    }
+
+    /// The chain's `argv` as its entries read it.
+    pub fn argv(&self) -> Option<Json> {
+        self.argv.borrow().clone()
+    }
+
+    /// At the end of the H1 pass, on the main chain: what the H1 body left in
+    /// `argv` is what every later entry reads. Nothing else changes a chain's `argv`.
+    pub fn repair_argv(&self, argv: Option<Json>) {
+        *self.argv.borrow_mut() = argv;
+    }
+
+    /// Whose claims the chain's entries take (outside the H1 pass).
+    pub fn identity(&self) -> &ClaimIdentity {
+        &self.identity
+    }
+
+    /// The task the chain runs inside (`sys.taskid`).
+    pub fn task(&self) -> &str {
+        &self.task
     }
 }
 
@@ -434,38 +527,47 @@ pub(crate) struct EntryPlace {
     pub path: Vec<usize>,
 }
 
-/// State of one section entry (one section VM).
+/// State of one section entry (one section VM): where it sits, fixed when it
+/// is built, and what its block code changes, private and changed only
+/// through the methods below, each of which names the rule it keeps.
 pub(crate) struct SectionCtx {
     pub run: Rc<RunCtx>,
+    /// The chain this entry runs in.
+    pub chain: Rc<Chain>,
     pub name: String,
     pub id: String,
     pub is_h1: bool,
     /// The section's index path in the prompt (empty for the H1 pass).
     pub path: Vec<usize>,
-    /// The chain this entry runs in.
-    pub chain: Rc<Chain>,
-    /// The fanout arm's `item` and `sys.index`, in an arm's first entry only.
-    pub arm: Option<ArmSeed>,
-    pub added: RefCell<Vec<String>>,
-    pub add_desc: RefCell<HashMap<String, String>>,
-    pub locals: RefCell<Vec<LocalTool>>,
+    /// The fanout arm's or task's `item` and `sys.index`, in its chain's first entry only.
+    arm: Option<ArmSeed>,
+    /// `tools.add`'s additions to the bound scope, in the order first added,
+    /// with their description overrides.
+    added: RefCell<AlwaysScope>,
+    /// `tools.add_local`'s tools, in registration order.
+    locals: RefCell<Vec<LocalTool>>,
     /// Call counts in the order aliases were first counted; `None` before the first call.
-    pub calls: RefCell<Option<Vec<(String, u64)>>>,
-    pub role: RefCell<Option<RoleChoice>>,
-    pub handler_depth: Cell<u32>,
-    pub sys_model_readable: Cell<bool>,
-    pub log_events: Cell<u32>,
-    pub log_bytes: Cell<u64>,
-    pub var: RefCell<Json>,
+    calls: RefCell<Option<Vec<(String, u64)>>>,
+    /// Set at the first tool call when the section had a model then.
+    sys_model_readable: Cell<bool>,
+    /// `models.use`'s choice.
+    role: RefCell<Option<RoleChoice>>,
+    /// How many local tool handlers are running (they may nest).
+    handler_depth: Cell<u32>,
+    /// `log` calls counted so far, and the bytes they logged.
+    log_events: Cell<u32>,
+    log_bytes: Cell<u64>,
+    /// The entry's `var`: the chain's at entry, handed back at its end.
+    var: RefCell<Json>,
     /// A `jump` requested by the running block.
-    pub jump: RefCell<Option<String>>,
+    jump: RefCell<Option<String>>,
     /// True while the shared library replays (alias globals are not yet installed).
-    pub loading_shared: Cell<bool>,
+    loading_shared: Cell<bool>,
     /// The running block's pending prose: the raw Markdown and, once read, its rendering.
-    pub prose: RefCell<(String, Option<String>)>,
+    prose: RefCell<(String, Option<String>)>,
     /// The targets set by `tools.allow_tasks`: `None` until it runs, an empty
     /// list when any section may be targeted.
-    pub task_allow: RefCell<Option<Vec<String>>>,
+    task_allow: RefCell<Option<Vec<String>>>,
 }
 
 impl SectionCtx {
@@ -482,13 +584,12 @@ impl SectionCtx {
             path: place.path,
             chain,
             arm,
-            added: RefCell::new(Vec::new()),
-            add_desc: RefCell::new(HashMap::new()),
+            added: RefCell::new(AlwaysScope::default()),
             locals: RefCell::new(Vec::new()),
             calls: RefCell::new(None),
+            sys_model_readable: Cell::new(false),
             role: RefCell::new(None),
             handler_depth: Cell::new(0),
-            sys_model_readable: Cell::new(false),
             log_events: Cell::new(0),
             log_bytes: Cell::new(0),
             var: RefCell::new(var),
@@ -499,38 +600,77 @@ impl SectionCtx {
         }
     }
 
+    /// The entry has ended: its final `var` becomes its chain's, which the
+    /// chain's next entry starts from. The one writer of a chain's `var`.
+    pub fn end_entry(&self) {
+        *self.chain.var.borrow_mut() = self.var.borrow().clone();
+    }
+
+    /// Whose store claims this entry takes: the H1 pass's own identity during
+    /// the H1 pass (released when it ends, guide ch. 09), else its chain's.
+    pub fn claim_identity(&self) -> ClaimIdentity {
+        if self.is_h1 {
+            ClaimIdentity::h1_pass()
+        } else {
+            self.chain.identity.clone()
+        }
+    }
+
+    /// The fanout arm's or task's `item`, in its chain's first entry.
+    pub fn arm_item(&self) -> Option<&Json> {
+        self.arm.as_ref().and_then(|seed| seed.item.as_ref())
+    }
+
+    /// The fanout arm's or task's `sys.index`, in its chain's first entry.
+    pub fn arm_index(&self) -> Option<i64> {
+        self.arm.as_ref().and_then(|seed| seed.index)
+    }
+
     /// Whether the section has a model selected (its own or the prompt-wide default).
     pub fn has_model(&self) -> bool {
         self.run.fixed.model.is_some()
             && (self.role.borrow().is_some() || self.run.default_role.borrow().is_some())
     }
 
+    /// Whether `sys.model` reads: only once the section's first tool call found
+    /// a model selected, and while one still is.
+    pub fn sys_model_visible(&self) -> bool {
+        self.sys_model_readable.get() && self.has_model()
+    }
+
+    /// `models.use`: the section's own role for its later rounds (the latest wins).
+    pub fn use_role(&self, choice: RoleChoice) {
+        *self.role.borrow_mut() = Some(choice);
+    }
+
+    /// The role `models.use` chose, if it ran.
+    pub fn role_choice(&self) -> Option<RoleChoice> {
+        self.role.borrow().clone()
+    }
+
     /// Report an event under this section, on the task the chain runs inside.
     pub fn report(&self, kind: EventKind, fields: Map<String, Json>) {
-        let task = self.chain.task.borrow().clone();
-        self.run.report(&task, &self.name, kind, fields);
+        self.run.report(self.chain.task(), &self.name, kind, fields);
     }
 
     /// The task the chain runs inside (`sys.taskid`).
     pub fn task(&self) -> String {
-        self.chain.task.borrow().clone()
+        self.chain.task().to_string()
     }
 
     /// The rounds the task the chain runs inside completed so far.
     pub fn turns(&self) -> u32 {
-        self.run.turns(&self.chain.task.borrow())
+        self.run.turns(self.chain.task())
     }
 
     /// Count one completed round of the task the chain runs inside.
     pub fn complete_turn(&self) -> u32 {
-        let task = self.task();
-        self.run.complete_turn(&task)
+        self.run.complete_turn(self.chain.task())
     }
 
     /// Number one piece of host work on the task the chain runs inside.
     pub fn host_work(&self) -> WorkId {
-        let task = self.chain.task.borrow().clone();
-        self.run.host_work(&task)
+        self.run.host_work(self.chain.task())
     }
 
     /// A boundary event: the kind and its coordinates only.
@@ -560,6 +700,25 @@ impl SectionCtx {
         );
     }
 
+    /// `tools.add`: put `aliases` in this section's scope, each once, in the
+    /// order first added; `description` overrides the first alias's.
+    pub fn add_to_scope(&self, aliases: &[String], description: Option<String>) {
+        let mut added = self.added.borrow_mut();
+        for a in aliases {
+            if !added.aliases.contains(a) {
+                added.aliases.push(a.clone());
+            }
+        }
+        if let (Some(d), Some(a)) = (description, aliases.first()) {
+            added.descriptions.insert(a.clone(), d);
+        }
+    }
+
+    /// The description `tools.add` gave `alias` in this section, if it overrode one.
+    pub fn scope_description(&self, alias: &str) -> Option<String> {
+        self.added.borrow().descriptions.get(alias).cloned()
+    }
+
     /// The bound scope: `tools.always` aliases first, then this section's additions, each once.
     pub fn bound_scope(&self) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
@@ -567,7 +726,7 @@ impl SectionCtx {
             .run
             .always_aliases()
             .iter()
-            .chain(self.added.borrow().iter())
+            .chain(self.added.borrow().aliases.iter())
         {
             if !out.contains(a) {
                 out.push(a.clone());
@@ -576,11 +735,52 @@ impl SectionCtx {
         out
     }
 
+    /// `tools.add_local`: register a local tool (the list only grows).
+    pub fn add_local(&self, tool: LocalTool) {
+        self.locals.borrow_mut().push(tool);
+    }
+
+    /// The section's local tools, in registration order.
+    pub fn locals(&self) -> Ref<'_, [LocalTool]> {
+        Ref::map(self.locals.borrow(), Vec::as_slice)
+    }
+
     pub fn has_local(&self, alias: &str) -> bool {
         self.locals.borrow().iter().any(|l| l.alias == alias)
     }
 
-    /// Count one call attempt (before the tool runs), seeding the scope's aliases first.
+    /// The handler of the local tool `alias`, the first registered under it.
+    pub fn local_handler(&self, alias: &str) -> Option<Function> {
+        self.locals
+            .borrow()
+            .iter()
+            .find(|l| l.alias == alias)
+            .map(|l| l.handler.clone())
+    }
+
+    /// A local tool handler starts; the section is inside one until the guard drops.
+    pub fn enter_local_handler(self: &Rc<Self>) -> LocalHandlerGuard {
+        self.handler_depth.set(self.handler_depth.get() + 1);
+        LocalHandlerGuard(Rc::clone(self))
+    }
+
+    /// True while a local tool handler runs (where `jump` is refused).
+    pub fn in_local_handler(&self) -> bool {
+        self.handler_depth.get() > 0
+    }
+
+    /// Whether `tools.calls` exists yet: from the section's first tool call on.
+    pub fn calls_counted(&self) -> bool {
+        self.calls.borrow().is_some()
+    }
+
+    /// The call counts, in the order aliases were first counted (empty before the first call).
+    pub fn call_counts(&self) -> Ref<'_, [(String, u64)]> {
+        Ref::map(self.calls.borrow(), |c| c.as_deref().unwrap_or(&[]))
+    }
+
+    /// Count one call attempt (before the tool runs), seeding the scope's aliases
+    /// first. Counts only grow, and an alias once counted stays in place.
     pub fn count_call(&self, alias: &str) {
         // sys.model appears only when the section has a model at its first tool call.
         if self.calls.borrow().is_none() && self.has_model() {
@@ -598,6 +798,112 @@ impl SectionCtx {
             Some(entry) => entry.1 += 1,
             None => counts.push((alias.to_string(), 1)),
         }
+    }
+
+    /// `tools.allow_tasks`: the sections the model may start as tasks (empty: any).
+    pub fn allow_tasks(&self, targets: Vec<String>) {
+        *self.task_allow.borrow_mut() = Some(targets);
+    }
+
+    /// The targets `tools.allow_tasks` set, `None` until it ran.
+    pub fn task_allow(&self) -> Option<Vec<String>> {
+        self.task_allow.borrow().clone()
+    }
+
+    /// Count one `log` call against the entry's event quota: false, and
+    /// nothing counted, once `quota` calls were counted.
+    pub fn take_log_event(&self, quota: u32) -> bool {
+        let used = self.log_events.get();
+        if used >= quota {
+            return false;
+        }
+        self.log_events.set(used + 1);
+        true
+    }
+
+    /// Count `bytes` more logged bytes against `cap`: false, and nothing
+    /// counted, when they would go over it.
+    pub fn take_log_bytes(&self, bytes: u64, cap: u64) -> bool {
+        let total = self.log_bytes.get() + bytes;
+        if total > cap {
+            return false;
+        }
+        self.log_bytes.set(total);
+        true
+    }
+
+    /// A copy of the entry's current `var`.
+    pub fn var(&self) -> Json {
+        self.var.borrow().clone()
+    }
+
+    /// Read the entry's `var` in place.
+    pub fn read_var<R>(&self, read: impl FnOnce(&Json) -> R) -> R {
+        read(&self.var.borrow())
+    }
+
+    /// Change the entry's `var`; only the guarded `var` proxy calls this, with
+    /// values its JSON rules admitted.
+    pub fn update_var<R>(&self, update: impl FnOnce(&mut Json) -> R) -> R {
+        update(&mut self.var.borrow_mut())
+    }
+
+    /// `jump(target)`: the block stops, and the walk goes to `target` (the
+    /// latest request wins; [`SectionCtx::take_jump`] reads it once).
+    pub fn request_jump(&self, target: String) {
+        *self.jump.borrow_mut() = Some(target);
+    }
+
+    /// The jump the block that just ended requested, cleared as it is read.
+    pub fn take_jump(&self) -> Option<String> {
+        self.jump.borrow_mut().take()
+    }
+
+    /// True while the shared library replays.
+    pub fn loading_shared(&self) -> bool {
+        self.loading_shared.get()
+    }
+
+    /// The shared library starts replaying; it counts as loading until the guard drops.
+    pub fn begin_shared_load(&self) -> SharedLoadGuard<'_> {
+        self.loading_shared.set(true);
+        SharedLoadGuard(self)
+    }
+
+    /// A block starts: `raw` is its pending prose, not yet rendered.
+    pub fn begin_block(&self, raw: String) {
+        *self.prose.borrow_mut() = (raw, None);
+    }
+
+    /// The running block's prose, rendered by `render` at the first read and
+    /// the same text at every later read in the block.
+    pub fn prose<E>(&self, render: impl FnOnce(&str) -> Result<String, E>) -> Result<String, E> {
+        if let Some(done) = self.prose.borrow().1.clone() {
+            return Ok(done);
+        }
+        let raw = self.prose.borrow().0.clone();
+        let rendered = render(&raw)?;
+        self.prose.borrow_mut().1 = Some(rendered.clone());
+        Ok(rendered)
+    }
+}
+
+/// While alive, the section is inside a local tool handler.
+pub(crate) struct LocalHandlerGuard(Rc<SectionCtx>);
+
+impl Drop for LocalHandlerGuard {
+    fn drop(&mut self) {
+        let depth = &self.0.handler_depth;
+        depth.set(depth.get().saturating_sub(1));
+    }
+}
+
+/// While alive, the section's shared library is replaying.
+pub(crate) struct SharedLoadGuard<'s>(&'s SectionCtx);
+
+impl Drop for SharedLoadGuard<'_> {
+    fn drop(&mut self) {
+        self.0.loading_shared.set(false);
     }
 }
 

@@ -156,7 +156,7 @@ async fn fanout(lua: &Lua, args: &MultiValue) -> HostResult<Table> {
     // Every arm takes its copy of var now: the var global must still be in place.
     crate::var::check_var_global(lua).map_err(HostError::lua)?;
     let argv = chain_argv(&sec, lua, &None)?;
-    let var = sec.var.borrow().clone();
+    let var = sec.var();
 
     let mut slots: Vec<Option<ArmResult>> = members.iter().map(|_| None).collect();
     let mut live: Vec<LiveArm> = Vec::new();
@@ -256,11 +256,10 @@ struct Arm<'a> {
 fn start_arm(sec: &Rc<SectionCtx>, arm: Arm<'_>, cancelled: Rc<Cell<bool>>) -> ArmFuture {
     let run = Rc::clone(&sec.run);
     let parent = Rc::clone(&sec.chain);
-    let chain = Rc::new(Chain::new(
-        parent.next_child_id(),
+    let chain = Rc::new(Chain::spawned(
+        &parent,
         parent.args.clone(),
         arm.argv,
-        parent.depth + 1,
         arm.var.clone(),
         Some(arm.seed),
     ));
@@ -270,7 +269,7 @@ fn start_arm(sec: &Rc<SectionCtx>, arm: Arm<'_>, cancelled: Rc<Cell<bool>>) -> A
     sec.report(EventKind::TaskStarted, started);
     let claims = ArmClaims {
         run: Rc::clone(&run),
-        identity: chain.identity.borrow().clone(),
+        identity: chain.identity().clone(),
     };
     let end = ArmEnd {
         run: Rc::clone(&run),

@@ -310,7 +310,7 @@ fn models_use(lua: &Lua, args: MultiValue) -> HostResult<AnyUserData> {
         max_tokens,
     };
     let handle = make_handle(lua, &label, Some(&choice))?;
-    *sec.role.borrow_mut() = Some(choice);
+    sec.use_role(choice);
     Ok(handle)
 }
 
@@ -494,7 +494,7 @@ fn pick_target(sec: &SectionCtx, handle: Option<&ModelHandle>) -> Result<Target,
     if let Some(h) = handle {
         return Ok(h.into());
     }
-    let selected = sec.role.borrow().clone();
+    let selected = sec.role_choice();
     let chosen = match selected {
         Some(c) => role_handle(&sec.run, &c.label, c.temperature, c.max_tokens),
         None => {
@@ -891,10 +891,7 @@ fn offered_tools(sec: &SectionCtx) -> Result<Vec<ToolDecl>, HostError> {
             .run_kind(RunErrorKind::Binding));
         }
         let description = sec
-            .add_desc
-            .borrow()
-            .get(&alias)
-            .cloned()
+            .scope_description(&alias)
             .or_else(|| sec.run.always_description(&alias))
             .unwrap_or_else(|| b.description.clone());
         out.push(ToolDecl {
@@ -906,8 +903,7 @@ fn offered_tools(sec: &SectionCtx) -> Result<Vec<ToolDecl>, HostError> {
     // The Engine's own tool names take precedence over a local tool of the same name,
     // so such a local tool is never offered under that name.
     for l in sec
-        .locals
-        .borrow()
+        .locals()
         .iter()
         .filter(|l| !ENGINE_TOOL_NAMES.contains(&l.alias.as_str()))
     {
@@ -1109,7 +1105,7 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
         report_tool_calls(&sec, turn, &resp, &calls);
         for (call, _) in &calls {
             let allowed = if ENGINE_TOOL_NAMES.contains(&call.name.as_str()) {
-                sec.task_allow.borrow().is_some()
+                sec.task_allow().is_some()
             } else {
                 names.contains(&call.name)
             };

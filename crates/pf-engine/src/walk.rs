@@ -69,14 +69,7 @@ fn h1_runs(prompt: &Prompt) -> bool {
 
 pub(crate) async fn run_main(run: Rc<RunCtx>) -> Outcome {
     let prompt = Arc::clone(&run.fixed.prompt);
-    let main = Rc::new(Chain::new(
-        "0".to_string(),
-        run.fixed.args.clone(),
-        run.fixed.argv.clone(),
-        0,
-        Json::Object(Default::default()),
-        None,
-    ));
+    let main = Rc::new(Chain::main(run.fixed.args.clone(), run.fixed.argv.clone()));
     // Tasks the H1 pass or the walk spawned end with the main chain.
     let owned = crate::tasks::OwnedTasks::new(&run, &main.id);
     // The H1 pass is always entry 0.0, whether or not it runs.
@@ -87,9 +80,9 @@ pub(crate) async fn run_main(run: Rc<RunCtx>) -> Outcome {
         Some(vec![0])
     };
     if h1_runs(&prompt) {
-        // The H1 pass claims under its own identity and releases it when the
-        // pass ends, so the walk starts with fresh claims (guide ch. 09).
-        let walk_identity = main.identity.replace(ClaimIdentity::h1_pass());
+        // The H1 pass claims under its own identity (`SectionCtx::claim_identity`)
+        // and releases it when the pass ends, so the walk starts with fresh
+        // claims (guide ch. 09).
         let spec = EntrySpec {
             name: prompt.title.clone(),
             id: h1_id,
@@ -98,8 +91,7 @@ pub(crate) async fn run_main(run: Rc<RunCtx>) -> Outcome {
             blocks: prompt.h1_blocks.clone(),
         };
         let end = run_entry(Rc::clone(&run), Rc::clone(&main), spec).await;
-        let h1_identity = main.identity.replace(walk_identity);
-        run.claims().release(&h1_identity);
+        run.claims().release(&ClaimIdentity::h1_pass());
         match end {
             EntryEnd::Return(t) => return finish(&run, &main, &owned, Outcome::Completed(t)),
             EntryEnd::Jump(target) => match resolve_heading(&prompt, &[], &target) {
@@ -144,7 +136,7 @@ fn finish(
         (outcome, _) => outcome,
     };
     // The walk has ended: its claims go with it.
-    run.claims().release(&main.identity.borrow());
+    run.claims().release(main.identity());
     outcome
 }
 
@@ -238,8 +230,7 @@ fn run_entry(
         let sec = Rc::new(SectionCtx::new(run, Rc::clone(&chain), place));
         crate::tasks::entered_section(&sec);
         let end = run_entry_in(&sec, &spec).await;
-        // Read back var: the entry's final var becomes the chain's.
-        *chain.var.borrow_mut() = sec.var.borrow().clone();
+        sec.end_entry();
         end
     })
 }
@@ -272,11 +263,11 @@ async fn run_vm(lua: &Lua, sec: &Rc<SectionCtx>, spec: &EntrySpec) -> EntryEnd {
     // reports the (empty) load.
     sec.boundary(EventKind::LuaSharedLoadStarted);
     if let Some(shared) = sec.run.fixed.prompt.shared.clone() {
-        sec.loading_shared.set(true);
+        let loading = sec.begin_shared_load();
         let flag = helpers(lua).and_then(|h| h.raw_set("loading_shared", true));
         let end = run_block(lua, sec, &shared).await;
         let unflag = helpers(lua).and_then(|h| h.raw_set("loading_shared", false));
-        sec.loading_shared.set(false);
+        drop(loading);
         if let Err(e) = flag.and(unflag) {
             return EntryEnd::Fail(Failure::internal(e));
         }
@@ -303,7 +294,7 @@ async fn run_vm(lua: &Lua, sec: &Rc<SectionCtx>, spec: &EntrySpec) -> EntryEnd {
         match block {
             Block::Prose(p) => pending = p.text.clone(),
             Block::Lua(b) => {
-                *sec.prose.borrow_mut() = (std::mem::take(&mut pending), None);
+                sec.begin_block(std::mem::take(&mut pending));
                 sec.boundary(EventKind::LuaChunkStarted);
                 let end = run_block(lua, sec, b).await;
                 // Nothing more runs after a cancel or a run-ending failure;
@@ -341,8 +332,8 @@ fn freeze_argv(lua: &Lua, sec: &SectionCtx, end: EntryEnd) -> EntryEnd {
         Err(e) => return EntryEnd::Fail(Failure::internal(e)),
     };
     match crate::json::lua_to_json(&value, "argv") {
-        Ok(Json::Null) => *sec.chain.argv.borrow_mut() = None,
-        Ok(j) => *sec.chain.argv.borrow_mut() = Some(j),
+        Ok(Json::Null) => sec.chain.repair_argv(None),
+        Ok(j) => sec.chain.repair_argv(Some(j)),
         Err(e) => {
             return EntryEnd::Fail(Failure::lua(format!(
                 "{} must be JSON data, got {}",
@@ -435,7 +426,7 @@ async fn run_block(lua: &Lua, sec: &Rc<SectionCtx>, block: &LuaBlock) -> BlockEn
         return BlockEnd::Fail(Failure::Cancelled);
     }
     // A recorded jump wins over the block's own return value or error.
-    if let Some(target) = sec.jump.borrow_mut().take() {
+    if let Some(target) = sec.take_jump() {
         return BlockEnd::Jump(target);
     }
     let values = match result {
@@ -508,7 +499,7 @@ fn fail(
     message: String,
     value: Option<HostError>,
 ) -> BlockEnd {
-    let kind = if sec.is_h1 && kind == RunErrorKind::Lua && !sec.loading_shared.get() {
+    let kind = if sec.is_h1 && kind == RunErrorKind::Lua && !sec.loading_shared() {
         RunErrorKind::RequirementsUnmet
     } else {
         kind
@@ -521,18 +512,18 @@ pub(crate) fn make_jump(lua: &Lua) -> mlua::Result<Function> {
     lua.set_named_registry_value("pf.jump_sentinel", sentinel)?;
     host_fn(lua, |lua, args| -> HostResult<()> {
         let sec = section(lua)?;
-        if sec.handler_depth.get() > 0 {
+        if sec.in_local_handler() {
             return Err(HostError::lua(
                 "jump is unavailable inside a local tool handler: return a value from the handler and call jump from the block after the tool call returns",
             )
             .into());
         }
-        if sec.loading_shared.get() {
+        if sec.loading_shared() {
             return Err(HostError::lua("jump is not available during shared library load").into());
         }
         // Only the type is checked here: the reference is resolved after the block ends.
         let target = target_arg(&args)?;
-        *sec.jump.borrow_mut() = Some(target);
+        sec.request_jump(target);
         let sentinel: Table = lua.named_registry_value("pf.jump_sentinel")?;
         Err(Raise::Value(Value::Table(sentinel)))
     })
@@ -580,7 +571,7 @@ pub(crate) fn chain_argv(
             }
         };
     }
-    Ok(sec.chain.argv.borrow().clone())
+    Ok(sec.chain.argv())
 }
 
 pub(crate) fn make_call(lua: &Lua) -> mlua::Result<Function> {
@@ -606,17 +597,13 @@ pub(crate) fn make_call(lua: &Lua) -> mlua::Result<Function> {
         // The called chain takes its copy of var now: the var global must still be in place.
         crate::var::check_var_global(&lua).map_err(HostError::lua)?;
         let argv = chain_argv(&sec, &lua, &input)?;
-        let chain = Rc::new(Chain::new(
-            parent.next_child_id(),
+        // A called chain claims as its caller: same identity, nothing released at its end.
+        let chain = Rc::new(Chain::called(
+            &sec,
             input.unwrap_or_else(|| parent.args.clone()),
             argv,
-            parent.depth + 1,
-            sec.var.borrow().clone(),
-            None,
+            sec.var(),
         ));
-        // A called chain claims as its caller: same identity, nothing released at its end.
-        *chain.identity.borrow_mut() = parent.identity.borrow().clone();
-        *chain.task.borrow_mut() = parent.task.borrow().clone();
         let owned = crate::tasks::OwnedTasks::new(&sec.run, &chain.id);
         let blocked = crate::tasks::blocked_on(&sec, crate::tasks::Blocked::Call);
         let end = walk_chain(&sec.run, &chain, target_path).await;
@@ -641,16 +628,12 @@ pub(crate) fn make_call(lua: &Lua) -> mlua::Result<Function> {
 /// The `prose` global's value: rendered at the first read of each block.
 pub(crate) fn read_prose(lua: &Lua) -> Result<String, Raise> {
     let sec = section(lua)?;
-    if let Some(done) = sec.prose.borrow().1.clone() {
-        return Ok(done);
-    }
-    if let Err(m) = crate::var::check_var_global(lua) {
-        return Err(HostError::lua(m).into());
-    }
-    let raw = sec.prose.borrow().0.clone();
-    let rendered = crate::subst::render(lua, &sec, &raw)?;
-    sec.prose.borrow_mut().1 = Some(rendered.clone());
-    Ok(rendered)
+    sec.prose(|raw| {
+        if let Err(m) = crate::var::check_var_global(lua) {
+            return Err(HostError::lua(m).into());
+        }
+        Ok(crate::subst::render(lua, &sec, raw)?)
+    })
 }
 
 #[cfg(test)]

@@ -415,16 +415,15 @@ fn start_task(
     // The task takes its copy of var now: the var global must still be in place.
     crate::var::check_var_global(lua).map_err(HostError::lua)?;
     let argv = chain_argv(sec, lua, &input)?;
-    let id = parent.next_child_id();
-    let key = parse_key(&id).ok_or_else(|| HostError::new(ErrorKind::Internal, "bad task id"))?;
-    let chain = Rc::new(Chain::new(
-        id.clone(),
+    let chain = Rc::new(Chain::spawned(
+        &parent,
         input.clone().unwrap_or_else(|| parent.args.clone()),
         argv,
-        parent.depth + 1,
-        sec.var.borrow().clone(),
+        sec.var(),
         (seed.item.is_some() || seed.index.is_some()).then_some(seed),
     ));
+    let id = chain.id.clone();
+    let key = parse_key(&id).ok_or_else(|| HostError::new(ErrorKind::Internal, "bad task id"))?;
     let started = task_started_fields(
         &id,
         &resolved.name,
@@ -493,14 +492,14 @@ pub(crate) fn task_started_fields(
             fields.insert("index".into(), Json::from(index));
         }
     }
-    fields.insert("var".into(), owner.var.borrow().clone());
+    fields.insert("var".into(), owner.var());
     fields
 }
 
 fn task_future(run: &Rc<RunCtx>, chain: Rc<Chain>, key: TaskKey, start: Vec<usize>) -> TaskFuture {
     let claims = TaskClaims {
         run: Rc::clone(run),
-        identity: chain.identity.borrow().clone(),
+        identity: chain.identity().clone(),
     };
     let run = Rc::clone(run);
     Box::pin(async move {
@@ -559,7 +558,7 @@ fn not_owned(key: &[u32]) -> HostError {
 fn caller(lua: &Lua) -> HostResult<(Rc<RunCtx>, String, String)> {
     let sec = section(lua)?;
     let chain = Rc::clone(&sec.chain);
-    let task = chain.task.borrow().clone();
+    let task = chain.task().to_string();
     Ok((Rc::clone(&sec.run), chain.id.clone(), task))
 }
 
@@ -1207,8 +1206,9 @@ pub(crate) async fn model_await(
 /// called chain or a fanout arm (a called chain's waits show as `call`).
 fn own_chain_task(sec: &SectionCtx) -> Option<TaskKey> {
     let chain = &sec.chain;
-    let task = chain.task.borrow();
-    (*task == chain.id).then(|| parse_key(&chain.id)).flatten()
+    (chain.task() == chain.id)
+        .then(|| parse_key(&chain.id))
+        .flatten()
 }
 
 /// Record that the task whose own chain runs `sec` is now in `sec`'s section.
@@ -1282,7 +1282,7 @@ pub(crate) async fn model_builtin(
                 }
             };
             let target = target.trim();
-            let allowed = sec.task_allow.borrow().clone().unwrap_or_default();
+            let allowed = sec.task_allow().unwrap_or_default();
             if !allowed.is_empty() && !allowed.iter().any(|a| a == target) {
                 return Ok((
                     false,
