@@ -7,6 +7,7 @@
 use std::cell::{Cell, Ref, RefCell, RefMut};
 use std::collections::HashMap;
 use std::future::Future;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -93,6 +94,20 @@ impl RunFixed {
     }
 }
 
+/// `argv` for an argument string: `{ prose = args }` without `args:`; with an
+/// explicit declaration, the parsed JSON, or `None` when it does not parse or is
+/// `null`. The declaration is advertised, never enforced: no type checks, and
+/// defaults are not applied.
+pub(crate) fn args_value(prompt: &Prompt, args: &str) -> Option<serde_json::Value> {
+    if prompt.frontmatter.args.is_none() {
+        return Some(serde_json::json!({ "prose": args }));
+    }
+    match serde_json::from_str::<serde_json::Value>(args) {
+        Ok(serde_json::Value::Null) | Err(_) => None,
+        Ok(v) => Some(v),
+    }
+}
+
 /// A scope of added aliases (`tools.always`, `tools.add`): aliases in the
 /// order first added, with description overrides.
 #[derive(Default)]
@@ -129,11 +144,22 @@ pub(crate) struct RunCtx {
     abort: CancellationToken,
     /// Every task of the run (guide ch. 15).
     tasks: RefCell<TaskTable>,
+    /// The walk that runs a chain's sections (`walk::walk_chain`), handed in at
+    /// construction so `call`, `fanout` and `tasks` start chains without
+    /// importing the module that builds the VMs they run in.
+    walker: WalkFn,
 }
 
+/// A chain's walk in progress: `Ok(None)` when it ran off its last section.
+pub(crate) type ChainWalk = Pin<Box<dyn Future<Output = Result<Option<String>, Failure>>>>;
+
+/// Walks a chain from the section at the given index path.
+pub(crate) type WalkFn = fn(Rc<RunCtx>, Rc<Chain>, Vec<usize>) -> ChainWalk;
+
 impl RunCtx {
-    /// The run's state, continuing `events` (which may already hold the parse events).
-    pub fn new(fixed: RunFixed, events: EventLog) -> Self {
+    /// The run's state, continuing `events` (which may already hold the parse
+    /// events); `walker` runs the chains its sections start.
+    pub fn new(fixed: RunFixed, events: EventLog, walker: WalkFn) -> Self {
         RunCtx {
             always: Default::default(),
             default_role: Default::default(),
@@ -144,8 +170,14 @@ impl RunCtx {
             fatal: Default::default(),
             abort: CancellationToken::new(),
             tasks: Default::default(),
+            walker,
             fixed,
         }
+    }
+
+    /// Walk `chain` from the section at `start` (the walk handed to [`RunCtx::new`]).
+    pub fn walk(self: &Rc<Self>, chain: &Rc<Chain>, start: Vec<usize>) -> ChainWalk {
+        (self.walker)(Rc::clone(self), Rc::clone(chain), start)
     }
 
     /// The `tools.always` aliases, in the order first added.
@@ -614,6 +646,29 @@ impl SectionCtx {
         } else {
             self.chain.identity.clone()
         }
+    }
+
+    /// The `argv` a chain this entry starts with `input` gets, under the
+    /// prompt's declaration; without `input`, this entry's own (from the H1
+    /// pass, whatever its `argv` global holds now).
+    pub fn child_argv(&self, lua: &Lua, input: &Option<String>) -> Result<Option<Json>, Raise> {
+        if let Some(text) = input {
+            return Ok(args_value(&self.run.fixed.prompt, text));
+        }
+        if self.is_h1 {
+            // From the H1 pass, `argv` is an ordinary global: hand on what it holds now.
+            let current: Value = lua.globals().raw_get("argv")?;
+            return match crate::json::lua_to_json(&current, "argv") {
+                Ok(Json::Null) => Ok(None),
+                Ok(j) => Ok(Some(j)),
+                Err(e) => Err(HostError::lua(format!(
+                    "{} must be JSON data, got {}",
+                    e.path, e.found
+                ))
+                .into()),
+            };
+        }
+        Ok(self.chain.argv())
     }
 
     /// The fanout arm's or task's `item`, in its chain's first entry.

@@ -8,8 +8,6 @@
 //! its section VMs go with it, and its store claims are released on drop.
 
 use std::cell::Cell;
-use std::future::Future;
-use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::task::Poll;
@@ -21,14 +19,13 @@ use serde_json::Value as Json;
 use crate::claims::ClaimIdentity;
 use crate::ctx::{
     arg, cancelled_error, frozen_newindex, helpers, host_async, mlua_message, section, target_arg,
-    ArmSeed, Chain, Failure, RunCtx, SectionCtx, DEPTH_CAP,
+    ArmSeed, Chain, ChainWalk, Failure, RunCtx, SectionCtx, DEPTH_CAP,
 };
 use crate::error::{ErrorKind, HostError, HostResult, Raise};
 use crate::events::EventKind;
 use crate::json::lua_to_json;
 use crate::tasks::AbandonReason;
 use crate::text::lua_type_name;
-use crate::walk::{chain_argv, walk_chain};
 
 /// At most this many arms of one `fanout` call are live at once (guide ch. 17).
 pub(crate) const CONCURRENCY_CAP: usize = 8;
@@ -46,7 +43,7 @@ enum ArmResult {
     Exhausted(Json),
 }
 
-type ArmFuture = Pin<Box<dyn Future<Output = Result<Option<String>, Failure>>>>;
+type ArmFuture = ChainWalk;
 
 struct LiveArm {
     slot: usize,
@@ -155,7 +152,7 @@ async fn fanout(lua: &Lua, args: &MultiValue) -> HostResult<Table> {
     }
     // Every arm takes its copy of var now: the var global must still be in place.
     crate::var::check_var_global(lua).map_err(HostError::lua)?;
-    let argv = chain_argv(&sec, lua, &None)?;
+    let argv = sec.child_argv(lua, &None)?;
     let var = sec.var();
 
     let mut slots: Vec<Option<ArmResult>> = members.iter().map(|_| None).collect();
@@ -282,23 +279,7 @@ fn start_arm(sec: &Rc<SectionCtx>, arm: Arm<'_>, cancelled: Rc<Cell<bool>>) -> A
     Box::pin(async move {
         let _claims = claims;
         let arm_end = end;
-        let owned = crate::tasks::OwnedTasks::new(&run, &chain.id);
-        let walked = walk_chain(&run, &chain, worker).await;
-        owned.chain_ended(walked.is_ok());
-        let result = walked.and_then(|end| {
-            crate::tasks::settle(&run, &chain.id)
-                .map(|()| end)
-                .map_err(|e| {
-                    Failure::Error(
-                        crate::error::RunError::new(
-                            crate::error::RunErrorKind::Lua,
-                            e.message.clone(),
-                        ),
-                        Some(e),
-                    )
-                })
-        });
-        drop(owned);
+        let result = crate::tasks::walk_owned(&run, &chain, worker).await;
         arm_end.finished(result.is_ok());
         result
     })

@@ -9,6 +9,7 @@ mod ctx;
 mod error;
 mod events;
 mod fanout;
+mod flow;
 mod io_files;
 mod json;
 mod models;
@@ -221,7 +222,7 @@ async fn run_beside(
             return report;
         }
     };
-    let argv = args_value(&prompt, &setup.args);
+    let argv = ctx::args_value(&prompt, &setup.args);
     let run_ctx = Rc::new(ctx::RunCtx::new(
         ctx::RunFixed {
             prompt: Arc::clone(&prompt),
@@ -250,6 +251,7 @@ async fn run_beside(
             capture: setup.capture,
         },
         log,
+        walk::walk_boxed,
     ));
     for claim in foreign_claims {
         let identity = claims::ClaimIdentity::of_chain(&claim.chain_id);
@@ -356,19 +358,5 @@ pub fn report_parse_failure(observer: &dyn RunObserver, execution: &str) {
             fields: Default::default(),
         };
         observer.event(execution, &event);
-    }
-}
-
-/// `argv` for an argument string: `{ prose = args }` without `args:`; with an
-/// explicit declaration, the parsed JSON, or `None` when it does not parse or is
-/// `null`. The declaration is advertised, never enforced: no type checks, and
-/// defaults are not applied.
-pub(crate) fn args_value(prompt: &Prompt, args: &str) -> Option<serde_json::Value> {
-    if prompt.frontmatter.args.is_none() {
-        return Some(serde_json::json!({ "prose": args }));
-    }
-    match serde_json::from_str::<serde_json::Value>(args) {
-        Ok(serde_json::Value::Null) | Err(_) => None,
-        Ok(v) => Some(v),
     }
 }

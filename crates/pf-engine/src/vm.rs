@@ -144,20 +144,20 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
         )?;
     }
     // 5. jump and list_from_section
-    g.raw_set("jump", crate::walk::make_jump(&lua)?)?;
+    g.raw_set("jump", crate::flow::make_jump(&lua)?)?;
     g.raw_set(
         "list_from_section",
-        crate::walk::make_list_from_section(&lua)?,
+        crate::flow::make_list_from_section(&lua)?,
     )?;
     // 6. suspending calls
-    g.raw_set("call", crate::walk::make_call(&lua)?)?;
+    g.raw_set("call", crate::flow::make_call(&lua)?)?;
     g.raw_set("fanout", crate::fanout::make_fanout(&lua)?)?;
     g.raw_set("input", make_input(&lua)?)?;
     g.raw_set("tasks", crate::tasks::make_tasks(&lua)?)?;
     // prose
     h.raw_set(
         "prose_read",
-        host_fn(&lua, |lua, _| crate::walk::read_prose(lua))?,
+        host_fn(&lua, |lua, _| crate::flow::read_prose(lua))?,
     )?;
     internal_chunk(&lua, "=[promptforge env]", ENV)?.call::<()>(h)?;
     Ok(lua)

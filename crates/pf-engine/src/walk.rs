@@ -6,18 +6,13 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use mlua::{ChunkMode, Function, Lua, MultiValue, Table, Value};
+use mlua::{ChunkMode, Function, Lua, MultiValue, Value};
 use pf_syntax::{resolve_heading, Block, LuaBlock, Prompt, Section};
 use serde_json::Value as Json;
 
 use crate::claims::ClaimIdentity;
-use crate::ctx::{
-    arg, helpers, host_async, host_fn, section, target_arg, Chain, EntryPlace, Failure, RunCtx,
-    SectionCtx, DEPTH_CAP,
-};
-use crate::error::{
-    read_error_value, ErrorKind, HostError, HostResult, Raise, RunError, RunErrorKind,
-};
+use crate::ctx::{helpers, Chain, ChainWalk, EntryPlace, Failure, RunCtx, SectionCtx};
+use crate::error::{read_error_value, ErrorKind, HostError, RunError, RunErrorKind};
 use crate::events::EventKind;
 use crate::text::{lua_type_name, scalar_text};
 use crate::vm::{install_name_globals, new_vm};
@@ -162,7 +157,7 @@ fn siblings<'p>(prompt: &'p Prompt, parent: &[usize]) -> &'p [Section] {
 /// siblings, descend into a child walk on a jump to a child, and resume the parent
 /// level after the jumper when a child level runs out. `Ok(None)` means the walk
 /// ran off its last section without a result.
-pub(crate) async fn walk_chain(
+async fn walk_chain(
     run: &Rc<RunCtx>,
     chain: &Rc<Chain>,
     start: Vec<usize>,
@@ -213,6 +208,12 @@ pub(crate) async fn walk_chain(
             EntryEnd::Fail(f) => return Err(f),
         }
     }
+}
+
+/// [`walk_chain`] as the [`WalkFn`](crate::ctx::WalkFn) the run hands to
+/// [`RunCtx::new`], which `call`, `fanout` and `tasks` reach through [`RunCtx::walk`].
+pub(crate) fn walk_boxed(run: Rc<RunCtx>, chain: Rc<Chain>, start: Vec<usize>) -> ChainWalk {
+    Box::pin(async move { walk_chain(&run, &chain, start).await })
 }
 
 fn run_entry(
@@ -505,135 +506,6 @@ fn fail(
         kind
     };
     BlockEnd::Fail(Failure::Error(RunError::new(kind, message), value))
-}
-
-pub(crate) fn make_jump(lua: &Lua) -> mlua::Result<Function> {
-    let sentinel = lua.create_table()?;
-    lua.set_named_registry_value("pf.jump_sentinel", sentinel)?;
-    host_fn(lua, |lua, args| -> HostResult<()> {
-        let sec = section(lua)?;
-        if sec.in_local_handler() {
-            return Err(HostError::lua(
-                "jump is unavailable inside a local tool handler: return a value from the handler and call jump from the block after the tool call returns",
-            )
-            .into());
-        }
-        if sec.loading_shared() {
-            return Err(HostError::lua("jump is not available during shared library load").into());
-        }
-        // Only the type is checked here: the reference is resolved after the block ends.
-        let target = target_arg(&args)?;
-        sec.request_jump(target);
-        let sentinel: Table = lua.named_registry_value("pf.jump_sentinel")?;
-        Err(Raise::Value(Value::Table(sentinel)))
-    })
-}
-
-pub(crate) fn make_list_from_section(lua: &Lua) -> mlua::Result<Function> {
-    host_fn(lua, |lua, args| -> HostResult<Table> {
-        let sec = section(lua)?;
-        let target = target_arg(&args)?;
-        let prompt = Arc::clone(&sec.run.fixed.prompt);
-        let caller = sec.path.clone();
-        let (_, found) = resolve_heading(&prompt, &caller, &target).map_err(HostError::lua)?;
-        let Some(items) = &found.list_items else {
-            return Err(HostError::lua(format!(
-                "section `{}` has no pre-parsed items",
-                found.name
-            ))
-            .into());
-        };
-        let t = lua.create_table()?;
-        for (k, item) in items.iter().enumerate() {
-            t.raw_set(k + 1, item.as_str())?;
-        }
-        Ok(t)
-    })
-}
-
-/// The `argv` a chain started with `input` gets, under the prompt's declaration.
-pub(crate) fn chain_argv(
-    sec: &SectionCtx,
-    lua: &Lua,
-    input: &Option<String>,
-) -> Result<Option<Json>, Raise> {
-    if let Some(text) = input {
-        return Ok(crate::args_value(&sec.run.fixed.prompt, text));
-    }
-    if sec.is_h1 {
-        // From the H1 pass, `argv` is an ordinary global: hand on what it holds now.
-        let current: Value = lua.globals().raw_get("argv")?;
-        return match crate::json::lua_to_json(&current, "argv") {
-            Ok(Json::Null) => Ok(None),
-            Ok(j) => Ok(Some(j)),
-            Err(e) => {
-                Err(HostError::lua(format!("{} must be JSON data, got {}", e.path, e.found)).into())
-            }
-        };
-    }
-    Ok(sec.chain.argv())
-}
-
-pub(crate) fn make_call(lua: &Lua) -> mlua::Result<Function> {
-    host_async(lua, |lua, args: MultiValue| async move {
-        let sec = section(&lua)?;
-        let target = target_arg(&args)?;
-        let input = match arg(&args, 1) {
-            Value::Nil => None,
-            _ => Some(crate::ctx::string_arg(&args, 1, "input")?),
-        };
-        let prompt = Arc::clone(&sec.run.fixed.prompt);
-        let caller = sec.path.clone();
-        let (target_path, _) =
-            resolve_heading(&prompt, &caller, &target).map_err(HostError::lua)?;
-        let parent = Rc::clone(&sec.chain);
-        if parent.depth >= DEPTH_CAP {
-            return Err(
-                HostError::lua(format!("call recursion exceeded cap of {DEPTH_CAP}"))
-                    .located()
-                    .into(),
-            );
-        }
-        // The called chain takes its copy of var now: the var global must still be in place.
-        crate::var::check_var_global(&lua).map_err(HostError::lua)?;
-        let argv = chain_argv(&sec, &lua, &input)?;
-        // A called chain claims as its caller: same identity, nothing released at its end.
-        let chain = Rc::new(Chain::called(
-            &sec,
-            input.unwrap_or_else(|| parent.args.clone()),
-            argv,
-            sec.var(),
-        ));
-        let owned = crate::tasks::OwnedTasks::new(&sec.run, &chain.id);
-        let blocked = crate::tasks::blocked_on(&sec, crate::tasks::Blocked::Call);
-        let end = walk_chain(&sec.run, &chain, target_path).await;
-        owned.chain_ended(end.is_ok());
-        drop(blocked);
-        let end = match end {
-            Ok(result) => crate::tasks::settle(&sec.run, &chain.id)
-                .map(|()| result)
-                .map_err(|e| {
-                    Failure::Error(RunError::new(RunErrorKind::Lua, e.message.clone()), Some(e))
-                }),
-            Err(f) => Err(f),
-        };
-        drop(owned);
-        match end {
-            Ok(result) => Ok(result.unwrap_or_default()),
-            Err(failure) => Err(failure.into_value().into()),
-        }
-    })
-}
-
-/// The `prose` global's value: rendered at the first read of each block.
-pub(crate) fn read_prose(lua: &Lua) -> Result<String, Raise> {
-    let sec = section(lua)?;
-    sec.prose(|raw| {
-        if let Err(m) = crate::var::check_var_global(lua) {
-            return Err(HostError::lua(m).into());
-        }
-        Ok(crate::subst::render(lua, &sec, raw)?)
-    })
 }
 
 #[cfg(test)]

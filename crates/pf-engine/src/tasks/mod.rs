@@ -19,14 +19,13 @@ use serde_json::Value as Json;
 use crate::claims::ClaimIdentity;
 use crate::ctx::ArmSeed;
 use crate::ctx::{
-    arg, cancelled_error, host_async, host_fn, section, target_arg, Chain, RunCtx, SectionCtx,
-    DEPTH_CAP,
+    arg, cancelled_error, host_async, host_fn, section, target_arg, Chain, Failure, RunCtx,
+    SectionCtx, DEPTH_CAP,
 };
 use crate::error::{ErrorKind, HostError, HostResult, Raise};
 use crate::events::EventKind;
 use crate::json::lua_to_json;
 use crate::text::{envelope, lua_type_name};
-use crate::walk::{chain_argv, walk_chain};
 
 pub(crate) mod table;
 
@@ -224,6 +223,28 @@ impl Drop for OwnedTasks {
     }
 }
 
+/// Walk `chain` from `start` as the owner of the tasks it spawns: they are
+/// abandoned when it ends, and a chain that ends normally with author tasks
+/// still live fails with `tasks_live` ([`settle`]). The one way a `call`, a
+/// fanout arm and a task run their chain.
+pub(crate) async fn walk_owned(
+    run: &Rc<RunCtx>,
+    chain: &Rc<Chain>,
+    start: Vec<usize>,
+) -> Result<Option<String>, Failure> {
+    let owned = OwnedTasks::new(run, &chain.id);
+    let end = run.walk(chain, start).await;
+    owned.chain_ended(end.is_ok());
+    end.and_then(|result| {
+        settle(run, &chain.id).map(|()| result).map_err(|e| {
+            Failure::Error(
+                crate::error::RunError::new(crate::error::RunErrorKind::Lua, e.message.clone()),
+                Some(e),
+            )
+        })
+    })
+}
+
 /// The model tasks `sec`'s entry started that are still running end with it
 /// (guide ch. 15): at the section's end, or when its tool loop is exhausted.
 pub(crate) fn abandon_model_tasks(sec: &SectionCtx, reason: AbandonReason) {
@@ -414,7 +435,7 @@ fn start_task(
     let parent = Rc::clone(&sec.chain);
     // The task takes its copy of var now: the var global must still be in place.
     crate::var::check_var_global(lua).map_err(HostError::lua)?;
-    let argv = chain_argv(sec, lua, &input)?;
+    let argv = sec.child_argv(lua, &input)?;
     let chain = Rc::new(Chain::spawned(
         &parent,
         input.clone().unwrap_or_else(|| parent.args.clone()),
@@ -504,14 +525,10 @@ fn task_future(run: &Rc<RunCtx>, chain: Rc<Chain>, key: TaskKey, start: Vec<usiz
     let run = Rc::clone(run);
     Box::pin(async move {
         let _claims = claims;
-        let owned = OwnedTasks::new(&run, &chain.id);
-        let end = walk_chain(&run, &chain, start).await;
-        owned.chain_ended(end.is_ok());
-        let result = match end {
-            Ok(text) => settle(&run, &chain.id).map(|()| text.unwrap_or_default()),
-            Err(failure) => Err(failure.into_value()),
-        };
-        drop(owned);
+        let result = walk_owned(&run, &chain, start)
+            .await
+            .map(Option::unwrap_or_default)
+            .map_err(Failure::into_value);
         end_task(&run, &key, TaskEnd::Finished(result));
     })
 }
