@@ -29,7 +29,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use pf_harness::{CancellationToken, Harness, ModelProvider};
-use pf_syntax::{Prompt, VersionValue};
+use pf_syntax::{Prompt, VersionProblem};
 use rand::{RngCore, SeedableRng};
 
 pub use ctx::Checkpoint;
@@ -80,16 +80,16 @@ pub struct RunReport {
     pub checkpoints: Vec<Checkpoint>,
 }
 
-/// The version rules: `Ok` when the prompt may run.
+/// The version rules (`pf_syntax::check_version`) as a run error: `Parse`
+/// for a file that is not a prompt, `Version` for a major this build does not run.
 pub fn check_version(prompt: &Prompt) -> Result<(), RunError> {
-    match &prompt.frontmatter.version {
-        None => Err(RunError::new(RunErrorKind::Parse, pf_syntax::NOT_A_PROMPT)),
-        Some(VersionValue::Major(0)) => Ok(()),
-        Some(VersionValue::Major(n)) => Err(RunError::new(
-            RunErrorKind::Version,
-            pf_syntax::unsupported_version_message(*n),
-        )),
-    }
+    pf_syntax::check_version(prompt).map_err(|problem| {
+        let kind = match problem {
+            VersionProblem::NotAPrompt => RunErrorKind::Parse,
+            VersionProblem::Unsupported(_) => RunErrorKind::Version,
+        };
+        RunError::new(kind, problem.message())
+    })
 }
 
 /// The run's execution name and untrusted-envelope nonce, both derived from the seed.

@@ -21,7 +21,6 @@ use crate::json::json_to_lua;
 use crate::models_check::{check_across, compose, estimate_tokens, read_list, to_wire};
 use crate::text::{float_text, lua_type_name};
 use crate::tools::{call_tool, list_text, Caller, ENGINE_TOOL_NAMES};
-use pf_syntax::{is_valid_name, NAME_GRAMMAR};
 
 /// The context window of a handle made for a raw model id.
 const MODEL_ID_CONTEXT: u64 = 8192;
@@ -177,20 +176,10 @@ fn label_text(args: &MultiValue, call: &str) -> Result<String, HostError> {
     }
 }
 
-fn check_grammar(name: &str) -> Result<(), HostError> {
-    if is_valid_name(name) {
-        Ok(())
-    } else {
-        Err(HostError::lua(format!(
-            "invalid alias \"{name}\": expected {NAME_GRAMMAR}"
-        )))
-    }
-}
-
 /// A label for `models.use` / `models.default`: the grammar, then a bound role.
 fn bound_label(sec: &SectionCtx, args: &MultiValue, call: &str) -> Result<String, HostError> {
     let label = label_text(args, call)?;
-    check_grammar(&label)?;
+    crate::tools::check_alias(&label)?;
     if !is_bound(&sec.run, &label) {
         return Err(HostError::lua(format!(
             "{call} label \"{label}\" is not a bound model role"
@@ -361,7 +350,7 @@ fn models_get(lua: &Lua, args: MultiValue) -> HostResult<AnyUserData> {
         };
         return Ok(lua.create_userdata(handle)?);
     }
-    check_grammar(&name)?;
+    crate::tools::check_alias(&name)?;
     Err(HostError::lua(format!(
         "models.get alias \"{name}\" is not a bound model role"
     ))

@@ -23,7 +23,8 @@ use crate::text::{envelope, lua_type_name, scalar_text};
 pub(crate) const ENGINE_TOOL_NAMES: [&str; 4] =
     ["task", "task_cancel", "task_status", "await_tasks"];
 
-fn check_alias(s: &str) -> Result<(), HostError> {
+/// An alias argument under the name grammar (pf-syntax's), with the engine's message.
+pub(crate) fn check_alias(s: &str) -> Result<(), HostError> {
     if is_valid_name(s) {
         Ok(())
     } else {

@@ -32,28 +32,6 @@ enum BlockEnd {
     Fail(Failure),
 }
 
-/// Where a section entry comes from.
-pub(crate) struct EntrySpec {
-    pub name: String,
-    pub id: String,
-    pub is_h1: bool,
-    /// The section's index path (empty for the H1 pass).
-    pub path: Vec<usize>,
-    pub blocks: Vec<Block>,
-}
-
-impl EntrySpec {
-    fn section(chain: &Chain, path: Vec<usize>, s: &Section) -> Self {
-        EntrySpec {
-            name: s.name.clone(),
-            id: chain.next_entry_id(),
-            is_h1: false,
-            path,
-            blocks: s.blocks.clone(),
-        }
-    }
-}
-
 /// Whether the H1 body holds anything that runs: a `lua` block or prose.
 fn h1_runs(prompt: &Prompt) -> bool {
     prompt.h1_blocks.iter().any(|b| match b {
@@ -78,14 +56,14 @@ pub(crate) async fn run_main(run: Rc<RunCtx>) -> Outcome {
         // The H1 pass claims under its own identity (`SectionCtx::claim_identity`)
         // and releases it when the pass ends, so the walk starts with fresh
         // claims (guide ch. 09).
-        let spec = EntrySpec {
+        let place = EntryPlace {
             name: prompt.title.clone(),
             id: h1_id,
             is_h1: true,
             path: Vec::new(),
-            blocks: prompt.h1_blocks.clone(),
         };
-        let end = run_entry(Rc::clone(&run), Rc::clone(&main), spec).await;
+        let blocks = prompt.h1_blocks.clone();
+        let end = run_entry(Rc::clone(&run), Rc::clone(&main), place, blocks).await;
         run.claims().release(&ClaimIdentity::h1_pass());
         match end {
             EntryEnd::Return(t) => return finish(&run, &main, &owned, Outcome::Completed(t)),
@@ -185,8 +163,14 @@ async fn walk_chain(
         };
         let mut path = parent.clone();
         path.push(index);
-        let spec = EntrySpec::section(chain, path.clone(), section);
-        match run_entry(Rc::clone(run), Rc::clone(chain), spec).await {
+        let place = EntryPlace {
+            name: section.name.clone(),
+            id: chain.next_entry_id(),
+            is_h1: false,
+            path: path.clone(),
+        };
+        let blocks = section.blocks.clone();
+        match run_entry(Rc::clone(run), Rc::clone(chain), place, blocks).await {
             EntryEnd::Return(t) => return Ok(Some(t)),
             EntryEnd::FallThrough => {
                 if let Some(top) = levels.last_mut() {
@@ -219,18 +203,13 @@ pub(crate) fn walk_boxed(run: Rc<RunCtx>, chain: Rc<Chain>, start: Vec<usize>) -
 fn run_entry(
     run: Rc<RunCtx>,
     chain: Rc<Chain>,
-    spec: EntrySpec,
+    place: EntryPlace,
+    blocks: Vec<Block>,
 ) -> Pin<Box<dyn Future<Output = EntryEnd>>> {
     Box::pin(async move {
-        let place = EntryPlace {
-            name: spec.name.clone(),
-            id: spec.id.clone(),
-            is_h1: spec.is_h1,
-            path: spec.path.clone(),
-        };
         let sec = Rc::new(SectionCtx::new(run, Rc::clone(&chain), place));
         crate::tasks::entered_section(&sec);
-        let end = run_entry_in(&sec, &spec).await;
+        let end = run_entry_in(&sec, &blocks).await;
         sec.end_entry();
         end
     })
@@ -239,7 +218,7 @@ fn run_entry(
 /// One section entry with its events (guide ch. 16): `section_started`, the
 /// section VM's phases, then `section_finished` when the section completed.
 /// The H1 pass reports only its VM's phases.
-async fn run_entry_in(sec: &Rc<SectionCtx>, spec: &EntrySpec) -> EntryEnd {
+async fn run_entry_in(sec: &Rc<SectionCtx>, blocks: &[Block]) -> EntryEnd {
     if !sec.is_h1 {
         sec.boundary(EventKind::SectionStarted);
     }
@@ -247,7 +226,7 @@ async fn run_entry_in(sec: &Rc<SectionCtx>, spec: &EntrySpec) -> EntryEnd {
         Ok(l) => l,
         Err(e) => return EntryEnd::Fail(Failure::internal(e)),
     };
-    let end = run_vm(&lua, sec, spec).await;
+    let end = run_vm(&lua, sec, blocks).await;
     // The model tasks this entry started end with it (guide ch. 15).
     crate::tasks::section_ended(sec, matches!(end, EntryEnd::Fail(_)));
     sec.boundary(EventKind::LuaTeardownStarted);
@@ -259,7 +238,7 @@ async fn run_entry_in(sec: &Rc<SectionCtx>, spec: &EntrySpec) -> EntryEnd {
     end
 }
 
-async fn run_vm(lua: &Lua, sec: &Rc<SectionCtx>, spec: &EntrySpec) -> EntryEnd {
+async fn run_vm(lua: &Lua, sec: &Rc<SectionCtx>, blocks: &[Block]) -> EntryEnd {
     // The shared library replays in every section VM; a VM without one still
     // reports the (empty) load.
     sec.boundary(EventKind::LuaSharedLoadStarted);
@@ -291,7 +270,7 @@ async fn run_vm(lua: &Lua, sec: &Rc<SectionCtx>, spec: &EntrySpec) -> EntryEnd {
         return EntryEnd::Fail(Failure::internal(e));
     }
     let mut pending = String::new();
-    for block in &spec.blocks {
+    for block in blocks {
         match block {
             Block::Prose(p) => pending = p.text.clone(),
             Block::Lua(b) => {
