@@ -2,7 +2,13 @@
 //! functions.
 //!
 //! A leaf the other engine modules build on: it imports only the other leaves
-//! (`error`, `events`, `claims`, `text` and the task table), never a namespace.
+//! (`error`, `events`, `claims`, `text`, `json` and the task table), never a
+//! namespace, the VM or the walk. The walk reaches it as a function value
+//! ([`WalkFn`], handed to [`RunCtx::new`]), so the modules that start chains
+//! (`call`, `fanout`, `tasks`) do not import the module that runs them.
+//!
+//! State is private and changes only through methods; each says which rule it
+//! keeps. What prepare fixed ([`RunFixed`]) never changes.
 
 use std::cell::{Cell, Ref, RefCell, RefMut};
 use std::collections::HashMap;
