@@ -10,7 +10,7 @@
 //! State is private and changes only through methods; each says which rule it
 //! keeps. What prepare fixed ([`RunFixed`]) never changes.
 
-use std::cell::{Cell, Ref, RefCell, RefMut};
+use std::cell::{Cell, Ref, RefCell};
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -22,7 +22,7 @@ use pf_harness::{ActivePlugin, CancellationToken, HostServices, ModelProvider, W
 use pf_syntax::{Prompt, RoleDecl};
 use serde_json::{json, Map, Value as Json};
 
-use crate::claims::{ClaimIdentity, ClaimRegistry};
+use crate::claims::{ClaimIdentity, ClaimKind, ClaimRegistry, Conflict};
 use crate::error::{error_table, ErrorKind, HostError, HostResult, Raise, RunError, RunErrorKind};
 use crate::events::{
     fields as event_fields, EventKind, EventLog, RunEvent, RunObserver, MAIN_TASK,
@@ -272,14 +272,24 @@ impl RunCtx {
         self.events.borrow().owner(task).map(str::to_string)
     }
 
-    /// The store claims of every live chain.
-    pub fn claims(&self) -> RefMut<'_, ClaimRegistry> {
-        self.claims.borrow_mut()
+    /// Take `kind` claims for `identity` on every path, all or none: the first
+    /// conflict with another live identity refuses the whole call.
+    pub fn claim_all(
+        &self,
+        identity: &ClaimIdentity,
+        paths: &[&str],
+        kind: ClaimKind,
+    ) -> Result<(), Conflict> {
+        self.claims.borrow_mut().claim_all(identity, paths, kind)
     }
 
-    /// The claims, unless they are borrowed already (for guards that release on drop).
-    pub fn try_claims(&self) -> Option<RefMut<'_, ClaimRegistry>> {
-        self.claims.try_borrow_mut().ok()
+    /// Release every claim `identity` holds: its chain, or the H1 pass, has
+    /// ended. Claims are only ever released whole, never one path at a time.
+    pub fn release_claims(&self, identity: &ClaimIdentity) {
+        // Guards release on drop; a drop inside a claim (never expected) skips it.
+        if let Ok(mut claims) = self.claims.try_borrow_mut() {
+            claims.release(identity);
+        }
     }
 
     /// The run's task table; only the `tasks` module reads or changes its records.

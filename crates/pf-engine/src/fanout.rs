@@ -109,9 +109,7 @@ struct ArmClaims {
 
 impl Drop for ArmClaims {
     fn drop(&mut self) {
-        if let Some(mut claims) = self.run.try_claims() {
-            claims.release(&self.identity);
-        }
+        self.run.release_claims(&self.identity);
     }
 }
 

@@ -255,7 +255,7 @@ async fn run_beside(
     ));
     for claim in foreign_claims {
         let identity = claims::ClaimIdentity::of_chain(&claim.chain_id);
-        if let Err(conflict) = run_ctx.claims().claim(&identity, &claim.path, claim.kind) {
+        if let Err(conflict) = run_ctx.claim_all(&identity, &[claim.path.as_str()], claim.kind) {
             tracing::warn!("test claims conflict among themselves: {conflict:?}");
         }
     }

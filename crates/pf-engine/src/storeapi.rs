@@ -102,7 +102,7 @@ fn take_claims(sec: &SectionCtx, kind: ClaimKind, paths: &[&str]) -> Result<(), 
         .filter(|p| pf_store::check_path(p).is_ok())
         .collect();
     let identity = sec.claim_identity();
-    let claimed = sec.run.claims().claim_all(&identity, &valid, kind);
+    let claimed = sec.run.claim_all(&identity, &valid, kind);
     match claimed {
         Ok(()) => Ok(()),
         Err(conflict) if sec.loading_shared() => Err(HostError::lua(conflict.race_message())),

@@ -64,7 +64,7 @@ pub(crate) async fn run_main(run: Rc<RunCtx>) -> Outcome {
         };
         let blocks = prompt.h1_blocks.clone();
         let end = run_entry(Rc::clone(&run), Rc::clone(&main), place, blocks).await;
-        run.claims().release(&ClaimIdentity::h1_pass());
+        run.release_claims(&ClaimIdentity::h1_pass());
         match end {
             EntryEnd::Return(t) => return finish(&run, &main, &owned, Outcome::Completed(t)),
             EntryEnd::Jump(target) => match resolve_heading(&prompt, &[], &target) {
@@ -109,7 +109,7 @@ fn finish(
         (outcome, _) => outcome,
     };
     // The walk has ended: its claims go with it.
-    run.claims().release(main.identity());
+    run.release_claims(main.identity());
     outcome
 }
 

@@ -287,9 +287,7 @@ struct TaskClaims {
 
 impl Drop for TaskClaims {
     fn drop(&mut self) {
-        if let Some(mut claims) = self.run.try_claims() {
-            claims.release(&self.identity);
-        }
+        self.run.release_claims(&self.identity);
     }
 }
 
