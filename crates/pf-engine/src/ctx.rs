@@ -816,6 +816,7 @@ impl SectionCtx {
         Ref::map(self.locals.borrow(), Vec::as_slice)
     }
 
+    /// Whether a local tool is registered under `alias`.
     pub fn has_local(&self, alias: &str) -> bool {
         self.locals.borrow().iter().any(|l| l.alias == alias)
     }
