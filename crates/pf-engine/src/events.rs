@@ -209,6 +209,34 @@ pub struct LiveText<'a> {
     pub text: &'a str,
 }
 
+/// A tool call as the Engine dispatches it, before it runs. Not an event of
+/// ch. 16 (events carry no arguments): the Host's debug log and prompt tests
+/// read it, so a script's `tools.call` is seen with its arguments too.
+#[derive(Debug, Clone, Copy)]
+pub struct ToolCallNotice<'a> {
+    /// The task making the call and the section it is in.
+    pub task: &'a str,
+    pub section: &'a str,
+    pub alias: &'a str,
+    pub arguments: &'a Json,
+    /// The model's call id; `None` for a script's `tools.call`.
+    pub call_id: Option<&'a str>,
+}
+
+/// The Lua stack when a block raised the error that failed it (debug detail
+/// for the Host's log; the run error itself stays the guide's message).
+#[derive(Debug, Clone, Copy)]
+pub struct LuaTraceback<'a> {
+    pub task: &'a str,
+    pub section: &'a str,
+    /// The failed block's location label (``section `Main` prologue``); frames
+    /// in the traceback name it as `[string "LABEL"]:LINE:`, with the prompt
+    /// file's absolute line.
+    pub label: &'a str,
+    /// `debug.traceback` at the raise: `stack traceback:` and one frame a line.
+    pub traceback: &'a str,
+}
+
 /// The one seam through which a run reports what happens: the run log, live
 /// output and progress all observe a run through it, and none reaches into the
 /// engine.
@@ -236,6 +264,27 @@ pub trait RunObserver: Send + Sync {
     fn live_text(&self, text: LiveText<'_>) -> bool {
         let _ = text;
         false
+    }
+
+    /// A tool call about to be dispatched (model or script, every kind of tool).
+    fn tool_call(&self, execution: &str, call: &ToolCallNotice<'_>) {
+        let _ = (execution, call);
+    }
+
+    /// A block failed on a raised error: the Lua stack at the raise.
+    fn lua_traceback(&self, execution: &str, trace: &LuaTraceback<'_>) {
+        let _ = (execution, trace);
+    }
+}
+
+/// Tell the observer something that is not an event; a panic is caught.
+pub(crate) fn notify(observer: Option<&Arc<dyn RunObserver>>, tell: impl FnOnce(&dyn RunObserver)) {
+    if let Some(observer) = observer {
+        let heard =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tell(observer.as_ref())));
+        if heard.is_err() {
+            tracing::warn!("the run observer panicked; the run goes on");
+        }
     }
 }
 

@@ -34,7 +34,9 @@ use rand::{RngCore, SeedableRng};
 
 pub use ctx::Checkpoint;
 pub use error::{RunError, RunErrorKind};
-pub use events::{EventKind, LiveText, Provenance, RunEvent, RunObserver, MAIN_TASK};
+pub use events::{
+    EventKind, LiveText, LuaTraceback, Provenance, RunEvent, RunObserver, ToolCallNotice, MAIN_TASK,
+};
 pub use io_files::{collect_output, missing_input, place_input, CollectedOutput};
 pub use text::{envelope, format_when};
 

@@ -705,6 +705,17 @@ pub(crate) async fn call_tool(
         Caller::Script => (false, ""),
         Caller::Model { call_id } => (true, call_id),
     };
+    let task = sec.task();
+    crate::events::notify(sec.run.fixed.observer.as_ref(), |o| {
+        let call = crate::events::ToolCallNotice {
+            task: &task,
+            section: &sec.name,
+            alias: name,
+            arguments: &args,
+            call_id: by_model.then_some(call_id),
+        };
+        o.tool_call(&sec.run.fixed.execution, &call);
+    });
     if ENGINE_TOOL_NAMES.contains(&name) {
         if !by_model {
             sec.boundary(EventKind::ToolCallFailed);

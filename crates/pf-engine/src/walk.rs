@@ -426,6 +426,10 @@ async fn run_block(lua: &Lua, sec: &Rc<SectionCtx>, block: &LuaBlock) -> BlockEn
         };
     }
     // The block raised.
+    let traceback = match values.get(4) {
+        Some(Value::String(s)) => Some(s.to_string_lossy()),
+        _ => None,
+    };
     if let Some(info) = read_error_value(&h, &payload) {
         // A host cancel, or a task's `cancelled` value raised again on the main
         // walk after another suspending call, ends the run as cancelled (ch. 17);
@@ -457,6 +461,7 @@ async fn run_block(lua: &Lua, sec: &Rc<SectionCtx>, block: &LuaBlock) -> BlockEn
         };
         value.message = message.clone();
         value.located = true;
+        report_traceback(sec, block, traceback.as_deref());
         if !info.gated {
             // Task errors keep their kind in the H1 pass too.
             let error = RunError::new(info.run_kind, message);
@@ -469,7 +474,23 @@ async fn run_block(lua: &Lua, sec: &Rc<SectionCtx>, block: &LuaBlock) -> BlockEn
         Some(tag) => format!("{tag}{message}"),
         None => message,
     };
+    report_traceback(sec, block, traceback.as_deref());
     fail(sec, RunErrorKind::Lua, message, None)
+}
+
+/// Hand the Host the Lua stack of a block that failed on a raised error.
+fn report_traceback(sec: &SectionCtx, block: &LuaBlock, traceback: Option<&str>) {
+    let Some(traceback) = traceback else { return };
+    let task = sec.task();
+    crate::events::notify(sec.run.fixed.observer.as_ref(), |o| {
+        let trace = crate::events::LuaTraceback {
+            task: &task,
+            section: &sec.name,
+            label: &block.label,
+            traceback,
+        };
+        o.lua_traceback(&sec.run.fixed.execution, &trace);
+    });
 }
 
 /// A block failure, with the H1 pass's hard gate applied.

@@ -55,6 +55,8 @@ pub fn init_logging_with_default(default_level: &str) {
     tracing_subscriber::fmt()
         .with_env_filter(log_filter(&spec))
         .with_writer(std::io::stderr)
+        // Colour only on a terminal, and never under NO_COLOR (`--color` is read later).
+        .with_ansi(ui::stderr_color())
         .with_target(false)
         .init();
 }

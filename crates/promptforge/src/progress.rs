@@ -107,6 +107,21 @@ impl RunProgress {
         self.update(&state);
     }
 
+    /// A tool call about to run: one line of its own above the spinner, with
+    /// its arguments (live text still on its line ends first).
+    pub fn tool_started(&self, alias: &str, arguments: &serde_json::Value) {
+        let mut state = self.state();
+        let State {
+            printer, pending, ..
+        } = &mut *state;
+        let _ = printer.finish(pending);
+        let mut bytes = std::mem::take(pending);
+        bytes.extend_from_slice(format!("  → {}\n", tool_line(alias, arguments)).as_bytes());
+        let _ = self.print(&bytes);
+        state.last_tool = Some(alias.to_string());
+        self.update(&state);
+    }
+
     /// A tool call answered.
     pub fn tool_call(&self, name: &str) {
         let mut state = self.state();
@@ -164,4 +179,18 @@ impl RunProgress {
             && !result.trim().is_empty()
             && state.last_round_text.trim() == result.trim()
     }
+}
+
+/// `alias {arguments}` on one line: compact JSON, control characters made
+/// harmless, cut at 100 characters.
+pub fn tool_line(alias: &str, arguments: &serde_json::Value) -> String {
+    const MAX: usize = 100;
+    let args = printable(&arguments.to_string()).replace(['\n', '\t'], " ");
+    let shown: String = args.chars().take(MAX).collect();
+    let cut = if args.chars().count() > MAX {
+        "…"
+    } else {
+        ""
+    };
+    format!("{} {shown}{cut}", printable(alias).replace('\n', " "))
 }

@@ -247,6 +247,43 @@ fn info_shows_what_a_prompt_declares() {
 }
 
 #[test]
+fn info_shows_roles_plugins_tool_slots_and_the_section_tree() {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let info = |name: &str, json: bool| {
+        let mut c = bin();
+        c.arg("info").arg(examples.join(name));
+        if json {
+            c.arg("--json");
+        }
+        let out = c.output().expect("info");
+        assert_eq!(out.status.code(), Some(0));
+        text(&out.stdout)
+    };
+    let shown = info("research.md", false);
+    for part in [
+        "roles:\n  researcher  — plans searches, reads pages, writes the answer\n",
+        "plugins:\n  promptforge/web\n",
+        "tools:\n  search -> promptforge/web/search\n  fetch -> promptforge/web/fetch\n",
+        "(none declared: ARGS is free text, `args` and `argv.prose` in Lua)",
+    ] {
+        assert!(shown.contains(part), "{part:?} in {shown}");
+    }
+    let shown = info("pipeline.md", false);
+    assert!(
+        shown.contains("sections:\n  # Pipeline\n    ## Draft  line 18\n    ## Review  line 26\n      ### Critique  line 37\n"),
+        "{shown}"
+    );
+    let v: Value = serde_json::from_str(&info("research.md", true)).expect("json");
+    assert_eq!(v["roles"][0]["label"], "researcher");
+    assert_eq!(v["plugins"][0]["id"], "promptforge/web");
+    assert_eq!(v["tools"][1]["alias"], "fetch");
+    assert_eq!(v["tools"][1]["path"], "promptforge/web/fetch");
+    let v: Value = serde_json::from_str(&info("pipeline.md", true)).expect("json");
+    assert_eq!(v["sections"][1]["children"][0]["heading"], "### Critique");
+    assert_eq!(v["sections"][1]["children"][0]["line"], 37);
+}
+
+#[test]
 fn run_builds_typed_arguments_from_arg_flags() {
     let dir = tempfile::tempdir().expect("tempdir");
     let p = write(dir.path(), "greet.md", TYPED);
@@ -270,6 +307,68 @@ fn run_builds_typed_arguments_from_arg_flags() {
         serde_json::from_slice::<Value>(&out.stdout).expect("json")["result"],
         "ynil"
     );
+}
+
+#[test]
+fn arg_flags_type_numbers_and_booleans_and_the_guide_has_four_types() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = write(
+        dir.path(),
+        "num.md",
+        "---\nname: num\ndescription: d\npromptforge: 0\nargs:\n  n:\n    type: number\n  b:\n    type: boolean\n    optional: true\n---\n\n# Num\n\n## Only\n\n```lua\nreturn tostring(argv.n) .. ' ' .. math.type(argv.n) .. ' ' .. tostring(argv.b)\n```\n",
+    );
+    let run = |extra: &[&str]| {
+        bin()
+            .arg("run")
+            .arg(&p)
+            .args(extra)
+            .env("PROMPTFORGE_HOME", dir.path().join("home"))
+            .output()
+            .expect("run")
+    };
+    // A number reads as the same JSON would: `3` stays an integer.
+    assert_eq!(text(&run(&["--arg", "n=3"]).stdout), "3 integer nil\n");
+    assert_eq!(
+        text(&run(&["--arg", "n=2.5", "--arg", "b=false"]).stdout),
+        "2.5 float false\n"
+    );
+    for (pair, message) in [
+        ("n=x", "error: --arg n=x: `n` is a number\n"),
+        ("n=inf", "error: --arg n=inf: `n` is a number\n"),
+        (
+            "b=yes",
+            "error: --arg b=yes: `b` is a boolean (true or false)\n",
+        ),
+        ("n", "error: --arg \"n\": expected NAME=VALUE\n"),
+    ] {
+        let out = run(&["--arg", pair]);
+        assert_eq!(out.status.code(), Some(2), "{pair}");
+        assert_eq!(text(&out.stderr), message, "{pair}");
+    }
+    let out = run(&["--arg", "n=1", "--arg", "n=2"]);
+    assert_eq!(text(&out.stderr), "error: --arg n given twice\n");
+    // The guide's four types are all there are: another word is its Frontmatter error.
+    let bad = write(
+        dir.path(),
+        "arr.md",
+        "---\nname: a\ndescription: d\npromptforge: 0\nargs:\n  items:\n    type: array\n---\n\n# A\n",
+    );
+    let message = "invalid frontmatter: unknown variant `array`, expected one of `string`, `boolean`, `integer`, `number`";
+    let out = bin().arg("check").arg(&bad).output().expect("check");
+    assert_eq!(
+        text(&out.stdout),
+        format!("{}:7:11: Frontmatter: {message}\n", bad.display())
+    );
+    let out = bin()
+        .arg("run")
+        .arg(&bad)
+        .arg("--json")
+        .env("PROMPTFORGE_HOME", dir.path().join("home"))
+        .output()
+        .expect("run");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["error"]["message"], message);
+    assert_eq!(v["error"]["line"], 7);
 }
 
 #[test]
@@ -376,6 +475,40 @@ fn a_lua_runtime_error_names_its_prompt_line() {
     let v: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v["error"]["message"], message);
     assert_eq!(v["error"]["line"], 13);
+}
+
+#[test]
+fn a_failed_block_logs_its_lua_traceback_at_debug_level() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = write(
+        dir.path(),
+        "f.md",
+        "---\nname: f\ndescription: d\npromptforge: 0\n---\n\n# F\n\n```lua shared\nfunction helper(x)\n  error('bad ' .. x)\nend\n```\n\n## Main\n\n```lua\nlocal function inner()\n  helper('thing')\nend\ninner()\n```\n",
+    );
+    let run = |log: Option<&str>| {
+        let mut c = bin();
+        c.arg("run")
+            .arg(&p)
+            .env("PROMPTFORGE_HOME", dir.path().join("home"));
+        if let Some(level) = log {
+            c.env("PROMPTFORGE_LOG", level);
+        }
+        c.output().expect("run")
+    };
+    let out = run(Some("debug"));
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    let file = p.display().to_string();
+    assert!(
+        err.contains(&format!(
+            "Lua traceback of the failed block section `Main` prologue ({file}, task 0):\nstack traceback:\n\t{file}:11: in global 'helper' (prompt shared library)\n\t{file}:19: in local 'inner' (section `Main` prologue)\n\t{file}:21: in main chunk (section `Main` prologue)\n"
+        )),
+        "{err}"
+    );
+    // The engine's own frames (prelude, C functions) stay out; no ANSI when piped.
+    assert!(!err.contains("[C]") && !err.contains('\x1b'), "{err}");
+    assert!(!text(&run(None).stderr).contains("traceback"));
+    assert!(!text(&run(Some("info")).stderr).contains("traceback"));
 }
 
 #[test]
@@ -527,6 +660,47 @@ fn info_logs_say_what_the_host_is() {
 }
 
 #[test]
+fn dependency_logs_stay_out_below_trace() {
+    use promptforge::cases::case::{Page, WebFixture};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut fixture = WebFixture::default();
+    fixture.pages.insert(
+        "/page.txt".to_string(),
+        Page {
+            status: 200,
+            content_type: Some("text/plain".to_string()),
+            headers: Default::default(),
+            body: serde_json::json!("a page"),
+        },
+    );
+    let server = promptforge::cases::WebServer::start(fixture).expect("web fixture");
+    let p = write(
+        dir.path(),
+        "fetch.md",
+        &format!("---\nname: f\ndescription: d\npromptforge: 0\nplugins:\n  - promptforge/web\ntools:\n  fetch: promptforge/web/fetch\n---\n\n# F\n\n## Only\n\n```lua\nreturn tools.call('fetch', {{ url = '{}/page.txt' }})\n```\n", server.base()),
+    );
+    let host = write(dir.path(), "host.toml", "[web]\nallow_loopback = true\n");
+    let run = |level: &str| {
+        let out = bin()
+            .arg("run")
+            .arg(&p)
+            .arg("--host")
+            .arg(&host)
+            .env("PROMPTFORGE_HOME", dir.path().join("home"))
+            .env("PROMPTFORGE_LOG", level)
+            .output()
+            .expect("run");
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        text(&out.stderr)
+    };
+    let debug = run("debug");
+    // Our own debug lines are there; the HTTP client's are not.
+    assert!(debug.contains("{\"tool_call\":"), "{debug}");
+    assert!(!debug.contains("connecting to"), "{debug}");
+    assert!(run("trace").contains("connecting to"));
+}
+
+#[test]
 fn the_cli_reference_page_matches_the_clap_definitions() {
     let page = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/src/reference/cli.md");
     let generated = bin().arg("reference").output().expect("reference");
@@ -539,5 +713,56 @@ fn the_cli_reference_page_matches_the_clap_definitions() {
         checked_in == generated,
         "docs/src/reference/cli.md is stale: run `promptforge reference > docs/src/reference/cli.md` \
          (or UPDATE_EXPECT=1 cargo test -p promptforge --test cli_ux)"
+    );
+}
+
+#[test]
+fn the_guide_lists_every_chapter_and_the_readme_links_it() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let src = root.join("docs/src");
+    let summary = std::fs::read_to_string(src.join("SUMMARY.md")).expect("SUMMARY.md");
+    let mut pages = Vec::new();
+    for dir in [
+        src.clone(),
+        src.join("language"),
+        src.join("host"),
+        src.join("reference"),
+    ] {
+        for entry in std::fs::read_dir(&dir).expect("docs folder") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_some_and(|e| e == "md") && !path.ends_with("SUMMARY.md") {
+                pages.push(path);
+            }
+        }
+    }
+    for page in &pages {
+        let relative = page
+            .strip_prefix(&src)
+            .expect("under src")
+            .display()
+            .to_string();
+        assert!(
+            summary.contains(&format!("]({relative})")),
+            "{relative} is not in SUMMARY.md"
+        );
+        // Every `{{#include}}` names a file that exists.
+        let body = std::fs::read_to_string(page).expect("page");
+        for line in body.lines().filter(|l| l.starts_with("{{#include ")) {
+            let target = line
+                .trim_start_matches("{{#include ")
+                .trim_end_matches("}}")
+                .trim();
+            let included = page.parent().expect("folder").join(target);
+            assert!(
+                included.is_file(),
+                "{relative}: {} is missing",
+                included.display()
+            );
+        }
+    }
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README");
+    assert!(
+        readme.contains("mdBook in `docs/`"),
+        "the README links the guide"
     );
 }

@@ -206,3 +206,45 @@ fn the_research_agent_searches_and_fetches_a_local_page() {
     assert!(shown.contains("Tides explained"), "{shown}");
     assert!(shown.contains("two bulges"), "{shown}");
 }
+
+#[test]
+fn every_example_has_tests_and_they_pass() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(env!("CARGO_BIN_EXE_promptforge"))
+        .args(["test", "--json"])
+        .arg(examples())
+        .env_remove("PROMPTFORGE_HOST")
+        .env_remove("PROMPTFORGE_LOG")
+        .env("PROMPTFORGE_HOME", home.path())
+        .output()
+        .expect("promptforge test");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "no JSON ({e}): {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert_eq!(out.status.code(), Some(0), "{report:#}");
+    assert_eq!(report["failed"], 0, "{report:#}");
+    let cases = report["cases"].as_array().expect("cases");
+    for prompt in std::fs::read_dir(examples()).expect("examples") {
+        let path = prompt.expect("entry").path();
+        if path.extension().is_none_or(|e| e != "md") {
+            continue;
+        }
+        let stem = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default();
+        let file = format!("{stem}.test.yaml");
+        let count = cases
+            .iter()
+            .filter(|c| c["file"].as_str().is_some_and(|f| f.ends_with(&file)))
+            .count();
+        assert!(
+            count >= 2,
+            "{stem}.md has {count} test cases; every example needs its tests"
+        );
+    }
+}

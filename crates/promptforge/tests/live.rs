@@ -208,3 +208,148 @@ fn a_terminal_sees_loop_rounds_as_they_stream() {
         assert_eq!(screen, "");
     }
 }
+
+#[test]
+fn a_reply_the_terminal_already_showed_is_not_printed_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let prompt = write(
+        dir.path(),
+        "once.md",
+        "---\nname: once\ndescription: the result is the streamed reply\npromptforge: 0\nmodels:\n  w: {}\n---\n\n# Once\n\n## Ask\n\n```lua\nmodels.use('w')\nlocal msgs = messages.new():user('hi')\nmodels.loop(msgs)\nreturn msgs[#msgs].content\n```\n",
+    );
+    write(dir.path(), "r.json", r#"["the one reply"]"#);
+    let host = write(
+        dir.path(),
+        "host.toml",
+        "[model]\nprovider = \"script\"\nreplies = \"r.json\"\n",
+    );
+    let home = dir.path().join("home");
+    // stdout and stderr both on the terminal: the streamed reply shows once.
+    let command = format!(
+        "PROMPTFORGE_HOME={} {} run {} --host {}",
+        home.display(),
+        env!("CARGO_BIN_EXE_promptforge"),
+        prompt.display(),
+        host.display()
+    );
+    let Some(screen) = on_a_terminal(&command) else {
+        eprintln!("skipped: `script` (util-linux) is not installed");
+        return;
+    };
+    assert_eq!(screen, "[Ask, round 1]\nthe one reply\n");
+    // Into a pipe the result is printed, and nothing live is.
+    let out = bin()
+        .arg("run")
+        .arg(&prompt)
+        .arg("--host")
+        .arg(&host)
+        .env("PROMPTFORGE_HOME", &home)
+        .env_remove("PROMPTFORGE_LOG")
+        .output()
+        .expect("run");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "the one reply\n");
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+}
+
+#[test]
+fn colour_only_on_a_terminal_unless_asked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let prompt = write(
+        dir.path(),
+        "fail.md",
+        "---\nname: fail\ndescription: fails\npromptforge: 0\n---\n\n# Fail\n\n## Only\n\n```lua\nerror('boom')\n```\n",
+    );
+    let home = dir.path().join("home");
+    let run = |extra: &[&str], no_color: bool| {
+        let mut c = bin();
+        c.arg("run")
+            .arg(&prompt)
+            .args(extra)
+            .env("PROMPTFORGE_HOME", &home)
+            .env_remove("PROMPTFORGE_LOG");
+        if no_color {
+            c.env("NO_COLOR", "1");
+        } else {
+            c.env_remove("NO_COLOR");
+        }
+        String::from_utf8_lossy(&c.output().expect("run").stderr).into_owned()
+    };
+    let piped = run(&[], false);
+    assert!(
+        piped.starts_with("error[Lua]: ") && !piped.contains('\u{1b}'),
+        "{piped:?}"
+    );
+    assert!(run(&["--color", "always"], false).starts_with("\u{1b}[1;31merror[Lua]"));
+    assert!(!run(&["--color", "never"], false).contains('\u{1b}'));
+    let on_terminal = |env: &str, extra: &str| {
+        let out = Command::new("script")
+            .args([
+                "-qec",
+                &format!(
+                    "{env} PROMPTFORGE_HOME={} {} run {} {extra}",
+                    home.display(),
+                    env!("CARGO_BIN_EXE_promptforge"),
+                    prompt.display()
+                ),
+                "/dev/null",
+            ])
+            .env_remove("PROMPTFORGE_LOG")
+            .env_remove("NO_COLOR")
+            .output()
+            .ok()?;
+        Some(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let Some(coloured) = on_terminal("", "") else {
+        eprintln!("skipped: `script` (util-linux) is not installed");
+        return;
+    };
+    assert!(coloured.contains("\u{1b}[1;31merror[Lua]"), "{coloured:?}");
+    // The spinner still erases its line (`ESC[2K`); no colour sequence is left.
+    let coloured_text = |s: &str| s.contains("\u{1b}[1;") || s.contains("\u{1b}[0m");
+    let plain = on_terminal("NO_COLOR=1", "").expect("script");
+    assert!(!coloured_text(&plain), "{plain:?}");
+    assert!(
+        plain.contains("error[Lua]: section `Only` prologue:12: "),
+        "{plain:?}"
+    );
+    let never = on_terminal("", "--color never").expect("script");
+    assert!(!coloured_text(&never), "{never:?}");
+}
+
+#[test]
+fn each_tool_call_gets_a_progress_line_on_a_terminal() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let prompt = write(
+        dir.path(),
+        "tools.md",
+        "---\nname: tools\ndescription: a script and the model call a local tool\npromptforge: 0\nmodels:\n  w: {}\n---\n\n# Tools\n\n## Count\n\n```lua\nmodels.use('w')\ntools.add_local('add', 'Add', { n = 'integer' }, function(a) return tostring(a.n) end)\ntools.call('add', { n = 1 })\nlocal msgs = messages.new():user('more')\nmodels.loop(msgs)\nreturn 'done'\n```\n",
+    );
+    write(
+        dir.path(),
+        "r.json",
+        r#"[{"tool_calls": [{"name": "add", "arguments": {"n": 2}}]}, "added"]"#,
+    );
+    let host = write(
+        dir.path(),
+        "host.toml",
+        "[model]\nprovider = \"script\"\nreplies = \"r.json\"\n",
+    );
+    let result = dir.path().join("result.txt");
+    let command = format!(
+        "PROMPTFORGE_HOME={} {} run {} --host {} > {}",
+        dir.path().join("home").display(),
+        env!("CARGO_BIN_EXE_promptforge"),
+        prompt.display(),
+        host.display(),
+        result.display()
+    );
+    let Some(screen) = on_a_terminal(&command) else {
+        eprintln!("skipped: `script` (util-linux) is not installed");
+        return;
+    };
+    assert_eq!(
+        screen,
+        "  → add {\"n\":1}\n  → add {\"n\":2}\n[Count, round 2]\nadded\n"
+    );
+    assert_eq!(std::fs::read_to_string(&result).expect("result"), "done\n");
+}

@@ -140,9 +140,21 @@ fn each_assertion_kind_fails_with_a_clear_diff() {
         "tests/errors.yaml",
         "prompt: ../notes.md\ncases:\n  - name: error kind\n    expect:\n      error: {kind: Tool}\n  - name: error message\n    expect:\n      error: {message: \"models.use failed\"}\n  - name: error contains\n    expect:\n      error: {message: {contains: nope}}\n  - name: cannot run\n    host_extra: \"[model]\\nprovider = \\\"nothing\\\"\\n\"\n",
     );
+    write(
+        dir.path(),
+        "echo.test.yaml",
+        "cases:\n  - name: result not contains\n    args: '{\"a\": [1, {\"b\": \"x\"}]}'\n    expect:\n      result: {not_contains: '\"b\"'}\n  - name: result json path value\n    args: '{\"a\": [1, {\"b\": \"x\"}]}'\n    expect:\n      result:\n        json_path:\n          $.a[1].b: y\n          $.c: 1\n  - name: wall budget\n    args: x\n    expect:\n      budget: {wall_ms: 0}\n",
+    );
     let (code, out, err) = pf_test(dir.path(), &["."]);
     assert_eq!(code, 1, "{out}{err}");
     let wanted = [
+        "FAILED echo.test.yaml: result not contains",
+        "    result contains \"\\\"b\\\"\"\n      actual:   \"{\\\"a\\\": [1, {\\\"b\\\": \\\"x\\\"}]}\"",
+        "    result $.a[1].b differs\n      expected: \"\\\"y\\\"\"\n      actual:   \"\\\"x\\\"\"",
+        "    result has nothing at $.c\n      expected: \"1\"",
+        "FAILED echo.test.yaml: wall budget",
+        "    over budget: ",
+        " milliseconds, at most 0 allowed\n      expected: \"<= 0\"",
         "FAILED notes.test.yaml: result equals",
         "    result differs (- expected, + actual):\n        done\n      - with 2 lines\n      + with two lines",
         "    result does not contain \"absent\"\n      actual:   \"done\\nwith two lines\"",
@@ -167,7 +179,7 @@ fn each_assertion_kind_fails_with_a_clear_diff() {
     for w in wanted {
         assert!(out.contains(w), "wanted {w:?} in:\n{out}");
     }
-    assert!(out.ends_with("0 passed, 16 failed\n"), "{out}");
+    assert!(out.ends_with("0 passed, 19 failed\n"), "{out}");
 }
 
 #[test]
@@ -226,7 +238,9 @@ return (page:find('Fixture page', 1, true) and 'page' or 'no page') .. '|' .. fo
       store:
         out.txt: before+tides
         missing.txt: null
-      tool_calls: [fetch, lookup]
+      tool_calls:
+        - {alias: fetch, arguments: {url: "{{WEB}}/page.txt"}}
+        - {alias: lookup, arguments: {word: tide}}
       events:
         user_input: 1
 "#,
@@ -234,6 +248,107 @@ return (page:find('Fixture page', 1, true) and 'page' or 'no page') .. '|' .. fo
     let (code, out, err) = pf_test(dir.path(), &["fix.md"]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.ends_with("1 passed, 0 failed\n"), "{out}");
+}
+
+const TALLY: &str = r#"---
+name: tally
+description: a script and the model both call a local tool
+promptforge: 0
+models:
+  w: {}
+---
+
+# Tally
+
+## Count
+
+```lua
+models.use('w')
+tools.add_local('add', 'Add n to the tally', { n = 'integer' }, function(a)
+  var.total = (var.total or 0) + a.n
+  return tostring(var.total)
+end)
+tools.call('add', { n = 2 })
+local ok = pcall(tools.call, 'missing', { why = 'not bound' })
+local msgs = messages.new():user('Add more: ' .. args)
+models.loop(msgs)
+tools.call('add', { n = 10 })
+return tostring(var.total)
+```
+"#;
+
+#[test]
+fn script_and_model_tool_calls_are_checked_with_their_arguments() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write(dir.path(), "tally.md", TALLY);
+    let case = |name: &str, calls: &str| {
+        format!(
+            "  - name: {name}\n    args: x\n    replies:\n      - tool_calls: [{{name: add, arguments: {{n: 5}}}}]\n      - done\n    expect:\n      result: \"17\"\n      tool_calls:\n{calls}"
+        )
+    };
+    let right = "        - {alias: add, arguments: {n: 2}}\n        - {alias: missing, arguments: {why: not bound}}\n        - {alias: add, arguments: {n: 5}}\n        - {alias: add, arguments: {n: 10}}\n";
+    let wrong = "        - {alias: add, arguments: {n: 2}}\n        - missing\n        - {alias: add, arguments: {n: 5}}\n        - {alias: add, arguments: {n: 1}}\n";
+    write(
+        dir.path(),
+        "tally.test.yaml",
+        &format!(
+            "cases:\n{}{}{}",
+            case("every call with its arguments", right),
+            case(
+                "aliases only",
+                "        - add\n        - missing\n        - add\n        - add\n"
+            ),
+            case("a script call's arguments differ", wrong)
+        ),
+    );
+    let (code, out, err) = pf_test(dir.path(), &["."]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.contains("ok     tally.test.yaml: every call with its arguments"),
+        "{out}"
+    );
+    assert!(
+        out.contains("ok     tally.test.yaml: aliases only"),
+        "{out}"
+    );
+    assert!(
+        out.contains("FAILED tally.test.yaml: a script call's arguments differ"),
+        "{out}"
+    );
+    assert!(
+        out.contains("    tool calls differ (4 expected, 4 made) (- expected, + actual):\n        add {\"n\":2}\n        missing\n        add {\"n\":5}\n      - add {\"n\":1}\n      + add {\"n\":10}\n"),
+        "{out}"
+    );
+    assert!(out.ends_with("2 passed, 1 failed\n"), "{out}");
+}
+
+#[test]
+fn a_case_runs_with_its_seed_and_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write(
+        dir.path(),
+        "when.md",
+        "---\nname: when\ndescription: d\npromptforge: 0\n---\n\n# When\n\n## Only\n\n```lua\nreturn sys.when .. ' ' .. sys.execution\n```\n",
+    );
+    // What `run` gives with that seed and start is what the case must see.
+    let out = Command::new(env!("CARGO_BIN_EXE_promptforge"))
+        .arg("run")
+        .arg(dir.path().join("when.md"))
+        .args(["--seed", "42", "--start", "2030-05-06T07:08:09Z"])
+        .env("PROMPTFORGE_HOME", dir.path().join("home"))
+        .output()
+        .expect("run");
+    let expected = String::from_utf8_lossy(&out.stdout).trim_end().to_string();
+    assert!(expected.starts_with("2030-05-06"), "{expected}");
+    write(
+        dir.path(),
+        "when.test.yaml",
+        &format!("cases:\n  - name: fixed\n    seed: 42\n    start: \"2030-05-06T07:08:09Z\"\n    expect:\n      result: \"{expected}\"\n  - name: another seed\n    seed: 43\n    start: \"2030-05-06T07:08:09Z\"\n    expect:\n      result: \"{expected}\"\n"),
+    );
+    let (code, out, err) = pf_test(dir.path(), &["."]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("ok     when.test.yaml: fixed"), "{out}");
+    assert!(out.contains("FAILED when.test.yaml: another seed"), "{out}");
 }
 
 #[test]

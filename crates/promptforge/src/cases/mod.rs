@@ -284,8 +284,11 @@ impl Runner {
             .env("PROMPTFORGE_HOME", work.join("data"));
         if inv.capture_events {
             // Events reach stderr as debug log lines; only then is stderr read.
-            cmd.env("PROMPTFORGE_LOG", "promptforge::events=debug")
-                .env("NO_COLOR", "1");
+            cmd.env(
+                "PROMPTFORGE_LOG",
+                "promptforge::events=debug,promptforge::tools=debug",
+            )
+            .env("NO_COLOR", "1");
         }
         let started = std::time::Instant::now();
         let out = cmd
@@ -475,6 +478,7 @@ pub fn render_events(stderr: &str) -> Vec<String> {
 pub fn parse_events(stderr: &str) -> Vec<Json> {
     stderr
         .lines()
+        .filter(|line| !line.contains("{\"tool_call\":"))
         .filter_map(|line| {
             let at = line.find("{\"kind\":")?;
             serde_json::from_str::<Json>(&line[at..])

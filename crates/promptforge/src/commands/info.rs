@@ -109,7 +109,10 @@ pub fn text(prompt: &Prompt, file: &str) -> String {
     let _ = writeln!(out, "\nargs:");
     match &fm.args {
         None => {
-            let _ = writeln!(out, "  (none declared: ARGS is free text, `prose` in Lua)");
+            let _ = writeln!(
+                out,
+                "  (none declared: ARGS is free text, `args` and `argv.prose` in Lua)"
+            );
         }
         Some(decls) if decls.is_empty() => {
             let _ = writeln!(out, "  (none)");

@@ -233,8 +233,9 @@ pub(crate) fn execute(plan: RunPlan) -> ExitCode {
         (None, Some(recorder)) => HostWork::Recorded(recorder),
         (None, None) => HostWork::Direct,
     };
-    let observer =
-        HostObserver::new(log.sink.clone(), progress.clone(), sections).with_trace(trace.clone());
+    let observer = HostObserver::new(log.sink.clone(), progress.clone(), sections)
+        .with_trace(trace.clone())
+        .with_prompt_file(file);
     let mut usage = None;
     let finished = runtime.block_on(async {
         let host = host_config.assemble_for(current.as_deref(), &work)?;
@@ -520,11 +521,16 @@ fn argument_string(
                 .parse::<i64>()
                 .map(serde_json::Value::from)
                 .map_err(|_| format!("--arg {name}={value}: `{name}` is an integer"))?,
-            ArgType::Number => value
-                .trim()
-                .parse::<f64>()
+            // As the same number written in JSON ARGS reads: `3` stays an integer.
+            ArgType::Number => serde_json::from_str::<serde_json::Number>(value.trim())
                 .ok()
-                .and_then(serde_json::Number::from_f64)
+                .or_else(|| {
+                    value
+                        .trim()
+                        .parse::<f64>()
+                        .ok()
+                        .and_then(serde_json::Number::from_f64)
+                })
                 .map(serde_json::Value::Number)
                 .ok_or_else(|| format!("--arg {name}={value}: `{name}` is a number"))?,
             ArgType::Boolean => match value.trim() {

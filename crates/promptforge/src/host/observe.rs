@@ -4,9 +4,10 @@
 //! watches a run.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use pf_engine::{LiveText, RunEvent, RunObserver};
+use pf_engine::{LiveText, LuaTraceback, RunEvent, RunObserver, ToolCallNotice};
 
 use super::record::RunLogSink;
 use crate::progress::RunProgress;
@@ -19,6 +20,8 @@ pub struct HostObserver {
     live: Option<Arc<RunProgress>>,
     sections: Arc<SectionTracker>,
     trace: Option<Arc<OtlpTrace>>,
+    /// The prompt file, as the debug log names it in Lua tracebacks.
+    prompt_file: Option<PathBuf>,
 }
 
 impl HostObserver {
@@ -32,7 +35,14 @@ impl HostObserver {
             live,
             sections,
             trace: None,
+            prompt_file: None,
         }
+    }
+
+    /// Name `file` in the debug log's Lua tracebacks.
+    pub fn with_prompt_file(mut self, file: impl Into<PathBuf>) -> HostObserver {
+        self.prompt_file = Some(file.into());
+        self
     }
 
     /// Also note every event for the run's OpenTelemetry trace.
@@ -66,6 +76,64 @@ impl RunObserver for HostObserver {
             None => false,
         }
     }
+
+    fn tool_call(&self, _execution: &str, call: &ToolCallNotice<'_>) {
+        tracing::debug!(target: TOOL_CALLS_TARGET, "{}", tool_call_json(call));
+        if let Some(progress) = &self.live {
+            progress.tool_started(call.alias, call.arguments);
+        }
+    }
+
+    fn lua_traceback(&self, _execution: &str, trace: &LuaTraceback<'_>) {
+        let file = self
+            .prompt_file
+            .as_ref()
+            .map_or_else(|| "<prompt>".to_string(), |f| f.display().to_string());
+        tracing::debug!(
+            target: "promptforge::lua",
+            "Lua traceback of the failed block {} ({file}, task {}):\n{}",
+            trace.label,
+            trace.task,
+            located_traceback(trace.traceback, &file)
+        );
+    }
+}
+
+/// The log target of each dispatched tool call (`PROMPTFORGE_LOG=promptforge::tools=debug`).
+pub const TOOL_CALLS_TARGET: &str = "promptforge::tools";
+
+/// One tool call as its debug line holds it: `{"tool_call": {...}}`.
+pub fn tool_call_json(call: &ToolCallNotice<'_>) -> serde_json::Value {
+    serde_json::json!({"tool_call": {
+        "task": call.task,
+        "section": call.section,
+        "alias": call.alias,
+        "arguments": call.arguments,
+        "call_id": call.call_id,
+    }})
+}
+
+/// A Lua traceback with each prompt frame named `FILE:LINE:` (the engine pads
+/// chunks, so Lua's lines are the file's) and the block label kept after it;
+/// the engine's own frames (the sandbox prelude, C functions) are dropped.
+pub fn located_traceback(traceback: &str, file: &str) -> String {
+    let mut out = Vec::new();
+    for line in traceback.lines() {
+        let frame = line.trim_start();
+        if frame == "stack traceback:" {
+            out.push(frame.to_string());
+            continue;
+        }
+        let Some(rest) = frame.strip_prefix("[string \"") else {
+            continue;
+        };
+        let Some(close) = rest.find("\"]:") else {
+            continue;
+        };
+        let (label, after) = (&rest[..close], &rest[close + 3..]);
+        out.push(format!("\t{file}:{after} ({label})"));
+    }
+    out.join("\n")
 }
 
 /// Which section each task is running, as its events tell: host work (a

@@ -195,7 +195,8 @@ fn run_on_this_thread(tool: &PromptTool, args: String, setup: CallSetup) -> RunR
         )),
         None => crate::host::HostWork::Direct,
     };
-    let logging = crate::host::observe::HostObserver::new(sink.clone(), None, sections);
+    let logging = crate::host::observe::HostObserver::new(sink.clone(), None, sections)
+        .with_prompt_file(&tool.file);
     let observer: Arc<dyn RunObserver> = match setup.observer {
         Some(progress) => Arc::new(BothObservers(Arc::new(logging), progress)),
         None => Arc::new(logging),
@@ -260,6 +261,14 @@ impl RunObserver for BothObservers {
     fn event(&self, execution: &str, event: &pf_engine::RunEvent) {
         self.0.event(execution, event);
         self.1.event(execution, event);
+    }
+
+    fn tool_call(&self, execution: &str, call: &pf_engine::ToolCallNotice<'_>) {
+        self.0.tool_call(execution, call);
+    }
+
+    fn lua_traceback(&self, execution: &str, trace: &pf_engine::LuaTraceback<'_>) {
+        self.0.lua_traceback(execution, trace);
     }
 }
 

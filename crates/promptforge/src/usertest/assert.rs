@@ -119,29 +119,36 @@ pub struct CallMade {
     pub arguments: Option<Json>,
 }
 
-/// The run's tool calls, in order: each call the model asked for (from
-/// `assistant_tool_calls`, with arguments), and each script call that gave
-/// output (a `tool_result` without a call id; the events carry no arguments
-/// for those).
-pub fn calls_made(events: &[Json]) -> Vec<CallMade> {
+/// The run's tool calls, in order, from its debug log (`stderr`): each call
+/// the model asked for (its `assistant_tool_calls` event, with arguments) and
+/// each `tools.call` a script made (the Host's `promptforge::tools` line for
+/// a dispatched call without a model call id, with arguments).
+pub fn calls_made(stderr: &str) -> Vec<CallMade> {
     let mut calls = Vec::new();
-    for event in events {
-        match event["kind"].as_str() {
-            Some("assistant_tool_calls") => {
-                for call in event["calls"].as_array().into_iter().flatten() {
-                    calls.push(CallMade {
-                        alias: call["name"].as_str().unwrap_or_default().to_string(),
-                        arguments: Some(call["arguments"].clone()),
-                    });
-                }
-            }
-            Some("tool_result") if event["tool_call_id"].as_str().unwrap_or("").is_empty() => {
+    for line in stderr.lines() {
+        if let Some(at) = line.find("{\"tool_call\":") {
+            let Ok(notice) = serde_json::from_str::<Json>(&line[at..]) else {
+                continue;
+            };
+            let call = &notice["tool_call"];
+            if call["call_id"].is_null() {
                 calls.push(CallMade {
-                    alias: event["alias"].as_str().unwrap_or_default().to_string(),
-                    arguments: None,
+                    alias: call["alias"].as_str().unwrap_or_default().to_string(),
+                    arguments: Some(call["arguments"].clone()),
                 });
             }
-            _ => {}
+            continue;
+        }
+        for event in crate::cases::parse_events(line) {
+            if event["kind"] != "assistant_tool_calls" {
+                continue;
+            }
+            for call in event["calls"].as_array().into_iter().flatten() {
+                calls.push(CallMade {
+                    alias: call["name"].as_str().unwrap_or_default().to_string(),
+                    arguments: Some(call["arguments"].clone()),
+                });
+            }
         }
     }
     calls
@@ -254,7 +261,7 @@ pub fn check(e: &Expect, obs: &Observed) -> Vec<Failure> {
         }
     }
     if let Some(want) = &e.tool_calls {
-        check_calls(want, &calls_made(&obs.events), obs, &mut bad);
+        check_calls(want, &obs.calls, obs, &mut bad);
     }
     if let Some(offered) = &e.offered {
         for o in offered.items() {
@@ -548,25 +555,27 @@ mod tests {
     }
 
     #[test]
-    fn calls_come_from_model_batches_and_script_results() {
-        let events = vec![
-            json!({"kind": "assistant_tool_calls", "calls": [{"id": "call_1", "name": "save", "arguments": {"t": 1}}]}),
-            json!({"kind": "tool_result", "tool_call_id": "call_1", "alias": "save"}),
-            json!({"kind": "tool_result", "tool_call_id": "", "alias": "web/fetch"}),
-        ];
+    fn calls_come_from_model_batches_and_script_notices() {
+        let stderr = [
+            r#"DEBUG {"kind":"assistant_tool_calls","calls":[{"id":"call_1","name":"save","arguments":{"t":1}}]}"#,
+            r#"DEBUG {"tool_call":{"alias":"save","arguments":{"t":1},"call_id":"call_1"}}"#,
+            r#"DEBUG {"kind":"tool_result","tool_call_id":"call_1","alias":"save"}"#,
+            r#"DEBUG {"tool_call":{"alias":"fetch","arguments":{"url":"u"},"call_id":null}}"#,
+        ]
+        .join("\n");
         assert_eq!(
-            calls_made(&events),
+            calls_made(&stderr),
             vec![
                 CallMade {
                     alias: "save".into(),
                     arguments: Some(json!({"t": 1}))
                 },
                 CallMade {
-                    alias: "web/fetch".into(),
-                    arguments: None
+                    alias: "fetch".into(),
+                    arguments: Some(json!({"url": "u"}))
                 },
             ]
         );
-        assert_eq!(tokens_used(&events), None);
+        assert_eq!(tokens_used(&[]), None);
     }
 }

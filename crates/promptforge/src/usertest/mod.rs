@@ -450,8 +450,10 @@ pub fn updated_expect(original: &Json, expect: &Expect, obs: &Observed) -> Json 
     }
     if let Some(want) = &expect.tool_calls {
         let bare = !want.is_empty() && want.iter().all(|w| w.bare);
-        let calls: Vec<Json> = assert::calls_made(&obs.events)
-            .into_iter()
+        let calls: Vec<Json> = obs
+            .calls
+            .iter()
+            .cloned()
             .map(|c| match c.arguments.filter(|_| !bare) {
                 Some(a) => {
                     let a = serde_json::from_str(&assert::unweb(obs, &a.to_string())).unwrap_or(a);

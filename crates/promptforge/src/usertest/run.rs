@@ -33,6 +33,8 @@ pub struct Observed {
     pub requests: Vec<Json>,
     /// The run's events as the engine writes them, in order.
     pub events: Vec<Json>,
+    /// The tool calls made, model and script, in order.
+    pub calls: Vec<super::assert::CallMade>,
     /// The store directory after the run.
     pub store: PathBuf,
     pub wall: Duration,
@@ -129,6 +131,7 @@ pub fn run_case(settings: &Settings, loaded: &Loaded, case: &TestCase) -> Result
         report: invoked.report,
         requests: invoked.requests,
         events: cases::parse_events(&invoked.stderr),
+        calls: super::assert::calls_made(&invoked.stderr),
         store,
         wall: invoked.elapsed,
         base,
