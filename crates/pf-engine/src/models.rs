@@ -512,18 +512,54 @@ struct ClientTiming {
 }
 
 impl ClientTiming {
-    /// The event's `metrics`: token usage when the provider reported it, and the client's clock.
+    /// The event's `metrics` (guide ch. 16, "Model call metrics"): token usage,
+    /// llama.cpp's timings and vLLM's metrics when the backend reported them,
+    /// and the client's clock. Counts are integers, times and rates floats; an
+    /// optional field the source left out is absent.
     fn metrics(&self, resp: &ChatResponse) -> Json {
         let mut metrics = serde_json::Map::new();
         if let Some(u) = &resp.usage {
+            let mut usage = fields(serde_json::json!({
+                "prompt_tokens": u.input_tokens,
+                "completion_tokens": u.output_tokens,
+                "total_tokens": u.input_tokens.saturating_add(u.output_tokens),
+            }));
+            if let Some(n) = u.cached_tokens {
+                usage.insert("cached_tokens".into(), n.into());
+            }
+            if let Some(n) = u.reasoning_tokens {
+                usage.insert("reasoning_tokens".into(), n.into());
+            }
+            metrics.insert("usage".into(), Json::Object(usage));
+        }
+        if let Some(t) = &resp.llama {
             metrics.insert(
-                "usage".into(),
+                "llama".into(),
                 serde_json::json!({
-                    "prompt_tokens": u.input_tokens,
-                    "completion_tokens": u.output_tokens,
-                    "total_tokens": u.input_tokens.saturating_add(u.output_tokens),
+                    "prompt_n": t.prompt_n,
+                    "prompt_ms": t.prompt_ms,
+                    "prompt_per_second": t.prompt_per_second,
+                    "predicted_n": t.predicted_n,
+                    "predicted_ms": t.predicted_ms,
+                    "predicted_per_second": t.predicted_per_second,
+                    "draft_n": t.draft_n,
+                    "draft_n_accepted": t.draft_n_accepted,
                 }),
             );
+        }
+        if let Some(v) = &resp.vllm {
+            let measured = [
+                ("time_to_first_token_ms", v.time_to_first_token_ms),
+                ("generation_time_ms", v.generation_time_ms),
+                ("queue_time_ms", v.queue_time_ms),
+                ("mean_itl_ms", v.mean_itl_ms),
+                ("tokens_per_second", v.tokens_per_second),
+            ];
+            let vllm = measured
+                .into_iter()
+                .filter_map(|(key, value)| Some((key.to_string(), serde_json::json!(value?))))
+                .collect();
+            metrics.insert("vllm".into(), Json::Object(vllm));
         }
         let mut client = serde_json::Map::new();
         client.insert("e2e_ms".into(), serde_json::json!(self.e2e_ms));
@@ -641,14 +677,28 @@ async fn send_round(
     if live.is_some() && fragments.count > 0 {
         resp.content = Some(std::mem::take(&mut fragments.text));
     }
-    let timing = ClientTiming {
-        e2e_ms: millis(ended.duration_since(started)),
-        ttft_ms: fragments.first.map(|t| millis(t.duration_since(started))),
-        mean_itl_ms: match (fragments.first, fragments.last) {
-            (Some(first), Some(last)) if fragments.count >= 2 => {
-                Some(millis(last.duration_since(first)) / f64::from(fragments.count - 1))
-            }
-            _ => None,
+    let e2e_ms = millis(ended.duration_since(started));
+    let timing = match (&live, resp.stream_timing.take()) {
+        // The provider timed the fragments as they came off the wire.
+        (Some(_), Some(wire)) => ClientTiming {
+            e2e_ms,
+            ttft_ms: wire.ttft_ms,
+            mean_itl_ms: wire.mean_itl_ms,
+        },
+        (Some(_), None) => ClientTiming {
+            e2e_ms,
+            ttft_ms: fragments.first.map(|t| millis(t.duration_since(started))),
+            mean_itl_ms: match (fragments.first, fragments.last) {
+                (Some(first), Some(last)) if fragments.count >= 2 => {
+                    Some(millis(last.duration_since(first)) / f64::from(fragments.count - 1))
+                }
+                _ => None,
+            },
+        },
+        (None, _) => ClientTiming {
+            e2e_ms,
+            ttft_ms: None,
+            mean_itl_ms: None,
         },
     };
     Ok((resp, timing))

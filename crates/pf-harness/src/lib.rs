@@ -286,13 +286,68 @@ pub struct ChatRequest {
     pub capture: bool,
 }
 
-/// The tokens one round used, as the provider counted them.
-#[derive(Debug, Clone, PartialEq, Default)]
+/// The tokens one round used, as the provider counted them (guide ch. 16,
+/// "Token usage").
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Usage {
-    /// Tokens of the request.
+    /// Tokens of the request (cached ones included).
     pub input_tokens: u64,
-    /// Tokens of the reply.
+    /// Tokens of the reply (reasoning included).
     pub output_tokens: u64,
+    /// Request tokens served from the backend's prefix cache, when it said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_tokens: Option<u64>,
+    /// Reply tokens spent on reasoning, when the backend said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_tokens: Option<u64>,
+}
+
+/// A llama.cpp server's `timings` for one call (guide ch. 16, "llama.cpp timings").
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct LlamaTimings {
+    /// Prompt tokens processed.
+    pub prompt_n: u64,
+    /// Milliseconds spent processing the prompt.
+    pub prompt_ms: f64,
+    /// Prompt tokens processed per second.
+    pub prompt_per_second: f64,
+    /// Tokens predicted.
+    pub predicted_n: u64,
+    /// Milliseconds spent predicting.
+    pub predicted_ms: f64,
+    /// Tokens predicted per second.
+    pub predicted_per_second: f64,
+    /// Draft tokens speculative decoding proposed (0 without it).
+    pub draft_n: u64,
+    /// Draft tokens the target model accepted.
+    pub draft_n_accepted: u64,
+}
+
+/// What the client's clock saw of one streamed reply's text fragments, as
+/// they came off the wire (guide ch. 16, "Client timing").
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct StreamTiming {
+    /// Milliseconds from sending the request to the first text fragment;
+    /// `None` when the stream carried no text.
+    pub ttft_ms: Option<f64>,
+    /// Mean milliseconds between text fragments; `None` below two fragments.
+    pub mean_itl_ms: Option<f64>,
+}
+
+/// A vLLM server's per-request `metrics` for one call, each `None` when vLLM
+/// did not measure it (guide ch. 16, "vLLM metrics").
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct VllmMetrics {
+    /// Milliseconds until the first token.
+    pub time_to_first_token_ms: Option<f64>,
+    /// Milliseconds spent generating.
+    pub generation_time_ms: Option<f64>,
+    /// Milliseconds spent waiting in the scheduler queue.
+    pub queue_time_ms: Option<f64>,
+    /// Mean inter-token latency in milliseconds.
+    pub mean_itl_ms: Option<f64>,
+    /// Tokens per second.
+    pub tokens_per_second: Option<f64>,
 }
 
 /// The model's answer to one round: text, tool calls, or both.
@@ -307,6 +362,14 @@ pub struct ChatResponse {
     pub finish_reason: Option<String>,
     /// The round's token counts, when the provider reported them.
     pub usage: Option<Usage>,
+    /// llama.cpp's `timings`, when a llama.cpp server served the round.
+    pub llama: Option<LlamaTimings>,
+    /// vLLM's `metrics`, when a vLLM server served the round.
+    pub vllm: Option<VllmMetrics>,
+    /// When a streamed reply's text arrived, on the provider's clock; `None`
+    /// when the provider does not time its streams (the Engine then times
+    /// the fragments it is handed).
+    pub stream_timing: Option<StreamTiming>,
     /// The name of the model that served the round, as the provider returned it;
     /// `None` when the response named none.
     pub model: Option<String>,

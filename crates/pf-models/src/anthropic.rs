@@ -23,14 +23,15 @@ use std::collections::BTreeMap;
 
 use pf_harness::{
     ChatMessage, ChatRequest, ChatResponse, ModelInfo, OnText, ProviderError, ThinkingSupport,
-    ToolCall, Usage,
+    ToolCall,
 };
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{json, Map, Value as Json};
 
 use crate::http::json_error_detail;
+use crate::metrics::{AnthropicStreamUsage, Metadata};
 use crate::provider::{HttpProvider, StreamStep, WireFormat};
-use crate::wire::{self, token_count};
+use crate::wire;
 
 /// `max_tokens` when the request sets none.
 pub const DEFAULT_MAX_TOKENS: u64 = 4096;
@@ -157,8 +158,10 @@ pub struct StreamedMessage {
     text: Option<String>,
     blocks: BTreeMap<u64, StreamedBlock>,
     stop_reason: Option<String>,
-    input_tokens: Option<u64>,
-    output_tokens: Option<u64>,
+    /// The token counts the events gave so far.
+    usage: AnthropicStreamUsage,
+    /// `usage` problems, and `timings`/`metrics` should a compatible server send them.
+    metadata: Metadata,
     model: Option<String>,
 }
 
@@ -189,8 +192,8 @@ impl StreamedMessage {
                     .and_then(|m| m.get("model"))
                     .and_then(Json::as_str)
                     .map(str::to_string);
-                if let Some(usage) = start.and_then(|m| m.get("usage")) {
-                    self.read_usage(usage)?;
+                if let Some(Json::Object(message)) = start {
+                    self.read_metadata(message);
                 }
             }
             "content_block_start" => {
@@ -265,8 +268,8 @@ impl StreamedMessage {
                     }
                     Some(_) => return Err(String::from("`stop_reason` is not a string")),
                 }
-                if let Some(usage) = event.get("usage") {
-                    self.read_usage(usage)?;
+                if let Json::Object(event) = event {
+                    self.read_metadata(event);
                 }
             }
             "message_stop" => return Ok(StreamStep::End),
@@ -280,18 +283,12 @@ impl StreamedMessage {
         Ok(StreamStep::More)
     }
 
-    /// Token counts: `message_start` gives both, `message_delta` the running output count.
-    fn read_usage(&mut self, usage: &Json) -> Result<(), String> {
-        let Json::Object(usage) = usage else {
-            return Err(String::from("`usage` is not an object"));
-        };
-        if usage.contains_key("input_tokens") {
-            self.input_tokens = Some(token_count(usage, "input_tokens")?);
-        }
-        if usage.contains_key("output_tokens") {
-            self.output_tokens = Some(token_count(usage, "output_tokens")?);
-        }
-        Ok(())
+    /// Token counts (`message_start` gives both, `message_delta` the running
+    /// output count) and any backend metrics; a malformed part is reported, not fatal.
+    fn read_metadata(&mut self, holder: &Map<String, Json>) {
+        self.metadata
+            .read_anthropic_stream_usage(holder, &mut self.usage);
+        self.metadata.read_backend_parts(holder);
     }
 
     fn finish(self) -> ChatResponse {
@@ -318,16 +315,17 @@ impl StreamedMessage {
                 _ => None,
             })
             .collect();
-        let usage = (self.input_tokens.is_some() || self.output_tokens.is_some()).then(|| Usage {
-            input_tokens: self.input_tokens.unwrap_or(0),
-            output_tokens: self.output_tokens.unwrap_or(0),
-        });
+        let mut metadata = self.metadata;
+        metadata.finish_anthropic_stream(self.usage);
         ChatResponse {
             content: self.text,
             tool_calls,
             finish_reason: self.stop_reason,
-            usage,
+            usage: metadata.usage,
+            llama: metadata.llama,
+            vllm: metadata.vllm,
             model: self.model,
+            degraded: metadata.degraded,
             ..Default::default()
         }
     }
@@ -503,21 +501,18 @@ fn parse_reply(body: &[u8]) -> Result<ChatResponse, String> {
         Some(Json::String(reason)) => Some(normalize_stop_reason(reason)),
         Some(_) => return Err("`stop_reason` is not a string".into()),
     };
-    let usage = match root.get("usage") {
-        None | Some(Json::Null) => None,
-        Some(Json::Object(usage)) => Some(Usage {
-            input_tokens: token_count(usage, "input_tokens")?,
-            output_tokens: token_count(usage, "output_tokens")?,
-        }),
-        Some(_) => return Err("`usage` is not an object".into()),
-    };
+    let mut metadata = Metadata::default();
+    metadata.read_anthropic(root);
     let model = root.get("model").and_then(Json::as_str).map(str::to_string);
     Ok(ChatResponse {
         content: text,
         tool_calls,
         finish_reason,
-        usage,
+        usage: metadata.usage,
+        llama: metadata.llama,
+        vllm: metadata.vllm,
         model,
+        degraded: metadata.degraded,
         ..Default::default()
     })
 }

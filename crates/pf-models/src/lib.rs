@@ -29,6 +29,7 @@
 
 mod anthropic;
 mod http;
+mod metrics;
 mod openai;
 mod provider;
 mod record;

@@ -11,19 +11,24 @@
 //! last chunk carries the usage) and reads `data:` chunks: `delta.content` is the
 //! text, `delta.tool_calls` pieces are assembled by their `index`, and `[DONE]`
 //! ends the stream. A stream that ends before `[DONE]` or a finish reason is cut short.
+//!
+//! Metadata (`usage`, llama.cpp's `timings`, vLLM's `metrics`) is read by
+//! [`crate::metrics`], whole reply or any chunk: a malformed part is dropped
+//! and reported in [`ChatResponse::degraded`], never a failed call.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use pf_harness::{
-    ChatRequest, ChatResponse, ModelInfo, OnText, ProviderError, ThinkingSupport, ToolCall, Usage,
+    ChatRequest, ChatResponse, ModelInfo, OnText, ProviderError, ThinkingSupport, ToolCall,
 };
 use reqwest::header::{HeaderName, AUTHORIZATION};
 use serde_json::{json, Map, Value as Json};
 
 use crate::http::json_error_detail;
+use crate::metrics::Metadata;
 use crate::provider::{HttpProvider, StreamStep, WireFormat};
-use crate::wire::{self, token_count};
+use crate::wire;
 
 /// A model behind the Chat Completions API.
 pub type OpenAiProvider = HttpProvider<ChatCompletions>;
@@ -120,7 +125,8 @@ pub struct StreamedReply {
     content: Option<String>,
     calls: BTreeMap<u64, PartialCall>,
     finish_reason: Option<String>,
-    usage: Option<Usage>,
+    /// `usage`, `timings` and `metrics`, from whichever chunks carry them.
+    metadata: Metadata,
     model: Option<String>,
 }
 
@@ -137,16 +143,7 @@ impl StreamedReply {
         if self.model.is_none() {
             self.model = root.get("model").and_then(Json::as_str).map(str::to_string);
         }
-        match root.get("usage") {
-            None | Some(Json::Null) => {}
-            Some(Json::Object(usage)) => {
-                self.usage = Some(Usage {
-                    input_tokens: token_count(usage, "prompt_tokens")?,
-                    output_tokens: token_count(usage, "completion_tokens")?,
-                })
-            }
-            Some(_) => return Err("`usage` is not an object".into()),
-        }
+        self.metadata.read_chat_completions(root);
         let choices = match root.get("choices") {
             None | Some(Json::Null) => return Ok(StreamStep::More),
             Some(Json::Array(choices)) => choices,
@@ -236,8 +233,11 @@ impl StreamedReply {
             content: self.content,
             tool_calls,
             finish_reason: self.finish_reason,
-            usage: self.usage,
+            usage: self.metadata.usage,
+            llama: self.metadata.llama,
+            vllm: self.metadata.vllm,
             model: self.model,
+            degraded: self.metadata.degraded,
             ..Default::default()
         }
     }
@@ -278,21 +278,18 @@ fn parse_reply(body: &[u8], synthetic_ids: &AtomicU64) -> Result<ChatResponse, S
         Some(Json::String(reason)) => Some(reason.clone()),
         Some(_) => return Err("`finish_reason` is not a string".into()),
     };
-    let usage = match root.get("usage") {
-        None | Some(Json::Null) => None,
-        Some(Json::Object(usage)) => Some(Usage {
-            input_tokens: token_count(usage, "prompt_tokens")?,
-            output_tokens: token_count(usage, "completion_tokens")?,
-        }),
-        Some(_) => return Err("`usage` is not an object".into()),
-    };
+    let mut metadata = Metadata::default();
+    metadata.read_chat_completions(root);
     let model = root.get("model").and_then(Json::as_str).map(str::to_string);
     Ok(ChatResponse {
         content,
         tool_calls,
         finish_reason,
-        usage,
+        usage: metadata.usage,
+        llama: metadata.llama,
+        vllm: metadata.vllm,
         model,
+        degraded: metadata.degraded,
         ..Default::default()
     })
 }

@@ -5,12 +5,12 @@
 
 use std::fmt::Debug;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use pf_harness::{
     CancellationToken, ChatRequest, ChatResponse, ModelInfo, ModelProvider, OnText, ProviderError,
-    WireCapture, WorkId,
+    StreamTiming, WireCapture, WorkId,
 };
 use reqwest::header::{HeaderMap, HeaderName};
 use reqwest::StatusCode;
@@ -34,12 +34,55 @@ fn scrub_reply(mut reply: ChatResponse, scrubber: Option<&KeyScrubber>) -> ChatR
     reply.content = reply.content.map(|text| scrubber.scrub(&text));
     reply.model = reply.model.map(|text| scrubber.scrub(&text));
     reply.finish_reason = reply.finish_reason.map(|text| scrubber.scrub(&text));
+    // A decoder's reason quotes the server's value.
+    for message in &mut reply.degraded {
+        *message = scrubber.scrub(message);
+    }
     for call in &mut reply.tool_calls {
         call.id = scrubber.scrub(&call.id);
         call.name = scrubber.scrub(&call.name);
         call.arguments = scrubber.scrub(&call.arguments);
     }
     reply
+}
+
+/// When a streamed attempt's text fragments arrived, from the request on.
+struct FragmentClock {
+    sent: Instant,
+    count: u32,
+    first: Option<Instant>,
+    last: Option<Instant>,
+}
+
+impl FragmentClock {
+    fn new() -> FragmentClock {
+        FragmentClock {
+            sent: Instant::now(),
+            count: 0,
+            first: None,
+            last: None,
+        }
+    }
+
+    fn tick(&mut self) {
+        let now = Instant::now();
+        self.first.get_or_insert(now);
+        self.last = Some(now);
+        self.count = self.count.saturating_add(1);
+    }
+
+    fn timing(&self) -> StreamTiming {
+        let millis = |d: Duration| d.as_secs_f64() * 1000.0;
+        StreamTiming {
+            ttft_ms: self.first.map(|t| millis(t.duration_since(self.sent))),
+            mean_itl_ms: match (self.first, self.last) {
+                (Some(first), Some(last)) if self.count >= 2 => {
+                    Some(millis(last.duration_since(first)) / f64::from(self.count - 1))
+                }
+                _ => None,
+            },
+        }
+    }
 }
 
 /// One failed attempt, with the wait the server asked for before the next.
@@ -257,6 +300,14 @@ impl<W: WireFormat> HttpProvider<W> {
         let mut body = self.request_body(request)?;
         self.wire.ask_for_stream(&mut body);
         let body = Json::Object(body);
+        // Fragments are timed as they arrive, ahead of the key scrubber
+        // (which may hold text back and join fragments).
+        let mut clock = FragmentClock::new();
+        let mut on_text = |text: &str| {
+            clock.tick();
+            on_text(text)
+        };
+        let on_text: &mut OnText<'_> = &mut on_text;
         let mut stream = match self
             .http
             .post_stream(&url, self.headers(key)?, &body, cancel)
@@ -280,6 +331,7 @@ impl<W: WireFormat> HttpProvider<W> {
                 if let Some(text) = response.content.as_deref().filter(|t| !t.is_empty()) {
                     on_text(text);
                 }
+                response.stream_timing = Some(clock.timing());
                 return Ok(response);
             }
         };
@@ -288,6 +340,7 @@ impl<W: WireFormat> HttpProvider<W> {
             .read_stream(&url, key, &mut stream, cancel, on_text, received.as_mut())
             .await?;
         let mut response = self.wire.finish_stream(reply);
+        response.stream_timing = Some(clock.timing());
         // A streamed reply's captured body is its events' data, one per line.
         response.capture = received.map(|response| WireCapture {
             request: body.to_string(),

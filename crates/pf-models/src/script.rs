@@ -241,6 +241,7 @@ impl ScriptProvider {
             usage: reply.usage.as_ref().map(|usage| Usage {
                 input_tokens: usage.input_tokens,
                 output_tokens: usage.output_tokens,
+                ..Default::default()
             }),
             model: match &reply.model {
                 None => Some(self.info.id.clone()),

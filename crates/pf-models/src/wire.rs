@@ -130,16 +130,6 @@ pub(crate) fn mentions_context_overflow(message: &str) -> bool {
     .any(|phrase| lower.contains(phrase))
 }
 
-/// A token count from a usage object: absent or null is 0, anything but a whole number fails.
-pub(crate) fn token_count(usage: &Map<String, Json>, field: &str) -> Result<u64, String> {
-    match usage.get(field) {
-        None | Some(Json::Null) => Ok(0),
-        Some(value) => value
-            .as_u64()
-            .ok_or_else(|| format!("usage `{field}` is not a whole number")),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -183,7 +183,8 @@ async fn sends_every_field_and_reads_the_reply() {
         response.usage,
         Some(Usage {
             input_tokens: 120,
-            output_tokens: 40
+            output_tokens: 40,
+            ..Default::default()
         })
     );
 

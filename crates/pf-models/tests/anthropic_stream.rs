@@ -119,7 +119,8 @@ async fn text_deltas_arrive_in_order_and_join_into_the_reply() {
         response.usage,
         Some(Usage {
             input_tokens: 11,
-            output_tokens: 6
+            output_tokens: 6,
+            ..Default::default()
         })
     );
     let sent = &server.requests()[0];

@@ -294,3 +294,33 @@ async fn the_anthropic_wire_is_scrubbed_the_same_way() {
         Some("[redacted] / [redacted] / [redacted]")
     );
 }
+
+#[tokio::test]
+async fn a_key_echoed_in_malformed_metadata_is_redacted_from_the_degraded_message() {
+    let server = TestServer::start(|_, request| {
+        let key = received_key(request);
+        Reply::json(
+            200,
+            json!({
+                "model": "gpt-test",
+                "choices": [{"index": 0, "finish_reason": "stop",
+                    "message": {"role": "assistant", "content": "hi"}}],
+                "usage": {"prompt_tokens": key, "completion_tokens": 1}
+            }),
+        )
+    })
+    .await;
+    let provider = openai(&server.base_url, "PF_MODELS_TEST_ECHO_METADATA");
+    let reply = provider
+        .complete(
+            hello(),
+            &pf_harness::WorkId::new("0", 0),
+            CancellationToken::new(),
+        )
+        .await
+        .expect("a reply");
+    assert_eq!(
+        reply.degraded,
+        vec!["malformed `usage` in completion response ignored: invalid type: string \"[redacted]\", expected u64"]
+    );
+}

@@ -173,7 +173,8 @@ async fn sends_every_field_and_reads_the_reply() {
         response.usage,
         Some(Usage {
             input_tokens: 31,
-            output_tokens: 7
+            output_tokens: 7,
+            ..Default::default()
         })
     );
 
@@ -408,13 +409,6 @@ async fn malformed_replies_fail_clearly() {
                 json!({"choices": [{"message": {"tool_calls": {"id": "c"}}}]}),
             ),
             "`tool_calls` is not a list",
-        ),
-        (
-            Reply::json(
-                200,
-                json!({"choices": [{"message": {"content": "x"}}], "usage": {"prompt_tokens": "many"}}),
-            ),
-            "usage `prompt_tokens` is not a whole number",
         ),
     ];
     for (reply, detail) in cases {

@@ -112,7 +112,8 @@ async fn text_arrives_fragment_by_fragment_and_joins_into_the_reply() {
         response.usage,
         Some(Usage {
             input_tokens: 9,
-            output_tokens: 4
+            output_tokens: 4,
+            ..Default::default()
         })
     );
     assert_eq!(response.tool_calls, Vec::new());

@@ -91,7 +91,8 @@ async fn replies_come_in_order_with_numbered_call_ids() {
         fourth.usage,
         Some(Usage {
             input_tokens: 12,
-            output_tokens: 3
+            output_tokens: 3,
+            ..Default::default()
         })
     );
 

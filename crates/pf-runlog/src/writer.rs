@@ -2,6 +2,7 @@
 //! short transactions. The caller only ever sends on the channel.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
@@ -115,6 +116,9 @@ pub struct RunWriter {
     finish_wait: Duration,
     on_warning: Option<WarningSink>,
     path: PathBuf,
+    /// Whether the writer thread is inside a database call (opening or a
+    /// commit): a wait that runs out then was spent on the database itself.
+    in_database: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for RunWriter {
@@ -144,9 +148,11 @@ impl RunWriter {
         let warning = Warning::default();
         let finish_wait = options.finish_wait;
         let on_warning = options.on_warning.clone();
+        let in_database = Arc::new(AtomicBool::new(false));
         let thread_state = Background {
             path: path.clone(),
             options,
+            in_database: Arc::clone(&in_database),
             warning: warning.clone(),
             disabled: false,
             run_id: None,
@@ -161,6 +167,7 @@ impl RunWriter {
             finish_wait,
             on_warning,
             path,
+            in_database,
         };
         if let Err(err) = spawned {
             writer.warn(format!("cannot start the writer thread: {err}"));
@@ -212,8 +219,14 @@ impl RunWriter {
         let (ack, done) = mpsc::sync_channel(1);
         self.send(Message::Finish(Box::new(end), ack));
         if !self.await_ack(&done) {
+            let why = if self.in_database.load(Ordering::SeqCst) {
+                // SQLite waits out another connection's lock before it says busy.
+                " (waiting on the database: locked by another process, or a stalled disk)"
+            } else {
+                ""
+            };
             self.warn(format!(
-                "still writing after {:?}; the run's last records may be missing",
+                "still writing after {:?}{why}; the run's last records may be missing",
                 self.finish_wait
             ));
         }
@@ -256,6 +269,7 @@ fn warning_text(path: &std::path::Path, problem: &str) -> String {
 struct Background {
     path: PathBuf,
     options: WriterOptions,
+    in_database: Arc<AtomicBool>,
     warning: Warning,
     /// Set once a write failed: everything after is dropped.
     disabled: bool,
@@ -267,6 +281,7 @@ struct Background {
 impl Background {
     fn run(mut self, start: RunStart, rx: Receiver<Message>) {
         let started_at_ms = wall_ms();
+        self.in_database.store(true, Ordering::SeqCst);
         let mut conn = match connect(
             &self.path,
             self.options.busy_timeout,
@@ -281,6 +296,7 @@ impl Background {
         if let (Some(conn), Some(pages)) = (&conn, self.options.max_page_count) {
             let _ = conn.pragma_update(None, "max_page_count", pages);
         }
+        self.in_database.store(false, Ordering::SeqCst);
         let mut pending_start = Some((start, started_at_ms));
         let mut batch: Vec<Message> = Vec::new();
         loop {
@@ -300,7 +316,11 @@ impl Background {
                 }
             }
             match conn.as_mut() {
-                Some(conn) if !self.disabled => self.commit(conn, &mut pending_start, &batch),
+                Some(conn) if !self.disabled => {
+                    self.in_database.store(true, Ordering::SeqCst);
+                    self.commit(conn, &mut pending_start, &batch);
+                    self.in_database.store(false, Ordering::SeqCst);
+                }
                 _ => {}
             }
             for message in batch.drain(..) {

@@ -10,7 +10,11 @@ use promptforge::cases::{Mode, Runner};
 #[test]
 fn every_data_case_holds() {
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let root = here.join("tests/data");
+    // `PROMPTFORGE_CASES=events` runs only the cases under `tests/data/events`.
+    let root = match std::env::var("PROMPTFORGE_CASES") {
+        Ok(only) if !only.is_empty() => here.join("tests/data").join(only),
+        _ => here.join("tests/data"),
+    };
     let runner = Runner::new(
         env!("CARGO_BIN_EXE_promptforge"),
         here.join("tests/fixtures/mcp_fixture.py"),

@@ -697,3 +697,140 @@ fn host_work_is_recorded_with_its_work_ids() {
     );
     assert!(text.contains("model exchange with"), "{text}");
 }
+
+const TWO_ROUNDS: &str = "---\nname: rounds\ndescription: two model rounds\npromptforge: 0\nmodels:\n  w: {}\n---\n\n# Rounds\n\n## Ask\n\n```lua\nmodels.use('w')\nmodels.infer('one')\nreturn models.infer('two')\n```\n";
+
+/// A canned JSON answer for the case runner's model server.
+fn canned(body: Value) -> promptforge::cases::case::Page {
+    promptforge::cases::case::Page {
+        status: 200,
+        content_type: Some("application/json".into()),
+        headers: Default::default(),
+        body,
+    }
+}
+
+#[test]
+fn metrics_and_degraded_metadata_read_back_from_the_run_log() {
+    let home = Home::new();
+    let choice = json!([{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}]);
+    let timings = json!({"prompt_n": 12, "prompt_ms": 30.5, "prompt_per_second": 393.4,
+        "predicted_n": 8, "predicted_ms": 80.0, "predicted_per_second": 100.0,
+        "draft_n": 16, "draft_n_accepted": 12});
+    let server = promptforge::cases::ModelServer::start(vec![
+        canned(
+            json!({"model": "llama-1b", "choices": choice, "timings": timings,
+            "usage": {"prompt_tokens": 12, "completion_tokens": 8, "total_tokens": 20,
+                "prompt_tokens_details": {"cached_tokens": 4}}}),
+        ),
+        // No model, a malformed usage, a well-formed vLLM metrics part.
+        canned(
+            json!({"choices": choice, "usage": {"prompt_tokens": "lots", "completion_tokens": 1},
+            "metrics": {"time_to_first_token_ms": 41.5}}),
+        ),
+    ])
+    .expect("model server");
+    let host = openai_host(&home, &server.base(), None);
+    let prompt = home.write("rounds.md", TWO_ROUNDS);
+    let out = home
+        .pf()
+        .arg("run")
+        .arg(&prompt)
+        .arg("--host")
+        .arg(&host)
+        .output()
+        .expect("run");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "hi\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown = home.json(&["show", "last", "--json"]);
+    let events = shown["events"].as_array().expect("events");
+    let replies: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["kind"] == "assistant_reply")
+        .collect();
+    assert_eq!(replies.len(), 2);
+    let first = &replies[0]["metrics"];
+    assert_eq!(
+        first["usage"],
+        json!({"prompt_tokens": 12, "completion_tokens": 8, "total_tokens": 20, "cached_tokens": 4})
+    );
+    assert_eq!(first["llama"]["draft_n_accepted"], 12);
+    assert!(first["llama"]["prompt_n"].is_u64());
+    assert!(first["llama"]["prompt_ms"].is_f64());
+    assert!(first["client"]["e2e_ms"].is_f64());
+    assert!(first["client"].get("ttft_ms").is_none(), "not streamed");
+    assert!(first.get("vllm").is_none());
+    let second = &replies[1];
+    assert_eq!(second["model"], "");
+    assert!(second["metrics"].get("usage").is_none());
+    assert_eq!(
+        second["metrics"]["vllm"],
+        json!({"time_to_first_token_ms": 41.5})
+    );
+    // Round 2 in order: completed, the model message first, then the usage one, then the reply.
+    let round_two: Vec<String> = events
+        .iter()
+        .skip_while(|e| e["kind"] != "assistant_reply")
+        .skip(1)
+        .filter(|e| e["section"] == "Ask" && !e["kind"].as_str().unwrap_or("").starts_with("lua_"))
+        .map(|e| match e["kind"].as_str() {
+            Some("model_metadata_degraded") => {
+                format!("{}: {}", e["turn"], e["message"].as_str().unwrap_or(""))
+            }
+            other => other.unwrap_or("").to_string(),
+        })
+        .collect();
+    assert_eq!(
+        round_two,
+        vec![
+            "model_turn_completed".to_string(),
+            "2: completion response named no string `model`; recorded as empty".to_string(),
+            "2: malformed `usage` in completion response ignored: invalid type: string \"lots\", expected u64".to_string(),
+            "assistant_reply".to_string(),
+            "section_finished".to_string(),
+        ]
+    );
+    let (_, text, _) = home.text(&["show", "last"]);
+    assert!(
+        text.contains("round 2: degraded metadata: completion response named no string `model`"),
+        "{text}"
+    );
+}
+
+#[cfg(unix)]
+#[test]
+fn a_locked_database_warns_and_the_run_goes_on() {
+    let home = Home::new();
+    let prompt = home.write("simple.md", SIMPLE);
+    home.run(&prompt, &[]);
+    let db = home.data().join("runs.db");
+    // Another process holds the database's write lock for the whole run.
+    let mut holder = Command::new("python3")
+        .arg("-c")
+        .arg("import sqlite3, sys\nc = sqlite3.connect(sys.argv[1], isolation_level=None)\nc.execute('BEGIN EXCLUSIVE')\nprint('locked', flush=True)\nsys.stdin.read()\n")
+        .arg(&db)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut ready = String::new();
+    BufReader::new(holder.stdout.take().expect("stdout"))
+        .read_line(&mut ready)
+        .expect("the holder says it holds the lock");
+    assert_eq!(ready.trim(), "locked");
+    let out = home.run(&prompt, &["x"]);
+    drop(holder.stdin.take());
+    let _ = holder.wait();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "done x\n");
+    let w = warnings(&out.stderr);
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(w[0].contains("locked"), "{w:?}");
+    // The earlier run is still there once the lock is gone.
+    let listed = home.json(&["runs", "--json"]);
+    assert!(!listed.as_array().expect("runs").is_empty());
+}

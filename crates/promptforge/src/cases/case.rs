@@ -43,13 +43,26 @@ fn default_start() -> String {
     "2026-01-02T03:04:05Z".to_string()
 }
 
-/// `model`: a scripted model and its catalog entry.
+/// `model`: a scripted model and its catalog entry, or, with `responses`, a
+/// real provider talking to a local server that answers its requests with
+/// the given raw bodies in order (JSON, or `text/event-stream` for streamed rounds).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelFixture {
     /// The replies file's content (see `pf_models::ScriptProvider`).
     #[serde(default = "empty_array")]
     pub replies: Json,
+    /// Raw answers, one per model request, served from 127.0.0.1 to the
+    /// provider `provider` names; `replies` is then unused.
+    pub responses: Option<Vec<Page>>,
+    /// The wire format `responses` are in: `openai` (the default) or `anthropic`.
+    pub provider: Option<ServedProvider>,
+    /// The host file's `stream = true`: every `models.loop` round streams.
+    #[serde(default)]
+    pub stream: bool,
+    /// Run with `--capture`: each round reports its raw `request`/`response` bodies.
+    #[serde(default)]
+    pub capture: bool,
     #[serde(default = "default_model_id")]
     pub id: String,
     #[serde(default = "default_context")]
@@ -57,6 +70,15 @@ pub struct ModelFixture {
     #[serde(default = "default_thinking")]
     pub thinking: String,
     pub description: Option<String>,
+}
+
+/// A provider that `model.responses` can stand behind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ServedProvider {
+    #[default]
+    Openai,
+    Anthropic,
 }
 
 fn empty_array() -> Json {

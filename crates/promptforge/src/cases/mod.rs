@@ -21,10 +21,15 @@ use serde_json::Value as Json;
 
 use crate::report::{ReportOutcome, RunReport};
 use case::{Case, Expect};
-pub use web::WebServer;
+pub use web::{ModelServer, WebServer};
 
 /// What `{{WEB}}` stands for when a case has no web fixture (a closed port).
 const NO_WEB: &str = "http://127.0.0.1:9";
+
+/// The variable a `model.responses` provider reads its key from, and the
+/// made-up key the runner puts there (a case can check it never shows).
+pub const MODEL_KEY_ENV: &str = "PROMPTFORGE_CASE_MODEL_KEY";
+pub const MODEL_KEY: &str = "sk-case-fixture-0123456789";
 
 /// Check the expectations, or rewrite the snapshots from the actual run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -264,12 +269,23 @@ impl Runner {
         let record = Runner::record_path(work);
         let _ = std::fs::remove_file(&record);
         let host_file = work.join("host.toml");
-        let host = self.host_file(case, work, &record, inv.base)?;
+        // A fresh server per run: every run reads the responses from the first.
+        let model_server = case
+            .model
+            .as_ref()
+            .and_then(|m| m.responses.clone())
+            .map(ModelServer::start)
+            .transpose()?;
+        let model_base = model_server.as_ref().map(ModelServer::base);
+        let host = self.host_file(case, work, &record, inv.base, model_base.as_deref())?;
         std::fs::write(&host_file, host).map_err(|e| e.to_string())?;
         let mut cmd = Command::new(&self.bin);
         cmd.arg("run").arg(inv.prompt_file);
         if let Some(a) = &case.args {
             cmd.arg(a);
+        }
+        if case.model.as_ref().is_some_and(|m| m.capture) {
+            cmd.arg("--capture");
         }
         cmd.arg("--host")
             .arg(&host_file)
@@ -281,7 +297,8 @@ impl Runner {
             .arg(inv.store)
             .arg("--json")
             // Each case logs into its own scratch run log, never the user's.
-            .env("PROMPTFORGE_HOME", work.join("data"));
+            .env("PROMPTFORGE_HOME", work.join("data"))
+            .env(MODEL_KEY_ENV, MODEL_KEY);
         if inv.capture_events {
             // Events reach stderr as debug log lines; only then is stderr read.
             cmd.env(
@@ -320,28 +337,48 @@ impl Runner {
         })
     }
 
-    /// The host file for a case: `[model]` (scripted, recording), `[input]`,
-    /// `[web]`, one `[plugins."id"]` per MCP fixture, then `host_extra`.
+    /// The host file for a case: `stream`, `[model]` (scripted, or a real
+    /// provider at `model_base`; recording), `[input]`, `[web]`, one
+    /// `[plugins."id"]` per MCP fixture, then `host_extra`.
     fn host_file(
         &self,
         case: &Case,
         work: &Path,
         record: &Path,
         base: &str,
+        model_base: Option<&str>,
     ) -> Result<String, String> {
         let mut host: Vec<String> = Vec::new();
+        if case.model.as_ref().is_some_and(|m| m.stream) {
+            host.push("stream = true".into());
+            host.push(String::new());
+        }
         if let Some(model) = &case.model {
-            let replies = work.join("replies.json");
-            std::fs::write(&replies, model.replies.to_string()).map_err(|e| e.to_string())?;
             host.push("[model]".into());
-            host.push("provider = \"script\"".into());
+            match (model_base, model.provider.unwrap_or_default()) {
+                (None, _) => {
+                    let replies = work.join("replies.json");
+                    std::fs::write(&replies, model.replies.to_string())
+                        .map_err(|e| e.to_string())?;
+                    host.push("provider = \"script\"".into());
+                    host.push(format!(
+                        "replies = {}",
+                        toml_str(&replies.to_string_lossy())
+                    ));
+                }
+                (Some(url), provider) => {
+                    let name = match provider {
+                        case::ServedProvider::Openai => "openai",
+                        case::ServedProvider::Anthropic => "anthropic",
+                    };
+                    host.push(format!("provider = {}", toml_str(name)));
+                    host.push(format!("base_url = {}", toml_str(url)));
+                    host.push(format!("api_key_env = {}", toml_str(MODEL_KEY_ENV)));
+                }
+            }
             host.push(format!("model = {}", toml_str(&model.id)));
             host.push(format!("context = {}", model.context));
             host.push(format!("thinking = {}", toml_str(&model.thinking)));
-            host.push(format!(
-                "replies = {}",
-                toml_str(&replies.to_string_lossy())
-            ));
             host.push(format!("record = {}", toml_str(&record.to_string_lossy())));
             if let Some(d) = &model.description {
                 host.push(format!("description = {}", toml_str(d)));

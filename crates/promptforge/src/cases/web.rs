@@ -51,15 +51,67 @@ impl Drop for WebServer {
     }
 }
 
-fn answer(mut stream: TcpStream, fixture: &WebFixture) {
-    let mut reader = BufReader::new(match stream.try_clone() {
-        Ok(s) => s,
-        Err(_) => return,
-    });
-    let mut line = String::new();
-    if reader.read_line(&mut line).is_err() {
-        return;
+/// A running `model.responses` server: each request (a provider's POST)
+/// gets the next canned answer, byte for byte; dropping it stops the server.
+pub struct ModelServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+}
+
+impl ModelServer {
+    /// Answer the `n`th request with `responses[n]`, and a 500 once they run out.
+    pub fn start(responses: Vec<Page>) -> Result<ModelServer, String> {
+        let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        let responses = Arc::new(responses);
+        std::thread::spawn(move || {
+            let mut served = 0usize;
+            for stream in listener.incoming() {
+                if stopped.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(mut stream) = stream else { continue };
+                // One at a time, in order: a run's rounds are sequential.
+                if read_request(&mut stream).is_none() {
+                    continue;
+                }
+                let page = responses.get(served).cloned().unwrap_or_else(|| Page {
+                    status: 500,
+                    content_type: Some("application/json".into()),
+                    headers: Default::default(),
+                    body: serde_json::json!({"error": {"message": "the case has no more model responses"}}),
+                });
+                served += 1;
+                let content_type = page
+                    .content_type
+                    .clone()
+                    .unwrap_or_else(|| "application/json".into());
+                write_page(&mut stream, &page, &content_type);
+            }
+        });
+        Ok(ModelServer { addr, stop })
     }
+
+    /// `http://127.0.0.1:PORT`, the model's `base_url`.
+    pub fn base(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for ModelServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(self.addr);
+    }
+}
+
+/// The request line's method and target, after reading the headers and body.
+fn read_request(stream: &mut TcpStream) -> Option<(String, String)> {
+    let mut reader = BufReader::new(stream.try_clone().ok()?);
+    let mut line = String::new();
+    reader.read_line(&mut line).ok()?;
     let mut parts = line.split_whitespace();
     let method = parts.next().unwrap_or("").to_string();
     let target = parts.next().unwrap_or("/").to_string();
@@ -77,6 +129,13 @@ fn answer(mut stream: TcpStream, fixture: &WebFixture) {
     }
     let mut body = vec![0u8; length];
     let _ = reader.read_exact(&mut body);
+    Some((method, target))
+}
+
+fn answer(mut stream: TcpStream, fixture: &WebFixture) {
+    let Some((method, target)) = read_request(&mut stream) else {
+        return;
+    };
     let path = target.split('?').next().unwrap_or("/");
     let search = fixture
         .search
@@ -94,15 +153,20 @@ fn answer(mut stream: TcpStream, fixture: &WebFixture) {
             headers: Default::default(),
             body: Json::String("not found".into()),
         });
+    let content_type = page
+        .content_type
+        .as_deref()
+        .unwrap_or("text/html; charset=utf-8");
+    write_page(&mut stream, &page, content_type);
+}
+
+/// `page` as a whole HTTP/1.1 response, then the connection closes.
+fn write_page(stream: &mut TcpStream, page: &Page, content_type: &str) {
     let body = match &page.body {
         Json::String(s) => s.clone().into_bytes(),
         Json::Null => Vec::new(),
         other => other.to_string().into_bytes(),
     };
-    let content_type = page
-        .content_type
-        .as_deref()
-        .unwrap_or("text/html; charset=utf-8");
     let mut head = format!(
         "HTTP/1.1 {} X\r\nContent-Type: {content_type}\r\n",
         page.status

@@ -235,7 +235,8 @@ pub(crate) fn execute(plan: RunPlan) -> ExitCode {
     };
     let observer = HostObserver::new(log.sink.clone(), progress.clone(), sections)
         .with_trace(trace.clone())
-        .with_prompt_file(file);
+        .with_prompt_file(file)
+        .streaming(host_config.stream);
     let mut usage = None;
     let finished = runtime.block_on(async {
         let host = host_config.assemble_for(current.as_deref(), &work)?;

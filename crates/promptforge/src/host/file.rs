@@ -12,6 +12,8 @@ use serde::Deserialize;
 pub struct HostFile {
     /// The catalog id of the current model when `--model` is not given.
     pub default_model: Option<String>,
+    /// Stream every `models.loop` round, also when no one watches live output.
+    pub stream: Option<bool>,
     /// A one-model catalog (the model's `model` is its catalog id).
     pub model: Option<ModelTable>,
     /// The model catalog, by catalog id.

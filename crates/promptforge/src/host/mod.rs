@@ -55,6 +55,9 @@ pub struct HostConfig {
     pub mcp_token_env: Option<String>,
     /// `[telemetry] otlp`: the OTLP/HTTP collector runs are exported to.
     pub otlp: Option<String>,
+    /// `stream = true`: every `models.loop` round is streamed, also with no one
+    /// watching, so the client measures `ttft_ms` and `mean_itl_ms` (guide ch. 16).
+    pub stream: bool,
 }
 
 /// What a command runs against: the models, the Harness (Plugins and services)
@@ -180,6 +183,7 @@ impl HostConfig {
             answers: file.input.as_ref().and_then(|i| i.answers.clone()),
             mcp_token_env: file.mcp_server.as_ref().and_then(|m| m.token_env.clone()),
             otlp,
+            stream: file.stream.unwrap_or(false),
         })
     }
 

@@ -20,6 +20,8 @@ pub struct HostObserver {
     live: Option<Arc<RunProgress>>,
     sections: Arc<SectionTracker>,
     trace: Option<Arc<OtlpTrace>>,
+    /// The host file's `stream = true`: loop rounds stream with no one watching.
+    stream: bool,
     /// The prompt file, as the debug log names it in Lua tracebacks.
     prompt_file: Option<PathBuf>,
 }
@@ -35,8 +37,16 @@ impl HostObserver {
             live,
             sections,
             trace: None,
+            stream: false,
             prompt_file: None,
         }
+    }
+
+    /// Ask for every loop round streamed, whether or not anyone watches, so
+    /// the round's `metrics.client` times its first and later fragments.
+    pub fn streaming(mut self, stream: bool) -> HostObserver {
+        self.stream = stream;
+        self
     }
 
     /// Name `file` in the debug log's Lua tracebacks.
@@ -67,7 +77,7 @@ impl RunObserver for HostObserver {
     }
 
     fn wants_live_text(&self) -> bool {
-        self.live.is_some()
+        self.live.is_some() || self.stream
     }
 
     fn live_text(&self, text: LiveText<'_>) -> bool {

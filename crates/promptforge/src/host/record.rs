@@ -195,10 +195,9 @@ pub fn response_json(response: &ChatResponse) -> Json {
         "content": response.content,
         "tool_calls": response.tool_calls,
         "finish_reason": response.finish_reason,
-        "usage": response.usage.as_ref().map(|u| json!({
-            "input_tokens": u.input_tokens,
-            "output_tokens": u.output_tokens,
-        })),
+        "usage": response.usage,
+        "llama": response.llama,
+        "vllm": response.vllm,
         "model": response.model,
         "reasoning": response.reasoning,
         "degraded": response.degraded,

@@ -20,7 +20,7 @@ use async_trait::async_trait;
 use pf_harness::{
     ActivationContext, ActivePlugin, CancellationToken, ChatRequest, ChatResponse, InputBroker,
     ModelInfo, ModelProvider, OnText, Plugin, ProviderError, ToolCall, ToolFailure, ToolSpec,
-    Usage, WorkId,
+    WorkId,
 };
 use pf_runlog::{ActivationRecord, AnswerRecord, ExchangeRecord, RunId, RunLog, ToolCallRecord};
 use serde_json::{json, Value as Json};
@@ -355,10 +355,12 @@ fn response_of(body: &Json) -> ChatResponse {
         .cloned()
         .and_then(|v| serde_json::from_value(v).ok())
         .unwrap_or_default();
-    let usage = body.get("usage").filter(|u| !u.is_null()).map(|u| Usage {
-        input_tokens: u.get("input_tokens").and_then(Json::as_u64).unwrap_or(0),
-        output_tokens: u.get("output_tokens").and_then(Json::as_u64).unwrap_or(0),
-    });
+    // A part the log lacks or cannot read back is left out, as the backend's was.
+    fn part<T: serde::de::DeserializeOwned>(body: &Json, key: &str) -> Option<T> {
+        body.get(key)
+            .filter(|v| !v.is_null())
+            .and_then(|v| serde_json::from_value(v.clone()).ok())
+    }
     let degraded = body
         .get("degraded")
         .and_then(Json::as_array)
@@ -372,10 +374,14 @@ fn response_of(body: &Json) -> ChatResponse {
         content: text("content"),
         tool_calls,
         finish_reason: text("finish_reason"),
-        usage,
+        usage: part(body, "usage"),
+        llama: part(body, "llama"),
+        vllm: part(body, "vllm"),
         model: text("model"),
         reasoning: text("reasoning"),
         degraded,
+        // Replayed fragments are timed where they are handed over.
+        stream_timing: None,
         capture: None,
     }
 }

@@ -196,7 +196,8 @@ fn run_on_this_thread(tool: &PromptTool, args: String, setup: CallSetup) -> RunR
         None => crate::host::HostWork::Direct,
     };
     let logging = crate::host::observe::HostObserver::new(sink.clone(), None, sections)
-        .with_prompt_file(&tool.file);
+        .with_prompt_file(&tool.file)
+        .streaming(setup.host.stream);
     let observer: Arc<dyn RunObserver> = match setup.observer {
         Some(progress) => Arc::new(BothObservers(Arc::new(logging), progress)),
         None => Arc::new(logging),
@@ -269,6 +270,11 @@ impl RunObserver for BothObservers {
 
     fn lua_traceback(&self, execution: &str, trace: &pf_engine::LuaTraceback<'_>) {
         self.0.lua_traceback(execution, trace);
+    }
+
+    // The host file's `stream = true` reaches the Engine through the log's observer.
+    fn wants_live_text(&self) -> bool {
+        self.0.wants_live_text() || self.1.wants_live_text()
     }
 }
 

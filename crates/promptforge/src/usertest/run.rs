@@ -165,6 +165,7 @@ fn scripted(case: &TestCase, web: &dyn Fn(&str) -> String) -> Option<case::Model
             .thinking
             .unwrap_or_else(|| "Switchable".to_string()),
         description: settings.description,
+        ..Default::default()
     })
 }
 
