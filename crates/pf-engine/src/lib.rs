@@ -15,6 +15,7 @@ mod json;
 mod models;
 mod models_check;
 mod prepare;
+mod sandbox_guards;
 mod storeapi;
 mod subst;
 mod tasks;
@@ -121,6 +122,12 @@ pub async fn run(prompt: Arc<Prompt>, setup: RunSetup) -> RunReport {
 #[doc(hidden)]
 pub mod testing {
     use super::*;
+
+    /// A Lua state with the sandbox's string and table guards over the standard
+    /// libraries (no engine, no cancel), for benchmarks against the bare library.
+    pub fn guarded_library_lua() -> mlua::Result<mlua::Lua> {
+        crate::sandbox_guards::library_lua()
+    }
 
     pub use crate::claims::ClaimKind;
 

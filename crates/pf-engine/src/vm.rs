@@ -159,7 +159,15 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
         "prose_read",
         host_fn(&lua, |lua, _| crate::flow::read_prose(lua))?,
     )?;
-    internal_chunk(&lua, "=[promptforge env]", ENV)?.call::<()>(h)?;
+    internal_chunk(&lua, "=[promptforge env]", ENV)?.call::<()>(h.clone())?;
+    let cancel = sec.run.fixed.cancel.clone();
+    let abort = sec.run.abort_signal();
+    crate::sandbox_guards::install(
+        &lua,
+        &h,
+        sec.run.fixed.memory_limit,
+        Rc::new(move || cancel.is_cancelled() || abort.is_cancelled()),
+    )?;
     Ok(lua)
 }
 

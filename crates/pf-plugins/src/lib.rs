@@ -10,8 +10,8 @@ mod web;
 
 pub use input::{FixedAnswersBroker, StdinInputBroker};
 pub use mcp::{
-    McpConfig, McpPlugin, McpTransport, ACTIVATION_CANCELLED, DEFAULT_CALL_TIMEOUT,
-    DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_START_TIMEOUT,
+    kill_live_mcp_servers, McpConfig, McpPlugin, McpTransport, ACTIVATION_CANCELLED,
+    DEFAULT_CALL_TIMEOUT, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_START_TIMEOUT,
 };
 pub use web::{
     FetchLimits, HostResolver, SearchBackend, SystemResolver, WebConfig, WebPlugin, FETCH_TOOL,

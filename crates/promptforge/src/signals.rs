@@ -27,8 +27,8 @@ pub fn before_forced_exit(hook: impl Fn() + Send + Sync + 'static) {
 
 /// SIGINT, SIGTERM and SIGHUP cancel the run (the engine then stops every
 /// Plugin, MCP servers included, and the run reports `cancelled`). A second
-/// signal calls `print_cancelled` (unless the run's own report is out) and
-/// exits with 130 at once. The watcher has a thread of its own because the
+/// signal kills every MCP server's process group, calls `print_cancelled`
+/// (unless the run's own report is out) and exits with 130 at once. The watcher has a thread of its own because the
 /// run's thread may be busy inside Lua; the engine polls the token from an
 /// instruction hook.
 pub fn watch_signals(cancel: CancellationToken, print_cancelled: Box<dyn FnOnce() + Send>) {
@@ -52,6 +52,8 @@ pub fn watch_signals(cancel: CancellationToken, print_cancelled: Box<dyn FnOnce(
                 if let Some(hook) = BEFORE_FORCED_EXIT.get() {
                     hook();
                 }
+                // No destructor runs on this way out: stop the MCP servers here.
+                pf_plugins::kill_live_mcp_servers();
                 if claim_report() {
                     print_cancelled();
                 }

@@ -229,11 +229,17 @@ fn a_second_signal_exits_at_once_with_one_cancelled_report() {
     assert_eq!(reports.len(), 1, "{stdout}");
     assert_eq!(reports[0]["outcome"], "cancelled");
     assert!(reports[0]["execution"].is_string());
-    // Exiting at once skips the Plugins' shutdown, so the server can outlive
-    // the run here (a known gap); stop it so the test leaves nothing behind.
-    if let Some(pid) = server_pid(&s) {
+    // Exiting at once skips the Plugins' shutdown; the forced exit kills the
+    // server's process group itself (the server ignores end of input).
+    let pid = server_pid(&s).expect("the server started");
+    let stopped = gone(pid);
+    if !stopped {
         let _ = Command::new("kill")
             .args(["-KILL", &pid.to_string()])
             .status();
     }
+    assert!(
+        stopped,
+        "server {pid} outlived a run ended by a second signal"
+    );
 }

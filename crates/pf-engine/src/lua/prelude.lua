@@ -197,6 +197,10 @@ end
 local function sandbox_xpcall(f, handler, ...)
   if type(handler) ~= 'function' then return caught(base_xpcall(f, handler, ...)) end
   return caught(base_xpcall(f, function(e)
+    -- After a cancel the prompt's handler is not entered: an error the count hook
+    -- raised runs the handler with hooks off, so a looping one could not be stopped.
+    local cancelled = H.cancelled
+    if cancelled and cancelled() then return e end
     if rawequal(e, MEMORY) then e = memory_error() end
     return handler(e)
   end, ...))
@@ -308,4 +312,5 @@ H.utf8_len = utf8_len
 H.setmetatable, H.getmetatable = setmetatable, getmetatable
 H.select, H.type, H.tostring = select, type, tostring
 H.tpack, H.tunpack = tpack, tunpack
+H.raw_tconcat = tconcat
 return H

@@ -3,6 +3,8 @@
 mod process;
 mod stdio;
 
+pub use process::kill_live_servers as kill_live_mcp_servers;
+
 use std::collections::HashMap;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};

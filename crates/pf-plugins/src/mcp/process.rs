@@ -95,6 +95,34 @@ async fn forward_stderr(stderr: ChildStderr, plugin_id: String, tail: StderrTail
     }
 }
 
+/// The process groups of every server process not yet stopped, so a forced
+/// exit (a second Ctrl-C), which runs no destructors, can still kill them.
+static LIVE_GROUPS: Mutex<Vec<Pid>> = Mutex::new(Vec::new());
+
+fn track(group: Pid) {
+    if let Ok(mut groups) = LIVE_GROUPS.lock() {
+        groups.push(group);
+    }
+}
+
+fn untrack(group: Pid) {
+    if let Ok(mut groups) = LIVE_GROUPS.lock() {
+        groups.retain(|g| *g != group);
+    }
+}
+
+/// SIGKILL to the process group of every MCP server still running, for a
+/// process about to exit without stopping its Plugins (a second Ctrl-C).
+pub fn kill_live_servers() {
+    let groups = match LIVE_GROUPS.lock() {
+        Ok(mut groups) => std::mem::take(&mut *groups),
+        Err(_) => return,
+    };
+    for group in groups {
+        let _ = killpg(group, Signal::SIGKILL);
+    }
+}
+
 /// The server's child process; its whole process group is killed on drop
 /// when it was never stopped.
 pub(crate) struct ServerProcess {
@@ -111,6 +139,9 @@ impl ServerProcess {
             .id()
             .and_then(|pid| i32::try_from(pid).ok())
             .map(Pid::from_raw);
+        if let Some(group) = group {
+            track(group);
+        }
         let stderr = StderrTail::default();
         let stderr_task = child
             .stderr
@@ -144,20 +175,28 @@ impl ServerProcess {
     /// The stop sequence once stdin is closed: a short wait, SIGTERM, a short
     /// wait, SIGKILL; the process is reaped either way.
     pub(crate) async fn stop(&mut self) {
-        if self.exited_within(EXIT_GRACE).await {
-            return;
+        if !self.exited_within(EXIT_GRACE).await {
+            self.signal(Signal::SIGTERM);
+            if !self.exited_within(TERM_GRACE).await {
+                self.signal(Signal::SIGKILL);
+                let _ = self.child.kill().await;
+            }
         }
-        self.signal(Signal::SIGTERM);
-        if self.exited_within(TERM_GRACE).await {
-            return;
-        }
-        self.kill().await;
+        self.forget_group();
     }
 
     /// SIGKILL to the group at once (a cancelled run does not wait), then reap.
     pub(crate) async fn kill(&mut self) {
         self.signal(Signal::SIGKILL);
         let _ = self.child.kill().await;
+        self.forget_group();
+    }
+
+    /// The leader is reaped: its group id may be reused, so no forced exit signals it.
+    fn forget_group(&mut self) {
+        if let Some(group) = self.group {
+            untrack(group);
+        }
     }
 
     /// ` (exit status: 3)` when the process has ended, else nothing.
@@ -181,6 +220,7 @@ impl Drop for ServerProcess {
     fn drop(&mut self) {
         // The backstop when no stop ran; `kill_on_drop` covers the leader alone.
         self.signal(Signal::SIGKILL);
+        self.forget_group();
     }
 }
 

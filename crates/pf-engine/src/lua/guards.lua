@@ -1,0 +1,177 @@
+-- Sandbox guards (sandbox_guards/mod.rs): library functions that poll the
+-- run's cancel, and no `__gc` finalizers. Runs after env.lua, before any
+-- prompt code. `R` holds the Rust halves; each returns (true, values...) or
+-- (false, message, level), raised here at the prompt's call site.
+local H, R = ...
+local error, type, rawget, rawequal, select = error, type, H.rawget, H.rawequal, H.select
+local tpack, tunpack = H.tpack, H.tunpack
+local ssub = string.sub
+local raw_concat = H.raw_tconcat
+local G = _G
+
+-- Tail-called, so level 2 is the prompt's frame, as luaL_error would place it.
+local function ck(ok, ...)
+  if ok then return ... end
+  local message, level = ...
+  error(message, level)
+end
+
+local raw_find, raw_match, raw_gmatch, raw_gsub = R.find, R.match, R.gmatch, R.gsub
+local c_find, c_match, c_gmatch, c_gsub = string.find, string.match, string.gmatch, string.gsub
+local math_type = math.type
+
+-- Fast path: the C functions themselves where their worst case is provably
+-- short (a subject no longer than the pattern's limit, valid arguments, a
+-- pattern that cannot raise); everything else takes the polling matcher.
+local subject_limit, step_budget = R.c_subject_limit, R.c_step_budget
+local limits, cached = {}, 0
+local function limit_of(p)
+  local limit = limits[p]
+  if limit == nil then
+    if cached >= 512 then limits, cached = {}, 0 end
+    limit = subject_limit(p)
+    limits[p] = limit
+    cached = cached + 1
+  end
+  return limit
+end
+local function c_safe(s, p, init)
+  return type(s) == 'string' and type(p) == 'string' and (init == nil or math_type(init) == 'integer')
+    and #s <= limit_of(p)
+end
+
+string.find = function(...)
+  local s, p, init, plain = ...
+  if plain and type(s) == 'string' and type(p) == 'string' and (init == nil or math_type(init) == 'integer') then
+    if #s * (#p + 1) <= step_budget then return c_find(s, p, init, plain) end
+  elseif c_safe(s, p, init) then
+    return c_find(s, p, init, plain)
+  end
+  return ck(raw_find(...))
+end
+string.match = function(...)
+  local s, p, init = ...
+  if c_safe(s, p, init) then return c_match(s, p, init) end
+  return ck(raw_match(...))
+end
+
+string.gmatch = function(...)
+  local s, p, init = ...
+  -- (gmatch has no anchor: a leading `^` would break the bound's start count)
+  if c_safe(s, p, init) and ssub(p, 1, 1) ~= '^' then return c_gmatch(s, p, init) end
+  local ok, step, level = raw_gmatch(...)
+  if not ok then error(step, level) end
+  return function() return ck(step()) end
+end
+
+-- One step of gsub's Lua loop: the next match's span and its replacement value
+-- (the function's first result, or the table's value at the first capture).
+local function replace_one(repl, calls, ok, start, stop, ...)
+  if not ok or start == nil then return ok, start, stop end
+  if calls then return true, start, stop, (repl(...)) end
+  return true, start, stop, repl[(...)]
+end
+
+string.gsub = function(...)
+  local s, p, repl, max = ...
+  -- A replacement string without `%` cannot make C's gsub raise either.
+  if type(repl) == 'string' and (max == nil or math_type(max) == 'integer') and c_safe(s, p, nil)
+    and not c_find(repl, '%', 1, true) then
+    return c_gsub(s, p, repl, max)
+  end
+  local ok, a, b, c = raw_gsub(...)
+  if not ok then error(a, b) end
+  if a ~= false then return a, b end
+  -- A function or table makes each replacement: called here, so what it raises
+  -- reaches the prompt unchanged and the count hook runs inside it.
+  local step, s, repl = b, c, (select(3, ...))
+  local calls = type(repl) == 'function'
+  local parts, np, pos, n, changed = {}, 0, 1, 0, false
+  while true do
+    local ok, start, stop, v = replace_one(repl, calls, step())
+    if not ok then error(start, stop) end
+    if start == nil then break end
+    n = n + 1
+    if start > pos then np = np + 1; parts[np] = ssub(s, pos, start - 1) end
+    np = np + 1
+    if not v then
+      parts[np] = ssub(s, start, stop - 1)
+    else
+      local tv = type(v)
+      if tv ~= 'string' and tv ~= 'number' then
+        error('invalid replacement value (a ' .. tv .. ')', 2)
+      end
+      parts[np] = v
+      changed = true
+    end
+    pos = stop
+  end
+  if not changed then return s, n end
+  np = np + 1; parts[np] = ssub(s, pos)
+  return raw_concat(parts), n
+end
+
+-- table.move over chunks of the C function: between two chunks Lua runs
+-- instructions again, so the count hook fires even for table.move({}, 1, 1e15, 2).
+local c_move = table.move
+local CHUNK = 4096
+local move_plan = R.move_plan
+table.move = function(...)
+  local ok, a1, f, e, t, dest, given = move_plan(...)
+  if not ok then error(a1, f) end
+  if a1 == 'c' then return c_move(...) end
+  if e < f then return dest end
+  local n = e - f + 1
+  if n <= CHUNK then
+    c_move(a1, f, e, t, dest)
+    return dest
+  end
+  if t > e or t <= f or (given and not (a1 == dest)) then
+    local off = 0
+    while off < n do
+      local last = off + CHUNK - 1
+      if last > n - 1 then last = n - 1 end
+      c_move(a1, f + off, f + last, t + off, dest)
+      off = last + 1
+    end
+  else
+    local last = n - 1
+    while last >= 0 do
+      local first = last - CHUNK + 1
+      if first < 0 then first = 0 end
+      c_move(a1, f + first, f + last, t + first, dest)
+      last = first - 1
+    end
+  end
+  return dest
+end
+
+-- table.sort without a comparator over a large plain array of integers,
+-- strings or floats sorts in Rust, polling the cancel; everything else is the
+-- C sort (a comparator or metamethods run Lua code, where the hook fires).
+-- The C sort runs under pcall, where it places its own "invalid order
+-- function" error nowhere; raised again here at the prompt's call. Its
+-- arguments were checked already, and what a comparator raises passes as is.
+local c_sort, sort_plain = table.sort, R.sort_plain
+local guarded_pcall = pcall
+local INVALID_ORDER = 'invalid order function for sorting'
+table.sort = function(...)
+  local ok, sorted, level = sort_plain(...)
+  if not ok then error(sorted, level) end
+  if sorted then return end
+  local done, e = guarded_pcall(c_sort, ...)
+  if done then return end
+  if rawequal(e, INVALID_ORDER) then error(e, 2) end
+  error(e, 0)
+end
+
+-- No finalizers: Lua runs `__gc` with hooks off, so a looping one could never
+-- be cancelled. Lua marks a table for finalization only when its metatable has
+-- a `__gc` field at setmetatable time, so refusing that is enough.
+local inner_setmetatable = G.setmetatable
+G.setmetatable = function(t, mt)
+  if type(mt) == 'table' and rawget(mt, '__gc') ~= nil then
+    error("bad argument #2 to 'setmetatable' (__gc metamethods are not allowed in prompts)", 2)
+  end
+  return inner_setmetatable(t, mt)
+end

@@ -1,0 +1,302 @@
+//! One Ctrl-C ends the run cancelled wherever Lua is: inside C library calls
+//! that run no VM instruction for a long time (a backtracking pattern, a huge
+//! `table.move`), inside an `xpcall` message handler, in a loop that keeps
+//! catching the interrupt, and while a required MCP server never answers
+//! `initialize`. Drives the real binary: the prompt writes a marker file into
+//! its store just before the long call, the test sends the signal once the
+//! marker is there, then expects the cancelled report and exit code 130.
+//! The only time bound is a generous guard against hanging the suite.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// Never a timed assertion: only how long a test waits before it gives up.
+const HANG_GUARD: Duration = Duration::from_secs(20);
+
+fn bin(home: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_promptforge"));
+    command
+        .env_remove("PROMPTFORGE_HOST")
+        .env("PROMPTFORGE_HOME", home);
+    command
+}
+
+struct Run {
+    dir: tempfile::TempDir,
+    child: Child,
+}
+
+/// Starts `body` (one Lua block, which first writes `marker.txt` to the store).
+fn start(body: &str, frontmatter: &str, host: Option<&Path>) -> Run {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let prompt = dir.path().join("prompt.md");
+    std::fs::write(
+        &prompt,
+        format!("---\nname: cancel-anywhere\ndescription: d\npromptforge: 0\n{frontmatter}---\n\n# Cancel\n\n## Main\n\n```lua\n{body}\n```\n"),
+    )
+    .expect("prompt");
+    let home = dir.path().join("home");
+    std::fs::create_dir(&home).expect("home");
+    let mut command = bin(&home);
+    command
+        .arg("run")
+        .arg(&prompt)
+        .args(["--json", "--no-log", "--store"])
+        .arg(dir.path().join("store"));
+    if let Some(host) = host {
+        command.arg("--host").arg(host);
+    }
+    let child = command.stdout(Stdio::piped()).spawn().expect("spawn");
+    Run { dir, child }
+}
+
+fn wait_for(path: &Path) {
+    let deadline = Instant::now() + HANG_GUARD;
+    while !path.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn signal(child: &Child, name: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{name}"), &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+}
+
+/// Waits for the run to end (killing it past the guard) and returns its reports.
+fn finish(mut run: Run) -> (Option<i32>, Vec<Value>) {
+    let deadline = Instant::now() + HANG_GUARD;
+    while run.child.try_wait().expect("poll").is_none() {
+        if Instant::now() > deadline {
+            let _ = run.child.kill();
+            let _ = run.child.wait();
+            panic!("the run did not end after the signal");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = run.child.wait_with_output().expect("wait");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let reports = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    drop(run.dir);
+    (out.status.code(), reports)
+}
+
+/// The prompt reaches `long_call` (after writing the marker); one signal cancels it.
+fn cancels(long_call: &str, signal_name: &str) {
+    cancels_after("", long_call, signal_name);
+}
+
+/// Like [`cancels`], with `setup` run before the marker is written.
+fn cancels_after(setup: &str, long_call: &str, signal_name: &str) {
+    let body = format!("{setup}\nstore.write('marker.txt', 'in')\n{long_call}\nreturn 'finished'");
+    let run = start(&body, "", None);
+    wait_for(&run.dir.path().join("store/marker.txt"));
+    // Give the block time to enter the long call itself.
+    std::thread::sleep(Duration::from_millis(200));
+    signal(&run.child, signal_name);
+    let (code, reports) = finish(run);
+    assert_eq!(reports.len(), 1, "{reports:?}");
+    assert_eq!(
+        reports[0]["outcome"], "cancelled",
+        "{long_call}: {}",
+        reports[0]
+    );
+    assert_eq!(code, Some(130), "{long_call}");
+}
+
+#[test]
+fn a_backtracking_find_is_cancelled() {
+    cancels(r#"string.rep("a", 30000):find(".-.-.-.-b")"#, "INT");
+}
+
+#[test]
+fn a_backtracking_match_gmatch_and_gsub_are_cancelled() {
+    cancels(
+        r#"local s = string.rep("a", 30000) s:match("(.-)(.-)(.-)(.-)b")"#,
+        "INT",
+    );
+    cancels(
+        r#"for w in string.rep("a", 30000):gmatch(".-.-.-.-b") do end"#,
+        "TERM",
+    );
+    cancels(
+        r#"string.gsub(string.rep("a", 30000), ".-.-.-.-b", "x")"#,
+        "HUP",
+    );
+    cancels(
+        r#"string.gsub(string.rep("a", 30000), ".-.-.-.-b", function() return "x" end)"#,
+        "INT",
+    );
+}
+
+#[test]
+fn a_backtracking_match_inside_pcall_is_cancelled() {
+    cancels(
+        r#"while true do pcall(string.find, string.rep("a", 30000), ".-.-.-.-b") end"#,
+        "INT",
+    );
+}
+
+#[test]
+fn a_huge_table_move_is_cancelled() {
+    cancels("table.move({}, 1, 1e15, 2)", "INT");
+    cancels("local t = {1, 2, 3} table.move(t, 1, 1e15, 2, {})", "INT");
+}
+
+#[test]
+fn a_long_sort_without_a_comparator_is_cancelled() {
+    let fill = |value: &str| format!("local t = {{}} for i = 1, 3e6 do t[i] = {value} end");
+    cancels_after(&fill("(i * 7919) % 1000003"), "table.sort(t)", "INT");
+    cancels_after(&fill("(i * 7919) % 1000003 + 0.5"), "table.sort(t)", "TERM");
+}
+
+#[test]
+fn sorts_and_concats_that_call_back_are_cancelled() {
+    cancels(
+        "table.sort({3, 2, 1, 5, 4}, function(a, b) while true do end end)",
+        "INT",
+    );
+    cancels(
+        "table.concat({ setmetatable({}, { __tostring = function() while true do end end }) })",
+        "INT",
+    );
+}
+
+#[test]
+fn an_xpcall_message_handler_cannot_hold_a_cancel() {
+    // The handler loops for a plain error...
+    cancels(
+        "xpcall(function() error('x') end, function(e) while true do end end)",
+        "INT",
+    );
+    // ...and is entered again, with hooks off, by the error the cancel raises.
+    cancels(
+        "xpcall(function() while true do end end, function(e) while true do end end)",
+        "INT",
+    );
+    // A handler that swallows the interrupt and loops back in.
+    cancels(
+        "while true do xpcall(function() while true do end end, function(e) return e end) end",
+        "INT",
+    );
+}
+
+fn mcp_host(dir: &Path, init: &str) -> (PathBuf, PathBuf) {
+    let pid_file = dir.join("server.pid");
+    let spec = json!({ "pid_file": pid_file, "ignore_eof": true, "ignore_term": true, "init": init, "tools": [
+        {"name": "echo", "description": "Answers", "result": {"texts": ["echoed"]}}
+    ]});
+    let spec_file = dir.join("spec.json");
+    std::fs::write(&spec_file, spec.to_string()).expect("spec");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../pf-plugins/tests/mcp_server.py");
+    let command: Vec<String> = [
+        "python3".to_string(),
+        script.display().to_string(),
+        spec_file.display().to_string(),
+    ]
+    .iter()
+    .map(|c| Value::String(c.clone()).to_string())
+    .collect();
+    let host = dir.join("host.toml");
+    std::fs::write(
+        &host,
+        format!(
+            "[plugins.\"acme/slow\"]\ncommand = [{}]\ntrusted = true\n",
+            command.join(", ")
+        ),
+    )
+    .expect("host");
+    (host, pid_file)
+}
+
+/// True once no live (non-zombie) process has this pid.
+fn gone(pid: &str) -> bool {
+    let deadline = Instant::now() + HANG_GUARD;
+    loop {
+        let alive = std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|t| {
+            !t.lines()
+                .any(|l| l.starts_with("State:") && l.contains('Z'))
+        });
+        if !alive {
+            return true;
+        }
+        if Instant::now() > deadline {
+            let _ = Command::new("kill").args(["-KILL", pid]).status();
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A required MCP server that never answers `initialize`: one signal (or two)
+/// ends the run cancelled, not `RequirementsUnmet`, and the server is gone.
+fn cancel_during_initialize(signals: &[&str]) {
+    let side = tempfile::tempdir().expect("tempdir");
+    let (host, pid_file) = mcp_host(side.path(), "silent");
+    let run = start(
+        "return tools.call('echo', {})",
+        "plugins:\n  - acme/slow\ntools:\n  echo: acme/slow/echo\n",
+        Some(&host),
+    );
+    wait_for(&pid_file);
+    std::thread::sleep(Duration::from_millis(200));
+    for name in signals {
+        signal(&run.child, name);
+    }
+    let (code, reports) = finish(run);
+    assert_eq!(reports.len(), 1, "{reports:?}");
+    assert_eq!(reports[0]["outcome"], "cancelled", "{}", reports[0]);
+    assert_eq!(code, Some(130));
+    let pid = std::fs::read_to_string(&pid_file).expect("pid");
+    assert!(gone(pid.trim()), "the MCP server {pid} outlived the run");
+}
+
+#[test]
+fn a_server_that_never_initializes_is_cancelled_not_unmet() {
+    cancel_during_initialize(&["INT"]);
+}
+
+#[test]
+fn a_second_signal_during_initialize_still_stops_the_server() {
+    cancel_during_initialize(&["INT", "INT"]);
+}
+
+/// A known gap: when the count hook raises the interrupt, mlua's error path
+/// truncates the running frame's stack (`lua_settop`) inside the hook, which
+/// runs that frame's to-be-closed `__close` handlers with hooks off; one that
+/// loops cannot be stopped. (A `__close` reached by any other error, or in an
+/// outer frame, runs with hooks on and is cancelled.)
+#[test]
+#[ignore = "mlua closes the hooked frame's <close> variables inside the hook (hooks off)"]
+fn a_close_handler_in_the_interrupted_frame_is_cancelled() {
+    cancels(
+        "local x <close> = setmetatable({}, { __close = function() while true do end end })\nwhile true do end",
+        "INT",
+    );
+}
+
+#[test]
+fn a_close_handler_reached_by_an_error_is_cancelled() {
+    cancels(
+        "local x <close> = setmetatable({}, { __close = function() while true do end end })\nerror('boom')",
+        "INT",
+    );
+    cancels(
+        "local function inner() while true do end end\nlocal x <close> = setmetatable({}, { __close = function() while true do end end })\ninner()",
+        "INT",
+    );
+}
