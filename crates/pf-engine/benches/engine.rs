@@ -23,6 +23,7 @@ fn setup(store: &std::path::Path, model: Option<Arc<dyn ModelProvider>>) -> RunS
         ui: None,
         observer: None,
         capture: false,
+        limits: Default::default(),
     }
 }
 

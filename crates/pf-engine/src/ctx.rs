@@ -81,7 +81,8 @@ pub(crate) struct RunFixed {
     pub max_rounds: u32,
     pub section_count: usize,
     pub log_event_quota: u32,
-    pub memory_limit: usize,
+    /// Each VM's memory ceiling, and the run-wide budget every VM draws on.
+    pub memory: Rc<crate::memory::MemoryAccount>,
     /// The Host's observer: every event, and live output when it shows one.
     pub observer: Option<Arc<dyn RunObserver>>,
     /// The Host switched debug capture on (`request`/`response` events).
@@ -1048,7 +1049,8 @@ where
 {
     let raw = lua.create_async_function(move |lua, args: MultiValue| {
         let fut = f(lua.clone(), args);
-        async move {
+        let claim_for = lua.clone();
+        let fut = async move {
             let run = section(&lua)?.run.clone();
             let abort = run.abort_signal();
             // Once the run has ended on the spot, no suspending call starts or
@@ -1067,11 +1069,15 @@ where
                     }
                 },
             };
+            // Whatever ran meanwhile (a `call` chain, fanout arms) may have
+            // shrunk this VM's memory reservation: claim before writing into it.
+            crate::memory::claim(&lua)?;
             match result {
                 Ok(r) => ok_values(&lua, r),
                 Err(e) => raise_values(&lua, e),
             }
-        }
+        };
+        async move { crate::memory::claimed(&claim_for, fut).await }
     })?;
     wrap(lua, raw)
 }

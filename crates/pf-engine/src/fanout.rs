@@ -232,6 +232,8 @@ async fn fanout(lua: &Lua, args: &MultiValue) -> HostResult<Table> {
     }
     drop(live);
     outcome?;
+    // The arms ran inside this call and may have shrunk the caller's reservation.
+    crate::memory::claim(lua)?;
     results(lua, &members, slots)
 }
 

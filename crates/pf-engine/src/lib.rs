@@ -12,6 +12,7 @@ mod fanout;
 mod flow;
 mod io_files;
 mod json;
+mod memory;
 mod models;
 mod models_check;
 mod prepare;
@@ -39,6 +40,7 @@ pub use events::{
     EventKind, LiveText, LuaTraceback, Provenance, RunEvent, RunObserver, ToolCallNotice, MAIN_TASK,
 };
 pub use io_files::{collect_output, missing_input, place_input, CollectedOutput};
+pub use memory::DEFAULT_RUN_MEMORY;
 pub use text::{envelope, format_when};
 
 /// Everything the Host supplies for one run.
@@ -65,6 +67,26 @@ pub struct RunSetup {
     /// Debug capture: when true, each model round also reports `request` and
     /// `response` events with the bodies exchanged (guide ch. 16).
     pub capture: bool,
+    /// The limits the Host sets for this run.
+    pub limits: RunLimits,
+}
+
+/// Limits the Host sets (guide ch. 17 "Limits at a glance"); the defaults are the guide's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunLimits {
+    /// The run-wide memory budget, in bytes: the Lua heaps of every VM the run
+    /// holds at once (section VMs, `call` chains, fanout arms, tasks) together.
+    /// Past it an allocation fails with Lua's `not enough memory`, as past a
+    /// VM's own ceiling.
+    pub memory_budget: usize,
+}
+
+impl Default for RunLimits {
+    fn default() -> Self {
+        RunLimits {
+            memory_budget: DEFAULT_RUN_MEMORY,
+        }
+    }
 }
 
 /// How a run ended.
@@ -255,7 +277,7 @@ async fn run_beside(
                 .unwrap_or(DEFAULT_ROUND_CAP),
             section_count: prompt.sections.len(),
             log_event_quota: DEFAULT_LOG_EVENTS,
-            memory_limit: DEFAULT_MEMORY,
+            memory: memory::MemoryAccount::new(setup.limits.memory_budget, DEFAULT_MEMORY),
             observer: setup.observer.clone(),
             capture: setup.capture,
         },

@@ -1290,6 +1290,7 @@ mod tests {
             ui,
             observer: None,
             capture: false,
+            limits: Default::default(),
         };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -43,7 +43,8 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
         },
     )?;
     // The memory ceiling covers everything from the first instruction, the setup included.
-    lua.set_memory_limit(sec.run.fixed.memory_limit)?;
+    // The run-wide budget may leave this VM less than the ceiling.
+    sec.run.fixed.memory.enter(&lua)?;
     lua.set_app_data(Rc::clone(&sec));
 
     let h = lua.create_table()?;
@@ -165,7 +166,7 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     crate::sandbox_guards::install(
         &lua,
         &h,
-        sec.run.fixed.memory_limit,
+        sec.run.fixed.memory.ceiling(),
         Rc::new(move || cancel.is_cancelled() || abort.is_cancelled()),
     )?;
     Ok(lua)

@@ -224,6 +224,10 @@ async fn run_entry_in(sec: &Rc<SectionCtx>, blocks: &[Block]) -> EntryEnd {
     }
     let lua = match new_vm(Rc::clone(sec)) {
         Ok(l) => l,
+        // The run's memory budget could not hold a fresh VM: the ceiling's error.
+        Err(e) if crate::memory::is_memory_error(&e) => {
+            return EntryEnd::Fail(Failure::lua(crate::ctx::mlua_message(&e)))
+        }
         Err(e) => return EntryEnd::Fail(Failure::internal(e)),
     };
     let end = run_vm(&lua, sec, blocks).await;
@@ -397,7 +401,7 @@ async fn run_block(lua: &Lua, sec: &Rc<SectionCtx>, block: &LuaBlock) -> BlockEn
         Ok(f) => f,
         Err(e) => return BlockEnd::Fail(Failure::internal(e)),
     };
-    let result = runner.call_async::<MultiValue>(func).await;
+    let result = crate::memory::claimed(lua, runner.call_async::<MultiValue>(func)).await;
     // A run-ending failure is set only while no cancel has landed, so it came first.
     if let Some(error) = sec.run.fatal_error() {
         return BlockEnd::Fail(Failure::Error(error, None));
@@ -572,6 +576,7 @@ mod tests {
             ui: None,
             observer: None,
             capture: false,
+            limits: Default::default(),
         };
         if let Some(delay) = cancel_after {
             std::thread::spawn(move || {

@@ -68,6 +68,7 @@ fn run_in(
         ui: None,
         observer: None,
         capture: false,
+        limits: Default::default(),
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -106,6 +106,7 @@ fn run_with(
         ui: None,
         observer: Some(Arc::clone(&observer) as Arc<dyn RunObserver>),
         capture: false,
+        limits: Default::default(),
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -596,6 +597,7 @@ fn a_task_stranded_by_a_cancelled_run_is_abandoned_before_the_run_closes() {
         ui: None,
         observer: Some(Arc::clone(&observer) as Arc<dyn RunObserver>),
         capture: false,
+        limits: Default::default(),
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -668,6 +670,7 @@ fn capture_reports_the_bodies_ahead_of_each_round_only_when_switched_on() {
             ui: None,
             observer: Some(Arc::clone(&observer) as Arc<dyn RunObserver>),
             capture,
+            limits: Default::default(),
         };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()

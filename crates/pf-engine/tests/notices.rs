@@ -64,6 +64,7 @@ fn run(body: &str, replies: Json) -> (Outcome, Arc<Heard>) {
         ui: None,
         observer: Some(Arc::clone(&heard) as Arc<dyn RunObserver>),
         capture: false,
+        limits: Default::default(),
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

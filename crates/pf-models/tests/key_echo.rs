@@ -295,6 +295,52 @@ async fn the_anthropic_wire_is_scrubbed_the_same_way() {
     );
 }
 
+/// A streamed tool call whose arguments carry the key split across argument
+/// deltas, once JSON-escaped (`\uXXXX` inside the arguments string) and once plain.
+#[tokio::test]
+async fn a_key_split_across_streamed_tool_call_fields_is_caught() {
+    for size in [1, 4, 9] {
+        let server = TestServer::start(move |_, request| {
+            let key = received_key(request);
+            let escaped: String = key
+                .chars()
+                .map(|c| format!("\\u{:04x}", u32::from(c)))
+                .collect();
+            let arguments = format!("{{\"token\": \"{escaped}\", \"plain\": \"{key}\"}}");
+            let chars: Vec<char> = arguments.chars().collect();
+            let mut events = vec![json!({"choices": [{"index": 0, "delta": {
+                "role": "assistant",
+                "tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                    "function": {"name": "lookup", "arguments": ""}}]}}]})];
+            for piece in chars.chunks(size) {
+                let piece: String = piece.iter().collect();
+                events.push(json!({"choices": [{"index": 0, "delta": {
+                    "tool_calls": [{"index": 0, "function": {"arguments": piece}}]}}]}));
+            }
+            events.push(
+                json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}),
+            );
+            let mut reply = Reply::sse(&events);
+            reply.body.extend_from_slice(b"data: [DONE]\n\n");
+            reply
+        })
+        .await;
+        let provider = openai(&server.base_url, "PF_MODELS_TEST_ECHO_TOOL_STREAM");
+        let (result, shown) = stream(&provider).await;
+        let reply = result.expect("a reply");
+        assert_clean(&shown);
+        let arguments = &reply.tool_calls[0].arguments;
+        assert_clean(arguments);
+        assert!(
+            !arguments.contains("sk-live"),
+            "pieces of {size}: {arguments}"
+        );
+        let parsed: Json = serde_json::from_str(arguments).expect("still JSON");
+        assert_eq!(parsed["token"], "[redacted]", "pieces of {size}");
+        assert_eq!(parsed["plain"], "[redacted]", "pieces of {size}");
+    }
+}
+
 #[tokio::test]
 async fn a_key_echoed_in_malformed_metadata_is_redacted_from_the_degraded_message() {
     let server = TestServer::start(|_, request| {

@@ -4,7 +4,7 @@
 //! parse or fail cleanly, the same way every time, and `parse` and
 //! `parse_detailed` must agree.
 //!
-//! `PF_FUZZ_ITERATIONS` (mutations per corpus file, default 100) and
+//! `PF_FUZZ_ITERATIONS` (mutations per corpus file, default 400, a few seconds) and
 //! `PF_FUZZ_SEED` lengthen or vary a run; a failure prints the seed and file so
 //! it replays. Inputs that once broke the parser belong in the corpus.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -161,7 +161,7 @@ fn the_corpus_and_its_seeded_mutations_parse_or_fail_cleanly() {
     let iterations: usize = std::env::var("PF_FUZZ_ITERATIONS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(100);
+        .unwrap_or(400);
     let seed: u64 = std::env::var("PF_FUZZ_SEED")
         .ok()
         .and_then(|v| v.parse().ok())

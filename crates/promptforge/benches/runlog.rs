@@ -93,6 +93,7 @@ fn run_once(
             ui: host.ui,
             observer: Some(Arc::new(observer)),
             capture: false,
+            limits: Default::default(),
         };
         pf_engine::run(Arc::clone(prompt), setup).await
     });

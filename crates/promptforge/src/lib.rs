@@ -20,6 +20,18 @@ pub mod ui;
 pub mod usertest;
 
 /// The run failed, or `check` found a problem.
+/// The most any input the CLI reads whole may hold (a prompt file, ARGS from
+/// stdin, a host file), so `/dev/zero` or an endless pipe cannot grow without bound.
+pub const MAX_INPUT_BYTES: u64 = 16 * 1024 * 1024;
+
+/// All of `reader`, or `Ok(None)` when it holds more than [`MAX_INPUT_BYTES`].
+pub fn read_capped(reader: impl std::io::Read) -> std::io::Result<Option<Vec<u8>>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    reader.take(MAX_INPUT_BYTES + 1).read_to_end(&mut bytes)?;
+    Ok((bytes.len() as u64 <= MAX_INPUT_BYTES).then_some(bytes))
+}
+
 pub const EXIT_FAILED: u8 = 1;
 /// The command line, the host file or the environment was unusable.
 pub const EXIT_USAGE: u8 = 2;
@@ -58,6 +70,8 @@ pub fn init_logging_with_default(default_level: &str) {
         // Colour only on a terminal, and never under NO_COLOR (`--color` is read later).
         .with_ansi(ui::stderr_color())
         .with_target(false)
+        // No colour codes into a pipe or a file, nor with NO_COLOR.
+        .with_ansi(crate::ui::stderr_color())
         .init();
 }
 

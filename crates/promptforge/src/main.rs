@@ -33,7 +33,10 @@ fn main() -> ExitCode {
                     .find(|l| l.starts_with("error:"))
                     .map(|l| l.trim_start_matches("error:").trim().to_string())
                     .unwrap_or(message);
-                println!("{}", promptforge::ui::usage_error_json(&first));
+                promptforge::ui::print_stdout(&format!(
+                    "{}\n",
+                    promptforge::ui::usage_error_json(&first)
+                ));
             } else {
                 let _ = e.print();
             }

@@ -61,6 +61,14 @@ pub fn usage_error_json(message: &str) -> String {
     .to_string()
 }
 
+/// Write `text` to stdout, ignoring a closed stdout (`| head`): output that
+/// nobody reads is not an error, and `print!` would panic on it.
+pub fn print_stdout(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -114,6 +114,7 @@ pub fn run(
         ui: None,
         observer: None,
         capture: false,
+        limits: Default::default(),
     };
     if let Some(delay) = cancel_after {
         std::thread::spawn(move || {

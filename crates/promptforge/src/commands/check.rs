@@ -60,7 +60,7 @@ pub fn run(args: CheckArgs) -> ExitCode {
     let errors: usize = reports.iter().map(|r| r.count(Severity::Error)).sum();
     let warnings: usize = reports.iter().map(|r| r.count(Severity::Warning)).sum();
     if args.output.format() == OutputFormat::Json {
-        println!("{}", json_report(&reports, errors, warnings));
+        crate::ui::print_stdout(&format!("{}\n", json_report(&reports, errors, warnings)));
     } else {
         let rich = match args.format {
             Some(format) => format == CheckFormat::Rich,
@@ -152,9 +152,13 @@ fn collect(path: &Path, files: &mut Vec<PathBuf>) -> Result<(), String> {
 
 /// A Markdown file is taken for a prompt when it opens with a `---` line.
 fn looks_like_a_prompt(path: &Path) -> bool {
-    let Ok(bytes) = std::fs::read(path) else {
+    // Only the opening line matters: a huge file or a device is not read whole.
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    let read = std::fs::File::open(path).and_then(|f| f.take(4096).read_to_end(&mut bytes));
+    if read.is_err() {
         return false;
-    };
+    }
     let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(&bytes);
     let first = bytes.split(|b| *b == b'\n').next().unwrap_or_default();
     first.trim_ascii() == b"---"
@@ -180,11 +184,20 @@ impl FileReport {
 
     fn write(&self, out: &mut impl std::io::Write, rich: bool, color: bool) -> std::io::Result<()> {
         let name = self.name();
+        // A message, file name or source line a prompt chose must not drive the
+        // terminal: control characters are shown escaped (and then without colour,
+        // whose own escapes would be escaped too).
+        let unsafe_source = String::from_utf8_lossy(&self.source)
+            .chars()
+            .any(|c| c.is_control() && c != '\n' && c != '\t' && c != '\r');
         for problem in &self.problems {
+            let line = problem.one_line(&name);
+            let risky = unsafe_source || crate::report::terminal_safe(&line) != line;
             if rich {
-                writeln!(out, "{}", problem.render(&name, &self.source, color))?;
+                let text = problem.render(&name, &self.source, color && !risky);
+                writeln!(out, "{}", crate::report::terminal_safe(&text))?;
             } else {
-                writeln!(out, "{}", problem.one_line(&name))?;
+                writeln!(out, "{}", crate::report::terminal_safe(&line))?;
             }
         }
         Ok(())

@@ -14,7 +14,11 @@ pub fn run(args: CompletionsArgs) -> ExitCode {
         CompletionShell::Fish => clap_complete::Shell::Fish,
     };
     let mut command = Cli::command();
-    clap_complete::generate(shell, &mut command, "promptforge", &mut std::io::stdout());
+    // Generated into memory first: clap_complete panics on a failed write.
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut command, "promptforge", &mut script);
+    use std::io::Write;
+    let _ = std::io::stdout().write_all(&script);
     ExitCode::SUCCESS
 }
 

@@ -24,7 +24,10 @@ pub fn run(args: InfoArgs) -> ExitCode {
             let first = diagnostics.first_error();
             if args.output.format() == OutputFormat::Json {
                 let error = first.map(|d| d.to_json(&name)).unwrap_or(Value::Null);
-                println!("{}", json!({"outcome": "failed", "error": error}));
+                crate::ui::print_stdout(&format!(
+                    "{}\n",
+                    json!({"outcome": "failed", "error": error})
+                ));
             } else if let Some(d) = first {
                 let color = crate::ui::stderr_color();
                 eprintln!("{}", pf_syntax::render_diagnostic(&name, &source, d, color));
@@ -34,9 +37,9 @@ pub fn run(args: InfoArgs) -> ExitCode {
     };
     let value = describe(&prompt, &name);
     if args.output.format() == OutputFormat::Json {
-        println!("{value}");
+        crate::ui::print_stdout(&format!("{value}\n"));
     } else {
-        print!("{}", text(&prompt, &name));
+        crate::ui::print_stdout(&text(&prompt, &name));
     }
     ExitCode::SUCCESS
 }

@@ -41,13 +41,13 @@ pub fn run(args: InitArgs) -> ExitCode {
         if let Err(e) = std::fs::write(&path, text) {
             return super::usage(&format!("init: cannot write {}: {e}", path.display()));
         }
-        println!("wrote {}", path.display());
+        crate::ui::print_stdout(&format!("wrote {}\n", path.display()));
     }
-    println!(
-        "try: promptforge run {} 'a first request' --host {}",
+    crate::ui::print_stdout(&format!(
+        "try: promptforge run {} 'a first request' --host {}\n",
         dir.join(format!("{stem}.md")).display(),
         dir.join(format!("{stem}.host.toml")).display()
-    );
+    ));
     ExitCode::SUCCESS
 }
 

@@ -9,7 +9,7 @@ use rmcp::ServiceExt;
 
 use crate::cli::McpArgs;
 use crate::host::HostConfig;
-use crate::mcp_server::run_call::{private_dir, StorePlace};
+use crate::mcp_server::run_call::StorePlace;
 use crate::mcp_server::{http, PromptServer, ServeOptions, ServerState};
 
 pub fn run(args: McpArgs) -> ExitCode {
@@ -33,13 +33,13 @@ pub fn run(args: McpArgs) -> ExitCode {
                 return super::usage(&format!("cannot create the store {}: {e}", dir.display()))
             }
         },
-        None => {
-            let root = std::env::temp_dir().join(format!("promptforge-mcp-{}", std::process::id()));
-            if let Err(m) = private_dir(&root) {
-                return super::usage(&m);
-            }
-            StorePlace::FreshUnder(root)
-        }
+        // The per-call stores live in one private directory made like the
+        // default run store (mkdtemp-like under the data directory), never a
+        // predictable name in the shared temp directory.
+        None => match super::run::private_store_dir("mcp") {
+            Ok(root) => StorePlace::FreshUnder(root),
+            Err(m) => return super::usage(&m),
+        },
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -43,14 +43,14 @@ pub fn dispatch(command: Command) -> ExitCode {
 /// stdout as well), exit status 2.
 pub(crate) fn usage(msg: &str) -> ExitCode {
     if crate::ui::json_errors() {
-        println!("{}", crate::ui::usage_error_json(msg));
+        crate::ui::print_stdout(&format!("{}\n", crate::ui::usage_error_json(msg)));
     }
     eprintln!("error: {}", crate::report::terminal_safe(msg));
     ExitCode::from(crate::EXIT_USAGE)
 }
 
 /// The largest prompt file read, so `run /dev/zero` cannot grow without bound.
-pub(crate) const MAX_PROMPT_BYTES: u64 = 16 * 1024 * 1024;
+pub(crate) const MAX_PROMPT_BYTES: u64 = crate::MAX_INPUT_BYTES;
 
 /// The prompt file's bytes, or a message naming it.
 pub(crate) fn read_prompt(file: &Path) -> Result<Vec<u8>, String> {

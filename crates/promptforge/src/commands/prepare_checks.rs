@@ -585,7 +585,7 @@ pub async fn offered_tools(
     };
     let mut wanted: BTreeMap<String, Option<serde_json::Value>> = BTreeMap::new();
     for file in files {
-        let Ok(source) = std::fs::read(file) else {
+        let Ok(source) = super::read_prompt(file) else {
             continue;
         };
         let Ok(prompt) = pf_syntax::parse(&source) else {

@@ -11,7 +11,7 @@ use clap::{Arg, CommandFactory};
 use crate::cli::Cli;
 
 pub fn run() -> ExitCode {
-    print!("{}", cli_reference());
+    crate::ui::print_stdout(&cli_reference());
     ExitCode::SUCCESS
 }
 

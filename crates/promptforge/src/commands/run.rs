@@ -1,6 +1,6 @@
 //! `promptforge run FILE [ARGS]`: run a prompt against the Host and report.
 
-use std::io::{IsTerminal, Read};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -253,6 +253,7 @@ pub(crate) fn execute(plan: RunPlan) -> ExitCode {
             ui: host.ui,
             observer: Some(Arc::new(observer)),
             capture: plan.log.capture,
+            limits: host.limits,
         };
         Ok::<_, String>(pf_engine::run(Arc::clone(&prompt), setup).await)
     });
@@ -551,10 +552,17 @@ fn argument_string(
 
 /// ARGS `-`: all of stdin, less the one line ending a shell or `echo` adds.
 fn read_stdin() -> Result<String, String> {
-    let mut text = String::new();
-    std::io::stdin()
-        .read_to_string(&mut text)
-        .map_err(|e| format!("cannot read ARGS from stdin: {e}"))?;
+    let bytes = crate::read_capped(std::io::stdin().lock())
+        .map_err(|e| format!("cannot read ARGS from stdin: {e}"))?
+        .ok_or_else(|| {
+            format!(
+                "cannot read ARGS from stdin: more than {} MiB",
+                crate::MAX_INPUT_BYTES / (1024 * 1024)
+            )
+        })?;
+    let mut text = String::from_utf8(bytes).map_err(|_| {
+        "cannot read ARGS from stdin: stream did not contain valid UTF-8".to_string()
+    })?;
     if let Some(stripped) = text.strip_suffix('\n') {
         text = stripped.strip_suffix('\r').unwrap_or(stripped).to_string();
     }
@@ -617,7 +625,7 @@ fn data_dir() -> Option<PathBuf> {
 /// A fresh, private store directory for a run without `--store`, made like
 /// `mkdtemp`: under `<data dir>/stores`, an unpredictable name, mode 0700, and
 /// never one that already exists (nothing there is reused or followed).
-fn private_store_dir(execution: &str) -> Result<PathBuf, String> {
+pub(crate) fn private_store_dir(execution: &str) -> Result<PathBuf, String> {
     use rand::Rng;
     let parent = data_dir()
         .ok_or("no data directory for the default store: set PROMPTFORGE_HOME or pass --store")?

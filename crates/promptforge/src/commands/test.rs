@@ -101,7 +101,7 @@ pub fn run(args: TestArgs) -> ExitCode {
         eprintln!("updated {file}");
     }
     if human {
-        println!("{passed} passed, {failed} failed");
+        crate::ui::print_stdout(&format!("{passed} passed, {failed} failed\n"));
     } else {
         let report = serde_json::json!({
             "passed": passed,
@@ -109,7 +109,7 @@ pub fn run(args: TestArgs) -> ExitCode {
             "updated": updated,
             "cases": outcomes,
         });
-        println!("{report}");
+        crate::ui::print_stdout(&format!("{report}\n"));
     }
     if failed > 0 {
         ExitCode::from(crate::EXIT_FAILED)

@@ -25,6 +25,7 @@ pub struct HostFile {
     pub input: Option<InputTable>,
     pub mcp_server: Option<McpServerTable>,
     pub telemetry: Option<TelemetryTable>,
+    pub limits: Option<LimitsTable>,
 }
 
 /// `[model]` and each `[models.ID]`. Key order is the order serde lists them in
@@ -116,10 +117,56 @@ pub struct TelemetryTable {
     pub otlp: Option<String>,
 }
 
+/// `[limits]`: the limits a run observes that the Host sets (guide ch. 17).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsTable {
+    /// The run-wide memory budget across every Lua VM of a run, in MiB.
+    pub run_memory_mib: Option<RunMemoryMib>,
+}
+
+/// `run_memory_mib = N`: a whole number of MiB from 1 to [`RunMemoryMib::MAX`].
+/// Checked while the file is parsed, so the error carries the file, line and key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunMemoryMib(pub u64);
+
+impl RunMemoryMib {
+    /// 1 TiB: past any machine this runs on, and far from overflowing bytes.
+    pub const MAX: u64 = 1024 * 1024;
+
+    /// The budget in bytes.
+    pub fn bytes(self) -> usize {
+        usize::try_from(self.0.saturating_mul(1024 * 1024)).unwrap_or(usize::MAX)
+    }
+}
+
+impl<'de> Deserialize<'de> for RunMemoryMib {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = toml::Value::deserialize(d)?;
+        match raw.as_integer() {
+            Some(n) if (1..=RunMemoryMib::MAX as i64).contains(&n) => Ok(RunMemoryMib(n as u64)),
+            _ => Err(serde::de::Error::custom(format!(
+                "[limits] `run_memory_mib` must be a whole number of MiB from 1 to {}, got {raw}",
+                RunMemoryMib::MAX
+            ))),
+        }
+    }
+}
+
 /// Read and parse a host file; errors name the file and the problem.
 pub fn read(path: &Path) -> Result<HostFile, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read host file {}: {e}", path.display()))?;
+    let cannot = |e: String| format!("cannot read host file {}: {e}", path.display());
+    let bytes = std::fs::File::open(path)
+        .and_then(crate::read_capped)
+        .map_err(|e| cannot(e.to_string()))?
+        .ok_or_else(|| {
+            cannot(format!(
+                "larger than {} MiB",
+                crate::MAX_INPUT_BYTES / (1024 * 1024)
+            ))
+        })?;
+    let text = String::from_utf8(bytes)
+        .map_err(|_| cannot("stream did not contain valid UTF-8".to_string()))?;
     toml::from_str::<HostFile>(&text)
         .map_err(|e| format!("host file {}: {}", path.display(), e.to_string().trim_end()))
 }

@@ -55,6 +55,8 @@ pub struct HostConfig {
     pub mcp_token_env: Option<String>,
     /// `[telemetry] otlp`: the OTLP/HTTP collector runs are exported to.
     pub otlp: Option<String>,
+    /// `[limits]`: what each run may use.
+    pub limits: pf_engine::RunLimits,
     /// `stream = true`: every `models.loop` round is streamed, also with no one
     /// watching, so the client measures `ttft_ms` and `mean_itl_ms` (guide ch. 16).
     pub stream: bool,
@@ -71,6 +73,8 @@ pub struct Host {
     pub ui: Option<Json>,
     /// Token usage summed over every round of every model.
     pub usage: Arc<usage::UsageTotals>,
+    /// The limits each run observes.
+    pub limits: pf_engine::RunLimits,
 }
 
 /// The variable that chooses the current model when `--model` is not given.
@@ -183,6 +187,7 @@ impl HostConfig {
             answers: file.input.as_ref().and_then(|i| i.answers.clone()),
             mcp_token_env: file.mcp_server.as_ref().and_then(|m| m.token_env.clone()),
             otlp,
+            limits: run_limits(file.limits.as_ref()),
             stream: file.stream.unwrap_or(false),
         })
     }
@@ -327,8 +332,18 @@ impl HostConfig {
             catalog,
             ui,
             usage: totals,
+            limits: self.limits,
         })
     }
+}
+
+/// `[limits]` over the Engine's defaults.
+fn run_limits(table: Option<&file::LimitsTable>) -> pf_engine::RunLimits {
+    let mut limits = pf_engine::RunLimits::default();
+    if let Some(mib) = table.and_then(|t| t.run_memory_mib) {
+        limits.memory_budget = mib.bytes();
+    }
+    limits
 }
 
 /// The catalog ids, comma-separated, in catalog order.

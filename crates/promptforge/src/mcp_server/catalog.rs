@@ -136,10 +136,10 @@ pub fn scan(paths: &[PathBuf]) -> Catalog {
     let mut problems = Vec::new();
     for file in candidate_files(paths) {
         let explicit = named.contains(&&file);
-        let source = match std::fs::read(&file) {
+        let source = match crate::commands::read_prompt(&file) {
             Ok(s) => s,
             Err(e) => {
-                problems.push(format!("{}: cannot read: {e}", file.display()));
+                problems.push(e);
                 continue;
             }
         };

@@ -177,7 +177,9 @@ fn run_on_this_thread(tool: &PromptTool, args: String, setup: CallSetup) -> RunR
     let sink = crate::host::data::begin_run_log(pf_runlog::RunStart {
         execution: execution.clone(),
         prompt_path: absolute(&tool.file),
-        prompt_text: std::fs::read_to_string(&tool.file).unwrap_or_default(),
+        prompt_text: crate::commands::read_prompt(&tool.file)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default(),
         args: serde_json::Value::String(args.clone()),
         seed,
         start_rfc3339: pf_engine::format_when(start_ms),
@@ -220,6 +222,7 @@ fn run_on_this_thread(tool: &PromptTool, args: String, setup: CallSetup) -> RunR
             ui: host.ui,
             observer: Some(observer),
             capture: false,
+            limits: host.limits,
         };
         Ok::<_, String>(pf_engine::run(Arc::clone(&prompt), run_setup).await)
     });

@@ -56,7 +56,7 @@ fn open(run: &LoggedRun, page: &str, output: Option<&Path>) -> ExitCode {
         return fail(&message);
     }
     let path = std::path::absolute(&path).unwrap_or(path);
-    println!("{}", path.display());
+    crate::ui::print_stdout(&format!("{}\n", path.display()));
     let opener = if cfg!(target_os = "macos") {
         "open"
     } else {

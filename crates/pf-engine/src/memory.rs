@@ -1,0 +1,241 @@
+//! The run's memory budget: one account for the Lua heaps of every VM the run
+//! holds at once (section VMs, `call` chains, fanout arms, task VMs), on top
+//! of each VM's own memory ceiling (guide ch. 17).
+//!
+//! The bound holds by reservation: a live VM's mlua memory limit *is* its
+//! reservation, and the reservations never sum past the budget, so the heaps
+//! cannot either. The run is polled on one thread, so one VM runs Lua at a
+//! time; before it runs, it claims headroom up to its ceiling, first from what
+//! is free, then by shrinking every other VM to what it uses plus
+//! [`PARKED_SLACK`]. A VM shrunk that way claims again before its Lua runs
+//! next: on every poll of a suspending host call ([`claimed`]), and before a
+//! block, a local tool handler or a compactor starts. An allocation the
+//! reservation cannot hold fails the way the ceiling does, with Lua's
+//! `not enough memory` (kind `lua`; run error kind `Lua`).
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::rc::Rc;
+
+use mlua::{Lua, WeakLua};
+
+/// What a VM that is not running keeps beyond what it uses: room for the
+/// engine's own small writes into it (events, bookkeeping) before it claims again.
+pub(crate) const PARKED_SLACK: usize = 256 * 1024;
+
+/// The budget's default: eight full section VMs (the fanout concurrency cap's
+/// worth of VMs at the default ceiling).
+pub const DEFAULT_RUN_MEMORY: usize = 512 * 1024 * 1024;
+
+/// The run-wide account.
+pub(crate) struct MemoryAccount {
+    budget: usize,
+    ceiling: usize,
+    state: RefCell<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// The sum of every live VM's limit.
+    reserved: usize,
+    vms: Vec<Reservation>,
+}
+
+struct Reservation {
+    lua: WeakLua,
+    limit: usize,
+}
+
+/// Kept in each VM's app data: ends the VM's reservation when the VM goes.
+struct Member {
+    account: Rc<MemoryAccount>,
+    lua: WeakLua,
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.account.leave(&self.lua);
+    }
+}
+
+impl MemoryAccount {
+    pub(crate) fn new(budget: usize, ceiling: usize) -> Rc<Self> {
+        Rc::new(MemoryAccount {
+            budget: budget.max(1),
+            ceiling: ceiling.max(1),
+            state: RefCell::new(State::default()),
+        })
+    }
+
+    /// One VM's memory ceiling: no VM's limit passes it, whatever the budget.
+    pub(crate) fn ceiling(&self) -> usize {
+        self.ceiling
+    }
+
+    /// Enter a freshly built VM into the account and give it its headroom.
+    /// A VM the budget cannot hold gets a limit below what it uses, so its
+    /// first allocation fails with the memory error.
+    pub(crate) fn enter(self: &Rc<Self>, lua: &Lua) -> mlua::Result<()> {
+        let weak = lua.weak();
+        self.state.borrow_mut().vms.push(Reservation {
+            lua: weak.clone(),
+            limit: 0,
+        });
+        lua.set_app_data(Member {
+            account: Rc::clone(self),
+            lua: weak,
+        });
+        self.claim_for(lua)
+    }
+
+    fn leave(&self, lua: &WeakLua) {
+        // A VM can go while the account is busy shrinking others (the shrink
+        // loop holds their handles, never drops them under the borrow), so a
+        // failed borrow cannot happen; if it ever did, the reservation would
+        // only stay counted, never freed twice.
+        if let Ok(mut state) = self.state.try_borrow_mut() {
+            if let Some(i) = state.vms.iter().position(|r| &r.lua == lua) {
+                let gone = state.vms.swap_remove(i);
+                state.reserved = state.reserved.saturating_sub(gone.limit);
+            }
+        }
+    }
+
+    /// Give `lua` headroom up to its ceiling, as far as the budget allows.
+    fn claim_for(&self, lua: &Lua) -> mlua::Result<()> {
+        let me = lua.weak();
+        // Upgraded handles of the other VMs live past the borrow, so dropping
+        // one can never re-enter the account while it is borrowed.
+        let mut others: Vec<Lua> = Vec::new();
+        let limit = {
+            let mut state = self.state.borrow_mut();
+            let Some(mine) = state.vms.iter().position(|r| r.lua == me) else {
+                return Ok(());
+            };
+            let current = state.vms[mine].limit;
+            if current >= self.ceiling {
+                return Ok(());
+            }
+            let need = self.ceiling - current;
+            if self.budget.saturating_sub(state.reserved) < need {
+                let State { reserved, vms } = &mut *state;
+                for (i, other) in vms.iter_mut().enumerate() {
+                    if i == mine {
+                        continue;
+                    }
+                    let Some(handle) = other.lua.try_upgrade() else {
+                        continue;
+                    };
+                    let keep = handle.used_memory().saturating_add(PARKED_SLACK);
+                    if keep < other.limit {
+                        *reserved -= other.limit - keep;
+                        other.limit = keep;
+                        handle.set_memory_limit(keep)?;
+                    }
+                    others.push(handle);
+                }
+            }
+            let grant = need.min(self.budget.saturating_sub(state.reserved));
+            state.reserved += grant;
+            state.vms[mine].limit = current + grant;
+            current + grant
+        };
+        // mlua reads a limit of 0 as "no limit".
+        lua.set_memory_limit(limit.max(1))?;
+        drop(others);
+        Ok(())
+    }
+}
+
+/// Claim headroom for the VM `lua` before its Lua runs (a no-op for a Lua
+/// state outside any account).
+pub(crate) fn claim(lua: &Lua) -> mlua::Result<()> {
+    let account = match lua.app_data_ref::<Member>() {
+        Some(member) => Rc::clone(&member.account),
+        None => return Ok(()),
+    };
+    account.claim_for(lua)
+}
+
+/// `fut`, claiming headroom for `lua` at every poll: whatever ran while it
+/// was waiting may have shrunk this VM to what it used.
+pub(crate) async fn claimed<F: Future>(lua: &Lua, fut: F) -> F::Output {
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(|cx| {
+        if let Err(e) = claim(lua) {
+            tracing::warn!("memory claim failed: {e}");
+        }
+        fut.as_mut().poll(cx)
+    })
+    .await
+}
+
+/// True when `e` is Lua's refusal of an allocation (the ceiling or the budget).
+pub(crate) fn is_memory_error(e: &mlua::Error) -> bool {
+    match e {
+        mlua::Error::MemoryError(_) => true,
+        mlua::Error::CallbackError { cause, .. } | mlua::Error::WithContext { cause, .. } => {
+            is_memory_error(cause)
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vm(account: &Rc<MemoryAccount>) -> Lua {
+        let lua = Lua::new();
+        account.enter(&lua).unwrap();
+        lua
+    }
+
+    fn grow(lua: &Lua, mib: usize) -> mlua::Result<()> {
+        lua.load(format!("KEEP = string.rep('x', {mib} * 1024 * 1024)"))
+            .exec()
+    }
+
+    #[test]
+    fn the_reservations_never_pass_the_budget() {
+        let account = MemoryAccount::new(24 << 20, 8 << 20);
+        let vms: Vec<Lua> = (0..6).map(|_| vm(&account)).collect();
+        let mut held = 0;
+        for lua in &vms {
+            claim(lua).unwrap();
+            if grow(lua, 5).is_ok() {
+                held += 1;
+            }
+        }
+        let used: usize = vms.iter().map(Lua::used_memory).sum();
+        assert!(used <= 24 << 20, "{used}");
+        assert!(
+            (3..=4).contains(&held),
+            "at most four 5 MiB heaps fit in 24 MiB: {held}"
+        );
+        assert!(account.state.borrow().reserved <= 24 << 20);
+    }
+
+    #[test]
+    fn a_vm_that_goes_returns_its_reservation() {
+        let account = MemoryAccount::new(16 << 20, 8 << 20);
+        let a = vm(&account);
+        grow(&a, 6).unwrap();
+        let b = vm(&account);
+        assert!(grow(&b, 12).is_err(), "the ceiling holds");
+        drop(a);
+        claim(&b).unwrap();
+        grow(&b, 6).unwrap();
+        drop(b);
+        assert_eq!(account.state.borrow().reserved, 0);
+        assert!(account.state.borrow().vms.is_empty());
+    }
+
+    #[test]
+    fn the_ceiling_alone_holds_without_pressure() {
+        let account = MemoryAccount::new(DEFAULT_RUN_MEMORY, 8 << 20);
+        let a = vm(&account);
+        assert!(grow(&a, 9).is_err());
+        grow(&a, 4).unwrap();
+    }
+}
