@@ -2,7 +2,7 @@
 //! functions.
 //!
 //! A leaf the other engine modules build on: it imports only the other leaves
-//! (`error`, `events`, `claims`, `text`, `json` and the task table), never a
+//! (`error`, `events`, `claims`, `text`, `json`, `memory` and the task table), never a
 //! namespace, the VM or the walk. The walk reaches it as a function value
 //! ([`WalkFn`], handed to [`RunCtx::new`]), so the modules that start chains
 //! (`call`, `fanout`, `tasks`) do not import the module that runs them.
