@@ -126,6 +126,7 @@ impl ClaimRegistry {
 
     /// Take a claim on `path`, or say which live claim it conflicts with (then
     /// nothing is recorded). A read after the identity's own write keeps the write.
+    #[cfg(test)]
     pub fn claim(
         &mut self,
         identity: &ClaimIdentity,

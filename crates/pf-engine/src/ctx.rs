@@ -2,11 +2,18 @@
 //! functions.
 //!
 //! A leaf the other engine modules build on: it imports only the other leaves
-//! (`error`, `events`, `claims`, `text` and the task table), never a namespace.
+//! (`error`, `events`, `claims`, `text`, `json`, `memory` and the task table), never a
+//! namespace, the VM or the walk. The walk reaches it as a function value
+//! ([`WalkFn`], handed to [`RunCtx::new`]), so the modules that start chains
+//! (`call`, `fanout`, `tasks`) do not import the module that runs them.
+//!
+//! State is private and changes only through methods; each says which rule it
+//! keeps. What prepare fixed ([`RunFixed`]) never changes.
 
-use std::cell::{Cell, RefCell, RefMut};
+use std::cell::{Cell, Ref, RefCell};
 use std::collections::HashMap;
 use std::future::Future;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -15,9 +22,11 @@ use pf_harness::{ActivePlugin, CancellationToken, HostServices, ModelProvider, W
 use pf_syntax::{Prompt, RoleDecl};
 use serde_json::{json, Map, Value as Json};
 
-use crate::claims::{ClaimIdentity, ClaimRegistry};
-use crate::error::{error_table, ErrorKind, HostError, HostResult, Raise, RunError};
-use crate::events::{fields as event_fields, EventKind, EventLog, RunEvent, RunObserver};
+use crate::claims::{ClaimIdentity, ClaimKind, ClaimRegistry, Conflict};
+use crate::error::{error_table, ErrorKind, HostError, HostResult, Raise, RunError, RunErrorKind};
+use crate::events::{
+    fields as event_fields, EventKind, EventLog, RunEvent, RunObserver, MAIN_TASK,
+};
 use crate::tasks::table::TaskTable;
 
 /// A tool slot bound at prepare.
@@ -92,7 +101,22 @@ impl RunFixed {
     }
 }
 
-/// The `tools.always` scope: aliases in the order first added, with overrides.
+/// `argv` for an argument string: `{ prose = args }` without `args:`; with an
+/// explicit declaration, the parsed JSON, or `None` when it does not parse or is
+/// `null`. The declaration is advertised, never enforced: no type checks, and
+/// defaults are not applied.
+pub(crate) fn args_value(prompt: &Prompt, args: &str) -> Option<serde_json::Value> {
+    if prompt.frontmatter.args.is_none() {
+        return Some(serde_json::json!({ "prose": args }));
+    }
+    match serde_json::from_str::<serde_json::Value>(args) {
+        Ok(serde_json::Value::Null) | Err(_) => None,
+        Ok(v) => Some(v),
+    }
+}
+
+/// A scope of added aliases (`tools.always`, `tools.add`): aliases in the
+/// order first added, with description overrides.
 #[derive(Default)]
 struct AlwaysScope {
     aliases: Vec<String>,
@@ -127,11 +151,22 @@ pub(crate) struct RunCtx {
     abort: CancellationToken,
     /// Every task of the run (guide ch. 15).
     tasks: RefCell<TaskTable>,
+    /// The walk that runs a chain's sections (`walk::walk_chain`), handed in at
+    /// construction so `call`, `fanout` and `tasks` start chains without
+    /// importing the module that builds the VMs they run in.
+    walker: WalkFn,
 }
 
+/// A chain's walk in progress: `Ok(None)` when it ran off its last section.
+pub(crate) type ChainWalk = Pin<Box<dyn Future<Output = Result<Option<String>, Failure>>>>;
+
+/// Walks a chain from the section at the given index path.
+pub(crate) type WalkFn = fn(Rc<RunCtx>, Rc<Chain>, Vec<usize>) -> ChainWalk;
+
 impl RunCtx {
-    /// The run's state, continuing `events` (which may already hold the parse events).
-    pub fn new(fixed: RunFixed, events: EventLog) -> Self {
+    /// The run's state, continuing `events` (which may already hold the parse
+    /// events); `walker` runs the chains its sections start.
+    pub fn new(fixed: RunFixed, events: EventLog, walker: WalkFn) -> Self {
         RunCtx {
             always: Default::default(),
             default_role: Default::default(),
@@ -142,8 +177,14 @@ impl RunCtx {
             fatal: Default::default(),
             abort: CancellationToken::new(),
             tasks: Default::default(),
+            walker,
             fixed,
         }
+    }
+
+    /// Walk `chain` from the section at `start` (the walk handed to [`RunCtx::new`]).
+    pub fn walk(self: &Rc<Self>, chain: &Rc<Chain>, start: Vec<usize>) -> ChainWalk {
+        (self.walker)(Rc::clone(self), Rc::clone(chain), start)
     }
 
     /// The `tools.always` aliases, in the order first added.
@@ -232,14 +273,24 @@ impl RunCtx {
         self.events.borrow().owner(task).map(str::to_string)
     }
 
-    /// The store claims of every live chain.
-    pub fn claims(&self) -> RefMut<'_, ClaimRegistry> {
-        self.claims.borrow_mut()
+    /// Take `kind` claims for `identity` on every path, all or none: the first
+    /// conflict with another live identity refuses the whole call.
+    pub fn claim_all(
+        &self,
+        identity: &ClaimIdentity,
+        paths: &[&str],
+        kind: ClaimKind,
+    ) -> Result<(), Conflict> {
+        self.claims.borrow_mut().claim_all(identity, paths, kind)
     }
 
-    /// The claims, unless they are borrowed already (for guards that release on drop).
-    pub fn try_claims(&self) -> Option<RefMut<'_, ClaimRegistry>> {
-        self.claims.try_borrow_mut().ok()
+    /// Release every claim `identity` holds: its chain, or the H1 pass, has
+    /// ended. Claims are only ever released whole, never one path at a time.
+    pub fn release_claims(&self, identity: &ClaimIdentity) {
+        // Guards release on drop; a drop inside a claim (never expected) skips it.
+        if let Ok(mut claims) = self.claims.try_borrow_mut() {
+            claims.release(identity);
+        }
     }
 
     /// The run's task table; only the `tasks` module reads or changes its records.
@@ -304,6 +355,9 @@ pub(crate) struct ArmSeed {
 
 /// One chain: a walk over sibling sections that something began (the run, a `call`,
 /// a task, a fanout arm). Entry ids, child ids, input and `var` belong to it.
+///
+/// Built whole by [`Chain::main`], [`Chain::called`] or [`Chain::spawned`]: its
+/// id, depth, claim identity and task never change afterwards.
 pub(crate) struct Chain {
     /// The chain id, such as `0` for the main walk or `0.1` for a call's chain.
     pub id: String,
@@ -311,44 +365,110 @@ pub(crate) struct Chain {
     entries: Cell<u64>,
     /// The next child chain counter, shared by calls, tasks and fanout arms.
     children: Cell<u64>,
-    /// The chain's argument string and its parsed, frozen `argv`.
+    /// The chain's argument string.
     pub args: String,
-    pub argv: RefCell<Option<Json>>,
     /// Nesting depth: 0 for the main walk, one more per call, task or arm.
     pub depth: u32,
-    /// The chain's current `var`.
-    pub var: RefCell<Json>,
-    /// Whose store claims the chain's calls take: its own by default, its
-    /// caller's for a called chain, the H1 pass's own during the pass.
-    pub identity: RefCell<ClaimIdentity>,
+    /// The chain's parsed `argv`: frozen, except that the end of the H1 pass
+    /// sets the main chain's to what the H1 body left ([`Chain::repair_argv`]).
+    argv: RefCell<Option<Json>>,
+    /// The chain's `var` between entries: what its last entry ended with
+    /// (written only by [`SectionCtx::end_entry`]).
+    var: RefCell<Json>,
+    /// Whose store claims the chain's entries take: its own, or its caller's
+    /// for a called chain (the H1 pass claims as [`ClaimIdentity::h1_pass`]).
+    identity: ClaimIdentity,
     /// The nearest enclosing task's id (`sys.taskid`): the chain's own id for the
-    /// main walk and a fanout arm, the caller's task for a called chain.
-    pub task: RefCell<String>,
+    /// main walk, a task and a fanout arm, the caller's task for a called chain.
+    task: String,
     /// What a fanout arm or task seeds into the chain's first entry (taken by that entry).
     seed: RefCell<Option<ArmSeed>>,
 }
 
+/// What a chain starts from: its input, the `var` it inherits, its first entry's seed.
+struct ChainStart {
+    args: String,
+    argv: Option<Json>,
+    var: Json,
+    seed: Option<ArmSeed>,
+}
+
 impl Chain {
-    pub fn new(
+    fn build(
         id: String,
+        depth: u32,
+        identity: ClaimIdentity,
+        task: String,
+        start: ChainStart,
+    ) -> Self {
+        Chain {
+            id,
+            entries: Cell::new(0),
+            children: Cell::new(0),
+            args: start.args,
+            depth,
+            argv: RefCell::new(start.argv),
+            var: RefCell::new(start.var),
+            identity,
+            task,
+            seed: RefCell::new(start.seed),
+        }
+    }
+
+    /// The main walk's chain `0`, with the run's arguments and an empty `var`.
+    pub fn main(args: String, argv: Option<Json>) -> Self {
+        let id = MAIN_TASK.to_string();
+        let start = ChainStart {
+            args,
+            argv,
+            var: Json::Object(Default::default()),
+            seed: None,
+        };
+        Chain::build(id.clone(), 0, ClaimIdentity::of_chain(&id), id, start)
+    }
+
+    /// The chain a `call` from `caller` starts: the next child of the caller's
+    /// chain, claiming as the caller and inside the caller's task.
+    pub fn called(caller: &SectionCtx, args: String, argv: Option<Json>, var: Json) -> Self {
+        let parent = &caller.chain;
+        let start = ChainStart {
+            args,
+            argv,
+            var,
+            seed: None,
+        };
+        Chain::build(
+            parent.next_child_id(),
+            parent.depth + 1,
+            caller.claim_identity(),
+            parent.task.clone(),
+            start,
+        )
+    }
+
+    /// A task's or fanout arm's chain: the next child of `parent`, its own task
+    /// with its own claims identity, `seed` going to its first entry.
+    pub fn spawned(
+        parent: &Chain,
         args: String,
         argv: Option<Json>,
-        depth: u32,
         var: Json,
         seed: Option<ArmSeed>,
     ) -> Self {
-        Chain {
-            entries: Cell::new(0),
-            children: Cell::new(0),
+        let id = parent.next_child_id();
+        let start = ChainStart {
             args,
-            argv: RefCell::new(argv),
-            depth,
-            var: RefCell::new(var),
-            identity: RefCell::new(ClaimIdentity::of_chain(&id)),
-            task: RefCell::new(id.clone()),
-            seed: RefCell::new(seed),
+            argv,
+            var,
+            seed,
+        };
+        Chain::build(
+            id.clone(),
+            parent.depth + 1,
+            ClaimIdentity::of_chain(&id),
             id,
-        }
+            start,
+        )
     }
 
     /// The id for this chain's next section entry.
@@ -358,16 +478,74 @@ impl Chain {
         format!("{}.{n}", self.id)
     }
 
-    /// The seed the chain's first entry will take, if it has one and has not taken it.
-    pub fn seed_preview(&self) -> Option<ArmSeed> {
-        self.seed.borrow().clone()
-    }
-
     /// The id for this chain's next child chain.
     pub fn next_child_id(&self) -> String {
         let n = self.children.get();
         self.children.set(n + 1);
         format!("{}.{n}", self.id)
+    }
+
+    /// The seed the chain's first entry will take, if it has one and has not taken it.
+    pub fn seed_preview(&self) -> Option<ArmSeed> {
+        self.seed.borrow().clone()
+    }
+
+    /// The chain's `argv` as its entries read it.
+    pub fn argv(&self) -> Option<Json> {
+        self.argv.borrow().clone()
+    }
+
+    /// At the end of the H1 pass, on the main chain: what the H1 body left in
+    /// `argv` is what every later entry reads. Nothing else changes a chain's `argv`.
+    pub fn repair_argv(&self, argv: Option<Json>) {
+        *self.argv.borrow_mut() = argv;
+    }
+
+    /// Whose claims the chain's entries take (outside the H1 pass).
+    pub fn identity(&self) -> &ClaimIdentity {
+        &self.identity
+    }
+
+    /// The task the chain runs inside (`sys.taskid`).
+    pub fn task(&self) -> &str {
+        &self.task
+    }
+}
+
+/// Calls, tasks and fanout arms nest up to this many levels.
+pub(crate) const DEPTH_CAP: u32 = 8;
+
+/// How a run stopped early.
+#[derive(Debug, Clone)]
+pub(crate) enum Failure {
+    /// A failure, with the error value that caused it when there was one
+    /// (so a `call` can raise it again unchanged in its caller).
+    Error(RunError, Option<HostError>),
+    Cancelled,
+}
+
+impl Failure {
+    pub fn lua(message: impl Into<String>) -> Self {
+        Failure::Error(RunError::new(RunErrorKind::Lua, message), None)
+    }
+    pub fn internal(e: impl std::fmt::Display) -> Self {
+        Failure::Error(
+            RunError::new(
+                RunErrorKind::Internal,
+                format!("internal invariant violated: {e}"),
+            ),
+            None,
+        )
+    }
+
+    /// The error value the failure raises where its chain was started (`call`,
+    /// `fanout`, a task's delivery): its own value, kind and message unchanged.
+    pub fn into_value(self) -> HostError {
+        match self {
+            Failure::Cancelled => cancelled_error(),
+            Failure::Error(_, Some(value)) => value,
+            Failure::Error(e, None) => HostError::lua(e.message).run_kind(e.kind).located(),
+        }
     }
 }
 
@@ -398,38 +576,47 @@ pub(crate) struct EntryPlace {
     pub path: Vec<usize>,
 }
 
-/// State of one section entry (one section VM).
+/// State of one section entry (one section VM): where it sits, fixed when it
+/// is built, and what its block code changes, private and changed only
+/// through the methods below, each of which names the rule it keeps.
 pub(crate) struct SectionCtx {
     pub run: Rc<RunCtx>,
+    /// The chain this entry runs in.
+    pub chain: Rc<Chain>,
     pub name: String,
     pub id: String,
     pub is_h1: bool,
     /// The section's index path in the prompt (empty for the H1 pass).
     pub path: Vec<usize>,
-    /// The chain this entry runs in.
-    pub chain: Rc<Chain>,
-    /// The fanout arm's `item` and `sys.index`, in an arm's first entry only.
-    pub arm: Option<ArmSeed>,
-    pub added: RefCell<Vec<String>>,
-    pub add_desc: RefCell<HashMap<String, String>>,
-    pub locals: RefCell<Vec<LocalTool>>,
+    /// The fanout arm's or task's `item` and `sys.index`, in its chain's first entry only.
+    arm: Option<ArmSeed>,
+    /// `tools.add`'s additions to the bound scope, in the order first added,
+    /// with their description overrides.
+    added: RefCell<AlwaysScope>,
+    /// `tools.add_local`'s tools, in registration order.
+    locals: RefCell<Vec<LocalTool>>,
     /// Call counts in the order aliases were first counted; `None` before the first call.
-    pub calls: RefCell<Option<Vec<(String, u64)>>>,
-    pub role: RefCell<Option<RoleChoice>>,
-    pub handler_depth: Cell<u32>,
-    pub sys_model_readable: Cell<bool>,
-    pub log_events: Cell<u32>,
-    pub log_bytes: Cell<u64>,
-    pub var: RefCell<Json>,
+    calls: RefCell<Option<Vec<(String, u64)>>>,
+    /// Set at the first tool call when the section had a model then.
+    sys_model_readable: Cell<bool>,
+    /// `models.use`'s choice.
+    role: RefCell<Option<RoleChoice>>,
+    /// How many local tool handlers are running (they may nest).
+    handler_depth: Cell<u32>,
+    /// `log` calls counted so far, and the bytes they logged.
+    log_events: Cell<u32>,
+    log_bytes: Cell<u64>,
+    /// The entry's `var`: the chain's at entry, handed back at its end.
+    var: RefCell<Json>,
     /// A `jump` requested by the running block.
-    pub jump: RefCell<Option<String>>,
+    jump: RefCell<Option<String>>,
     /// True while the shared library replays (alias globals are not yet installed).
-    pub loading_shared: Cell<bool>,
+    loading_shared: Cell<bool>,
     /// The running block's pending prose: the raw Markdown and, once read, its rendering.
-    pub prose: RefCell<(String, Option<String>)>,
+    prose: RefCell<(String, Option<String>)>,
     /// The targets set by `tools.allow_tasks`: `None` until it runs, an empty
     /// list when any section may be targeted.
-    pub task_allow: RefCell<Option<Vec<String>>>,
+    task_allow: RefCell<Option<Vec<String>>>,
 }
 
 impl SectionCtx {
@@ -446,13 +633,12 @@ impl SectionCtx {
             path: place.path,
             chain,
             arm,
-            added: RefCell::new(Vec::new()),
-            add_desc: RefCell::new(HashMap::new()),
+            added: RefCell::new(AlwaysScope::default()),
             locals: RefCell::new(Vec::new()),
             calls: RefCell::new(None),
+            sys_model_readable: Cell::new(false),
             role: RefCell::new(None),
             handler_depth: Cell::new(0),
-            sys_model_readable: Cell::new(false),
             log_events: Cell::new(0),
             log_bytes: Cell::new(0),
             var: RefCell::new(var),
@@ -463,38 +649,100 @@ impl SectionCtx {
         }
     }
 
+    /// The entry has ended: its final `var` becomes its chain's, which the
+    /// chain's next entry starts from. The one writer of a chain's `var`.
+    pub fn end_entry(&self) {
+        *self.chain.var.borrow_mut() = self.var.borrow().clone();
+    }
+
+    /// Whose store claims this entry takes: the H1 pass's own identity during
+    /// the H1 pass (released when it ends, guide ch. 09), else its chain's.
+    pub fn claim_identity(&self) -> ClaimIdentity {
+        if self.is_h1 {
+            ClaimIdentity::h1_pass()
+        } else {
+            self.chain.identity.clone()
+        }
+    }
+
+    /// The `argv` a chain this entry starts with `input` gets, under the
+    /// prompt's declaration; without `input`, this entry's own (from the H1
+    /// pass, whatever its `argv` global holds now).
+    pub fn child_argv(&self, lua: &Lua, input: &Option<String>) -> Result<Option<Json>, Raise> {
+        if let Some(text) = input {
+            return Ok(args_value(&self.run.fixed.prompt, text));
+        }
+        if self.is_h1 {
+            // From the H1 pass, `argv` is an ordinary global: hand on what it holds now.
+            let current: Value = lua.globals().raw_get("argv")?;
+            return match crate::json::lua_to_json(&current, "argv") {
+                Ok(Json::Null) => Ok(None),
+                Ok(j) => Ok(Some(j)),
+                Err(e) => Err(HostError::lua(format!(
+                    "{} must be JSON data, got {}",
+                    e.path, e.found
+                ))
+                .into()),
+            };
+        }
+        Ok(self.chain.argv())
+    }
+
+    /// The fanout arm's or task's `item`, in its chain's first entry.
+    pub fn arm_item(&self) -> Option<&Json> {
+        self.arm.as_ref().and_then(|seed| seed.item.as_ref())
+    }
+
+    /// The fanout arm's or task's `sys.index`, in its chain's first entry.
+    pub fn arm_index(&self) -> Option<i64> {
+        self.arm.as_ref().and_then(|seed| seed.index)
+    }
+
     /// Whether the section has a model selected (its own or the prompt-wide default).
     pub fn has_model(&self) -> bool {
         self.run.fixed.model.is_some()
             && (self.role.borrow().is_some() || self.run.default_role.borrow().is_some())
     }
 
+    /// Whether `sys.model` reads: only once the section's first tool call found
+    /// a model selected, and while one still is.
+    pub fn sys_model_visible(&self) -> bool {
+        self.sys_model_readable.get() && self.has_model()
+    }
+
+    /// `models.use`: the section's own role for its later rounds (the latest wins).
+    pub fn use_role(&self, choice: RoleChoice) {
+        *self.role.borrow_mut() = Some(choice);
+    }
+
+    /// The role `models.use` chose, if it ran.
+    pub fn role_choice(&self) -> Option<RoleChoice> {
+        self.role.borrow().clone()
+    }
+
     /// Report an event under this section, on the task the chain runs inside.
     pub fn report(&self, kind: EventKind, fields: Map<String, Json>) {
-        let task = self.chain.task.borrow().clone();
-        self.run.report(&task, &self.name, kind, fields);
+        self.run.report(self.chain.task(), &self.name, kind, fields);
     }
 
     /// The task the chain runs inside (`sys.taskid`).
     pub fn task(&self) -> String {
-        self.chain.task.borrow().clone()
+        self.chain.task().to_string()
     }
 
     /// The rounds the task the chain runs inside completed so far.
     pub fn turns(&self) -> u32 {
-        self.run.turns(&self.chain.task.borrow())
+        self.run.turns(self.chain.task())
     }
 
     /// Count one completed round of the task the chain runs inside.
     pub fn complete_turn(&self) -> u32 {
-        let task = self.task();
-        self.run.complete_turn(&task)
+        self.run.complete_turn(self.chain.task())
     }
 
     /// Number one piece of host work on the task the chain runs inside.
     pub fn host_work(&self) -> WorkId {
-        let task = self.chain.task.borrow().clone();
-        self.run.host_work(&task)
+        self.run.host_work(self.chain.task())
     }
 
     /// A boundary event: the kind and its coordinates only.
@@ -524,6 +772,25 @@ impl SectionCtx {
         );
     }
 
+    /// `tools.add`: put `aliases` in this section's scope, each once, in the
+    /// order first added; `description` overrides the first alias's.
+    pub fn add_to_scope(&self, aliases: &[String], description: Option<String>) {
+        let mut added = self.added.borrow_mut();
+        for a in aliases {
+            if !added.aliases.contains(a) {
+                added.aliases.push(a.clone());
+            }
+        }
+        if let (Some(d), Some(a)) = (description, aliases.first()) {
+            added.descriptions.insert(a.clone(), d);
+        }
+    }
+
+    /// The description `tools.add` gave `alias` in this section, if it overrode one.
+    pub fn scope_description(&self, alias: &str) -> Option<String> {
+        self.added.borrow().descriptions.get(alias).cloned()
+    }
+
     /// The bound scope: `tools.always` aliases first, then this section's additions, each once.
     pub fn bound_scope(&self) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
@@ -531,7 +798,7 @@ impl SectionCtx {
             .run
             .always_aliases()
             .iter()
-            .chain(self.added.borrow().iter())
+            .chain(self.added.borrow().aliases.iter())
         {
             if !out.contains(a) {
                 out.push(a.clone());
@@ -540,11 +807,53 @@ impl SectionCtx {
         out
     }
 
+    /// `tools.add_local`: register a local tool (the list only grows).
+    pub fn add_local(&self, tool: LocalTool) {
+        self.locals.borrow_mut().push(tool);
+    }
+
+    /// The section's local tools, in registration order.
+    pub fn locals(&self) -> Ref<'_, [LocalTool]> {
+        Ref::map(self.locals.borrow(), Vec::as_slice)
+    }
+
+    /// Whether a local tool is registered under `alias`.
     pub fn has_local(&self, alias: &str) -> bool {
         self.locals.borrow().iter().any(|l| l.alias == alias)
     }
 
-    /// Count one call attempt (before the tool runs), seeding the scope's aliases first.
+    /// The handler of the local tool `alias`, the first registered under it.
+    pub fn local_handler(&self, alias: &str) -> Option<Function> {
+        self.locals
+            .borrow()
+            .iter()
+            .find(|l| l.alias == alias)
+            .map(|l| l.handler.clone())
+    }
+
+    /// A local tool handler starts; the section is inside one until the guard drops.
+    pub fn enter_local_handler(self: &Rc<Self>) -> LocalHandlerGuard {
+        self.handler_depth.set(self.handler_depth.get() + 1);
+        LocalHandlerGuard(Rc::clone(self))
+    }
+
+    /// True while a local tool handler runs (where `jump` is refused).
+    pub fn in_local_handler(&self) -> bool {
+        self.handler_depth.get() > 0
+    }
+
+    /// Whether `tools.calls` exists yet: from the section's first tool call on.
+    pub fn calls_counted(&self) -> bool {
+        self.calls.borrow().is_some()
+    }
+
+    /// The call counts, in the order aliases were first counted (empty before the first call).
+    pub fn call_counts(&self) -> Ref<'_, [(String, u64)]> {
+        Ref::map(self.calls.borrow(), |c| c.as_deref().unwrap_or(&[]))
+    }
+
+    /// Count one call attempt (before the tool runs), seeding the scope's aliases
+    /// first. Counts only grow, and an alias once counted stays in place.
     pub fn count_call(&self, alias: &str) {
         // sys.model appears only when the section has a model at its first tool call.
         if self.calls.borrow().is_none() && self.has_model() {
@@ -562,6 +871,112 @@ impl SectionCtx {
             Some(entry) => entry.1 += 1,
             None => counts.push((alias.to_string(), 1)),
         }
+    }
+
+    /// `tools.allow_tasks`: the sections the model may start as tasks (empty: any).
+    pub fn allow_tasks(&self, targets: Vec<String>) {
+        *self.task_allow.borrow_mut() = Some(targets);
+    }
+
+    /// The targets `tools.allow_tasks` set, `None` until it ran.
+    pub fn task_allow(&self) -> Option<Vec<String>> {
+        self.task_allow.borrow().clone()
+    }
+
+    /// Count one `log` call against the entry's event quota: false, and
+    /// nothing counted, once `quota` calls were counted.
+    pub fn take_log_event(&self, quota: u32) -> bool {
+        let used = self.log_events.get();
+        if used >= quota {
+            return false;
+        }
+        self.log_events.set(used + 1);
+        true
+    }
+
+    /// Count `bytes` more logged bytes against `cap`: false, and nothing
+    /// counted, when they would go over it.
+    pub fn take_log_bytes(&self, bytes: u64, cap: u64) -> bool {
+        let total = self.log_bytes.get() + bytes;
+        if total > cap {
+            return false;
+        }
+        self.log_bytes.set(total);
+        true
+    }
+
+    /// A copy of the entry's current `var`.
+    pub fn var(&self) -> Json {
+        self.var.borrow().clone()
+    }
+
+    /// Read the entry's `var` in place.
+    pub fn read_var<R>(&self, read: impl FnOnce(&Json) -> R) -> R {
+        read(&self.var.borrow())
+    }
+
+    /// Change the entry's `var`; only the guarded `var` proxy calls this, with
+    /// values its JSON rules admitted.
+    pub fn update_var<R>(&self, update: impl FnOnce(&mut Json) -> R) -> R {
+        update(&mut self.var.borrow_mut())
+    }
+
+    /// `jump(target)`: the block stops, and the walk goes to `target` (the
+    /// latest request wins; [`SectionCtx::take_jump`] reads it once).
+    pub fn request_jump(&self, target: String) {
+        *self.jump.borrow_mut() = Some(target);
+    }
+
+    /// The jump the block that just ended requested, cleared as it is read.
+    pub fn take_jump(&self) -> Option<String> {
+        self.jump.borrow_mut().take()
+    }
+
+    /// True while the shared library replays.
+    pub fn loading_shared(&self) -> bool {
+        self.loading_shared.get()
+    }
+
+    /// The shared library starts replaying; it counts as loading until the guard drops.
+    pub fn begin_shared_load(&self) -> SharedLoadGuard<'_> {
+        self.loading_shared.set(true);
+        SharedLoadGuard(self)
+    }
+
+    /// A block starts: `raw` is its pending prose, not yet rendered.
+    pub fn begin_block(&self, raw: String) {
+        *self.prose.borrow_mut() = (raw, None);
+    }
+
+    /// The running block's prose, rendered by `render` at the first read and
+    /// the same text at every later read in the block.
+    pub fn prose<E>(&self, render: impl FnOnce(&str) -> Result<String, E>) -> Result<String, E> {
+        if let Some(done) = self.prose.borrow().1.clone() {
+            return Ok(done);
+        }
+        let raw = self.prose.borrow().0.clone();
+        let rendered = render(&raw)?;
+        self.prose.borrow_mut().1 = Some(rendered.clone());
+        Ok(rendered)
+    }
+}
+
+/// While alive, the section is inside a local tool handler.
+pub(crate) struct LocalHandlerGuard(Rc<SectionCtx>);
+
+impl Drop for LocalHandlerGuard {
+    fn drop(&mut self) {
+        let depth = &self.0.handler_depth;
+        depth.set(depth.get().saturating_sub(1));
+    }
+}
+
+/// While alive, the section's shared library is replaying.
+pub(crate) struct SharedLoadGuard<'s>(&'s SectionCtx);
+
+impl Drop for SharedLoadGuard<'_> {
+    fn drop(&mut self) {
+        self.0.loading_shared.set(false);
     }
 }
 
@@ -678,6 +1093,17 @@ pub(crate) fn string_arg(args: &MultiValue, n: usize, name: &str) -> Result<Stri
         },
         other => Err(HostError::lua(format!(
             "{name} must be a string, got {}",
+            crate::text::lua_type_name(&other)
+        ))),
+    }
+}
+
+/// The target of `call`, `jump` and `list_from_section`: a string.
+pub(crate) fn target_arg(args: &MultiValue) -> Result<String, HostError> {
+    match arg(args, 0) {
+        Value::String(s) => Ok(s.to_string_lossy()),
+        other => Err(HostError::lua(format!(
+            "section target must be a string, got {}",
             crate::text::lua_type_name(&other)
         ))),
     }

@@ -8,8 +8,6 @@
 //! its section VMs go with it, and its store claims are released on drop.
 
 use std::cell::Cell;
-use std::future::Future;
-use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::task::Poll;
@@ -20,15 +18,14 @@ use serde_json::Value as Json;
 
 use crate::claims::ClaimIdentity;
 use crate::ctx::{
-    arg, cancelled_error, frozen_newindex, helpers, host_async, mlua_message, section, ArmSeed,
-    Chain, RunCtx, SectionCtx,
+    arg, cancelled_error, frozen_newindex, helpers, host_async, mlua_message, section, target_arg,
+    ArmSeed, Chain, ChainWalk, Failure, RunCtx, SectionCtx, DEPTH_CAP,
 };
 use crate::error::{ErrorKind, HostError, HostResult, Raise};
 use crate::events::EventKind;
 use crate::json::lua_to_json;
 use crate::tasks::AbandonReason;
 use crate::text::lua_type_name;
-use crate::walk::{chain_argv, target_arg, walk_chain, Failure, DEPTH_CAP};
 
 /// At most this many arms of one `fanout` call are live at once (guide ch. 17).
 pub(crate) const CONCURRENCY_CAP: usize = 8;
@@ -46,7 +43,7 @@ enum ArmResult {
     Exhausted(Json),
 }
 
-type ArmFuture = Pin<Box<dyn Future<Output = Result<Option<String>, Failure>>>>;
+type ArmFuture = ChainWalk;
 
 struct LiveArm {
     slot: usize,
@@ -112,9 +109,7 @@ struct ArmClaims {
 
 impl Drop for ArmClaims {
     fn drop(&mut self) {
-        if let Some(mut claims) = self.run.try_claims() {
-            claims.release(&self.identity);
-        }
+        self.run.release_claims(&self.identity);
     }
 }
 
@@ -155,8 +150,8 @@ async fn fanout(lua: &Lua, args: &MultiValue) -> HostResult<Table> {
     }
     // Every arm takes its copy of var now: the var global must still be in place.
     crate::var::check_var_global(lua).map_err(HostError::lua)?;
-    let argv = chain_argv(&sec, lua, &None)?;
-    let var = sec.var.borrow().clone();
+    let argv = sec.child_argv(lua, &None)?;
+    let var = sec.var();
 
     let mut slots: Vec<Option<ArmResult>> = members.iter().map(|_| None).collect();
     let mut live: Vec<LiveArm> = Vec::new();
@@ -214,7 +209,7 @@ async fn fanout(lua: &Lua, args: &MultiValue) -> HostResult<Table> {
                     ArmResult::Exhausted(lua_to_json(member, "item").unwrap_or(Json::Null))
                 }
                 // Fail-fast: returning drops (cancels) every live sibling.
-                Err(failure) => return Poll::Ready(Err(failure_raise(failure))),
+                Err(failure) => return Poll::Ready(Err(failure.into_value().into())),
             };
             if let Some(s) = slots.get_mut(slot) {
                 *s = Some(result);
@@ -258,11 +253,10 @@ struct Arm<'a> {
 fn start_arm(sec: &Rc<SectionCtx>, arm: Arm<'_>, cancelled: Rc<Cell<bool>>) -> ArmFuture {
     let run = Rc::clone(&sec.run);
     let parent = Rc::clone(&sec.chain);
-    let chain = Rc::new(Chain::new(
-        parent.next_child_id(),
+    let chain = Rc::new(Chain::spawned(
+        &parent,
         parent.args.clone(),
         arm.argv,
-        parent.depth + 1,
         arm.var.clone(),
         Some(arm.seed),
     ));
@@ -272,7 +266,7 @@ fn start_arm(sec: &Rc<SectionCtx>, arm: Arm<'_>, cancelled: Rc<Cell<bool>>) -> A
     sec.report(EventKind::TaskStarted, started);
     let claims = ArmClaims {
         run: Rc::clone(&run),
-        identity: chain.identity.borrow().clone(),
+        identity: chain.identity().clone(),
     };
     let end = ArmEnd {
         run: Rc::clone(&run),
@@ -285,36 +279,10 @@ fn start_arm(sec: &Rc<SectionCtx>, arm: Arm<'_>, cancelled: Rc<Cell<bool>>) -> A
     Box::pin(async move {
         let _claims = claims;
         let arm_end = end;
-        let owned = crate::tasks::OwnedTasks::new(&run, &chain.id);
-        let walked = walk_chain(&run, &chain, worker).await;
-        owned.chain_ended(walked.is_ok());
-        let result = walked.and_then(|end| {
-            crate::tasks::settle(&run, &chain.id)
-                .map(|()| end)
-                .map_err(|e| {
-                    Failure::Error(
-                        crate::error::RunError::new(
-                            crate::error::RunErrorKind::Lua,
-                            e.message.clone(),
-                        ),
-                        Some(e),
-                    )
-                })
-        });
-        drop(owned);
+        let result = crate::tasks::walk_owned(&run, &chain, worker).await;
         arm_end.finished(result.is_ok());
         result
     })
-}
-
-/// The failure an arm raises from the `fanout` call: its own error value,
-/// kind and message unchanged.
-fn failure_raise(failure: Failure) -> Raise {
-    match failure {
-        Failure::Cancelled => cancelled_error().into(),
-        Failure::Error(_, Some(value)) => value.into(),
-        Failure::Error(e, None) => HostError::lua(e.message).run_kind(e.kind).located().into(),
-    }
 }
 
 /// The collection's members in fanout order (the array part, then the keyed

@@ -35,14 +35,14 @@ struct HostFns {
 
 fn ensure_table(lua: &Lua) -> mlua::Result<()> {
     if lua.app_data_ref::<HostFns>().is_none() {
-        let helpers = crate::ctx::helpers(lua)?;
+        let helpers = helper_table(lua)?;
         // The async dispatcher costs mlua a coroutine library and a compiled
         // poller chunk, so it is made on the first suspending call (most
         // section entries make none): the closures find it in `H`.
         helpers.raw_set(
             "make_async_dispatch",
             lua.create_function(|lua, ()| {
-                let helpers = crate::ctx::helpers(lua)?;
+                let helpers = helper_table(lua)?;
                 let dispatch = dispatcher_beside_prompt_globals(lua)?;
                 helpers.raw_set("dispatch_async", dispatch.clone())?;
                 Ok(dispatch)
@@ -151,4 +151,10 @@ fn make_async_dispatcher(lua: &Lua) -> mlua::Result<Function> {
             }
         }
     })
+}
+
+/// The prelude's helper table (read here, not through `ctx`, so this module
+/// stays a leaf).
+fn helper_table(lua: &Lua) -> mlua::Result<mlua::Table> {
+    lua.named_registry_value("pf.helpers")
 }

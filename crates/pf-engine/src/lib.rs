@@ -9,6 +9,7 @@ mod ctx;
 mod error;
 mod events;
 mod fanout;
+mod flow;
 mod hostfn;
 mod io_files;
 mod json;
@@ -31,7 +32,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use pf_harness::{CancellationToken, Harness, ModelProvider};
-use pf_syntax::{Prompt, VersionValue};
+use pf_syntax::{Prompt, VersionProblem};
 use rand::{RngCore, SeedableRng};
 
 pub use ctx::Checkpoint;
@@ -105,16 +106,16 @@ pub struct RunReport {
     pub checkpoints: Vec<Checkpoint>,
 }
 
-/// The version rules: `Ok` when the prompt may run.
+/// The version rules (`pf_syntax::check_version`) as a run error: `Parse`
+/// for a file that is not a prompt, `Version` for a major this build does not run.
 pub fn check_version(prompt: &Prompt) -> Result<(), RunError> {
-    match &prompt.frontmatter.version {
-        None => Err(RunError::new(RunErrorKind::Parse, pf_syntax::NOT_A_PROMPT)),
-        Some(VersionValue::Major(0)) => Ok(()),
-        Some(VersionValue::Major(n)) => Err(RunError::new(
-            RunErrorKind::Version,
-            pf_syntax::unsupported_version_message(*n),
-        )),
-    }
+    pf_syntax::check_version(prompt).map_err(|problem| {
+        let kind = match problem {
+            VersionProblem::NotAPrompt => RunErrorKind::Parse,
+            VersionProblem::Unsupported(_) => RunErrorKind::Version,
+        };
+        RunError::new(kind, problem.message())
+    })
 }
 
 /// The run's execution name and untrusted-envelope nonce, both derived from the seed.
@@ -253,7 +254,7 @@ async fn run_beside(
             return report;
         }
     };
-    let argv = args_value(&prompt, &setup.args);
+    let argv = ctx::args_value(&prompt, &setup.args);
     let run_ctx = Rc::new(ctx::RunCtx::new(
         ctx::RunFixed {
             prompt: Arc::clone(&prompt),
@@ -282,10 +283,11 @@ async fn run_beside(
             capture: setup.capture,
         },
         log,
+        walk::walk_boxed,
     ));
     for claim in foreign_claims {
         let identity = claims::ClaimIdentity::of_chain(&claim.chain_id);
-        if let Err(conflict) = run_ctx.claims().claim(&identity, &claim.path, claim.kind) {
+        if let Err(conflict) = run_ctx.claim_all(&identity, &[claim.path.as_str()], claim.kind) {
             tracing::warn!("test claims conflict among themselves: {conflict:?}");
         }
     }
@@ -388,19 +390,5 @@ pub fn report_parse_failure(observer: &dyn RunObserver, execution: &str) {
             fields: Default::default(),
         };
         observer.event(execution, &event);
-    }
-}
-
-/// `argv` for an argument string: `{ prose = args }` without `args:`; with an
-/// explicit declaration, the parsed JSON, or `None` when it does not parse or is
-/// `null`. The declaration is advertised, never enforced: no type checks, and
-/// defaults are not applied.
-pub(crate) fn args_value(prompt: &Prompt, args: &str) -> Option<serde_json::Value> {
-    if prompt.frontmatter.args.is_none() {
-        return Some(serde_json::json!({ "prose": args }));
-    }
-    match serde_json::from_str::<serde_json::Value>(args) {
-        Ok(serde_json::Value::Null) | Err(_) => None,
-        Ok(v) => Some(v),
     }
 }

@@ -21,7 +21,6 @@ use crate::json::json_to_lua;
 use crate::models_check::{check_across, compose, estimate_tokens, read_list, to_wire};
 use crate::text::{float_text, lua_type_name};
 use crate::tools::{call_tool, list_text, Caller, ENGINE_TOOL_NAMES};
-use pf_syntax::{is_valid_name, NAME_GRAMMAR};
 
 /// The context window of a handle made for a raw model id.
 const MODEL_ID_CONTEXT: u64 = 8192;
@@ -177,20 +176,10 @@ fn label_text(args: &MultiValue, call: &str) -> Result<String, HostError> {
     }
 }
 
-fn check_grammar(name: &str) -> Result<(), HostError> {
-    if is_valid_name(name) {
-        Ok(())
-    } else {
-        Err(HostError::lua(format!(
-            "invalid alias \"{name}\": expected {NAME_GRAMMAR}"
-        )))
-    }
-}
-
 /// A label for `models.use` / `models.default`: the grammar, then a bound role.
 fn bound_label(sec: &SectionCtx, args: &MultiValue, call: &str) -> Result<String, HostError> {
     let label = label_text(args, call)?;
-    check_grammar(&label)?;
+    crate::tools::check_alias(&label)?;
     if !is_bound(&sec.run, &label) {
         return Err(HostError::lua(format!(
             "{call} label \"{label}\" is not a bound model role"
@@ -310,7 +299,7 @@ fn models_use(lua: &Lua, args: MultiValue) -> HostResult<AnyUserData> {
         max_tokens,
     };
     let handle = make_handle(lua, &label, Some(&choice))?;
-    *sec.role.borrow_mut() = Some(choice);
+    sec.use_role(choice);
     Ok(handle)
 }
 
@@ -361,7 +350,7 @@ fn models_get(lua: &Lua, args: MultiValue) -> HostResult<AnyUserData> {
         };
         return Ok(lua.create_userdata(handle)?);
     }
-    check_grammar(&name)?;
+    crate::tools::check_alias(&name)?;
     Err(HostError::lua(format!(
         "models.get alias \"{name}\" is not a bound model role"
     ))
@@ -494,7 +483,7 @@ fn pick_target(sec: &SectionCtx, handle: Option<&ModelHandle>) -> Result<Target,
     if let Some(h) = handle {
         return Ok(h.into());
     }
-    let selected = sec.role.borrow().clone();
+    let selected = sec.role_choice();
     let chosen = match selected {
         Some(c) => role_handle(&sec.run, &c.label, c.temperature, c.max_tokens),
         None => {
@@ -941,10 +930,7 @@ fn offered_tools(sec: &SectionCtx) -> Result<Vec<ToolDecl>, HostError> {
             .run_kind(RunErrorKind::Binding));
         }
         let description = sec
-            .add_desc
-            .borrow()
-            .get(&alias)
-            .cloned()
+            .scope_description(&alias)
             .or_else(|| sec.run.always_description(&alias))
             .unwrap_or_else(|| b.description.clone());
         out.push(ToolDecl {
@@ -956,8 +942,7 @@ fn offered_tools(sec: &SectionCtx) -> Result<Vec<ToolDecl>, HostError> {
     // The Engine's own tool names take precedence over a local tool of the same name,
     // so such a local tool is never offered under that name.
     for l in sec
-        .locals
-        .borrow()
+        .locals()
         .iter()
         .filter(|l| !ENGINE_TOOL_NAMES.contains(&l.alias.as_str()))
     {
@@ -1160,7 +1145,7 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
         report_tool_calls(&sec, turn, &resp, &calls);
         for (call, _) in &calls {
             let allowed = if ENGINE_TOOL_NAMES.contains(&call.name.as_str()) {
-                sec.task_allow.borrow().is_some()
+                sec.task_allow().is_some()
             } else {
                 names.contains(&call.name)
             };

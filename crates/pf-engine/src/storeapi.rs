@@ -33,7 +33,7 @@ struct CallSite {
 impl CallSite {
     fn of(lua: &Lua) -> mlua::Result<CallSite> {
         Ok(CallSite {
-            loading_shared: section(lua)?.loading_shared.get(),
+            loading_shared: section(lua)?.loading_shared(),
         })
     }
 
@@ -101,11 +101,11 @@ fn take_claims(sec: &SectionCtx, kind: ClaimKind, paths: &[&str]) -> Result<(), 
         .copied()
         .filter(|p| pf_store::check_path(p).is_ok())
         .collect();
-    let identity = sec.chain.identity.borrow().clone();
-    let claimed = sec.run.claims().claim_all(&identity, &valid, kind);
+    let identity = sec.claim_identity();
+    let claimed = sec.run.claim_all(&identity, &valid, kind);
     match claimed {
         Ok(()) => Ok(()),
-        Err(conflict) if sec.loading_shared.get() => Err(HostError::lua(conflict.race_message())),
+        Err(conflict) if sec.loading_shared() => Err(HostError::lua(conflict.race_message())),
         Err(conflict) => Err(sec.run.end_run(RunError::new(
             RunErrorKind::Determinism,
             conflict.determinism_message(),

@@ -98,11 +98,8 @@ fn sys_object(sec: &SectionCtx) -> Json {
     let mut m = serde_json::Map::new();
     m.insert("when".into(), Json::String(sec.run.fixed.when.clone()));
     m.insert("id".into(), Json::String(sec.id.clone()));
-    m.insert(
-        "taskid".into(),
-        Json::String(sec.chain.task.borrow().clone()),
-    );
-    if let Some(index) = sec.arm.as_ref().and_then(|seed| seed.index) {
+    m.insert("taskid".into(), Json::String(sec.task()));
+    if let Some(index) = sec.arm_index() {
         m.insert("index".into(), Json::from(index));
     }
     m.insert("section_name".into(), Json::String(sec.name.clone()));
@@ -115,7 +112,7 @@ fn sys_object(sec: &SectionCtx) -> Json {
         Json::from(sec.run.fixed.section_count as u64),
     );
     // sys.model exists only once the section's first tool call made it readable.
-    if sec.sys_model_readable.get() && sec.has_model() {
+    if sec.sys_model_visible() {
         if let Some(model) = &sec.run.fixed.model {
             m.insert("model".into(), Json::String(model.info().id));
         }
@@ -154,7 +151,7 @@ fn resolve(lua: &Lua, sec: &SectionCtx, path: &str) -> Result<String, Failure> {
         }
         "args" => return Ok(sec.chain.args.clone()),
         "item" => {
-            if let Some(item) = sec.arm.as_ref().and_then(|seed| seed.item.as_ref()) {
+            if let Some(item) = sec.arm_item() {
                 return Ok(render_json(item));
             }
             return Err(failure(
@@ -165,7 +162,7 @@ fn resolve(lua: &Lua, sec: &SectionCtx, path: &str) -> Result<String, Failure> {
         "var" | "sys" if keys.is_empty() => {
             return Err(failure("BadPath", format!("bad path: {{{{ {root} }}}}")))
         }
-        "argv" => match sec.chain.argv.borrow().clone() {
+        "argv" => match sec.chain.argv() {
             Some(v) => v,
             None => {
                 return Err(failure(
@@ -177,7 +174,7 @@ fn resolve(lua: &Lua, sec: &SectionCtx, path: &str) -> Result<String, Failure> {
                 ))
             }
         },
-        "var" => sec.var.borrow().clone(),
+        "var" => sec.var(),
         "sys" => sys_object(sec),
         "prose" => {
             return Err(failure(

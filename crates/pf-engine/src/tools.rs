@@ -23,7 +23,8 @@ use crate::text::{envelope, lua_type_name, scalar_text};
 pub(crate) const ENGINE_TOOL_NAMES: [&str; 4] =
     ["task", "task_cancel", "task_status", "await_tasks"];
 
-fn check_alias(s: &str) -> Result<(), HostError> {
+/// An alias argument under the name grammar (pf-syntax's), with the engine's message.
+pub(crate) fn check_alias(s: &str) -> Result<(), HostError> {
     if is_valid_name(s) {
         Ok(())
     } else {
@@ -113,7 +114,7 @@ pub(crate) fn make_tools(lua: &Lua) -> mlua::Result<Table> {
         "__index",
         lua.create_function(move |lua, (_t, key): (Value, Value)| {
             if let Value::String(k) = &key {
-                if k.as_bytes() == b"calls" && section(lua)?.calls.borrow().is_some() {
+                if k.as_bytes() == b"calls" && section(lua)?.calls_counted() {
                     return Ok(Value::Table(calls_proxy.clone()));
                 }
             }
@@ -151,8 +152,7 @@ fn make_calls_proxy(lua: &Lua) -> mlua::Result<Table> {
                 Value::String(s) => s.to_string_lossy(),
                 other => lua_type_name(&other).to_string(),
             };
-            let calls = sec.calls.borrow();
-            let counts = calls.as_deref().unwrap_or(&[]);
+            let counts = sec.call_counts();
             if let Some((_, n)) = counts.iter().find(|(k, _)| *k == key) {
                 return Ok(Value::Integer(*n as i64));
             }
@@ -182,10 +182,8 @@ fn make_calls_proxy(lua: &Lua) -> mlua::Result<Table> {
             Value::String(s) => Some(s.to_string_lossy()),
             _ => None,
         };
-        let calls = sec.calls.borrow();
-        let next = calls
-            .as_deref()
-            .unwrap_or(&[])
+        let next = sec
+            .call_counts()
             .iter()
             .filter(|(k, _)| after.as_ref().is_none_or(|a| k.as_bytes() > a.as_bytes()))
             .min_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()))
@@ -312,15 +310,7 @@ fn tools_add(lua: &Lua, args: MultiValue) -> HostResult<()> {
             .into());
         }
     }
-    let mut added = sec.added.borrow_mut();
-    for a in &aliases {
-        if !added.contains(a) {
-            added.push(a.clone());
-        }
-    }
-    if let (Some(d), Some(a)) = (desc, aliases.first()) {
-        sec.add_desc.borrow_mut().insert(a.clone(), d);
-    }
+    sec.add_to_scope(&aliases, desc);
     Ok(())
 }
 
@@ -380,7 +370,7 @@ fn tools_add_local(lua: &Lua, args: MultiValue) -> HostResult<()> {
         }
     };
     let schema = param_schema(&params)?;
-    sec.locals.borrow_mut().push(LocalTool {
+    sec.add_local(LocalTool {
         alias,
         description,
         parameters: schema,
@@ -527,13 +517,13 @@ fn tools_allow_tasks(lua: &Lua, args: MultiValue) -> HostResult<()> {
             .into())
         }
     };
-    *sec.task_allow.borrow_mut() = Some(targets);
+    sec.allow_tasks(targets);
     Ok(())
 }
 
 /// The task built-ins a section offers once `tools.allow_tasks` ran, in their fixed order.
 pub(crate) fn task_tool_decls(sec: &SectionCtx) -> Vec<ToolDecl> {
-    let Some(allowed) = sec.task_allow.borrow().clone() else {
+    let Some(allowed) = sec.task_allow() else {
         return Vec::new();
     };
     let targets = if allowed.is_empty() {
@@ -602,15 +592,6 @@ pub(crate) fn unbound(sec: &SectionCtx, name: &str) -> HostError {
     .with("name", name)
 }
 
-struct HandlerGuard(Rc<SectionCtx>);
-impl Drop for HandlerGuard {
-    fn drop(&mut self) {
-        self.0
-            .handler_depth
-            .set(self.0.handler_depth.get().saturating_sub(1));
-    }
-}
-
 /// Run a local tool's handler in this chain; its errors come back as the raised value.
 async fn run_local(
     lua: &Lua,
@@ -619,16 +600,11 @@ async fn run_local(
     args: &Json,
 ) -> HostResult<String> {
     let handler = sec
-        .locals
-        .borrow()
-        .iter()
-        .find(|l| l.alias == alias)
-        .map(|l| l.handler.clone())
+        .local_handler(alias)
         .ok_or_else(|| unbound(sec, alias))?;
     let arg_table = json_to_lua(lua, args)?;
     let pcall_values: mlua::Function = helpers(lua)?.get("pcall_values")?;
-    sec.handler_depth.set(sec.handler_depth.get() + 1);
-    let guard = HandlerGuard(Rc::clone(sec));
+    let guard = sec.enter_local_handler();
     let r: MultiValue = pcall_values.call_async((handler, arg_table)).await?;
     drop(guard);
     let ok = matches!(r.front(), Some(Value::Boolean(true)));

@@ -141,16 +141,17 @@ pub(crate) fn make_proxy(lua: &Lua, path: Vec<Key>) -> mlua::Result<Table> {
                 return Ok(Value::Nil);
             };
             let sec = section(lua)?;
-            let var = sec.var.borrow();
             let mut full = read_path.clone();
             full.push(key);
-            match lookup(&var, &full) {
-                None | Some(Json::Null) => Ok(Value::Nil),
-                Some(Json::Object(_)) | Some(Json::Array(_)) => {
-                    drop(var);
-                    Ok(Value::Table(make_proxy(lua, full)?))
-                }
-                Some(scalar) => Ok(json_to_lua(lua, scalar)?),
+            // `None` for a node, which reads as a proxy of its own.
+            let scalar = sec.read_var(|var| match lookup(var, &full) {
+                None | Some(Json::Null) => Ok(Some(Value::Nil)),
+                Some(Json::Object(_)) | Some(Json::Array(_)) => Ok(None),
+                Some(scalar) => json_to_lua(lua, scalar).map(Some),
+            })?;
+            match scalar {
+                Some(value) => Ok(value),
+                None => Ok(Value::Table(make_proxy(lua, full)?)),
             }
         })?,
     )?;
@@ -173,21 +174,22 @@ pub(crate) fn make_proxy(lua: &Lua, path: Vec<Key>) -> mlua::Result<Table> {
                 v => Some(var_json(&v, &path_text(&full))?),
             };
             let sec = section(lua)?;
-            let mut var = sec.var.borrow_mut();
-            if !var.is_object() && !var.is_array() {
-                *var = Json::Object(Map::new());
-            }
-            match lookup_mut(&mut var, &write_path) {
-                Some(node) => assign(node, key, json),
-                None => {
-                    return Err(HostError::lua(format!(
+            sec.update_var(|var| {
+                if !var.is_object() && !var.is_array() {
+                    *var = Json::Object(Map::new());
+                }
+                match lookup_mut(var, &write_path) {
+                    Some(node) => {
+                        assign(node, key, json);
+                        Ok(())
+                    }
+                    None => Err(HostError::lua(format!(
                         "{} no longer exists",
                         path_text(&write_path)
                     ))
-                    .into())
+                    .into()),
                 }
-            }
-            Ok(())
+            })
         })?,
     )?;
     mt.raw_set(

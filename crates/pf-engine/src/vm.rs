@@ -91,7 +91,7 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     // 1. host values
     let chain = Rc::clone(&sec.chain);
     g.raw_set("args", chain.args.as_str())?;
-    let argv = match &*chain.argv.borrow() {
+    let argv = match &chain.argv() {
         Some(j) => json_to_lua(&lua, j)?,
         None => Value::Nil,
     };
@@ -107,7 +107,7 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     lua.set_named_registry_value("pf.var_root", var_root.clone())?;
     g.raw_set("var", var_root)?;
     // A fanout arm's first section starts with its own copy of the member.
-    if let Some(item) = sec.arm.as_ref().and_then(|seed| seed.item.as_ref()) {
+    if let Some(item) = sec.arm_item() {
         g.raw_set("item", json_to_lua(&lua, item)?)?;
     }
     // 2. host functions
@@ -148,20 +148,20 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
         )?;
     }
     // 5. jump and list_from_section
-    g.raw_set("jump", crate::walk::make_jump(&lua)?)?;
+    g.raw_set("jump", crate::flow::make_jump(&lua)?)?;
     g.raw_set(
         "list_from_section",
-        crate::walk::make_list_from_section(&lua)?,
+        crate::flow::make_list_from_section(&lua)?,
     )?;
     // 6. suspending calls
-    g.raw_set("call", crate::walk::make_call(&lua)?)?;
+    g.raw_set("call", crate::flow::make_call(&lua)?)?;
     g.raw_set("fanout", crate::fanout::make_fanout(&lua)?)?;
     g.raw_set("input", make_input(&lua)?)?;
     g.raw_set("tasks", crate::tasks::make_tasks(&lua)?)?;
     // prose
     h.raw_set(
         "prose_read",
-        host_fn(&lua, |lua, _| crate::walk::read_prose(lua))?,
+        host_fn(&lua, |lua, _| crate::flow::read_prose(lua))?,
     )?;
     internal_chunk(&lua, "=[promptforge env]", ENV)?.call::<()>(h.clone())?;
     let cancel = sec.run.fixed.cancel.clone();
@@ -212,22 +212,17 @@ fn make_sys(lua: &Lua) -> mlua::Result<Table> {
             let v: Value = match key.as_str() {
                 "when" => Value::String(lua.create_string(&run.fixed.when)?),
                 "id" => Value::String(lua.create_string(&sec.id)?),
-                "taskid" => Value::String(lua.create_string(&*sec.chain.task.borrow())?),
-                "index" if sec.arm.as_ref().is_some_and(|s| s.index.is_some()) => {
-                    match sec.arm.as_ref().and_then(|seed| seed.index) {
-                        Some(index) => Value::Integer(index),
-                        None => Value::Nil,
-                    }
+                "taskid" => Value::String(lua.create_string(sec.chain.task())?),
+                "index" if sec.arm_index().is_some() => {
+                    sec.arm_index().map_or(Value::Nil, Value::Integer)
                 }
                 "section_name" => Value::String(lua.create_string(&sec.name)?),
                 "execution" => Value::String(lua.create_string(&run.fixed.execution)?),
                 "section_count" => Value::Integer(run.fixed.section_count as i64),
-                "model" if sec.sys_model_readable.get() && sec.has_model() => {
-                    match &run.fixed.model {
-                        Some(m) => Value::String(lua.create_string(m.info().id)?),
-                        None => Value::Nil,
-                    }
-                }
+                "model" if sec.sys_model_visible() => match &run.fixed.model {
+                    Some(m) => Value::String(lua.create_string(m.info().id)?),
+                    None => Value::Nil,
+                },
                 _ => {
                     return Err(
                         HostError::lua(format!("runtime error: unknown sys field '{key}'")).into(),
@@ -259,12 +254,11 @@ fn make_log(lua: &Lua) -> mlua::Result<mlua::Function> {
         }
         let sec = section(lua)?;
         let quota = sec.run.fixed.log_event_quota;
-        if sec.log_events.get() >= quota {
+        if !sec.take_log_event(quota) {
             return Err(HostError::lua("lua log event budget exceeded")
                 .run_kind(crate::RunErrorKind::Quota)
                 .into());
         }
-        sec.log_events.set(sec.log_events.get() + 1);
         let msg = match arg(&args, 0) {
             Value::String(s) => match s.to_str() {
                 Ok(t) => t.to_string(),
@@ -284,13 +278,11 @@ fn make_log(lua: &Lua) -> mlua::Result<mlua::Function> {
             )
             .into());
         }
-        let bytes = sec.log_bytes.get() + msg.len() as u64;
-        if bytes > u64::from(quota) * 256 {
+        if !sec.take_log_bytes(msg.len() as u64, u64::from(quota) * 256) {
             return Err(HostError::lua("lua log cumulative byte budget exceeded")
                 .run_kind(crate::RunErrorKind::Quota)
                 .into());
         }
-        sec.log_bytes.set(bytes);
         tracing::info!(section = %sec.name, "checkpoint: {msg}");
         sec.report(
             crate::EventKind::Lua,

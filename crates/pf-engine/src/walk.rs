@@ -6,48 +6,17 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use mlua::{Function, Lua, MultiValue, Table, Value};
+use mlua::{Function, Lua, MultiValue, Value};
 use pf_syntax::{resolve_heading, Block, LuaBlock, Prompt, Section};
 use serde_json::Value as Json;
 
 use crate::claims::ClaimIdentity;
-use crate::ctx::{
-    arg, helpers, host_async, host_fn, section, Chain, EntryPlace, RunCtx, SectionCtx,
-};
-use crate::error::{
-    read_error_value, ErrorKind, HostError, HostResult, Raise, RunError, RunErrorKind,
-};
+use crate::ctx::{helpers, Chain, ChainWalk, EntryPlace, Failure, RunCtx, SectionCtx};
+use crate::error::{read_error_value, ErrorKind, HostError, RunError, RunErrorKind};
 use crate::events::EventKind;
 use crate::text::{lua_type_name, scalar_text};
 use crate::vm::{install_name_globals, new_vm};
 use crate::Outcome;
-
-/// Calls, tasks and fanout arms nest up to this many levels.
-pub(crate) const DEPTH_CAP: u32 = 8;
-
-/// How a run stopped early.
-#[derive(Debug, Clone)]
-pub(crate) enum Failure {
-    /// A failure, with the error value that caused it when there was one
-    /// (so a `call` can raise it again unchanged in its caller).
-    Error(RunError, Option<HostError>),
-    Cancelled,
-}
-
-impl Failure {
-    fn lua(message: impl Into<String>) -> Self {
-        Failure::Error(RunError::new(RunErrorKind::Lua, message), None)
-    }
-    fn internal(e: impl std::fmt::Display) -> Self {
-        Failure::Error(
-            RunError::new(
-                RunErrorKind::Internal,
-                format!("internal invariant violated: {e}"),
-            ),
-            None,
-        )
-    }
-}
 
 /// How one section entry ended.
 pub(crate) enum EntryEnd {
@@ -63,28 +32,6 @@ enum BlockEnd {
     Fail(Failure),
 }
 
-/// Where a section entry comes from.
-pub(crate) struct EntrySpec {
-    pub name: String,
-    pub id: String,
-    pub is_h1: bool,
-    /// The section's index path (empty for the H1 pass).
-    pub path: Vec<usize>,
-    pub blocks: Vec<Block>,
-}
-
-impl EntrySpec {
-    fn section(chain: &Chain, path: Vec<usize>, s: &Section) -> Self {
-        EntrySpec {
-            name: s.name.clone(),
-            id: chain.next_entry_id(),
-            is_h1: false,
-            path,
-            blocks: s.blocks.clone(),
-        }
-    }
-}
-
 /// Whether the H1 body holds anything that runs: a `lua` block or prose.
 fn h1_runs(prompt: &Prompt) -> bool {
     prompt.h1_blocks.iter().any(|b| match b {
@@ -95,14 +42,7 @@ fn h1_runs(prompt: &Prompt) -> bool {
 
 pub(crate) async fn run_main(run: Rc<RunCtx>) -> Outcome {
     let prompt = Arc::clone(&run.fixed.prompt);
-    let main = Rc::new(Chain::new(
-        "0".to_string(),
-        run.fixed.args.clone(),
-        run.fixed.argv.clone(),
-        0,
-        Json::Object(Default::default()),
-        None,
-    ));
+    let main = Rc::new(Chain::main(run.fixed.args.clone(), run.fixed.argv.clone()));
     // Tasks the H1 pass or the walk spawned end with the main chain.
     let owned = crate::tasks::OwnedTasks::new(&run, &main.id);
     // The H1 pass is always entry 0.0, whether or not it runs.
@@ -113,19 +53,18 @@ pub(crate) async fn run_main(run: Rc<RunCtx>) -> Outcome {
         Some(vec![0])
     };
     if h1_runs(&prompt) {
-        // The H1 pass claims under its own identity and releases it when the
-        // pass ends, so the walk starts with fresh claims (guide ch. 09).
-        let walk_identity = main.identity.replace(ClaimIdentity::h1_pass());
-        let spec = EntrySpec {
+        // The H1 pass claims under its own identity (`SectionCtx::claim_identity`)
+        // and releases it when the pass ends, so the walk starts with fresh
+        // claims (guide ch. 09).
+        let place = EntryPlace {
             name: prompt.title.clone(),
             id: h1_id,
             is_h1: true,
             path: Vec::new(),
-            blocks: prompt.h1_blocks.clone(),
         };
-        let end = run_entry(Rc::clone(&run), Rc::clone(&main), spec).await;
-        let h1_identity = main.identity.replace(walk_identity);
-        run.claims().release(&h1_identity);
+        let blocks = prompt.h1_blocks.clone();
+        let end = run_entry(Rc::clone(&run), Rc::clone(&main), place, blocks).await;
+        run.release_claims(&ClaimIdentity::h1_pass());
         match end {
             EntryEnd::Return(t) => return finish(&run, &main, &owned, Outcome::Completed(t)),
             EntryEnd::Jump(target) => match resolve_heading(&prompt, &[], &target) {
@@ -170,7 +109,7 @@ fn finish(
         (outcome, _) => outcome,
     };
     // The walk has ended: its claims go with it.
-    run.claims().release(&main.identity.borrow());
+    run.release_claims(main.identity());
     outcome
 }
 
@@ -196,7 +135,7 @@ fn siblings<'p>(prompt: &'p Prompt, parent: &[usize]) -> &'p [Section] {
 /// siblings, descend into a child walk on a jump to a child, and resume the parent
 /// level after the jumper when a child level runs out. `Ok(None)` means the walk
 /// ran off its last section without a result.
-pub(crate) async fn walk_chain(
+async fn walk_chain(
     run: &Rc<RunCtx>,
     chain: &Rc<Chain>,
     start: Vec<usize>,
@@ -224,8 +163,14 @@ pub(crate) async fn walk_chain(
         };
         let mut path = parent.clone();
         path.push(index);
-        let spec = EntrySpec::section(chain, path.clone(), section);
-        match run_entry(Rc::clone(run), Rc::clone(chain), spec).await {
+        let place = EntryPlace {
+            name: section.name.clone(),
+            id: chain.next_entry_id(),
+            is_h1: false,
+            path: path.clone(),
+        };
+        let blocks = section.blocks.clone();
+        match run_entry(Rc::clone(run), Rc::clone(chain), place, blocks).await {
             EntryEnd::Return(t) => return Ok(Some(t)),
             EntryEnd::FallThrough => {
                 if let Some(top) = levels.last_mut() {
@@ -249,23 +194,23 @@ pub(crate) async fn walk_chain(
     }
 }
 
+/// [`walk_chain`] as the [`WalkFn`](crate::ctx::WalkFn) the run hands to
+/// [`RunCtx::new`], which `call`, `fanout` and `tasks` reach through [`RunCtx::walk`].
+pub(crate) fn walk_boxed(run: Rc<RunCtx>, chain: Rc<Chain>, start: Vec<usize>) -> ChainWalk {
+    Box::pin(async move { walk_chain(&run, &chain, start).await })
+}
+
 fn run_entry(
     run: Rc<RunCtx>,
     chain: Rc<Chain>,
-    spec: EntrySpec,
+    place: EntryPlace,
+    blocks: Vec<Block>,
 ) -> Pin<Box<dyn Future<Output = EntryEnd>>> {
     Box::pin(async move {
-        let place = EntryPlace {
-            name: spec.name.clone(),
-            id: spec.id.clone(),
-            is_h1: spec.is_h1,
-            path: spec.path.clone(),
-        };
         let sec = Rc::new(SectionCtx::new(run, Rc::clone(&chain), place));
         crate::tasks::entered_section(&sec);
-        let end = run_entry_in(&sec, &spec).await;
-        // Read back var: the entry's final var becomes the chain's.
-        *chain.var.borrow_mut() = sec.var.borrow().clone();
+        let end = run_entry_in(&sec, &blocks).await;
+        sec.end_entry();
         end
     })
 }
@@ -273,7 +218,7 @@ fn run_entry(
 /// One section entry with its events (guide ch. 16): `section_started`, the
 /// section VM's phases, then `section_finished` when the section completed.
 /// The H1 pass reports only its VM's phases.
-async fn run_entry_in(sec: &Rc<SectionCtx>, spec: &EntrySpec) -> EntryEnd {
+async fn run_entry_in(sec: &Rc<SectionCtx>, blocks: &[Block]) -> EntryEnd {
     if !sec.is_h1 {
         sec.boundary(EventKind::SectionStarted);
     }
@@ -285,7 +230,7 @@ async fn run_entry_in(sec: &Rc<SectionCtx>, spec: &EntrySpec) -> EntryEnd {
         }
         Err(e) => return EntryEnd::Fail(Failure::internal(e)),
     };
-    let end = run_vm(&lua, sec, spec).await;
+    let end = run_vm(&lua, sec, blocks).await;
     // The model tasks this entry started end with it (guide ch. 15).
     crate::tasks::section_ended(sec, matches!(end, EntryEnd::Fail(_)));
     sec.boundary(EventKind::LuaTeardownStarted);
@@ -297,16 +242,16 @@ async fn run_entry_in(sec: &Rc<SectionCtx>, spec: &EntrySpec) -> EntryEnd {
     end
 }
 
-async fn run_vm(lua: &Lua, sec: &Rc<SectionCtx>, spec: &EntrySpec) -> EntryEnd {
+async fn run_vm(lua: &Lua, sec: &Rc<SectionCtx>, blocks: &[Block]) -> EntryEnd {
     // The shared library replays in every section VM; a VM without one still
     // reports the (empty) load.
     sec.boundary(EventKind::LuaSharedLoadStarted);
     if let Some(shared) = sec.run.fixed.prompt.shared.clone() {
-        sec.loading_shared.set(true);
+        let loading = sec.begin_shared_load();
         let flag = helpers(lua).and_then(|h| h.raw_set("loading_shared", true));
         let end = run_block(lua, sec, &shared).await;
         let unflag = helpers(lua).and_then(|h| h.raw_set("loading_shared", false));
-        sec.loading_shared.set(false);
+        drop(loading);
         if let Err(e) = flag.and(unflag) {
             return EntryEnd::Fail(Failure::internal(e));
         }
@@ -329,11 +274,11 @@ async fn run_vm(lua: &Lua, sec: &Rc<SectionCtx>, spec: &EntrySpec) -> EntryEnd {
         return EntryEnd::Fail(Failure::internal(e));
     }
     let mut pending = String::new();
-    for block in &spec.blocks {
+    for block in blocks {
         match block {
             Block::Prose(p) => pending = p.text.clone(),
             Block::Lua(b) => {
-                *sec.prose.borrow_mut() = (std::mem::take(&mut pending), None);
+                sec.begin_block(std::mem::take(&mut pending));
                 sec.boundary(EventKind::LuaChunkStarted);
                 let end = run_block(lua, sec, b).await;
                 // Nothing more runs after a cancel or a run-ending failure;
@@ -371,8 +316,8 @@ fn freeze_argv(lua: &Lua, sec: &SectionCtx, end: EntryEnd) -> EntryEnd {
         Err(e) => return EntryEnd::Fail(Failure::internal(e)),
     };
     match crate::json::lua_to_json(&value, "argv") {
-        Ok(Json::Null) => *sec.chain.argv.borrow_mut() = None,
-        Ok(j) => *sec.chain.argv.borrow_mut() = Some(j),
+        Ok(Json::Null) => sec.chain.repair_argv(None),
+        Ok(j) => sec.chain.repair_argv(Some(j)),
         Err(e) => {
             return EntryEnd::Fail(Failure::lua(format!(
                 "{} must be JSON data, got {}",
@@ -460,7 +405,7 @@ async fn run_block(lua: &Lua, sec: &Rc<SectionCtx>, block: &LuaBlock) -> BlockEn
         return BlockEnd::Fail(Failure::Cancelled);
     }
     // A recorded jump wins over the block's own return value or error.
-    if let Some(target) = sec.jump.borrow_mut().take() {
+    if let Some(target) = sec.take_jump() {
         return BlockEnd::Jump(target);
     }
     let values = match result {
@@ -554,164 +499,12 @@ fn fail(
     message: String,
     value: Option<HostError>,
 ) -> BlockEnd {
-    let kind = if sec.is_h1 && kind == RunErrorKind::Lua && !sec.loading_shared.get() {
+    let kind = if sec.is_h1 && kind == RunErrorKind::Lua && !sec.loading_shared() {
         RunErrorKind::RequirementsUnmet
     } else {
         kind
     };
     BlockEnd::Fail(Failure::Error(RunError::new(kind, message), value))
-}
-
-/// The target of `call`, `jump` and `list_from_section`: a string.
-pub(crate) fn target_arg(args: &MultiValue) -> Result<String, HostError> {
-    match arg(args, 0) {
-        Value::String(s) => Ok(s.to_string_lossy()),
-        other => Err(HostError::lua(format!(
-            "section target must be a string, got {}",
-            lua_type_name(&other)
-        ))),
-    }
-}
-
-pub(crate) fn make_jump(lua: &Lua) -> mlua::Result<Function> {
-    let sentinel = lua.create_table()?;
-    lua.set_named_registry_value("pf.jump_sentinel", sentinel)?;
-    host_fn(lua, |lua, args| -> HostResult<()> {
-        let sec = section(lua)?;
-        if sec.handler_depth.get() > 0 {
-            return Err(HostError::lua(
-                "jump is unavailable inside a local tool handler: return a value from the handler and call jump from the block after the tool call returns",
-            )
-            .into());
-        }
-        if sec.loading_shared.get() {
-            return Err(HostError::lua("jump is not available during shared library load").into());
-        }
-        // Only the type is checked here: the reference is resolved after the block ends.
-        let target = target_arg(&args)?;
-        *sec.jump.borrow_mut() = Some(target);
-        let sentinel: Table = lua.named_registry_value("pf.jump_sentinel")?;
-        Err(Raise::Value(Value::Table(sentinel)))
-    })
-}
-
-pub(crate) fn make_list_from_section(lua: &Lua) -> mlua::Result<Function> {
-    host_fn(lua, |lua, args| -> HostResult<Table> {
-        let sec = section(lua)?;
-        let target = target_arg(&args)?;
-        let prompt = Arc::clone(&sec.run.fixed.prompt);
-        let caller = sec.path.clone();
-        let (_, found) = resolve_heading(&prompt, &caller, &target).map_err(HostError::lua)?;
-        let Some(items) = &found.list_items else {
-            return Err(HostError::lua(format!(
-                "section `{}` has no pre-parsed items",
-                found.name
-            ))
-            .into());
-        };
-        let t = lua.create_table()?;
-        for (k, item) in items.iter().enumerate() {
-            t.raw_set(k + 1, item.as_str())?;
-        }
-        Ok(t)
-    })
-}
-
-/// The `argv` a chain started with `input` gets, under the prompt's declaration.
-pub(crate) fn chain_argv(
-    sec: &SectionCtx,
-    lua: &Lua,
-    input: &Option<String>,
-) -> Result<Option<Json>, Raise> {
-    if let Some(text) = input {
-        return Ok(crate::args_value(&sec.run.fixed.prompt, text));
-    }
-    if sec.is_h1 {
-        // From the H1 pass, `argv` is an ordinary global: hand on what it holds now.
-        let current: Value = lua.globals().raw_get("argv")?;
-        return match crate::json::lua_to_json(&current, "argv") {
-            Ok(Json::Null) => Ok(None),
-            Ok(j) => Ok(Some(j)),
-            Err(e) => {
-                Err(HostError::lua(format!("{} must be JSON data, got {}", e.path, e.found)).into())
-            }
-        };
-    }
-    Ok(sec.chain.argv.borrow().clone())
-}
-
-pub(crate) fn make_call(lua: &Lua) -> mlua::Result<Function> {
-    host_async(lua, |lua, args: MultiValue| async move {
-        let sec = section(&lua)?;
-        let target = target_arg(&args)?;
-        let input = match arg(&args, 1) {
-            Value::Nil => None,
-            _ => Some(crate::ctx::string_arg(&args, 1, "input")?),
-        };
-        let prompt = Arc::clone(&sec.run.fixed.prompt);
-        let caller = sec.path.clone();
-        let (target_path, _) =
-            resolve_heading(&prompt, &caller, &target).map_err(HostError::lua)?;
-        let parent = Rc::clone(&sec.chain);
-        if parent.depth >= DEPTH_CAP {
-            return Err(
-                HostError::lua(format!("call recursion exceeded cap of {DEPTH_CAP}"))
-                    .located()
-                    .into(),
-            );
-        }
-        // The called chain takes its copy of var now: the var global must still be in place.
-        crate::var::check_var_global(&lua).map_err(HostError::lua)?;
-        let argv = chain_argv(&sec, &lua, &input)?;
-        let chain = Rc::new(Chain::new(
-            parent.next_child_id(),
-            input.unwrap_or_else(|| parent.args.clone()),
-            argv,
-            parent.depth + 1,
-            sec.var.borrow().clone(),
-            None,
-        ));
-        // A called chain claims as its caller: same identity, nothing released at its end.
-        *chain.identity.borrow_mut() = parent.identity.borrow().clone();
-        *chain.task.borrow_mut() = parent.task.borrow().clone();
-        let owned = crate::tasks::OwnedTasks::new(&sec.run, &chain.id);
-        let blocked = crate::tasks::blocked_on(&sec, crate::tasks::Blocked::Call);
-        let end = walk_chain(&sec.run, &chain, target_path).await;
-        owned.chain_ended(end.is_ok());
-        drop(blocked);
-        let end = match end {
-            Ok(result) => crate::tasks::settle(&sec.run, &chain.id)
-                .map(|()| result)
-                .map_err(|e| {
-                    Failure::Error(RunError::new(RunErrorKind::Lua, e.message.clone()), Some(e))
-                }),
-            Err(f) => Err(f),
-        };
-        drop(owned);
-        match end {
-            Ok(result) => Ok(result.unwrap_or_default()),
-            Err(Failure::Cancelled) => Err(crate::ctx::cancelled_error().into()),
-            Err(Failure::Error(_, Some(value))) => Err(value.into()),
-            Err(Failure::Error(e, None)) => {
-                Err(HostError::lua(e.message).run_kind(e.kind).located().into())
-            }
-        }
-    })
-}
-
-/// The `prose` global's value: rendered at the first read of each block.
-pub(crate) fn read_prose(lua: &Lua) -> Result<String, Raise> {
-    let sec = section(lua)?;
-    if let Some(done) = sec.prose.borrow().1.clone() {
-        return Ok(done);
-    }
-    if let Err(m) = crate::var::check_var_global(lua) {
-        return Err(HostError::lua(m).into());
-    }
-    let raw = sec.prose.borrow().0.clone();
-    let rendered = crate::subst::render(lua, &sec, &raw)?;
-    sec.prose.borrow_mut().1 = Some(rendered.clone());
-    Ok(rendered)
 }
 
 #[cfg(test)]

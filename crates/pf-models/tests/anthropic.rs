@@ -11,7 +11,7 @@ use pf_harness::{
 };
 use pf_models::{AnthropicProvider, HttpProviderConfig, HttpSettings};
 use serde_json::{json, Value as Json};
-use support::{fast_http, impatient_http, model_info, Behaviour, Reply, TestServer};
+use support::{fast_http, hello, impatient_http, model_info, Behaviour, Reply, TestServer};
 
 fn provider(
     base_url: &str,
@@ -54,13 +54,6 @@ fn tool_result(id: &str, text: &str) -> ChatMessage {
         content: json!(text),
         tool_calls: Vec::new(),
         tool_call_id: Some(id.into()),
-    }
-}
-
-fn hello() -> ChatRequest {
-    ChatRequest {
-        messages: vec![message("user", json!("hello"))],
-        ..ChatRequest::default()
     }
 }
 

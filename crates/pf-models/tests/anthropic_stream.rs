@@ -8,12 +8,11 @@ mod support;
 use std::time::{Duration, Instant};
 
 use pf_harness::{
-    CancellationToken, ChatMessage, ChatRequest, ChatResponse, ModelProvider, ProviderError,
-    ThinkingSupport, ToolCall, Usage,
+    CancellationToken, ChatResponse, ModelProvider, ProviderError, ThinkingSupport, ToolCall, Usage,
 };
 use pf_models::{AnthropicProvider, HttpProviderConfig, HttpSettings};
 use serde_json::{json, Value as Json};
-use support::{fast_http, impatient_http, model_info, Behaviour, Reply, TestServer};
+use support::{fast_http, hello, impatient_http, model_info, Behaviour, Reply, TestServer};
 
 fn provider(base_url: &str, http: HttpSettings) -> AnthropicProvider {
     AnthropicProvider::new(
@@ -26,18 +25,6 @@ fn provider(base_url: &str, http: HttpSettings) -> AnthropicProvider {
         },
     )
     .expect("provider")
-}
-
-fn hello() -> ChatRequest {
-    ChatRequest {
-        messages: vec![ChatMessage {
-            role: "user".into(),
-            content: json!("hello"),
-            tool_calls: Vec::new(),
-            tool_call_id: None,
-        }],
-        ..ChatRequest::default()
-    }
 }
 
 /// The events as the API names them: `event: {type}` then the data.

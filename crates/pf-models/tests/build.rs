@@ -3,22 +3,10 @@
 
 mod support;
 
-use pf_harness::{CancellationToken, ChatMessage, ChatRequest, ModelInfo, ThinkingSupport};
+use pf_harness::{CancellationToken, ModelInfo, ThinkingSupport};
 use pf_models::{build_provider, HttpEndpoint, ProviderKind, ProviderSpec};
 use serde_json::json;
-use support::{Reply, TestServer};
-
-fn hello() -> ChatRequest {
-    ChatRequest {
-        messages: vec![ChatMessage {
-            role: "user".into(),
-            content: json!("hello"),
-            tool_calls: Vec::new(),
-            tool_call_id: None,
-        }],
-        ..ChatRequest::default()
-    }
-}
+use support::{hello, Reply, TestServer};
 
 #[tokio::test]
 async fn a_script_model_replies_and_records() {

@@ -5,13 +5,10 @@
 
 mod support;
 
-use pf_harness::{
-    CancellationToken, ChatMessage, ChatRequest, ChatResponse, ModelProvider, ProviderError,
-    ThinkingSupport,
-};
+use pf_harness::{CancellationToken, ChatResponse, ModelProvider, ProviderError, ThinkingSupport};
 use pf_models::{AnthropicProvider, HttpProviderConfig, OpenAiProvider};
 use serde_json::{json, Value as Json};
-use support::{fast_http, model_info, Reply, TestServer};
+use support::{fast_http, hello, model_info, Reply, TestServer};
 
 const KEY: &str = "sk-live/Echo+Key_0123456789abcdef";
 
@@ -31,18 +28,6 @@ fn openai(base_url: &str, variable: &str) -> OpenAiProvider {
         config(base_url, variable),
     )
     .expect("provider")
-}
-
-fn hello() -> ChatRequest {
-    ChatRequest {
-        messages: vec![ChatMessage {
-            role: "user".into(),
-            content: json!("hello"),
-            tool_calls: Vec::new(),
-            tool_call_id: None,
-        }],
-        ..ChatRequest::default()
-    }
 }
 
 fn base64(data: &[u8]) -> String {

@@ -7,12 +7,12 @@
 mod support;
 
 use pf_harness::{
-    CancellationToken, ChatMessage, ChatRequest, ChatResponse, LlamaTimings, ModelProvider,
-    ThinkingSupport, Usage, VllmMetrics, WorkId,
+    CancellationToken, ChatResponse, LlamaTimings, ModelProvider, ThinkingSupport, Usage,
+    VllmMetrics, WorkId,
 };
 use pf_models::{AnthropicProvider, HttpProviderConfig, OpenAiProvider};
 use serde_json::{json, Value as Json};
-use support::{fast_http, model_info, Reply, TestServer};
+use support::{fast_http, hello, model_info, Reply, TestServer};
 
 fn config(base_url: &str) -> HttpProviderConfig {
     HttpProviderConfig {
@@ -20,18 +20,6 @@ fn config(base_url: &str) -> HttpProviderConfig {
         model: "m".to_string(),
         api_key_env: None,
         http: fast_http(),
-    }
-}
-
-fn hello() -> ChatRequest {
-    ChatRequest {
-        messages: vec![ChatMessage {
-            role: "user".into(),
-            content: json!("hello"),
-            tool_calls: Vec::new(),
-            tool_call_id: None,
-        }],
-        ..ChatRequest::default()
     }
 }
 

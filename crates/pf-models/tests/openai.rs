@@ -12,7 +12,7 @@ use pf_harness::{
 };
 use pf_models::{HttpProviderConfig, HttpSettings, OpenAiProvider};
 use serde_json::{json, Value as Json};
-use support::{fast_http, impatient_http, model_info, Behaviour, Reply, TestServer};
+use support::{fast_http, hello, impatient_http, model_info, Behaviour, Reply, TestServer};
 
 fn provider(
     base_url: &str,
@@ -46,13 +46,6 @@ fn message(role: &str, content: Json) -> ChatMessage {
         content,
         tool_calls: Vec::new(),
         tool_call_id: None,
-    }
-}
-
-fn hello() -> ChatRequest {
-    ChatRequest {
-        messages: vec![message("user", json!("hello"))],
-        ..ChatRequest::default()
     }
 }
 

@@ -9,12 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pf_harness::{
-    CancellationToken, ChatMessage, ChatRequest, ChatResponse, ModelProvider, ProviderError,
-    ThinkingSupport, ToolCall, Usage,
+    CancellationToken, ChatResponse, ModelProvider, ProviderError, ThinkingSupport, ToolCall, Usage,
 };
 use pf_models::{HttpProviderConfig, HttpSettings, OpenAiProvider};
 use serde_json::{json, Value as Json};
-use support::{fast_http, impatient_http, model_info, Behaviour, Reply, TestServer};
+use support::{fast_http, hello, impatient_http, model_info, Behaviour, Reply, TestServer};
 
 fn provider(base_url: &str, http: HttpSettings) -> OpenAiProvider {
     OpenAiProvider::new(
@@ -27,18 +26,6 @@ fn provider(base_url: &str, http: HttpSettings) -> OpenAiProvider {
         },
     )
     .expect("provider")
-}
-
-fn hello() -> ChatRequest {
-    ChatRequest {
-        messages: vec![ChatMessage {
-            role: "user".into(),
-            content: json!("hello"),
-            tool_calls: Vec::new(),
-            tool_call_id: None,
-        }],
-        ..ChatRequest::default()
-    }
 }
 
 fn chunk(delta: Json, finish: Option<&str>) -> Json {

@@ -18,12 +18,14 @@ use serde_json::Value as Json;
 
 use crate::claims::ClaimIdentity;
 use crate::ctx::ArmSeed;
-use crate::ctx::{arg, cancelled_error, host_async, host_fn, section, Chain, RunCtx, SectionCtx};
+use crate::ctx::{
+    arg, cancelled_error, host_async, host_fn, section, target_arg, Chain, Failure, RunCtx,
+    SectionCtx, DEPTH_CAP,
+};
 use crate::error::{ErrorKind, HostError, HostResult, Raise};
 use crate::events::EventKind;
 use crate::json::lua_to_json;
 use crate::text::{envelope, lua_type_name};
-use crate::walk::{chain_argv, target_arg, walk_chain, Failure, DEPTH_CAP};
 
 pub(crate) mod table;
 
@@ -221,6 +223,28 @@ impl Drop for OwnedTasks {
     }
 }
 
+/// Walk `chain` from `start` as the owner of the tasks it spawns: they are
+/// abandoned when it ends, and a chain that ends normally with author tasks
+/// still live fails with `tasks_live` ([`settle`]). The one way a `call`, a
+/// fanout arm and a task run their chain.
+pub(crate) async fn walk_owned(
+    run: &Rc<RunCtx>,
+    chain: &Rc<Chain>,
+    start: Vec<usize>,
+) -> Result<Option<String>, Failure> {
+    let owned = OwnedTasks::new(run, &chain.id);
+    let end = run.walk(chain, start).await;
+    owned.chain_ended(end.is_ok());
+    end.and_then(|result| {
+        settle(run, &chain.id).map(|()| result).map_err(|e| {
+            Failure::Error(
+                crate::error::RunError::new(crate::error::RunErrorKind::Lua, e.message.clone()),
+                Some(e),
+            )
+        })
+    })
+}
+
 /// The model tasks `sec`'s entry started that are still running end with it
 /// (guide ch. 15): at the section's end, or when its tool loop is exhausted.
 pub(crate) fn abandon_model_tasks(sec: &SectionCtx, reason: AbandonReason) {
@@ -263,17 +287,7 @@ struct TaskClaims {
 
 impl Drop for TaskClaims {
     fn drop(&mut self) {
-        if let Some(mut claims) = self.run.try_claims() {
-            claims.release(&self.identity);
-        }
-    }
-}
-
-fn failure_value(failure: Failure) -> HostError {
-    match failure {
-        Failure::Cancelled => cancelled_error(),
-        Failure::Error(_, Some(value)) => value,
-        Failure::Error(e, None) => HostError::lua(e.message).run_kind(e.kind).located(),
+        self.run.release_claims(&self.identity);
     }
 }
 
@@ -419,17 +433,16 @@ fn start_task(
     let parent = Rc::clone(&sec.chain);
     // The task takes its copy of var now: the var global must still be in place.
     crate::var::check_var_global(lua).map_err(HostError::lua)?;
-    let argv = chain_argv(sec, lua, &input)?;
-    let id = parent.next_child_id();
-    let key = parse_key(&id).ok_or_else(|| HostError::new(ErrorKind::Internal, "bad task id"))?;
-    let chain = Rc::new(Chain::new(
-        id.clone(),
+    let argv = sec.child_argv(lua, &input)?;
+    let chain = Rc::new(Chain::spawned(
+        &parent,
         input.clone().unwrap_or_else(|| parent.args.clone()),
         argv,
-        parent.depth + 1,
-        sec.var.borrow().clone(),
+        sec.var(),
         (seed.item.is_some() || seed.index.is_some()).then_some(seed),
     ));
+    let id = chain.id.clone();
+    let key = parse_key(&id).ok_or_else(|| HostError::new(ErrorKind::Internal, "bad task id"))?;
     let started = task_started_fields(
         &id,
         &resolved.name,
@@ -498,26 +511,22 @@ pub(crate) fn task_started_fields(
             fields.insert("index".into(), Json::from(index));
         }
     }
-    fields.insert("var".into(), owner.var.borrow().clone());
+    fields.insert("var".into(), owner.var());
     fields
 }
 
 fn task_future(run: &Rc<RunCtx>, chain: Rc<Chain>, key: TaskKey, start: Vec<usize>) -> TaskFuture {
     let claims = TaskClaims {
         run: Rc::clone(run),
-        identity: chain.identity.borrow().clone(),
+        identity: chain.identity().clone(),
     };
     let run = Rc::clone(run);
     Box::pin(async move {
         let _claims = claims;
-        let owned = OwnedTasks::new(&run, &chain.id);
-        let end = walk_chain(&run, &chain, start).await;
-        owned.chain_ended(end.is_ok());
-        let result = match end {
-            Ok(text) => settle(&run, &chain.id).map(|()| text.unwrap_or_default()),
-            Err(failure) => Err(failure_value(failure)),
-        };
-        drop(owned);
+        let result = walk_owned(&run, &chain, start)
+            .await
+            .map(Option::unwrap_or_default)
+            .map_err(Failure::into_value);
         end_task(&run, &key, TaskEnd::Finished(result));
     })
 }
@@ -564,7 +573,7 @@ fn not_owned(key: &[u32]) -> HostError {
 fn caller(lua: &Lua) -> HostResult<(Rc<RunCtx>, String, String)> {
     let sec = section(lua)?;
     let chain = Rc::clone(&sec.chain);
-    let task = chain.task.borrow().clone();
+    let task = chain.task().to_string();
     Ok((Rc::clone(&sec.run), chain.id.clone(), task))
 }
 
@@ -1212,8 +1221,9 @@ pub(crate) async fn model_await(
 /// called chain or a fanout arm (a called chain's waits show as `call`).
 fn own_chain_task(sec: &SectionCtx) -> Option<TaskKey> {
     let chain = &sec.chain;
-    let task = chain.task.borrow();
-    (*task == chain.id).then(|| parse_key(&chain.id)).flatten()
+    (chain.task() == chain.id)
+        .then(|| parse_key(&chain.id))
+        .flatten()
 }
 
 /// Record that the task whose own chain runs `sec` is now in `sec`'s section.
@@ -1287,7 +1297,7 @@ pub(crate) async fn model_builtin(
                 }
             };
             let target = target.trim();
-            let allowed = sec.task_allow.borrow().clone().unwrap_or_default();
+            let allowed = sec.task_allow().unwrap_or_default();
             if !allowed.is_empty() && !allowed.iter().any(|a| a == target) {
                 return Ok((
                     false,

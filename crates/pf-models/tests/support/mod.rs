@@ -320,3 +320,16 @@ pub fn impatient_http() -> pf_models::HttpSettings {
         ..fast_http()
     }
 }
+
+/// The one-message request most provider tests send: a user saying "hello".
+pub fn hello() -> pf_harness::ChatRequest {
+    pf_harness::ChatRequest {
+        messages: vec![pf_harness::ChatMessage {
+            role: "user".into(),
+            content: serde_json::json!("hello"),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }],
+        ..pf_harness::ChatRequest::default()
+    }
+}
