@@ -10,6 +10,9 @@ use pf_engine::{run, Outcome, RunSetup};
 use pf_harness::{CancellationToken, Harness, ModelInfo, ModelProvider, ThinkingSupport};
 use pf_models::{ScriptProvider, ScriptedReply};
 
+#[path = "support/instant_openai.rs"]
+mod instant_openai;
+
 fn setup(store: &std::path::Path, model: Option<Arc<dyn ModelProvider>>) -> RunSetup {
     RunSetup {
         seed: 7,
@@ -65,67 +68,6 @@ fn scripted(rounds: usize) -> Arc<dyn ModelProvider> {
     ))
 }
 
-/// A local OpenAI-compatible server that answers at once: a `tick` tool call until the
-/// request holds 50 tool results, then a text reply. Stateless, so every iteration
-/// of the benchmark sees the same conversation.
-fn instant_openai_server() -> String {
-    use std::io::{BufRead, BufReader, Read, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let base = format!("http://{}/v1", listener.local_addr().expect("addr"));
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(stream) = stream else { continue };
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(stream.try_clone().expect("clone"));
-                let mut stream = stream;
-                loop {
-                    let mut line = String::new();
-                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                        return;
-                    }
-                    let mut length = 0usize;
-                    loop {
-                        let mut h = String::new();
-                        if reader.read_line(&mut h).unwrap_or(0) == 0 || h.trim().is_empty() {
-                            break;
-                        }
-                        if let Some((k, v)) = h.split_once(':') {
-                            if k.trim().eq_ignore_ascii_case("content-length") {
-                                length = v.trim().parse().unwrap_or(0);
-                            }
-                        }
-                    }
-                    let mut body = vec![0u8; length];
-                    if reader.read_exact(&mut body).is_err() {
-                        return;
-                    }
-                    let request: serde_json::Value =
-                        serde_json::from_slice(&body).unwrap_or_default();
-                    let results = request["messages"]
-                        .as_array()
-                        .map_or(0, |m| m.iter().filter(|r| r["role"] == "tool").count());
-                    let reply = if results < 50 {
-                        serde_json::json!({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,
-                            "tool_calls": [{"id": format!("call_{results}"), "type": "function", "function": {"name": "tick", "arguments": "{\"step\":1}"}}]}}]})
-                    } else {
-                        serde_json::json!({"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "done"}}]})
-                    };
-                    let text = reply.to_string();
-                    let head = format!("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", text.len());
-                    // One write: a split head and body would stall on Nagle plus delayed ACK.
-                    if stream
-                        .write_all(format!("{head}{text}").as_bytes())
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    base
-}
-
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -167,7 +109,7 @@ fn bench_openai(c: &mut Criterion) {
         .build()
         .expect("runtime");
     let store = tempfile::tempdir().expect("tempdir");
-    let base = instant_openai_server();
+    let base = instant_openai::instant_openai_server();
     let spec = pf_models::ProviderSpec {
         kind: pf_models::ProviderKind::OpenAi(pf_models::HttpEndpoint {
             base_url: base,

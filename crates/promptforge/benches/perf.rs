@@ -32,6 +32,9 @@ use promptforge::host::{HostConfig, HostWork};
 // ---------------------------------------------------------------------------
 // Prompts
 
+#[path = "../../pf-engine/benches/support/instant_openai.rs"]
+mod instant_openai;
+
 const HEAD: &str = "---\nname: bench\ndescription: a benchmark\npromptforge: 0\n";
 
 fn pure_fanout_prompt(arms: usize) -> String {
@@ -300,67 +303,6 @@ async fn bare_http_loop(client: &reqwest::Client, url: &str) -> usize {
     }
 }
 
-/// A local OpenAI-compatible server that answers at once: a `tick` tool call
-/// until the request holds 50 tool results, then a text reply.
-fn instant_openai_server() -> String {
-    use std::io::{BufRead, BufReader, Read, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let base = format!("http://{}/v1", listener.local_addr().expect("addr"));
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(stream) = stream else { continue };
-            let _ = stream.set_nodelay(true);
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(stream.try_clone().expect("clone"));
-                let mut stream = stream;
-                loop {
-                    let mut line = String::new();
-                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                        return;
-                    }
-                    let mut length = 0usize;
-                    loop {
-                        let mut h = String::new();
-                        if reader.read_line(&mut h).unwrap_or(0) == 0 || h.trim().is_empty() {
-                            break;
-                        }
-                        if let Some((k, v)) = h.split_once(':') {
-                            if k.trim().eq_ignore_ascii_case("content-length") {
-                                length = v.trim().parse().unwrap_or(0);
-                            }
-                        }
-                    }
-                    let mut body = vec![0u8; length];
-                    if reader.read_exact(&mut body).is_err() {
-                        return;
-                    }
-                    let request: serde_json::Value =
-                        serde_json::from_slice(&body).unwrap_or_default();
-                    let results = request["messages"]
-                        .as_array()
-                        .map_or(0, |m| m.iter().filter(|r| r["role"] == "tool").count());
-                    let reply = if results < 50 {
-                        serde_json::json!({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null,
-                            "tool_calls": [{"id": format!("call_{results}"), "type": "function", "function": {"name": "tick", "arguments": "{\"step\":1}"}}]}}]})
-                    } else {
-                        serde_json::json!({"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "done"}}]})
-                    };
-                    let text = reply.to_string();
-                    let head = format!("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", text.len());
-                    // One write: a split head and body would stall on Nagle plus delayed ACK.
-                    if stream
-                        .write_all(format!("{head}{text}").as_bytes())
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    base
-}
-
 // ---------------------------------------------------------------------------
 // Child processes: one workload each, reporting time and peak RSS
 
@@ -494,7 +436,7 @@ fn main() {
     );
 
     // (b) the tool loop over HTTP, run log on, vs bare reqwest
-    let base = instant_openai_server();
+    let base = instant_openai::instant_openai_server();
     let openai = openai_host(bench.dir(), &base);
     let text = loop_prompt();
     let looping = Arc::new(pf_syntax::parse(text.as_bytes()).expect("parse"));
