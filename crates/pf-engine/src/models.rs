@@ -18,7 +18,7 @@ use crate::ctx::{
 use crate::error::{ErrorKind, HostError, HostResult, Raise, RunErrorKind};
 use crate::events::{deliver, fields, EventKind, LiveText};
 use crate::json::json_to_lua;
-use crate::models_check::{check_across, compose, estimate_tokens, read_list, to_wire};
+use crate::models_check::{check_across, Composition, ListReader};
 use crate::text::{float_text, lua_type_name};
 use crate::tools::{call_tool, list_text, Caller, ENGINE_TOOL_NAMES};
 
@@ -1021,18 +1021,23 @@ fn text_record(lua: &Lua, role: &str, content: &str) -> mlua::Result<Table> {
 }
 
 /// Check the list as it stands: each record's fields, then the rules across
-/// records, whose failure is also reported as a failed round.
+/// records, whose failure is also reported as a failed round. `Ok` is the
+/// number of leading records unchanged since the reader's last read.
 fn checked_records(
     lua: &Lua,
     sec: &SectionCtx,
+    reader: &mut ListReader,
     list_v: &Value,
-) -> Result<Vec<crate::models_check::Record>, HostError> {
-    let records = read_list(lua, list_v).map_err(HostError::lua)?;
-    if let Err(message) = check_across(&records) {
+    no_prompt_code: bool,
+) -> Result<usize, HostError> {
+    let unchanged = reader
+        .read(lua, list_v, no_prompt_code)
+        .map_err(HostError::lua)?;
+    if let Err(message) = check_across(reader.records()) {
         sec.boundary(EventKind::ModelTurnFailed);
         return Err(HostError::lua(message));
     }
-    Ok(records)
+    Ok(unchanged)
 }
 
 async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
@@ -1062,7 +1067,11 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
             .into())
         }
     };
-    checked_records(&lua, &sec, &list_v)?;
+    let mut reader = ListReader::default();
+    let mut composition = Composition::default();
+    checked_records(&lua, &sec, &mut reader, &list_v, false)?;
+    // Whether the last round's tools ran no prompt code: Plugin tools only.
+    let mut no_prompt_code = false;
     let Value::Table(list) = &list_v else {
         return Err(HostError::lua(format!(
             "messages must be a table of message tables, got {}",
@@ -1088,9 +1097,9 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
         for notice in crate::tasks::take_notices(&sec.run, &sec.id) {
             append_record(list, text_record(&lua, "user", &notice)?)?;
         }
-        let records = checked_records(&lua, &sec, &list_v)?;
-        let composed = compose(&records);
-        if estimate_tokens(&composed) > target.context {
+        let unchanged = checked_records(&lua, &sec, &mut reader, &list_v, no_prompt_code)?;
+        composition.update(reader.records(), unchanged);
+        if composition.estimate_tokens() > target.context {
             return Err(overflow(&lua, compactor.as_ref(), "precheck").await);
         }
         let names: Vec<String> = offered.iter().map(|t| t.name.clone()).collect();
@@ -1099,7 +1108,7 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
         } else {
             Some(offered)
         };
-        let (resp, timing) = match send_round(&sec, &target, to_wire(&composed), tools, true).await
+        let (resp, timing) = match send_round(&sec, &target, composition.wire(), tools, true).await
         {
             Ok(r) => r,
             Err(RoundFailure::Overflow) => {
@@ -1166,6 +1175,11 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
                     .into());
             }
         }
+        // A local handler is prompt code; the Engine's task tools are kept
+        // out too. Only Plugin tools leave this VM's Lua untouched.
+        no_prompt_code = calls.iter().all(|(call, _)| {
+            !ENGINE_TOOL_NAMES.contains(&call.name.as_str()) && !sec.has_local(&call.name)
+        });
         // Run the batch in call order, then append it whole.
         let mut results: Vec<String> = Vec::with_capacity(calls.len());
         for (call, arguments) in &calls {
@@ -1482,6 +1496,62 @@ mod tests {
             .map(|t| t.name)
             .collect();
         assert_eq!(tools, vec!["stamp".to_string()]);
+    }
+
+    /// `models.loop` keeps what it read of the list from round to round; every
+    /// edit a handler makes, however small, still reaches the next round.
+    #[test]
+    fn handler_edits_to_the_list_reach_the_next_round() {
+        let call = |id: &str| ChatResponse {
+            tool_calls: vec![ToolCall {
+                id: id.into(),
+                name: "edit".into(),
+                arguments: "{\"n\":1}".into(),
+            }],
+            finish_reason: Some("tool_calls".into()),
+            ..Default::default()
+        };
+        let replies: Vec<ChatResponse> = ["c1", "c2", "c3", "c4", "c5", "c6", "c7"]
+            .into_iter()
+            .map(call)
+            .chain([text("done")])
+            .collect();
+        let body = "\
+local msgs = messages.new():user('go')
+local round = 0
+tools.add_local('edit', 'Edit', { n = 'integer' }, function()
+  round = round + 1
+  local args = msgs[2] and msgs[2].tool_calls[1].arguments
+  if round == 1 then msgs[1].content = 'edited'
+  elseif round == 2 then args.n = 1.0
+  elseif round == 3 then args.n = 0.0
+  elseif round == 4 then args.n = -0.0
+  elseif round == 5 then
+    msgs[3] = { role = 'tool', content = 'ok', tool_call_id = 'c1', extra = { deep = { 1, 2 } } }
+  elseif round == 6 then msgs[3].extra.deep[3] = function() end
+  end
+  return 'ok'
+end)
+local ok, err = pcall(models.loop, msgs)
+return tostring(ok) .. ' ' .. tostring(err) .. ' ' .. round";
+        let source = format!("---\nname: t\ndescription: t\npromptforge: 0\nmodels:\n  w: {{}}\n---\n\n# T\n\n## S\n\n```lua\nmodels.use('w')\n{body}\n```\n");
+        let r = recorder(ThinkingSupport::Never, replies);
+        assert_eq!(
+            run_prompt(&source, Arc::clone(&r), None),
+            Outcome::Completed("false messages must be a JSON-representable table 6".into())
+        );
+        let seen = seen(&r);
+        assert_eq!(seen.len(), 6);
+        let content = |round: usize, i: usize| seen[round].messages[i].content.clone();
+        let arguments = |round: usize| seen[round].messages[1].tool_calls[0].arguments.clone();
+        assert_eq!(content(0, 0), serde_json::json!("go"));
+        assert_eq!(content(1, 0), serde_json::json!("edited"));
+        assert_eq!(arguments(1), "{\"n\":1}");
+        assert_eq!(arguments(2), "{\"n\":1.0}");
+        assert_eq!(arguments(3), "{\"n\":0.0}");
+        assert_eq!(arguments(4), "{\"n\":-0.0}");
+        assert_eq!(content(5, 2), serde_json::json!("ok"));
+        assert_eq!(seen[5].messages.len(), 11);
     }
 
     #[test]

@@ -102,6 +102,112 @@ pub(crate) fn read_list(lua: &Lua, value: &Value) -> Result<Vec<Record>, String>
     Ok(records)
 }
 
+/// `models.loop`'s list, read every round. The prelude's `list_read` proves
+/// which records are unchanged since the last read (from snapshots in a table
+/// no prompt can reach); only the rest are read again, so a round costs Lua
+/// comparisons over the list instead of a Rust read of every record.
+#[derive(Default)]
+pub(crate) struct ListReader {
+    /// The snapshots of `records`, record for record, when they are trusted.
+    snaps: Option<Table>,
+    records: Vec<Record>,
+}
+
+impl ListReader {
+    /// Read and check the list like [`read_list`]; `Ok` is the number of
+    /// leading records that are the records of the last read. `no_prompt_code`:
+    /// no prompt Lua ran in this VM since the last read (only the engine
+    /// appended to the list), so a record that is the same table is unchanged.
+    pub(crate) fn read(
+        &mut self,
+        lua: &Lua,
+        value: &Value,
+        no_prompt_code: bool,
+    ) -> Result<usize, String> {
+        let result = self.read_changes(lua, value, no_prompt_code);
+        if result.is_err() {
+            self.reset();
+        }
+        result
+    }
+
+    /// The records of the last successful read.
+    pub(crate) fn records(&self) -> &[Record] {
+        &self.records
+    }
+
+    fn reset(&mut self) {
+        self.snaps = None;
+        self.records.clear();
+    }
+
+    fn read_changes(
+        &mut self,
+        lua: &Lua,
+        value: &Value,
+        no_prompt_code: bool,
+    ) -> Result<usize, String> {
+        let Value::Table(list) = value else {
+            return Err(format!(
+                "messages must be a table of message tables, got {}",
+                lua_type(value)
+            ));
+        };
+        let Some((is_representable, len, first)) = self.list_read(lua, list, no_prompt_code) else {
+            // No helper, or it was interrupted: read everything, and snapshot afresh next time.
+            self.reset();
+            self.records = read_list(lua, value)?;
+            return Ok(0);
+        };
+        if !is_representable {
+            return Err("messages must be a JSON-representable table".into());
+        }
+        let Some(len) = len else {
+            return Err("messages must be an array of message tables".into());
+        };
+        if len == 0 {
+            return Err("messages must not be empty".into());
+        }
+        let unchanged = first.saturating_sub(1).min(self.records.len());
+        self.records.truncate(unchanged);
+        let keys = Keys::new(lua).map_err(|e| e.to_string())?;
+        for index in unchanged + 1..=len {
+            let value: Value = list.raw_get(index).unwrap_or(Value::Nil);
+            self.records.push(read_record(&keys, index, &value)?);
+        }
+        Ok(unchanged)
+    }
+
+    /// One call of the prelude's `list_read`: representable, the length when
+    /// a sequence, and the first index not proven unchanged.
+    fn list_read(
+        &mut self,
+        lua: &Lua,
+        list: &Table,
+        trusted: bool,
+    ) -> Option<(bool, Option<usize>, usize)> {
+        let helpers: Table = lua.named_registry_value("pf.helpers").ok()?;
+        let read: mlua::Function = helpers.raw_get("list_read").ok()?;
+        let snaps = match &self.snaps {
+            Some(snaps) => snaps.clone(),
+            None => {
+                self.records.clear();
+                let snaps = lua.create_table().ok()?;
+                self.snaps = Some(snaps.clone());
+                snaps
+            }
+        };
+        let known = self.records.len();
+        let (ok, len, first): (bool, Option<i64>, i64) =
+            read.call((list, MAX_DEPTH, snaps, known, trusted)).ok()?;
+        Some((
+            ok,
+            len.and_then(|n| usize::try_from(n).ok()),
+            usize::try_from(first).unwrap_or(0),
+        ))
+    }
+}
+
 /// [`representable`] and [`sequence_len`] in one call of the prelude's
 /// `list_shape`; `None` when the helper is missing or raised (a cancel).
 fn list_shape(lua: &Lua, list: &Table) -> Option<(bool, Option<usize>)> {
@@ -489,16 +595,41 @@ fn is_text_only_assistant(r: &Record) -> bool {
 }
 
 /// Apply the merge rules to a checked list (the list itself is never changed).
+#[cfg(test)]
 pub(crate) fn compose(records: &[Record]) -> Vec<Record> {
-    let mut out: Vec<Record> = Vec::new();
-    let leading = records
+    let mut out = Vec::new();
+    compose_from(
+        records,
+        leading_system(records),
+        0,
+        &mut out,
+        &mut Vec::new(),
+    );
+    out
+}
+
+fn leading_system(records: &[Record]) -> usize {
+    records
         .iter()
         .take_while(|r| r.role == Role::System)
-        .count();
-    for (i, rec) in records.iter().enumerate() {
+        .count()
+}
+
+/// Compose `records[from..]` onto `out`, the composition of `records[..from]`
+/// (whose last record a later one may still join); `starts` gets the index of
+/// the first record of each composed record added.
+fn compose_from(
+    records: &[Record],
+    leading: usize,
+    from: usize,
+    out: &mut Vec<Record>,
+    starts: &mut Vec<usize>,
+) {
+    for (i, rec) in records.iter().enumerate().skip(from) {
         let rec = rec.clone();
         let Some(last) = out.last_mut() else {
             out.push(rec);
+            starts.push(i);
             continue;
         };
         let joined = match (last.role, rec.role) {
@@ -515,10 +646,65 @@ pub(crate) fn compose(records: &[Record]) -> Vec<Record> {
                     last.tool_calls = rec.tool_calls;
                 }
             }
-            None => out.push(rec),
+            None => {
+                out.push(rec);
+                starts.push(i);
+            }
         }
     }
-    out
+}
+
+/// What `models.loop` sends, kept from round to round: the composed records,
+/// their wire messages and estimate bytes. A round recomposes only from the
+/// first composed record that an unchanged list record does not close.
+#[derive(Default)]
+pub(crate) struct Composition {
+    records: Vec<Record>,
+    /// The index of the first list record of each composed record.
+    starts: Vec<usize>,
+    wire: Vec<ChatMessage>,
+    bytes: Vec<usize>,
+    leading: usize,
+}
+
+impl Composition {
+    /// Bring the composition up to date with `records`, of which the first
+    /// `unchanged` are the records of the last update.
+    pub(crate) fn update(&mut self, records: &[Record], unchanged: usize) {
+        let leading = leading_system(records);
+        // A composed record is final once an unchanged record started the next one.
+        let keep = if leading == self.leading {
+            self.starts
+                .iter()
+                .skip(1)
+                .take_while(|start| **start < unchanged)
+                .count()
+        } else {
+            0
+        };
+        let from = self.starts.get(keep).copied().unwrap_or(0);
+        self.records.truncate(keep);
+        self.starts.truncate(keep);
+        self.wire.truncate(keep);
+        self.bytes.truncate(keep);
+        self.leading = leading;
+        compose_from(records, leading, from, &mut self.records, &mut self.starts);
+        for r in &self.records[keep..] {
+            self.wire.push(wire_message(r));
+            self.bytes.push(estimate_bytes(r));
+        }
+    }
+
+    /// The messages as the provider receives them.
+    pub(crate) fn wire(&self) -> Vec<ChatMessage> {
+        self.wire.clone()
+    }
+
+    /// The precheck's estimate: text and tool-call bytes over 4, plus 4 per composed record.
+    pub(crate) fn estimate_tokens(&self) -> u64 {
+        let bytes: usize = self.bytes.iter().sum();
+        (bytes / 4) as u64 + 4 * self.records.len() as u64
+    }
 }
 
 fn content_json(content: &Content) -> Json {
@@ -544,46 +730,53 @@ fn wire_call(call: &CallRecord) -> ToolCall {
     }
 }
 
+fn wire_message(r: &Record) -> ChatMessage {
+    ChatMessage {
+        role: r.role.as_str().to_string(),
+        content: content_json(&r.content),
+        tool_calls: r
+            .tool_calls
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .map(wire_call)
+            .collect(),
+        tool_call_id: r.tool_call_id.clone(),
+    }
+}
+
 /// The composed records as the provider receives them.
+#[cfg(test)]
 pub(crate) fn to_wire(records: &[Record]) -> Vec<ChatMessage> {
-    records
-        .iter()
-        .map(|r| ChatMessage {
-            role: r.role.as_str().to_string(),
-            content: content_json(&r.content),
-            tool_calls: r
-                .tool_calls
-                .as_deref()
-                .unwrap_or_default()
-                .iter()
-                .map(wire_call)
-                .collect(),
-            tool_call_id: r.tool_call_id.clone(),
-        })
-        .collect()
+    records.iter().map(wire_message).collect()
+}
+
+/// One composed record's share of the estimate: the UTF-8 bytes of its text
+/// and of its serialized tool calls.
+fn estimate_bytes(r: &Record) -> usize {
+    let mut bytes = match &r.content {
+        Content::Text(t) => t.len(),
+        Content::Parts(parts) => parts
+            .iter()
+            .map(|p| match p {
+                Part::Text(t) => t.len(),
+                Part::Image(_) => 0,
+            })
+            .sum(),
+    };
+    for call in r.tool_calls.as_deref().unwrap_or_default() {
+        bytes += serde_json::to_string(&wire_call(call))
+            .map(|s| s.len())
+            .unwrap_or(0);
+    }
+    bytes
 }
 
 /// The precheck's estimate: UTF-8 bytes of all text and serialized tool calls,
 /// divided by 4 once over the whole conversation, plus 4 per composed record.
+#[cfg(test)]
 pub(crate) fn estimate_tokens(composed: &[Record]) -> u64 {
-    let mut bytes = 0usize;
-    for r in composed {
-        bytes += match &r.content {
-            Content::Text(t) => t.len(),
-            Content::Parts(parts) => parts
-                .iter()
-                .map(|p| match p {
-                    Part::Text(t) => t.len(),
-                    Part::Image(_) => 0,
-                })
-                .sum(),
-        };
-        for call in r.tool_calls.as_deref().unwrap_or_default() {
-            bytes += serde_json::to_string(&wire_call(call))
-                .map(|s| s.len())
-                .unwrap_or(0);
-        }
-    }
+    let bytes: usize = composed.iter().map(estimate_bytes).sum();
     (bytes / 4) as u64 + 4 * composed.len() as u64
 }
 

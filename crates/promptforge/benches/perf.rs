@@ -358,6 +358,12 @@ fn child(workload: &str) {
             script_host(bench.dir(), 50, 1),
             "50".to_string(),
         ),
+        // The tool loop over HTTP, against the in-process instant server.
+        "openai_loop" => (
+            loop_prompt(),
+            openai_host(bench.dir(), &instant_openai::instant_openai_server()),
+            "50".to_string(),
+        ),
         "model_fanout" => (
             model_fanout_prompt(a),
             script_host(bench.dir(), 0, a),

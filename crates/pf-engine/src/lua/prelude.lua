@@ -277,6 +277,126 @@ function H.list_shape(list, max)
   return true, count
 end
 
+-- models.loop reads its list every round (models_check.rs `ListReader`). A
+-- snapshot of each record read, `snaps[i]`, lets the next read prove record i
+-- unchanged without Rust reading it again. A snapshot is a flat array of nodes,
+-- one per table of the record (the record first, then each table met in its
+-- pairs, depth first): the table, its raw length when its integer keys are not
+-- exactly 1..n (only then can the length change with the contents unchanged),
+-- the pair count, the number of child nodes, then per pair whether it needs a
+-- raw comparison (a table key or value, or a number value, whose subtype and
+-- zero sign `==` cannot tell apart), the key and the value, then a closing
+-- triple no further pair can match. Other pairs compare with `==`, which calls
+-- no metamethod unless both sides are tables (or both userdata), and the
+-- snapshot's side of such a pair never is. Equal `next` sequences of every table of a record give
+-- equal reads, the layout-dependent raw length aside, which is compared.
+local NAN = 0 / 0
+local function snap_node(t, s, n)
+  local head = n
+  s[head + 1] = t
+  n = head + 4
+  local first, count, ints, top = n, 0, 0, 0
+  for k, v in next, t do
+    s[n + 1] = type(k) == 'table' or type(v) == 'table' or math_type(v) ~= nil
+    s[n + 2], s[n + 3] = k, v
+    n = n + 3
+    count = count + 1
+    if math_type(k) == 'integer' then
+      ints = ints + 1
+      if k > top then top = k end
+    end
+  end
+  -- A pair past the last one meets this: NaN equals no key.
+  s[n + 1], s[n + 2], s[n + 3] = false, NAN, NAN
+  s[head + 2] = ints ~= top and rawlen(t)
+  s[head + 3] = count
+  local last, kids = n, 0
+  n = n + 3
+  for i = first + 2, last, 3 do
+    local k, v = s[i], s[i + 1]
+    if type(k) == 'table' then kids = kids + 1; n = snap_node(k, s, n) end
+    if type(v) == 'table' then kids = kids + 1; n = snap_node(v, s, n) end
+  end
+  s[head + 4] = kids
+  return n
+end
+local function same_number(a, b)
+  if math_type(a) ~= math_type(b) then return false end
+  return a ~= 0 or 1 / a == 1 / b
+end
+-- The position after node `n` of `s` when its table is as snapshotted, else false.
+local function same_node(s, n)
+  local t, len, count, kids = s[n + 1], s[n + 2], s[n + 3], s[n + 4]
+  if len and rawlen(t) ~= len then return false end
+  local i = n + 4
+  for k, v in next, t do
+    if s[i + 1] then
+      local sv = s[i + 3]
+      if not rawequal(k, s[i + 2]) or not rawequal(v, sv) then return false end
+      if math_type(sv) and not same_number(v, sv) then return false end
+    elseif k ~= s[i + 2] or v ~= s[i + 3] then
+      return false
+    end
+    i = i + 3
+  end
+  if i ~= n + 4 + 3 * count then return false end
+  i = i + 3
+  for _ = 1, kids do
+    i = same_node(s, i)
+    if not i then return false end
+  end
+  return i
+end
+-- `list_shape`'s answers (representable, length) plus the first index whose
+-- record is not proven unchanged since the last call with `snaps` (which held
+-- `known` records); `snaps` is brought up to date when the list is a sequence.
+-- `trusted`: no prompt code ran since that call, so a record that is the same
+-- table as then is unchanged (the snapshots keep its tables from collection).
+function H.list_read(list, max, snaps, known, trusted)
+  local path = { [list] = true }
+  local count, top, seq = 0, 0, true
+  local first = nil
+  for k, v in next, list do
+    local s = snaps[k]
+    if s and rawequal(s[1], v) and (trusted or same_node(s, 0)) then
+      -- Only the integers 1..known index `snaps`.
+      count = count + 1
+      if k > top then top = k end
+    else
+      local tk, tv = type(k), type(v)
+      if not (tk == 'string' or tk == 'number' or tk == 'boolean'
+          or (tk == 'table' and representable(k, path, 1, max))) then
+        return false, nil, 0
+      end
+      if not (tv == 'string' or tv == 'number' or tv == 'boolean'
+          or (tv == 'table' and representable(v, path, 1, max))) then
+        return false, nil, 0
+      end
+      if math_type(k) ~= 'integer' or k < 1 then
+        seq = false
+      else
+        count = count + 1
+        if k > top then top = k end
+        if not first or k < first then first = k end
+      end
+    end
+  end
+  if not seq or count ~= top then return true, nil, 0 end
+  first = first or top + 1
+  for i = first, top do
+    local record = rawget(list, i)
+    local s = nil
+    -- A record that is not a table fails the read in Rust.
+    if type(record) == 'table' then
+      s = {}
+      snap_node(record, s, 0)
+    end
+    snaps[i] = s
+  end
+  for i = top + 1, known do snaps[i] = nil end
+  return true, count, first
+end
+
 -- table.concat honouring __tostring (ch. 05)
 local tconcat = table.concat
 local function concat(list, sep, i, j)
