@@ -910,6 +910,63 @@ mod tests {
         );
     }
 
+    /// Growing, editing and shrinking lists: the kept composition always equals
+    /// composing, encoding and estimating from scratch.
+    #[test]
+    fn composition_kept_between_rounds_equals_a_fresh_one() {
+        let steps: Vec<(Vec<Record>, usize)> = vec![
+            (vec![text(Role::System, "s"), text(Role::User, "q")], 0),
+            (
+                vec![
+                    text(Role::System, "s"),
+                    text(Role::User, "q"),
+                    text(Role::Assistant, "thinking"),
+                ],
+                2,
+            ),
+            // A call joins the text-only assistant record before it.
+            (
+                vec![
+                    text(Role::System, "s"),
+                    text(Role::User, "q"),
+                    text(Role::Assistant, "thinking"),
+                    calls(&["a"]),
+                    result("a"),
+                ],
+                3,
+            ),
+            (
+                vec![
+                    text(Role::System, "s"),
+                    text(Role::User, "q"),
+                    text(Role::Assistant, "thinking"),
+                    calls(&["a"]),
+                    result("a"),
+                    text(Role::User, "note"),
+                    text(Role::User, "more"),
+                ],
+                5,
+            ),
+            // The leading system block grows: everything is composed again.
+            (
+                vec![
+                    text(Role::System, "s"),
+                    text(Role::System, "t"),
+                    text(Role::User, "q"),
+                ],
+                1,
+            ),
+            (vec![text(Role::User, "edited")], 0),
+        ];
+        let mut kept = Composition::default();
+        for (records, unchanged) in steps {
+            kept.update(&records, unchanged);
+            let fresh = compose(&records);
+            assert_eq!(kept.wire(), to_wire(&fresh));
+            assert_eq!(kept.estimate_tokens(), estimate_tokens(&fresh));
+        }
+    }
+
     #[test]
     fn estimate_divides_once_and_adds_four_per_record() {
         let one = [text(Role::User, &"a".repeat(396))];
