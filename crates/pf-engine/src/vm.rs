@@ -31,11 +31,13 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     let abort = sec.run.abort_signal();
     lua.set_global_hook(
         HookTriggers::new().every_nth_instruction(CANCEL_POLL_INSTRUCTIONS),
-        move |_, _| {
+        move |lua, _| {
             if cancel.is_cancelled() {
+                crate::sandbox_guards::disarm_close_handlers(lua);
                 Err(mlua::Error::runtime("interrupted by Ctrl-C"))
             } else if abort.is_cancelled() {
                 // The run already ended on the spot; the walk reports why.
+                crate::sandbox_guards::disarm_close_handlers(lua);
                 Err(mlua::Error::runtime("run ended"))
             } else {
                 Ok(VmState::Continue)
