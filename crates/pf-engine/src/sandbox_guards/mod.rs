@@ -22,6 +22,7 @@
 //! Kept apart from `vm.rs` so the VM's construction can change around it:
 //! [`install`] runs once per section VM, after the prelude and `env.lua`.
 
+pub(crate) mod introspect;
 mod matcher;
 
 use std::cell::RefCell;
