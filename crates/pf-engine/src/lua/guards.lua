@@ -172,25 +172,31 @@ end
 -- To-be-closed variables: when the count hook raises a cancel, mlua truncates
 -- the interrupted frame inside the hook, so that frame's `__close` handlers run
 -- with hooks off. Every metatable a prompt can hold (each one it installs, each
--- one it reads back) is remembered weakly; before the hook raises, the Rust half
--- replaces each `__close` in them with a function that returns at once
--- (`disarm_close_handlers`). Until then nothing about them changes.
-local watched = R.watched
+-- one it reads back) is remembered weakly, in `H.watched_metatables` (made on
+-- first use: most section entries never need it); before the hook raises, the
+-- Rust half replaces each `__close` in them with `H.disarmed_close`, which
+-- returns at once (`disarm_close_handlers`). Until then nothing changes.
 local inner_setmetatable, inner_getmetatable = G.setmetatable, G.getmetatable
+local watched = nil
+local function watch(mt)
+  if watched == nil then
+    watched = inner_setmetatable({}, { __mode = 'k' })
+    H.watched_metatables = watched
+  end
+  watched[mt] = true
+end
+H.disarmed_close = function() end
 G.setmetatable = function(t, mt)
   if type(mt) == 'table' then
     if rawget(mt, '__gc') ~= nil then
       error("bad argument #2 to 'setmetatable' (__gc metamethods are not allowed in prompts)", 2)
     end
-    watched[mt] = true
+    watch(mt)
   end
   return inner_setmetatable(t, mt)
 end
 G.getmetatable = function(v)
   local mt = inner_getmetatable(v)
-  if type(mt) == 'table' then watched[mt] = true end
+  if type(mt) == 'table' then watch(mt) end
   return mt
 end
-
--- What a disarmed `__close` becomes.
-return function() end

@@ -160,23 +160,10 @@ pub(crate) fn install(
         "c_step_budget",
         if fast { matcher::C_STEP_BUDGET } else { -1.0 },
     )?;
-    let watched = lua.create_table()?;
-    let weak = lua.create_table()?;
-    weak.raw_set("__mode", "k")?;
-    watched.set_metatable(Some(weak))?;
-    raw.raw_set("watched", &watched)?;
-    let disarmed: Function = crate::ctx::internal_chunk(lua, "=[promptforge guards]", GUARDS)?
-        .call((helpers.clone(), raw))?;
-    lua.set_named_registry_value(WATCHED_METATABLES, watched)?;
-    lua.set_named_registry_value(DISARMED_CLOSE, disarmed)?;
+    crate::ctx::internal_chunk(lua, "=[promptforge guards]", GUARDS)?
+        .call::<()>((helpers.clone(), raw))?;
     Ok(())
 }
-
-/// Registry names of the metatables a prompt can hold (weak keys, filled by
-/// `guards.lua`'s `setmetatable` and `getmetatable`) and of the `__close`
-/// handler that returns at once.
-const WATCHED_METATABLES: &str = "pf.guards.watched_metatables";
-const DISARMED_CLOSE: &str = "pf.guards.disarmed_close";
 
 /// Called by the count hook just before it raises a cancel (or the end of the
 /// run): every `__close` a prompt could reach now returns at once. mlua closes
@@ -191,10 +178,8 @@ pub(crate) fn disarm_close_handlers(lua: &Lua) {
 }
 
 fn try_disarm_close_handlers(lua: &Lua) -> mlua::Result<()> {
-    let Some(watched) = lua.named_registry_value::<Option<Table>>(WATCHED_METATABLES)? else {
-        return Ok(());
-    };
-    let disarmed: Function = lua.named_registry_value(DISARMED_CLOSE)?;
+    let helpers = crate::ctx::helpers(lua)?;
+    let disarmed: Function = helpers.raw_get("disarmed_close")?;
     let disarm = |mt: &Table| -> mlua::Result<()> {
         if !mt.raw_get::<Value>("__close")?.is_nil() {
             mt.raw_set("__close", &disarmed)?;
@@ -205,10 +190,14 @@ fn try_disarm_close_handlers(lua: &Lua) -> mlua::Result<()> {
     if let Some(mt) = lua.globals().metatable() {
         disarm(&mt)?;
     }
-    watched.for_each(|mt: Value, _: Value| match mt {
-        Value::Table(mt) => disarm(&mt),
-        _ => Ok(()),
-    })
+    // (made by guards.lua on the first setmetatable or getmetatable of a table)
+    match helpers.raw_get::<Option<Table>>("watched_metatables")? {
+        Some(watched) => watched.for_each(|mt: Value, _: Value| match mt {
+            Value::Table(mt) => disarm(&mt),
+            _ => Ok(()),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// The standard `string`/`table`/`math` libraries with the guards installed
