@@ -1129,7 +1129,7 @@ pub(crate) fn frozen_newindex(lua: &Lua, message: fn(&str) -> String) -> mlua::R
 thread_local! {
     /// Bytecode of the engine's own Lua chunks, compiled once per thread: every
     /// section VM runs them, and lexing them again for each VM was most of a VM's cost.
-    static INTERNAL_BYTECODE: std::cell::RefCell<std::collections::HashMap<&'static str, Vec<u8>>> =
+    static INTERNAL_BYTECODE: std::cell::RefCell<std::collections::HashMap<&'static str, Rc<[u8]>>> =
         std::cell::RefCell::new(std::collections::HashMap::new());
 }
 
@@ -1139,10 +1139,11 @@ pub(crate) fn internal_chunk(
     name: &'static str,
     source: &'static str,
 ) -> mlua::Result<mlua::Function> {
+    // Shared, not copied: loading never re-enters this cache.
     let cached = INTERNAL_BYTECODE.with(|c| c.borrow().get(name).cloned());
     if let Some(code) = cached {
         return lua
-            .load(code)
+            .load(&*code)
             .set_name(name)
             .set_mode(mlua::ChunkMode::Binary)
             .into_function();
@@ -1153,7 +1154,7 @@ pub(crate) fn internal_chunk(
         .set_mode(mlua::ChunkMode::Text)
         .into_function()?;
     let code = f.dump(false);
-    INTERNAL_BYTECODE.with(|c| c.borrow_mut().insert(name, code));
+    INTERNAL_BYTECODE.with(|c| c.borrow_mut().insert(name, Rc::from(code)));
     Ok(f)
 }
 

@@ -27,24 +27,11 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
             LuaOptions::default(),
         )
     };
-    let cancel = sec.run.fixed.cancel.clone();
-    let abort = sec.run.abort_signal();
-    lua.set_global_hook(
-        HookTriggers::new().every_nth_instruction(CANCEL_POLL_INSTRUCTIONS),
-        move |_, _| {
-            if cancel.is_cancelled() {
-                Err(mlua::Error::runtime("interrupted by Ctrl-C"))
-            } else if abort.is_cancelled() {
-                // The run already ended on the spot; the walk reports why.
-                Err(mlua::Error::runtime("run ended"))
-            } else {
-                Ok(VmState::Continue)
-            }
-        },
-    )?;
-    // The memory ceiling covers everything from the first instruction, the setup included.
-    // The run-wide budget may leave this VM less than the ceiling.
-    sec.run.fixed.memory.enter(&lua)?;
+    // mlua's `Lua` made by `new_with` runs a full collection when dropped, just
+    // before `lua_close` frees everything anyway: a mark of the whole VM at every
+    // section's teardown. The handle kept is a clone, which does not; the
+    // original goes now, while the state holds only the libraries.
+    let lua = without_collect_on_drop(lua);
     lua.set_app_data(Rc::clone(&sec));
     // Everything the setup builds lives as long as the VM: collecting while
     // building it is wasted work. Restarted before any prompt code runs.
@@ -172,8 +159,38 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
         sec.run.fixed.memory.ceiling(),
         Rc::new(move || cancel.is_cancelled() || abort.is_cancelled()),
     )?;
+    // The cancel poll and the memory limit go on last, before any prompt code:
+    // with a count hook Lua traces every instruction, and under a memory limit
+    // mlua protects every table write and string it makes, which was a fifth
+    // of the setup. The setup is the engine's own bounded work; the limit
+    // still covers it, since `enter` refuses a VM that already uses more than
+    // it is granted, as its first allocation past the limit would have.
+    let cancel = sec.run.fixed.cancel.clone();
+    let abort = sec.run.abort_signal();
+    lua.set_global_hook(
+        HookTriggers::new().every_nth_instruction(CANCEL_POLL_INSTRUCTIONS),
+        move |_, _| {
+            if cancel.is_cancelled() {
+                Err(mlua::Error::runtime("interrupted by Ctrl-C"))
+            } else if abort.is_cancelled() {
+                // The run already ended on the spot; the walk reports why.
+                Err(mlua::Error::runtime("run ended"))
+            } else {
+                Ok(VmState::Continue)
+            }
+        },
+    )?;
+    // The run-wide budget may leave this VM less than the ceiling.
+    sec.run.fixed.memory.enter(&lua)?;
     lua.gc_restart();
     Ok(lua)
+}
+
+/// `lua` as a handle whose drop closes the state without a full collection first.
+fn without_collect_on_drop(lua: Lua) -> Lua {
+    let kept = lua.clone();
+    drop(lua);
+    kept
 }
 
 /// Install the declared alias globals and role globals (after the shared library replays).
