@@ -1166,7 +1166,7 @@ thread_local! {
     /// a fanout enters the same block once per arm, and compiling it again each
     /// time was a tenth of a section entry. Only the engine's own dump of text
     /// it compiled is ever loaded as binary; the function is new in every VM.
-    static BLOCK_BYTECODE: RefCell<HashMap<(String, String), Vec<u8>>> =
+    static BLOCK_BYTECODE: RefCell<HashMap<(String, String), Rc<[u8]>>> =
         RefCell::new(HashMap::new());
 }
 
@@ -1177,7 +1177,7 @@ pub(crate) fn block_chunk(lua: &Lua, name: &str, source: String) -> mlua::Result
     let cached = BLOCK_BYTECODE.with(|c| c.borrow().get(&key).cloned());
     if let Some(code) = cached {
         return lua
-            .load(code)
+            .load(&*code)
             .set_name(name)
             .set_mode(mlua::ChunkMode::Binary)
             .into_function();
@@ -1193,7 +1193,7 @@ pub(crate) fn block_chunk(lua: &Lua, name: &str, source: String) -> mlua::Result
         if cache.len() >= BLOCK_CACHE_LIMIT {
             cache.clear();
         }
-        cache.insert(key, code);
+        cache.insert(key, Rc::from(code));
     });
     Ok(f)
 }

@@ -47,30 +47,8 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     lua.gc_set_pause(default_pause);
     lua.set_app_data(Rc::clone(&sec));
 
+    // The helper table; the prelude fills in its own bookkeeping.
     let h = lua.create_table()?;
-    let kinds = lua.create_table()?;
-    let weak = lua.create_table()?;
-    weak.raw_set("__mode", "k")?;
-    kinds.set_metatable(Some(weak))?;
-    h.raw_set("run_kinds", kinds)?;
-    let located = lua.create_table()?;
-    let weak = lua.create_table()?;
-    weak.raw_set("__mode", "k")?;
-    located.set_metatable(Some(weak))?;
-    h.raw_set("located", located)?;
-    let born = lua.create_table()?;
-    let weak = lua.create_table()?;
-    weak.raw_set("__mode", "k")?;
-    born.set_metatable(Some(weak))?;
-    h.raw_set("born", born)?;
-    h.raw_set("suspends", 0)?;
-    h.raw_set(
-        "is_region",
-        lua.create_function(|_, src: mlua::String| {
-            let s = src.as_bytes();
-            Ok(!s.starts_with(b"=") && !s.starts_with(b"@"))
-        })?,
-    )?;
     // True once nothing may swallow an error any more: after a host cancel, or
     // once the run has ended on the spot (the sandbox `pcall` raises on).
     let cancel_flag = sec.run.fixed.cancel.clone();

@@ -366,4 +366,17 @@ H.setmetatable, H.getmetatable = setmetatable, getmetatable
 H.select, H.type, H.tostring = select, type, tostring
 H.tpack, H.tunpack = tpack, tunpack
 H.raw_tconcat = tconcat
+
+-- The engine's bookkeeping of error values (error.rs), weakly keyed so values
+-- the prompt lets go are collected; made here, not key by key from Rust.
+H.run_kinds = setmetatable({}, { __mode = 'k' })
+H.located = setmetatable({}, { __mode = 'k' })
+H.born = setmetatable({}, { __mode = 'k' })
+H.suspends = 0
+-- A prompt region's chunk name: neither an engine chunk ('=...') nor a file ('@...').
+local string_byte = string.byte
+function H.is_region(src)
+  local first = string_byte(src, 1)
+  return first ~= 61 and first ~= 64
+end
 return H
