@@ -1158,6 +1158,9 @@ pub(crate) fn internal_chunk(
     Ok(f)
 }
 
+/// A prompt block's chunk name and source.
+type BlockKey = (String, String);
+
 /// How many prompt blocks' bytecode one thread keeps (a long-lived Host runs many prompts).
 const BLOCK_CACHE_LIMIT: usize = 512;
 
@@ -1166,7 +1169,7 @@ thread_local! {
     /// a fanout enters the same block once per arm, and compiling it again each
     /// time was a tenth of a section entry. Only the engine's own dump of text
     /// it compiled is ever loaded as binary; the function is new in every VM.
-    static BLOCK_BYTECODE: RefCell<HashMap<(String, String), Rc<[u8]>>> =
+    static BLOCK_BYTECODE: RefCell<HashMap<BlockKey, Rc<[u8]>>> =
         RefCell::new(HashMap::new());
 }
 
