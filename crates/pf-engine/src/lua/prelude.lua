@@ -68,8 +68,18 @@ end
 function H.wrap_async(id)
   return function(...)
     local dispatch = H.dispatch_async or H.make_async_dispatch()
+    if not dispatch then error('not enough memory', 0) end
     return check(dispatch(id, ...))
   end
+end
+-- The closures for sync ids 0..n_sync-1 and async ids 0..n_async-1 in one call,
+-- the same closures wrap_host and wrap_async make.
+function H.wrap_hosts_ahead(dispatch, n_sync, n_async)
+  local wrap_host, wrap_async = H.wrap_host, H.wrap_async
+  local made_sync, made_async = {}, {}
+  for i = 1, n_sync do made_sync[i] = wrap_host(dispatch, i - 1) end
+  for i = 1, n_async do made_async[i] = wrap_async(i - 1) end
+  return made_sync, made_async
 end
 
 -- Deterministic iteration ----------------------------------------------------
@@ -353,4 +363,11 @@ H.setmetatable, H.getmetatable = setmetatable, getmetatable
 H.select, H.type, H.tostring = select, type, tostring
 H.tpack, H.tunpack = tpack, tunpack
 H.raw_tconcat = tconcat
+
+-- The engine's bookkeeping of error values (error.rs), weakly keyed so values
+-- the prompt lets go are collected; made here, not key by key from Rust.
+H.run_kinds = setmetatable({}, { __mode = 'k' })
+H.located = setmetatable({}, { __mode = 'k' })
+H.born = setmetatable({}, { __mode = 'k' })
+H.suspends = 0
 return H
