@@ -23,8 +23,9 @@ use std::time::Duration;
 pub use error::RunLogError;
 pub use paths::{data_dir, default_db_path, DB_FILE_NAME};
 pub use records::{
-    ActivationRecord, AnswerRecord, EventRecord, ExchangeRecord, Outcome, RunEnd, RunFilter, RunId,
-    RunRecord, RunStart, RunSummary, TokenUsage, ToolCallRecord, RUNNING,
+    ActivationRecord, AnswerRecord, EncodedEvent, EventRecord, ExchangeDraft, ExchangeHandle,
+    ExchangeRecord, JsonBody, Outcome, RunEnd, RunFilter, RunId, RunRecord, RunStart, RunSummary,
+    TokenUsage, ToolCallRecord, RUNNING,
 };
 pub use writer::{RunWriter, WarningSink, WriterOptions};
 

@@ -1,5 +1,7 @@
 //! Reading runs back: listing, resolving `RUN`, and each run's rows in order.
 
+use std::collections::HashMap;
+
 use rusqlite::types::Type;
 use rusqlite::{params, OptionalExtension, Row};
 use serde_json::Value;
@@ -11,6 +13,23 @@ use crate::records::{
     RunRecord, RunStart, RunSummary, TokenUsage, ToolCallRecord, RUNNING,
 };
 use crate::RunLog;
+
+/// A request stored as what it adds to `earlier` (the whole request it
+/// continues), made whole: `earlier`'s messages, then the added ones, with
+/// the added body's own other fields in their own order. A base that is
+/// missing (never written) leaves the added messages alone.
+fn continued_request(earlier: Option<&Value>, mut added: Value) -> Value {
+    let prefix = earlier
+        .and_then(|base| base.get("messages"))
+        .and_then(Value::as_array);
+    if let (Some(prefix), Some(Value::Array(messages))) = (prefix, added.get_mut("messages")) {
+        let mut whole = Vec::with_capacity(prefix.len() + messages.len());
+        whole.extend(prefix.iter().cloned());
+        whole.append(messages);
+        *messages = whole;
+    }
+    added
+}
 
 /// How many candidates an unknown or ambiguous `RUN` error lists.
 const CANDIDATES: usize = 5;
@@ -302,19 +321,22 @@ impl RunLog {
             .map_err(|e| self.fail(e))
     }
 
-    /// The run's model exchanges in the order they were logged.
+    /// The run's model exchanges in the order they were logged, each with
+    /// its whole request (one stored as a continuation of an earlier one is
+    /// put back together).
     pub fn exchanges(&self, id: RunId) -> Result<Vec<ExchangeRecord>, RunLogError> {
         let mut query = self
             .conn
             .prepare_cached(
                 "SELECT task, seq, section, model, attempt, request_json, response_json, error,
-                    status, started_ms, duration_ms, input_tokens, output_tokens, total_tokens
+                    status, started_ms, duration_ms, input_tokens, output_tokens, total_tokens,
+                    id, request_extends
                  FROM exchanges WHERE run_id = ?1 ORDER BY id",
             )
             .map_err(|e| self.fail(e))?;
         let rows = query
             .query_map([id.0], |row| {
-                Ok(ExchangeRecord {
+                let record = ExchangeRecord {
                     task: row.get(0)?,
                     seq: row.get(1)?,
                     section: row.get(2)?,
@@ -327,11 +349,27 @@ impl RunLog {
                     started_ms: row.get(9)?,
                     duration_ms: u64_column(row, 10)?,
                     usage: usage_columns(row, 11)?,
-                })
+                };
+                Ok((
+                    record,
+                    row.get::<_, i64>(14)?,
+                    row.get::<_, Option<i64>>(15)?,
+                ))
             })
             .map_err(|e| self.fail(e))?;
-        rows.collect::<rusqlite::Result<Vec<_>>>()
-            .map_err(|e| self.fail(e))
+        let mut out: Vec<ExchangeRecord> = Vec::new();
+        // Where each row went in `out`, for the rows after it that continue it.
+        let mut position: HashMap<i64, usize> = HashMap::new();
+        for row in rows {
+            let (mut record, row_id, extends) = row.map_err(|e| self.fail(e))?;
+            if let Some(base) = extends {
+                let earlier = position.get(&base).map(|&at| &out[at].request);
+                record.request = continued_request(earlier, record.request);
+            }
+            position.insert(row_id, out.len());
+            out.push(record);
+        }
+        Ok(out)
     }
 
     /// The run's tool calls in the order they were logged.

@@ -118,8 +118,17 @@ CREATE TABLE activations (
 CREATE INDEX activations_by_run ON activations(run_id);
 ";
 
+/// Version 4: a request may be stored as the messages it adds to an earlier
+/// request of the same run (a model loop resends its whole history every
+/// round, which stored whole is quadratic). `request_extends` is that
+/// exchange's id; NULL means `request_json` is the whole request. Readers
+/// put the whole request back together (`RunLog::exchanges`).
+const V4: &str = "
+ALTER TABLE exchanges ADD COLUMN request_extends INTEGER;
+";
+
 /// Every migration in order; entry `i` takes the database to version `i + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

@@ -1,8 +1,9 @@
 //! Writing one run: a channel to a background thread that batches rows into
 //! short transactions. The caller only ever sends on the channel.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender, TryRecvError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
@@ -13,8 +14,8 @@ use sha2::{Digest, Sha256};
 
 use crate::db::{connect, retry_busy, to_sql_int, BUSY_RETRIES};
 use crate::records::{
-    ActivationRecord, AnswerRecord, EventRecord, ExchangeRecord, Outcome, RunEnd, RunStart,
-    TokenUsage, ToolCallRecord,
+    ActivationRecord, AnswerRecord, EncodedEvent, EventRecord, ExchangeDraft, ExchangeHandle,
+    ExchangeRecord, Outcome, RunEnd, RunStart, TokenUsage, ToolCallRecord,
 };
 
 /// A callback that receives the writer's one warning.
@@ -70,7 +71,9 @@ impl std::fmt::Debug for WriterOptions {
 
 enum Message {
     Event(EventRecord),
-    Exchange(Box<ExchangeRecord>),
+    EncodedEvent(Box<EncodedEvent>),
+    Exchange(Box<ExchangeRecord>, ExchangeHandle),
+    Draft(Box<ExchangeDraft>, ExchangeHandle),
     ToolCall(Box<ToolCallRecord>),
     Answer(Box<AnswerRecord>),
     Activation(Box<ActivationRecord>),
@@ -121,6 +124,8 @@ pub struct RunWriter {
     /// Whether the writer thread is inside a database call (opening or a
     /// commit): a wait that runs out then was spent on the database itself.
     in_database: Arc<AtomicBool>,
+    /// The next [`ExchangeHandle`]'s number.
+    next_exchange: AtomicU64,
 }
 
 impl std::fmt::Debug for RunWriter {
@@ -159,6 +164,7 @@ impl RunWriter {
             disabled: false,
             run_id: None,
             next_ord: 0,
+            exchange_rows: HashMap::new(),
         };
         let spawned = thread::Builder::new()
             .name("pf-runlog".into())
@@ -171,6 +177,7 @@ impl RunWriter {
             on_warning,
             path,
             in_database,
+            next_exchange: AtomicU64::new(0),
         };
         if let Err(err) = spawned {
             writer.warn(format!("cannot start the writer thread: {err}"));
@@ -183,9 +190,29 @@ impl RunWriter {
         self.send(Message::Event(event));
     }
 
+    /// Append one event whose fields are already JSON text.
+    pub fn encoded_event(&self, event: EncodedEvent) {
+        self.send(Message::EncodedEvent(Box::new(event)));
+    }
+
     /// Append one model exchange.
-    pub fn exchange(&self, exchange: ExchangeRecord) {
-        self.send(Message::Exchange(Box::new(exchange)));
+    pub fn exchange(&self, exchange: ExchangeRecord) -> ExchangeHandle {
+        let handle = self.next_handle();
+        self.send(Message::Exchange(Box::new(exchange), handle));
+        handle
+    }
+
+    /// Append one model exchange whose bodies the writer thread encodes,
+    /// its request possibly continuing an earlier exchange's
+    /// ([`ExchangeDraft::extends`], a handle this writer returned).
+    pub fn exchange_draft(&self, exchange: ExchangeDraft) -> ExchangeHandle {
+        let handle = self.next_handle();
+        self.send(Message::Draft(Box::new(exchange), handle));
+        handle
+    }
+
+    fn next_handle(&self) -> ExchangeHandle {
+        ExchangeHandle(self.next_exchange.fetch_add(1, Ordering::Relaxed))
     }
 
     /// Append one tool call.
@@ -287,6 +314,9 @@ struct Background {
     /// The run's row, once inserted.
     run_id: Option<i64>,
     next_ord: i64,
+    /// The row id of each committed exchange, by handle: what a later
+    /// request's `request_extends` names.
+    exchange_rows: HashMap<ExchangeHandle, i64>,
 }
 
 impl Background {
@@ -381,7 +411,11 @@ impl Background {
         let retries = self.options.busy_retries;
         let mut run_id = self.run_id;
         let mut next_ord = self.next_ord;
+        // Rows this batch adds, kept apart until the commit holds.
+        let mut new_rows = Vec::new();
+        let committed_rows = &self.exchange_rows;
         let written = retry_busy(retries, || {
+            new_rows.clear();
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let mut id = self.run_id;
             let mut ord = self.next_ord;
@@ -391,8 +425,12 @@ impl Background {
                 }
             }
             if let Some(id) = id {
+                let mut rows = ExchangeRows {
+                    committed: committed_rows,
+                    new: &mut new_rows,
+                };
                 for message in batch {
-                    write_message(&tx, id, &mut ord, message)?;
+                    write_message(&tx, id, &mut ord, &mut rows, message)?;
                 }
             }
             tx.commit()?;
@@ -404,6 +442,7 @@ impl Background {
             Ok(()) => {
                 self.run_id = run_id;
                 self.next_ord = next_ord;
+                self.exchange_rows.extend(new_rows);
                 *pending_start = None;
             }
             Err(err) => {
@@ -490,19 +529,41 @@ fn usage_columns(usage: Option<&TokenUsage>) -> [Option<i64>; 3] {
     }
 }
 
+/// Exchange row ids by handle: those committed before, and this batch's.
+struct ExchangeRows<'a> {
+    committed: &'a HashMap<ExchangeHandle, i64>,
+    new: &'a mut Vec<(ExchangeHandle, i64)>,
+}
+
+impl ExchangeRows<'_> {
+    fn get(&self, handle: ExchangeHandle) -> Option<i64> {
+        self.new
+            .iter()
+            .rev()
+            .find(|(h, _)| *h == handle)
+            .map(|(_, row)| *row)
+            .or_else(|| self.committed.get(&handle).copied())
+    }
+}
+
+const INSERT_EVENT: &str = "INSERT INTO events (run_id, ord, kind, section, task, seq, fields_json)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
+
+const INSERT_EXCHANGE: &str = "INSERT INTO exchanges (run_id, task, seq, section, model, attempt,
+         request_json, request_extends, response_json, error, status, started_ms, duration_ms,
+         input_tokens, output_tokens, total_tokens)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)";
+
 fn write_message(
     tx: &Transaction<'_>,
     run_id: i64,
     ord: &mut i64,
+    rows: &mut ExchangeRows<'_>,
     message: &Message,
 ) -> rusqlite::Result<()> {
     match message {
         Message::Event(e) => {
-            let mut insert = tx.prepare_cached(
-                "INSERT INTO events (run_id, ord, kind, section, task, seq, fields_json)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            )?;
-            insert.execute(params![
+            tx.prepare_cached(INSERT_EVENT)?.execute(params![
                 run_id,
                 *ord,
                 e.kind,
@@ -513,15 +574,21 @@ fn write_message(
             ])?;
             *ord += 1;
         }
-        Message::Exchange(x) => {
+        Message::EncodedEvent(e) => {
+            tx.prepare_cached(INSERT_EVENT)?.execute(params![
+                run_id,
+                *ord,
+                e.kind.as_ref(),
+                e.section,
+                e.task,
+                e.seq,
+                e.fields_json
+            ])?;
+            *ord += 1;
+        }
+        Message::Exchange(x, handle) => {
             let [input, output, total] = usage_columns(x.usage.as_ref());
-            tx.prepare_cached(
-                "INSERT INTO exchanges (run_id, task, seq, section, model, attempt, request_json,
-                     response_json, error, status, started_ms, duration_ms,
-                     input_tokens, output_tokens, total_tokens)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
-            )?
-            .execute(params![
+            tx.prepare_cached(INSERT_EXCHANGE)?.execute(params![
                 run_id,
                 x.task,
                 x.seq,
@@ -529,6 +596,7 @@ fn write_message(
                 x.model,
                 x.attempt,
                 json_text(&x.request),
+                None::<i64>,
                 x.response.as_ref().map(json_text),
                 x.error,
                 x.status,
@@ -538,6 +606,33 @@ fn write_message(
                 output,
                 total
             ])?;
+            rows.new.push((*handle, tx.last_insert_rowid()));
+        }
+        Message::Draft(x, handle) => {
+            let [input, output, total] = usage_columns(x.usage.as_ref());
+            // A base the log never committed cannot be named; the writer
+            // gives up on the run before that can happen (rows go in order).
+            // 0 names no row, and a reader then keeps only the added messages.
+            let extends = x.extends.map(|base| rows.get(base).unwrap_or(0));
+            tx.prepare_cached(INSERT_EXCHANGE)?.execute(params![
+                run_id,
+                x.task,
+                x.seq,
+                x.section,
+                x.model,
+                x.attempt,
+                x.request.json_text(),
+                extends,
+                x.response.as_ref().map(|body| body.json_text()),
+                x.error,
+                x.status,
+                x.started_ms,
+                to_sql_int(x.duration_ms),
+                input,
+                output,
+                total
+            ])?;
+            rows.new.push((*handle, tx.last_insert_rowid()));
         }
         Message::ToolCall(t) => {
             tx.prepare_cached(

@@ -14,13 +14,15 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use pf_harness::{
-    ActivationContext, ActivePlugin, CancellationToken, ChatRequest, ChatResponse, InputBroker,
-    ModelInfo, ModelProvider, OnText, Plugin, ProviderError, ToolFailure, ToolSpec, WorkId,
+    ActivationContext, ActivePlugin, CancellationToken, ChatMessage, ChatRequest, ChatResponse,
+    InputBroker, LlamaTimings, ModelInfo, ModelProvider, OnText, Plugin, ProviderError, ToolCall,
+    ToolDecl, ToolFailure, ToolSpec, Usage, VllmMetrics, WorkId,
 };
 use pf_runlog::{
-    ActivationRecord, AnswerRecord, EventRecord, ExchangeRecord, RunEnd, RunWriter, TokenUsage,
-    ToolCallRecord,
+    ActivationRecord, AnswerRecord, EncodedEvent, ExchangeDraft, ExchangeHandle, RunEnd, RunWriter,
+    TokenUsage, ToolCallRecord,
 };
+use serde::Serialize;
 use serde_json::{json, Value as Json};
 
 use super::observe::SectionTracker;
@@ -77,15 +79,17 @@ impl RunLogSink {
         }
     }
 
-    /// Log one event of the run.
+    /// Log one event of the run. Its fields are encoded here: the event is
+    /// only lent, and one JSON text costs less than a deep copy of the map.
     pub fn event(&self, event: &pf_engine::RunEvent) {
+        let fields_json = serde_json::to_string(&event.fields).unwrap_or_else(|_| "{}".into());
         self.with(|w| {
-            w.event(EventRecord {
-                kind: event.kind.as_str().to_string(),
+            w.encoded_event(EncodedEvent {
+                kind: std::borrow::Cow::Borrowed(event.kind.as_str()),
                 section: event.section.clone(),
                 task: event.provenance.task.clone(),
                 seq: event.provenance.seq,
-                fields: Json::Object(event.fields.clone()),
+                fields_json,
             })
         });
     }
@@ -122,12 +126,23 @@ impl RunLogSink {
 }
 
 /// What the recording decorators share: the run's sink, which section each
-/// task is in, and the prompt's tool aliases.
+/// task is in, the prompt's tool aliases, and each task's last logged request.
 pub struct Recorder {
     sink: Arc<RunLogSink>,
     sections: Arc<SectionTracker>,
     /// Tool path to the alias the prompt binds it to.
     aliases: HashMap<String, String>,
+    /// By task: the messages of its last logged request, so the next one
+    /// (a loop resends the whole history each round) is logged as what it adds.
+    conversations: Mutex<HashMap<String, Conversation>>,
+}
+
+/// A task's last logged request: its whole message list, the exchange that
+/// holds it, and its tool list (shared with the logged bodies while equal).
+struct Conversation {
+    messages: Vec<ChatMessage>,
+    exchange: ExchangeHandle,
+    tools: Option<Arc<Vec<ToolDecl>>>,
 }
 
 impl Recorder {
@@ -146,6 +161,80 @@ impl Recorder {
             sink,
             sections,
             aliases,
+            conversations: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The request as it will be logged: whole, or, when it begins with
+    /// its task's last logged request, the messages it adds to that one.
+    /// Only those are copied (a comparison walks the history, a copy of it
+    /// would allocate it all again).
+    fn plan_request(&self, request: &ChatRequest, work: &WorkId) -> RequestPlan {
+        let conversations = self
+            .conversations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let last = conversations.get(&work.task);
+        let continued = last.filter(|last| {
+            request.messages.len() >= last.messages.len()
+                && request.messages[..last.messages.len()] == last.messages[..]
+        });
+        let (extends, added) = match continued {
+            Some(last) => (
+                Some(last.exchange),
+                request.messages[last.messages.len()..].to_vec(),
+            ),
+            None => (None, request.messages.clone()),
+        };
+        let shared_tools = last.and_then(|last| last.tools.as_ref());
+        let tools = request.tools.as_ref().map(|tools| match shared_tools {
+            Some(shared) if **shared == *tools => Arc::clone(shared),
+            _ => Arc::new(tools.clone()),
+        });
+        RequestPlan {
+            extends,
+            body: LoggedRequest {
+                messages: added,
+                tools: tools.map(SharedTools),
+                temperature: request.temperature,
+                max_tokens: request.max_tokens,
+                thinking: request.thinking,
+            },
+        }
+    }
+
+    /// The planned request went into the log as `exchange`: it is now its
+    /// task's last logged request, unless another round of the task was
+    /// logged since this one began.
+    fn logged_request(
+        &self,
+        task: &str,
+        extends: Option<ExchangeHandle>,
+        added: Vec<ChatMessage>,
+        tools: Option<Arc<Vec<ToolDecl>>>,
+        exchange: ExchangeHandle,
+    ) {
+        let mut conversations = self
+            .conversations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match (conversations.get_mut(task), extends) {
+            (Some(last), Some(base)) if last.exchange == base => {
+                last.messages.extend(added);
+                last.exchange = exchange;
+                last.tools = tools;
+            }
+            (_, None) => {
+                conversations.insert(
+                    task.to_string(),
+                    Conversation {
+                        messages: added,
+                        exchange,
+                        tools,
+                    },
+                );
+            }
+            _ => {}
         }
     }
 
@@ -168,6 +257,67 @@ fn elapsed_ms(since: Instant) -> u64 {
 // ---------------------------------------------------------------------------
 // Model exchanges
 // ---------------------------------------------------------------------------
+
+/// A request as the recorder logs it, encoded on the writer thread into
+/// exactly the text of [`request_json`] (with `messages` only the added
+/// ones when it continues an earlier request).
+#[derive(Serialize)]
+struct LoggedRequest {
+    messages: Vec<ChatMessage>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<SharedTools>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    thinking: Option<bool>,
+}
+
+/// A tool list shared between a task's logged requests while it stays the same.
+struct SharedTools(Arc<Vec<ToolDecl>>);
+
+impl Serialize for SharedTools {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
+}
+
+struct RequestPlan {
+    extends: Option<ExchangeHandle>,
+    body: LoggedRequest,
+}
+
+/// A response as the recorder logs it: the text of [`response_json`],
+/// encoded on the writer thread.
+#[derive(Serialize)]
+struct LoggedResponse {
+    content: Option<String>,
+    tool_calls: Vec<ToolCall>,
+    finish_reason: Option<String>,
+    usage: Option<Usage>,
+    llama: Option<LlamaTimings>,
+    vllm: Option<VllmMetrics>,
+    model: Option<String>,
+    reasoning: Option<String>,
+    degraded: Vec<String>,
+}
+
+impl LoggedResponse {
+    fn of(response: &ChatResponse) -> LoggedResponse {
+        LoggedResponse {
+            content: response.content.clone(),
+            tool_calls: response.tool_calls.clone(),
+            finish_reason: response.finish_reason.clone(),
+            usage: response.usage.clone(),
+            llama: response.llama.clone(),
+            vllm: response.vllm.clone(),
+            model: response.model.clone(),
+            reasoning: response.reasoning.clone(),
+            degraded: response.degraded.clone(),
+        }
+    }
+}
 
 /// The request as the log keeps it: the Harness request's own fields.
 pub fn request_json(request: &ChatRequest) -> Json {
@@ -217,17 +367,24 @@ pub fn provider_error_text(error: &ProviderError) -> String {
 pub struct RecordingModel {
     inner: Arc<dyn ModelProvider>,
     recorder: Arc<Recorder>,
+    /// The model's catalog id, as every exchange names it.
+    model: String,
 }
 
 impl RecordingModel {
     pub fn new(inner: Arc<dyn ModelProvider>, recorder: Arc<Recorder>) -> RecordingModel {
-        RecordingModel { inner, recorder }
+        let model = inner.info().id;
+        RecordingModel {
+            inner,
+            recorder,
+            model,
+        }
     }
 
     fn record(
         &self,
         work: &WorkId,
-        request: Json,
+        request: RequestPlan,
         started: (i64, Instant),
         result: &Result<ChatResponse, ProviderError>,
     ) {
@@ -242,21 +399,35 @@ impl RecordingModel {
         if let Some(usage) = &usage {
             self.recorder.sink.add_usage(usage);
         }
-        let record = ExchangeRecord {
+        let RequestPlan { extends, body } = request;
+        let added = body.messages.clone();
+        let tools = body.tools.as_ref().map(|t| Arc::clone(&t.0));
+        let record = ExchangeDraft {
             task: work.task.clone(),
             seq: work.seq,
             section: self.recorder.section(work),
-            model: self.inner.info().id,
+            model: self.model.clone(),
             attempt: 1,
-            request,
-            response: result.as_ref().ok().map(response_json),
+            request: Box::new(body),
+            extends,
+            response: result
+                .as_ref()
+                .ok()
+                .map(|r| Box::new(LoggedResponse::of(r)) as Box<dyn pf_runlog::JsonBody>),
             error: result.as_ref().err().map(provider_error_text),
             status: None,
             started_ms: started.0,
             duration_ms: elapsed_ms(started.1),
             usage,
         };
-        self.recorder.sink.with(|w| w.exchange(record));
+        let mut logged = None;
+        self.recorder
+            .sink
+            .with(|w| logged = Some(w.exchange_draft(record)));
+        if let Some(exchange) = logged {
+            self.recorder
+                .logged_request(&work.task, extends, added, tools, exchange);
+        }
     }
 }
 
@@ -272,7 +443,7 @@ impl ModelProvider for RecordingModel {
         work: &WorkId,
         cancel: CancellationToken,
     ) -> Result<ChatResponse, ProviderError> {
-        let body = request_json(&request);
+        let body = self.recorder.plan_request(&request, work);
         let started = (wall_ms(), Instant::now());
         let result = self.inner.complete(request, work, cancel).await;
         self.record(work, body, started, &result);
@@ -286,7 +457,7 @@ impl ModelProvider for RecordingModel {
         cancel: CancellationToken,
         on_text: &mut OnText<'_>,
     ) -> Result<ChatResponse, ProviderError> {
-        let body = request_json(&request);
+        let body = self.recorder.plan_request(&request, work);
         let started = (wall_ms(), Instant::now());
         let result = self
             .inner
@@ -435,5 +606,149 @@ impl InputBroker for RecordingBroker {
         };
         self.recorder.sink.with(|w| w.answer(record));
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(role: &str, content: Json) -> ChatMessage {
+        ChatMessage {
+            role: role.into(),
+            content,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
+
+    fn request(messages: Vec<ChatMessage>) -> ChatRequest {
+        ChatRequest {
+            messages,
+            tools: Some(vec![ToolDecl {
+                name: "tick".into(),
+                description: "Count \"one\"\n".into(),
+                parameters: json!({"type": "object", "properties": {"step": {"type": "integer"}}}),
+            }]),
+            temperature: Some(0.1),
+            max_tokens: Some(64),
+            thinking: None,
+            capture: false,
+        }
+    }
+
+    fn logged_text(plan: &RequestPlan) -> String {
+        pf_runlog::JsonBody::json_text(&plan.body)
+    }
+
+    #[test]
+    fn a_logged_body_is_the_text_of_the_json_shape() {
+        let mut assistant = message("assistant", Json::Null);
+        assistant.tool_calls.push(ToolCall {
+            id: "c1".into(),
+            name: "tick".into(),
+            arguments: "{\"step\":1}".into(),
+        });
+        let mut tool = message("tool", json!("ok \u{1F600}"));
+        tool.tool_call_id = Some("c1".into());
+        let parts = json!([{"type": "text", "text": "é"}, {"type": "image_url", "image_url": {"url": "x"}}]);
+        let req = request(vec![
+            message("system", json!("be brief")),
+            message("user", parts),
+            assistant,
+            tool,
+        ]);
+        let recorder = Recorder::new(
+            Arc::new(RunLogSink {
+                writer: Mutex::new(None),
+                usage: Mutex::new(TokenUsage::default()),
+            }),
+            Arc::new(SectionTracker::default()),
+            &pf_syntax::parse(b"---\nname: t\ndescription: t\npromptforge: 0\n---\n\n# T\n")
+                .expect("prompt"),
+        );
+        let work = WorkId {
+            task: "0".into(),
+            seq: 3,
+        };
+        let plan = recorder.plan_request(&req, &work);
+        assert!(plan.extends.is_none());
+        assert_eq!(logged_text(&plan), request_json(&req).to_string());
+        let bare = ChatRequest {
+            tools: None,
+            temperature: None,
+            max_tokens: None,
+            thinking: Some(true),
+            ..req.clone()
+        };
+        let plan = recorder.plan_request(&bare, &work);
+        assert_eq!(logged_text(&plan), request_json(&bare).to_string());
+
+        let response = ChatResponse {
+            content: Some("done \"now\"".into()),
+            tool_calls: vec![ToolCall {
+                id: "c2".into(),
+                name: "tick".into(),
+                arguments: "{}".into(),
+            }],
+            finish_reason: Some("stop".into()),
+            usage: Some(Usage {
+                input_tokens: 10,
+                output_tokens: 2,
+                cached_tokens: Some(4),
+                reasoning_tokens: None,
+            }),
+            llama: Some(LlamaTimings {
+                prompt_ms: 1.5,
+                predicted_per_second: f64::NAN,
+                ..LlamaTimings::default()
+            }),
+            model: Some("m".into()),
+            degraded: vec!["odd".into()],
+            ..ChatResponse::default()
+        };
+        assert_eq!(
+            pf_runlog::JsonBody::json_text(&LoggedResponse::of(&response)),
+            response_json(&response).to_string()
+        );
+        assert_eq!(
+            pf_runlog::JsonBody::json_text(&LoggedResponse::of(&ChatResponse::default())),
+            response_json(&ChatResponse::default()).to_string()
+        );
+    }
+
+    #[test]
+    fn a_request_that_continues_its_tasks_last_one_logs_what_it_adds() {
+        let recorder = Recorder::new(
+            Arc::new(RunLogSink {
+                writer: Mutex::new(None),
+                usage: Mutex::new(TokenUsage::default()),
+            }),
+            Arc::new(SectionTracker::default()),
+            &pf_syntax::parse(b"---\nname: t\ndescription: t\npromptforge: 0\n---\n\n# T\n")
+                .expect("prompt"),
+        );
+        let work = |task: &str| WorkId {
+            task: task.into(),
+            seq: 1,
+        };
+        let first = request(vec![message("user", json!("go"))]);
+        let plan = recorder.plan_request(&first, &work("0"));
+        let handle = pf_runlog::ExchangeHandle::for_tests(0);
+        recorder.logged_request("0", plan.extends, plan.body.messages, None, handle);
+        let mut second = first.clone();
+        second.messages.push(message("assistant", json!("ok")));
+        let plan = recorder.plan_request(&second, &work("0"));
+        assert_eq!(plan.extends, Some(handle));
+        assert_eq!(plan.body.messages, second.messages[1..]);
+        // Another task, or a request that does not begin with the last one, is whole.
+        assert!(recorder
+            .plan_request(&second, &work("0.1"))
+            .extends
+            .is_none());
+        let edited = request(vec![message("user", json!("went"))]);
+        let plan = recorder.plan_request(&edited, &work("0"));
+        assert!(plan.extends.is_none());
+        assert_eq!(plan.body.messages, edited.messages);
     }
 }
