@@ -291,15 +291,3 @@ impl std::fmt::Debug for ExchangeDraft {
             .finish_non_exhaustive()
     }
 }
-
-/// One event with its fields already JSON text, for a caller that holds the
-/// event only by reference: encoding is cheaper than a deep copy.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EncodedEvent {
-    pub kind: std::borrow::Cow<'static, str>,
-    pub section: String,
-    pub task: String,
-    pub seq: u32,
-    /// The kind's own fields as a JSON object's text.
-    pub fields_json: String,
-}

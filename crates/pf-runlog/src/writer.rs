@@ -12,10 +12,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rusqlite::{params, Connection, Transaction, TransactionBehavior};
 use sha2::{Digest, Sha256};
 
+use crate::buffer::{self, EventBuffer};
 use crate::db::{connect, retry_busy, to_sql_int, BUSY_RETRIES};
 use crate::records::{
-    ActivationRecord, AnswerRecord, EncodedEvent, EventRecord, ExchangeDraft, ExchangeHandle,
-    ExchangeRecord, Outcome, RunEnd, RunStart, TokenUsage, ToolCallRecord,
+    ActivationRecord, AnswerRecord, EventRecord, ExchangeDraft, ExchangeHandle, ExchangeRecord,
+    Outcome, RunEnd, RunStart, TokenUsage, ToolCallRecord,
 };
 
 /// A callback that receives the writer's one warning.
@@ -69,9 +70,9 @@ impl std::fmt::Debug for WriterOptions {
     }
 }
 
+/// What goes over the channel. Events do not: they go into the shared
+/// [`EventBuffer`], which the writer takes whole at each commit.
 enum Message {
-    Event(EventRecord),
-    EncodedEvent(Box<EncodedEvent>),
     Exchange(Box<ExchangeRecord>, ExchangeHandle),
     Draft(Box<ExchangeDraft>, ExchangeHandle),
     ToolCall(Box<ToolCallRecord>),
@@ -115,6 +116,7 @@ impl Warning {
 /// queued when the process ends are lost (rows already committed are not).
 pub struct RunWriter {
     tx: Sender<Message>,
+    events: Arc<EventBuffer>,
     /// The writer thread, woken for a flush or the finish (rows wait for its window).
     thread: Option<thread::Thread>,
     warning: Warning,
@@ -126,6 +128,28 @@ pub struct RunWriter {
     in_database: Arc<AtomicBool>,
     /// The next [`ExchangeHandle`]'s number.
     next_exchange: AtomicU64,
+    /// Ends when the writer thread does (behind a lock only to keep the writer `Sync`).
+    tail: Mutex<Option<WriterTail>>,
+}
+
+/// The writer thread's last work after a run's end (tidying the WAL), to
+/// wait on before the process exits; everything logged is committed already.
+#[derive(Debug)]
+pub struct WriterTail {
+    done: Receiver<()>,
+}
+
+impl WriterTail {
+    fn done() -> WriterTail {
+        let (_, done) = mpsc::sync_channel(1);
+        WriterTail { done }
+    }
+
+    /// Wait until the writer thread has ended, at most `bound`.
+    pub fn wait(self, bound: Duration) {
+        // The thread never sends; its end drops the sender.
+        let _ = self.done.recv_timeout(bound);
+    }
 }
 
 impl std::fmt::Debug for RunWriter {
@@ -156,7 +180,11 @@ impl RunWriter {
         let finish_wait = options.finish_wait;
         let on_warning = options.on_warning.clone();
         let in_database = Arc::new(AtomicBool::new(false));
+        let events = Arc::new(EventBuffer::default());
+        let (tail_tx, tail_rx) = mpsc::sync_channel(1);
         let thread_state = Background {
+            events: Arc::clone(&events),
+            tail: tail_tx,
             path: path.clone(),
             options,
             in_database: Arc::clone(&in_database),
@@ -171,6 +199,8 @@ impl RunWriter {
             .spawn(move || thread_state.run(start, rx));
         let writer = RunWriter {
             tx,
+            events,
+            tail: Mutex::new(Some(WriterTail { done: tail_rx })),
             thread: spawned.as_ref().ok().map(|handle| handle.thread().clone()),
             warning,
             finish_wait,
@@ -180,6 +210,7 @@ impl RunWriter {
             next_exchange: AtomicU64::new(0),
         };
         if let Err(err) = spawned {
+            writer.events.close();
             writer.warn(format!("cannot start the writer thread: {err}"));
         }
         writer
@@ -187,12 +218,28 @@ impl RunWriter {
 
     /// Append one event.
     pub fn event(&self, event: EventRecord) {
-        self.send(Message::Event(event));
+        self.event_parts(
+            &event.kind,
+            &event.section,
+            &event.task,
+            event.seq,
+            &event.fields,
+        );
     }
 
-    /// Append one event whose fields are already JSON text.
-    pub fn encoded_event(&self, event: EncodedEvent) {
-        self.send(Message::EncodedEvent(Box::new(event)));
+    /// Append one event given by its parts, for a caller that holds it only
+    /// by reference: `fields` (a JSON object) is encoded straight into the
+    /// shared buffer, with no copy and, once the buffer has grown, no
+    /// allocation.
+    pub fn event_parts(
+        &self,
+        kind: &str,
+        section: &str,
+        task: &str,
+        seq: u32,
+        fields: &impl serde::Serialize,
+    ) {
+        self.events.push(kind, section, task, seq, fields);
     }
 
     /// Append one model exchange.
@@ -246,7 +293,29 @@ impl RunWriter {
 
     /// Record how the run ended and wait (bounded) for every row to be
     /// committed. Returns the warning, if there was one.
+    ///
+    /// The writer thread may then tidy the database (a checkpoint when the
+    /// WAL has grown, which costs an fsync or two): the run need not wait
+    /// for that, but a process about to exit should, through
+    /// [`finish_with_tail`](RunWriter::finish_with_tail).
     pub fn finish(self, end: RunEnd) -> Option<String> {
+        self.finish_with_tail(end).0
+    }
+
+    /// [`finish`](RunWriter::finish), also handing back the writer thread's
+    /// [`WriterTail`] to wait on before the process exits.
+    pub fn finish_with_tail(mut self, end: RunEnd) -> (Option<String>, WriterTail) {
+        let tail = self
+            .tail
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .unwrap_or_else(WriterTail::done);
+        let warning = self.finish_inner(end);
+        (warning, tail)
+    }
+
+    fn finish_inner(self, end: RunEnd) -> Option<String> {
         let (ack, done) = mpsc::sync_channel(1);
         self.send(Message::Finish(Box::new(end), ack));
         self.wake();
@@ -303,8 +372,22 @@ fn warning_text(path: &std::path::Path, problem: &str) -> String {
     )
 }
 
+/// How long the writer sleeps, at most, while the run logs nothing: events
+/// queued then wait this long for their commit.
+const IDLE_WAIT_MAX: Duration = Duration::from_millis(20);
+
+/// A run's end checkpoints the WAL (off the run's path, see `tidy_wal`)
+/// once it is larger than this: every new connection reads the whole WAL
+/// back (SQLite recovers it when no other connection has the database open),
+/// so a long one costs every later run.
+const WAL_TIDY_BYTES: u64 = 512 * 1024;
+
 /// The writer thread's state.
 struct Background {
+    events: Arc<EventBuffer>,
+    /// Dropped when the thread ends, which is what a [`WriterTail`] waits for.
+    #[allow(dead_code)]
+    tail: SyncSender<()>,
     path: PathBuf,
     options: WriterOptions,
     in_database: Arc<AtomicBool>,
@@ -348,56 +431,97 @@ impl Background {
         if let (Some(conn), Some(pages)) = (&conn, self.options.max_page_count) {
             let _ = conn.pragma_update(None, "max_page_count", pages);
         }
+        if let Some(conn) = &conn {
+            // A checkpoint that empties the WAL lets the next writer start it
+            // over; this truncates it then to what that writer commits, so
+            // its length tells how much a new connection will read back.
+            let _ = conn.pragma_update(None, "journal_size_limit", 0);
+        }
         self.in_database.store(false, Ordering::SeqCst);
         let mut pending_start = Some((start, started_at_ms));
         let mut batch: Vec<Message> = Vec::new();
-        loop {
-            let Ok(first) = rx.recv() else { break };
-            let window_ends = Instant::now() + self.options.batch_window;
-            let mut closed = false;
-            batch.push(first);
-            // Gather the window's rows while parked, not blocked on the channel:
-            // a sender then wakes nobody, where a receiver waiting in `recv`
-            // costs every event a futex wake (most of the log's cost on a
-            // wide fanout). A flush or the finish unparks at once.
-            'window: while batch.len() < self.options.batch_rows && !ends_batch(batch.last()) {
-                loop {
-                    match rx.try_recv() {
-                        Ok(message) => {
-                            batch.push(message);
-                            if batch.len() >= self.options.batch_rows || ends_batch(batch.last()) {
-                                break 'window;
-                            }
-                        }
-                        Err(TryRecvError::Empty) => break,
-                        Err(TryRecvError::Disconnected) => {
-                            closed = true;
-                            break 'window;
-                        }
-                    }
-                }
-                let left = window_ends.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                thread::park_timeout(left);
+        let mut events: Vec<u8> = Vec::new();
+        let mut idle = self.options.batch_window;
+        let mut closed = false;
+        let mut finished = false;
+        while !closed {
+            // Events arrive in the shared buffer without waking this thread:
+            // it looks each window (less often while the run is quiet).
+            match rx.recv_timeout(idle) {
+                Ok(message) => batch.push(message),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => closed = true,
             }
+            if !batch.is_empty() {
+                closed |= self.gather(&rx, &mut batch);
+            }
+            self.events.take(&mut events);
+            if batch.is_empty() && events.is_empty() {
+                idle = (idle * 2).min(IDLE_WAIT_MAX.max(self.options.batch_window));
+                continue;
+            }
+            idle = self.options.batch_window;
+            finished |= batch.iter().any(|m| matches!(m, Message::Finish(..)));
             match conn.as_mut() {
                 Some(conn) if !self.disabled => {
                     self.in_database.store(true, Ordering::SeqCst);
-                    self.commit(conn, &mut pending_start, &batch);
+                    self.commit(conn, &mut pending_start, &events, &batch);
                     self.in_database.store(false, Ordering::SeqCst);
                 }
                 _ => {}
+            }
+            if self.disabled || conn.is_none() {
+                self.events.close();
             }
             for message in batch.drain(..) {
                 if let Message::Flush(ack) | Message::Finish(_, ack) = message {
                     let _ = ack.try_send(());
                 }
             }
-            if closed {
+        }
+        if let (true, false, Some(conn)) = (finished, self.disabled, &conn) {
+            self.tidy_wal(conn);
+        }
+    }
+
+    /// Gather the window's messages after `batch`'s first while parked, not
+    /// blocked on the channel: a sender then wakes nobody. A flush or the
+    /// finish unparks at once. True if the channel closed.
+    fn gather(&self, rx: &Receiver<Message>, batch: &mut Vec<Message>) -> bool {
+        let window_ends = Instant::now() + self.options.batch_window;
+        while batch.len() < self.options.batch_rows && !ends_batch(batch.last()) {
+            loop {
+                match rx.try_recv() {
+                    Ok(message) => {
+                        batch.push(message);
+                        if batch.len() >= self.options.batch_rows || ends_batch(batch.last()) {
+                            return false;
+                        }
+                    }
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => return true,
+                }
+            }
+            let left = window_ends.saturating_duration_since(Instant::now());
+            if left.is_zero() {
                 break;
             }
+            thread::park_timeout(left);
+        }
+        false
+    }
+
+    /// After the run's end is committed (and acknowledged): checkpoint the
+    /// WAL if it has grown, so later connections do not each read it all
+    /// back. PASSIVE never blocks another writer; its fsyncs are paid here,
+    /// on no run's path. A busy database skips it; a later run's end retries.
+    fn tidy_wal(&self, conn: &Connection) {
+        let mut wal = self.path.clone().into_os_string();
+        wal.push("-wal");
+        let long = std::fs::metadata(&wal).is_ok_and(|m| m.len() > WAL_TIDY_BYTES);
+        if long {
+            let _ = conn.busy_timeout(Duration::from_millis(100));
+            let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
         }
     }
 
@@ -406,6 +530,7 @@ impl Background {
         &mut self,
         conn: &mut Connection,
         pending_start: &mut Option<(RunStart, i64)>,
+        events: &[u8],
         batch: &[Message],
     ) {
         let retries = self.options.busy_retries;
@@ -429,8 +554,22 @@ impl Background {
                     committed: committed_rows,
                     new: &mut new_rows,
                 };
+                let mut insert = tx.prepare_cached(INSERT_EVENT)?;
+                for e in buffer::events(events) {
+                    insert.execute(params![
+                        id,
+                        ord,
+                        e.kind,
+                        e.section,
+                        e.task,
+                        e.seq,
+                        e.fields_json
+                    ])?;
+                    ord += 1;
+                }
+                drop(insert);
                 for message in batch {
-                    write_message(&tx, id, &mut ord, &mut rows, message)?;
+                    write_message(&tx, id, &mut rows, message)?;
                 }
             }
             tx.commit()?;
@@ -557,35 +696,10 @@ const INSERT_EXCHANGE: &str = "INSERT INTO exchanges (run_id, task, seq, section
 fn write_message(
     tx: &Transaction<'_>,
     run_id: i64,
-    ord: &mut i64,
     rows: &mut ExchangeRows<'_>,
     message: &Message,
 ) -> rusqlite::Result<()> {
     match message {
-        Message::Event(e) => {
-            tx.prepare_cached(INSERT_EVENT)?.execute(params![
-                run_id,
-                *ord,
-                e.kind,
-                e.section,
-                e.task,
-                e.seq,
-                json_text(&e.fields)
-            ])?;
-            *ord += 1;
-        }
-        Message::EncodedEvent(e) => {
-            tx.prepare_cached(INSERT_EVENT)?.execute(params![
-                run_id,
-                *ord,
-                e.kind.as_ref(),
-                e.section,
-                e.task,
-                e.seq,
-                e.fields_json
-            ])?;
-            *ord += 1;
-        }
         Message::Exchange(x, handle) => {
             let [input, output, total] = usage_columns(x.usage.as_ref());
             tx.prepare_cached(INSERT_EXCHANGE)?.execute(params![

@@ -19,8 +19,8 @@ use pf_harness::{
     ToolDecl, ToolFailure, ToolSpec, Usage, VllmMetrics, WorkId,
 };
 use pf_runlog::{
-    ActivationRecord, AnswerRecord, EncodedEvent, ExchangeDraft, ExchangeHandle, RunEnd, RunWriter,
-    TokenUsage, ToolCallRecord,
+    ActivationRecord, AnswerRecord, ExchangeDraft, ExchangeHandle, RunEnd, RunWriter, TokenUsage,
+    ToolCallRecord, WriterTail,
 };
 use serde::Serialize;
 use serde_json::{json, Value as Json};
@@ -62,6 +62,8 @@ impl HostWork {
 pub struct RunLogSink {
     writer: Mutex<Option<RunWriter>>,
     usage: Mutex<TokenUsage>,
+    /// The writer thread's work after the end, for [`RunLogSink::settle`].
+    tail: Mutex<Option<WriterTail>>,
 }
 
 impl RunLogSink {
@@ -69,6 +71,7 @@ impl RunLogSink {
         RunLogSink {
             writer: Mutex::new(Some(writer)),
             usage: Mutex::new(TokenUsage::default()),
+            tail: Mutex::new(None),
         }
     }
 
@@ -79,18 +82,17 @@ impl RunLogSink {
         }
     }
 
-    /// Log one event of the run. Its fields are encoded here: the event is
-    /// only lent, and one JSON text costs less than a deep copy of the map.
+    /// Log one event of the run: encoded straight into the writer's
+    /// buffer (the event is only lent; a deep copy would cost more).
     pub fn event(&self, event: &pf_engine::RunEvent) {
-        let fields_json = serde_json::to_string(&event.fields).unwrap_or_else(|_| "{}".into());
         self.with(|w| {
-            w.encoded_event(EncodedEvent {
-                kind: std::borrow::Cow::Borrowed(event.kind.as_str()),
-                section: event.section.clone(),
-                task: event.provenance.task.clone(),
-                seq: event.provenance.seq,
-                fields_json,
-            })
+            w.event_parts(
+                event.kind.as_str(),
+                &event.section,
+                &event.provenance.task,
+                event.provenance.seq,
+                &event.fields,
+            )
         });
     }
 
@@ -116,14 +118,32 @@ impl RunLogSink {
             .take();
         if let Some(writer) = writer {
             let usage = self.usage();
-            let _ = writer.finish(RunEnd {
+            let (_, tail) = writer.finish_with_tail(RunEnd {
                 outcome,
                 duration_ms,
                 usage,
             });
+            *self.tail.lock().unwrap_or_else(PoisonError::into_inner) = Some(tail);
+        }
+    }
+
+    /// Before the process exits, after the report: let the writer thread
+    /// finish tidying the database (bounded; everything is committed already).
+    pub fn settle(&self) {
+        let tail = self
+            .tail
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(tail) = tail {
+            tail.wait(SETTLE_WAIT);
         }
     }
 }
+
+/// The most a process waits at exit for the run log's tidying (a WAL
+/// checkpoint: two fsyncs, usually a few ms).
+const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What the recording decorators share: the run's sink, which section each
 /// task is in, the prompt's tool aliases, and each task's last logged request.
@@ -662,6 +682,7 @@ mod tests {
             Arc::new(RunLogSink {
                 writer: Mutex::new(None),
                 usage: Mutex::new(TokenUsage::default()),
+                tail: Mutex::new(None),
             }),
             Arc::new(SectionTracker::default()),
             &pf_syntax::parse(b"---\nname: t\ndescription: t\npromptforge: 0\n---\n\n# T\n")
@@ -723,6 +744,7 @@ mod tests {
             Arc::new(RunLogSink {
                 writer: Mutex::new(None),
                 usage: Mutex::new(TokenUsage::default()),
+                tail: Mutex::new(None),
             }),
             Arc::new(SectionTracker::default()),
             &pf_syntax::parse(b"---\nname: t\ndescription: t\npromptforge: 0\n---\n\n# T\n")
