@@ -25,8 +25,8 @@ pub use error::RunLogError;
 pub use paths::{data_dir, default_db_path, DB_FILE_NAME};
 pub use records::{
     ActivationRecord, AnswerRecord, EventRecord, ExchangeDraft, ExchangeHandle, ExchangeRecord,
-    JsonBody, Outcome, RunEnd, RunFilter, RunId, RunRecord, RunStart, RunSummary, TokenUsage,
-    ToolCallRecord, RUNNING,
+    Outcome, RunEnd, RunFilter, RunId, RunRecord, RunStart, RunSummary, TokenUsage, ToolCallRecord,
+    RUNNING,
 };
 pub use writer::{RunWriter, WarningSink, WriterOptions, WriterTail};
 

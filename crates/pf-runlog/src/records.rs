@@ -225,21 +225,6 @@ pub struct RunFilter {
     pub outcome: Option<String>,
 }
 
-/// A body the writer thread encodes: the caller hands over its own values
-/// (moved or shared, never converted) and the JSON text is made off the
-/// run's thread. Any `Serialize` value is one.
-pub trait JsonBody: Send {
-    /// The body as JSON text.
-    fn json_text(&self) -> String;
-}
-
-impl<T: Serialize + Send> JsonBody for T {
-    fn json_text(&self) -> String {
-        // A body whose map keys are not strings cannot be JSON; the log keeps null.
-        serde_json::to_string(self).unwrap_or_else(|_| "null".to_owned())
-    }
-}
-
 /// Names one model exchange a [`RunWriter`](crate::RunWriter) was handed, so
 /// a later exchange of the same run can store its request as a continuation
 /// of this one's ([`ExchangeDraft::extends`]).
@@ -255,10 +240,12 @@ impl ExchangeHandle {
 }
 
 /// A model exchange as a recorder hands it over: like [`ExchangeRecord`],
-/// with the bodies encoded on the writer thread and the request possibly
-/// stored as the messages it adds to an earlier request. Read back, it is
-/// an [`ExchangeRecord`] with the whole request, exactly as if it had been
-/// logged whole.
+/// with the bodies as JSON text (encoded straight from the caller's own
+/// types: no `Value` built, and one allocation each to hand over) and the
+/// request possibly stored as the messages it adds to an earlier request.
+/// Read back, it is an [`ExchangeRecord`] with the whole request, exactly
+/// as if it had been logged whole.
+#[derive(Debug, Clone, PartialEq)]
 pub struct ExchangeDraft {
     pub task: String,
     pub seq: u32,
@@ -266,28 +253,18 @@ pub struct ExchangeDraft {
     pub model: String,
     /// 1 for the first try, counting retries.
     pub attempt: u32,
-    /// The request body: a JSON object with `messages` first. With
+    /// The request body's JSON text: an object with `messages` first. With
     /// `extends`, its `messages` are only those that follow the extended
     /// request's whole message list; its other fields are its own.
-    pub request: Box<dyn JsonBody>,
+    pub request_json: String,
     /// The earlier exchange of this run whose request's messages this
     /// request begins with.
     pub extends: Option<ExchangeHandle>,
-    /// The response body, when one arrived.
-    pub response: Option<Box<dyn JsonBody>>,
+    /// The response body's JSON text, when one arrived.
+    pub response_json: Option<String>,
     pub error: Option<String>,
     pub status: Option<u16>,
     pub started_ms: i64,
     pub duration_ms: u64,
     pub usage: Option<TokenUsage>,
-}
-
-impl std::fmt::Debug for ExchangeDraft {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ExchangeDraft")
-            .field("task", &self.task)
-            .field("seq", &self.seq)
-            .field("extends", &self.extends)
-            .finish_non_exhaustive()
-    }
 }

@@ -47,7 +47,7 @@ impl Default for WriterOptions {
     fn default() -> Self {
         WriterOptions {
             batch_rows: 512,
-            batch_window: Duration::from_millis(5),
+            batch_window: Duration::from_millis(2),
             busy_timeout: Duration::from_secs(5),
             busy_retries: BUSY_RETRIES,
             finish_wait: Duration::from_secs(5),
@@ -380,7 +380,7 @@ const IDLE_WAIT_MAX: Duration = Duration::from_millis(20);
 /// once it is larger than this: every new connection reads the whole WAL
 /// back (SQLite recovers it when no other connection has the database open),
 /// so a long one costs every later run.
-const WAL_TIDY_BYTES: u64 = 512 * 1024;
+const WAL_TIDY_BYTES: u64 = 1024 * 1024;
 
 /// The writer thread's state.
 struct Background {
@@ -735,9 +735,9 @@ fn write_message(
                 x.section,
                 x.model,
                 x.attempt,
-                x.request.json_text(),
+                x.request_json,
                 extends,
-                x.response.as_ref().map(|body| body.json_text()),
+                x.response_json,
                 x.error,
                 x.status,
                 x.started_ms,

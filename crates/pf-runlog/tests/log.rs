@@ -561,7 +561,7 @@ fn a_full_database_warns_once_and_keeps_what_fit() {
     assert_eq!(log.run(id).unwrap().unwrap().outcome_label(), "running");
 }
 
-/// A request body as a recorder would hand it over: a Serialize value.
+/// A request body as a recorder would encode it: a Serialize value.
 #[derive(serde::Serialize)]
 struct Body {
     messages: Vec<serde_json::Value>,
@@ -582,13 +582,14 @@ fn draft(
         section: "Loop".to_owned(),
         model: "small".to_owned(),
         attempt: 1,
-        request: Box::new(Body {
+        request_json: serde_json::to_string(&Body {
             messages,
             tools: Some(json!([{"name": "tick"}])),
             temperature: 0.5,
-        }),
+        })
+        .unwrap(),
         extends,
-        response: Some(Box::new(json!({"content": format!("reply {seq}")}))),
+        response_json: Some(json!({"content": format!("reply {seq}")}).to_string()),
         error: None,
         status: None,
         started_ms: 7,

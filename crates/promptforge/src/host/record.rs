@@ -157,12 +157,11 @@ pub struct Recorder {
     conversations: Mutex<HashMap<String, Conversation>>,
 }
 
-/// A task's last logged request: its whole message list, the exchange that
-/// holds it, and its tool list (shared with the logged bodies while equal).
+/// A task's last logged request: its whole message list and the exchange
+/// that holds it.
 struct Conversation {
     messages: Vec<ChatMessage>,
     exchange: ExchangeHandle,
-    tools: Option<Arc<Vec<ToolDecl>>>,
 }
 
 impl Recorder {
@@ -187,70 +186,57 @@ impl Recorder {
 
     /// The request as it will be logged: whole, or, when it begins with
     /// its task's last logged request, the messages it adds to that one.
-    /// Only those are copied (a comparison walks the history, a copy of it
-    /// would allocate it all again).
+    /// It is encoded here, straight from the Harness types: a comparison
+    /// walks the history, but only the added messages are encoded or copied.
     fn plan_request(&self, request: &ChatRequest, work: &WorkId) -> RequestPlan {
         let conversations = self
             .conversations
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let last = conversations.get(&work.task);
-        let continued = last.filter(|last| {
+        let continued = conversations.get(&work.task).filter(|last| {
             request.messages.len() >= last.messages.len()
                 && request.messages[..last.messages.len()] == last.messages[..]
         });
         let (extends, added) = match continued {
             Some(last) => (
                 Some(last.exchange),
-                request.messages[last.messages.len()..].to_vec(),
+                &request.messages[last.messages.len()..],
             ),
-            None => (None, request.messages.clone()),
+            None => (None, &request.messages[..]),
         };
-        let shared_tools = last.and_then(|last| last.tools.as_ref());
-        let tools = request.tools.as_ref().map(|tools| match shared_tools {
-            Some(shared) if **shared == *tools => Arc::clone(shared),
-            _ => Arc::new(tools.clone()),
-        });
+        let body = LoggedRequest {
+            messages: added,
+            tools: request.tools.as_ref(),
+            temperature: request.temperature,
+            max_tokens: request.max_tokens,
+            thinking: request.thinking,
+        };
         RequestPlan {
             extends,
-            body: LoggedRequest {
-                messages: added,
-                tools: tools.map(SharedTools),
-                temperature: request.temperature,
-                max_tokens: request.max_tokens,
-                thinking: request.thinking,
-            },
+            request_json: json_text(&body),
+            added: added.to_vec(),
         }
     }
 
     /// The planned request went into the log as `exchange`: it is now its
     /// task's last logged request, unless another round of the task was
     /// logged since this one began.
-    fn logged_request(
-        &self,
-        task: &str,
-        extends: Option<ExchangeHandle>,
-        added: Vec<ChatMessage>,
-        tools: Option<Arc<Vec<ToolDecl>>>,
-        exchange: ExchangeHandle,
-    ) {
+    fn logged_request(&self, task: &str, plan: RequestPlan, exchange: ExchangeHandle) {
         let mut conversations = self
             .conversations
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        match (conversations.get_mut(task), extends) {
+        match (conversations.get_mut(task), plan.extends) {
             (Some(last), Some(base)) if last.exchange == base => {
-                last.messages.extend(added);
+                last.messages.extend(plan.added);
                 last.exchange = exchange;
-                last.tools = tools;
             }
             (_, None) => {
                 conversations.insert(
                     task.to_string(),
                     Conversation {
-                        messages: added,
+                        messages: plan.added,
                         exchange,
-                        tools,
                     },
                 );
             }
@@ -274,18 +260,23 @@ fn elapsed_ms(since: Instant) -> u64 {
     u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
+fn json_text(body: &impl Serialize) -> String {
+    // These bodies hold only string-keyed maps, which always encode.
+    serde_json::to_string(body).unwrap_or_else(|_| "null".to_string())
+}
+
 // ---------------------------------------------------------------------------
 // Model exchanges
 // ---------------------------------------------------------------------------
 
-/// A request as the recorder logs it, encoded on the writer thread into
-/// exactly the text of [`request_json`] (with `messages` only the added
-/// ones when it continues an earlier request).
+/// A request as the recorder logs it: exactly the text of [`request_json`]
+/// (with `messages` only the added ones when it continues an earlier
+/// request), encoded from borrowed Harness values with no `Value` built.
 #[derive(Serialize)]
-struct LoggedRequest {
-    messages: Vec<ChatMessage>,
+struct LoggedRequest<'a> {
+    messages: &'a [ChatMessage],
     #[serde(skip_serializing_if = "Option::is_none")]
-    tools: Option<SharedTools>,
+    tools: Option<&'a Vec<ToolDecl>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     temperature: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -294,47 +285,39 @@ struct LoggedRequest {
     thinking: Option<bool>,
 }
 
-/// A tool list shared between a task's logged requests while it stays the same.
-struct SharedTools(Arc<Vec<ToolDecl>>);
-
-impl Serialize for SharedTools {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(serializer)
-    }
-}
-
 struct RequestPlan {
     extends: Option<ExchangeHandle>,
-    body: LoggedRequest,
+    request_json: String,
+    /// The messages the request adds (all of them when it extends none).
+    added: Vec<ChatMessage>,
 }
 
-/// A response as the recorder logs it: the text of [`response_json`],
-/// encoded on the writer thread.
+/// A response as the recorder logs it: exactly the text of [`response_json`].
 #[derive(Serialize)]
-struct LoggedResponse {
-    content: Option<String>,
-    tool_calls: Vec<ToolCall>,
-    finish_reason: Option<String>,
-    usage: Option<Usage>,
-    llama: Option<LlamaTimings>,
-    vllm: Option<VllmMetrics>,
-    model: Option<String>,
-    reasoning: Option<String>,
-    degraded: Vec<String>,
+struct LoggedResponse<'a> {
+    content: &'a Option<String>,
+    tool_calls: &'a [ToolCall],
+    finish_reason: &'a Option<String>,
+    usage: &'a Option<Usage>,
+    llama: &'a Option<LlamaTimings>,
+    vllm: &'a Option<VllmMetrics>,
+    model: &'a Option<String>,
+    reasoning: &'a Option<String>,
+    degraded: &'a [String],
 }
 
-impl LoggedResponse {
-    fn of(response: &ChatResponse) -> LoggedResponse {
+impl LoggedResponse<'_> {
+    fn of(response: &ChatResponse) -> LoggedResponse<'_> {
         LoggedResponse {
-            content: response.content.clone(),
-            tool_calls: response.tool_calls.clone(),
-            finish_reason: response.finish_reason.clone(),
-            usage: response.usage.clone(),
-            llama: response.llama.clone(),
-            vllm: response.vllm.clone(),
-            model: response.model.clone(),
-            reasoning: response.reasoning.clone(),
-            degraded: response.degraded.clone(),
+            content: &response.content,
+            tool_calls: &response.tool_calls,
+            finish_reason: &response.finish_reason,
+            usage: &response.usage,
+            llama: &response.llama,
+            vllm: &response.vllm,
+            model: &response.model,
+            reasoning: &response.reasoning,
+            degraded: &response.degraded,
         }
     }
 }
@@ -404,7 +387,7 @@ impl RecordingModel {
     fn record(
         &self,
         work: &WorkId,
-        request: RequestPlan,
+        mut request: RequestPlan,
         started: (i64, Instant),
         result: &Result<ChatResponse, ProviderError>,
     ) {
@@ -419,21 +402,18 @@ impl RecordingModel {
         if let Some(usage) = &usage {
             self.recorder.sink.add_usage(usage);
         }
-        let RequestPlan { extends, body } = request;
-        let added = body.messages.clone();
-        let tools = body.tools.as_ref().map(|t| Arc::clone(&t.0));
         let record = ExchangeDraft {
             task: work.task.clone(),
             seq: work.seq,
             section: self.recorder.section(work),
             model: self.model.clone(),
             attempt: 1,
-            request: Box::new(body),
-            extends,
-            response: result
+            request_json: std::mem::take(&mut request.request_json),
+            extends: request.extends,
+            response_json: result
                 .as_ref()
                 .ok()
-                .map(|r| Box::new(LoggedResponse::of(r)) as Box<dyn pf_runlog::JsonBody>),
+                .map(|r| json_text(&LoggedResponse::of(r))),
             error: result.as_ref().err().map(provider_error_text),
             status: None,
             started_ms: started.0,
@@ -445,8 +425,7 @@ impl RecordingModel {
             .sink
             .with(|w| logged = Some(w.exchange_draft(record)));
         if let Some(exchange) = logged {
-            self.recorder
-                .logged_request(&work.task, extends, added, tools, exchange);
+            self.recorder.logged_request(&work.task, request, exchange);
         }
     }
 }
@@ -658,7 +637,7 @@ mod tests {
     }
 
     fn logged_text(plan: &RequestPlan) -> String {
-        pf_runlog::JsonBody::json_text(&plan.body)
+        plan.request_json.clone()
     }
 
     #[test]
@@ -729,11 +708,11 @@ mod tests {
             ..ChatResponse::default()
         };
         assert_eq!(
-            pf_runlog::JsonBody::json_text(&LoggedResponse::of(&response)),
+            json_text(&LoggedResponse::of(&response)),
             response_json(&response).to_string()
         );
         assert_eq!(
-            pf_runlog::JsonBody::json_text(&LoggedResponse::of(&ChatResponse::default())),
+            json_text(&LoggedResponse::of(&ChatResponse::default())),
             response_json(&ChatResponse::default()).to_string()
         );
     }
@@ -757,12 +736,20 @@ mod tests {
         let first = request(vec![message("user", json!("go"))]);
         let plan = recorder.plan_request(&first, &work("0"));
         let handle = pf_runlog::ExchangeHandle::for_tests(0);
-        recorder.logged_request("0", plan.extends, plan.body.messages, None, handle);
+        recorder.logged_request("0", plan, handle);
         let mut second = first.clone();
         second.messages.push(message("assistant", json!("ok")));
         let plan = recorder.plan_request(&second, &work("0"));
         assert_eq!(plan.extends, Some(handle));
-        assert_eq!(plan.body.messages, second.messages[1..]);
+        assert_eq!(plan.added, second.messages[1..]);
+        assert_eq!(
+            plan.request_json,
+            request_json(&ChatRequest {
+                messages: second.messages[1..].to_vec(),
+                ..second.clone()
+            })
+            .to_string()
+        );
         // Another task, or a request that does not begin with the last one, is whole.
         assert!(recorder
             .plan_request(&second, &work("0.1"))
@@ -771,6 +758,6 @@ mod tests {
         let edited = request(vec![message("user", json!("went"))]);
         let plan = recorder.plan_request(&edited, &work("0"));
         assert!(plan.extends.is_none());
-        assert_eq!(plan.body.messages, edited.messages);
+        assert_eq!(plan.added, edited.messages);
     }
 }
