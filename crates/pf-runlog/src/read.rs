@@ -6,6 +6,7 @@ use rusqlite::types::Type;
 use rusqlite::{params, OptionalExtension, Row};
 use serde_json::Value;
 
+use crate::buffer::EventLine;
 use crate::db::from_sql_int;
 use crate::error::{classify, RunLogError};
 use crate::records::{
@@ -298,27 +299,71 @@ impl RunLog {
         after_seq: Option<u32>,
     ) -> Result<Vec<EventRecord>, RunLogError> {
         let after = after_seq.map_or(-1, i64::from);
+        // Rows an older build wrote, one event each...
         let mut query = self
             .conn
             .prepare_cached(
-                "SELECT kind, section, task, seq, fields_json FROM events
+                "SELECT ord, kind, section, task, seq, fields_json FROM events
                  WHERE run_id = ?1 AND (?2 IS NULL OR (task = ?2 AND seq > ?3))
                  ORDER BY ord",
             )
             .map_err(|e| self.fail(e))?;
         let rows = query
             .query_map(params![id.0, task, after], |row| {
-                Ok(EventRecord {
-                    kind: row.get(0)?,
-                    section: row.get(1)?,
-                    task: row.get(2)?,
-                    seq: row.get(3)?,
-                    fields: json_column(row, 4)?,
-                })
+                Ok((
+                    row.get::<_, i64>(0)?,
+                    EventRecord {
+                        kind: row.get(1)?,
+                        section: row.get(2)?,
+                        task: row.get(3)?,
+                        seq: row.get(4)?,
+                        fields: json_column(row, 5)?,
+                    },
+                ))
             })
             .map_err(|e| self.fail(e))?;
-        rows.collect::<rusqlite::Result<Vec<_>>>()
-            .map_err(|e| self.fail(e))
+        let mut events = rows
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(|e| self.fail(e))?;
+        // ...and a commit's worth per row since version 4.
+        let mut query = self
+            .conn
+            .prepare_cached(
+                "SELECT first_ord, lines FROM event_batches WHERE run_id = ?1 ORDER BY first_ord",
+            )
+            .map_err(|e| self.fail(e))?;
+        let mut batches = query.query([id.0]).map_err(|e| self.fail(e))?;
+        let wanted =
+            |e: &EventRecord| task.is_none_or(|task| e.task == task && i64::from(e.seq) > after);
+        let from_rows = events.len();
+        while let Some(row) = batches.next().map_err(|e| self.fail(e))? {
+            let first: i64 = row.get(0).map_err(|e| self.fail(e))?;
+            let lines: String = row.get(1).map_err(|e| self.fail(e))?;
+            for (at, line) in (first..).zip(lines.lines()) {
+                let line: EventLine<String, Value> = serde_json::from_str(line).map_err(|err| {
+                    self.fail(rusqlite::Error::FromSqlConversionFailure(
+                        1,
+                        Type::Text,
+                        Box::new(err),
+                    ))
+                })?;
+                let event = EventRecord {
+                    kind: line.kind,
+                    section: line.section,
+                    task: line.task,
+                    seq: line.seq,
+                    fields: line.fields,
+                };
+                if wanted(&event) {
+                    events.push((at, event));
+                }
+            }
+        }
+        if from_rows > 0 && events.len() > from_rows {
+            // A run is written by one build, so this does not happen; keep the order if it does.
+            events.sort_by_key(|(ord, _)| *ord);
+        }
+        Ok(events.into_iter().map(|(_, event)| event).collect())
     }
 
     /// The run's model exchanges in the order they were logged, each with

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rusqlite::{params, Connection, Transaction, TransactionBehavior};
 use sha2::{Digest, Sha256};
 
-use crate::buffer::{self, EventBuffer};
+use crate::buffer::{EventBuffer, Taken};
 use crate::db::{connect, retry_busy, to_sql_int, BUSY_RETRIES};
 use crate::records::{
     ActivationRecord, AnswerRecord, EventRecord, ExchangeDraft, ExchangeHandle, ExchangeRecord,
@@ -440,7 +440,7 @@ impl Background {
         self.in_database.store(false, Ordering::SeqCst);
         let mut pending_start = Some((start, started_at_ms));
         let mut batch: Vec<Message> = Vec::new();
-        let mut events: Vec<u8> = Vec::new();
+        let mut events = Taken::default();
         let mut idle = self.options.batch_window;
         let mut closed = false;
         let mut finished = false;
@@ -530,7 +530,7 @@ impl Background {
         &mut self,
         conn: &mut Connection,
         pending_start: &mut Option<(RunStart, i64)>,
-        events: &[u8],
+        events: &Taken,
         batch: &[Message],
     ) {
         let retries = self.options.busy_retries;
@@ -554,20 +554,15 @@ impl Background {
                     committed: committed_rows,
                     new: &mut new_rows,
                 };
-                let mut insert = tx.prepare_cached(INSERT_EVENT)?;
-                for e in buffer::events(events) {
-                    insert.execute(params![
+                if !events.is_empty() {
+                    tx.prepare_cached(INSERT_EVENTS)?.execute(params![
                         id,
                         ord,
-                        e.kind,
-                        e.section,
-                        e.task,
-                        e.seq,
-                        e.fields_json
+                        events.count,
+                        events.text()
                     ])?;
-                    ord += 1;
+                    ord += i64::from(events.count);
                 }
-                drop(insert);
                 for message in batch {
                     write_message(&tx, id, &mut rows, message)?;
                 }
@@ -685,8 +680,8 @@ impl ExchangeRows<'_> {
     }
 }
 
-const INSERT_EVENT: &str = "INSERT INTO events (run_id, ord, kind, section, task, seq, fields_json)
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
+const INSERT_EVENTS: &str = "INSERT INTO event_batches (run_id, first_ord, count, lines)
+     VALUES (?1, ?2, ?3, ?4)";
 
 const INSERT_EXCHANGE: &str = "INSERT INTO exchanges (run_id, task, seq, section, model, attempt,
          request_json, request_extends, response_json, error, status, started_ms, duration_ms,
