@@ -246,8 +246,14 @@ impl Core {
             return;
         }
         self.opened = true;
-        shared.in_database.store(true, Ordering::SeqCst);
         let options = &shared.options;
+        if options.max_page_count.is_none() {
+            if let Some(conn) = idle_connection(&shared.path) {
+                self.conn = Some(conn);
+                return;
+            }
+        }
+        shared.in_database.store(true, Ordering::SeqCst);
         match connect(&shared.path, options.busy_timeout, options.busy_retries) {
             Ok(conn) => {
                 // Closing the last connection would checkpoint the WAL into
@@ -681,6 +687,32 @@ const IDLE_WAIT_MAX: Duration = Duration::from_millis(20);
 /// back, so a long one costs every later run.
 const WAL_TIDY_BYTES: u64 = 1024 * 1024;
 
+/// The connection the last run of this process left, for the next run on
+/// the same database (a process running many runs, like `promptforge mcp`):
+/// opening one costs a schema parse, its statements' preparation and, with
+/// no other connection open, reading the WAL back.
+static IDLE: Mutex<Option<(PathBuf, Connection)>> = Mutex::new(None);
+
+fn idle_connection(path: &std::path::Path) -> Option<Connection> {
+    let mut idle = IDLE.lock().unwrap_or_else(PoisonError::into_inner);
+    match idle.take() {
+        Some((kept, conn)) if kept == path => Some(conn),
+        other => {
+            *idle = other;
+            None
+        }
+    }
+}
+
+fn keep_idle(path: &std::path::Path, conn: Connection) {
+    let _ = conn.busy_timeout(WriterOptions::default().busy_timeout);
+    let replaced = IDLE
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .replace((path.to_owned(), conn));
+    drop(replaced);
+}
+
 /// The background thread: open the database, then commit what is queued
 /// each window until the writer is dropped; then tidy. `tail` is dropped
 /// when it ends, which is what a [`WriterTail`] waits for.
@@ -712,6 +744,11 @@ fn background_thread(shared: &Shared, tail: SyncSender<()>) {
         };
         if closing {
             core.tidy_wal(shared);
+            if !core.disabled && shared.options.max_page_count.is_none() {
+                if let Some(conn) = core.conn.take() {
+                    keep_idle(&shared.path, conn);
+                }
+            }
             break;
         }
     }
