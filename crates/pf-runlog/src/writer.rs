@@ -776,29 +776,29 @@ fn json_text(value: &serde_json::Value) -> String {
 }
 
 fn insert_run(tx: &Transaction<'_>, start: &RunStart, started_at_ms: i64) -> rusqlite::Result<i64> {
-    tx.execute(
+    tx.prepare_cached(
         "INSERT INTO runs (execution, prompt_path, prompt_text, prompt_sha256, args_json, seed,
              start_rfc3339, start_ms, host_file, model, store_dir, started_at_ms, pid,
              replay_of, resumed_from)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
-        params![
-            start.execution,
-            start.prompt_path,
-            start.prompt_text,
-            sha256_hex(&start.prompt_text),
-            json_text(&start.args),
-            start.seed.to_string(),
-            start.start_rfc3339,
-            start.start_ms,
-            start.host_file,
-            start.model,
-            start.store_dir,
-            started_at_ms,
-            std::process::id(),
-            start.replay_of,
-            start.resumed_from,
-        ],
-    )?;
+    )?
+    .execute(params![
+        start.execution,
+        start.prompt_path,
+        start.prompt_text,
+        sha256_hex(&start.prompt_text),
+        json_text(&start.args),
+        start.seed.to_string(),
+        start.start_rfc3339,
+        start.start_ms,
+        start.host_file,
+        start.model,
+        start.store_dir,
+        started_at_ms,
+        std::process::id(),
+        start.replay_of,
+        start.resumed_from,
+    ])?;
     Ok(tx.last_insert_rowid())
 }
 
@@ -944,23 +944,23 @@ fn write_end(tx: &Transaction<'_>, run_id: i64, end: &RunEnd) -> rusqlite::Resul
         Outcome::Cancelled => (None, None, None),
     };
     let [input, output, total] = usage_columns(Some(&end.usage));
-    tx.execute(
+    tx.prepare_cached(
         "UPDATE runs SET outcome = ?2, result = ?3, error_kind = ?4, error_message = ?5,
              finished_at_ms = ?6, duration_ms = ?7,
              input_tokens = ?8, output_tokens = ?9, total_tokens = ?10
          WHERE id = ?1",
-        params![
-            run_id,
-            end.outcome.label(),
-            result,
-            error_kind,
-            error_message,
-            wall_ms(),
-            to_sql_int(end.duration_ms),
-            input,
-            output,
-            total
-        ],
-    )?;
+    )?
+    .execute(params![
+        run_id,
+        end.outcome.label(),
+        result,
+        error_kind,
+        error_message,
+        wall_ms(),
+        to_sql_int(end.duration_ms),
+        input,
+        output,
+        total
+    ])?;
     Ok(())
 }
