@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -282,11 +282,8 @@ impl Core {
 
     /// Move what is queued into the uncommitted batch.
     fn gather(&mut self, shared: &Shared) {
-        loop {
-            match self.rx.try_recv() {
-                Ok(message) => self.batch.push(message),
-                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-            }
+        while let Ok(message) = self.rx.try_recv() {
+            self.batch.push(message);
         }
         if let Some(end) = shared
             .end
