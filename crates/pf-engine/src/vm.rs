@@ -18,24 +18,23 @@ pub(crate) const CANCEL_POLL_INSTRUCTIONS: u32 = 10_000;
 /// A fresh section VM with every host global installed except the shared library
 /// and the alias/role globals (installed by the walk after the replay).
 pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
-    // SAFETY: the debug library is loaded only so the prelude can capture what the
-    // engine needs; the prelude removes it from the globals before any prompt code runs.
-    #[allow(unsafe_code)]
-    let lua = unsafe {
-        Lua::unsafe_new_with(
-            StdLib::STRING | StdLib::TABLE | StdLib::MATH | StdLib::UTF8 | StdLib::DEBUG,
-            LuaOptions::default(),
-        )
-    };
+    // No debug library: what the prelude needs of it comes from Rust
+    // (`sandbox_guards::introspect`).
+    let lua = Lua::new_with(
+        StdLib::STRING | StdLib::TABLE | StdLib::MATH | StdLib::UTF8,
+        LuaOptions::default(),
+    )?;
     let cancel = sec.run.fixed.cancel.clone();
     let abort = sec.run.abort_signal();
     lua.set_global_hook(
         HookTriggers::new().every_nth_instruction(CANCEL_POLL_INSTRUCTIONS),
-        move |_, _| {
+        move |lua, _| {
             if cancel.is_cancelled() {
+                crate::sandbox_guards::disarm_close_handlers(lua);
                 Err(mlua::Error::runtime("interrupted by Ctrl-C"))
             } else if abort.is_cancelled() {
                 // The run already ended on the spot; the walk reports why.
+                crate::sandbox_guards::disarm_close_handlers(lua);
                 Err(mlua::Error::runtime("run ended"))
             } else {
                 Ok(VmState::Continue)
@@ -67,13 +66,7 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     born.set_metatable(Some(weak))?;
     h.raw_set("born", born)?;
     h.raw_set("suspends", 0)?;
-    h.raw_set(
-        "is_region",
-        lua.create_function(|_, src: mlua::String| {
-            let s = src.as_bytes();
-            Ok(!s.starts_with(b"=") && !s.starts_with(b"@"))
-        })?,
-    )?;
+    crate::sandbox_guards::introspect::install(&lua, &h)?;
     // True once nothing may swallow an error any more: after a host cancel, or
     // once the run has ended on the spot (the sandbox `pcall` raises on).
     let cancel_flag = sec.run.fixed.cancel.clone();
