@@ -615,7 +615,9 @@ impl RunWriter {
             *shared.end.lock().unwrap_or_else(PoisonError::into_inner) = Some(end);
         }
         let Some(mut core) = shared.core_until(deadline) else {
-            self.still_writing();
+            // The background thread holds the core: inside a database call
+            // (a lock held elsewhere, a stalled disk) or about to be.
+            self.still_writing(shared.in_database.load(Ordering::SeqCst));
             return false;
         };
         loop {
@@ -628,13 +630,14 @@ impl RunWriter {
             }
         }
         drop(core);
-        self.still_writing();
+        // The database stayed busy: another process holds its lock.
+        self.still_writing(true);
         self.wake();
         false
     }
 
-    fn still_writing(&self) {
-        let why = if self.shared.in_database.load(Ordering::SeqCst) {
+    fn still_writing(&self, on_the_database: bool) {
+        let why = if on_the_database {
             // SQLite waits out another connection's lock before it says busy.
             " (waiting on the database: locked by another process, or a stalled disk)"
         } else {
