@@ -1129,7 +1129,7 @@ pub(crate) fn frozen_newindex(lua: &Lua, message: fn(&str) -> String) -> mlua::R
 thread_local! {
     /// Bytecode of the engine's own Lua chunks, compiled once per thread: every
     /// section VM runs them, and lexing them again for each VM was most of a VM's cost.
-    static INTERNAL_BYTECODE: std::cell::RefCell<std::collections::HashMap<&'static str, Vec<u8>>> =
+    static INTERNAL_BYTECODE: std::cell::RefCell<std::collections::HashMap<&'static str, Rc<[u8]>>> =
         std::cell::RefCell::new(std::collections::HashMap::new());
 }
 
@@ -1139,10 +1139,11 @@ pub(crate) fn internal_chunk(
     name: &'static str,
     source: &'static str,
 ) -> mlua::Result<mlua::Function> {
+    // Shared, not copied: loading never re-enters this cache.
     let cached = INTERNAL_BYTECODE.with(|c| c.borrow().get(name).cloned());
     if let Some(code) = cached {
         return lua
-            .load(code)
+            .load(&*code)
             .set_name(name)
             .set_mode(mlua::ChunkMode::Binary)
             .into_function();
@@ -1153,9 +1154,12 @@ pub(crate) fn internal_chunk(
         .set_mode(mlua::ChunkMode::Text)
         .into_function()?;
     let code = f.dump(false);
-    INTERNAL_BYTECODE.with(|c| c.borrow_mut().insert(name, code));
+    INTERNAL_BYTECODE.with(|c| c.borrow_mut().insert(name, Rc::from(code)));
     Ok(f)
 }
+
+/// A prompt block's chunk name and source.
+type BlockKey = (String, String);
 
 /// How many prompt blocks' bytecode one thread keeps (a long-lived Host runs many prompts).
 const BLOCK_CACHE_LIMIT: usize = 512;
@@ -1165,7 +1169,7 @@ thread_local! {
     /// a fanout enters the same block once per arm, and compiling it again each
     /// time was a tenth of a section entry. Only the engine's own dump of text
     /// it compiled is ever loaded as binary; the function is new in every VM.
-    static BLOCK_BYTECODE: RefCell<HashMap<(String, String), Vec<u8>>> =
+    static BLOCK_BYTECODE: RefCell<HashMap<BlockKey, Rc<[u8]>>> =
         RefCell::new(HashMap::new());
 }
 
@@ -1176,7 +1180,7 @@ pub(crate) fn block_chunk(lua: &Lua, name: &str, source: String) -> mlua::Result
     let cached = BLOCK_BYTECODE.with(|c| c.borrow().get(&key).cloned());
     if let Some(code) = cached {
         return lua
-            .load(code)
+            .load(&*code)
             .set_name(name)
             .set_mode(mlua::ChunkMode::Binary)
             .into_function();
@@ -1192,7 +1196,7 @@ pub(crate) fn block_chunk(lua: &Lua, name: &str, source: String) -> mlua::Result
         if cache.len() >= BLOCK_CACHE_LIMIT {
             cache.clear();
         }
-        cache.insert(key, code);
+        cache.insert(key, Rc::from(code));
     });
     Ok(f)
 }

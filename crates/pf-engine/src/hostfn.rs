@@ -9,7 +9,9 @@
 //! (the prelude's `wrap_host`, and `wrap_async`, which finds its dispatcher
 //! at call time) over its entry in this table. Nothing a prompt
 //! can reach tells them apart from before: the closure has the shape `H.wrap`
-//! gave, and the dispatcher is only its upvalue.
+//! gave, and the dispatcher is only its upvalue. The closures a VM's setup
+//! will need are made in one Lua call (`wrap_hosts_ahead`), sized by what the
+//! previous VM's setup registered: one call each was a tenth of the setup.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -24,13 +26,24 @@ pub(crate) type AsyncEntry =
 /// A plain host function, type-erased: what `host_fn` built.
 pub(crate) type SyncEntry = Rc<dyn Fn(&Lua, MultiValue) -> mlua::Result<MultiValue>>;
 
-/// The VM's dispatchers, the prelude's closure maker, and every entry so far.
+/// The VM's dispatchers, the prelude's closure maker, every entry so far, and
+/// the closures made ahead for the entries to come.
 struct HostFns {
     dispatch_sync: Function,
     wrap_host: Function,
     wrap_async: Function,
     async_entries: RefCell<Vec<AsyncEntry>>,
     sync_entries: RefCell<Vec<SyncEntry>>,
+    /// The closure for sync entry `i` at `i` (taken when it registers).
+    sync_ahead: RefCell<Vec<Option<Function>>>,
+    async_ahead: RefCell<Vec<Option<Function>>>,
+}
+
+thread_local! {
+    /// How many sync and async host functions the last section VM built on this
+    /// thread registered during its setup: the next one makes that many
+    /// closures in one Lua call instead of one call each.
+    static SETUP_COUNTS: std::cell::Cell<(usize, usize)> = const { std::cell::Cell::new((0, 0)) };
 }
 
 fn ensure_table(lua: &Lua) -> mlua::Result<()> {
@@ -41,23 +54,66 @@ fn ensure_table(lua: &Lua) -> mlua::Result<()> {
         // section entries make none): the closures find it in `H`.
         helpers.raw_set(
             "make_async_dispatch",
+            // Nil when there is no memory left to make it: the prelude raises
+            // Lua's own memory error then, which the sandbox `pcall` turns into
+            // the `lua` error value (an mlua error would reach Lua as userdata).
             lua.create_function(|lua, ()| {
-                let helpers = helper_table(lua)?;
-                let dispatch = dispatcher_beside_prompt_globals(lua)?;
-                helpers.raw_set("dispatch_async", dispatch.clone())?;
-                Ok(dispatch)
+                let made = helper_table(lua).and_then(|helpers| {
+                    let dispatch = dispatcher_beside_prompt_globals(lua)?;
+                    helpers.raw_set("dispatch_async", dispatch.clone())?;
+                    Ok(dispatch)
+                });
+                match made {
+                    Ok(dispatch) => Ok(Some(dispatch)),
+                    Err(mlua::Error::MemoryError(_)) => Ok(None),
+                    Err(other) => Err(other),
+                }
             })?,
         )?;
+        let dispatch_sync = make_sync_dispatcher(lua)?;
+        let (sync_count, async_count) = SETUP_COUNTS.with(std::cell::Cell::get);
+        let (sync_ahead, async_ahead) = if sync_count + async_count > 0 {
+            let make: Function = helpers.get("wrap_hosts_ahead")?;
+            let (made_sync, made_async): (mlua::Table, mlua::Table) =
+                make.call((dispatch_sync.clone(), sync_count, async_count))?;
+            (
+                closures(&made_sync, sync_count)?,
+                closures(&made_async, async_count)?,
+            )
+        } else {
+            (Vec::new(), Vec::new())
+        };
         let table = HostFns {
-            dispatch_sync: make_sync_dispatcher(lua)?,
+            dispatch_sync,
             wrap_host: helpers.get("wrap_host")?,
             wrap_async: helpers.get("wrap_async")?,
             async_entries: RefCell::new(Vec::new()),
             sync_entries: RefCell::new(Vec::new()),
+            sync_ahead: RefCell::new(sync_ahead),
+            async_ahead: RefCell::new(async_ahead),
         };
         lua.set_app_data(table);
     }
     Ok(())
+}
+
+/// `made[1..=count]`, the closures for ids `0..count`.
+fn closures(made: &mlua::Table, count: usize) -> mlua::Result<Vec<Option<Function>>> {
+    (1..=count).map(|i| made.raw_get(i)).collect()
+}
+
+/// The end of a section VM's setup: what it registered sizes the next VM's
+/// closures made ahead, and those it did not take are let go.
+pub(crate) fn setup_done(lua: &Lua) {
+    if let Some(table) = lua.app_data_ref::<HostFns>() {
+        let counts = (
+            table.sync_entries.borrow().len(),
+            table.async_entries.borrow().len(),
+        );
+        SETUP_COUNTS.with(|c| c.set(counts));
+        table.sync_ahead.borrow_mut().clear();
+        table.async_ahead.borrow_mut().clear();
+    }
 }
 
 fn missing() -> mlua::Error {
@@ -67,29 +123,48 @@ fn missing() -> mlua::Error {
 /// Register a suspending host function in this VM; the Lua function prompts call.
 pub(crate) fn register_async(lua: &Lua, entry: AsyncEntry) -> mlua::Result<Function> {
     ensure_table(lua)?;
-    let (wrap_async, id) = {
+    let (wrap_async, id, made) = {
         let table = lua.app_data_ref::<HostFns>().ok_or_else(missing)?;
         let mut entries = table.async_entries.borrow_mut();
         entries.push(entry);
-        (table.wrap_async.clone(), entries.len() - 1)
+        let id = entries.len() - 1;
+        let made = table
+            .async_ahead
+            .borrow_mut()
+            .get_mut(id)
+            .and_then(Option::take);
+        (table.wrap_async.clone(), id, made)
     };
-    wrap_async.call(id)
+    match made {
+        Some(f) => Ok(f),
+        None => wrap_async.call(id),
+    }
 }
 
 /// Register a plain host function in this VM; the Lua function prompts call.
 pub(crate) fn register_sync(lua: &Lua, entry: SyncEntry) -> mlua::Result<Function> {
     ensure_table(lua)?;
-    let (dispatch, wrap_host, id) = {
+    let (dispatch, wrap_host, id, made) = {
         let table = lua.app_data_ref::<HostFns>().ok_or_else(missing)?;
         let mut entries = table.sync_entries.borrow_mut();
         entries.push(entry);
+        let id = entries.len() - 1;
+        let made = table
+            .sync_ahead
+            .borrow_mut()
+            .get_mut(id)
+            .and_then(Option::take);
         (
             table.dispatch_sync.clone(),
             table.wrap_host.clone(),
-            entries.len() - 1,
+            id,
+            made,
         )
     };
-    wrap_host.call((dispatch, id))
+    match made {
+        Some(f) => Ok(f),
+        None => wrap_host.call((dispatch, id)),
+    }
 }
 
 fn entry_id(args: &mut MultiValue) -> Option<usize> {

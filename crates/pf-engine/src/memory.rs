@@ -27,6 +27,9 @@ pub(crate) const PARKED_SLACK: usize = 256 * 1024;
 /// worth of VMs at the default ceiling).
 pub const DEFAULT_RUN_MEMORY: usize = 512 * 1024 * 1024;
 
+/// Lua's own text for a refused allocation.
+const MEMORY_ERROR: &str = "not enough memory";
+
 /// The run-wide account.
 pub(crate) struct MemoryAccount {
     budget: usize,
@@ -73,8 +76,10 @@ impl MemoryAccount {
     }
 
     /// Enter a freshly built VM into the account and give it its headroom.
-    /// A VM the budget cannot hold gets a limit below what it uses, so its
-    /// first allocation fails with the memory error.
+    /// A VM already using more than it is granted (after a collection, as an
+    /// allocation past the limit would have run) is refused with the memory
+    /// error its next allocation would have raised; so is one the budget
+    /// cannot hold at all.
     pub(crate) fn enter(self: &Rc<Self>, lua: &Lua) -> mlua::Result<()> {
         let weak = lua.weak();
         self.state.borrow_mut().vms.push(Reservation {
@@ -85,7 +90,14 @@ impl MemoryAccount {
             account: Rc::clone(self),
             lua: weak,
         });
-        self.claim_for(lua)
+        let limit = self.claim_for(lua)?;
+        if lua.used_memory() > limit {
+            lua.gc_collect()?;
+            if lua.used_memory() > limit {
+                return Err(mlua::Error::MemoryError(MEMORY_ERROR.to_string()));
+            }
+        }
+        Ok(())
     }
 
     fn leave(&self, lua: &WeakLua) {
@@ -101,8 +113,9 @@ impl MemoryAccount {
         }
     }
 
-    /// Give `lua` headroom up to its ceiling, as far as the budget allows.
-    fn claim_for(&self, lua: &Lua) -> mlua::Result<()> {
+    /// Give `lua` headroom up to its ceiling, as far as the budget allows;
+    /// its limit now (`usize::MAX` for a VM outside the account).
+    fn claim_for(&self, lua: &Lua) -> mlua::Result<usize> {
         let me = lua.weak();
         // Upgraded handles of the other VMs live past the borrow, so dropping
         // one can never re-enter the account while it is borrowed.
@@ -110,11 +123,11 @@ impl MemoryAccount {
         let limit = {
             let mut state = self.state.borrow_mut();
             let Some(mine) = state.vms.iter().position(|r| r.lua == me) else {
-                return Ok(());
+                return Ok(usize::MAX);
             };
             let current = state.vms[mine].limit;
             if current >= self.ceiling {
-                return Ok(());
+                return Ok(current);
             }
             let need = self.ceiling - current;
             if self.budget.saturating_sub(state.reserved) < need {
@@ -141,9 +154,10 @@ impl MemoryAccount {
             current + grant
         };
         // mlua reads a limit of 0 as "no limit".
-        lua.set_memory_limit(limit.max(1))?;
+        let limit = limit.max(1);
+        lua.set_memory_limit(limit)?;
         drop(others);
-        Ok(())
+        Ok(limit)
     }
 }
 
@@ -154,7 +168,7 @@ pub(crate) fn claim(lua: &Lua) -> mlua::Result<()> {
         Some(member) => Rc::clone(&member.account),
         None => return Ok(()),
     };
-    account.claim_for(lua)
+    account.claim_for(lua).map(|_| ())
 }
 
 /// `fut`, claiming headroom for `lua` at every poll: whatever ran while it

@@ -15,65 +15,38 @@ const ENV: &str = include_str!("lua/env.lua");
 /// How often the cancel flag is polled while Lua runs.
 pub(crate) const CANCEL_POLL_INSTRUCTIONS: u32 = 10_000;
 
+/// The collector's pause (percent of the live heap) for the collection on the
+/// fresh state: its libraries hold some 17 KB and a built section VM some
+/// 95-130 KB, so 1,400% puts the first cycle near 2.5 times the built VM,
+/// where the default 250% pause would put it over the VM itself.
+const SETUP_PAUSE: i32 = 1400;
+
 /// A fresh section VM with every host global installed except the shared library
 /// and the alias/role globals (installed by the walk after the replay).
 pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
-    // SAFETY: the debug library is loaded only so the prelude can capture what the
-    // engine needs; the prelude removes it from the globals before any prompt code runs.
-    #[allow(unsafe_code)]
-    let lua = unsafe {
-        Lua::unsafe_new_with(
-            StdLib::STRING | StdLib::TABLE | StdLib::MATH | StdLib::UTF8 | StdLib::DEBUG,
-            LuaOptions::default(),
-        )
-    };
-    let cancel = sec.run.fixed.cancel.clone();
-    let abort = sec.run.abort_signal();
-    lua.set_global_hook(
-        HookTriggers::new().every_nth_instruction(CANCEL_POLL_INSTRUCTIONS),
-        move |_, _| {
-            if cancel.is_cancelled() {
-                Err(mlua::Error::runtime("interrupted by Ctrl-C"))
-            } else if abort.is_cancelled() {
-                // The run already ended on the spot; the walk reports why.
-                Err(mlua::Error::runtime("run ended"))
-            } else {
-                Ok(VmState::Continue)
-            }
-        },
+    // No debug library: what the prelude needs of it comes from Rust
+    // (`sandbox_guards::introspect`).
+    let lua = Lua::new_with(
+        StdLib::STRING | StdLib::TABLE | StdLib::MATH | StdLib::UTF8,
+        LuaOptions::default(),
     )?;
-    // The memory ceiling covers everything from the first instruction, the setup included.
-    // The run-wide budget may leave this VM less than the ceiling.
-    sec.run.fixed.memory.enter(&lua)?;
+    // mlua's `Lua` made by `new_with` runs a full collection when dropped, just
+    // before `lua_close` frees everything anyway: a mark of the whole VM at every
+    // section's teardown. The handle kept is a clone, which does not; the
+    // original goes now, while the state holds only the libraries, and its
+    // collection schedules the next cycle: everything the setup builds lives
+    // as long as the VM, so the cycle waits until the heap passes what Lua's
+    // default pause would allow over the built VM, not over the bare libraries.
+    // (Stopping the collector for the setup instead left the first cycle due at
+    // the first allocation after it: a mark of the whole setup in every entry.)
+    let default_pause = lua.gc_set_pause(SETUP_PAUSE);
+    let lua = without_collect_on_drop(lua);
+    lua.gc_set_pause(default_pause);
     lua.set_app_data(Rc::clone(&sec));
-    // Everything the setup builds lives as long as the VM: collecting while
-    // building it is wasted work. Restarted before any prompt code runs.
-    lua.gc_stop();
 
+    // The helper table; the prelude fills in its own bookkeeping.
     let h = lua.create_table()?;
-    let kinds = lua.create_table()?;
-    let weak = lua.create_table()?;
-    weak.raw_set("__mode", "k")?;
-    kinds.set_metatable(Some(weak))?;
-    h.raw_set("run_kinds", kinds)?;
-    let located = lua.create_table()?;
-    let weak = lua.create_table()?;
-    weak.raw_set("__mode", "k")?;
-    located.set_metatable(Some(weak))?;
-    h.raw_set("located", located)?;
-    let born = lua.create_table()?;
-    let weak = lua.create_table()?;
-    weak.raw_set("__mode", "k")?;
-    born.set_metatable(Some(weak))?;
-    h.raw_set("born", born)?;
-    h.raw_set("suspends", 0)?;
-    h.raw_set(
-        "is_region",
-        lua.create_function(|_, src: mlua::String| {
-            let s = src.as_bytes();
-            Ok(!s.starts_with(b"=") && !s.starts_with(b"@"))
-        })?,
-    )?;
+    crate::sandbox_guards::introspect::install(&lua, &h)?;
     // True once nothing may swallow an error any more: after a host cancel, or
     // once the run has ended on the spot (the sandbox `pcall` raises on).
     let cancel_flag = sec.run.fixed.cancel.clone();
@@ -172,8 +145,40 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
         sec.run.fixed.memory.ceiling(),
         Rc::new(move || cancel.is_cancelled() || abort.is_cancelled()),
     )?;
-    lua.gc_restart();
+    crate::hostfn::setup_done(&lua);
+    // The cancel poll and the memory limit go on last, before any prompt code:
+    // with a count hook Lua traces every instruction, and under a memory limit
+    // mlua protects every table write and string it makes, which was a fifth
+    // of the setup. The setup is the engine's own bounded work; the limit
+    // still covers it, since `enter` refuses a VM that already uses more than
+    // it is granted, as its first allocation past the limit would have.
+    let cancel = sec.run.fixed.cancel.clone();
+    let abort = sec.run.abort_signal();
+    lua.set_global_hook(
+        HookTriggers::new().every_nth_instruction(CANCEL_POLL_INSTRUCTIONS),
+        move |lua, _| {
+            if cancel.is_cancelled() {
+                crate::sandbox_guards::disarm_close_handlers(lua);
+                Err(mlua::Error::runtime("interrupted by Ctrl-C"))
+            } else if abort.is_cancelled() {
+                // The run already ended on the spot; the walk reports why.
+                crate::sandbox_guards::disarm_close_handlers(lua);
+                Err(mlua::Error::runtime("run ended"))
+            } else {
+                Ok(VmState::Continue)
+            }
+        },
+    )?;
+    // The run-wide budget may leave this VM less than the ceiling.
+    sec.run.fixed.memory.enter(&lua)?;
     Ok(lua)
+}
+
+/// `lua` as a handle whose drop closes the state without a full collection first.
+fn without_collect_on_drop(lua: Lua) -> Lua {
+    let kept = lua.clone();
+    drop(lua);
+    kept
 }
 
 /// Install the declared alias globals and role globals (after the shared library replays).

@@ -9,6 +9,7 @@
 //!
 //! This crate knows nothing of the engine: it has its own plain records.
 
+mod buffer;
 mod db;
 mod error;
 mod paths;
@@ -23,10 +24,11 @@ use std::time::Duration;
 pub use error::RunLogError;
 pub use paths::{data_dir, default_db_path, DB_FILE_NAME};
 pub use records::{
-    ActivationRecord, AnswerRecord, EventRecord, ExchangeRecord, Outcome, RunEnd, RunFilter, RunId,
-    RunRecord, RunStart, RunSummary, TokenUsage, ToolCallRecord, RUNNING,
+    ActivationRecord, AnswerRecord, EventRecord, ExchangeDraft, ExchangeHandle, ExchangeRecord,
+    Outcome, RunEnd, RunFilter, RunId, RunRecord, RunStart, RunSummary, TokenUsage, ToolCallRecord,
+    RUNNING,
 };
-pub use writer::{RunWriter, WarningSink, WriterOptions};
+pub use writer::{RunWriter, WarningSink, WriterOptions, WriterTail};
 
 /// A connection to a run log database, for reading (and for beginning runs).
 #[derive(Debug)]

@@ -1,9 +1,12 @@
 //! Reading runs back: listing, resolving `RUN`, and each run's rows in order.
 
+use std::collections::HashMap;
+
 use rusqlite::types::Type;
 use rusqlite::{params, OptionalExtension, Row};
 use serde_json::Value;
 
+use crate::buffer::EventLine;
 use crate::db::from_sql_int;
 use crate::error::{classify, RunLogError};
 use crate::records::{
@@ -11,6 +14,23 @@ use crate::records::{
     RunRecord, RunStart, RunSummary, TokenUsage, ToolCallRecord, RUNNING,
 };
 use crate::RunLog;
+
+/// A request stored as what it adds to `earlier` (the whole request it
+/// continues), made whole: `earlier`'s messages, then the added ones, with
+/// the added body's own other fields in their own order. A base that is
+/// missing (never written) leaves the added messages alone.
+fn continued_request(earlier: Option<&Value>, mut added: Value) -> Value {
+    let prefix = earlier
+        .and_then(|base| base.get("messages"))
+        .and_then(Value::as_array);
+    if let (Some(prefix), Some(Value::Array(messages))) = (prefix, added.get_mut("messages")) {
+        let mut whole = Vec::with_capacity(prefix.len() + messages.len());
+        whole.extend(prefix.iter().cloned());
+        whole.append(messages);
+        *messages = whole;
+    }
+    added
+}
 
 /// How many candidates an unknown or ambiguous `RUN` error lists.
 const CANDIDATES: usize = 5;
@@ -279,42 +299,89 @@ impl RunLog {
         after_seq: Option<u32>,
     ) -> Result<Vec<EventRecord>, RunLogError> {
         let after = after_seq.map_or(-1, i64::from);
+        // Rows an older build wrote, one event each...
         let mut query = self
             .conn
             .prepare_cached(
-                "SELECT kind, section, task, seq, fields_json FROM events
+                "SELECT ord, kind, section, task, seq, fields_json FROM events
                  WHERE run_id = ?1 AND (?2 IS NULL OR (task = ?2 AND seq > ?3))
                  ORDER BY ord",
             )
             .map_err(|e| self.fail(e))?;
         let rows = query
             .query_map(params![id.0, task, after], |row| {
-                Ok(EventRecord {
-                    kind: row.get(0)?,
-                    section: row.get(1)?,
-                    task: row.get(2)?,
-                    seq: row.get(3)?,
-                    fields: json_column(row, 4)?,
-                })
+                Ok((
+                    row.get::<_, i64>(0)?,
+                    EventRecord {
+                        kind: row.get(1)?,
+                        section: row.get(2)?,
+                        task: row.get(3)?,
+                        seq: row.get(4)?,
+                        fields: json_column(row, 5)?,
+                    },
+                ))
             })
             .map_err(|e| self.fail(e))?;
-        rows.collect::<rusqlite::Result<Vec<_>>>()
-            .map_err(|e| self.fail(e))
+        let mut events = rows
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(|e| self.fail(e))?;
+        // ...and a commit's worth per row since version 4.
+        let mut query = self
+            .conn
+            .prepare_cached(
+                "SELECT first_ord, lines FROM event_batches WHERE run_id = ?1 ORDER BY first_ord",
+            )
+            .map_err(|e| self.fail(e))?;
+        let mut batches = query.query([id.0]).map_err(|e| self.fail(e))?;
+        let wanted =
+            |e: &EventRecord| task.is_none_or(|task| e.task == task && i64::from(e.seq) > after);
+        let from_rows = events.len();
+        while let Some(row) = batches.next().map_err(|e| self.fail(e))? {
+            let first: i64 = row.get(0).map_err(|e| self.fail(e))?;
+            let lines: String = row.get(1).map_err(|e| self.fail(e))?;
+            for (at, line) in (first..).zip(lines.lines()) {
+                let line: EventLine<String, Value> = serde_json::from_str(line).map_err(|err| {
+                    self.fail(rusqlite::Error::FromSqlConversionFailure(
+                        1,
+                        Type::Text,
+                        Box::new(err),
+                    ))
+                })?;
+                let event = EventRecord {
+                    kind: line.kind,
+                    section: line.section,
+                    task: line.task,
+                    seq: line.seq,
+                    fields: line.fields,
+                };
+                if wanted(&event) {
+                    events.push((at, event));
+                }
+            }
+        }
+        if from_rows > 0 && events.len() > from_rows {
+            // A run is written by one build, so this does not happen; keep the order if it does.
+            events.sort_by_key(|(ord, _)| *ord);
+        }
+        Ok(events.into_iter().map(|(_, event)| event).collect())
     }
 
-    /// The run's model exchanges in the order they were logged.
+    /// The run's model exchanges in the order they were logged, each with
+    /// its whole request (one stored as a continuation of an earlier one is
+    /// put back together).
     pub fn exchanges(&self, id: RunId) -> Result<Vec<ExchangeRecord>, RunLogError> {
         let mut query = self
             .conn
             .prepare_cached(
                 "SELECT task, seq, section, model, attempt, request_json, response_json, error,
-                    status, started_ms, duration_ms, input_tokens, output_tokens, total_tokens
+                    status, started_ms, duration_ms, input_tokens, output_tokens, total_tokens,
+                    id, request_extends
                  FROM exchanges WHERE run_id = ?1 ORDER BY id",
             )
             .map_err(|e| self.fail(e))?;
         let rows = query
             .query_map([id.0], |row| {
-                Ok(ExchangeRecord {
+                let record = ExchangeRecord {
                     task: row.get(0)?,
                     seq: row.get(1)?,
                     section: row.get(2)?,
@@ -327,11 +394,27 @@ impl RunLog {
                     started_ms: row.get(9)?,
                     duration_ms: u64_column(row, 10)?,
                     usage: usage_columns(row, 11)?,
-                })
+                };
+                Ok((
+                    record,
+                    row.get::<_, i64>(14)?,
+                    row.get::<_, Option<i64>>(15)?,
+                ))
             })
             .map_err(|e| self.fail(e))?;
-        rows.collect::<rusqlite::Result<Vec<_>>>()
-            .map_err(|e| self.fail(e))
+        let mut out: Vec<ExchangeRecord> = Vec::new();
+        // Where each row went in `out`, for the rows after it that continue it.
+        let mut position: HashMap<i64, usize> = HashMap::new();
+        for row in rows {
+            let (mut record, row_id, extends) = row.map_err(|e| self.fail(e))?;
+            if let Some(base) = extends {
+                let earlier = position.get(&base).map(|&at| &out[at].request);
+                record.request = continued_request(earlier, record.request);
+            }
+            position.insert(row_id, out.len());
+            out.push(record);
+        }
+        Ok(out)
     }
 
     /// The run's tool calls in the order they were logged.

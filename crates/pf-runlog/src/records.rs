@@ -224,3 +224,47 @@ pub struct RunFilter {
     /// Only runs with this outcome label (`running` for unfinished ones).
     pub outcome: Option<String>,
 }
+
+/// Names one model exchange a [`RunWriter`](crate::RunWriter) was handed, so
+/// a later exchange of the same run can store its request as a continuation
+/// of this one's ([`ExchangeDraft::extends`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ExchangeHandle(pub(crate) u64);
+
+impl ExchangeHandle {
+    /// TEST-ONLY: a handle no writer returned, for a caller's unit tests.
+    #[doc(hidden)]
+    pub fn for_tests(number: u64) -> ExchangeHandle {
+        ExchangeHandle(number)
+    }
+}
+
+/// A model exchange as a recorder hands it over: like [`ExchangeRecord`],
+/// with the bodies as JSON text (encoded straight from the caller's own
+/// types: no `Value` built, and one allocation each to hand over) and the
+/// request possibly stored as the messages it adds to an earlier request.
+/// Read back, it is an [`ExchangeRecord`] with the whole request, exactly
+/// as if it had been logged whole.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExchangeDraft {
+    pub task: String,
+    pub seq: u32,
+    pub section: String,
+    pub model: String,
+    /// 1 for the first try, counting retries.
+    pub attempt: u32,
+    /// The request body's JSON text: an object with `messages` first. With
+    /// `extends`, its `messages` are only those that follow the extended
+    /// request's whole message list; its other fields are its own.
+    pub request_json: String,
+    /// The earlier exchange of this run whose request's messages this
+    /// request begins with.
+    pub extends: Option<ExchangeHandle>,
+    /// The response body's JSON text, when one arrived.
+    pub response_json: Option<String>,
+    pub error: Option<String>,
+    pub status: Option<u16>,
+    pub started_ms: i64,
+    pub duration_ms: u64,
+    pub usage: Option<TokenUsage>,
+}

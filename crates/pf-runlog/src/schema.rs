@@ -118,8 +118,29 @@ CREATE TABLE activations (
 CREATE INDEX activations_by_run ON activations(run_id);
 ";
 
+/// Version 4, what logging costs a run: a request may be stored as the
+/// messages it adds to an earlier request of the same run (a model loop
+/// resends its whole history every round, which stored whole is
+/// quadratic): `request_extends` is that exchange's id, NULL when
+/// `request_json` is the whole request. And events are stored a commit's
+/// worth per row, as JSON lines (`{kind, section, task, seq, fields}`
+/// each), numbered `first_ord`.. within the run, instead of a row (and two
+/// index entries) each. Readers put both back together (`RunLog::exchanges`,
+/// `RunLog::events`); rows an older build wrote stay as they are.
+const V4: &str = "
+ALTER TABLE exchanges ADD COLUMN request_extends INTEGER;
+CREATE TABLE event_batches (
+    id          INTEGER PRIMARY KEY,
+    run_id      INTEGER NOT NULL REFERENCES runs(id),
+    first_ord   INTEGER NOT NULL,    -- the first line's order within the run
+    count       INTEGER NOT NULL,
+    lines       TEXT NOT NULL        -- one JSON object per line
+);
+CREATE INDEX event_batches_by_run ON event_batches(run_id, first_ord);
+";
+
 /// Every migration in order; entry `i` takes the database to version `i + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

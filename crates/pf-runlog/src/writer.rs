@@ -1,20 +1,25 @@
-//! Writing one run: a channel to a background thread that batches rows into
-//! short transactions. The caller only ever sends on the channel.
+//! Writing one run: rows queue up (events in a shared buffer, the rest on
+//! a channel) and are committed in short transactions, by a background
+//! thread while the run goes and by the caller itself at a flush or the
+//! finish, so the run's end never waits for another thread to be scheduled.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender, TryRecvError};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{params, Connection, Transaction, TransactionBehavior};
 use sha2::{Digest, Sha256};
 
+use crate::buffer::{EventBuffer, Taken};
 use crate::db::{connect, retry_busy, to_sql_int, BUSY_RETRIES};
+use crate::error::is_busy;
 use crate::records::{
-    ActivationRecord, AnswerRecord, EventRecord, ExchangeRecord, Outcome, RunEnd, RunStart,
-    TokenUsage, ToolCallRecord,
+    ActivationRecord, AnswerRecord, EventRecord, ExchangeDraft, ExchangeHandle, ExchangeRecord,
+    Outcome, RunEnd, RunStart, TokenUsage, ToolCallRecord,
 };
 
 /// A callback that receives the writer's one warning.
@@ -23,17 +28,18 @@ pub type WarningSink = Arc<dyn Fn(&str) + Send + Sync>;
 /// How a [`RunWriter`] batches and how long it waits. The defaults suit a CLI run.
 #[derive(Clone)]
 pub struct WriterOptions {
-    /// Commit once this many rows are queued...
+    /// The background thread commits what is queued once this many rows
+    /// (events aside) are waiting...
     pub batch_rows: usize,
-    /// ...or once the oldest queued row has waited this long.
+    /// ...or every this long while the run logs.
     pub batch_window: Duration,
     /// How long SQLite waits for another process's lock before reporting busy.
     pub busy_timeout: Duration,
     /// How many times a busy batch is tried again before the log gives up.
     pub busy_retries: u32,
-    /// The most [`RunWriter::finish`] and [`RunWriter::flush`] wait for the writer.
+    /// The most [`RunWriter::finish`] and [`RunWriter::flush`] wait for the database.
     pub finish_wait: Duration,
-    /// Also called with the warning, once, from the writer thread.
+    /// Also called with the warning, once.
     pub on_warning: Option<WarningSink>,
     /// TEST-ONLY: caps the database's size (`PRAGMA max_page_count`) so a test
     /// can fill it.
@@ -45,7 +51,7 @@ impl Default for WriterOptions {
     fn default() -> Self {
         WriterOptions {
             batch_rows: 512,
-            batch_window: Duration::from_millis(5),
+            batch_window: Duration::from_millis(2),
             busy_timeout: Duration::from_secs(5),
             busy_retries: BUSY_RETRIES,
             finish_wait: Duration::from_secs(5),
@@ -68,15 +74,14 @@ impl std::fmt::Debug for WriterOptions {
     }
 }
 
+/// What goes over the channel. Events do not: they go into the shared
+/// [`EventBuffer`], taken whole at each commit.
 enum Message {
-    Event(EventRecord),
-    Exchange(Box<ExchangeRecord>),
+    Exchange(Box<ExchangeRecord>, ExchangeHandle),
+    Draft(Box<ExchangeDraft>, ExchangeHandle),
     ToolCall(Box<ToolCallRecord>),
     Answer(Box<AnswerRecord>),
     Activation(Box<ActivationRecord>),
-    /// Commit what is queued, then acknowledge.
-    Flush(SyncSender<()>),
-    Finish(Box<RunEnd>, SyncSender<()>),
 }
 
 /// The shared warning slot: set once, read by the caller at any time.
@@ -102,9 +107,10 @@ impl Warning {
     }
 }
 
-/// Writes one run into the log. Every method returns at once; rows reach the
-/// database within a few milliseconds, in order. Nothing here fails or blocks
-/// the run: a database that cannot be written yields one warning
+/// Writes one run into the log. Every method but [`flush`](RunWriter::flush)
+/// and [`finish`](RunWriter::finish) returns at once; rows reach the
+/// database within a few milliseconds, in order. Nothing here fails or
+/// blocks the run: a database that cannot be written yields one warning
 /// ([`RunWriter::warning`], the options' `on_warning`, and `tracing::warn!`),
 /// and every later row is dropped.
 ///
@@ -112,29 +118,336 @@ impl Warning {
 /// queued when the process ends are lost (rows already committed are not).
 pub struct RunWriter {
     tx: Sender<Message>,
-    /// The writer thread, woken for a flush or the finish (rows wait for its window).
+    shared: Arc<Shared>,
+    /// The background thread, woken at the end (rows wait for its window).
     thread: Option<thread::Thread>,
-    warning: Warning,
-    finish_wait: Duration,
-    on_warning: Option<WarningSink>,
-    path: PathBuf,
-    /// Whether the writer thread is inside a database call (opening or a
-    /// commit): a wait that runs out then was spent on the database itself.
-    in_database: Arc<AtomicBool>,
+    /// The next [`ExchangeHandle`]'s number.
+    next_exchange: AtomicU64,
+    /// Ends when the background thread does (behind a lock only to keep the writer `Sync`).
+    tail: Mutex<Option<WriterTail>>,
+}
+
+/// The background thread's last work after a run's end (tidying the WAL), to
+/// wait on before the process exits; everything logged is committed already.
+#[derive(Debug)]
+pub struct WriterTail {
+    done: Receiver<()>,
+}
+
+impl WriterTail {
+    fn done() -> WriterTail {
+        let (_, done) = mpsc::sync_channel(1);
+        WriterTail { done }
+    }
+
+    /// Wait until the background thread has ended, at most `bound`.
+    pub fn wait(self, bound: Duration) {
+        // The thread never sends; its end drops the sender.
+        let _ = self.done.recv_timeout(bound);
+    }
 }
 
 impl std::fmt::Debug for RunWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RunWriter")
-            .field("path", &self.path)
+            .field("path", &self.shared.path)
             .finish_non_exhaustive()
+    }
+}
+
+/// What the caller and the background thread share.
+struct Shared {
+    path: PathBuf,
+    options: WriterOptions,
+    events: EventBuffer,
+    /// The connection and everything queued but not committed. Whoever
+    /// holds it commits: the background thread each window, the caller at a
+    /// flush or the finish.
+    core: Mutex<Core>,
+    /// The run's end, handed over by `finish` and not yet taken into the core.
+    end: Mutex<Option<RunEnd>>,
+    warning: Warning,
+    /// Whether someone is inside a database call (opening or a commit): a
+    /// wait that runs out then was spent on the database itself.
+    in_database: AtomicBool,
+    /// The run has ended (or the writer was dropped): the background thread
+    /// commits what is left, tidies, and ends.
+    closing: AtomicBool,
+}
+
+impl Shared {
+    fn warn(&self, problem: &str) {
+        let message = warning_text(&self.path, problem);
+        if self.warning.set_first(message.clone()) {
+            tracing::warn!("{message}");
+            if let Some(sink) = &self.options.on_warning {
+                sink(&message);
+            }
+        }
+    }
+
+    /// The core, waiting at most until `deadline` for whoever holds it.
+    fn core_until(&self, deadline: Instant) -> Option<MutexGuard<'_, Core>> {
+        loop {
+            match self.core.try_lock() {
+                Ok(core) => return Some(core),
+                Err(TryLockError::Poisoned(poisoned)) => return Some(poisoned.into_inner()),
+                Err(TryLockError::WouldBlock) => {}
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    fn core(&self) -> MutexGuard<'_, Core> {
+        self.core.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The database side: opened by whoever needs it first.
+struct Core {
+    rx: Receiver<Message>,
+    conn: Option<Connection>,
+    /// Whether opening was tried (it is tried once).
+    opened: bool,
+    /// Set once a write failed: everything after is dropped.
+    disabled: bool,
+    pending_start: Option<(RunStart, i64)>,
+    /// The run's row, once inserted.
+    run_id: Option<i64>,
+    next_ord: i64,
+    /// The row id of each committed exchange, by handle: what a later
+    /// request's `request_extends` names.
+    exchange_rows: HashMap<ExchangeHandle, i64>,
+    /// Rows taken from the queue and not yet committed (a busy database
+    /// keeps them here for the next try).
+    batch: Vec<Message>,
+    events: Taken,
+    spare: Taken,
+    /// The run's end, once handed over and not yet committed.
+    end: Option<RunEnd>,
+    /// The end is committed.
+    ended: bool,
+}
+
+/// How a commit went.
+enum Committed {
+    Done,
+    /// The database stayed busy; the rows are kept for another try.
+    Busy,
+}
+
+impl Core {
+    /// Open the connection if nobody has tried yet.
+    fn ensure_open(&mut self, shared: &Shared) {
+        if self.opened {
+            return;
+        }
+        self.opened = true;
+        let options = &shared.options;
+        if options.max_page_count.is_none() {
+            if let Some(conn) = idle_connection(&shared.path) {
+                self.conn = Some(conn);
+                return;
+            }
+        }
+        shared.in_database.store(true, Ordering::SeqCst);
+        match connect(&shared.path, options.busy_timeout, options.busy_retries) {
+            Ok(conn) => {
+                // Closing the last connection would checkpoint the WAL into
+                // the database, fsync both and delete the WAL, which the next
+                // run then recreates (fsyncing the directory): several ms per
+                // run, and a busy database for a run that starts meanwhile.
+                // Committed rows are in the WAL either way; a run's end
+                // checkpoints it once it grew (`tidy_wal`).
+                let _ = conn.set_db_config(
+                    rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+                    true,
+                );
+                // A checkpoint that empties the WAL lets the next writer start
+                // it over; this truncates it then to what that writer commits,
+                // so its length tells how much a new connection reads back.
+                let _ = conn.pragma_update(None, "journal_size_limit", 0);
+                if let Some(pages) = options.max_page_count {
+                    let _ = conn.pragma_update(None, "max_page_count", pages);
+                }
+                self.conn = Some(conn);
+            }
+            Err(err) => self.give_up(shared, &err.to_string()),
+        }
+        shared.in_database.store(false, Ordering::SeqCst);
+    }
+
+    /// Move what is queued into the uncommitted batch.
+    fn gather(&mut self, shared: &Shared) {
+        while let Ok(message) = self.rx.try_recv() {
+            self.batch.push(message);
+        }
+        if let Some(end) = shared
+            .end
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            self.end = Some(end);
+        }
+        if self.events.is_empty() {
+            shared.events.take(&mut self.events);
+        } else {
+            // A busy commit left some: append after them.
+            shared.events.take(&mut self.spare);
+            self.events.lines.extend_from_slice(&self.spare.lines);
+            self.events.count = self.events.count.saturating_add(self.spare.count);
+        }
+    }
+
+    fn has_work(&self) -> bool {
+        !self.batch.is_empty()
+            || !self.events.is_empty()
+            || self.end.is_some()
+            || self.pending_start.is_some()
+    }
+
+    /// Gather and commit everything queued, trying a busy database `retries`
+    /// more times with `busy_timeout` each.
+    fn commit_queued(
+        &mut self,
+        shared: &Shared,
+        busy_timeout: Duration,
+        retries: u32,
+    ) -> Committed {
+        self.ensure_open(shared);
+        self.gather(shared);
+        if self.disabled || self.conn.is_none() {
+            self.drop_queued(shared);
+            return Committed::Done;
+        }
+        if !self.has_work() {
+            return Committed::Done;
+        }
+        shared.in_database.store(true, Ordering::SeqCst);
+        let outcome = self.commit(shared, busy_timeout, retries);
+        shared.in_database.store(false, Ordering::SeqCst);
+        outcome
+    }
+
+    fn drop_queued(&mut self, shared: &Shared) {
+        shared.events.close();
+        self.batch.clear();
+        self.events.lines.clear();
+        self.events.count = 0;
+        self.end = None;
+    }
+
+    /// Write the batch, the events and the end in one transaction.
+    fn commit(&mut self, shared: &Shared, busy_timeout: Duration, retries: u32) -> Committed {
+        let Some(conn) = self.conn.as_mut() else {
+            return Committed::Done;
+        };
+        let _ = conn.busy_timeout(busy_timeout);
+        let mut run_id = self.run_id;
+        let mut next_ord = self.next_ord;
+        // Rows this batch adds, kept apart until the commit holds.
+        let mut new_rows = Vec::new();
+        let (pending_start, batch, events, end) =
+            (&self.pending_start, &self.batch, &self.events, &self.end);
+        let committed_rows = &self.exchange_rows;
+        let written = retry_busy(retries, || {
+            new_rows.clear();
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let mut id = self.run_id;
+            let mut ord = self.next_ord;
+            if id.is_none() {
+                if let Some((start, started_at_ms)) = pending_start.as_ref() {
+                    id = Some(insert_run(&tx, start, *started_at_ms)?);
+                }
+            }
+            if let Some(id) = id {
+                if !events.is_empty() {
+                    tx.prepare_cached(INSERT_EVENTS)?.execute(params![
+                        id,
+                        ord,
+                        events.count,
+                        events.text()
+                    ])?;
+                    ord += i64::from(events.count);
+                }
+                let mut rows = ExchangeRows {
+                    committed: committed_rows,
+                    new: &mut new_rows,
+                };
+                for message in batch {
+                    write_message(&tx, id, &mut rows, message)?;
+                }
+                if let Some(end) = end {
+                    write_end(&tx, id, end)?;
+                }
+            }
+            tx.commit()?;
+            run_id = id;
+            next_ord = ord;
+            Ok(())
+        });
+        match written {
+            Ok(()) => {
+                self.run_id = run_id;
+                self.next_ord = next_ord;
+                self.exchange_rows.extend(new_rows);
+                self.pending_start = None;
+                self.batch.clear();
+                self.events.lines.clear();
+                self.events.count = 0;
+                if self.end.take().is_some() {
+                    self.ended = true;
+                }
+                Committed::Done
+            }
+            Err(err) if is_busy(&err) && busy_timeout < shared.options.busy_timeout => {
+                Committed::Busy
+            }
+            Err(err) => {
+                let problem = crate::error::classify(&shared.path, err).to_string();
+                self.give_up(shared, &problem);
+                self.drop_queued(shared);
+                Committed::Done
+            }
+        }
+    }
+
+    fn give_up(&mut self, shared: &Shared, problem: &str) {
+        self.disabled = true;
+        let problem = problem
+            .strip_prefix(&format!("run log {}: ", shared.path.display()))
+            .unwrap_or(problem);
+        shared.warn(problem);
+    }
+
+    /// After the run's end is committed: checkpoint the WAL if it has grown,
+    /// so later connections do not each read it all back (SQLite recovers
+    /// the WAL when no other connection has the database open). PASSIVE
+    /// never blocks another writer; its fsyncs are paid here, on no run's
+    /// path. A busy database skips it; a later run's end tries again.
+    fn tidy_wal(&self, shared: &Shared) {
+        let Some(conn) = &self.conn else { return };
+        if self.disabled || !self.ended {
+            return;
+        }
+        let mut wal = shared.path.clone().into_os_string();
+        wal.push("-wal");
+        let long = std::fs::metadata(&wal).is_ok_and(|m| m.len() > WAL_TIDY_BYTES);
+        if long {
+            let _ = conn.busy_timeout(Duration::from_millis(100));
+            let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+        }
     }
 }
 
 impl RunWriter {
     /// Begin logging a run into the database at `db_path` (created if
-    /// missing). Opening happens on the writer thread, so this never fails:
-    /// an unusable database shows up as the writer's warning.
+    /// missing). Opening happens on the background thread, so this never
+    /// fails: an unusable database shows up as the writer's warning.
     pub fn begin(db_path: impl Into<PathBuf>, start: RunStart) -> RunWriter {
         RunWriter::begin_with(db_path, start, WriterOptions::default())
     }
@@ -147,45 +460,96 @@ impl RunWriter {
     ) -> RunWriter {
         let path = db_path.into();
         let (tx, rx) = mpsc::channel();
-        let warning = Warning::default();
-        let finish_wait = options.finish_wait;
-        let on_warning = options.on_warning.clone();
-        let in_database = Arc::new(AtomicBool::new(false));
-        let thread_state = Background {
-            path: path.clone(),
+        let shared = Arc::new(Shared {
+            path,
             options,
-            in_database: Arc::clone(&in_database),
-            warning: warning.clone(),
-            disabled: false,
-            run_id: None,
-            next_ord: 0,
-        };
+            events: EventBuffer::default(),
+            core: Mutex::new(Core {
+                rx,
+                conn: None,
+                opened: false,
+                disabled: false,
+                pending_start: Some((start, wall_ms())),
+                run_id: None,
+                next_ord: 0,
+                exchange_rows: HashMap::new(),
+                batch: Vec::new(),
+                events: Taken::default(),
+                spare: Taken::default(),
+                end: None,
+                ended: false,
+            }),
+            end: Mutex::new(None),
+            warning: Warning::default(),
+            in_database: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
+        });
+        let (tail_tx, tail_rx) = mpsc::sync_channel(1);
+        let background = Arc::clone(&shared);
         let spawned = thread::Builder::new()
             .name("pf-runlog".into())
-            .spawn(move || thread_state.run(start, rx));
+            .spawn(move || background_thread(&background, tail_tx));
         let writer = RunWriter {
             tx,
             thread: spawned.as_ref().ok().map(|handle| handle.thread().clone()),
-            warning,
-            finish_wait,
-            on_warning,
-            path,
-            in_database,
+            shared,
+            next_exchange: AtomicU64::new(0),
+            tail: Mutex::new(Some(WriterTail { done: tail_rx })),
         };
         if let Err(err) = spawned {
-            writer.warn(format!("cannot start the writer thread: {err}"));
+            writer
+                .shared
+                .warn(&format!("cannot start the writer thread: {err}"));
+            writer.shared.core().disabled = true;
+            writer.shared.events.close();
         }
         writer
     }
 
     /// Append one event.
     pub fn event(&self, event: EventRecord) {
-        self.send(Message::Event(event));
+        self.event_parts(
+            &event.kind,
+            &event.section,
+            &event.task,
+            event.seq,
+            &event.fields,
+        );
+    }
+
+    /// Append one event given by its parts, for a caller that holds it only
+    /// by reference: `fields` (a JSON object) is encoded straight into the
+    /// shared buffer, with no copy and, once the buffer has grown, no
+    /// allocation.
+    pub fn event_parts(
+        &self,
+        kind: &str,
+        section: &str,
+        task: &str,
+        seq: u32,
+        fields: &impl serde::Serialize,
+    ) {
+        self.shared.events.push(kind, section, task, seq, fields);
     }
 
     /// Append one model exchange.
-    pub fn exchange(&self, exchange: ExchangeRecord) {
-        self.send(Message::Exchange(Box::new(exchange)));
+    pub fn exchange(&self, exchange: ExchangeRecord) -> ExchangeHandle {
+        let handle = self.next_handle();
+        self.send(Message::Exchange(Box::new(exchange), handle));
+        handle
+    }
+
+    /// Append one model exchange given as JSON text, its request possibly
+    /// continuing an earlier exchange's ([`ExchangeDraft::extends`], a
+    /// handle this writer returned).
+    pub fn exchange_draft(&self, exchange: ExchangeDraft) -> ExchangeHandle {
+        let handle = self.next_handle();
+        self.send(Message::Draft(Box::new(exchange), handle));
+        handle
+    }
+
+    fn next_handle(&self) -> ExchangeHandle {
+        ExchangeHandle(self.next_exchange.fetch_add(1, Ordering::Relaxed))
     }
 
     /// Append one tool call.
@@ -205,46 +569,84 @@ impl RunWriter {
 
     /// The warning, if the log has given up on this run.
     pub fn warning(&self) -> Option<String> {
-        self.warning.get()
+        self.shared.warning.get()
     }
 
-    /// Wait (at most the options' `finish_wait`) until everything sent so far
-    /// is committed. False if the wait ran out or the log has given up.
+    /// Commit everything sent so far, on the calling thread, waiting at most
+    /// the options' `finish_wait`. False if that ran out or the log has given up.
     pub fn flush(&self) -> bool {
-        let (ack, done) = mpsc::sync_channel(1);
-        self.send(Message::Flush(ack));
-        self.wake();
-        self.await_ack(&done) && self.warning().is_none()
+        self.commit_now(None) && self.warning().is_none()
     }
 
-    /// Record how the run ended and wait (bounded) for every row to be
-    /// committed. Returns the warning, if there was one.
+    /// Record how the run ended and commit every row, on the calling thread
+    /// (bounded by the options' `finish_wait`). Returns the warning, if
+    /// there was one.
+    ///
+    /// The background thread may then tidy the database (a checkpoint when
+    /// the WAL has grown, which costs an fsync or two): the run need not
+    /// wait for that, but a process about to exit should, through
+    /// [`finish_with_tail`](RunWriter::finish_with_tail).
     pub fn finish(self, end: RunEnd) -> Option<String> {
-        let (ack, done) = mpsc::sync_channel(1);
-        self.send(Message::Finish(Box::new(end), ack));
-        self.wake();
-        if !self.await_ack(&done) {
-            let why = if self.in_database.load(Ordering::SeqCst) {
-                // SQLite waits out another connection's lock before it says busy.
-                " (waiting on the database: locked by another process, or a stalled disk)"
-            } else {
-                ""
-            };
-            self.warn(format!(
-                "still writing after {:?}{why}; the run's last records may be missing",
-                self.finish_wait
-            ));
-        }
-        self.warning()
+        self.finish_with_tail(end).0
     }
 
-    fn await_ack(&self, done: &Receiver<()>) -> bool {
-        match done.recv_timeout(self.finish_wait) {
-            Ok(()) => true,
-            // The writer thread is gone; it warned already if it failed.
-            Err(RecvTimeoutError::Disconnected) => true,
-            Err(RecvTimeoutError::Timeout) => false,
+    /// [`finish`](RunWriter::finish), also handing back the background
+    /// thread's [`WriterTail`] to wait on before the process exits.
+    pub fn finish_with_tail(mut self, end: RunEnd) -> (Option<String>, WriterTail) {
+        let tail = self
+            .tail
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .unwrap_or_else(WriterTail::done);
+        self.commit_now(Some(end));
+        (self.warning(), tail)
+    }
+
+    /// Commit what is queued (and `end`) here and now; on a database that
+    /// stays busy past `finish_wait`, leave it to the background thread and
+    /// warn. True if everything is committed.
+    fn commit_now(&self, end: Option<RunEnd>) -> bool {
+        let shared = &self.shared;
+        let deadline = Instant::now() + shared.options.finish_wait;
+        if let Some(end) = end {
+            // Whoever commits next writes it (the background thread, if the
+            // wait below runs out).
+            *shared.end.lock().unwrap_or_else(PoisonError::into_inner) = Some(end);
         }
+        let Some(mut core) = shared.core_until(deadline) else {
+            // The background thread holds the core: inside a database call
+            // (a lock held elsewhere, a stalled disk) or about to be.
+            self.still_writing(shared.in_database.load(Ordering::SeqCst));
+            return false;
+        };
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let busy = left.min(shared.options.busy_timeout);
+            match core.commit_queued(shared, busy, 0) {
+                Committed::Done => return true,
+                Committed::Busy if Instant::now() < deadline => {}
+                Committed::Busy => break,
+            }
+        }
+        drop(core);
+        // The database stayed busy: another process holds its lock.
+        self.still_writing(true);
+        self.wake();
+        false
+    }
+
+    fn still_writing(&self, on_the_database: bool) {
+        let why = if on_the_database {
+            // SQLite waits out another connection's lock before it says busy.
+            " (waiting on the database: locked by another process, or a stalled disk)"
+        } else {
+            " (waiting on the database)"
+        };
+        self.shared.warn(&format!(
+            "still writing after {:?}{why}; the run's last records may be missing",
+            self.shared.options.finish_wait
+        ));
     }
 
     fn wake(&self) {
@@ -254,18 +656,18 @@ impl RunWriter {
     }
 
     fn send(&self, message: Message) {
-        // A closed channel means the writer thread is gone; it warned already.
+        // A closed channel cannot happen while the writer lives (the core
+        // holds the receiver); a message for a log that gave up is dropped
+        // at the next commit.
         let _ = self.tx.send(message);
     }
+}
 
-    fn warn(&self, problem: String) {
-        let message = warning_text(&self.path, &problem);
-        if self.warning.set_first(message.clone()) {
-            tracing::warn!("{message}");
-            if let Some(sink) = &self.on_warning {
-                sink(&message);
-            }
-        }
+impl Drop for RunWriter {
+    fn drop(&mut self) {
+        // Finished or not, the background thread commits what is left, tidies and ends.
+        self.shared.closing.store(true, Ordering::SeqCst);
+        self.wake();
     }
 }
 
@@ -276,160 +678,81 @@ fn warning_text(path: &std::path::Path, problem: &str) -> String {
     )
 }
 
-/// The writer thread's state.
-struct Background {
-    path: PathBuf,
-    options: WriterOptions,
-    in_database: Arc<AtomicBool>,
-    warning: Warning,
-    /// Set once a write failed: everything after is dropped.
-    disabled: bool,
-    /// The run's row, once inserted.
-    run_id: Option<i64>,
-    next_ord: i64,
+/// How long the background thread sleeps, at most, while the run logs
+/// nothing: rows queued then wait this long for their commit.
+const IDLE_WAIT_MAX: Duration = Duration::from_millis(20);
+
+/// A run's end checkpoints the WAL (off the run's path, see `tidy_wal`)
+/// once it is larger than this: every new connection reads the whole WAL
+/// back, so a long one costs every later run.
+const WAL_TIDY_BYTES: u64 = 1024 * 1024;
+
+/// The connection the last run of this process left, for the next run on
+/// the same database (a process running many runs, like `promptforge mcp`):
+/// opening one costs a schema parse, its statements' preparation and, with
+/// no other connection open, reading the WAL back.
+static IDLE: Mutex<Option<(PathBuf, Connection)>> = Mutex::new(None);
+
+fn idle_connection(path: &std::path::Path) -> Option<Connection> {
+    let mut idle = IDLE.lock().unwrap_or_else(PoisonError::into_inner);
+    match idle.take() {
+        Some((kept, conn)) if kept == path => Some(conn),
+        other => {
+            *idle = other;
+            None
+        }
+    }
 }
 
-impl Background {
-    fn run(mut self, start: RunStart, rx: Receiver<Message>) {
-        let started_at_ms = wall_ms();
-        self.in_database.store(true, Ordering::SeqCst);
-        let mut conn = match connect(
-            &self.path,
-            self.options.busy_timeout,
-            self.options.busy_retries,
-        ) {
-            Ok(conn) => Some(conn),
-            Err(err) => {
-                self.give_up(&err.to_string());
-                None
-            }
+fn keep_idle(path: &std::path::Path, conn: Connection) {
+    let _ = conn.busy_timeout(WriterOptions::default().busy_timeout);
+    let replaced = IDLE
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .replace((path.to_owned(), conn));
+    drop(replaced);
+}
+
+/// The background thread: open the database, then commit what is queued
+/// each window until the writer is dropped; then tidy. `tail` is dropped
+/// when it ends, which is what a [`WriterTail`] waits for.
+fn background_thread(shared: &Shared, tail: SyncSender<()>) {
+    shared.core().ensure_open(shared);
+    let window = shared.options.batch_window;
+    let mut idle = window;
+    loop {
+        let closing = shared.closing.load(Ordering::SeqCst);
+        if !closing {
+            // Senders never wake this thread: it looks each window (less
+            // often while the run is quiet); the end unparks it.
+            thread::park_timeout(idle);
+        }
+        let closing = shared.closing.load(Ordering::SeqCst);
+        let mut core = shared.core();
+        let before = core.next_ord;
+        let had_work = {
+            core.gather(shared);
+            core.has_work()
         };
-        if let Some(conn) = &conn {
-            // Closing the last connection would checkpoint the WAL into the
-            // database, fsync both and delete the WAL, which the next run then
-            // recreates (fsyncing the directory): several ms per run, and a
-            // busy database for a run that starts meanwhile. Committed rows
-            // are in the WAL either way; SQLite's auto-checkpoint keeps it short.
-            let _ = conn.set_db_config(
-                rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
-                true,
-            );
-        }
-        if let (Some(conn), Some(pages)) = (&conn, self.options.max_page_count) {
-            let _ = conn.pragma_update(None, "max_page_count", pages);
-        }
-        self.in_database.store(false, Ordering::SeqCst);
-        let mut pending_start = Some((start, started_at_ms));
-        let mut batch: Vec<Message> = Vec::new();
-        loop {
-            let Ok(first) = rx.recv() else { break };
-            let window_ends = Instant::now() + self.options.batch_window;
-            let mut closed = false;
-            batch.push(first);
-            // Gather the window's rows while parked, not blocked on the channel:
-            // a sender then wakes nobody, where a receiver waiting in `recv`
-            // costs every event a futex wake (most of the log's cost on a
-            // wide fanout). A flush or the finish unparks at once.
-            'window: while batch.len() < self.options.batch_rows && !ends_batch(batch.last()) {
-                loop {
-                    match rx.try_recv() {
-                        Ok(message) => {
-                            batch.push(message);
-                            if batch.len() >= self.options.batch_rows || ends_batch(batch.last()) {
-                                break 'window;
-                            }
-                        }
-                        Err(TryRecvError::Empty) => break,
-                        Err(TryRecvError::Disconnected) => {
-                            closed = true;
-                            break 'window;
-                        }
-                    }
-                }
-                let left = window_ends.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                thread::park_timeout(left);
-            }
-            match conn.as_mut() {
-                Some(conn) if !self.disabled => {
-                    self.in_database.store(true, Ordering::SeqCst);
-                    self.commit(conn, &mut pending_start, &batch);
-                    self.in_database.store(false, Ordering::SeqCst);
-                }
-                _ => {}
-            }
-            for message in batch.drain(..) {
-                if let Message::Flush(ack) | Message::Finish(_, ack) = message {
-                    let _ = ack.try_send(());
+        let busy_timeout = shared.options.busy_timeout;
+        let retries = shared.options.busy_retries;
+        let _ = core.commit_queued(shared, busy_timeout, retries);
+        idle = if had_work || core.next_ord != before {
+            window
+        } else {
+            (idle * 2).min(IDLE_WAIT_MAX.max(window))
+        };
+        if closing {
+            core.tidy_wal(shared);
+            if !core.disabled && shared.options.max_page_count.is_none() {
+                if let Some(conn) = core.conn.take() {
+                    keep_idle(&shared.path, conn);
                 }
             }
-            if closed {
-                break;
-            }
+            break;
         }
     }
-
-    /// Write `batch` in one transaction, retrying while the database is busy.
-    fn commit(
-        &mut self,
-        conn: &mut Connection,
-        pending_start: &mut Option<(RunStart, i64)>,
-        batch: &[Message],
-    ) {
-        let retries = self.options.busy_retries;
-        let mut run_id = self.run_id;
-        let mut next_ord = self.next_ord;
-        let written = retry_busy(retries, || {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let mut id = self.run_id;
-            let mut ord = self.next_ord;
-            if id.is_none() {
-                if let Some((start, started_at_ms)) = pending_start.as_ref() {
-                    id = Some(insert_run(&tx, start, *started_at_ms)?);
-                }
-            }
-            if let Some(id) = id {
-                for message in batch {
-                    write_message(&tx, id, &mut ord, message)?;
-                }
-            }
-            tx.commit()?;
-            run_id = id;
-            next_ord = ord;
-            Ok(())
-        });
-        match written {
-            Ok(()) => {
-                self.run_id = run_id;
-                self.next_ord = next_ord;
-                *pending_start = None;
-            }
-            Err(err) => {
-                let problem = crate::error::classify(&self.path, err).to_string();
-                self.give_up(&problem);
-            }
-        }
-    }
-
-    fn give_up(&mut self, problem: &str) {
-        self.disabled = true;
-        let problem = problem
-            .strip_prefix(&format!("run log {}: ", self.path.display()))
-            .unwrap_or(problem);
-        let message = warning_text(&self.path, problem);
-        if self.warning.set_first(message.clone()) {
-            tracing::warn!("{message}");
-            if let Some(sink) = &self.options.on_warning {
-                sink(&message);
-            }
-        }
-    }
-}
-
-fn ends_batch(message: Option<&Message>) -> bool {
-    matches!(message, Some(Message::Flush(_) | Message::Finish(..)))
+    drop(tail);
 }
 
 fn wall_ms() -> i64 {
@@ -453,29 +776,29 @@ fn json_text(value: &serde_json::Value) -> String {
 }
 
 fn insert_run(tx: &Transaction<'_>, start: &RunStart, started_at_ms: i64) -> rusqlite::Result<i64> {
-    tx.execute(
+    tx.prepare_cached(
         "INSERT INTO runs (execution, prompt_path, prompt_text, prompt_sha256, args_json, seed,
              start_rfc3339, start_ms, host_file, model, store_dir, started_at_ms, pid,
              replay_of, resumed_from)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
-        params![
-            start.execution,
-            start.prompt_path,
-            start.prompt_text,
-            sha256_hex(&start.prompt_text),
-            json_text(&start.args),
-            start.seed.to_string(),
-            start.start_rfc3339,
-            start.start_ms,
-            start.host_file,
-            start.model,
-            start.store_dir,
-            started_at_ms,
-            std::process::id(),
-            start.replay_of,
-            start.resumed_from,
-        ],
-    )?;
+    )?
+    .execute(params![
+        start.execution,
+        start.prompt_path,
+        start.prompt_text,
+        sha256_hex(&start.prompt_text),
+        json_text(&start.args),
+        start.seed.to_string(),
+        start.start_rfc3339,
+        start.start_ms,
+        start.host_file,
+        start.model,
+        start.store_dir,
+        started_at_ms,
+        std::process::id(),
+        start.replay_of,
+        start.resumed_from,
+    ])?;
     Ok(tx.last_insert_rowid())
 }
 
@@ -490,38 +813,41 @@ fn usage_columns(usage: Option<&TokenUsage>) -> [Option<i64>; 3] {
     }
 }
 
+/// Exchange row ids by handle: those committed before, and this batch's.
+struct ExchangeRows<'a> {
+    committed: &'a HashMap<ExchangeHandle, i64>,
+    new: &'a mut Vec<(ExchangeHandle, i64)>,
+}
+
+impl ExchangeRows<'_> {
+    fn get(&self, handle: ExchangeHandle) -> Option<i64> {
+        self.new
+            .iter()
+            .rev()
+            .find(|(h, _)| *h == handle)
+            .map(|(_, row)| *row)
+            .or_else(|| self.committed.get(&handle).copied())
+    }
+}
+
+const INSERT_EVENTS: &str = "INSERT INTO event_batches (run_id, first_ord, count, lines)
+     VALUES (?1, ?2, ?3, ?4)";
+
+const INSERT_EXCHANGE: &str = "INSERT INTO exchanges (run_id, task, seq, section, model, attempt,
+         request_json, request_extends, response_json, error, status, started_ms, duration_ms,
+         input_tokens, output_tokens, total_tokens)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)";
+
 fn write_message(
     tx: &Transaction<'_>,
     run_id: i64,
-    ord: &mut i64,
+    rows: &mut ExchangeRows<'_>,
     message: &Message,
 ) -> rusqlite::Result<()> {
     match message {
-        Message::Event(e) => {
-            let mut insert = tx.prepare_cached(
-                "INSERT INTO events (run_id, ord, kind, section, task, seq, fields_json)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            )?;
-            insert.execute(params![
-                run_id,
-                *ord,
-                e.kind,
-                e.section,
-                e.task,
-                e.seq,
-                json_text(&e.fields)
-            ])?;
-            *ord += 1;
-        }
-        Message::Exchange(x) => {
+        Message::Exchange(x, handle) => {
             let [input, output, total] = usage_columns(x.usage.as_ref());
-            tx.prepare_cached(
-                "INSERT INTO exchanges (run_id, task, seq, section, model, attempt, request_json,
-                     response_json, error, status, started_ms, duration_ms,
-                     input_tokens, output_tokens, total_tokens)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
-            )?
-            .execute(params![
+            tx.prepare_cached(INSERT_EXCHANGE)?.execute(params![
                 run_id,
                 x.task,
                 x.seq,
@@ -529,6 +855,7 @@ fn write_message(
                 x.model,
                 x.attempt,
                 json_text(&x.request),
+                None::<i64>,
                 x.response.as_ref().map(json_text),
                 x.error,
                 x.status,
@@ -538,6 +865,33 @@ fn write_message(
                 output,
                 total
             ])?;
+            rows.new.push((*handle, tx.last_insert_rowid()));
+        }
+        Message::Draft(x, handle) => {
+            let [input, output, total] = usage_columns(x.usage.as_ref());
+            // A base the log never committed cannot be named; the writer
+            // gives up on the run before that can happen (rows go in order).
+            // 0 names no row, and a reader then keeps only the added messages.
+            let extends = x.extends.map(|base| rows.get(base).unwrap_or(0));
+            tx.prepare_cached(INSERT_EXCHANGE)?.execute(params![
+                run_id,
+                x.task,
+                x.seq,
+                x.section,
+                x.model,
+                x.attempt,
+                x.request_json,
+                extends,
+                x.response_json,
+                x.error,
+                x.status,
+                x.started_ms,
+                to_sql_int(x.duration_ms),
+                input,
+                output,
+                total
+            ])?;
+            rows.new.push((*handle, tx.last_insert_rowid()));
         }
         Message::ToolCall(t) => {
             tx.prepare_cached(
@@ -579,35 +933,34 @@ fn write_message(
                 a.error
             ])?;
         }
-        Message::Finish(end, _) => {
-            let (result, error_kind, error_message) = match &end.outcome {
-                Outcome::Completed { result } => (Some(result.as_str()), None, None),
-                Outcome::Failed { kind, message } => {
-                    (None, Some(kind.as_str()), Some(message.as_str()))
-                }
-                Outcome::Cancelled => (None, None, None),
-            };
-            let [input, output, total] = usage_columns(Some(&end.usage));
-            tx.execute(
-                "UPDATE runs SET outcome = ?2, result = ?3, error_kind = ?4, error_message = ?5,
-                     finished_at_ms = ?6, duration_ms = ?7,
-                     input_tokens = ?8, output_tokens = ?9, total_tokens = ?10
-                 WHERE id = ?1",
-                params![
-                    run_id,
-                    end.outcome.label(),
-                    result,
-                    error_kind,
-                    error_message,
-                    wall_ms(),
-                    to_sql_int(end.duration_ms),
-                    input,
-                    output,
-                    total
-                ],
-            )?;
-        }
-        Message::Flush(_) => {}
     }
+    Ok(())
+}
+
+fn write_end(tx: &Transaction<'_>, run_id: i64, end: &RunEnd) -> rusqlite::Result<()> {
+    let (result, error_kind, error_message) = match &end.outcome {
+        Outcome::Completed { result } => (Some(result.as_str()), None, None),
+        Outcome::Failed { kind, message } => (None, Some(kind.as_str()), Some(message.as_str())),
+        Outcome::Cancelled => (None, None, None),
+    };
+    let [input, output, total] = usage_columns(Some(&end.usage));
+    tx.prepare_cached(
+        "UPDATE runs SET outcome = ?2, result = ?3, error_kind = ?4, error_message = ?5,
+             finished_at_ms = ?6, duration_ms = ?7,
+             input_tokens = ?8, output_tokens = ?9, total_tokens = ?10
+         WHERE id = ?1",
+    )?
+    .execute(params![
+        run_id,
+        end.outcome.label(),
+        result,
+        error_kind,
+        error_message,
+        wall_ms(),
+        to_sql_int(end.duration_ms),
+        input,
+        output,
+        total
+    ])?;
     Ok(())
 }

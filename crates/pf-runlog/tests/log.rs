@@ -11,8 +11,8 @@ use std::time::Duration;
 use common::*;
 use pf_runlog::schema::SCHEMA_VERSION;
 use pf_runlog::{
-    ActivationRecord, EventRecord, Outcome, RunEnd, RunFilter, RunId, RunLog, RunLogError,
-    RunWriter, TokenUsage, WriterOptions,
+    ActivationRecord, EventRecord, ExchangeDraft, ExchangeHandle, Outcome, RunEnd, RunFilter,
+    RunId, RunLog, RunLogError, RunWriter, TokenUsage, WriterOptions,
 };
 use rusqlite::Connection;
 use serde_json::json;
@@ -559,4 +559,167 @@ fn a_full_database_warns_once_and_keeps_what_fit() {
     let id = log.resolve("run-full").unwrap();
     assert_eq!(log.events(id).unwrap()[0].kind, "run_started");
     assert_eq!(log.run(id).unwrap().unwrap().outcome_label(), "running");
+}
+
+/// A request body as a recorder would encode it: a Serialize value.
+#[derive(serde::Serialize)]
+struct Body {
+    messages: Vec<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<serde_json::Value>,
+    temperature: f64,
+}
+
+fn draft(
+    task: &str,
+    seq: u32,
+    messages: Vec<serde_json::Value>,
+    extends: Option<ExchangeHandle>,
+) -> ExchangeDraft {
+    ExchangeDraft {
+        task: task.to_owned(),
+        seq,
+        section: "Loop".to_owned(),
+        model: "small".to_owned(),
+        attempt: 1,
+        request_json: serde_json::to_string(&Body {
+            messages,
+            tools: Some(json!([{"name": "tick"}])),
+            temperature: 0.5,
+        })
+        .unwrap(),
+        extends,
+        response_json: Some(json!({"content": format!("reply {seq}")}).to_string()),
+        error: None,
+        status: None,
+        started_ms: 7,
+        duration_ms: 1,
+        usage: None,
+    }
+}
+
+fn said(n: usize) -> serde_json::Value {
+    json!({"role": "user", "content": format!("message {n}")})
+}
+
+#[test]
+fn a_request_stored_as_what_it_adds_reads_back_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = RunLog::open(db_in(&dir)).unwrap();
+    let writer = log.begin_with(start("run-de17a"), patient());
+    // Task 0 grows one conversation over three rounds; task 0.1 interleaves
+    // its own, and a base that was never logged leaves the added messages.
+    let first = writer.exchange_draft(draft("0", 1, vec![said(0)], None));
+    let other = writer.exchange_draft(draft("0.1", 1, vec![said(9)], None));
+    let second = writer.exchange_draft(draft("0", 2, vec![said(1), said(2)], Some(first)));
+    assert!(writer.flush());
+    writer.exchange_draft(draft("0", 3, vec![said(3)], Some(second)));
+    writer.exchange_draft(draft("0.1", 2, vec![said(10)], Some(other)));
+    writer.exchange_draft(draft(
+        "0.2",
+        1,
+        vec![said(20)],
+        Some(ExchangeHandle::for_tests(99)),
+    ));
+    assert_eq!(writer.finish(completed("done")), None);
+
+    let id = log.resolve("last").unwrap();
+    let read = log.exchanges(id).unwrap();
+    let requests: Vec<String> = read.iter().map(|x| x.request.to_string()).collect();
+    let whole = |ns: &[usize]| {
+        json!({"messages": ns.iter().map(|&n| said(n)).collect::<Vec<_>>(),
+            "tools": [{"name": "tick"}], "temperature": 0.5})
+        .to_string()
+    };
+    assert_eq!(
+        requests,
+        [
+            whole(&[0]),
+            whole(&[9]),
+            whole(&[0, 1, 2]),
+            whole(&[0, 1, 2, 3]),
+            whole(&[9, 10]),
+            whole(&[20]),
+        ]
+    );
+    assert_eq!(read[3].response, Some(json!({"content": "reply 3"})));
+    assert_eq!(read[3].seq, 3);
+    // What is stored is only what each request adds.
+    let stored: Vec<(String, Option<i64>)> = Connection::open(db_in(&dir))
+        .unwrap()
+        .prepare("SELECT request_json, request_extends FROM exchanges ORDER BY id")
+        .unwrap()
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert!(stored[3].0.contains("message 3") && !stored[3].0.contains("message 2"));
+    assert_eq!(stored[3].1, Some(3));
+    assert_eq!(stored[0].1, None);
+}
+
+/// Version 3 of the schema (the last before requests could be stored as
+/// continuations), by hand, with one run and one whole exchange.
+const V3_EXCHANGES_BY_HAND: &str = "
+CREATE TABLE exchanges (id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs(id),
+    task TEXT NOT NULL, seq INTEGER NOT NULL, section TEXT NOT NULL, model TEXT NOT NULL,
+    attempt INTEGER NOT NULL, request_json TEXT NOT NULL, response_json TEXT, error TEXT,
+    status INTEGER, started_ms INTEGER NOT NULL, duration_ms INTEGER NOT NULL,
+    input_tokens INTEGER, output_tokens INTEGER, total_tokens INTEGER);
+CREATE INDEX exchanges_by_work ON exchanges(run_id, task, seq);
+CREATE TABLE tool_calls (id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs(id),
+    task TEXT NOT NULL, seq INTEGER NOT NULL, section TEXT NOT NULL, alias TEXT NOT NULL,
+    path TEXT NOT NULL, arguments_json TEXT NOT NULL, output TEXT, trusted INTEGER NOT NULL,
+    failure TEXT);
+CREATE INDEX tool_calls_by_work ON tool_calls(run_id, task, seq);
+CREATE TABLE answers (id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs(id),
+    task TEXT NOT NULL, seq INTEGER NOT NULL, section TEXT NOT NULL, question TEXT NOT NULL,
+    answer TEXT);
+CREATE INDEX answers_by_work ON answers(run_id, task, seq);
+CREATE TABLE activations (id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs(id),
+    plugin TEXT NOT NULL, tools_json TEXT, error TEXT);
+CREATE INDEX activations_by_run ON activations(run_id);
+ALTER TABLE runs ADD COLUMN replay_of TEXT;
+ALTER TABLE runs ADD COLUMN resumed_from TEXT;
+CREATE INDEX events_by_task ON events(run_id, task, seq);
+INSERT INTO exchanges VALUES (1, 1, '0', 1, 'Old', 'm', 1,
+    '{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}', '{\"content\":\"yo\"}',
+    NULL, NULL, 1704067200500, 20, 1, 2, 3);
+PRAGMA user_version = 3;
+";
+
+#[test]
+fn a_version_3_database_is_migrated_and_keeps_its_exchanges() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.db");
+    let conn = Connection::open(&path).unwrap();
+    conn.execute_batch(V1_BY_HAND).unwrap();
+    conn.execute_batch(V3_EXCHANGES_BY_HAND).unwrap();
+    drop(conn);
+
+    let log = RunLog::open(&path).unwrap();
+    let version: i64 = Connection::open(&path)
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, SCHEMA_VERSION);
+    let old = log.resolve("run-01d").unwrap();
+    let exchanges = log.exchanges(old).unwrap();
+    assert_eq!(exchanges.len(), 1);
+    assert_eq!(
+        exchanges[0].request,
+        json!({"messages": [{"role": "user", "content": "hi"}]})
+    );
+    assert_eq!(exchanges[0].response, Some(json!({"content": "yo"})));
+    assert_eq!(exchanges[0].usage.map(|u| u.total), Some(3));
+
+    // A new run continues requests beside the old whole one.
+    let writer = log.begin_with(start("run-new"), patient());
+    let first = writer.exchange_draft(draft("0", 1, vec![said(0)], None));
+    writer.exchange_draft(draft("0", 2, vec![said(1)], Some(first)));
+    assert_eq!(writer.finish(completed("new")), None);
+    let new = log.resolve("last").unwrap();
+    let requests = log.exchanges(new).unwrap();
+    assert_eq!(requests[1].request["messages"], json!([said(0), said(1)]));
+    assert_eq!(log.exchanges(old).unwrap(), exchanges);
 }

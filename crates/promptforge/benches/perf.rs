@@ -412,17 +412,45 @@ fn main() {
         "workload", "time", "baseline", "ratio"
     );
 
-    // (a) section entry
+    // `PF_PERF_ONLY=runlog` runs only the run log's on/off rows.
+    let only_runlog = std::env::var("PF_PERF_ONLY").is_ok_and(|only| only == "runlog");
+    let defaults = HostConfig::load(None).expect("defaults");
+    if !only_runlog {
+        section_entry(&bench, &defaults);
+    }
+
+    // (b) the tool loop over HTTP, run log on, vs bare reqwest
+    let base = instant_openai::instant_openai_server();
+    let openai = openai_host(bench.dir(), &base);
+    let text = loop_prompt();
+    let looping = Arc::new(pf_syntax::parse(text.as_bytes()).expect("parse"));
+    assert_eq!(
+        bench.run(&looping, &text, &openai, true),
+        Outcome::Completed("50".into())
+    );
+    if !only_runlog {
+        tool_loop_against_bare(&bench, &looping, &text, &openai, &base);
+    }
+
+    // (e) run log on vs off
+    run_log_on_off(&bench, &looping, &text, &openai, &defaults);
+    if only_runlog {
+        return;
+    }
+    memory_rows();
+}
+
+/// (a) section entry: 10,000 pure-Lua arms vs fresh Lua states.
+fn section_entry(bench: &Bench, defaults: &HostConfig) {
     let arms = 10_000;
     let text = pure_fanout_prompt(arms);
     let prompt = Arc::new(pf_syntax::parse(text.as_bytes()).expect("parse"));
-    let defaults = HostConfig::load(None).expect("defaults");
-    let check = bench.run(&prompt, &text, &defaults, false);
+    let check = bench.run(&prompt, &text, defaults, false);
     assert_eq!(check, Outcome::Completed(arms.to_string()));
     let (engine, bare) = paired(
         5,
         || {
-            bench.run(&prompt, &text, &defaults, false);
+            bench.run(&prompt, &text, defaults, false);
         },
         || bare_lua_arms(arms),
     );
@@ -441,23 +469,23 @@ fn main() {
         ),
         String::new(),
     );
+}
 
-    // (b) the tool loop over HTTP, run log on, vs bare reqwest
-    let base = instant_openai::instant_openai_server();
-    let openai = openai_host(bench.dir(), &base);
-    let text = loop_prompt();
-    let looping = Arc::new(pf_syntax::parse(text.as_bytes()).expect("parse"));
-    assert_eq!(
-        bench.run(&looping, &text, &openai, true),
-        Outcome::Completed("50".into())
-    );
+/// (b) the tool loop through the OpenAI provider vs the same HTTP work bare.
+fn tool_loop_against_bare(
+    bench: &Bench,
+    looping: &Arc<pf_syntax::Prompt>,
+    text: &str,
+    openai: &HostConfig,
+    base: &str,
+) {
     let url = format!("{base}/chat/completions");
     // Like for like: the engine's provider (its client and connection) is
     // made per run, so the bare loop makes its client per run too.
     let (engine, bare) = paired(
         15,
         || {
-            bench.run(&looping, &text, &openai, true);
+            bench.run(looping, text, openai, true);
         },
         || {
             let client = reqwest::Client::new();
@@ -493,15 +521,23 @@ fn main() {
         "",
         String::new(),
     );
+}
 
-    // (e) run log on vs off
+/// (e) run log on vs off, each pair alternating.
+fn run_log_on_off(
+    bench: &Bench,
+    looping: &Arc<pf_syntax::Prompt>,
+    text: &str,
+    openai: &HostConfig,
+    defaults: &HostConfig,
+) {
     let (on, off) = paired(
         15,
         || {
-            bench.run(&looping, &text, &openai, true);
+            bench.run(looping, text, openai, true);
         },
         || {
-            bench.run(&looping, &text, &openai, false);
+            bench.run(looping, text, openai, false);
         },
     );
     row(
@@ -514,10 +550,10 @@ fn main() {
     let (on, off) = paired(
         15,
         || {
-            bench.run(&looping, &text, &scripted, true);
+            bench.run(looping, text, &scripted, true);
         },
         || {
-            bench.run(&looping, &text, &scripted, false);
+            bench.run(looping, text, &scripted, false);
         },
     );
     row(
@@ -531,10 +567,10 @@ fn main() {
     let (on, off) = paired(
         9,
         || {
-            bench.run(&wide, &text, &defaults, true);
+            bench.run(&wide, &text, defaults, true);
         },
         || {
-            bench.run(&wide, &text, &defaults, false);
+            bench.run(&wide, &text, defaults, false);
         },
     );
     row(
@@ -561,7 +597,10 @@ fn main() {
         &format!("run log off {}", ms(off)),
         pct(on, off),
     );
+}
 
+/// (c) and (d): time and memory in child processes.
+fn memory_rows() {
     // (c) 1,000 arms with one scripted round each, in a child process
     let (_, floor) = in_child("floor");
     let runs: Vec<(Duration, u64)> = (0..if quick() { 1 } else { 3 })

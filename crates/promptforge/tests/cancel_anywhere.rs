@@ -32,11 +32,16 @@ struct Run {
 
 /// Starts `body` (one Lua block, which first writes `marker.txt` to the store).
 fn start(body: &str, frontmatter: &str, host: Option<&Path>) -> Run {
+    start_sections(body, "", frontmatter, host)
+}
+
+/// Like [`start`], with `subsections` (Markdown) after the block of `## Main`.
+fn start_sections(body: &str, subsections: &str, frontmatter: &str, host: Option<&Path>) -> Run {
     let dir = tempfile::tempdir().expect("tempdir");
     let prompt = dir.path().join("prompt.md");
     std::fs::write(
         &prompt,
-        format!("---\nname: cancel-anywhere\ndescription: d\npromptforge: 0\n{frontmatter}---\n\n# Cancel\n\n## Main\n\n```lua\n{body}\n```\n"),
+        format!("---\nname: cancel-anywhere\ndescription: d\npromptforge: 0\n{frontmatter}---\n\n# Cancel\n\n## Main\n\n```lua\n{body}\n```\n{subsections}"),
     )
     .expect("prompt");
     let home = dir.path().join("home");
@@ -103,7 +108,11 @@ fn cancels(long_call: &str, signal_name: &str) {
 /// Like [`cancels`], with `setup` run before the marker is written.
 fn cancels_after(setup: &str, long_call: &str, signal_name: &str) {
     let body = format!("{setup}\nstore.write('marker.txt', 'in')\n{long_call}\nreturn 'finished'");
-    let run = start(&body, "", None);
+    cancels_run(start(&body, "", None), long_call, signal_name);
+}
+
+/// `run` writes `marker.txt` to its store, somewhere, before its long call.
+fn cancels_run(run: Run, long_call: &str, signal_name: &str) {
     wait_for(&run.dir.path().join("store/marker.txt"));
     // Give the block time to enter the long call itself.
     std::thread::sleep(Duration::from_millis(200));
@@ -275,13 +284,11 @@ fn a_second_signal_during_initialize_still_stops_the_server() {
     cancel_during_initialize(&["INT", "INT"]);
 }
 
-/// A known gap: when the count hook raises the interrupt, mlua's error path
-/// truncates the running frame's stack (`lua_settop`) inside the hook, which
-/// runs that frame's to-be-closed `__close` handlers with hooks off; one that
-/// loops cannot be stopped. (A `__close` reached by any other error, or in an
-/// outer frame, runs with hooks on and is cancelled.)
+/// When the count hook raises the interrupt, mlua's error path truncates the
+/// running frame's stack (`lua_settop`) inside the hook, which runs that
+/// frame's to-be-closed `__close` handlers with hooks off: the hook disarms
+/// every `__close` a prompt can reach before it raises.
 #[test]
-#[ignore = "mlua closes the hooked frame's <close> variables inside the hook (hooks off)"]
 fn a_close_handler_in_the_interrupted_frame_is_cancelled() {
     cancels(
         "local x <close> = setmetatable({}, { __close = function() while true do end end })\nwhile true do end",
@@ -299,4 +306,99 @@ fn a_close_handler_reached_by_an_error_is_cancelled() {
         "local function inner() while true do end end\nlocal x <close> = setmetatable({}, { __close = function() while true do end end })\ninner()",
         "INT",
     );
+}
+
+/// A `__close` that never returns (`while true do end`), as Lua source.
+const LOOPS: &str = "function() while true do end end";
+
+#[test]
+fn a_close_handler_set_or_swapped_after_setmetatable_is_cancelled() {
+    // Added to the metatable after setmetatable, before the declaration.
+    cancels(
+        &format!("local mt = {{}}\nlocal t = setmetatable({{}}, mt)\nmt.__close = {LOOPS}\nlocal x <close> = t\nwhile true do end"),
+        "INT",
+    );
+    // A harmless handler at the declaration, swapped for a looping one afterwards.
+    cancels(
+        &format!("local mt = {{ __close = function() end }}\nlocal x <close> = setmetatable({{}}, mt)\nmt.__close = {LOOPS}\nwhile true do end"),
+        "INT",
+    );
+    // A protected metatable: getmetatable shows a decoy, the real one holds the handler.
+    cancels(
+        &format!("local x <close> = setmetatable({{}}, {{ __close = {LOOPS}, __metatable = {{}} }})\nwhile true do end"),
+        "INT",
+    );
+}
+
+#[test]
+fn a_close_handler_on_a_shared_or_global_metatable_is_cancelled() {
+    // The string metatable, which every string shares.
+    cancels(
+        &format!("getmetatable('').__close = {LOOPS}\nlocal s <close> = 'text'\nwhile true do end"),
+        "INT",
+    );
+    // _G's metatable (the engine keeps its own copy, with the guards).
+    cancels(
+        &format!(
+            "setmetatable(_G, {{ __close = {LOOPS} }})\nlocal g <close> = _G\nwhile true do end"
+        ),
+        "INT",
+    );
+}
+
+#[test]
+fn several_and_nested_close_handlers_are_cancelled() {
+    // Several in the interrupted frame; one that errors between looping ones.
+    cancels(
+        &format!("local a <close> = setmetatable({{}}, {{ __close = {LOOPS} }})\nlocal b <close> = setmetatable({{}}, {{ __close = function() error('b') end }})\nlocal c <close> = setmetatable({{}}, {{ __close = {LOOPS} }})\nwhile true do end"),
+        "INT",
+    );
+    // In the interrupted frame and in every frame under it.
+    cancels(
+        &format!("local function level(n)\n  local x <close> = setmetatable({{}}, {{ __close = {LOOPS} }})\n  if n == 0 then while true do end end\n  level(n - 1)\nend\nlevel(3)"),
+        "INT",
+    );
+    // A handler that declares a looping to-be-closed variable of its own.
+    cancels(
+        &format!("local x <close> = setmetatable({{}}, {{ __close = function()\n  local y <close> = setmetatable({{}}, {{ __close = {LOOPS} }})\n  while true do end\nend }})\nerror('boom')"),
+        "INT",
+    );
+}
+
+#[test]
+fn a_close_handler_under_pcall_or_a_c_call_is_cancelled() {
+    cancels(
+        &format!("while true do\n  pcall(function()\n    local x <close> = setmetatable({{}}, {{ __close = {LOOPS} }})\n    while true do end\n  end)\nend"),
+        "INT",
+    );
+    cancels(
+        &format!("xpcall(function()\n  local x <close> = setmetatable({{}}, {{ __close = {LOOPS} }})\n  while true do end\nend, function(e) return e end)"),
+        "INT",
+    );
+    // A comparator table.sort (C) calls: no yield, no continuation across it.
+    cancels(
+        &format!("table.sort({{3, 2, 1}}, function(a, b)\n  local x <close> = setmetatable({{}}, {{ __close = {LOOPS} }})\n  while true do end\nend)"),
+        "INT",
+    );
+    // A __tostring that tostring (C) calls.
+    cancels(
+        &format!("tostring(setmetatable({{}}, {{ __tostring = function()\n  local x <close> = setmetatable({{}}, {{ __close = {LOOPS} }})\n  while true do end\nend }}))"),
+        "TERM",
+    );
+}
+
+/// The long call is in `### Work`, which writes the marker itself.
+fn cancels_in_subsection(main: &str, signal_name: &str) {
+    let work = format!("\n### Work\n\n```lua\nlocal x <close> = setmetatable({{}}, {{ __close = {LOOPS} }})\nstore.write('marker.txt', 'in')\nwhile true do end\n```\n");
+    let run = start_sections(main, &work, "", None);
+    cancels_run(run, main, signal_name);
+}
+
+#[test]
+fn a_close_handler_in_a_task_or_a_fanout_arm_is_cancelled() {
+    cancels_in_subsection(
+        "local t = tasks.spawn('### Work')\ntasks.when_all({ t })\nreturn 'finished'",
+        "INT",
+    );
+    cancels_in_subsection("fanout('### Work', { 1 })\nreturn 'finished'", "INT");
 }

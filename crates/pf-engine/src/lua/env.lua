@@ -4,7 +4,6 @@ local H = ...
 -- every step (quadratic over a namespace, and this runs in every section VM).
 local rawget, rawset, rawequal, type, next, error = H.rawget, H.rawset, H.rawequal, H.type, H.next, error
 local base_setmetatable, base_getmetatable = H.setmetatable, H.getmetatable
-local raw_setmetatable = H.debug_setmetatable
 local G = _G
 
 local PROSE_RO = 'prose is read-only: assign to `var` or a section global instead'
@@ -39,7 +38,22 @@ local function build(mt)
   return combined
 end
 
-raw_setmetatable(G, build(nil))
+-- The one metatable _G has for the VM's life: setmetatable could not replace a
+-- protected metatable (and the VM has no debug library), so a new combination
+-- is copied into it, the guards first. Their keys are always there, so those
+-- writes cannot fail for memory, whatever the prompt left free.
+local combined = build(nil)
+base_setmetatable(G, combined)
+local function install(fresh)
+  rawset(combined, '__index', rawget(fresh, '__index'))
+  rawset(combined, '__newindex', rawget(fresh, '__newindex'))
+  rawset(combined, '__metatable', GUARDED)
+  -- (clearing fields during a traversal is allowed)
+  for k in next, combined do
+    if rawget(fresh, k) == nil then rawset(combined, k, nil) end
+  end
+  for k, v in next, fresh do rawset(combined, k, v) end
+end
 
 function G.setmetatable(t, mt)
   if rawequal(t, G) then
@@ -49,8 +63,9 @@ function G.setmetatable(t, mt)
     if user_mt ~= nil and rawget(user_mt, '__metatable') ~= nil then
       error('cannot change a protected metatable', 2)
     end
+    local fresh = build(mt)
     user_mt = mt
-    raw_setmetatable(G, build(mt))
+    install(fresh)
     return t
   end
   return base_setmetatable(t, mt)

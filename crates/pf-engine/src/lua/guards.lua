@@ -1,5 +1,5 @@
 -- Sandbox guards (sandbox_guards/mod.rs): library functions that poll the
--- run's cancel, and no `__gc` finalizers. Runs after env.lua, before any
+-- run's cancel, no `__gc` finalizers, `__close` handlers disarmed by a cancel. Runs after env.lua, before any
 -- prompt code. `R` holds the Rust halves; each returns (true, values...) or
 -- (false, message, level), raised here at the prompt's call site.
 local H, R = ...
@@ -168,10 +168,35 @@ end
 -- No finalizers: Lua runs `__gc` with hooks off, so a looping one could never
 -- be cancelled. Lua marks a table for finalization only when its metatable has
 -- a `__gc` field at setmetatable time, so refusing that is enough.
-local inner_setmetatable = G.setmetatable
+--
+-- To-be-closed variables: when the count hook raises a cancel, mlua truncates
+-- the interrupted frame inside the hook, so that frame's `__close` handlers run
+-- with hooks off. Every metatable a prompt can hold (each one it installs, each
+-- one it reads back) is remembered weakly, in `H.watched_metatables` (made on
+-- first use: most section entries never need it); before the hook raises, the
+-- Rust half replaces each `__close` in them with `H.disarmed_close`, which
+-- returns at once (`disarm_close_handlers`). Until then nothing changes.
+local inner_setmetatable, inner_getmetatable = G.setmetatable, G.getmetatable
+local watched = nil
+local function watch(mt)
+  if watched == nil then
+    watched = inner_setmetatable({}, { __mode = 'k' })
+    H.watched_metatables = watched
+  end
+  watched[mt] = true
+end
+H.disarmed_close = function() end
 G.setmetatable = function(t, mt)
-  if type(mt) == 'table' and rawget(mt, '__gc') ~= nil then
-    error("bad argument #2 to 'setmetatable' (__gc metamethods are not allowed in prompts)", 2)
+  if type(mt) == 'table' then
+    if rawget(mt, '__gc') ~= nil then
+      error("bad argument #2 to 'setmetatable' (__gc metamethods are not allowed in prompts)", 2)
+    end
+    watch(mt)
   end
   return inner_setmetatable(t, mt)
+end
+G.getmetatable = function(v)
+  local mt = inner_getmetatable(v)
+  if type(mt) == 'table' then watch(mt) end
+  return mt
 end

@@ -2,12 +2,20 @@
 -- base library still present. It captures what the engine's own Lua helpers
 -- need, installs the deterministic pairs/next, then removes every global the
 -- sandbox does not allow. Returns the helper table the engine keeps.
+-- The VM has no debug library: what the helpers need of it (a metatable behind
+-- `__metatable`, an error's place and traceback) the engine gives from Rust, in
+-- `H.metafield` and `H.error_place` (sandbox_guards/introspect.rs).
 local H = ...
 local rawget, rawset, rawequal, rawlen, next = rawget, rawset, rawequal, rawlen, next
 local type, error, select, tostring, pcall, xpcall = type, error, select, tostring, pcall, xpcall
 local setmetatable, getmetatable = setmetatable, getmetatable
-local debug_getmetatable, debug_getinfo, debug_traceback = debug.getmetatable, debug.getinfo, debug.traceback
-local debug_setmetatable = debug.setmetatable
+local rust_metafield, error_place = H.metafield, H.error_place
+-- The raw field `name` of v's metatable, past any `__metatable`. A value
+-- `getmetatable` gives nil for has no metatable at all, so most calls stay here.
+local function metafield(v, name)
+  if getmetatable(v) == nil then return nil end
+  return rust_metafield(v, name)
+end
 local math_type, tsort, tpack, tunpack = math.type, table.sort, table.pack, table.unpack
 local utf8_len = utf8.len
 local collectgarbage = collectgarbage
@@ -22,9 +30,11 @@ local GENUINE = setmetatable({}, { __mode = 'k' })
 H.genuine = GENUINE
 local ERR_MT = {}
 ERR_MT.__tostring = function(e) return rawget(e, 'message') end
+-- (The engine gives ERR_MT to exactly the values in GENUINE, and no prompt can
+-- take it or remove it.)
 ERR_MT.__concat = function(a, b)
-  if debug_getmetatable(a) == ERR_MT then a = rawget(a, 'message') end
-  if debug_getmetatable(b) == ERR_MT then b = rawget(b, 'message') end
+  if GENUINE[a] ~= nil then a = rawget(a, 'message') end
+  if GENUINE[b] ~= nil then b = rawget(b, 'message') end
   return a .. b
 end
 ERR_MT.__name = 'error value'
@@ -58,8 +68,18 @@ end
 function H.wrap_async(id)
   return function(...)
     local dispatch = H.dispatch_async or H.make_async_dispatch()
+    if not dispatch then error('not enough memory', 0) end
     return check(dispatch(id, ...))
   end
+end
+-- The closures for sync ids 0..n_sync-1 and async ids 0..n_async-1 in one call,
+-- the same closures wrap_host and wrap_async make.
+function H.wrap_hosts_ahead(dispatch, n_sync, n_async)
+  local wrap_host, wrap_async = H.wrap_host, H.wrap_async
+  local made_sync, made_async = {}, {}
+  for i = 1, n_sync do made_sync[i] = wrap_host(dispatch, i - 1) end
+  for i = 1, n_async do made_async[i] = wrap_async(i - 1) end
+  return made_sync, made_async
 end
 
 -- Deterministic iteration ----------------------------------------------------
@@ -158,8 +178,7 @@ local function ordered_pairs(t)
   if type(t) ~= 'table' then
     error("bad argument #1 to 'pairs' (table expected, got " .. type(t) .. ")", 2)
   end
-  local mt = debug_getmetatable(t)
-  local mp = mt and rawget(mt, '__pairs')
+  local mp = metafield(t, '__pairs')
   if mp ~= nil then
     if type(mp) ~= 'function' then
       error("attempt to call a " .. type(mp) .. " value (metamethod '__pairs')", 2)
@@ -217,21 +236,11 @@ local function sandbox_xpcall(f, handler, ...)
 end
 
 -- Block runner: returns true, results... or false, error value, line info.
-local function find_user_line(level)
-  while true do
-    local info = debug_getinfo(level, 'Sl')
-    if info == nil then return nil, nil end
-    if info.what ~= 'C' and info.source and H.is_region(info.source) and info.currentline and info.currentline > 0 then
-      return info.source, info.currentline
-    end
-    level = level + 1
-  end
-end
 function H.run_block(f, ...)
   local where_src, where_line, trace
   local function handler(e)
-    where_src, where_line = find_user_line(3)
-    trace = debug_traceback(nil, 2)
+    -- the innermost prompt line under the handler, and the traceback from there
+    where_src, where_line, trace = error_place()
     return e
   end
   local r = tpack(xpcall(f, handler, ...))
@@ -412,8 +421,7 @@ local function concat(list, sep, i, j)
     elseif v == nil then
       error("invalid value (nil) at index " .. k .. " in table for 'concat'", 2)
     else
-      local mt = debug_getmetatable(v)
-      if mt and rawget(mt, '__tostring') then
+      if metafield(v, '__tostring') then
         parts[#parts + 1] = tostring(v)
       else
         error("invalid value (" .. tv .. ") at index " .. k .. " in table for 'concat'", 2)
@@ -470,11 +478,16 @@ end
 -- getmetatable / setmetatable see guards through __metatable as usual.
 H.rawget, H.rawset, H.rawequal, H.rawlen = rawget, rawset, rawequal, rawlen
 H.next = next
-H.debug_getmetatable = debug_getmetatable
-H.debug_setmetatable = debug_setmetatable
 H.utf8_len = utf8_len
 H.setmetatable, H.getmetatable = setmetatable, getmetatable
 H.select, H.type, H.tostring = select, type, tostring
 H.tpack, H.tunpack = tpack, tunpack
 H.raw_tconcat = tconcat
+
+-- The engine's bookkeeping of error values (error.rs), weakly keyed so values
+-- the prompt lets go are collected; made here, not key by key from Rust.
+H.run_kinds = setmetatable({}, { __mode = 'k' })
+H.located = setmetatable({}, { __mode = 'k' })
+H.born = setmetatable({}, { __mode = 'k' })
+H.suspends = 0
 return H

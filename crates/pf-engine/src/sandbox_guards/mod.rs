@@ -1,8 +1,9 @@
 //! Sandbox guards that keep a cancel prompt (guide ch. 05, 17): the C library
 //! calls that can run for minutes without executing one VM instruction, so
 //! without the count hook ever firing, are replaced by versions that poll the
-//! run's cancel, and the two places Lua runs code with hooks off (`__gc`
-//! finalizers, a message handler entered from a hook) are closed.
+//! run's cancel, and the three places Lua runs code with hooks off (`__gc`
+//! finalizers, a message handler entered from a hook, `__close` handlers the
+//! hook's error closes) are closed.
 //!
 //! - `string.find`, `match`, `gmatch`, `gsub`: the Lua 5.5 matcher ported step
 //!   for step ([`matcher`]), same results and messages, plain search in linear time;
@@ -12,11 +13,16 @@
 //! - `setmetatable`: refuses a metatable with a `__gc` field (finalizers run
 //!   with hooks off, so a looping one could never be stopped);
 //! - the sandbox `xpcall` stops calling the prompt's message handler once the
-//!   run is cancelled (in `lua/prelude.lua`, beside `pcall`).
+//!   run is cancelled (in `lua/prelude.lua`, beside `pcall`);
+//! - `__close` handlers: [`disarm_close_handlers`], called by the count hook
+//!   before it raises a cancel, makes every one a prompt could reach return at
+//!   once (mlua closes the interrupted frame's to-be-closed variables inside
+//!   the hook, with hooks off).
 //!
 //! Kept apart from `vm.rs` so the VM's construction can change around it:
 //! [`install`] runs once per section VM, after the prelude and `env.lua`.
 
+pub(crate) mod introspect;
 mod matcher;
 
 use std::cell::RefCell;
@@ -157,6 +163,41 @@ pub(crate) fn install(
     crate::ctx::internal_chunk(lua, "=[promptforge guards]", GUARDS)?
         .call::<()>((helpers.clone(), raw))?;
     Ok(())
+}
+
+/// Called by the count hook just before it raises a cancel (or the end of the
+/// run): every `__close` a prompt could reach now returns at once. mlua closes
+/// the interrupted frame's to-be-closed variables inside the hook, with hooks
+/// off, where a looping handler could never be stopped; handlers reached later
+/// in the unwinding would be stopped, but need not run either. Only metatables
+/// the prompt installed or read back can hold its `__close`: the engine's own
+/// have none, and the prompt has no other way to reach one.
+pub(crate) fn disarm_close_handlers(lua: &Lua) {
+    // Best effort: a failure here only leaves the handlers as they were.
+    let _ = try_disarm_close_handlers(lua);
+}
+
+fn try_disarm_close_handlers(lua: &Lua) -> mlua::Result<()> {
+    let helpers = crate::ctx::helpers(lua)?;
+    let disarmed: Function = helpers.raw_get("disarmed_close")?;
+    let disarm = |mt: &Table| -> mlua::Result<()> {
+        if !mt.raw_get::<Value>("__close")?.is_nil() {
+            mt.raw_set("__close", &disarmed)?;
+        }
+        Ok(())
+    };
+    // `_G`'s metatable is the engine's copy of the prompt's (env.lua).
+    if let Some(mt) = lua.globals().metatable() {
+        disarm(&mt)?;
+    }
+    // (made by guards.lua on the first setmetatable or getmetatable of a table)
+    match helpers.raw_get::<Option<Table>>("watched_metatables")? {
+        Some(watched) => watched.for_each(|mt: Value, _: Value| match mt {
+            Value::Table(mt) => disarm(&mt),
+            _ => Ok(()),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// The standard `string`/`table`/`math` libraries with the guards installed

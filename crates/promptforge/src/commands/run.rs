@@ -305,6 +305,11 @@ pub(crate) fn execute(plan: RunPlan) -> ExitCode {
     if let Some(trace) = &trace {
         runtime.block_on(trace.export(&report.outcome));
     }
+    // Everything is committed; the log's writer may still be tidying the
+    // database (a WAL checkpoint), which the process lets it finish.
+    if let Some(sink) = &log.sink {
+        sink.settle();
+    }
     if stopped.is_some() {
         return ExitCode::from(crate::EXIT_FAILED);
     }

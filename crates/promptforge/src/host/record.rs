@@ -14,13 +14,15 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use pf_harness::{
-    ActivationContext, ActivePlugin, CancellationToken, ChatRequest, ChatResponse, InputBroker,
-    ModelInfo, ModelProvider, OnText, Plugin, ProviderError, ToolFailure, ToolSpec, WorkId,
+    ActivationContext, ActivePlugin, CancellationToken, ChatMessage, ChatRequest, ChatResponse,
+    InputBroker, LlamaTimings, ModelInfo, ModelProvider, OnText, Plugin, ProviderError, ToolCall,
+    ToolDecl, ToolFailure, ToolSpec, Usage, VllmMetrics, WorkId,
 };
 use pf_runlog::{
-    ActivationRecord, AnswerRecord, EventRecord, ExchangeRecord, RunEnd, RunWriter, TokenUsage,
-    ToolCallRecord,
+    ActivationRecord, AnswerRecord, ExchangeDraft, ExchangeHandle, RunEnd, RunWriter, TokenUsage,
+    ToolCallRecord, WriterTail,
 };
+use serde::Serialize;
 use serde_json::{json, Value as Json};
 
 use super::observe::SectionTracker;
@@ -60,6 +62,8 @@ impl HostWork {
 pub struct RunLogSink {
     writer: Mutex<Option<RunWriter>>,
     usage: Mutex<TokenUsage>,
+    /// The writer thread's work after the end, for [`RunLogSink::settle`].
+    tail: Mutex<Option<WriterTail>>,
 }
 
 impl RunLogSink {
@@ -67,6 +71,7 @@ impl RunLogSink {
         RunLogSink {
             writer: Mutex::new(Some(writer)),
             usage: Mutex::new(TokenUsage::default()),
+            tail: Mutex::new(None),
         }
     }
 
@@ -77,16 +82,17 @@ impl RunLogSink {
         }
     }
 
-    /// Log one event of the run.
+    /// Log one event of the run: encoded straight into the writer's
+    /// buffer (the event is only lent; a deep copy would cost more).
     pub fn event(&self, event: &pf_engine::RunEvent) {
         self.with(|w| {
-            w.event(EventRecord {
-                kind: event.kind.as_str().to_string(),
-                section: event.section.clone(),
-                task: event.provenance.task.clone(),
-                seq: event.provenance.seq,
-                fields: Json::Object(event.fields.clone()),
-            })
+            w.event_parts(
+                event.kind.as_str(),
+                &event.section,
+                &event.provenance.task,
+                event.provenance.seq,
+                &event.fields,
+            )
         });
     }
 
@@ -112,22 +118,50 @@ impl RunLogSink {
             .take();
         if let Some(writer) = writer {
             let usage = self.usage();
-            let _ = writer.finish(RunEnd {
+            let (_, tail) = writer.finish_with_tail(RunEnd {
                 outcome,
                 duration_ms,
                 usage,
             });
+            *self.tail.lock().unwrap_or_else(PoisonError::into_inner) = Some(tail);
+        }
+    }
+
+    /// Before the process exits, after the report: let the writer thread
+    /// finish tidying the database (bounded; everything is committed already).
+    pub fn settle(&self) {
+        let tail = self
+            .tail
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(tail) = tail {
+            tail.wait(SETTLE_WAIT);
         }
     }
 }
 
+/// The most a process waits at exit for the run log's tidying (a WAL
+/// checkpoint: two fsyncs, usually a few ms).
+const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// What the recording decorators share: the run's sink, which section each
-/// task is in, and the prompt's tool aliases.
+/// task is in, the prompt's tool aliases, and each task's last logged request.
 pub struct Recorder {
     sink: Arc<RunLogSink>,
     sections: Arc<SectionTracker>,
     /// Tool path to the alias the prompt binds it to.
     aliases: HashMap<String, String>,
+    /// By task: the messages of its last logged request, so the next one
+    /// (a loop resends the whole history each round) is logged as what it adds.
+    conversations: Mutex<HashMap<String, Conversation>>,
+}
+
+/// A task's last logged request: its whole message list and the exchange
+/// that holds it.
+struct Conversation {
+    messages: Vec<ChatMessage>,
+    exchange: ExchangeHandle,
 }
 
 impl Recorder {
@@ -146,6 +180,67 @@ impl Recorder {
             sink,
             sections,
             aliases,
+            conversations: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The request as it will be logged: whole, or, when it begins with
+    /// its task's last logged request, the messages it adds to that one.
+    /// It is encoded here, straight from the Harness types: a comparison
+    /// walks the history, but only the added messages are encoded or copied.
+    fn plan_request(&self, request: &ChatRequest, work: &WorkId) -> RequestPlan {
+        let conversations = self
+            .conversations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let continued = conversations.get(&work.task).filter(|last| {
+            request.messages.len() >= last.messages.len()
+                && request.messages[..last.messages.len()] == last.messages[..]
+        });
+        let (extends, added) = match continued {
+            Some(last) => (
+                Some(last.exchange),
+                &request.messages[last.messages.len()..],
+            ),
+            None => (None, &request.messages[..]),
+        };
+        let body = LoggedRequest {
+            messages: added,
+            tools: request.tools.as_ref(),
+            temperature: request.temperature,
+            max_tokens: request.max_tokens,
+            thinking: request.thinking,
+        };
+        RequestPlan {
+            extends,
+            request_json: json_text(&body),
+            added: added.to_vec(),
+        }
+    }
+
+    /// The planned request went into the log as `exchange`: it is now its
+    /// task's last logged request, unless another round of the task was
+    /// logged since this one began.
+    fn logged_request(&self, task: &str, plan: RequestPlan, exchange: ExchangeHandle) {
+        let mut conversations = self
+            .conversations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match (conversations.get_mut(task), plan.extends) {
+            (Some(last), Some(base)) if last.exchange == base => {
+                last.messages.extend(plan.added);
+                last.exchange = exchange;
+            }
+            (_, None) => {
+                conversations.insert(
+                    task.to_string(),
+                    Conversation {
+                        messages: plan.added,
+                        exchange,
+                    },
+                );
+            }
+            _ => {}
         }
     }
 
@@ -165,9 +260,67 @@ fn elapsed_ms(since: Instant) -> u64 {
     u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
+fn json_text(body: &impl Serialize) -> String {
+    // These bodies hold only string-keyed maps, which always encode.
+    serde_json::to_string(body).unwrap_or_else(|_| "null".to_string())
+}
+
 // ---------------------------------------------------------------------------
 // Model exchanges
 // ---------------------------------------------------------------------------
+
+/// A request as the recorder logs it: exactly the text of [`request_json`]
+/// (with `messages` only the added ones when it continues an earlier
+/// request), encoded from borrowed Harness values with no `Value` built.
+#[derive(Serialize)]
+struct LoggedRequest<'a> {
+    messages: &'a [ChatMessage],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<&'a Vec<ToolDecl>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    thinking: Option<bool>,
+}
+
+struct RequestPlan {
+    extends: Option<ExchangeHandle>,
+    request_json: String,
+    /// The messages the request adds (all of them when it extends none).
+    added: Vec<ChatMessage>,
+}
+
+/// A response as the recorder logs it: exactly the text of [`response_json`].
+#[derive(Serialize)]
+struct LoggedResponse<'a> {
+    content: &'a Option<String>,
+    tool_calls: &'a [ToolCall],
+    finish_reason: &'a Option<String>,
+    usage: &'a Option<Usage>,
+    llama: &'a Option<LlamaTimings>,
+    vllm: &'a Option<VllmMetrics>,
+    model: &'a Option<String>,
+    reasoning: &'a Option<String>,
+    degraded: &'a [String],
+}
+
+impl LoggedResponse<'_> {
+    fn of(response: &ChatResponse) -> LoggedResponse<'_> {
+        LoggedResponse {
+            content: &response.content,
+            tool_calls: &response.tool_calls,
+            finish_reason: &response.finish_reason,
+            usage: &response.usage,
+            llama: &response.llama,
+            vllm: &response.vllm,
+            model: &response.model,
+            reasoning: &response.reasoning,
+            degraded: &response.degraded,
+        }
+    }
+}
 
 /// The request as the log keeps it: the Harness request's own fields.
 pub fn request_json(request: &ChatRequest) -> Json {
@@ -217,17 +370,24 @@ pub fn provider_error_text(error: &ProviderError) -> String {
 pub struct RecordingModel {
     inner: Arc<dyn ModelProvider>,
     recorder: Arc<Recorder>,
+    /// The model's catalog id, as every exchange names it.
+    model: String,
 }
 
 impl RecordingModel {
     pub fn new(inner: Arc<dyn ModelProvider>, recorder: Arc<Recorder>) -> RecordingModel {
-        RecordingModel { inner, recorder }
+        let model = inner.info().id;
+        RecordingModel {
+            inner,
+            recorder,
+            model,
+        }
     }
 
     fn record(
         &self,
         work: &WorkId,
-        request: Json,
+        mut request: RequestPlan,
         started: (i64, Instant),
         result: &Result<ChatResponse, ProviderError>,
     ) {
@@ -242,21 +402,31 @@ impl RecordingModel {
         if let Some(usage) = &usage {
             self.recorder.sink.add_usage(usage);
         }
-        let record = ExchangeRecord {
+        let record = ExchangeDraft {
             task: work.task.clone(),
             seq: work.seq,
             section: self.recorder.section(work),
-            model: self.inner.info().id,
+            model: self.model.clone(),
             attempt: 1,
-            request,
-            response: result.as_ref().ok().map(response_json),
+            request_json: std::mem::take(&mut request.request_json),
+            extends: request.extends,
+            response_json: result
+                .as_ref()
+                .ok()
+                .map(|r| json_text(&LoggedResponse::of(r))),
             error: result.as_ref().err().map(provider_error_text),
             status: None,
             started_ms: started.0,
             duration_ms: elapsed_ms(started.1),
             usage,
         };
-        self.recorder.sink.with(|w| w.exchange(record));
+        let mut logged = None;
+        self.recorder
+            .sink
+            .with(|w| logged = Some(w.exchange_draft(record)));
+        if let Some(exchange) = logged {
+            self.recorder.logged_request(&work.task, request, exchange);
+        }
     }
 }
 
@@ -272,7 +442,7 @@ impl ModelProvider for RecordingModel {
         work: &WorkId,
         cancel: CancellationToken,
     ) -> Result<ChatResponse, ProviderError> {
-        let body = request_json(&request);
+        let body = self.recorder.plan_request(&request, work);
         let started = (wall_ms(), Instant::now());
         let result = self.inner.complete(request, work, cancel).await;
         self.record(work, body, started, &result);
@@ -286,7 +456,7 @@ impl ModelProvider for RecordingModel {
         cancel: CancellationToken,
         on_text: &mut OnText<'_>,
     ) -> Result<ChatResponse, ProviderError> {
-        let body = request_json(&request);
+        let body = self.recorder.plan_request(&request, work);
         let started = (wall_ms(), Instant::now());
         let result = self
             .inner
@@ -435,5 +605,159 @@ impl InputBroker for RecordingBroker {
         };
         self.recorder.sink.with(|w| w.answer(record));
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(role: &str, content: Json) -> ChatMessage {
+        ChatMessage {
+            role: role.into(),
+            content,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
+
+    fn request(messages: Vec<ChatMessage>) -> ChatRequest {
+        ChatRequest {
+            messages,
+            tools: Some(vec![ToolDecl {
+                name: "tick".into(),
+                description: "Count \"one\"\n".into(),
+                parameters: json!({"type": "object", "properties": {"step": {"type": "integer"}}}),
+            }]),
+            temperature: Some(0.1),
+            max_tokens: Some(64),
+            thinking: None,
+            capture: false,
+        }
+    }
+
+    fn logged_text(plan: &RequestPlan) -> String {
+        plan.request_json.clone()
+    }
+
+    #[test]
+    fn a_logged_body_is_the_text_of_the_json_shape() {
+        let mut assistant = message("assistant", Json::Null);
+        assistant.tool_calls.push(ToolCall {
+            id: "c1".into(),
+            name: "tick".into(),
+            arguments: "{\"step\":1}".into(),
+        });
+        let mut tool = message("tool", json!("ok \u{1F600}"));
+        tool.tool_call_id = Some("c1".into());
+        let parts = json!([{"type": "text", "text": "é"}, {"type": "image_url", "image_url": {"url": "x"}}]);
+        let req = request(vec![
+            message("system", json!("be brief")),
+            message("user", parts),
+            assistant,
+            tool,
+        ]);
+        let recorder = Recorder::new(
+            Arc::new(RunLogSink {
+                writer: Mutex::new(None),
+                usage: Mutex::new(TokenUsage::default()),
+                tail: Mutex::new(None),
+            }),
+            Arc::new(SectionTracker::default()),
+            &pf_syntax::parse(b"---\nname: t\ndescription: t\npromptforge: 0\n---\n\n# T\n")
+                .expect("prompt"),
+        );
+        let work = WorkId {
+            task: "0".into(),
+            seq: 3,
+        };
+        let plan = recorder.plan_request(&req, &work);
+        assert!(plan.extends.is_none());
+        assert_eq!(logged_text(&plan), request_json(&req).to_string());
+        let bare = ChatRequest {
+            tools: None,
+            temperature: None,
+            max_tokens: None,
+            thinking: Some(true),
+            ..req.clone()
+        };
+        let plan = recorder.plan_request(&bare, &work);
+        assert_eq!(logged_text(&plan), request_json(&bare).to_string());
+
+        let response = ChatResponse {
+            content: Some("done \"now\"".into()),
+            tool_calls: vec![ToolCall {
+                id: "c2".into(),
+                name: "tick".into(),
+                arguments: "{}".into(),
+            }],
+            finish_reason: Some("stop".into()),
+            usage: Some(Usage {
+                input_tokens: 10,
+                output_tokens: 2,
+                cached_tokens: Some(4),
+                reasoning_tokens: None,
+            }),
+            llama: Some(LlamaTimings {
+                prompt_ms: 1.5,
+                predicted_per_second: f64::NAN,
+                ..LlamaTimings::default()
+            }),
+            model: Some("m".into()),
+            degraded: vec!["odd".into()],
+            ..ChatResponse::default()
+        };
+        assert_eq!(
+            json_text(&LoggedResponse::of(&response)),
+            response_json(&response).to_string()
+        );
+        assert_eq!(
+            json_text(&LoggedResponse::of(&ChatResponse::default())),
+            response_json(&ChatResponse::default()).to_string()
+        );
+    }
+
+    #[test]
+    fn a_request_that_continues_its_tasks_last_one_logs_what_it_adds() {
+        let recorder = Recorder::new(
+            Arc::new(RunLogSink {
+                writer: Mutex::new(None),
+                usage: Mutex::new(TokenUsage::default()),
+                tail: Mutex::new(None),
+            }),
+            Arc::new(SectionTracker::default()),
+            &pf_syntax::parse(b"---\nname: t\ndescription: t\npromptforge: 0\n---\n\n# T\n")
+                .expect("prompt"),
+        );
+        let work = |task: &str| WorkId {
+            task: task.into(),
+            seq: 1,
+        };
+        let first = request(vec![message("user", json!("go"))]);
+        let plan = recorder.plan_request(&first, &work("0"));
+        let handle = pf_runlog::ExchangeHandle::for_tests(0);
+        recorder.logged_request("0", plan, handle);
+        let mut second = first.clone();
+        second.messages.push(message("assistant", json!("ok")));
+        let plan = recorder.plan_request(&second, &work("0"));
+        assert_eq!(plan.extends, Some(handle));
+        assert_eq!(plan.added, second.messages[1..]);
+        assert_eq!(
+            plan.request_json,
+            request_json(&ChatRequest {
+                messages: second.messages[1..].to_vec(),
+                ..second.clone()
+            })
+            .to_string()
+        );
+        // Another task, or a request that does not begin with the last one, is whole.
+        assert!(recorder
+            .plan_request(&second, &work("0.1"))
+            .extends
+            .is_none());
+        let edited = request(vec![message("user", json!("went"))]);
+        let plan = recorder.plan_request(&edited, &work("0"));
+        assert!(plan.extends.is_none());
+        assert_eq!(plan.added, edited.messages);
     }
 }

@@ -1,0 +1,135 @@
+//! Events on their way to the writer thread: encoded back to back, one
+//! JSON line each, into one buffer that the run's threads append to and the
+//! writer thread takes whole at each commit, storing it as one row (see
+//! `schema.rs`, version 4).
+//!
+//! A run reports hundreds of events per model loop and thousands per wide
+//! fanout. Sent one by one, each cost a few allocations that the writer
+//! thread then freed (which defeats the allocator's per-thread caches on
+//! both sides), a channel operation, and an SQLite row with two indexes.
+//! Appending here allocates nothing once the buffer has grown (the writer
+//! hands its drained buffer back) and wakes nobody: the writer looks at each
+//! window's end.
+
+use std::sync::{Mutex, PoisonError};
+
+use serde::{Deserialize, Serialize};
+
+/// One event's line: its coordinates, then the kind's own fields.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct EventLine<K, F> {
+    pub kind: K,
+    pub section: K,
+    pub task: K,
+    pub seq: u32,
+    pub fields: F,
+}
+
+/// The shared buffer: JSON lines, and how many.
+#[derive(Debug, Default)]
+pub(crate) struct EventBuffer {
+    state: Mutex<Taken>,
+}
+
+/// What [`EventBuffer::take`] hands over.
+#[derive(Debug, Default)]
+pub(crate) struct Taken {
+    pub lines: Vec<u8>,
+    pub count: u32,
+    /// Set when the writer will write no more: appending is then a no-op.
+    closed: bool,
+}
+
+impl Taken {
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The lines as text (they were written as JSON, so always UTF-8).
+    pub fn text(&self) -> &str {
+        std::str::from_utf8(&self.lines).unwrap_or("")
+    }
+}
+
+impl EventBuffer {
+    /// Append one event, encoding its fields in place.
+    pub fn push(&self, kind: &str, section: &str, task: &str, seq: u32, fields: &impl Serialize) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if state.closed || state.count == u32::MAX {
+            return;
+        }
+        let start = state.lines.len();
+        let line = EventLine {
+            kind,
+            section,
+            task,
+            seq,
+            fields,
+        };
+        if serde_json::to_writer(&mut state.lines, &line).is_err() {
+            // Fields that are not JSON (never from a `Map`): the event goes
+            // in without them rather than not at all.
+            state.lines.truncate(start);
+            let bare = EventLine {
+                kind,
+                section,
+                task,
+                seq,
+                fields: serde_json::Map::new(),
+            };
+            if serde_json::to_writer(&mut state.lines, &bare).is_err() {
+                state.lines.truncate(start);
+                return;
+            }
+        }
+        state.lines.push(b'\n');
+        state.count += 1;
+    }
+
+    /// Take everything appended so far into `into`, leaving `into`'s old
+    /// (emptied) buffer in its place so the next appends reuse its capacity.
+    pub fn take(&self, into: &mut Taken) {
+        into.lines.clear();
+        into.count = 0;
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        std::mem::swap(&mut state.lines, &mut into.lines);
+        std::mem::swap(&mut state.count, &mut into.count);
+    }
+
+    /// No more events will be written: drop what is queued and every later one.
+    pub fn close(&self) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.closed = true;
+        state.lines = Vec::new();
+        state.count = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn events_become_json_lines_and_the_spare_is_reused() {
+        let buffer = EventBuffer::default();
+        let fields = serde_json::json!({"path": "a.md", "n": 1});
+        buffer.push("store_write_succeeded", "Gather \"é\"", "0.1", 7, &fields);
+        buffer.push("lua", "", "0", 0, &serde_json::Map::new());
+        let mut taken = Taken::default();
+        buffer.take(&mut taken);
+        assert_eq!(taken.count, 2);
+        assert_eq!(
+            taken.text(),
+            "{\"kind\":\"store_write_succeeded\",\"section\":\"Gather \\\"é\\\"\",\"task\":\"0.1\",\"seq\":7,\"fields\":{\"path\":\"a.md\",\"n\":1}}\n\
+             {\"kind\":\"lua\",\"section\":\"\",\"task\":\"0\",\"seq\":0,\"fields\":{}}\n"
+        );
+        buffer.push("a", "b", "c", 1, &fields);
+        buffer.take(&mut taken);
+        assert_eq!(taken.count, 1);
+        buffer.close();
+        buffer.push("a", "b", "c", 2, &fields);
+        buffer.take(&mut taken);
+        assert!(taken.is_empty() && taken.lines.is_empty());
+    }
+}
