@@ -22,6 +22,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pf_engine::{Outcome, RunSetup};
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use pf_harness::CancellationToken;
 use pf_runlog::{RunStart, RunWriter};
 use promptforge::host::file::HostFile;

@@ -5,6 +5,9 @@ use std::process::ExitCode;
 use clap::Parser;
 use promptforge::cli::Cli;
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     // Read before parsing so a usage error can honour them too.
     let raw: Vec<std::ffi::OsString> = std::env::args_os().collect();
