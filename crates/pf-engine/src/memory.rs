@@ -27,8 +27,9 @@ pub(crate) const PARKED_SLACK: usize = 256 * 1024;
 /// worth of VMs at the default ceiling).
 pub const DEFAULT_RUN_MEMORY: usize = 512 * 1024 * 1024;
 
-/// Lua's own text for a refused allocation.
-const MEMORY_ERROR: &str = "not enough memory";
+/// Lua's own text for a refused allocation (also what the sandbox `pcall`
+/// recognises).
+pub(crate) const MEMORY_ERROR: &str = "not enough memory";
 
 /// The run-wide account.
 pub(crate) struct MemoryAccount {

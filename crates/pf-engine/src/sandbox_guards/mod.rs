@@ -34,8 +34,6 @@ use matcher::{no_specials, Capture, MatchError, Matcher};
 
 const GUARDS: &str = include_str!("../lua/guards.lua");
 
-/// Lua's preallocated memory error text (also what the sandbox `pcall` recognises).
-const MEMORY: &str = "not enough memory";
 /// What a C call interrupted by a cancel raises (the hook raises the same text).
 const INTERRUPTED: &str = "interrupted by Ctrl-C";
 
@@ -57,7 +55,7 @@ impl Raised {
         }
     }
     fn memory() -> Raised {
-        Raised(MEMORY.into(), 0)
+        Raised(crate::memory::MEMORY_ERROR.into(), 0)
     }
 }
 
