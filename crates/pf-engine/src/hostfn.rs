@@ -116,6 +116,11 @@ pub(crate) fn setup_done(lua: &Lua) {
     }
 }
 
+/// The closure made ahead for entry `id`, if there is one left.
+fn take_ahead(ahead: &RefCell<Vec<Option<Function>>>, id: usize) -> Option<Function> {
+    ahead.borrow_mut().get_mut(id).and_then(Option::take)
+}
+
 fn missing() -> mlua::Error {
     mlua::Error::runtime("internal invariant violated: host function table missing")
 }
@@ -128,12 +133,11 @@ pub(crate) fn register_async(lua: &Lua, entry: AsyncEntry) -> mlua::Result<Funct
         let mut entries = table.async_entries.borrow_mut();
         entries.push(entry);
         let id = entries.len() - 1;
-        let made = table
-            .async_ahead
-            .borrow_mut()
-            .get_mut(id)
-            .and_then(Option::take);
-        (table.wrap_async.clone(), id, made)
+        (
+            table.wrap_async.clone(),
+            id,
+            take_ahead(&table.async_ahead, id),
+        )
     };
     match made {
         Some(f) => Ok(f),
@@ -149,16 +153,11 @@ pub(crate) fn register_sync(lua: &Lua, entry: SyncEntry) -> mlua::Result<Functio
         let mut entries = table.sync_entries.borrow_mut();
         entries.push(entry);
         let id = entries.len() - 1;
-        let made = table
-            .sync_ahead
-            .borrow_mut()
-            .get_mut(id)
-            .and_then(Option::take);
         (
             table.dispatch_sync.clone(),
             table.wrap_host.clone(),
             id,
-            made,
+            take_ahead(&table.sync_ahead, id),
         )
     };
     match made {
