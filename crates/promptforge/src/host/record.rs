@@ -640,6 +640,20 @@ mod tests {
         plan.request_json.clone()
     }
 
+    /// A recorder of a trivial prompt whose sink has no writer.
+    fn unlogged_recorder() -> Recorder {
+        Recorder::new(
+            Arc::new(RunLogSink {
+                writer: Mutex::new(None),
+                usage: Mutex::new(TokenUsage::default()),
+                tail: Mutex::new(None),
+            }),
+            Arc::new(SectionTracker::default()),
+            &pf_syntax::parse(b"---\nname: t\ndescription: t\npromptforge: 0\n---\n\n# T\n")
+                .expect("prompt"),
+        )
+    }
+
     #[test]
     fn a_logged_body_is_the_text_of_the_json_shape() {
         let mut assistant = message("assistant", Json::Null);
@@ -657,16 +671,7 @@ mod tests {
             assistant,
             tool,
         ]);
-        let recorder = Recorder::new(
-            Arc::new(RunLogSink {
-                writer: Mutex::new(None),
-                usage: Mutex::new(TokenUsage::default()),
-                tail: Mutex::new(None),
-            }),
-            Arc::new(SectionTracker::default()),
-            &pf_syntax::parse(b"---\nname: t\ndescription: t\npromptforge: 0\n---\n\n# T\n")
-                .expect("prompt"),
-        );
+        let recorder = unlogged_recorder();
         let work = WorkId {
             task: "0".into(),
             seq: 3,
@@ -719,16 +724,7 @@ mod tests {
 
     #[test]
     fn a_request_that_continues_its_tasks_last_one_logs_what_it_adds() {
-        let recorder = Recorder::new(
-            Arc::new(RunLogSink {
-                writer: Mutex::new(None),
-                usage: Mutex::new(TokenUsage::default()),
-                tail: Mutex::new(None),
-            }),
-            Arc::new(SectionTracker::default()),
-            &pf_syntax::parse(b"---\nname: t\ndescription: t\npromptforge: 0\n---\n\n# T\n")
-                .expect("prompt"),
-        );
+        let recorder = unlogged_recorder();
         let work = |task: &str| WorkId {
             task: task.into(),
             seq: 1,
