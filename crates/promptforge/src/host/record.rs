@@ -15,8 +15,8 @@ use std::time::Instant;
 use async_trait::async_trait;
 use pf_harness::{
     ActivationContext, ActivePlugin, CancellationToken, ChatMessage, ChatRequest, ChatResponse,
-    InputBroker, LlamaTimings, ModelInfo, ModelProvider, OnText, Plugin, ProviderError, ToolCall,
-    ToolDecl, ToolFailure, ToolSpec, Usage, VllmMetrics, WorkId,
+    HistoryMark, InputBroker, LlamaTimings, ModelInfo, ModelProvider, OnText, Plugin,
+    ProviderError, ToolCall, ToolDecl, ToolFailure, ToolSpec, Usage, VllmMetrics, WorkId,
 };
 use pf_runlog::{
     ActivationRecord, AnswerRecord, ExchangeDraft, ExchangeHandle, RunEnd, RunWriter, TokenUsage,
@@ -157,10 +157,10 @@ pub struct Recorder {
     conversations: Mutex<HashMap<String, Conversation>>,
 }
 
-/// A task's last logged request: its whole message list and the exchange
-/// that holds it.
+/// A task's last logged request: a mark of its messages (no copy) and the
+/// exchange that holds it.
 struct Conversation {
-    messages: Vec<ChatMessage>,
+    messages: HistoryMark,
     exchange: ExchangeHandle,
 }
 
@@ -186,17 +186,17 @@ impl Recorder {
 
     /// The request as it will be logged: whole, or, when it begins with
     /// its task's last logged request, the messages it adds to that one.
-    /// It is encoded here, straight from the Harness types: a comparison
-    /// walks the history, but only the added messages are encoded or copied.
+    /// Telling is one mark comparison (the loop shares its history with
+    /// each round's request, see [`pf_harness::History`]); only the added
+    /// messages are encoded, straight from the Harness types.
     fn plan_request(&self, request: &ChatRequest, work: &WorkId) -> RequestPlan {
         let conversations = self
             .conversations
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let continued = conversations.get(&work.task).filter(|last| {
-            request.messages.len() >= last.messages.len()
-                && request.messages[..last.messages.len()] == last.messages[..]
-        });
+        let continued = conversations
+            .get(&work.task)
+            .filter(|last| request.messages.extends(last.messages));
         let (extends, added) = match continued {
             Some(last) => (
                 Some(last.exchange),
@@ -214,7 +214,7 @@ impl Recorder {
         RequestPlan {
             extends,
             request_json: json_text(&body),
-            added: added.to_vec(),
+            messages: request.messages.mark(),
         }
     }
 
@@ -226,19 +226,14 @@ impl Recorder {
             .conversations
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        let next = Conversation {
+            messages: plan.messages,
+            exchange,
+        };
         match (conversations.get_mut(task), plan.extends) {
-            (Some(last), Some(base)) if last.exchange == base => {
-                last.messages.extend(plan.added);
-                last.exchange = exchange;
-            }
+            (Some(last), Some(base)) if last.exchange == base => *last = next,
             (_, None) => {
-                conversations.insert(
-                    task.to_string(),
-                    Conversation {
-                        messages: plan.added,
-                        exchange,
-                    },
-                );
+                conversations.insert(task.to_string(), next);
             }
             _ => {}
         }
@@ -288,8 +283,8 @@ struct LoggedRequest<'a> {
 struct RequestPlan {
     extends: Option<ExchangeHandle>,
     request_json: String,
-    /// The messages the request adds (all of them when it extends none).
-    added: Vec<ChatMessage>,
+    /// The request's whole history, which the next round's may extend.
+    messages: HistoryMark,
 }
 
 /// A response as the recorder logs it: exactly the text of [`response_json`].
@@ -623,7 +618,7 @@ mod tests {
 
     fn request(messages: Vec<ChatMessage>) -> ChatRequest {
         ChatRequest {
-            messages,
+            messages: messages.into(),
             tools: Some(vec![ToolDecl {
                 name: "tick".into(),
                 description: "Count \"one\"\n".into(),
@@ -737,16 +732,33 @@ mod tests {
         second.messages.push(message("assistant", json!("ok")));
         let plan = recorder.plan_request(&second, &work("0"));
         assert_eq!(plan.extends, Some(handle));
-        assert_eq!(plan.added, second.messages[1..]);
         assert_eq!(
             plan.request_json,
             request_json(&ChatRequest {
-                messages: second.messages[1..].to_vec(),
+                messages: second.messages[1..].into(),
                 ..second.clone()
             })
             .to_string()
         );
-        // Another task, or a request that does not begin with the last one, is whole.
+        let handle = pf_runlog::ExchangeHandle::for_tests(1);
+        recorder.logged_request("0", plan, handle);
+        // The loop's next round: the last message given back equal, one added.
+        let mut third = second.clone();
+        third.messages.truncate(1);
+        third.messages.push(message("assistant", json!("ok")));
+        third.messages.push(message("user", json!("more")));
+        let plan = recorder.plan_request(&third, &work("0"));
+        assert_eq!(plan.extends, Some(handle));
+        assert_eq!(
+            plan.request_json,
+            request_json(&ChatRequest {
+                messages: third.messages[2..].into(),
+                ..third.clone()
+            })
+            .to_string()
+        );
+        // Another task, a request that does not begin with the last one, or
+        // one with equal messages built apart from it, is whole.
         assert!(recorder
             .plan_request(&second, &work("0.1"))
             .extends
@@ -754,6 +766,8 @@ mod tests {
         let edited = request(vec![message("user", json!("went"))]);
         let plan = recorder.plan_request(&edited, &work("0"));
         assert!(plan.extends.is_none());
-        assert_eq!(plan.added, edited.messages);
+        assert_eq!(plan.request_json, request_json(&edited).to_string());
+        let apart = request(second.messages.to_vec());
+        assert!(recorder.plan_request(&apart, &work("0")).extends.is_none());
     }
 }
