@@ -108,8 +108,11 @@ impl RunLogSink {
         *self.usage.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Record the end and wait (bounded) until everything is committed.
-    /// Only the first call writes; the writer reported any warning already.
+    /// Record the end; the writer's background thread commits it (and
+    /// whatever is still queued) off the run's path, so the run's end waits
+    /// for nothing. Only the first call writes. Before the process exits, or
+    /// before anyone is told the run is logged: [`RunLogSink::settle`] or
+    /// [`RunLogSink::committed`].
     pub fn finish(&self, outcome: pf_runlog::Outcome, duration_ms: u64) {
         let writer = self
             .writer
@@ -118,7 +121,7 @@ impl RunLogSink {
             .take();
         if let Some(writer) = writer {
             let usage = self.usage();
-            let (_, tail) = writer.finish_with_tail(RunEnd {
+            let tail = writer.finish_deferred(RunEnd {
                 outcome,
                 duration_ms,
                 usage,
@@ -127,15 +130,27 @@ impl RunLogSink {
         }
     }
 
-    /// Before the process exits, after the report: let the writer thread
-    /// finish tidying the database (bounded; everything is committed already).
-    pub fn settle(&self) {
-        let tail = self
+    /// Wait until the finished run is committed, bounded as a synchronous
+    /// finish was (a database that stays locked gives the writer's warning,
+    /// and the run goes on). `show last` in another process sees it then.
+    pub fn committed(&self) {
+        if let Some(tail) = self
             .tail
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(tail) = tail {
+            .as_mut()
+        {
+            tail.wait_committed();
+        }
+    }
+
+    /// Before the process exits, after the report: let the writer thread
+    /// commit the end and finish tidying the database (both bounded).
+    pub fn settle(&self) {
+        // Held while waiting, so a `committed` from another thread (a forced
+        // exit) waits for this wait rather than finding nothing to wait on.
+        let mut tail = self.tail.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(tail) = tail.take() {
             tail.wait(SETTLE_WAIT);
         }
     }
