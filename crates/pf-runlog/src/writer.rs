@@ -514,7 +514,7 @@ impl RunWriter {
         let shared = Arc::new(Shared {
             path,
             options,
-            events: EventBuffer::default(),
+            events: EventBuffer::reusing(),
             core: Mutex::new(Core {
                 rx,
                 conn: None,
@@ -525,7 +525,7 @@ impl RunWriter {
                 next_ord: 0,
                 exchange_rows: HashMap::new(),
                 batch: Vec::new(),
-                events: Taken::default(),
+                events: Taken::reusing(),
                 spare: Taken::default(),
                 end: None,
                 ended: false,
@@ -881,6 +881,11 @@ fn background_thread(shared: &Shared, committed: SyncSender<()>, done: SyncSende
     core.tidy_wal(shared);
     let keep = !core.disabled && shared.options.max_page_count.is_none();
     let conn = core.conn.take().filter(|_| keep);
+    if !core.has_work() {
+        crate::buffer::recycle_lines(std::mem::take(&mut core.events.lines));
+        crate::buffer::recycle_lines(std::mem::take(&mut core.spare.lines));
+        shared.events.recycle();
+    }
     drop(core);
     closed_on(&shared.path, conn);
     drop(done);

@@ -431,6 +431,16 @@ fn child(workload: &str) {
         "run log finish waits: {} µs in all",
         FINISH_MICROS.load(std::sync::atomic::Ordering::Relaxed)
     );
+    // The run's own thread's CPU time, without the log writer's (which has
+    // the other core on a quiet machine): `/proc/thread-self/schedstat`.
+    if let Ok(stat) = std::fs::read_to_string("/proc/thread-self/schedstat") {
+        let ns: u64 = stat
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        eprintln!("run thread cpu: {} µs in all", ns / 1000);
+    }
 }
 
 // ---------------------------------------------------------------------------
