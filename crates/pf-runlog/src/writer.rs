@@ -813,19 +813,25 @@ fn closing_on(path: &std::path::Path) {
 
 /// A closed writer's background thread ends, keeping `conn` for the next.
 fn closed_on(path: &std::path::Path, conn: Option<Connection>) {
+    if let Some(conn) = &conn {
+        let _ = conn.busy_timeout(WriterOptions::default().busy_timeout);
+    }
     let replaced = {
         let mut idle = idle_lock();
         if let Some(at) = idle.closing.iter().position(|p| p == path) {
             idle.closing.swap_remove(at);
         }
-        match conn {
-            Some(conn) => {
-                let _ = conn.busy_timeout(WriterOptions::default().busy_timeout);
-                idle.kept.replace((path.to_owned(), conn))
-            }
-            None => None,
-        }
+        conn.and_then(|conn| idle.kept.replace((path.to_owned(), conn)))
     };
+    IDLE_BACK.notify_all();
+    // Closing a replaced connection (another database's) outside the lock.
+    drop(replaced);
+}
+
+/// Keep `conn` for the next writer on `path`.
+fn keep_idle(path: &std::path::Path, conn: Connection) {
+    let _ = conn.busy_timeout(WriterOptions::default().busy_timeout);
+    let replaced = idle_lock().kept.replace((path.to_owned(), conn));
     IDLE_BACK.notify_all();
     // Closing a replaced connection (another database's) outside the lock.
     drop(replaced);
@@ -850,7 +856,8 @@ fn background_thread(shared: &Shared, committed: SyncSender<()>, done: SyncSende
                 core.opened = true;
                 core.conn = Some(conn);
             } else {
-                closed_on(&shared.path, Some(conn));
+                // The run opened one itself meanwhile (a flush): keep this for the next.
+                keep_idle(&shared.path, conn);
             }
         }
         core.ensure_open(shared);
