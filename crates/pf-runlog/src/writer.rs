@@ -56,7 +56,10 @@ impl Default for WriterOptions {
     fn default() -> Self {
         WriterOptions {
             batch_rows: 512,
-            batch_window: Duration::from_millis(2),
+            // Longer than a short run (a scripted 50-round loop takes ~5 ms):
+            // such a run commits once, at its end, instead of two or three
+            // times (each commit rewrites page 1 and every touched leaf).
+            batch_window: Duration::from_millis(16),
             batch_window_max: Duration::from_millis(32),
             busy_timeout: Duration::from_secs(5),
             busy_retries: BUSY_RETRIES,
@@ -538,9 +541,9 @@ impl RunWriter {
         let (committed_tx, committed_rx) = mpsc::sync_channel(1);
         let (done_tx, done_rx) = mpsc::sync_channel(1);
         let background = Arc::clone(&shared);
-        let spawned = thread::Builder::new()
-            .name("pf-runlog".into())
-            .spawn(move || background_thread(&background, committed_tx, done_tx));
+        let spawned = on_writer_thread(Box::new(move || {
+            background_thread(&background, committed_tx, done_tx);
+        }));
         let tail = WriterTail {
             shared: Some(Arc::clone(&shared)),
             committed: committed_rx,
@@ -548,7 +551,7 @@ impl RunWriter {
         };
         let writer = RunWriter {
             tx,
-            thread: spawned.as_ref().ok().map(|handle| handle.thread().clone()),
+            thread: spawned.as_ref().ok().cloned(),
             shared,
             next_exchange: AtomicU64::new(0),
             tail: Mutex::new(Some(tail)),
@@ -837,6 +840,74 @@ fn keep_idle(path: &std::path::Path, conn: Connection) {
     drop(replaced);
 }
 
+/// One run's background work, for a writer thread.
+type Job = Box<dyn FnOnce() + Send>;
+
+/// A writer thread between runs, and where its next run goes.
+struct IdleThread {
+    thread: thread::Thread,
+    jobs: SyncSender<Job>,
+}
+
+/// Writer threads waiting for a run: a process running many runs
+/// (`promptforge mcp`, `promptforge test`, the benches) spawns none per
+/// run, only one for each run going at the same time.
+static IDLE_THREADS: Mutex<Vec<IdleThread>> = Mutex::new(Vec::new());
+
+/// How long a writer thread waits for another run before it ends.
+const THREAD_IDLE: Duration = Duration::from_secs(30);
+
+fn idle_threads() -> MutexGuard<'static, Vec<IdleThread>> {
+    IDLE_THREADS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Run `job` on an idle writer thread, or on a new one; the thread it runs on.
+fn on_writer_thread(job: Job) -> std::io::Result<thread::Thread> {
+    let mut job = job;
+    while let Some(idle) = idle_threads().pop() {
+        // A thread taken from the list waits for its job (see `writer_thread`).
+        match idle.jobs.send(job) {
+            Ok(()) => return Ok(idle.thread),
+            Err(mpsc::SendError(back)) => job = back,
+        }
+    }
+    thread::Builder::new()
+        .name("pf-runlog".into())
+        .spawn(move || writer_thread(job))
+        .map(|handle| handle.thread().clone())
+}
+
+/// A writer thread: runs its job, then waits in [`IDLE_THREADS`] for the
+/// next, ending after [`THREAD_IDLE`] without one.
+fn writer_thread(first: Job) {
+    let (jobs, next) = mpsc::sync_channel::<Job>(1);
+    let me = thread::current();
+    let mut job = first;
+    loop {
+        job();
+        idle_threads().push(IdleThread {
+            thread: me.clone(),
+            jobs: jobs.clone(),
+        });
+        job = match next.recv_timeout(THREAD_IDLE) {
+            Ok(job) => job,
+            Err(_) => {
+                let mut idle = idle_threads();
+                if let Some(at) = idle.iter().position(|t| t.thread.id() == me.id()) {
+                    idle.swap_remove(at);
+                    return;
+                }
+                drop(idle);
+                // Taken from the list meanwhile: its job is on the way.
+                match next.recv() {
+                    Ok(job) => job,
+                    Err(_) => return,
+                }
+            }
+        };
+    }
+}
+
 /// The background thread: open the database, then commit what is queued
 /// each window until the writer is dropped; then commit the rest (and the
 /// end), close `committed`, tidy and end, closing `done`, which is what a
@@ -866,11 +937,17 @@ fn background_thread(shared: &Shared, committed: SyncSender<()>, done: SyncSende
     let longest = shared.options.batch_window_max.max(window);
     let mut wait = window;
     let mut core = loop {
-        let closing = shared.closing.load(Ordering::SeqCst);
-        if !closing {
-            // Senders never wake this thread: it looks each window; the end
-            // unparks it.
-            thread::park_timeout(wait);
+        // Senders never wake this thread: it looks each window; the end
+        // unparks it. The thread serves one run after another, so a wake
+        // meant for an earlier run may still be pending: only the end or
+        // the window's end stop the wait.
+        let due = Instant::now() + wait;
+        while !shared.closing.load(Ordering::SeqCst) {
+            let left = due.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            thread::park_timeout(left);
         }
         let closing = shared.closing.load(Ordering::SeqCst);
         let mut core = shared.core();
