@@ -542,7 +542,8 @@ impl RunWriter {
         let (done_tx, done_rx) = mpsc::sync_channel(1);
         let background = Arc::clone(&shared);
         let spawned = on_writer_thread(Box::new(move || {
-            background_thread(&background, committed_tx, done_tx);
+            background_thread(&background, committed_tx);
+            done_tx
         }));
         let tail = WriterTail {
             shared: Some(Arc::clone(&shared)),
@@ -840,8 +841,10 @@ fn keep_idle(path: &std::path::Path, conn: Connection) {
     drop(replaced);
 }
 
-/// One run's background work, for a writer thread.
-type Job = Box<dyn FnOnce() + Send>;
+/// One run's background work, for a writer thread. What it returns is
+/// dropped once the thread is back among the idle ones (what a
+/// [`WriterTail`] waits for), so a run that begins after that finds it.
+type Job = Box<dyn FnOnce() -> SyncSender<()> + Send>;
 
 /// A writer thread between runs, and where its next run goes.
 struct IdleThread {
@@ -884,11 +887,12 @@ fn writer_thread(first: Job) {
     let me = thread::current();
     let mut job = first;
     loop {
-        job();
+        let done = job();
         idle_threads().push(IdleThread {
             thread: me.clone(),
             jobs: jobs.clone(),
         });
+        drop(done);
         job = match next.recv_timeout(THREAD_IDLE) {
             Ok(job) => job,
             Err(_) => {
@@ -910,9 +914,9 @@ fn writer_thread(first: Job) {
 
 /// The background thread: open the database, then commit what is queued
 /// each window until the writer is dropped; then commit the rest (and the
-/// end), close `committed`, tidy and end, closing `done`, which is what a
-/// [`WriterTail`] waits for.
-fn background_thread(shared: &Shared, committed: SyncSender<()>, done: SyncSender<()>) {
+/// end), close `committed`, tidy and return (the writer thread then closes
+/// the run's `done`, which is what a [`WriterTail`] waits for).
+fn background_thread(shared: &Shared, committed: SyncSender<()>) {
     // Off the run's path: a writer just closed on this database may still
     // be committing; its connection saves opening one.
     let reused = if shared.options.max_page_count.is_none() {
@@ -972,7 +976,6 @@ fn background_thread(shared: &Shared, committed: SyncSender<()>, done: SyncSende
     }
     drop(core);
     closed_on(&shared.path, conn);
-    drop(done);
 }
 
 fn wall_ms() -> i64 {

@@ -1,0 +1,76 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! Writer threads are kept between runs: a process running one run after
+//! another (`promptforge mcp`, `promptforge test`) spawns one writer thread,
+//! not one per run, and every run is still logged whole. Its own test
+//! binary, so no other test's writers share the process.
+
+mod common;
+
+use common::{completed, event, exchange, patient, start};
+use pf_runlog::RunLog;
+use std::time::Duration;
+
+/// The process's threads named as the run log names its writer threads.
+#[cfg(target_os = "linux")]
+fn writer_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .filter(|name| name.trim() == "pf-runlog")
+        .count()
+}
+
+#[test]
+fn runs_one_after_another_share_one_writer_thread_and_runs_at_once_get_their_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.db");
+    let log = RunLog::open(&path).unwrap();
+    for run in 0..12u32 {
+        let writer = log.begin_with(start(&format!("run-thread-{run:02}")), patient());
+        for seq in 0..20 {
+            writer.event(event("0", seq, "lua"));
+        }
+        writer.exchange(exchange("0", 20));
+        let tail = writer.finish_deferred(completed(&format!("r{run}")));
+        assert_eq!(tail.wait(Duration::from_secs(120)), None);
+        // Each run's work is done before the next begins, so the thread
+        // that did it is idle and takes the next one.
+        #[cfg(target_os = "linux")]
+        assert_eq!(writer_threads(), 1, "after run {run}");
+    }
+    for run in 0..12u32 {
+        let id = log.resolve(&format!("run-thread-{run:02}")).unwrap();
+        let logged = log.run(id).unwrap().expect("run row");
+        assert_eq!(logged.end, Some(completed(&format!("r{run}"))));
+        assert_eq!(log.events(id).unwrap().len(), 20);
+        assert_eq!(log.exchanges(id).unwrap().len(), 1);
+    }
+    // (One test: tests run in parallel, and this one counts the process's
+    // threads.) Three writers open at once, then all finished: each had its own thread
+    // (an idle one or a new one), and the idle ones serve the next three.
+    for round in 0..3u32 {
+        let writers: Vec<_> = (0..3u32)
+            .map(|n| log.begin_with(start(&format!("run-at-once-{round}-{n}")), patient()))
+            .collect();
+        for writer in &writers {
+            writer.event(event("0", 0, "lua"));
+        }
+        let tails: Vec<_> = writers
+            .into_iter()
+            .map(|writer| writer.finish_deferred(completed("done")))
+            .collect();
+        for tail in tails {
+            assert_eq!(tail.wait(Duration::from_secs(120)), None);
+        }
+    }
+    for round in 0..3u32 {
+        for n in 0..3u32 {
+            let id = log.resolve(&format!("run-at-once-{round}-{n}")).unwrap();
+            assert_eq!(
+                log.run(id).unwrap().expect("row").end,
+                Some(completed("done"))
+            );
+            assert_eq!(log.events(id).unwrap().len(), 1);
+        }
+    }
+}
