@@ -198,8 +198,12 @@ impl ListReader {
             }
         };
         let known = self.records.len();
-        let (ok, len, first): (bool, Option<i64>, i64) =
-            read.call((list, MAX_DEPTH, snaps, known, trusted)).ok()?;
+        // Bounded by the list and reaching no prompt code: raw accesses,
+        // `==` never between two tables, no `__gc` (prompts cannot set one).
+        let (ok, len, first): (bool, Option<i64>, i64) = crate::vm::without_cancel_poll(lua, || {
+            read.call((list, MAX_DEPTH, snaps, known, trusted))
+        })
+        .ok()?;
         Some((
             ok,
             len.and_then(|n| usize::try_from(n).ok()),
