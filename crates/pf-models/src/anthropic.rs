@@ -76,10 +76,9 @@ impl WireFormat for AnthropicMessages {
         let thinking = thinking_enabled(info, request);
         if thinking {
             let budget = answer_tokens.max(MIN_THINKING_BUDGET);
-            body.insert("max_tokens",
-                json!(answer_tokens.saturating_add(budget)),
-            );
-            body.insert("thinking",
+            body.insert("max_tokens", json!(answer_tokens.saturating_add(budget)));
+            body.insert(
+                "thinking",
                 json!({"type": "enabled", "budget_tokens": budget}),
             );
         } else {

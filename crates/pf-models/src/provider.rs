@@ -27,9 +27,8 @@ use crate::wire::{self, RequestBody};
 
 /// A request body's bytes, as sent (and captured).
 fn encode(body: &RequestBody<'_>) -> Result<Vec<u8>, ProviderError> {
-    body.encode().map_err(|error| {
-        ProviderError::Failed(format!("cannot encode the model request: {error}"))
-    })
+    body.encode()
+        .map_err(|error| ProviderError::Failed(format!("cannot encode the model request: {error}")))
 }
 
 /// A reply with every form of the key taken out of the server's text: it goes
@@ -264,10 +263,7 @@ impl<W: WireFormat> HttpProvider<W> {
         Ok(headers)
     }
 
-    fn request_body<'a>(
-        &self,
-        request: &'a ChatRequest,
-    ) -> Result<RequestBody<'a>, ProviderError> {
+    fn request_body<'a>(&self, request: &'a ChatRequest) -> Result<RequestBody<'a>, ProviderError> {
         self.wire
             .request_body(&self.info, &self.config.model, request)
     }
@@ -280,7 +276,9 @@ impl<W: WireFormat> HttpProvider<W> {
     ) -> Result<ChatResponse, AttemptFailure> {
         let url = self.config.endpoint(W::PATH);
         let body = encode(&self.request_body(request)?)?;
-        let sent = request.capture.then(|| String::from_utf8_lossy(&body).into_owned());
+        let sent = request
+            .capture
+            .then(|| String::from_utf8_lossy(&body).into_owned());
         let reply = self
             .http
             .post_json(&url, self.headers(key)?, body, cancel)
@@ -311,7 +309,9 @@ impl<W: WireFormat> HttpProvider<W> {
         let mut body = self.request_body(request)?;
         self.wire.ask_for_stream(&mut body);
         let body = encode(&body)?;
-        let sent = request.capture.then(|| String::from_utf8_lossy(&body).into_owned());
+        let sent = request
+            .capture
+            .then(|| String::from_utf8_lossy(&body).into_owned());
         // Fragments are timed as they arrive, ahead of the key scrubber
         // (which may hold text back and join fragments).
         let mut clock = FragmentClock::new();
@@ -354,10 +354,9 @@ impl<W: WireFormat> HttpProvider<W> {
         let mut response = self.wire.finish_stream(reply);
         response.stream_timing = Some(clock.timing());
         // A streamed reply's captured body is its events' data, one per line.
-        response.capture = sent.zip(received).map(|(request, response)| WireCapture {
-            request,
-            response,
-        });
+        response.capture = sent
+            .zip(received)
+            .map(|(request, response)| WireCapture { request, response });
         Ok(response)
     }
 

@@ -381,7 +381,10 @@ fn child(workload: &str) {
         // The bare reqwest loop against the in-process server, for CPU
         // comparisons with `openai_loop` (`perf stat`).
         "bare_loop" => {
-            let url = format!("{}/chat/completions", instant_openai::instant_openai_server());
+            let url = format!(
+                "{}/chat/completions",
+                instant_openai::instant_openai_server()
+            );
             let repeat: usize = std::env::var("PF_PERF_REPEAT")
                 .ok()
                 .and_then(|r| r.parse().ok())

@@ -432,8 +432,16 @@ fn prompt_code_after_a_tool_loop_round_is_cancelled() {
     let frontmatter = "models:\n  writer: {}\n";
     let in_handler = "models.use('writer')\nlocal n = 0\ntools.add_local('spin', 'Spin', {}, function()\n  n = n + 1\n  if n == 3 then store.write('marker.txt', 'in') while true do end end\n  return 'ok'\nend)\nmodels.loop(messages.new():user('spin'))\nreturn 'finished'";
     let host = spin_host(hosts.path(), 5);
-    cancels_run(start(in_handler, frontmatter, Some(&host)), "a spinning tool handler", "INT");
+    cancels_run(
+        start(in_handler, frontmatter, Some(&host)),
+        "a spinning tool handler",
+        "INT",
+    );
     let after = "models.use('writer')\ntools.add_local('spin', 'Spin', {}, function() return 'ok' end)\nmodels.loop(messages.new():user('spin'))\nstore.write('marker.txt', 'in')\nwhile true do end";
     let host = spin_host(hosts.path(), 3);
-    cancels_run(start(after, frontmatter, Some(&host)), "a loop after models.loop", "TERM");
+    cancels_run(
+        start(after, frontmatter, Some(&host)),
+        "a loop after models.loop",
+        "TERM",
+    );
 }
