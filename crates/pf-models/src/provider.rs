@@ -4,6 +4,7 @@
 //! the bytes look like.
 
 use std::fmt::Debug;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,10 +26,15 @@ use crate::record::RecordFile;
 use crate::scrub::{KeyScrubber, StreamScrub};
 use crate::wire::{self, RequestBody};
 
-/// A request body's bytes, as sent (and captured).
-fn encode(body: &RequestBody<'_>) -> Result<Vec<u8>, ProviderError> {
-    body.encode()
-        .map_err(|error| ProviderError::Failed(format!("cannot encode the model request: {error}")))
+/// A request body's bytes, as sent (and captured). A conversation's bodies
+/// grow round by round, so the buffer starts at the last body's size.
+fn encode(body: &RequestBody<'_>, last_len: &AtomicUsize) -> Result<Vec<u8>, ProviderError> {
+    let capacity = last_len.load(Ordering::Relaxed).saturating_add(1024);
+    let bytes = body.encode_with_capacity(capacity).map_err(|error| {
+        ProviderError::Failed(format!("cannot encode the model request: {error}"))
+    })?;
+    last_len.store(bytes.len(), Ordering::Relaxed);
+    Ok(bytes)
 }
 
 /// A reply with every form of the key taken out of the server's text: it goes
@@ -181,6 +187,8 @@ pub struct HttpProvider<W> {
     wire: W,
     /// Where each attempt's request is appended, when the Host records.
     record: Option<Arc<RecordFile>>,
+    /// The length of the last request body, the next one's starting buffer.
+    last_body_len: AtomicUsize,
 }
 
 impl<W: WireFormat> HttpProvider<W> {
@@ -192,6 +200,7 @@ impl<W: WireFormat> HttpProvider<W> {
             http,
             wire: W::default(),
             record: None,
+            last_body_len: AtomicUsize::new(0),
         })
     }
 
@@ -275,7 +284,7 @@ impl<W: WireFormat> HttpProvider<W> {
         cancel: &CancellationToken,
     ) -> Result<ChatResponse, AttemptFailure> {
         let url = self.config.endpoint(W::PATH);
-        let body = encode(&self.request_body(request)?)?;
+        let body = encode(&self.request_body(request)?, &self.last_body_len)?;
         let sent = request
             .capture
             .then(|| String::from_utf8_lossy(&body).into_owned());
@@ -308,7 +317,7 @@ impl<W: WireFormat> HttpProvider<W> {
         let url = self.config.endpoint(W::PATH);
         let mut body = self.request_body(request)?;
         self.wire.ask_for_stream(&mut body);
-        let body = encode(&body)?;
+        let body = encode(&body, &self.last_body_len)?;
         let sent = request
             .capture
             .then(|| String::from_utf8_lossy(&body).into_owned());

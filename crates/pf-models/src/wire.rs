@@ -51,6 +51,13 @@ impl<'a> RequestBody<'a> {
     pub fn encode(&self) -> Result<Vec<u8>, serde_json::Error> {
         serde_json::to_vec(self)
     }
+
+    /// The encoded body, written into a buffer of `capacity` bytes to start with.
+    pub fn encode_with_capacity(&self, capacity: usize) -> Result<Vec<u8>, serde_json::Error> {
+        let mut bytes = Vec::with_capacity(capacity);
+        serde_json::to_writer(&mut bytes, self)?;
+        Ok(bytes)
+    }
 }
 
 impl From<Json> for BodyField<'_> {
@@ -456,6 +463,7 @@ mod tests {
                         wire.ask_for_stream(&mut body);
                     }
                     let bytes = String::from_utf8(body.encode().unwrap()).unwrap();
+                    assert_eq!(body.encode_with_capacity(7).unwrap(), bytes.as_bytes());
                     assert_eq!(bytes, openai_tree(&info, &request, stream));
                     assert_eq!(body.to_json().to_string(), bytes);
                 }
