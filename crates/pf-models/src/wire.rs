@@ -343,8 +343,6 @@ mod tests {
     }
 
     /// Requests covering every field the body carries, and text that needs escaping.
-    // `.into()`: the request's message list may become a shared type.
-    #[allow(clippy::useless_conversion)]
     fn varied_requests() -> Vec<ChatRequest> {
         let odd = "é ü 日本 🦀 \"q\" \\ \n\t\r \u{1} \u{1f} \u{7f} \u{2028} \u{2029} </script>";
         let mut calling = message("assistant", Json::Null);
