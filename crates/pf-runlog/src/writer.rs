@@ -302,7 +302,7 @@ impl Core {
         self.opened = true;
         let options = &shared.options;
         if options.max_page_count.is_none() {
-            if let Some(conn) = idle_connection(&shared.path, None) {
+            if let Some(conn) = idle_connection(shared, None) {
                 self.conn = Some(conn);
                 return;
             }
@@ -745,7 +745,7 @@ impl Drop for RunWriter {
     fn drop(&mut self) {
         // Finished or not, the background thread commits what is left, tidies and ends.
         if self.thread.is_some() {
-            closing_on(&self.shared.path);
+            closing_on(&self.shared);
         }
         self.shared.closing.store(true, Ordering::SeqCst);
         self.wake();
@@ -784,24 +784,37 @@ const IDLE_WAIT: Duration = Duration::from_secs(1);
 
 struct Idle {
     kept: Option<(PathBuf, Connection)>,
-    /// One entry per closed writer whose background thread has not ended.
-    closing: Vec<PathBuf>,
+    /// One entry per closed writer whose background thread has not ended:
+    /// its database and which writer it is.
+    closing: Vec<(PathBuf, WriterId)>,
 }
 
 fn idle_lock() -> MutexGuard<'static, Idle> {
     IDLE.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The kept connection for `path`, if there is one; with `until`, waiting
-/// until then while a closed writer on `path` may still hand one back.
-fn idle_connection(path: &std::path::Path, until: Option<Instant>) -> Option<Connection> {
+/// A writer, by the address of what it shares with its background thread.
+type WriterId = usize;
+
+fn writer_id(shared: &Shared) -> WriterId {
+    std::ptr::from_ref(shared) as usize
+}
+
+/// The kept connection for `shared`'s database, if there is one; with
+/// `until`, waiting until then while another closed writer there may still
+/// hand one back (never for `shared`'s own writer: a run that ends before
+/// its background thread starts is closed already).
+fn idle_connection(shared: &Shared, until: Option<Instant>) -> Option<Connection> {
+    let path = shared.path.as_path();
+    let me = writer_id(shared);
     let mut idle = idle_lock();
     loop {
         if idle.kept.as_ref().is_some_and(|(kept, _)| kept == path) {
             return idle.kept.take().map(|(_, conn)| conn);
         }
         let left = until?.saturating_duration_since(Instant::now());
-        if left.is_zero() || !idle.closing.iter().any(|p| p == path) {
+        let others = idle.closing.iter().any(|(p, id)| p == path && *id != me);
+        if left.is_zero() || !others {
             return None;
         }
         idle = IDLE_BACK
@@ -811,18 +824,22 @@ fn idle_connection(path: &std::path::Path, until: Option<Instant>) -> Option<Con
     }
 }
 
-fn closing_on(path: &std::path::Path) {
-    idle_lock().closing.push(path.to_owned());
+fn closing_on(shared: &Shared) {
+    idle_lock()
+        .closing
+        .push((shared.path.clone(), writer_id(shared)));
 }
 
 /// A closed writer's background thread ends, keeping `conn` for the next.
-fn closed_on(path: &std::path::Path, conn: Option<Connection>) {
+fn closed_on(shared: &Shared, conn: Option<Connection>) {
+    let path = shared.path.as_path();
+    let me = writer_id(shared);
     if let Some(conn) = &conn {
         let _ = conn.busy_timeout(WriterOptions::default().busy_timeout);
     }
     let replaced = {
         let mut idle = idle_lock();
-        if let Some(at) = idle.closing.iter().position(|p| p == path) {
+        if let Some(at) = idle.closing.iter().position(|(_, id)| *id == me) {
             idle.closing.swap_remove(at);
         }
         conn.and_then(|conn| idle.kept.replace((path.to_owned(), conn)))
@@ -920,7 +937,7 @@ fn background_thread(shared: &Shared, committed: SyncSender<()>) {
     // Off the run's path: a writer just closed on this database may still
     // be committing; its connection saves opening one.
     let reused = if shared.options.max_page_count.is_none() {
-        idle_connection(&shared.path, Some(Instant::now() + IDLE_WAIT))
+        idle_connection(shared, Some(Instant::now() + IDLE_WAIT))
     } else {
         None
     };
@@ -975,7 +992,7 @@ fn background_thread(shared: &Shared, committed: SyncSender<()>) {
         shared.events.recycle();
     }
     drop(core);
-    closed_on(&shared.path, conn);
+    closed_on(shared, conn);
 }
 
 fn wall_ms() -> i64 {
