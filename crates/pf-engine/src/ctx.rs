@@ -675,6 +675,7 @@ impl SectionCtx {
         if self.is_h1 {
             // From the H1 pass, `argv` is an ordinary global: hand on what it holds now.
             let current: Value = lua.globals().raw_get("argv")?;
+            crate::vm::fill_if_table(lua, &current)?;
             return match crate::json::lua_to_json(&current, "argv") {
                 Ok(Json::Null) => Ok(None),
                 Ok(j) => Ok(Some(j)),

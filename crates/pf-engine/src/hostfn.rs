@@ -13,7 +13,7 @@
 //! will need are made in one Lua call (`wrap_hosts_ahead`), sized by what the
 //! previous VM's setup registered: one call each was a tenth of the setup.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use futures::future::LocalBoxFuture;
@@ -37,7 +37,12 @@ struct HostFns {
     /// The closure for sync entry `i` at `i` (taken when it registers).
     sync_ahead: RefCell<Vec<Option<Function>>>,
     async_ahead: RefCell<Vec<Option<Function>>>,
+    /// Builds the globals still pending (vm.rs `LAZY_GLOBALS`) while some may be.
+    fill_pending: Cell<Option<FillGlobals>>,
 }
+
+/// What builds a VM's pending globals (vm.rs).
+pub(crate) type FillGlobals = fn(&Lua) -> mlua::Result<()>;
 
 thread_local! {
     /// How many sync and async host functions the last section VM built on this
@@ -91,6 +96,7 @@ fn ensure_table(lua: &Lua) -> mlua::Result<()> {
             sync_entries: RefCell::new(Vec::new()),
             sync_ahead: RefCell::new(sync_ahead),
             async_ahead: RefCell::new(async_ahead),
+            fill_pending: Cell::new(None),
         };
         lua.set_app_data(table);
     }
@@ -114,6 +120,33 @@ pub(crate) fn setup_done(lua: &Lua) {
         table.sync_ahead.borrow_mut().clear();
         table.async_ahead.borrow_mut().clear();
     }
+}
+
+/// While `fill` is set, a host call given a table or a function runs it first:
+/// whatever the host reads, walks or calls back is reached from its arguments.
+pub(crate) fn set_fill_pending(lua: &Lua, fill: Option<FillGlobals>) {
+    if let Some(table) = lua.app_data_ref::<HostFns>() {
+        table.fill_pending.set(fill);
+    }
+}
+
+/// The filler, while globals may still be pending.
+pub(crate) fn fill_pending(lua: &Lua) -> Option<FillGlobals> {
+    lua.app_data_ref::<HostFns>()
+        .and_then(|table| table.fill_pending.get())
+}
+
+/// Build the pending globals first when the host is handed a table or a function.
+fn fill_before(lua: &Lua, args: &MultiValue) -> mlua::Result<()> {
+    if let Some(fill) = fill_pending(lua) {
+        if args
+            .iter()
+            .any(|v| matches!(v, Value::Table(_) | Value::Function(_)))
+        {
+            fill(lua)?;
+        }
+    }
+    Ok(())
 }
 
 /// The closure made ahead for entry `id`, if there is one left.
@@ -180,6 +213,7 @@ fn unknown() -> mlua::Error {
 fn make_sync_dispatcher(lua: &Lua) -> mlua::Result<Function> {
     lua.create_function(|lua, args: MultiValue| {
         let mut args = args;
+        fill_before(lua, &args)?;
         // Cloned out, so the entry may register or call host functions itself.
         let entry = entry_id(&mut args).and_then(|id| {
             lua.app_data_ref::<HostFns>()
@@ -213,15 +247,21 @@ fn dispatcher_beside_prompt_globals(lua: &Lua) -> mlua::Result<Function> {
 fn make_async_dispatcher(lua: &Lua) -> mlua::Result<Function> {
     lua.create_async_function(|lua, args: MultiValue| {
         let mut args = args;
+        let filled = fill_before(&lua, &args);
         let entry = entry_id(&mut args).and_then(|id| {
             lua.app_data_ref::<HostFns>()
                 .and_then(|table| table.async_entries.borrow().get(id).cloned())
         });
-        let future = entry.map(|entry| entry(lua.clone(), args));
+        let future = match filled {
+            Ok(()) => entry
+                .map(|entry| entry(lua.clone(), args))
+                .ok_or_else(unknown),
+            Err(e) => Err(e),
+        };
         async move {
             match future {
-                Some(future) => future.await,
-                None => Err(unknown()),
+                Ok(future) => future.await,
+                Err(e) => Err(e),
             }
         }
     })

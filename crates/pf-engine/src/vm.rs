@@ -85,11 +85,23 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     }
     // 2. host functions
     g.raw_set("log", make_log(&lua)?)?;
-    g.raw_set("store", crate::storeapi::make_store(&lua)?)?;
-    g.raw_set("tools", crate::tools::make_tools(&lua)?)?;
-    g.raw_set("models", crate::models::make_models(&lua)?)?;
-    g.raw_set("messages", crate::models::make_messages(&lua)?)?;
-    g.raw_set("compactors", crate::models::make_compactors(&lua)?)?;
+    // The namespaces are built on first touch (`LAZY_GLOBALS`).
+    let pending = lua.create_table_with_capacity(0, LAZY_GLOBALS.len())?;
+    for name in LAZY_GLOBALS {
+        pending.raw_set(*name, true)?;
+    }
+    h.raw_set("lazy_globals", pending)?;
+    h.raw_set(
+        "build_global",
+        host_fn(&lua, |lua, args| {
+            let name = string_arg(&args, 0, "name")?;
+            Ok(build_lazy_global(lua, &name)?)
+        })?,
+    )?;
+    h.raw_set(
+        "fill_globals",
+        host_fn(&lua, |lua, _| Ok(fill_lazy_globals(lua)?))?,
+    )?;
     g.raw_set(
         "untrusted",
         host_fn(&lua, |lua, args| {
@@ -129,8 +141,6 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     // 6. suspending calls
     g.raw_set("call", crate::flow::make_call(&lua)?)?;
     g.raw_set("fanout", crate::fanout::make_fanout(&lua)?)?;
-    g.raw_set("input", make_input(&lua)?)?;
-    g.raw_set("tasks", crate::tasks::make_tasks(&lua)?)?;
     // prose
     h.raw_set(
         "prose_read",
@@ -146,6 +156,7 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
         Rc::new(move || cancel.is_cancelled() || abort.is_cancelled()),
     )?;
     crate::hostfn::setup_done(&lua);
+    crate::hostfn::set_fill_pending(&lua, Some(fill_lazy_globals));
     // The cancel poll and the memory limit go on last, before any prompt code:
     // with a count hook Lua traces every instruction, and under a memory limit
     // mlua protects every table write and string it makes, which was a fifth
@@ -174,6 +185,83 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     Ok(lua)
 }
 
+/// The globals built on first touch, in the order a fill builds them: namespace
+/// tables most section entries never use (a pure-Lua fanout arm builds none,
+/// and they were a quarter of its entry). A pending name is absent from `_G`
+/// until `_G`'s engine metatable (env.lua) builds it on a read, or drops it on
+/// a write; whatever else could see `_G`'s key set builds every pending one
+/// first: the ordered `pairs`/`next` over `_G` (prelude `ordered_keys`), a host
+/// call given a table or a function (hostfn.rs dispatchers: whatever Rust
+/// reads, walks or calls back is reached from its arguments), and the Rust
+/// reads of `argv` and prose substitution (`fill_if_table`). Only `_G`'s raw
+/// hash layout differs, which nothing a prompt holds walks in a set order
+/// (and which the per-state random string-hash seed varies anyway). The build
+/// runs with the memory limit lifted, so a first touch never fails for
+/// memory: the VM is smaller until then, as if it were built smaller.
+const LAZY_GLOBALS: &[&str] = &[
+    "compactors",
+    "input",
+    "messages",
+    "models",
+    "store",
+    "tasks",
+    "tools",
+];
+
+fn make_lazy_global(lua: &Lua, name: &str) -> mlua::Result<Table> {
+    match name {
+        "compactors" => crate::models::make_compactors(lua),
+        "input" => make_input(lua),
+        "messages" => crate::models::make_messages(lua),
+        "models" => crate::models::make_models(lua),
+        "store" => crate::storeapi::make_store(lua),
+        "tasks" => crate::tasks::make_tasks(lua),
+        "tools" => crate::tools::make_tools(lua),
+        _ => Err(mlua::Error::runtime(
+            "internal invariant violated: unknown lazy global",
+        )),
+    }
+}
+
+/// Build the pending global `name` into `_G` (its suspending functions
+/// guarded as env.lua guards them) and return it; a name no longer pending
+/// gives what `_G` holds.
+fn build_lazy_global(lua: &Lua, name: &str) -> mlua::Result<Value> {
+    let h = crate::ctx::helpers(lua)?;
+    let pending: Table = h.raw_get("lazy_globals")?;
+    if !pending.raw_get::<bool>(name)? {
+        return lua.globals().raw_get(name);
+    }
+    pending.raw_set(name, Value::Nil)?;
+    // mlua reads a limit of 0 as "no limit".
+    let limit = lua.set_memory_limit(0)?;
+    let built = make_lazy_global(lua, name).and_then(|t| {
+        let guard: mlua::Function = h.raw_get("guard_global")?;
+        guard.call::<()>((name, t.clone()))?;
+        lua.globals().raw_set(name, t.clone())?;
+        Ok(t)
+    });
+    lua.set_memory_limit(limit)?;
+    built.map(Value::Table)
+}
+
+/// Build every global still pending (before anything walks `_G`).
+pub(crate) fn fill_lazy_globals(lua: &Lua) -> mlua::Result<()> {
+    crate::hostfn::set_fill_pending(lua, None);
+    for name in LAZY_GLOBALS {
+        build_lazy_global(lua, name)?;
+    }
+    Ok(())
+}
+
+/// `fill_lazy_globals` when `value` is a table Rust is about to walk.
+pub(crate) fn fill_if_table(lua: &Lua, value: &Value) -> mlua::Result<()> {
+    if matches!(value, Value::Table(_)) && crate::hostfn::fill_pending(lua).is_some() {
+        fill_lazy_globals(lua)?;
+    }
+    Ok(())
+}
+
 /// `lua` as a handle whose drop closes the state without a full collection first.
 fn without_collect_on_drop(lua: Lua) -> Lua {
     let kept = lua.clone();
@@ -185,8 +273,14 @@ fn without_collect_on_drop(lua: Lua) -> Lua {
 pub(crate) fn install_name_globals(lua: &Lua) -> mlua::Result<()> {
     let sec = section(lua)?;
     let g = lua.globals();
+    if sec.run.fixed.roles.is_empty() && sec.run.fixed.bound.is_empty() {
+        return Ok(());
+    }
+    // A name installed here is no longer pending: its raw value wins.
+    let pending: Table = crate::ctx::helpers(lua)?.raw_get("lazy_globals")?;
     for label in sec.run.fixed.roles.iter().map(|r| r.label.clone()) {
         if sec.run.fixed.model.is_some() {
+            pending.raw_set(label.as_str(), Value::Nil)?;
             g.raw_set(
                 label.as_str(),
                 crate::models::make_handle(lua, &label, None)?,
@@ -194,6 +288,7 @@ pub(crate) fn install_name_globals(lua: &Lua) -> mlua::Result<()> {
         }
     }
     for b in &sec.run.fixed.bound {
+        pending.raw_set(b.alias.as_str(), Value::Nil)?;
         g.raw_set(
             b.alias.as_str(),
             crate::tools::make_tool_object(lua, &b.alias)?,

@@ -6,7 +6,7 @@
 -- `__metatable`, an error's place and traceback) the engine gives from Rust, in
 -- `H.metafield` and `H.error_place` (sandbox_guards/introspect.rs).
 local H = ...
-local rawget, rawset, rawequal, rawlen, next = rawget, rawset, rawequal, rawlen, next
+local rawget, rawset, rawequal, rawlen, next = rawget, rawset, rawequal, rawlen, next; local GLOBALS = _G
 local type, error, select, tostring, pcall, xpcall = type, error, select, tostring, pcall, xpcall
 local setmetatable, getmetatable = setmetatable, getmetatable
 local rust_metafield, error_place = H.metafield, H.error_place
@@ -103,7 +103,7 @@ local function key_less(a, b)
   if ca == 2 or ca == 3 then return a < b end
   return false
 end
-local function ordered_keys(t)
+local function ordered_keys(t) local lazy = rawequal(t, GLOBALS) and H.lazy_globals if lazy and next(lazy) ~= nil then H.fill_globals() end
   local n = rawlen(t)
   local keys, others = {}, {}
   for i = 1, n do
