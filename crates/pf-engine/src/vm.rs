@@ -75,7 +75,6 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
         let freeze: mlua::Function = h.get("freeze_argv")?;
         freeze.call::<()>(argv)?;
     }
-    g.raw_set("sys", make_sys(&lua)?)?;
     let var_root = crate::var::make_proxy(&lua, Vec::new())?;
     lua.set_named_registry_value("pf.var_root", var_root.clone())?;
     g.raw_set("var", var_root)?;
@@ -83,9 +82,7 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     if let Some(item) = sec.arm_item() {
         g.raw_set("item", json_to_lua(&lua, item)?)?;
     }
-    // 2. host functions
-    g.raw_set("log", make_log(&lua)?)?;
-    // The namespaces are built on first touch (`LAZY_GLOBALS`).
+    // 2. host functions, built on first touch (`LAZY_GLOBALS`)
     let pending = lua.create_table_with_capacity(0, LAZY_GLOBALS.len())?;
     for name in LAZY_GLOBALS {
         pending.raw_set(*name, true)?;
@@ -102,29 +99,6 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
         "fill_globals",
         host_fn(&lua, |lua, _| Ok(fill_lazy_globals(lua)?))?,
     )?;
-    g.raw_set(
-        "untrusted",
-        host_fn(&lua, |lua, args| {
-            let sec = section(lua)?;
-            let text = match arg(&args, 0) {
-                Value::String(s) => s.to_string_lossy(),
-                Value::Integer(i) => i.to_string(),
-                // Lua's own number-to-text conversion, so 3.0 reads `3.0`.
-                Value::Number(n) => match lua.coerce_string(Value::Number(n)) {
-                    Ok(Some(s)) => s.to_string_lossy(),
-                    _ => float_text(n),
-                },
-                other => {
-                    return Err(HostError::lua(format!(
-                        "untrusted expects a string, got {}",
-                        lua_type_name(&other)
-                    ))
-                    .into())
-                }
-            };
-            Ok(envelope(&text, &sec.run.fixed.nonce))
-        })?,
-    )?;
     // 3. ui
     if let Some(snapshot) = sec.run.fixed.ui.clone() {
         g.raw_set(
@@ -132,15 +106,6 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
             lua.create_function(move |lua, ()| json_to_lua(lua, &snapshot))?,
         )?;
     }
-    // 5. jump and list_from_section
-    g.raw_set("jump", crate::flow::make_jump(&lua)?)?;
-    g.raw_set(
-        "list_from_section",
-        crate::flow::make_list_from_section(&lua)?,
-    )?;
-    // 6. suspending calls
-    g.raw_set("call", crate::flow::make_call(&lua)?)?;
-    g.raw_set("fanout", crate::fanout::make_fanout(&lua)?)?;
     // prose
     h.raw_set(
         "prose_read",
@@ -185,9 +150,9 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     Ok(lua)
 }
 
-/// The globals built on first touch, in the order a fill builds them: namespace
-/// tables most section entries never use (a pure-Lua fanout arm builds none,
-/// and they were a quarter of its entry). A pending name is absent from `_G`
+/// The globals built on first touch, in the order a fill builds them: the host
+/// namespaces and functions, which most section entries use few of (a
+/// pure-Lua fanout arm none; building them was a quarter of its entry). A pending name is absent from `_G`
 /// until `_G`'s engine metatable (env.lua) builds it on a read, or drops it on
 /// a write; whatever else could see `_G`'s key set builds every pending one
 /// first: the ordered `pairs`/`next` over `_G` (prelude `ordered_keys`), a host
@@ -195,32 +160,74 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
 /// reads, walks or calls back is reached from its arguments), and the Rust
 /// reads of `argv` and prose substitution (`fill_if_table`). Only `_G`'s raw
 /// hash layout differs, which nothing a prompt holds walks in a set order
-/// (and which the per-state random string-hash seed varies anyway). The build
-/// runs with the memory limit lifted, so a first touch never fails for
-/// memory: the VM is smaller until then, as if it were built smaller.
+/// (and which the per-state random string-hash seed varies anyway). A build
+/// is the engine's own bounded work, as the setup is, and runs with the
+/// memory limit lifted, so a first touch cannot fail where the eager build
+/// would not have: the VM is only smaller until then. A build that leaves
+/// the VM past its limit makes its next allocation fail with Lua's memory
+/// error, as `MemoryAccount::enter` refuses such a VM.
 const LAZY_GLOBALS: &[&str] = &[
+    "call",
     "compactors",
+    "fanout",
     "input",
+    "jump",
+    "list_from_section",
+    "log",
     "messages",
     "models",
     "store",
+    "sys",
     "tasks",
     "tools",
+    "untrusted",
 ];
 
-fn make_lazy_global(lua: &Lua, name: &str) -> mlua::Result<Table> {
-    match name {
-        "compactors" => crate::models::make_compactors(lua),
-        "input" => make_input(lua),
-        "messages" => crate::models::make_messages(lua),
-        "models" => crate::models::make_models(lua),
-        "store" => crate::storeapi::make_store(lua),
-        "tasks" => crate::tasks::make_tasks(lua),
-        "tools" => crate::tools::make_tools(lua),
-        _ => Err(mlua::Error::runtime(
-            "internal invariant violated: unknown lazy global",
-        )),
-    }
+fn make_lazy_global(lua: &Lua, name: &str) -> mlua::Result<Value> {
+    Ok(match name {
+        "call" => Value::Function(crate::flow::make_call(lua)?),
+        "compactors" => Value::Table(crate::models::make_compactors(lua)?),
+        "fanout" => Value::Function(crate::fanout::make_fanout(lua)?),
+        "input" => Value::Table(make_input(lua)?),
+        "jump" => Value::Function(crate::flow::make_jump(lua)?),
+        "list_from_section" => Value::Function(crate::flow::make_list_from_section(lua)?),
+        "log" => Value::Function(make_log(lua)?),
+        "messages" => Value::Table(crate::models::make_messages(lua)?),
+        "models" => Value::Table(crate::models::make_models(lua)?),
+        "store" => Value::Table(crate::storeapi::make_store(lua)?),
+        "sys" => Value::Table(make_sys(lua)?),
+        "tasks" => Value::Table(crate::tasks::make_tasks(lua)?),
+        "tools" => Value::Table(crate::tools::make_tools(lua)?),
+        "untrusted" => Value::Function(make_untrusted(lua)?),
+        _ => {
+            return Err(mlua::Error::runtime(
+                "internal invariant violated: unknown lazy global",
+            ))
+        }
+    })
+}
+
+fn make_untrusted(lua: &Lua) -> mlua::Result<mlua::Function> {
+    host_fn(lua, |lua, args| {
+        let sec = section(lua)?;
+        let text = match arg(&args, 0) {
+            Value::String(s) => s.to_string_lossy(),
+            Value::Integer(i) => i.to_string(),
+            // Lua's own number-to-text conversion, so 3.0 reads `3.0`.
+            Value::Number(n) => match lua.coerce_string(Value::Number(n)) {
+                Ok(Some(s)) => s.to_string_lossy(),
+                _ => float_text(n),
+            },
+            other => {
+                return Err(HostError::lua(format!(
+                    "untrusted expects a string, got {}",
+                    lua_type_name(&other)
+                ))
+                .into())
+            }
+        };
+        Ok(envelope(&text, &sec.run.fixed.nonce))
+    })
 }
 
 /// Build the pending global `name` into `_G` (its suspending functions
@@ -235,14 +242,14 @@ fn build_lazy_global(lua: &Lua, name: &str) -> mlua::Result<Value> {
     pending.raw_set(name, Value::Nil)?;
     // mlua reads a limit of 0 as "no limit".
     let limit = lua.set_memory_limit(0)?;
-    let built = make_lazy_global(lua, name).and_then(|t| {
+    let built = make_lazy_global(lua, name).and_then(|made| {
         let guard: mlua::Function = h.raw_get("guard_global")?;
-        guard.call::<()>((name, t.clone()))?;
-        lua.globals().raw_set(name, t.clone())?;
-        Ok(t)
+        let guarded: Value = guard.call((name, made))?;
+        lua.globals().raw_set(name, guarded.clone())?;
+        Ok(guarded)
     });
     lua.set_memory_limit(limit)?;
-    built.map(Value::Table)
+    built
 }
 
 /// Build every global still pending (before anything walks `_G`).

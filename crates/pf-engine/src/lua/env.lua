@@ -116,18 +116,22 @@ guard_all(rawget(G, 'tasks'), true)
 guard_all(rawget(G, 'store'), false)
 
 -- A global built on first touch (vm.rs `LAZY_GLOBALS`) is guarded as above
--- (with nothing at `rawget(G, name)` yet, those lines guarded nothing).
-function H.guard_global(name, t)
+-- (with nothing at `rawget(G, name)` yet, those lines guarded nothing);
+-- returns what `_G` gets.
+function H.guard_global(name, v)
   if name == 'models' then
-    guard(t, 'infer', true)
-    guard(t, 'loop', true)
+    guard(v, 'infer', true)
+    guard(v, 'loop', true)
   elseif name == 'tools' then
-    guard(t, 'call', true)
+    guard(v, 'call', true)
   elseif name == 'input' then
-    guard(t, 'ask', true)
+    guard(v, 'ask', true)
   elseif name == 'tasks' then
-    guard_all(t, true)
+    guard_all(v, true)
   elseif name == 'store' then
-    guard_all(t, false)
+    guard_all(v, false)
+  elseif (name == 'call' or name == 'fanout') and type(v) == 'function' then
+    return suspending(v, true)
   end
+  return v
 end
