@@ -1028,12 +1028,31 @@ where
     R: IntoLuaMulti,
     F: Fn(&Lua, MultiValue) -> HostResult<R> + 'static,
 {
+    register_host_fn(lua, f, false)
+}
+
+/// `host_fn` for a metamethod of one of the engine's proxy tables (`sys`,
+/// `var`): its first argument is the proxy itself, which the host never
+/// walks, so it alone does not build the pending globals (hostfn.rs).
+pub(crate) fn host_method<R, F>(lua: &Lua, f: F) -> mlua::Result<Function>
+where
+    R: IntoLuaMulti,
+    F: Fn(&Lua, MultiValue) -> HostResult<R> + 'static,
+{
+    register_host_fn(lua, f, true)
+}
+
+fn register_host_fn<R, F>(lua: &Lua, f: F, on_proxy: bool) -> mlua::Result<Function>
+where
+    R: IntoLuaMulti,
+    F: Fn(&Lua, MultiValue) -> HostResult<R> + 'static,
+{
     let entry: crate::hostfn::SyncEntry =
         Rc::new(move |lua: &Lua, args: MultiValue| match f(lua, args) {
             Ok(r) => ok_values(lua, r),
             Err(e) => raise_values(lua, e),
         });
-    crate::hostfn::register_sync(lua, entry)
+    crate::hostfn::register_sync(lua, entry, on_proxy)
 }
 
 /// Register a suspending host function.

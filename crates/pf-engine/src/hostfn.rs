@@ -33,7 +33,8 @@ struct HostFns {
     wrap_host: Function,
     wrap_async: Function,
     async_entries: RefCell<Vec<AsyncEntry>>,
-    sync_entries: RefCell<Vec<SyncEntry>>,
+    /// Each with whether it is a metamethod of an engine proxy (`register_sync`).
+    sync_entries: RefCell<Vec<(SyncEntry, bool)>>,
     /// The closure for sync entry `i` at `i` (taken when it registers).
     sync_ahead: RefCell<Vec<Option<Function>>>,
     async_ahead: RefCell<Vec<Option<Function>>>,
@@ -136,11 +137,13 @@ pub(crate) fn fill_pending(lua: &Lua) -> Option<FillGlobals> {
         .and_then(|table| table.fill_pending.get())
 }
 
-/// Build the pending globals first when the host is handed a table or a function.
-fn fill_before(lua: &Lua, args: &MultiValue) -> mlua::Result<()> {
+/// Build the pending globals first when the host is handed a table or a
+/// function, past the first `skip` arguments.
+fn fill_before(lua: &Lua, args: &MultiValue, skip: usize) -> mlua::Result<()> {
     if let Some(fill) = fill_pending(lua) {
         if args
             .iter()
+            .skip(skip)
             .any(|v| matches!(v, Value::Table(_) | Value::Function(_)))
         {
             fill(lua)?;
@@ -179,12 +182,14 @@ pub(crate) fn register_async(lua: &Lua, entry: AsyncEntry) -> mlua::Result<Funct
 }
 
 /// Register a plain host function in this VM; the Lua function prompts call.
-pub(crate) fn register_sync(lua: &Lua, entry: SyncEntry) -> mlua::Result<Function> {
+/// `on_proxy`: a metamethod of one of the engine's proxy tables (`sys`, `var`),
+/// whose first argument is that proxy, which the host never walks.
+pub(crate) fn register_sync(lua: &Lua, entry: SyncEntry, on_proxy: bool) -> mlua::Result<Function> {
     ensure_table(lua)?;
     let (dispatch, wrap_host, id, made) = {
         let table = lua.app_data_ref::<HostFns>().ok_or_else(missing)?;
         let mut entries = table.sync_entries.borrow_mut();
-        entries.push(entry);
+        entries.push((entry, on_proxy));
         let id = entries.len() - 1;
         (
             table.dispatch_sync.clone(),
@@ -213,14 +218,16 @@ fn unknown() -> mlua::Error {
 fn make_sync_dispatcher(lua: &Lua) -> mlua::Result<Function> {
     lua.create_function(|lua, args: MultiValue| {
         let mut args = args;
-        fill_before(lua, &args)?;
         // Cloned out, so the entry may register or call host functions itself.
         let entry = entry_id(&mut args).and_then(|id| {
             lua.app_data_ref::<HostFns>()
                 .and_then(|table| table.sync_entries.borrow().get(id).cloned())
         });
         match entry {
-            Some(entry) => entry(lua, args),
+            Some((entry, on_proxy)) => {
+                fill_before(lua, &args, usize::from(on_proxy))?;
+                entry(lua, args)
+            }
             None => Err(unknown()),
         }
     })
@@ -247,11 +254,11 @@ fn dispatcher_beside_prompt_globals(lua: &Lua) -> mlua::Result<Function> {
 fn make_async_dispatcher(lua: &Lua) -> mlua::Result<Function> {
     lua.create_async_function(|lua, args: MultiValue| {
         let mut args = args;
-        let filled = fill_before(&lua, &args);
         let entry = entry_id(&mut args).and_then(|id| {
             lua.app_data_ref::<HostFns>()
                 .and_then(|table| table.async_entries.borrow().get(id).cloned())
         });
+        let filled = fill_before(&lua, &args, 0);
         let future = match filled {
             Ok(()) => entry
                 .map(|entry| entry(lua.clone(), args))

@@ -4,7 +4,9 @@ use std::rc::Rc;
 
 use mlua::{HookTriggers, Lua, LuaOptions, MultiValue, StdLib, Table, Value, VmState};
 
-use crate::ctx::{arg, host_async, host_fn, internal_chunk, section, string_arg, SectionCtx};
+use crate::ctx::{
+    arg, host_async, host_fn, host_method, internal_chunk, section, string_arg, SectionCtx,
+};
 use crate::error::{ErrorKind, HostError, Raise};
 use crate::json::json_to_lua;
 use crate::text::{envelope, float_text, lua_type_name};
@@ -309,7 +311,7 @@ fn make_sys(lua: &Lua) -> mlua::Result<Table> {
     let mt = lua.create_table()?;
     mt.raw_set(
         "__index",
-        host_fn(lua, |lua, args| {
+        host_method(lua, |lua, args| {
             let key = match arg(&args, 1) {
                 Value::String(s) => s.to_string_lossy(),
                 _ => return Err(HostError::lua("sys fields must be accessed by string key").into()),
@@ -341,7 +343,7 @@ fn make_sys(lua: &Lua) -> mlua::Result<Table> {
     )?;
     mt.raw_set(
         "__newindex",
-        host_fn(lua, |_, args| -> Result<(), Raise> {
+        host_method(lua, |_, args| -> Result<(), Raise> {
             let key = match arg(&args, 1) {
                 Value::String(s) => s.to_string_lossy(),
                 other => lua_type_name(&other).to_string(),
