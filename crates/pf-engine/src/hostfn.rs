@@ -14,6 +14,7 @@
 //! previous VM's setup registered: one call each was a tenth of the setup.
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::rc::Rc;
 
 use futures::future::LocalBoxFuture;
@@ -50,6 +51,10 @@ thread_local! {
     /// thread registered during its setup: the next one makes that many
     /// closures in one Lua call instead of one call each.
     static SETUP_COUNTS: std::cell::Cell<(usize, usize)> = const { std::cell::Cell::new((0, 0)) };
+    /// The same for each global built on first touch (vm.rs `LAZY_GLOBALS`),
+    /// from its last build on this thread.
+    static BUILD_COUNTS: RefCell<HashMap<&'static str, (usize, usize)>> =
+        RefCell::new(HashMap::new());
 }
 
 fn ensure_table(lua: &Lua) -> mlua::Result<()> {
@@ -121,6 +126,72 @@ pub(crate) fn setup_done(lua: &Lua) {
         table.sync_ahead.borrow_mut().clear();
         table.async_ahead.borrow_mut().clear();
     }
+}
+
+/// Run `build`, the building of the lazy global `name`, with the closures for
+/// what its last build on this thread registered made ahead in one Lua call,
+/// as a setup's are.
+pub(crate) fn building<T>(
+    lua: &Lua,
+    name: &'static str,
+    build: impl FnOnce() -> mlua::Result<T>,
+) -> mlua::Result<T> {
+    ensure_table(lua)?;
+    let before = registered(lua)?;
+    let expected = BUILD_COUNTS
+        .with(|c| c.borrow().get(name).copied())
+        .unwrap_or((0, 0));
+    if expected.0 + expected.1 > 0 {
+        make_ahead(lua, before, expected)?;
+    }
+    let built = build();
+    let after = registered(lua)?;
+    let counts = (
+        after.0.saturating_sub(before.0),
+        after.1.saturating_sub(before.1),
+    );
+    BUILD_COUNTS.with(|c| c.borrow_mut().insert(name, counts));
+    if let Some(table) = lua.app_data_ref::<HostFns>() {
+        table.sync_ahead.borrow_mut().clear();
+        table.async_ahead.borrow_mut().clear();
+    }
+    built
+}
+
+/// How many sync and async host functions the VM has registered.
+fn registered(lua: &Lua) -> mlua::Result<(usize, usize)> {
+    let table = lua.app_data_ref::<HostFns>().ok_or_else(missing)?;
+    let counts = (
+        table.sync_entries.borrow().len(),
+        table.async_entries.borrow().len(),
+    );
+    Ok(counts)
+}
+
+/// The closures for the next `count` sync and async ids, from `first` on.
+fn make_ahead(lua: &Lua, first: (usize, usize), count: (usize, usize)) -> mlua::Result<()> {
+    let dispatch = lua
+        .app_data_ref::<HostFns>()
+        .ok_or_else(missing)?
+        .dispatch_sync
+        .clone();
+    let make: Function = helper_table(lua)?.get("wrap_hosts_ahead")?;
+    let (made_sync, made_async): (mlua::Table, mlua::Table) =
+        make.call((dispatch, count.0, count.1, first.0, first.1))?;
+    let (made_sync, made_async) = (
+        closures(&made_sync, count.0)?,
+        closures(&made_async, count.1)?,
+    );
+    let table = lua.app_data_ref::<HostFns>().ok_or_else(missing)?;
+    let mut sync = table.sync_ahead.borrow_mut();
+    sync.clear();
+    sync.resize(first.0, None);
+    sync.extend(made_sync);
+    let mut asynchronous = table.async_ahead.borrow_mut();
+    asynchronous.clear();
+    asynchronous.resize(first.1, None);
+    asynchronous.extend(made_async);
+    Ok(())
 }
 
 /// While `fill` is set, a host call given a table or a function runs it first:

@@ -244,23 +244,57 @@ fn build_lazy_global(lua: &Lua, name: &str) -> mlua::Result<Value> {
     pending.raw_set(name, Value::Nil)?;
     // mlua reads a limit of 0 as "no limit".
     let limit = lua.set_memory_limit(0)?;
-    let built = make_lazy_global(lua, name).and_then(|made| {
-        let guard: mlua::Function = h.raw_get("guard_global")?;
-        let guarded: Value = guard.call((name, made))?;
-        lua.globals().raw_set(name, guarded.clone())?;
-        Ok(guarded)
-    });
+    let name = LAZY_GLOBALS
+        .iter()
+        .copied()
+        .find(|n| *n == name)
+        .ok_or_else(|| mlua::Error::runtime("internal invariant violated: unknown lazy global"))?;
+    let built =
+        crate::hostfn::building(lua, name, || make_lazy_global(lua, name)).and_then(|made| {
+            let guard: mlua::Function = h.raw_get("guard_global")?;
+            let guarded: Value = guard.call((name, made))?;
+            lua.globals().raw_set(name, guarded.clone())?;
+            Ok(guarded)
+        });
     lua.set_memory_limit(limit)?;
     built
 }
 
-/// Build every global still pending (before anything walks `_G`).
+/// Build every global still pending (before anything walks `_G`), in one
+/// batch: one lifted limit, one Lua call making the closures ahead and one
+/// installing them all (one build each cost twice what the eager setup did).
 pub(crate) fn fill_lazy_globals(lua: &Lua) -> mlua::Result<()> {
     crate::hostfn::set_fill_pending(lua, None);
+    let h = crate::ctx::helpers(lua)?;
+    let pending: Table = h.raw_get("lazy_globals")?;
+    let mut names = Vec::with_capacity(LAZY_GLOBALS.len());
     for name in LAZY_GLOBALS {
-        build_lazy_global(lua, name)?;
+        if pending.raw_get::<bool>(*name)? {
+            names.push(*name);
+        }
     }
-    Ok(())
+    if names.is_empty() {
+        return Ok(());
+    }
+    // mlua reads a limit of 0 as "no limit".
+    let limit = lua.set_memory_limit(0)?;
+    let built = crate::hostfn::building(lua, "(all pending)", || {
+        names
+            .iter()
+            .map(|name| make_lazy_global(lua, name))
+            .collect::<mlua::Result<Vec<Value>>>()
+    })
+    .and_then(|values| {
+        let list = lua.create_table_with_capacity(names.len() * 2, 0)?;
+        for (name, value) in names.iter().zip(values) {
+            list.raw_push(*name)?;
+            list.raw_push(value)?;
+        }
+        let install: mlua::Function = h.raw_get("install_globals")?;
+        install.call::<()>(list)
+    });
+    lua.set_memory_limit(limit)?;
+    built
 }
 
 /// `fill_lazy_globals` when `value` is a table Rust is about to walk.

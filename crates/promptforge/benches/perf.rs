@@ -378,6 +378,14 @@ fn child(workload: &str) {
             script_host(bench.dir(), 0, a * b.max(1)),
             a.to_string(),
         ),
+        // Any prompt file, run with the default host: `PF_PERF_CHILD=file`,
+        // `PF_PERF_FILE=prompt.md`, `PF_PERF_WANT=<its result>`.
+        "file" => (
+            std::fs::read_to_string(std::env::var("PF_PERF_FILE").expect("PF_PERF_FILE"))
+                .expect("prompt file"),
+            HostConfig::load(None).expect("defaults"),
+            std::env::var("PF_PERF_WANT").unwrap_or_default(),
+        ),
         other => panic!("unknown workload {other}"),
     };
     let prompt = Arc::new(pf_syntax::parse(text.as_bytes()).expect("parse"));

@@ -135,3 +135,12 @@ function H.guard_global(name, v)
   end
   return v
 end
+-- Installs built globals (`name, value, ...`), guarded, and clears them from
+-- the pending set.
+function H.install_globals(list)
+  for i = 1, #list, 2 do
+    local name = list[i]
+    LAZY[name] = nil
+    rawset(G, name, H.guard_global(name, list[i + 1]))
+  end
+end
