@@ -593,7 +593,7 @@ struct Fragments {
 async fn send_round(
     sec: &Rc<SectionCtx>,
     target: &Target,
-    messages: Vec<ChatMessage>,
+    messages: impl Into<pf_harness::History>,
     tools: Option<Vec<ToolDecl>>,
     stream: bool,
 ) -> Result<(ChatResponse, ClientTiming), RoundFailure> {
@@ -611,7 +611,7 @@ async fn send_round(
         _ => None,
     };
     let request = ChatRequest {
-        messages,
+        messages: messages.into(),
         tools,
         temperature: target.temperature,
         max_tokens: target.max_tokens,

@@ -3,7 +3,7 @@
 //! precheck's token estimate.
 
 use mlua::{Lua, Table, Value};
-use pf_harness::{ChatMessage, ToolCall};
+use pf_harness::{ChatMessage, History, ToolCall};
 use serde_json::{json, Map, Value as Json};
 
 use crate::json::{compact_sorted, lua_to_json};
@@ -662,7 +662,9 @@ pub(crate) struct Composition {
     records: Vec<Record>,
     /// The index of the first list record of each composed record.
     starts: Vec<usize>,
-    wire: Vec<ChatMessage>,
+    /// Shared with each round's request: truncating and pushing keeps the
+    /// unchanged messages (and what they were pushed with) in place.
+    wire: History,
     bytes: Vec<usize>,
     leading: usize,
 }
@@ -696,7 +698,7 @@ impl Composition {
     }
 
     /// The messages as the provider receives them.
-    pub(crate) fn wire(&self) -> Vec<ChatMessage> {
+    pub(crate) fn wire(&self) -> History {
         self.wire.clone()
     }
 

@@ -21,6 +21,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 pub use tokio_util::sync::CancellationToken;
 
+mod history;
+pub use history::{History, HistoryMark};
+
 // ---------------------------------------------------------------------------
 // Host work
 // ---------------------------------------------------------------------------
@@ -271,8 +274,9 @@ pub struct ToolDecl {
 /// One model round: the messages so far, the tools offered and the options.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ChatRequest {
-    /// The conversation, oldest first.
-    pub messages: Vec<ChatMessage>,
+    /// The conversation, oldest first: shared with the loop that sent it
+    /// (and the round before), never copied per round.
+    pub messages: History,
     /// `None`: no tool list at all.
     pub tools: Option<Vec<ToolDecl>>,
     /// The sampling temperature; `None` leaves the provider's default.

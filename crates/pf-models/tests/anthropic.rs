@@ -141,7 +141,8 @@ async fn sends_every_field_and_reads_the_reply() {
             tool_result("toolu_a", "page a"),
             tool_result("toolu_b", "bad arguments"),
             message("user", json!("and now?")),
-        ],
+        ]
+        .into(),
         tools: Some(vec![ToolDecl {
             name: "fetch".into(),
             description: "Fetch a page".into(),
@@ -339,7 +340,7 @@ async fn messages_the_api_cannot_carry_fail_before_sending() {
     let server = TestServer::sequence(vec![text_reply("never", "end_turn")]).await;
     let provider = provider(&server.base_url, None, ThinkingSupport::Never);
     let odd_role = ChatRequest {
-        messages: vec![message("narrator", json!("once upon a time"))],
+        messages: vec![message("narrator", json!("once upon a time"))].into(),
         ..ChatRequest::default()
     };
     assert_eq!(
@@ -347,7 +348,7 @@ async fn messages_the_api_cannot_carry_fail_before_sending() {
         "message role `narrator` has no place in the Anthropic Messages API"
     );
     let orphan_result = ChatRequest {
-        messages: vec![message("tool", json!("result"))],
+        messages: vec![message("tool", json!("result"))].into(),
         ..ChatRequest::default()
     };
     assert_eq!(
@@ -358,7 +359,8 @@ async fn messages_the_api_cannot_carry_fail_before_sending() {
         messages: vec![message(
             "user",
             json!([{"type": "input_audio", "input_audio": {}}]),
-        )],
+        )]
+        .into(),
         ..ChatRequest::default()
     };
     assert_eq!(

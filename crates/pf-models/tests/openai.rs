@@ -124,7 +124,8 @@ async fn sends_every_field_and_reads_the_reply() {
                 tool_calls: Vec::new(),
                 tool_call_id: Some("call_1".into()),
             },
-        ],
+        ]
+        .into(),
         tools: Some(vec![ToolDecl {
             name: "fetch".into(),
             description: "Fetch a page".into(),

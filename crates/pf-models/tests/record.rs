@@ -51,7 +51,8 @@ async fn each_request_is_one_exact_line() {
                 tool_call_id: None,
             },
             user("go"),
-        ],
+        ]
+        .into(),
         tools: Some(vec![ToolDecl {
             name: "fetch".into(),
             description: "Fetch a page".into(),
@@ -85,7 +86,8 @@ async fn each_request_is_one_exact_line() {
                 tool_calls: Vec::new(),
                 tool_call_id: Some(reply.tool_calls[0].id.clone()),
             },
-        ],
+        ]
+        .into(),
         ..ChatRequest::default()
     };
     provider
@@ -121,7 +123,7 @@ async fn a_failed_round_is_still_recorded_and_lines_append() {
     let script = ScriptProvider::from_json(r#"[{"error": "down"}]"#, info()).expect("script");
     let provider = RecordingProvider::new(Arc::new(script), &record);
     let request = ChatRequest {
-        messages: vec![user("hi")],
+        messages: vec![user("hi")].into(),
         ..ChatRequest::default()
     };
     assert_eq!(
@@ -178,7 +180,7 @@ async fn the_api_key_never_reaches_the_record() {
     let record = dir.path().join("requests.jsonl");
     let provider = RecordingProvider::new(Arc::new(openai), &record);
     let request = ChatRequest {
-        messages: vec![user("hi")],
+        messages: vec![user("hi")].into(),
         ..ChatRequest::default()
     };
     provider
@@ -215,7 +217,8 @@ fn the_record_line_matches_what_is_appended() {
                 arguments: "{bad".into(),
             }],
             tool_call_id: None,
-        }],
+        }]
+        .into(),
         tools: Some(Vec::new()),
         ..ChatRequest::default()
     };
@@ -232,7 +235,7 @@ async fn a_streamed_round_is_recorded_and_streams_through() {
     let script = ScriptProvider::from_json(r#"["streamed whole"]"#, info()).expect("script");
     let provider = RecordingProvider::new(Arc::new(script), &record);
     let request = ChatRequest {
-        messages: vec![user("go")],
+        messages: vec![user("go")].into(),
         ..ChatRequest::default()
     };
     let mut fragments = Vec::new();

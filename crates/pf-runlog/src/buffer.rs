@@ -51,7 +51,65 @@ impl Taken {
     }
 }
 
+/// Line buffers a finished writer left, for the next run's (a process
+/// running many runs would otherwise grow a new pair from nothing each run:
+/// a dozen reallocations, each copying what was written, on the run's thread).
+static SPARE_LINES: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+
+/// At most this many buffers are kept, each at most this large.
+const SPARES_KEPT: usize = 4;
+const SPARE_BYTES_MAX: usize = 4 * 1024 * 1024;
+
+/// An empty buffer, with the capacity of one a finished writer left.
+pub(crate) fn spare_lines() -> Vec<u8> {
+    SPARE_LINES
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .pop()
+        .unwrap_or_default()
+}
+
+/// Keep `lines`' capacity for a later writer.
+pub(crate) fn recycle_lines(mut lines: Vec<u8>) {
+    if lines.capacity() == 0 || lines.capacity() > SPARE_BYTES_MAX {
+        return;
+    }
+    lines.clear();
+    let mut spares = SPARE_LINES.lock().unwrap_or_else(PoisonError::into_inner);
+    if spares.len() < SPARES_KEPT {
+        spares.push(lines);
+    }
+}
+
+impl Taken {
+    /// A taken buffer that starts with a finished writer's capacity.
+    pub fn reusing() -> Taken {
+        Taken {
+            lines: spare_lines(),
+            ..Taken::default()
+        }
+    }
+}
+
 impl EventBuffer {
+    /// A buffer that starts with a finished writer's capacity.
+    pub fn reusing() -> EventBuffer {
+        EventBuffer {
+            state: Mutex::new(Taken::reusing()),
+        }
+    }
+
+    /// Hand the buffer's capacity to a later writer (the writer is done).
+    pub fn recycle(&self) {
+        let lines = {
+            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            state.closed = true;
+            state.count = 0;
+            std::mem::take(&mut state.lines)
+        };
+        recycle_lines(lines);
+    }
+
     /// Append one event, encoding its fields in place.
     pub fn push(&self, kind: &str, section: &str, task: &str, seq: u32, fields: &impl Serialize) {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -31,8 +31,13 @@ pub struct WriterOptions {
     /// The background thread commits what is queued once this many rows
     /// (events aside) are waiting...
     pub batch_rows: usize,
-    /// ...or every this long while the run logs.
+    /// ...or after this long once the run logs; each window that had rows
+    /// to commit doubles the next...
     pub batch_window: Duration,
+    /// ...up to this: a long run commits a few large batches rather than
+    /// many small ones (each commit rewrites the same index pages), and a
+    /// killed process loses at most this much of its last rows.
+    pub batch_window_max: Duration,
     /// How long SQLite waits for another process's lock before reporting busy.
     pub busy_timeout: Duration,
     /// How many times a busy batch is tried again before the log gives up.
@@ -52,6 +57,7 @@ impl Default for WriterOptions {
         WriterOptions {
             batch_rows: 512,
             batch_window: Duration::from_millis(2),
+            batch_window_max: Duration::from_millis(32),
             busy_timeout: Duration::from_secs(5),
             busy_retries: BUSY_RETRIES,
             finish_wait: Duration::from_secs(5),
@@ -66,6 +72,7 @@ impl std::fmt::Debug for WriterOptions {
         f.debug_struct("WriterOptions")
             .field("batch_rows", &self.batch_rows)
             .field("batch_window", &self.batch_window)
+            .field("batch_window_max", &self.batch_window_max)
             .field("busy_timeout", &self.busy_timeout)
             .field("busy_retries", &self.busy_retries)
             .field("finish_wait", &self.finish_wait)
@@ -127,23 +134,54 @@ pub struct RunWriter {
     tail: Mutex<Option<WriterTail>>,
 }
 
-/// The background thread's last work after a run's end (tidying the WAL), to
-/// wait on before the process exits; everything logged is committed already.
-#[derive(Debug)]
+/// The background thread's last work after a run's end: committing what
+/// [`RunWriter::finish_deferred`] left to it, then tidying the WAL. Wait on
+/// it before the process exits (or before telling anyone the run is logged).
 pub struct WriterTail {
+    shared: Option<Arc<Shared>>,
+    /// Closed once the run's rows and end are committed (or the log gave up).
+    committed: Receiver<()>,
+    /// Closed when the background thread ends.
     done: Receiver<()>,
+}
+
+impl std::fmt::Debug for WriterTail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriterTail").finish_non_exhaustive()
+    }
 }
 
 impl WriterTail {
     fn done() -> WriterTail {
+        let (_, committed) = mpsc::sync_channel(1);
         let (_, done) = mpsc::sync_channel(1);
-        WriterTail { done }
+        WriterTail {
+            shared: None,
+            committed,
+            done,
+        }
     }
 
-    /// Wait until the background thread has ended, at most `bound`.
-    pub fn wait(self, bound: Duration) {
-        // The thread never sends; its end drops the sender.
+    /// Wait until every row and the end are committed, at most the options'
+    /// `finish_wait` (as [`RunWriter::finish`] waits). Returns the warning,
+    /// if there was one; running out of time gives one.
+    pub fn wait_committed(&mut self) -> Option<String> {
+        let shared = self.shared.clone()?;
+        // The thread never sends; dropping the sender is the signal.
+        if let Err(mpsc::RecvTimeoutError::Timeout) =
+            self.committed.recv_timeout(shared.options.finish_wait)
+        {
+            shared.still_writing(shared.in_database.load(Ordering::SeqCst));
+        }
+        shared.warning.get()
+    }
+
+    /// [`wait_committed`](WriterTail::wait_committed), then wait until the
+    /// background thread has tidied and ended, at most `bound` more.
+    pub fn wait(mut self, bound: Duration) -> Option<String> {
+        let warning = self.wait_committed();
         let _ = self.done.recv_timeout(bound);
+        warning
     }
 }
 
@@ -204,6 +242,19 @@ impl Shared {
     fn core(&self) -> MutexGuard<'_, Core> {
         self.core.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    fn still_writing(&self, on_the_database: bool) {
+        let why = if on_the_database {
+            // SQLite waits out another connection's lock before it says busy.
+            " (waiting on the database: locked by another process, or a stalled disk)"
+        } else {
+            " (waiting on the database)"
+        };
+        self.warn(&format!(
+            "still writing after {:?}{why}; the run's last records may be missing",
+            self.options.finish_wait
+        ));
+    }
 }
 
 /// The database side: opened by whoever needs it first.
@@ -248,7 +299,7 @@ impl Core {
         self.opened = true;
         let options = &shared.options;
         if options.max_page_count.is_none() {
-            if let Some(conn) = idle_connection(&shared.path) {
+            if let Some(conn) = idle_connection(&shared.path, None) {
                 self.conn = Some(conn);
                 return;
             }
@@ -463,7 +514,7 @@ impl RunWriter {
         let shared = Arc::new(Shared {
             path,
             options,
-            events: EventBuffer::default(),
+            events: EventBuffer::reusing(),
             core: Mutex::new(Core {
                 rx,
                 conn: None,
@@ -474,7 +525,7 @@ impl RunWriter {
                 next_ord: 0,
                 exchange_rows: HashMap::new(),
                 batch: Vec::new(),
-                events: Taken::default(),
+                events: Taken::reusing(),
                 spare: Taken::default(),
                 end: None,
                 ended: false,
@@ -484,17 +535,23 @@ impl RunWriter {
             in_database: AtomicBool::new(false),
             closing: AtomicBool::new(false),
         });
-        let (tail_tx, tail_rx) = mpsc::sync_channel(1);
+        let (committed_tx, committed_rx) = mpsc::sync_channel(1);
+        let (done_tx, done_rx) = mpsc::sync_channel(1);
         let background = Arc::clone(&shared);
         let spawned = thread::Builder::new()
             .name("pf-runlog".into())
-            .spawn(move || background_thread(&background, tail_tx));
+            .spawn(move || background_thread(&background, committed_tx, done_tx));
+        let tail = WriterTail {
+            shared: Some(Arc::clone(&shared)),
+            committed: committed_rx,
+            done: done_rx,
+        };
         let writer = RunWriter {
             tx,
             thread: spawned.as_ref().ok().map(|handle| handle.thread().clone()),
             shared,
             next_exchange: AtomicU64::new(0),
-            tail: Mutex::new(Some(WriterTail { done: tail_rx })),
+            tail: Mutex::new(Some(tail)),
         };
         if let Err(err) = spawned {
             writer
@@ -603,6 +660,32 @@ impl RunWriter {
         (self.warning(), tail)
     }
 
+    /// Record how the run ended and leave every commit to the background
+    /// thread: returns at once, so the run's end pays nothing for the log.
+    /// Nothing is committed until the background thread gets to it (within
+    /// the window it is in, usually well under a millisecond away, on the
+    /// other core): wait on the returned tail before the process exits or
+    /// before telling anyone the run is logged.
+    ///
+    /// The next writer on the same database in this process starts with
+    /// this one's connection once it is done (`promptforge mcp`, benches):
+    /// its background thread waits for it, bounded; the run does not.
+    pub fn finish_deferred(mut self, end: RunEnd) -> WriterTail {
+        let tail = self
+            .tail
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .unwrap_or_else(WriterTail::done);
+        *self
+            .shared
+            .end
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(end);
+        // Dropping `self` closes the writer and wakes the background thread.
+        tail
+    }
+
     /// Commit what is queued (and `end`) here and now; on a database that
     /// stays busy past `finish_wait`, leave it to the background thread and
     /// warn. True if everything is committed.
@@ -637,16 +720,7 @@ impl RunWriter {
     }
 
     fn still_writing(&self, on_the_database: bool) {
-        let why = if on_the_database {
-            // SQLite waits out another connection's lock before it says busy.
-            " (waiting on the database: locked by another process, or a stalled disk)"
-        } else {
-            " (waiting on the database)"
-        };
-        self.shared.warn(&format!(
-            "still writing after {:?}{why}; the run's last records may be missing",
-            self.shared.options.finish_wait
-        ));
+        self.shared.still_writing(on_the_database);
     }
 
     fn wake(&self) {
@@ -666,6 +740,9 @@ impl RunWriter {
 impl Drop for RunWriter {
     fn drop(&mut self) {
         // Finished or not, the background thread commits what is left, tidies and ends.
+        if self.thread.is_some() {
+            closing_on(&self.shared.path);
+        }
         self.shared.closing.store(true, Ordering::SeqCst);
         self.wake();
     }
@@ -678,10 +755,6 @@ fn warning_text(path: &std::path::Path, problem: &str) -> String {
     )
 }
 
-/// How long the background thread sleeps, at most, while the run logs
-/// nothing: rows queued then wait this long for their commit.
-const IDLE_WAIT_MAX: Duration = Duration::from_millis(20);
-
 /// A run's end checkpoints the WAL (off the run's path, see `tidy_wal`)
 /// once it is larger than this: every new connection reads the whole WAL
 /// back, so a long one costs every later run.
@@ -690,69 +763,139 @@ const WAL_TIDY_BYTES: u64 = 1024 * 1024;
 /// The connection the last run of this process left, for the next run on
 /// the same database (a process running many runs, like `promptforge mcp`):
 /// opening one costs a schema parse, its statements' preparation and, with
-/// no other connection open, reading the WAL back.
-static IDLE: Mutex<Option<(PathBuf, Connection)>> = Mutex::new(None);
+/// no other connection open, reading the WAL back. Also which databases a
+/// closed writer's background thread is still working on, so the next
+/// writer there can wait for its connection.
+static IDLE: Mutex<Idle> = Mutex::new(Idle {
+    kept: None,
+    closing: Vec::new(),
+});
 
-fn idle_connection(path: &std::path::Path) -> Option<Connection> {
-    let mut idle = IDLE.lock().unwrap_or_else(PoisonError::into_inner);
-    match idle.take() {
-        Some((kept, conn)) if kept == path => Some(conn),
-        other => {
-            *idle = other;
-            None
+/// Signalled when a closing writer's background thread ends.
+static IDLE_BACK: Condvar = Condvar::new();
+
+/// The most a new writer's background thread waits for the last writer's
+/// connection before it opens its own.
+const IDLE_WAIT: Duration = Duration::from_secs(1);
+
+struct Idle {
+    kept: Option<(PathBuf, Connection)>,
+    /// One entry per closed writer whose background thread has not ended.
+    closing: Vec<PathBuf>,
+}
+
+fn idle_lock() -> MutexGuard<'static, Idle> {
+    IDLE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The kept connection for `path`, if there is one; with `until`, waiting
+/// until then while a closed writer on `path` may still hand one back.
+fn idle_connection(path: &std::path::Path, until: Option<Instant>) -> Option<Connection> {
+    let mut idle = idle_lock();
+    loop {
+        if idle.kept.as_ref().is_some_and(|(kept, _)| kept == path) {
+            return idle.kept.take().map(|(_, conn)| conn);
         }
+        let left = until?.saturating_duration_since(Instant::now());
+        if left.is_zero() || !idle.closing.iter().any(|p| p == path) {
+            return None;
+        }
+        idle = IDLE_BACK
+            .wait_timeout(idle, left)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
     }
 }
 
+fn closing_on(path: &std::path::Path) {
+    idle_lock().closing.push(path.to_owned());
+}
+
+/// A closed writer's background thread ends, keeping `conn` for the next.
+fn closed_on(path: &std::path::Path, conn: Option<Connection>) {
+    if let Some(conn) = &conn {
+        let _ = conn.busy_timeout(WriterOptions::default().busy_timeout);
+    }
+    let replaced = {
+        let mut idle = idle_lock();
+        if let Some(at) = idle.closing.iter().position(|p| p == path) {
+            idle.closing.swap_remove(at);
+        }
+        conn.and_then(|conn| idle.kept.replace((path.to_owned(), conn)))
+    };
+    IDLE_BACK.notify_all();
+    // Closing a replaced connection (another database's) outside the lock.
+    drop(replaced);
+}
+
+/// Keep `conn` for the next writer on `path`.
 fn keep_idle(path: &std::path::Path, conn: Connection) {
     let _ = conn.busy_timeout(WriterOptions::default().busy_timeout);
-    let replaced = IDLE
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .replace((path.to_owned(), conn));
+    let replaced = idle_lock().kept.replace((path.to_owned(), conn));
+    IDLE_BACK.notify_all();
+    // Closing a replaced connection (another database's) outside the lock.
     drop(replaced);
 }
 
 /// The background thread: open the database, then commit what is queued
-/// each window until the writer is dropped; then tidy. `tail` is dropped
-/// when it ends, which is what a [`WriterTail`] waits for.
-fn background_thread(shared: &Shared, tail: SyncSender<()>) {
-    shared.core().ensure_open(shared);
+/// each window until the writer is dropped; then commit the rest (and the
+/// end), close `committed`, tidy and end, closing `done`, which is what a
+/// [`WriterTail`] waits for.
+fn background_thread(shared: &Shared, committed: SyncSender<()>, done: SyncSender<()>) {
+    // Off the run's path: a writer just closed on this database may still
+    // be committing; its connection saves opening one.
+    let reused = if shared.options.max_page_count.is_none() {
+        idle_connection(&shared.path, Some(Instant::now() + IDLE_WAIT))
+    } else {
+        None
+    };
+    {
+        let mut core = shared.core();
+        if let Some(conn) = reused {
+            if !core.opened {
+                core.opened = true;
+                core.conn = Some(conn);
+            } else {
+                // The run opened one itself meanwhile (a flush): keep this for the next.
+                keep_idle(&shared.path, conn);
+            }
+        }
+        core.ensure_open(shared);
+    }
     let window = shared.options.batch_window;
-    let mut idle = window;
-    loop {
+    let longest = shared.options.batch_window_max.max(window);
+    let mut wait = window;
+    let mut core = loop {
         let closing = shared.closing.load(Ordering::SeqCst);
         if !closing {
-            // Senders never wake this thread: it looks each window (less
-            // often while the run is quiet); the end unparks it.
-            thread::park_timeout(idle);
+            // Senders never wake this thread: it looks each window; the end
+            // unparks it.
+            thread::park_timeout(wait);
         }
         let closing = shared.closing.load(Ordering::SeqCst);
         let mut core = shared.core();
-        let before = core.next_ord;
-        let had_work = {
-            core.gather(shared);
-            core.has_work()
-        };
         let busy_timeout = shared.options.busy_timeout;
         let retries = shared.options.busy_retries;
         let _ = core.commit_queued(shared, busy_timeout, retries);
-        idle = if had_work || core.next_ord != before {
-            window
-        } else {
-            (idle * 2).min(IDLE_WAIT_MAX.max(window))
-        };
         if closing {
-            core.tidy_wal(shared);
-            if !core.disabled && shared.options.max_page_count.is_none() {
-                if let Some(conn) = core.conn.take() {
-                    keep_idle(&shared.path, conn);
-                }
-            }
-            break;
+            break core;
         }
+        // Each window doubles the next: while the run logs, fewer and
+        // larger commits; while it is quiet, fewer wake-ups.
+        wait = (wait * 2).min(longest);
+    };
+    drop(committed);
+    core.tidy_wal(shared);
+    let keep = !core.disabled && shared.options.max_page_count.is_none();
+    let conn = core.conn.take().filter(|_| keep);
+    if !core.has_work() {
+        crate::buffer::recycle_lines(std::mem::take(&mut core.events.lines));
+        crate::buffer::recycle_lines(std::mem::take(&mut core.spare.lines));
+        shared.events.recycle();
     }
-    drop(tail);
+    drop(core);
+    closed_on(&shared.path, conn);
+    drop(done);
 }
 
 fn wall_ms() -> i64 {

@@ -723,3 +723,55 @@ fn a_version_3_database_is_migrated_and_keeps_its_exchanges() {
     assert_eq!(requests[1].request["messages"], json!([said(0), said(1)]));
     assert_eq!(log.exchanges(old).unwrap(), exchanges);
 }
+
+#[test]
+fn a_deferred_finish_is_committed_once_its_tail_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_in(&dir);
+    let log = RunLog::open(&path).unwrap();
+    // Back to back on one database, as `promptforge mcp` runs them: each
+    // writer hands its end to its background thread and returns at once;
+    // the next one starts on the last one's connection once it is done.
+    let mut tails = Vec::new();
+    for run in 0..20u32 {
+        let writer = log.begin_with(start(&format!("run-deferred-{run:02}")), patient());
+        for seq in 0..50 {
+            writer.event(event("0", seq, "lua"));
+        }
+        writer.exchange(exchange("0", 50));
+        tails.push(writer.finish_deferred(completed(&format!("r{run}"))));
+    }
+    for mut tail in tails {
+        assert_eq!(tail.wait_committed(), None);
+        assert_eq!(tail.wait(Duration::from_secs(120)), None);
+    }
+    for run in 0..20u32 {
+        let id = log.resolve(&format!("run-deferred-{run:02}")).unwrap();
+        let logged = log.run(id).unwrap().expect("run row");
+        assert_eq!(logged.end, Some(completed(&format!("r{run}"))));
+        assert_eq!(log.events(id).unwrap().len(), 50);
+        assert_eq!(log.exchanges(id).unwrap().len(), 1);
+    }
+}
+
+#[test]
+fn a_deferred_finish_on_a_stuck_database_warns_within_its_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_in(&dir);
+    let log = RunLog::open(&path).unwrap();
+    let holder = Connection::open(&path).unwrap();
+    holder.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let count = Arc::new(AtomicUsize::new(0));
+    let options = WriterOptions {
+        busy_timeout: Duration::from_secs(3600),
+        finish_wait: Duration::from_millis(50),
+        ..counting_options(&count)
+    };
+    let writer = log.begin_with(start("run-stuck-deferred"), options);
+    writer.event(event("0", 0, "run_started"));
+    let mut tail = writer.finish_deferred(completed("x"));
+    let warning = tail.wait_committed().expect("a warning");
+    assert!(warning.contains("still writing"), "{warning}");
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+    holder.execute_batch("COMMIT").unwrap();
+}

@@ -100,6 +100,9 @@ fn openai_host(dir: &Path, base: &str) -> HostConfig {
 
 struct Bench {
     runtime: tokio::runtime::Runtime,
+    /// The last logged run's sink: its writer may still be committing the
+    /// end on its own thread until [`Bench::settle`].
+    last_log: std::cell::RefCell<Option<Arc<RunLogSink>>>,
     store: PathBuf,
     db: PathBuf,
     _dir: tempfile::TempDir,
@@ -113,6 +116,7 @@ impl Bench {
                 .enable_all()
                 .build()
                 .expect("runtime"),
+            last_log: std::cell::RefCell::new(None),
             store: dir.path().join("store"),
             db: dir.path().join("runs.db"),
             _dir: dir,
@@ -189,7 +193,34 @@ impl Bench {
                 0,
             );
         }
+        *self.last_log.borrow_mut() = sink;
         report.outcome
+    }
+
+    /// Wait, as `promptforge run` does before it exits, until the last
+    /// logged run is committed and its writer is done. Its work overlaps
+    /// the next run when runs go back to back (`promptforge mcp`), but each
+    /// writer first waits for the last one's connection, so a timing that
+    /// ends with this includes every run's deferred work.
+    fn settle(&self) {
+        if let Some(sink) = self.last_log.borrow_mut().take() {
+            sink.settle();
+        }
+    }
+
+    /// `count` runs back to back, then [`Bench::settle`].
+    fn runs(
+        &self,
+        prompt: &Arc<pf_syntax::Prompt>,
+        text: &str,
+        host: &HostConfig,
+        log: bool,
+        count: usize,
+    ) {
+        for _ in 0..count {
+            self.run(prompt, text, host, log);
+        }
+        self.settle();
     }
 }
 
@@ -400,6 +431,7 @@ fn child(workload: &str) {
     for _ in 1..repeat {
         outcome = bench.run(&prompt, &text, &host, log);
     }
+    bench.settle();
     let took = t.elapsed();
     assert_eq!(outcome, Outcome::Completed(want), "{workload}");
     println!("{} {}", took.as_micros(), peak_rss_kib());
@@ -407,6 +439,16 @@ fn child(workload: &str) {
         "run log finish waits: {} µs in all",
         FINISH_MICROS.load(std::sync::atomic::Ordering::Relaxed)
     );
+    // The run's own thread's CPU time, without the log writer's (which has
+    // the other core on a quiet machine): `/proc/thread-self/schedstat`.
+    if let Ok(stat) = std::fs::read_to_string("/proc/thread-self/schedstat") {
+        let ns: u64 = stat
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        eprintln!("run thread cpu: {} µs in all", ns / 1000);
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -497,6 +539,7 @@ fn tool_loop_against_bare(
         15,
         || {
             bench.run(looping, text, openai, true);
+            bench.settle();
         },
         || {
             let client = reqwest::Client::new();
@@ -534,7 +577,19 @@ fn tool_loop_against_bare(
     );
 }
 
-/// (e) run log on vs off, each pair alternating.
+/// Runs per sample in the run log rows: back to back, as `promptforge mcp`
+/// runs them, and the sample ends only when the last one's log is settled.
+const BACK_TO_BACK: usize = 4;
+
+/// [`paired`] over samples of [`BACK_TO_BACK`] runs, per run.
+fn paired_per_run(n: usize, a: impl FnMut(), b: impl FnMut()) -> (Duration, Duration) {
+    let (a, b) = paired(n, a, b);
+    let runs = BACK_TO_BACK as u32;
+    (a / runs, b / runs)
+}
+
+/// (e) run log on vs off, each pair alternating; each sample is
+/// [`BACK_TO_BACK`] runs whose time includes the last one's settle.
 fn run_log_on_off(
     bench: &Bench,
     looping: &Arc<pf_syntax::Prompt>,
@@ -542,13 +597,13 @@ fn run_log_on_off(
     openai: &HostConfig,
     defaults: &HostConfig,
 ) {
-    let (on, off) = paired(
+    let (on, off) = paired_per_run(
         15,
         || {
-            bench.run(looping, text, openai, true);
+            bench.runs(looping, text, openai, true, BACK_TO_BACK);
         },
         || {
-            bench.run(looping, text, openai, false);
+            bench.runs(looping, text, openai, false, BACK_TO_BACK);
         },
     );
     row(
@@ -558,13 +613,13 @@ fn run_log_on_off(
         pct(on, off),
     );
     let scripted = script_host(bench.dir(), 50, 1);
-    let (on, off) = paired(
+    let (on, off) = paired_per_run(
         15,
         || {
-            bench.run(looping, text, &scripted, true);
+            bench.runs(looping, text, &scripted, true, BACK_TO_BACK);
         },
         || {
-            bench.run(looping, text, &scripted, false);
+            bench.runs(looping, text, &scripted, false, BACK_TO_BACK);
         },
     );
     row(
@@ -575,13 +630,13 @@ fn run_log_on_off(
     );
     let text = pure_fanout_prompt(1000);
     let wide = Arc::new(pf_syntax::parse(text.as_bytes()).expect("parse"));
-    let (on, off) = paired(
+    let (on, off) = paired_per_run(
         9,
         || {
-            bench.run(&wide, &text, defaults, true);
+            bench.runs(&wide, &text, defaults, true, BACK_TO_BACK);
         },
         || {
-            bench.run(&wide, &text, defaults, false);
+            bench.runs(&wide, &text, defaults, false, BACK_TO_BACK);
         },
     );
     row(
@@ -593,13 +648,13 @@ fn run_log_on_off(
     let text = model_fanout_prompt(1000);
     let wide = Arc::new(pf_syntax::parse(text.as_bytes()).expect("parse"));
     let replies = script_host(bench.dir(), 0, 1000);
-    let (on, off) = paired(
+    let (on, off) = paired_per_run(
         9,
         || {
-            bench.run(&wide, &text, &replies, true);
+            bench.runs(&wide, &text, &replies, true, BACK_TO_BACK);
         },
         || {
-            bench.run(&wide, &text, &replies, false);
+            bench.runs(&wide, &text, &replies, false, BACK_TO_BACK);
         },
     );
     row(

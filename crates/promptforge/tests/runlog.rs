@@ -834,3 +834,62 @@ fn a_locked_database_warns_and_the_run_goes_on() {
     let listed = home.json(&["runs", "--json"]);
     assert!(!listed.as_array().expect("runs").is_empty());
 }
+
+const LOOP: &str = "---\nname: loop\ndescription: a tool loop\npromptforge: 0\nmax_tool_iterations: 60\nmodels:\n  w: {}\n---\n\n# Loop\n\n## Run\n\n```lua\nmodels.use('w')\nlocal n = 0\ntools.add_local('tick', 'Count one', { step = 'integer' }, function(a)\n  n = n + a.step\n  return 'ok'\nend)\nlocal msgs = messages.new():user('tick twelve times')\nmodels.loop(msgs)\nreturn n\n```\n";
+
+#[test]
+fn a_tool_loop_is_logged_as_deltas_and_shown_whole_right_after_the_run() {
+    let home = Home::new();
+    let mut replies: Vec<Value> = (0..12)
+        .map(|_| json!({"tool_calls": [{"name": "tick", "arguments": {"step": 1}}]}))
+        .collect();
+    replies.push(json!("done"));
+    let replies_file = home.write("replies.json", &Value::Array(replies).to_string());
+    let host = home.write(
+        "host.toml",
+        &format!(
+            "[model]\nprovider = \"script\"\nreplies = {:?}\n",
+            replies_file.display().to_string()
+        ),
+    );
+    let prompt = home.write("loop.md", LOOP);
+    let out = home.run(&prompt, &["--host", host.to_str().expect("utf-8")]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "12\n");
+    // The run's end was committed by the log's own thread; the process
+    // waited for it before it exited, so the next command sees it.
+    let shown = home.json(&["show", "last", "--json"]);
+    assert_eq!(shown["outcome"], "completed");
+    let exchanges = shown["exchanges"].as_array().expect("exchanges");
+    assert_eq!(exchanges.len(), 13);
+    // Each round's request is whole: the conversation so far, then tools.
+    for (round, x) in exchanges.iter().enumerate() {
+        let messages = x["request"]["messages"].as_array().expect("messages");
+        assert_eq!(messages.len(), 1 + 2 * round, "round {round}");
+        assert_eq!(messages[0]["content"], "tick twelve times");
+        assert_eq!(x["request"]["tools"][0]["name"], "tick");
+        if round > 0 {
+            assert_eq!(
+                messages[..messages.len() - 2],
+                exchanges[round - 1]["request"]["messages"]
+                    .as_array()
+                    .expect("messages")[..],
+            );
+        }
+    }
+    // In the database, every round after the first holds only what it adds.
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg("import json, sqlite3, sys\nc = sqlite3.connect(sys.argv[1])\nprint(json.dumps(c.execute('SELECT request_extends, request_json FROM exchanges ORDER BY id').fetchall()))\n")
+        .arg(home.data().join("runs.db"))
+        .output()
+        .expect("python3");
+    let stored: Vec<(Option<i64>, String)> =
+        serde_json::from_slice(&out.stdout).expect("the stored requests");
+    assert_eq!(stored.len(), 13);
+    assert!(stored[0].0.is_none());
+    for (extends, json) in &stored[1..] {
+        assert!(extends.is_some());
+        let request: Value = serde_json::from_str(json).expect("json");
+        assert_eq!(request["messages"].as_array().map(Vec::len), Some(2));
+    }
+}

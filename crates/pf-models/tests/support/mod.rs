@@ -329,7 +329,8 @@ pub fn hello() -> pf_harness::ChatRequest {
             content: serde_json::json!("hello"),
             tool_calls: Vec::new(),
             tool_call_id: None,
-        }],
+        }]
+        .into(),
         ..pf_harness::ChatRequest::default()
     }
 }

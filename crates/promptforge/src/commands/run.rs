@@ -163,12 +163,16 @@ pub(crate) fn execute(plan: RunPlan) -> ExitCode {
     let log = Arc::new(log);
     // A second Ctrl-C exits at once; the log records the run as cancelled first.
     let on_exit = Arc::clone(&log);
-    crate::signals::before_forced_exit(move || on_exit.end_with(LoggedOutcome::Cancelled));
+    crate::signals::before_forced_exit(move || {
+        on_exit.end_with(LoggedOutcome::Cancelled);
+        on_exit.committed();
+    });
     let prompt = match parse_prompt(&source) {
         Ok(p) => p,
         Err(e) => {
             let report = report_parse_failure(&e, &source, format, file);
             log.end(&report);
+            log.settle();
             return ExitCode::from(crate::EXIT_FAILED);
         }
     };
@@ -305,11 +309,10 @@ pub(crate) fn execute(plan: RunPlan) -> ExitCode {
     if let Some(trace) = &trace {
         runtime.block_on(trace.export(&report.outcome));
     }
-    // Everything is committed; the log's writer may still be tidying the
-    // database (a WAL checkpoint), which the process lets it finish.
-    if let Some(sink) = &log.sink {
-        sink.settle();
-    }
+    // The log's writer commits the end (and may tidy the database, a WAL
+    // checkpoint) on its own thread, while the report prints; the process
+    // waits for it before it exits.
+    log.settle();
     if stopped.is_some() {
         return ExitCode::from(crate::EXIT_FAILED);
     }
@@ -346,6 +349,20 @@ impl RunLog {
         self.end_with(outcome);
     }
 
+    /// Wait (bounded) until the ended run is committed and the writer is done.
+    fn settle(&self) {
+        if let Some(sink) = &self.sink {
+            sink.settle();
+        }
+    }
+
+    /// Wait (bounded) until the ended run is committed.
+    fn committed(&self) {
+        if let Some(sink) = &self.sink {
+            sink.committed();
+        }
+    }
+
     fn end_with(&self, outcome: LoggedOutcome) {
         if let Some(sink) = &self.sink {
             let duration = u64::try_from(self.began.elapsed().as_millis()).unwrap_or(u64::MAX);
@@ -359,6 +376,7 @@ impl RunLog {
             kind: "Usage".to_string(),
             message: message.to_string(),
         });
+        self.settle();
         super::usage(message)
     }
 }

@@ -15,8 +15,8 @@ use std::time::Instant;
 use async_trait::async_trait;
 use pf_harness::{
     ActivationContext, ActivePlugin, CancellationToken, ChatMessage, ChatRequest, ChatResponse,
-    InputBroker, LlamaTimings, ModelInfo, ModelProvider, OnText, Plugin, ProviderError, ToolCall,
-    ToolDecl, ToolFailure, ToolSpec, Usage, VllmMetrics, WorkId,
+    HistoryMark, InputBroker, LlamaTimings, ModelInfo, ModelProvider, OnText, Plugin,
+    ProviderError, ToolCall, ToolDecl, ToolFailure, ToolSpec, Usage, VllmMetrics, WorkId,
 };
 use pf_runlog::{
     ActivationRecord, AnswerRecord, ExchangeDraft, ExchangeHandle, RunEnd, RunWriter, TokenUsage,
@@ -108,8 +108,11 @@ impl RunLogSink {
         *self.usage.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Record the end and wait (bounded) until everything is committed.
-    /// Only the first call writes; the writer reported any warning already.
+    /// Record the end; the writer's background thread commits it (and
+    /// whatever is still queued) off the run's path, so the run's end waits
+    /// for nothing. Only the first call writes. Before the process exits, or
+    /// before anyone is told the run is logged: [`RunLogSink::settle`] or
+    /// [`RunLogSink::committed`].
     pub fn finish(&self, outcome: pf_runlog::Outcome, duration_ms: u64) {
         let writer = self
             .writer
@@ -118,7 +121,7 @@ impl RunLogSink {
             .take();
         if let Some(writer) = writer {
             let usage = self.usage();
-            let (_, tail) = writer.finish_with_tail(RunEnd {
+            let tail = writer.finish_deferred(RunEnd {
                 outcome,
                 duration_ms,
                 usage,
@@ -127,15 +130,27 @@ impl RunLogSink {
         }
     }
 
-    /// Before the process exits, after the report: let the writer thread
-    /// finish tidying the database (bounded; everything is committed already).
-    pub fn settle(&self) {
-        let tail = self
+    /// Wait until the finished run is committed, bounded as a synchronous
+    /// finish was (a database that stays locked gives the writer's warning,
+    /// and the run goes on). `show last` in another process sees it then.
+    pub fn committed(&self) {
+        if let Some(tail) = self
             .tail
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(tail) = tail {
+            .as_mut()
+        {
+            tail.wait_committed();
+        }
+    }
+
+    /// Before the process exits, after the report: let the writer thread
+    /// commit the end and finish tidying the database (both bounded).
+    pub fn settle(&self) {
+        // Held while waiting, so a `committed` from another thread (a forced
+        // exit) waits for this wait rather than finding nothing to wait on.
+        let mut tail = self.tail.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(tail) = tail.take() {
             tail.wait(SETTLE_WAIT);
         }
     }
@@ -157,10 +172,10 @@ pub struct Recorder {
     conversations: Mutex<HashMap<String, Conversation>>,
 }
 
-/// A task's last logged request: its whole message list and the exchange
-/// that holds it.
+/// A task's last logged request: a mark of its messages (no copy) and the
+/// exchange that holds it.
 struct Conversation {
-    messages: Vec<ChatMessage>,
+    messages: HistoryMark,
     exchange: ExchangeHandle,
 }
 
@@ -186,17 +201,17 @@ impl Recorder {
 
     /// The request as it will be logged: whole, or, when it begins with
     /// its task's last logged request, the messages it adds to that one.
-    /// It is encoded here, straight from the Harness types: a comparison
-    /// walks the history, but only the added messages are encoded or copied.
+    /// Telling is one mark comparison (the loop shares its history with
+    /// each round's request, see [`pf_harness::History`]); only the added
+    /// messages are encoded, straight from the Harness types.
     fn plan_request(&self, request: &ChatRequest, work: &WorkId) -> RequestPlan {
         let conversations = self
             .conversations
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let continued = conversations.get(&work.task).filter(|last| {
-            request.messages.len() >= last.messages.len()
-                && request.messages[..last.messages.len()] == last.messages[..]
-        });
+        let continued = conversations
+            .get(&work.task)
+            .filter(|last| request.messages.extends(last.messages));
         let (extends, added) = match continued {
             Some(last) => (
                 Some(last.exchange),
@@ -214,7 +229,7 @@ impl Recorder {
         RequestPlan {
             extends,
             request_json: json_text(&body),
-            added: added.to_vec(),
+            messages: request.messages.mark(),
         }
     }
 
@@ -226,19 +241,14 @@ impl Recorder {
             .conversations
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        let next = Conversation {
+            messages: plan.messages,
+            exchange,
+        };
         match (conversations.get_mut(task), plan.extends) {
-            (Some(last), Some(base)) if last.exchange == base => {
-                last.messages.extend(plan.added);
-                last.exchange = exchange;
-            }
+            (Some(last), Some(base)) if last.exchange == base => *last = next,
             (_, None) => {
-                conversations.insert(
-                    task.to_string(),
-                    Conversation {
-                        messages: plan.added,
-                        exchange,
-                    },
-                );
+                conversations.insert(task.to_string(), next);
             }
             _ => {}
         }
@@ -288,8 +298,8 @@ struct LoggedRequest<'a> {
 struct RequestPlan {
     extends: Option<ExchangeHandle>,
     request_json: String,
-    /// The messages the request adds (all of them when it extends none).
-    added: Vec<ChatMessage>,
+    /// The request's whole history, which the next round's may extend.
+    messages: HistoryMark,
 }
 
 /// A response as the recorder logs it: exactly the text of [`response_json`].
@@ -623,7 +633,7 @@ mod tests {
 
     fn request(messages: Vec<ChatMessage>) -> ChatRequest {
         ChatRequest {
-            messages,
+            messages: messages.into(),
             tools: Some(vec![ToolDecl {
                 name: "tick".into(),
                 description: "Count \"one\"\n".into(),
@@ -737,16 +747,33 @@ mod tests {
         second.messages.push(message("assistant", json!("ok")));
         let plan = recorder.plan_request(&second, &work("0"));
         assert_eq!(plan.extends, Some(handle));
-        assert_eq!(plan.added, second.messages[1..]);
         assert_eq!(
             plan.request_json,
             request_json(&ChatRequest {
-                messages: second.messages[1..].to_vec(),
+                messages: second.messages[1..].into(),
                 ..second.clone()
             })
             .to_string()
         );
-        // Another task, or a request that does not begin with the last one, is whole.
+        let handle = pf_runlog::ExchangeHandle::for_tests(1);
+        recorder.logged_request("0", plan, handle);
+        // The loop's next round: the last message given back equal, one added.
+        let mut third = second.clone();
+        third.messages.truncate(1);
+        third.messages.push(message("assistant", json!("ok")));
+        third.messages.push(message("user", json!("more")));
+        let plan = recorder.plan_request(&third, &work("0"));
+        assert_eq!(plan.extends, Some(handle));
+        assert_eq!(
+            plan.request_json,
+            request_json(&ChatRequest {
+                messages: third.messages[2..].into(),
+                ..third.clone()
+            })
+            .to_string()
+        );
+        // Another task, a request that does not begin with the last one, or
+        // one with equal messages built apart from it, is whole.
         assert!(recorder
             .plan_request(&second, &work("0.1"))
             .extends
@@ -754,6 +781,8 @@ mod tests {
         let edited = request(vec![message("user", json!("went"))]);
         let plan = recorder.plan_request(&edited, &work("0"));
         assert!(plan.extends.is_none());
-        assert_eq!(plan.added, edited.messages);
+        assert_eq!(plan.request_json, request_json(&edited).to_string());
+        let apart = request(second.messages.to_vec());
+        assert!(recorder.plan_request(&apart, &work("0")).extends.is_none());
     }
 }

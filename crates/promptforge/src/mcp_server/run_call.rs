@@ -240,6 +240,8 @@ fn run_on_this_thread(tool: &PromptTool, args: String, setup: CallSetup) -> RunR
     };
     if let Some(sink) = &sink {
         sink.finish(logged_outcome(&report), duration);
+        // The client may read the run log as soon as it has the report.
+        sink.committed();
     }
     report
 }
