@@ -198,8 +198,13 @@ impl ListReader {
             }
         };
         let known = self.records.len();
+        // Bounded by the list and reaching no prompt code: raw accesses,
+        // `==` never between two tables, no `__gc` (prompts cannot set one).
         let (ok, len, first): (bool, Option<i64>, i64) =
-            read.call((list, MAX_DEPTH, snaps, known, trusted)).ok()?;
+            crate::vm::without_cancel_poll(lua, || {
+                read.call((list, MAX_DEPTH, snaps, known, trusted))
+            })
+            .ok()?;
         Some((
             ok,
             len.and_then(|n| usize::try_from(n).ok()),
@@ -478,7 +483,8 @@ pub(crate) fn check_across(records: &[Record]) -> Result<(), String> {
             ));
         }
     }
-    let mut seen_ids: Vec<&str> = Vec::new();
+    // Looked up once per call: the list grows every round of a long loop.
+    let mut seen_ids: std::collections::HashSet<&str> = std::collections::HashSet::new();
     // The open batch: the assistant record's position and its calls still unanswered, in call order.
     let mut open: Option<(usize, Vec<&str>)> = None;
     let unanswered = |open: &Option<(usize, Vec<&str>)>| -> Result<(), String> {
@@ -519,13 +525,12 @@ pub(crate) fn check_across(records: &[Record]) -> Result<(), String> {
                 open = None;
                 let calls = rec.tool_calls.as_deref().unwrap_or_default();
                 for call in calls {
-                    if seen_ids.contains(&call.id.as_str()) {
+                    if !seen_ids.insert(&call.id) {
                         return Err(format!(
                             "messages[{n}] tool call id \"{}\" duplicates an earlier tool call",
                             call.id
                         ));
                     }
-                    seen_ids.push(&call.id);
                 }
                 if !calls.is_empty() {
                     open = Some((n, calls.iter().map(|c| c.id.as_str()).collect()));

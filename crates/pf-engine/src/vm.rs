@@ -130,6 +130,16 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     // of the setup. The setup is the engine's own bounded work; the limit
     // still covers it, since `enter` refuses a VM that already uses more than
     // it is granted, as its first allocation past the limit would have.
+    install_cancel_poll(&lua, &sec)?;
+    // The run-wide budget may leave this VM less than the ceiling.
+    sec.run.fixed.memory.enter(&lua)?;
+    Ok(lua)
+}
+
+/// The cancel poll: a count hook, on every thread of the VM (threads made
+/// later inherit it), that ends the running Lua on a cancel or a run that
+/// ended on the spot.
+fn install_cancel_poll(lua: &Lua, sec: &SectionCtx) -> mlua::Result<()> {
     let cancel = sec.run.fixed.cancel.clone();
     let abort = sec.run.abort_signal();
     lua.set_global_hook(
@@ -146,10 +156,30 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
                 Ok(VmState::Continue)
             }
         },
-    )?;
-    // The run-wide budget may leave this VM less than the ceiling.
-    sec.run.fixed.memory.enter(&lua)?;
-    Ok(lua)
+    )
+}
+
+/// Run `f` on the current thread without the cancel poll, which otherwise
+/// sends every Lua instruction through Lua's hook dispatch. Only for the
+/// engine's own Lua that is bounded by its input and can run no prompt code
+/// (no metamethod, no callback; `models.loop`'s list read): a cancel that
+/// arrives meanwhile is seen by whatever comes next (the model round's
+/// `select`, or the poll in the next prompt instructions), as it would be
+/// after a read the poll did not happen to interrupt. The poll is put back
+/// on every exit, errors included.
+pub(crate) fn without_cancel_poll<R>(lua: &Lua, f: impl FnOnce() -> R) -> R {
+    struct Reinstall<'a>(&'a Lua);
+    impl Drop for Reinstall<'_> {
+        fn drop(&mut self) {
+            let reinstalled = section(self.0).and_then(|sec| install_cancel_poll(self.0, &sec));
+            if let Err(e) = reinstalled {
+                tracing::error!("the cancel poll could not be put back: {e}");
+            }
+        }
+    }
+    lua.remove_hook();
+    let _reinstall = Reinstall(lua);
+    f()
 }
 
 /// The globals built on first touch, in the order a fill builds them: the host

@@ -31,7 +31,7 @@ use serde_json::{json, Map, Value as Json};
 use crate::http::json_error_detail;
 use crate::metrics::{AnthropicStreamUsage, Metadata};
 use crate::provider::{HttpProvider, StreamStep, WireFormat};
-use crate::wire;
+use crate::wire::{self, RequestBody};
 
 /// `max_tokens` when the request sets none.
 pub const DEFAULT_MAX_TOKENS: u64 = 4096;
@@ -63,34 +63,31 @@ impl WireFormat for AnthropicMessages {
         (HeaderName::from_static("x-api-key"), key.to_string())
     }
 
-    fn request_body(
+    fn request_body<'a>(
         &self,
         info: &ModelInfo,
         model: &str,
-        request: &ChatRequest,
-    ) -> Result<Map<String, Json>, ProviderError> {
+        request: &'a ChatRequest,
+    ) -> Result<RequestBody<'a>, ProviderError> {
         let (system, messages) = convert_messages(&request.messages)?;
-        let mut body = Map::new();
-        body.insert("model".into(), Json::String(model.to_string()));
+        let mut body = RequestBody::default();
+        body.insert("model", Json::String(model.to_string()));
         let answer_tokens = request.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
         let thinking = thinking_enabled(info, request);
         if thinking {
             let budget = answer_tokens.max(MIN_THINKING_BUDGET);
+            body.insert("max_tokens", json!(answer_tokens.saturating_add(budget)));
             body.insert(
-                "max_tokens".into(),
-                json!(answer_tokens.saturating_add(budget)),
-            );
-            body.insert(
-                "thinking".into(),
+                "thinking",
                 json!({"type": "enabled", "budget_tokens": budget}),
             );
         } else {
-            body.insert("max_tokens".into(), json!(answer_tokens));
+            body.insert("max_tokens", json!(answer_tokens));
         }
         if !system.is_empty() {
-            body.insert("system".into(), Json::String(system));
+            body.insert("system", Json::String(system));
         }
-        body.insert("messages".into(), Json::Array(messages));
+        body.insert("messages", Json::Array(messages));
         if let Some(tools) = request.tools.as_ref().filter(|tools| !tools.is_empty()) {
             let tools = tools
                 .iter()
@@ -98,10 +95,10 @@ impl WireFormat for AnthropicMessages {
                     json!({"name": tool.name, "description": tool.description, "input_schema": tool.parameters})
                 })
                 .collect();
-            body.insert("tools".into(), Json::Array(tools));
+            body.insert("tools", Json::Array(tools));
         }
         if let (Some(temperature), false) = (request.temperature, thinking) {
-            body.insert("temperature".into(), json!(temperature));
+            body.insert("temperature", json!(temperature));
         }
         Ok(body)
     }

@@ -223,14 +223,14 @@ impl HttpClient {
         Ok(HttpClient { client, settings })
     }
 
-    /// POST `body` as JSON to `url`, retrying as [`HttpSettings`] says. Returns the
+    /// POST `body` (encoded JSON) to `url`, retrying as [`HttpSettings`] says. Returns the
     /// final response whatever its status; transport failures, timeouts, an
     /// oversized body and cancellation are errors.
     pub(crate) async fn post_json(
         &self,
         url: &str,
         headers: HeaderMap,
-        body: &serde_json::Value,
+        body: Vec<u8>,
         cancel: &CancellationToken,
     ) -> Result<HttpReply, ProviderError> {
         match self.post(url, headers, body, cancel, false).await? {
@@ -243,7 +243,7 @@ impl HttpClient {
         }
     }
 
-    /// POST `body` as JSON to `url`, asking for an event stream. A success status
+    /// POST `body` (encoded JSON) to `url`, asking for an event stream. A success status
     /// with a `text/event-stream` body is handed back as it arrives; any other
     /// answer (an error status, or a server that ignores `stream` and sends one
     /// JSON body) is read whole. Retries happen only before a stream is handed
@@ -252,7 +252,7 @@ impl HttpClient {
         &self,
         url: &str,
         headers: HeaderMap,
-        body: &serde_json::Value,
+        body: Vec<u8>,
         cancel: &CancellationToken,
     ) -> Result<Streamed, ProviderError> {
         let mut headers = headers;
@@ -264,13 +264,10 @@ impl HttpClient {
         &self,
         url: &str,
         headers: HeaderMap,
-        body: &serde_json::Value,
+        body: Vec<u8>,
         cancel: &CancellationToken,
         stream: bool,
     ) -> Result<Streamed, ProviderError> {
-        let body = serde_json::to_vec(body).map_err(|error| {
-            ProviderError::Failed(format!("cannot encode the model request: {error}"))
-        })?;
         let mut headers = headers;
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         let response = self.send_once(url, &headers, body, cancel).await?;

@@ -51,6 +51,7 @@ pub use openai::{ChatCompletions, OpenAiProvider};
 pub use provider::{HttpProvider, StreamStep, WireFormat};
 pub use record::{RecordFile, RecordingProvider};
 pub use script::{ScriptProvider, ScriptedReply, ScriptedToolCall, ScriptedUsage};
+pub use wire::{BodyField, RequestBody};
 
 /// The context window a Host assumes when its configuration gives none.
 pub const DEFAULT_CONTEXT: u64 = 128_000;

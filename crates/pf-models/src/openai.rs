@@ -23,12 +23,12 @@ use pf_harness::{
     ChatRequest, ChatResponse, ModelInfo, OnText, ProviderError, ThinkingSupport, ToolCall,
 };
 use reqwest::header::{HeaderName, AUTHORIZATION};
-use serde_json::{json, Map, Value as Json};
+use serde_json::{json, Value as Json};
 
 use crate::http::json_error_detail;
 use crate::metrics::Metadata;
 use crate::provider::{HttpProvider, StreamStep, WireFormat};
-use crate::wire;
+use crate::wire::{self, RequestBody};
 
 /// A model behind the Chat Completions API.
 pub type OpenAiProvider = HttpProvider<ChatCompletions>;
@@ -48,29 +48,29 @@ impl WireFormat for ChatCompletions {
         (AUTHORIZATION, format!("Bearer {key}"))
     }
 
-    fn request_body(
+    fn request_body<'a>(
         &self,
         info: &ModelInfo,
         model: &str,
-        request: &ChatRequest,
-    ) -> Result<Map<String, Json>, ProviderError> {
+        request: &'a ChatRequest,
+    ) -> Result<RequestBody<'a>, ProviderError> {
         let mut body = wire::chat_completions_body(model, request);
         // OpenAI refuses an empty `tools` array; no list and an empty list offer the same.
         if request.tools.as_ref().is_some_and(Vec::is_empty) {
-            body.shift_remove("tools");
+            body.remove("tools");
         }
         if info.thinking == ThinkingSupport::Switchable {
             if let Some(thinking) = request.thinking {
                 let effort = if thinking { "medium" } else { "none" };
-                body.insert("reasoning_effort".into(), Json::String(effort.into()));
+                body.insert("reasoning_effort", Json::String(effort.into()));
             }
         }
         Ok(body)
     }
 
-    fn ask_for_stream(&self, body: &mut Map<String, Json>) {
-        body.insert("stream".into(), Json::Bool(true));
-        body.insert("stream_options".into(), json!({"include_usage": true}));
+    fn ask_for_stream(&self, body: &mut RequestBody<'_>) {
+        body.insert("stream", Json::Bool(true));
+        body.insert("stream_options", json!({"include_usage": true}));
     }
 
     fn is_context_overflow(&self, message: &str, code: Option<&str>) -> bool {

@@ -4,6 +4,7 @@
 //! the bytes look like.
 
 use std::fmt::Debug;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,7 +15,7 @@ use pf_harness::{
 };
 use reqwest::header::{HeaderMap, HeaderName};
 use reqwest::StatusCode;
-use serde_json::{Map, Value as Json};
+use serde_json::Value as Json;
 
 use crate::http::{
     describe_duration, is_transient, log_safe, malformed, read_api_key, scrub_key, secret_header,
@@ -23,7 +24,18 @@ use crate::http::{
 };
 use crate::record::RecordFile;
 use crate::scrub::{KeyScrubber, StreamScrub};
-use crate::wire;
+use crate::wire::{self, RequestBody};
+
+/// A request body's bytes, as sent (and captured). A conversation's bodies
+/// grow round by round, so the buffer starts at the last body's size.
+fn encode(body: &RequestBody<'_>, last_len: &AtomicUsize) -> Result<Vec<u8>, ProviderError> {
+    let capacity = last_len.load(Ordering::Relaxed).saturating_add(1024);
+    let bytes = body.encode_with_capacity(capacity).map_err(|error| {
+        ProviderError::Failed(format!("cannot encode the model request: {error}"))
+    })?;
+    last_len.store(bytes.len(), Ordering::Relaxed);
+    Ok(bytes)
+}
 
 /// A reply with every form of the key taken out of the server's text: it goes
 /// on into the conversation, the run log and the recorded requests.
@@ -135,15 +147,15 @@ pub trait WireFormat: Default + Debug + Send + Sync + 'static {
     /// The header that carries `key`, and its value.
     fn key_header(&self, key: &str) -> (HeaderName, String);
     /// The JSON body for `request`. Fails when the request has no form in this API.
-    fn request_body(
+    fn request_body<'a>(
         &self,
         info: &ModelInfo,
         model: &str,
-        request: &ChatRequest,
-    ) -> Result<Map<String, Json>, ProviderError>;
+        request: &'a ChatRequest,
+    ) -> Result<RequestBody<'a>, ProviderError>;
     /// Turn a request body into one that asks for an event stream.
-    fn ask_for_stream(&self, body: &mut Map<String, Json>) {
-        body.insert("stream".into(), Json::Bool(true));
+    fn ask_for_stream(&self, body: &mut RequestBody<'_>) {
+        body.insert("stream", Json::Bool(true));
     }
     /// Whether an error reply's message (and code) says the prompt did not fit.
     fn is_context_overflow(&self, message: &str, _code: Option<&str>) -> bool {
@@ -175,6 +187,8 @@ pub struct HttpProvider<W> {
     wire: W,
     /// Where each attempt's request is appended, when the Host records.
     record: Option<Arc<RecordFile>>,
+    /// The length of the last request body, the next one's starting buffer.
+    last_body_len: AtomicUsize,
 }
 
 impl<W: WireFormat> HttpProvider<W> {
@@ -186,6 +200,7 @@ impl<W: WireFormat> HttpProvider<W> {
             http,
             wire: W::default(),
             record: None,
+            last_body_len: AtomicUsize::new(0),
         })
     }
 
@@ -257,7 +272,7 @@ impl<W: WireFormat> HttpProvider<W> {
         Ok(headers)
     }
 
-    fn request_body(&self, request: &ChatRequest) -> Result<Map<String, Json>, ProviderError> {
+    fn request_body<'a>(&self, request: &'a ChatRequest) -> Result<RequestBody<'a>, ProviderError> {
         self.wire
             .request_body(&self.info, &self.config.model, request)
     }
@@ -269,10 +284,13 @@ impl<W: WireFormat> HttpProvider<W> {
         cancel: &CancellationToken,
     ) -> Result<ChatResponse, AttemptFailure> {
         let url = self.config.endpoint(W::PATH);
-        let body = Json::Object(self.request_body(request)?);
+        let body = encode(&self.request_body(request)?, &self.last_body_len)?;
+        let sent = request
+            .capture
+            .then(|| String::from_utf8_lossy(&body).into_owned());
         let reply = self
             .http
-            .post_json(&url, self.headers(key)?, &body, cancel)
+            .post_json(&url, self.headers(key)?, body, cancel)
             .await?;
         let mut response = self
             .whole_reply(&url, &reply, key)
@@ -280,9 +298,9 @@ impl<W: WireFormat> HttpProvider<W> {
                 error,
                 retry_after: reply.retry_after,
             })?;
-        if request.capture {
+        if let Some(sent) = sent {
             response.capture = Some(WireCapture {
-                request: body.to_string(),
+                request: sent,
                 response: String::from_utf8_lossy(&reply.body).into_owned(),
             });
         }
@@ -299,7 +317,10 @@ impl<W: WireFormat> HttpProvider<W> {
         let url = self.config.endpoint(W::PATH);
         let mut body = self.request_body(request)?;
         self.wire.ask_for_stream(&mut body);
-        let body = Json::Object(body);
+        let body = encode(&body, &self.last_body_len)?;
+        let sent = request
+            .capture
+            .then(|| String::from_utf8_lossy(&body).into_owned());
         // Fragments are timed as they arrive, ahead of the key scrubber
         // (which may hold text back and join fragments).
         let mut clock = FragmentClock::new();
@@ -310,7 +331,7 @@ impl<W: WireFormat> HttpProvider<W> {
         let on_text: &mut OnText<'_> = &mut on_text;
         let mut stream = match self
             .http
-            .post_stream(&url, self.headers(key)?, &body, cancel)
+            .post_stream(&url, self.headers(key)?, body, cancel)
             .await?
         {
             Streamed::Events(stream) => stream,
@@ -322,9 +343,9 @@ impl<W: WireFormat> HttpProvider<W> {
                             error,
                             retry_after: reply.retry_after,
                         })?;
-                if request.capture {
+                if let Some(sent) = sent {
                     response.capture = Some(WireCapture {
-                        request: body.to_string(),
+                        request: sent,
                         response: String::from_utf8_lossy(&reply.body).into_owned(),
                     });
                 }
@@ -335,17 +356,16 @@ impl<W: WireFormat> HttpProvider<W> {
                 return Ok(response);
             }
         };
-        let mut received = request.capture.then(String::new);
+        let mut received = sent.is_some().then(String::new);
         let reply = self
             .read_stream(&url, key, &mut stream, cancel, on_text, received.as_mut())
             .await?;
         let mut response = self.wire.finish_stream(reply);
         response.stream_timing = Some(clock.timing());
         // A streamed reply's captured body is its events' data, one per line.
-        response.capture = received.map(|response| WireCapture {
-            request: body.to_string(),
-            response,
-        });
+        response.capture = sent
+            .zip(received)
+            .map(|(request, response)| WireCapture { request, response });
         Ok(response)
     }
 

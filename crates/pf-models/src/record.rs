@@ -12,7 +12,6 @@ use pf_harness::{
     CancellationToken, ChatRequest, ChatResponse, ModelInfo, ModelProvider, OnText, ProviderError,
     WorkId,
 };
-use serde_json::Value as Json;
 
 use crate::wire;
 
@@ -39,7 +38,11 @@ impl RecordFile {
 
     /// The record line for `request` to the model `model_id`, without the newline.
     pub fn record_line(model_id: &str, request: &ChatRequest) -> String {
-        Json::Object(wire::chat_completions_body(model_id, request)).to_string()
+        // Encoding a body cannot fail: every key is text, every value JSON.
+        let body = wire::chat_completions_body(model_id, request);
+        body.encode()
+            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+            .unwrap_or_default()
     }
 
     /// Append one request; written before it is sent, whatever then happens.

@@ -2,10 +2,186 @@
 //! recording wrapper (its record format), and the reply helpers both wire formats use.
 
 use pf_harness::{ChatMessage, ChatRequest, ToolCall, ToolDecl};
-use serde_json::{json, Map, Value as Json};
+use serde::ser::{SerializeMap, Serializer};
+use serde::Serialize;
+#[cfg(test)]
+use serde_json::Map;
+use serde_json::{json, Value as Json};
+
+/// A request body: its fields in order, as a JSON object. The message and
+/// tool lists of a chat-completions body are encoded straight from the
+/// request they borrow, so a round copies no history into a JSON tree.
+#[derive(Debug, Default)]
+pub struct RequestBody<'a> {
+    fields: Vec<(&'static str, BodyField<'a>)>,
+}
+
+/// One field's value in a [`RequestBody`].
+#[derive(Debug)]
+pub enum BodyField<'a> {
+    Json(Json),
+    /// Messages in chat-completions shape (see [`message_json`]).
+    ChatMessages(&'a [ChatMessage]),
+    /// Tools in chat-completions shape (see [`tool_json`]).
+    ChatTools(&'a [ToolDecl]),
+}
+
+impl<'a> RequestBody<'a> {
+    /// Set `key`: in its place when the body has it already, else last (as a
+    /// JSON object with its keys in insertion order does).
+    pub fn insert(&mut self, key: &'static str, value: impl Into<BodyField<'a>>) {
+        let value = value.into();
+        match self.fields.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, slot)) => *slot = value,
+            None => self.fields.push((key, value)),
+        }
+    }
+
+    /// Take `key` out, keeping the order of the rest.
+    pub fn remove(&mut self, key: &str) {
+        self.fields.retain(|(k, _)| *k != key);
+    }
+
+    /// The body as one JSON value.
+    pub fn to_json(&self) -> Json {
+        serde_json::to_value(self).unwrap_or(Json::Null)
+    }
+
+    /// The encoded body, as sent.
+    pub fn encode(&self) -> Result<Vec<u8>, serde_json::Error> {
+        serde_json::to_vec(self)
+    }
+
+    /// The encoded body, written into a buffer of `capacity` bytes to start with.
+    pub fn encode_with_capacity(&self, capacity: usize) -> Result<Vec<u8>, serde_json::Error> {
+        let mut bytes = Vec::with_capacity(capacity);
+        serde_json::to_writer(&mut bytes, self)?;
+        Ok(bytes)
+    }
+}
+
+impl From<Json> for BodyField<'_> {
+    fn from(value: Json) -> Self {
+        BodyField::Json(value)
+    }
+}
+
+impl Serialize for RequestBody<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.fields.len()))?;
+        for (key, value) in &self.fields {
+            map.serialize_entry(key, value)?;
+        }
+        map.end()
+    }
+}
+
+impl Serialize for BodyField<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            BodyField::Json(value) => value.serialize(serializer),
+            BodyField::ChatMessages(messages) => {
+                serializer.collect_seq(messages.iter().map(WireMessage))
+            }
+            BodyField::ChatTools(tools) => serializer.collect_seq(tools.iter().map(WireTool)),
+        }
+    }
+}
 
 /// One message in chat-completions shape: `role`, `content`, plus `tool_calls`
 /// when the message carries any and `tool_call_id` when it answers one.
+struct WireMessage<'a>(&'a ChatMessage);
+
+impl Serialize for WireMessage<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let message = self.0;
+        let calls = !message.tool_calls.is_empty();
+        let len = 2 + usize::from(calls) + usize::from(message.tool_call_id.is_some());
+        let mut map = serializer.serialize_map(Some(len))?;
+        map.serialize_entry("role", &message.role)?;
+        map.serialize_entry("content", &message.content)?;
+        if calls {
+            map.serialize_entry("tool_calls", &WireCalls(&message.tool_calls))?;
+        }
+        if let Some(id) = &message.tool_call_id {
+            map.serialize_entry("tool_call_id", id)?;
+        }
+        map.end()
+    }
+}
+
+/// `{"id", "type": "function", "function": {"name", "arguments"}}`.
+struct WireCall<'a>(&'a ToolCall);
+
+impl Serialize for WireCall<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let call = self.0;
+        let mut map = serializer.serialize_map(Some(3))?;
+        map.serialize_entry("id", &call.id)?;
+        map.serialize_entry("type", "function")?;
+        map.serialize_entry(
+            "function",
+            &Function {
+                name: &call.name,
+                second: ("arguments", &call.arguments),
+                third: None,
+            },
+        )?;
+        map.end()
+    }
+}
+
+/// `{"type": "function", "function": {"name", "description", "parameters"}}`.
+struct WireTool<'a>(&'a ToolDecl);
+
+impl Serialize for WireTool<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let tool = self.0;
+        let mut map = serializer.serialize_map(Some(2))?;
+        map.serialize_entry("type", "function")?;
+        map.serialize_entry(
+            "function",
+            &Function {
+                name: &tool.name,
+                second: ("description", &tool.description),
+                third: Some(("parameters", &tool.parameters)),
+            },
+        )?;
+        map.end()
+    }
+}
+
+/// The `function` object of a call or a tool.
+struct Function<'a> {
+    name: &'a str,
+    second: (&'static str, &'a str),
+    third: Option<(&'static str, &'a Json)>,
+}
+
+impl Serialize for Function<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let len = 2 + usize::from(self.third.is_some());
+        let mut map = serializer.serialize_map(Some(len))?;
+        map.serialize_entry("name", self.name)?;
+        map.serialize_entry(self.second.0, self.second.1)?;
+        if let Some((key, value)) = self.third {
+            map.serialize_entry(key, value)?;
+        }
+        map.end()
+    }
+}
+
+/// A message's tool calls, in chat-completions shape.
+struct WireCalls<'a>(&'a [ToolCall]);
+
+impl Serialize for WireCalls<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter().map(WireCall))
+    }
+}
+
+/// One message in chat-completions shape, as a JSON value (the tests' reference).
+#[cfg(test)]
 pub(crate) fn message_json(message: &ChatMessage) -> Json {
     let mut object = Map::new();
     object.insert("role".into(), Json::String(message.role.clone()));
@@ -20,6 +196,7 @@ pub(crate) fn message_json(message: &ChatMessage) -> Json {
     Json::Object(object)
 }
 
+#[cfg(test)]
 fn tool_call_json(call: &ToolCall) -> Json {
     json!({
         "id": call.id,
@@ -28,6 +205,7 @@ fn tool_call_json(call: &ToolCall) -> Json {
     })
 }
 
+#[cfg(test)]
 fn tool_json(tool: &ToolDecl) -> Json {
     json!({
         "type": "function",
@@ -41,7 +219,26 @@ fn tool_json(tool: &ToolDecl) -> Json {
 
 /// The request body in chat-completions shape: `model`, `messages`, then
 /// `tools`, `temperature` and `max_tokens` only when the request sets them.
-pub(crate) fn chat_completions_body(model: &str, request: &ChatRequest) -> Map<String, Json> {
+pub(crate) fn chat_completions_body<'a>(model: &str, request: &'a ChatRequest) -> RequestBody<'a> {
+    let mut body = RequestBody::default();
+    body.insert("model", Json::String(model.to_string()));
+    body.insert("messages", BodyField::ChatMessages(&request.messages));
+    if let Some(tools) = &request.tools {
+        body.insert("tools", BodyField::ChatTools(tools));
+    }
+    if let Some(temperature) = request.temperature {
+        body.insert("temperature", json!(temperature));
+    }
+    if let Some(max_tokens) = request.max_tokens {
+        body.insert("max_tokens", json!(max_tokens));
+    }
+    body
+}
+
+/// The body as the tree-building encoder made it before [`RequestBody`]
+/// (the tests' reference for the same bytes).
+#[cfg(test)]
+pub(crate) fn chat_completions_tree(model: &str, request: &ChatRequest) -> Map<String, Json> {
     let mut body = Map::new();
     body.insert("model".into(), Json::String(model.to_string()));
     let messages = request.messages.iter().map(message_json).collect();
@@ -133,6 +330,144 @@ pub(crate) fn mentions_context_overflow(message: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::provider::WireFormat;
+    use pf_harness::{ModelInfo, ThinkingSupport};
+
+    fn message(role: &str, content: Json) -> ChatMessage {
+        ChatMessage {
+            role: role.into(),
+            content,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
+
+    /// Requests covering every field the body carries, and text that needs escaping.
+    fn varied_requests() -> Vec<ChatRequest> {
+        let odd = "é ü 日本 🦀 \"q\" \\ \n\t\r \u{1} \u{1f} \u{7f} \u{2028} \u{2029} </script>";
+        let mut calling = message("assistant", Json::Null);
+        calling.tool_calls = vec![
+            ToolCall {
+                id: "call_1".into(),
+                name: "tick".into(),
+                arguments: r#"{"step":1,"note":"a \"b\" é"}"#.into(),
+            },
+            ToolCall {
+                id: "call 2 🦀".into(),
+                name: "look".into(),
+                arguments: "not json {".into(),
+            },
+        ];
+        let mut answer = message("tool", json!("ok"));
+        answer.tool_call_id = Some("call_1".into());
+        let mut answer_odd = message("tool", json!(odd));
+        answer_odd.tool_call_id = Some("call 2 🦀".into());
+        let mut calling_with_text = message("assistant", json!("let me look"));
+        calling_with_text.tool_calls = vec![ToolCall {
+            id: String::new(),
+            name: String::new(),
+            arguments: String::new(),
+        }];
+        let history = vec![
+            message("system", json!("You are terse.\n\nAnswer in French.")),
+            message("user", json!(odd)),
+            message("user", json!("")),
+            message(
+                "user",
+                json!([{"type": "text", "text": "look"}, {"type": "text", "text": "\n\n"},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]),
+            ),
+            calling,
+            answer,
+            answer_odd,
+            calling_with_text,
+            message("assistant", json!("done")),
+        ];
+        let tools = vec![
+            ToolDecl {
+                name: "tick".into(),
+                description: "Count one".into(),
+                parameters: json!({"type": "object", "properties": {"step": {"type": "integer"}},
+                    "required": ["step"], "additionalProperties": false}),
+            },
+            ToolDecl {
+                name: "look".into(),
+                description: odd.into(),
+                parameters: json!({"type": "object", "properties": {}, "z": 1.5, "a": [null, true, -0.0, 1e300]}),
+            },
+        ];
+        let mut out = Vec::new();
+        for n in [0, 1, 2, 5, history.len()] {
+            for tools in [None, Some(Vec::new()), Some(tools.clone())] {
+                for (temperature, max_tokens, thinking) in [
+                    (None, None, None),
+                    (Some(0.3), Some(256), Some(true)),
+                    (Some(1.0), None, Some(false)),
+                    (Some(1e-7), Some(0), None),
+                    (Some(0.0), Some(u64::MAX), Some(true)),
+                ] {
+                    out.push(ChatRequest {
+                        messages: history[..n].to_vec().into(),
+                        tools: tools.clone(),
+                        temperature,
+                        max_tokens,
+                        thinking,
+                        capture: false,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// The OpenAI body as the tree-building code made it.
+    fn openai_tree(info: &ModelInfo, request: &ChatRequest, stream: bool) -> String {
+        let mut body = chat_completions_tree("m-1", request);
+        if request.tools.as_ref().is_some_and(Vec::is_empty) {
+            body.shift_remove("tools");
+        }
+        if info.thinking == ThinkingSupport::Switchable {
+            if let Some(thinking) = request.thinking {
+                let effort = if thinking { "medium" } else { "none" };
+                body.insert("reasoning_effort".into(), Json::String(effort.into()));
+            }
+        }
+        if stream {
+            body.insert("stream".into(), Json::Bool(true));
+            body.insert("stream_options".into(), json!({"include_usage": true}));
+        }
+        Json::Object(body).to_string()
+    }
+
+    #[test]
+    fn borrowed_bodies_are_the_bytes_the_json_tree_gave() {
+        let wire = crate::openai::ChatCompletions::default();
+        for thinking in [ThinkingSupport::Switchable, ThinkingSupport::Never] {
+            let info = ModelInfo {
+                id: "m".into(),
+                context: 1000,
+                thinking,
+                description: String::new(),
+            };
+            for request in varied_requests() {
+                let record = chat_completions_body("m-1", &request);
+                assert_eq!(
+                    String::from_utf8(record.encode().unwrap()).unwrap(),
+                    Json::Object(chat_completions_tree("m-1", &request)).to_string()
+                );
+                for stream in [false, true] {
+                    let mut body = wire.request_body(&info, "m-1", &request).unwrap();
+                    if stream {
+                        wire.ask_for_stream(&mut body);
+                    }
+                    let bytes = String::from_utf8(body.encode().unwrap()).unwrap();
+                    assert_eq!(body.encode_with_capacity(7).unwrap(), bytes.as_bytes());
+                    assert_eq!(bytes, openai_tree(&info, &request, stream));
+                    assert_eq!(body.to_json().to_string(), bytes);
+                }
+            }
+        }
+    }
 
     #[test]
     fn excerpt_cuts_long_bodies_on_a_char_boundary() {

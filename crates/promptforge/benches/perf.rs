@@ -417,6 +417,25 @@ fn child(workload: &str) {
             HostConfig::load(None).expect("defaults"),
             std::env::var("PF_PERF_WANT").unwrap_or_default(),
         ),
+        // The bare reqwest loop against the in-process server, for CPU
+        // comparisons with `openai_loop` (`perf stat`).
+        "bare_loop" => {
+            let url = format!(
+                "{}/chat/completions",
+                instant_openai::instant_openai_server()
+            );
+            let repeat: usize = std::env::var("PF_PERF_REPEAT")
+                .ok()
+                .and_then(|r| r.parse().ok())
+                .unwrap_or(1);
+            let t = Instant::now();
+            for _ in 0..repeat {
+                let client = reqwest::Client::new();
+                assert_eq!(bench.runtime.block_on(bare_http_loop(&client, &url)), 50);
+            }
+            println!("{} {}", t.elapsed().as_micros(), peak_rss_kib());
+            return;
+        }
         other => panic!("unknown workload {other}"),
     };
     let prompt = Arc::new(pf_syntax::parse(text.as_bytes()).expect("parse"));
@@ -465,10 +484,13 @@ fn main() {
         "workload", "time", "baseline", "ratio"
     );
 
-    // `PF_PERF_ONLY=runlog` runs only the run log's on/off rows.
-    let only_runlog = std::env::var("PF_PERF_ONLY").is_ok_and(|only| only == "runlog");
+    // `PF_PERF_ONLY=runlog` runs only the run log's on/off rows, `loop` only
+    // the tool loop against the bare loop.
+    let only = std::env::var("PF_PERF_ONLY").unwrap_or_default();
+    let only_runlog = only == "runlog";
+    let only_loop = only == "loop";
     let defaults = HostConfig::load(None).expect("defaults");
-    if !only_runlog {
+    if !only_runlog && !only_loop {
         section_entry(&bench, &defaults);
     }
 
@@ -483,6 +505,9 @@ fn main() {
     );
     if !only_runlog {
         tool_loop_against_bare(&bench, &looping, &text, &openai, &base);
+    }
+    if only_loop {
+        return;
     }
 
     // (e) run log on vs off

@@ -402,3 +402,46 @@ fn a_close_handler_in_a_task_or_a_fanout_arm_is_cancelled() {
     );
     cancels_in_subsection("fanout('### Work', { 1 })\nreturn 'finished'", "INT");
 }
+
+/// A scripted model that asks for `spin` `calls` times, then answers.
+fn spin_host(dir: &Path, calls: usize) -> PathBuf {
+    let mut replies: Vec<Value> = (0..calls)
+        .map(|_| json!({"tool_calls": [{"name": "spin", "arguments": {}}]}))
+        .collect();
+    replies.push(json!("done"));
+    let file = dir.join("replies.json");
+    std::fs::write(&file, Value::Array(replies).to_string()).expect("replies");
+    let host = dir.join("host.toml");
+    std::fs::write(
+        &host,
+        format!(
+            "[model]\nprovider = \"script\"\nreplies = {}\n",
+            Value::String(file.display().to_string())
+        ),
+    )
+    .expect("host");
+    host
+}
+
+/// `models.loop` reads its list without the cancel poll; the poll is back for
+/// the prompt code after it: a tool handler in a later round, and the block
+/// once the loop returned.
+#[test]
+fn prompt_code_after_a_tool_loop_round_is_cancelled() {
+    let hosts = tempfile::tempdir().expect("tempdir");
+    let frontmatter = "models:\n  writer: {}\n";
+    let in_handler = "models.use('writer')\nlocal n = 0\ntools.add_local('spin', 'Spin', {}, function()\n  n = n + 1\n  if n == 3 then store.write('marker.txt', 'in') while true do end end\n  return 'ok'\nend)\nmodels.loop(messages.new():user('spin'))\nreturn 'finished'";
+    let host = spin_host(hosts.path(), 5);
+    cancels_run(
+        start(in_handler, frontmatter, Some(&host)),
+        "a spinning tool handler",
+        "INT",
+    );
+    let after = "models.use('writer')\ntools.add_local('spin', 'Spin', {}, function() return 'ok' end)\nmodels.loop(messages.new():user('spin'))\nstore.write('marker.txt', 'in')\nwhile true do end";
+    let host = spin_host(hosts.path(), 3);
+    cancels_run(
+        start(after, frontmatter, Some(&host)),
+        "a loop after models.loop",
+        "TERM",
+    );
+}

@@ -290,26 +290,38 @@ end
 -- snapshot of each record read, `snaps[i]`, lets the next read prove record i
 -- unchanged without Rust reading it again. A snapshot is a flat array of nodes,
 -- one per table of the record (the record first, then each table met in its
--- pairs, depth first): the table, its raw length when its integer keys are not
--- exactly 1..n (only then can the length change with the contents unchanged),
--- the pair count, the number of child nodes, then per pair whether it needs a
--- raw comparison (a table key or value, or a number value, whose subtype and
--- zero sign `==` cannot tell apart), the key and the value, then a closing
--- triple no further pair can match. Other pairs compare with `==`, which calls
--- no metamethod unless both sides are tables (or both userdata), and the
--- snapshot's side of such a pair never is. Equal `next` sequences of every table of a record give
--- equal reads, the layout-dependent raw length aside, which is compared.
+-- pairs, depth first), and at [0] the position after the last node. A node is
+-- the table, its raw length when its integer keys are not exactly 1..n (only
+-- then can the length change with the contents unchanged), the position of
+-- its closing triple, then per pair how it compares, the key and the value,
+-- then a closing triple no further pair can match. How a pair compares: a
+-- table key, with `rawequal` and subtype and zero sign for a number value
+-- (true); a table value, with `rawequal` ('table'); a number value, by value,
+-- subtype and zero sign (its subtype); anything else with `==` (false). `==`
+-- calls no metamethod unless both sides are tables (or both userdata), and
+-- the snapshot's side of such a pair never is. Equal `next` sequences of
+-- every table of a record give equal reads, the layout-dependent raw length
+-- aside, which is compared. A node's table is the one its parent's pair
+-- proved the value, so the nodes are checked in turn, without recursion.
+-- Nothing here can run prompt code (raw access only, no metamethod), so the
+-- engine runs it without the cancel poll (vm.rs `without_cancel_poll`).
 local NAN = 0 / 0
 local function snap_node(t, s, n)
   local head = n
   s[head + 1] = t
-  n = head + 4
-  local first, count, ints, top = n, 0, 0, 0
+  n = head + 3
+  local first, ints, top = n, 0, 0
   for k, v in next, t do
-    s[n + 1] = type(k) == 'table' or type(v) == 'table' or math_type(v) ~= nil
-    s[n + 2], s[n + 3] = k, v
+    local f = false
+    if type(k) == 'table' then
+      f = true
+    elseif type(v) == 'table' then
+      f = 'table'
+    else
+      f = math_type(v) or false
+    end
+    s[n + 1], s[n + 2], s[n + 3] = f, k, v
     n = n + 3
-    count = count + 1
     if math_type(k) == 'integer' then
       ints = ints + 1
       if k > top then top = k end
@@ -318,43 +330,54 @@ local function snap_node(t, s, n)
   -- A pair past the last one meets this: NaN equals no key.
   s[n + 1], s[n + 2], s[n + 3] = false, NAN, NAN
   s[head + 2] = ints ~= top and rawlen(t)
-  s[head + 3] = count
-  local last, kids = n, 0
+  s[head + 3] = n + 1
+  local last = n
   n = n + 3
   for i = first + 2, last, 3 do
     local k, v = s[i], s[i + 1]
-    if type(k) == 'table' then kids = kids + 1; n = snap_node(k, s, n) end
-    if type(v) == 'table' then kids = kids + 1; n = snap_node(v, s, n) end
+    if type(k) == 'table' then n = snap_node(k, s, n) end
+    if type(v) == 'table' then n = snap_node(v, s, n) end
   end
-  s[head + 4] = kids
   return n
+end
+local function snap_record(record)
+  local s = {}
+  s[0] = snap_node(record, s, 0)
+  return s
 end
 local function same_number(a, b)
   if math_type(a) ~= math_type(b) then return false end
   return a ~= 0 or 1 / a == 1 / b
 end
--- The position after node `n` of `s` when its table is as snapshotted, else false.
-local function same_node(s, n)
-  local t, len, count, kids = s[n + 1], s[n + 2], s[n + 3], s[n + 4]
-  if len and rawlen(t) ~= len then return false end
-  local i = n + 4
-  for k, v in next, t do
-    if s[i + 1] then
-      local sv = s[i + 3]
-      if not rawequal(k, s[i + 2]) or not rawequal(v, sv) then return false end
-      if math_type(sv) and not same_number(v, sv) then return false end
-    elseif k ~= s[i + 2] or v ~= s[i + 3] then
-      return false
+-- Whether every table of a record is as snapshotted: each node in turn (a
+-- parent's pair already proved each child node's table is the value it holds).
+local function same_record(s)
+  local n, stop = 0, s[0]
+  repeat
+    local t, len, last = s[n + 1], s[n + 2], s[n + 3]
+    if len and rawlen(t) ~= len then return false end
+    local i = n + 4
+    for k, v in next, t do
+      local f = s[i]
+      if not f then
+        if k ~= s[i + 1] or v ~= s[i + 2] then return false end
+      elseif f == 'table' then
+        if k ~= s[i + 1] or not rawequal(v, s[i + 2]) then return false end
+      elseif f == true then
+        local sv = s[i + 2]
+        if not rawequal(k, s[i + 1]) or not rawequal(v, sv) then return false end
+        if math_type(sv) and not same_number(v, sv) then return false end
+      else
+        local sv = s[i + 2]
+        if k ~= s[i + 1] or v ~= sv or math_type(v) ~= f then return false end
+        if sv == 0 and f == 'float' and 1 / v ~= 1 / sv then return false end
+      end
+      i = i + 3
     end
-    i = i + 3
-  end
-  if i ~= n + 4 + 3 * count then return false end
-  i = i + 3
-  for _ = 1, kids do
-    i = same_node(s, i)
-    if not i then return false end
-  end
-  return i
+    if i ~= last then return false end
+    n = i + 2
+  until n >= stop
+  return true
 end
 -- `list_shape`'s answers (representable, length) plus the first index whose
 -- record is not proven unchanged since the last call with `snaps` (which held
@@ -367,7 +390,7 @@ function H.list_read(list, max, snaps, known, trusted)
   local first = nil
   for k, v in next, list do
     local s = snaps[k]
-    if s and rawequal(s[1], v) and (trusted or same_node(s, 0)) then
+    if s and rawequal(s[1], v) and (trusted or same_record(s)) then
       -- Only the integers 1..known index `snaps`.
       count = count + 1
       if k > top then top = k end
@@ -396,10 +419,7 @@ function H.list_read(list, max, snaps, known, trusted)
     local record = rawget(list, i)
     local s = nil
     -- A record that is not a table fails the read in Rust.
-    if type(record) == 'table' then
-      s = {}
-      snap_node(record, s, 0)
-    end
+    if type(record) == 'table' then s = snap_record(record) end
     snaps[i] = s
   end
   for i = top + 1, known do snaps[i] = nil end
