@@ -675,6 +675,7 @@ impl SectionCtx {
         if self.is_h1 {
             // From the H1 pass, `argv` is an ordinary global: hand on what it holds now.
             let current: Value = lua.globals().raw_get("argv")?;
+            crate::vm::fill_if_table(lua, &current)?;
             return match crate::json::lua_to_json(&current, "argv") {
                 Ok(Json::Null) => Ok(None),
                 Ok(j) => Ok(Some(j)),
@@ -1027,12 +1028,31 @@ where
     R: IntoLuaMulti,
     F: Fn(&Lua, MultiValue) -> HostResult<R> + 'static,
 {
+    register_host_fn(lua, f, false)
+}
+
+/// `host_fn` for a metamethod of one of the engine's proxy tables (`sys`,
+/// `var`): its first argument is the proxy itself, which the host never
+/// walks, so it alone does not build the pending globals (hostfn.rs).
+pub(crate) fn host_method<R, F>(lua: &Lua, f: F) -> mlua::Result<Function>
+where
+    R: IntoLuaMulti,
+    F: Fn(&Lua, MultiValue) -> HostResult<R> + 'static,
+{
+    register_host_fn(lua, f, true)
+}
+
+fn register_host_fn<R, F>(lua: &Lua, f: F, on_proxy: bool) -> mlua::Result<Function>
+where
+    R: IntoLuaMulti,
+    F: Fn(&Lua, MultiValue) -> HostResult<R> + 'static,
+{
     let entry: crate::hostfn::SyncEntry =
         Rc::new(move |lua: &Lua, args: MultiValue| match f(lua, args) {
             Ok(r) => ok_values(lua, r),
             Err(e) => raise_values(lua, e),
         });
-    crate::hostfn::register_sync(lua, entry)
+    crate::hostfn::register_sync(lua, entry, on_proxy)
 }
 
 /// Register a suspending host function.

@@ -13,7 +13,8 @@
 //! will need are made in one Lua call (`wrap_hosts_ahead`), sized by what the
 //! previous VM's setup registered: one call each was a tenth of the setup.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::rc::Rc;
 
 use futures::future::LocalBoxFuture;
@@ -33,17 +34,27 @@ struct HostFns {
     wrap_host: Function,
     wrap_async: Function,
     async_entries: RefCell<Vec<AsyncEntry>>,
-    sync_entries: RefCell<Vec<SyncEntry>>,
+    /// Each with whether it is a metamethod of an engine proxy (`register_sync`).
+    sync_entries: RefCell<Vec<(SyncEntry, bool)>>,
     /// The closure for sync entry `i` at `i` (taken when it registers).
     sync_ahead: RefCell<Vec<Option<Function>>>,
     async_ahead: RefCell<Vec<Option<Function>>>,
+    /// Builds the globals still pending (vm.rs `LAZY_GLOBALS`) while some may be.
+    fill_pending: Cell<Option<FillGlobals>>,
 }
+
+/// What builds a VM's pending globals (vm.rs).
+pub(crate) type FillGlobals = fn(&Lua) -> mlua::Result<()>;
 
 thread_local! {
     /// How many sync and async host functions the last section VM built on this
     /// thread registered during its setup: the next one makes that many
     /// closures in one Lua call instead of one call each.
     static SETUP_COUNTS: std::cell::Cell<(usize, usize)> = const { std::cell::Cell::new((0, 0)) };
+    /// The same for each global built on first touch (vm.rs `LAZY_GLOBALS`),
+    /// from its last build on this thread.
+    static BUILD_COUNTS: RefCell<HashMap<&'static str, (usize, usize)>> =
+        RefCell::new(HashMap::new());
 }
 
 fn ensure_table(lua: &Lua) -> mlua::Result<()> {
@@ -91,6 +102,7 @@ fn ensure_table(lua: &Lua) -> mlua::Result<()> {
             sync_entries: RefCell::new(Vec::new()),
             sync_ahead: RefCell::new(sync_ahead),
             async_ahead: RefCell::new(async_ahead),
+            fill_pending: Cell::new(None),
         };
         lua.set_app_data(table);
     }
@@ -114,6 +126,101 @@ pub(crate) fn setup_done(lua: &Lua) {
         table.sync_ahead.borrow_mut().clear();
         table.async_ahead.borrow_mut().clear();
     }
+}
+
+/// Run `build`, the building of the lazy global `name`, with the closures for
+/// what its last build on this thread registered made ahead in one Lua call,
+/// as a setup's are.
+pub(crate) fn building<T>(
+    lua: &Lua,
+    name: &'static str,
+    build: impl FnOnce() -> mlua::Result<T>,
+) -> mlua::Result<T> {
+    ensure_table(lua)?;
+    let before = registered(lua)?;
+    let expected = BUILD_COUNTS
+        .with(|c| c.borrow().get(name).copied())
+        .unwrap_or((0, 0));
+    if expected.0 + expected.1 > 0 {
+        make_ahead(lua, before, expected)?;
+    }
+    let built = build();
+    let after = registered(lua)?;
+    let counts = (
+        after.0.saturating_sub(before.0),
+        after.1.saturating_sub(before.1),
+    );
+    BUILD_COUNTS.with(|c| c.borrow_mut().insert(name, counts));
+    if let Some(table) = lua.app_data_ref::<HostFns>() {
+        table.sync_ahead.borrow_mut().clear();
+        table.async_ahead.borrow_mut().clear();
+    }
+    built
+}
+
+/// How many sync and async host functions the VM has registered.
+fn registered(lua: &Lua) -> mlua::Result<(usize, usize)> {
+    let table = lua.app_data_ref::<HostFns>().ok_or_else(missing)?;
+    let counts = (
+        table.sync_entries.borrow().len(),
+        table.async_entries.borrow().len(),
+    );
+    Ok(counts)
+}
+
+/// The closures for the next `count` sync and async ids, from `first` on.
+fn make_ahead(lua: &Lua, first: (usize, usize), count: (usize, usize)) -> mlua::Result<()> {
+    let dispatch = lua
+        .app_data_ref::<HostFns>()
+        .ok_or_else(missing)?
+        .dispatch_sync
+        .clone();
+    let make: Function = helper_table(lua)?.get("wrap_hosts_ahead")?;
+    let (made_sync, made_async): (mlua::Table, mlua::Table) =
+        make.call((dispatch, count.0, count.1, first.0, first.1))?;
+    let (made_sync, made_async) = (
+        closures(&made_sync, count.0)?,
+        closures(&made_async, count.1)?,
+    );
+    let table = lua.app_data_ref::<HostFns>().ok_or_else(missing)?;
+    let mut sync = table.sync_ahead.borrow_mut();
+    sync.clear();
+    sync.resize(first.0, None);
+    sync.extend(made_sync);
+    let mut asynchronous = table.async_ahead.borrow_mut();
+    asynchronous.clear();
+    asynchronous.resize(first.1, None);
+    asynchronous.extend(made_async);
+    Ok(())
+}
+
+/// While `fill` is set, a host call given a table or a function runs it first:
+/// whatever the host reads, walks or calls back is reached from its arguments.
+pub(crate) fn set_fill_pending(lua: &Lua, fill: Option<FillGlobals>) {
+    if let Some(table) = lua.app_data_ref::<HostFns>() {
+        table.fill_pending.set(fill);
+    }
+}
+
+/// The filler, while globals may still be pending.
+pub(crate) fn fill_pending(lua: &Lua) -> Option<FillGlobals> {
+    lua.app_data_ref::<HostFns>()
+        .and_then(|table| table.fill_pending.get())
+}
+
+/// Build the pending globals first when the host is handed a table or a
+/// function, past the first `skip` arguments.
+fn fill_before(lua: &Lua, args: &MultiValue, skip: usize) -> mlua::Result<()> {
+    if let Some(fill) = fill_pending(lua) {
+        if args
+            .iter()
+            .skip(skip)
+            .any(|v| matches!(v, Value::Table(_) | Value::Function(_)))
+        {
+            fill(lua)?;
+        }
+    }
+    Ok(())
 }
 
 /// The closure made ahead for entry `id`, if there is one left.
@@ -146,12 +253,14 @@ pub(crate) fn register_async(lua: &Lua, entry: AsyncEntry) -> mlua::Result<Funct
 }
 
 /// Register a plain host function in this VM; the Lua function prompts call.
-pub(crate) fn register_sync(lua: &Lua, entry: SyncEntry) -> mlua::Result<Function> {
+/// `on_proxy`: a metamethod of one of the engine's proxy tables (`sys`, `var`),
+/// whose first argument is that proxy, which the host never walks.
+pub(crate) fn register_sync(lua: &Lua, entry: SyncEntry, on_proxy: bool) -> mlua::Result<Function> {
     ensure_table(lua)?;
     let (dispatch, wrap_host, id, made) = {
         let table = lua.app_data_ref::<HostFns>().ok_or_else(missing)?;
         let mut entries = table.sync_entries.borrow_mut();
-        entries.push(entry);
+        entries.push((entry, on_proxy));
         let id = entries.len() - 1;
         (
             table.dispatch_sync.clone(),
@@ -186,7 +295,10 @@ fn make_sync_dispatcher(lua: &Lua) -> mlua::Result<Function> {
                 .and_then(|table| table.sync_entries.borrow().get(id).cloned())
         });
         match entry {
-            Some(entry) => entry(lua, args),
+            Some((entry, on_proxy)) => {
+                fill_before(lua, &args, usize::from(on_proxy))?;
+                entry(lua, args)
+            }
             None => Err(unknown()),
         }
     })
@@ -217,11 +329,17 @@ fn make_async_dispatcher(lua: &Lua) -> mlua::Result<Function> {
             lua.app_data_ref::<HostFns>()
                 .and_then(|table| table.async_entries.borrow().get(id).cloned())
         });
-        let future = entry.map(|entry| entry(lua.clone(), args));
+        let filled = fill_before(&lua, &args, 0);
+        let future = match filled {
+            Ok(()) => entry
+                .map(|entry| entry(lua.clone(), args))
+                .ok_or_else(unknown),
+            Err(e) => Err(e),
+        };
         async move {
             match future {
-                Some(future) => future.await,
-                None => Err(unknown()),
+                Ok(future) => future.await,
+                Err(e) => Err(e),
             }
         }
     })

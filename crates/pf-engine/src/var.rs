@@ -6,7 +6,7 @@
 use mlua::{Lua, Table, Value};
 use serde_json::{Map, Value as Json};
 
-use crate::ctx::{arg, host_fn, section};
+use crate::ctx::{arg, host_method, section};
 use crate::error::{HostError, Raise};
 use crate::json::json_to_lua;
 
@@ -136,7 +136,7 @@ pub(crate) fn make_proxy(lua: &Lua, path: Vec<Key>) -> mlua::Result<Table> {
     let read_path = path.clone();
     mt.raw_set(
         "__index",
-        host_fn(lua, move |lua, args| -> Result<Value, Raise> {
+        host_method(lua, move |lua, args| -> Result<Value, Raise> {
             let Some(key) = to_key(&arg(&args, 1)) else {
                 return Ok(Value::Nil);
             };
@@ -158,7 +158,7 @@ pub(crate) fn make_proxy(lua: &Lua, path: Vec<Key>) -> mlua::Result<Table> {
     let write_path = path;
     mt.raw_set(
         "__newindex",
-        host_fn(lua, move |lua, args| -> Result<(), Raise> {
+        host_method(lua, move |lua, args| -> Result<(), Raise> {
             let Some(key) = to_key(&arg(&args, 1)) else {
                 return Err(HostError::lua(format!(
                     "{} keys must be strings or integers",

@@ -4,7 +4,9 @@ use std::rc::Rc;
 
 use mlua::{HookTriggers, Lua, LuaOptions, MultiValue, StdLib, Table, Value, VmState};
 
-use crate::ctx::{arg, host_async, host_fn, internal_chunk, section, string_arg, SectionCtx};
+use crate::ctx::{
+    arg, host_async, host_fn, host_method, internal_chunk, section, string_arg, SectionCtx,
+};
 use crate::error::{ErrorKind, HostError, Raise};
 use crate::json::json_to_lua;
 use crate::text::{envelope, float_text, lua_type_name};
@@ -75,7 +77,6 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
         let freeze: mlua::Function = h.get("freeze_argv")?;
         freeze.call::<()>(argv)?;
     }
-    g.raw_set("sys", make_sys(&lua)?)?;
     let var_root = crate::var::make_proxy(&lua, Vec::new())?;
     lua.set_named_registry_value("pf.var_root", var_root.clone())?;
     g.raw_set("var", var_root)?;
@@ -83,35 +84,22 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     if let Some(item) = sec.arm_item() {
         g.raw_set("item", json_to_lua(&lua, item)?)?;
     }
-    // 2. host functions
-    g.raw_set("log", make_log(&lua)?)?;
-    g.raw_set("store", crate::storeapi::make_store(&lua)?)?;
-    g.raw_set("tools", crate::tools::make_tools(&lua)?)?;
-    g.raw_set("models", crate::models::make_models(&lua)?)?;
-    g.raw_set("messages", crate::models::make_messages(&lua)?)?;
-    g.raw_set("compactors", crate::models::make_compactors(&lua)?)?;
-    g.raw_set(
-        "untrusted",
+    // 2. host functions, built on first touch (`LAZY_GLOBALS`)
+    let pending = lua.create_table_with_capacity(0, LAZY_GLOBALS.len())?;
+    for name in LAZY_GLOBALS {
+        pending.raw_set(*name, true)?;
+    }
+    h.raw_set("lazy_globals", pending)?;
+    h.raw_set(
+        "build_global",
         host_fn(&lua, |lua, args| {
-            let sec = section(lua)?;
-            let text = match arg(&args, 0) {
-                Value::String(s) => s.to_string_lossy(),
-                Value::Integer(i) => i.to_string(),
-                // Lua's own number-to-text conversion, so 3.0 reads `3.0`.
-                Value::Number(n) => match lua.coerce_string(Value::Number(n)) {
-                    Ok(Some(s)) => s.to_string_lossy(),
-                    _ => float_text(n),
-                },
-                other => {
-                    return Err(HostError::lua(format!(
-                        "untrusted expects a string, got {}",
-                        lua_type_name(&other)
-                    ))
-                    .into())
-                }
-            };
-            Ok(envelope(&text, &sec.run.fixed.nonce))
+            let name = string_arg(&args, 0, "name")?;
+            Ok(build_lazy_global(lua, &name)?)
         })?,
+    )?;
+    h.raw_set(
+        "fill_globals",
+        host_fn(&lua, |lua, _| Ok(fill_lazy_globals(lua)?))?,
     )?;
     // 3. ui
     if let Some(snapshot) = sec.run.fixed.ui.clone() {
@@ -120,17 +108,6 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
             lua.create_function(move |lua, ()| json_to_lua(lua, &snapshot))?,
         )?;
     }
-    // 5. jump and list_from_section
-    g.raw_set("jump", crate::flow::make_jump(&lua)?)?;
-    g.raw_set(
-        "list_from_section",
-        crate::flow::make_list_from_section(&lua)?,
-    )?;
-    // 6. suspending calls
-    g.raw_set("call", crate::flow::make_call(&lua)?)?;
-    g.raw_set("fanout", crate::fanout::make_fanout(&lua)?)?;
-    g.raw_set("input", make_input(&lua)?)?;
-    g.raw_set("tasks", crate::tasks::make_tasks(&lua)?)?;
     // prose
     h.raw_set(
         "prose_read",
@@ -146,6 +123,7 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
         Rc::new(move || cancel.is_cancelled() || abort.is_cancelled()),
     )?;
     crate::hostfn::setup_done(&lua);
+    crate::hostfn::set_fill_pending(&lua, Some(fill_lazy_globals));
     // The cancel poll and the memory limit go on last, before any prompt code:
     // with a count hook Lua traces every instruction, and under a memory limit
     // mlua protects every table write and string it makes, which was a fifth
@@ -204,6 +182,159 @@ pub(crate) fn without_cancel_poll<R>(lua: &Lua, f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// The globals built on first touch, in the order a fill builds them: the host
+/// namespaces and functions, which most section entries use few of (a
+/// pure-Lua fanout arm none; building them was a quarter of its entry). A pending name is absent from `_G`
+/// until `_G`'s engine metatable (env.lua) builds it on a read, or drops it on
+/// a write; whatever else could see `_G`'s key set builds every pending one
+/// first: the ordered `pairs`/`next` over `_G` (prelude `ordered_keys`), a host
+/// call given a table or a function (hostfn.rs dispatchers: whatever Rust
+/// reads, walks or calls back is reached from its arguments), and the Rust
+/// reads of `argv` and prose substitution (`fill_if_table`). Only `_G`'s raw
+/// hash layout differs, which nothing a prompt holds walks in a set order
+/// (and which the per-state random string-hash seed varies anyway). A build
+/// is the engine's own bounded work, as the setup is, and runs with the
+/// memory limit lifted, so a first touch cannot fail where the eager build
+/// would not have: the VM is only smaller until then. A build that leaves
+/// the VM past its limit makes its next allocation fail with Lua's memory
+/// error, as `MemoryAccount::enter` refuses such a VM.
+const LAZY_GLOBALS: &[&str] = &[
+    "call",
+    "compactors",
+    "fanout",
+    "input",
+    "jump",
+    "list_from_section",
+    "log",
+    "messages",
+    "models",
+    "store",
+    "sys",
+    "tasks",
+    "tools",
+    "untrusted",
+];
+
+fn make_lazy_global(lua: &Lua, name: &str) -> mlua::Result<Value> {
+    Ok(match name {
+        "call" => Value::Function(crate::flow::make_call(lua)?),
+        "compactors" => Value::Table(crate::models::make_compactors(lua)?),
+        "fanout" => Value::Function(crate::fanout::make_fanout(lua)?),
+        "input" => Value::Table(make_input(lua)?),
+        "jump" => Value::Function(crate::flow::make_jump(lua)?),
+        "list_from_section" => Value::Function(crate::flow::make_list_from_section(lua)?),
+        "log" => Value::Function(make_log(lua)?),
+        "messages" => Value::Table(crate::models::make_messages(lua)?),
+        "models" => Value::Table(crate::models::make_models(lua)?),
+        "store" => Value::Table(crate::storeapi::make_store(lua)?),
+        "sys" => Value::Table(make_sys(lua)?),
+        "tasks" => Value::Table(crate::tasks::make_tasks(lua)?),
+        "tools" => Value::Table(crate::tools::make_tools(lua)?),
+        "untrusted" => Value::Function(make_untrusted(lua)?),
+        _ => {
+            return Err(mlua::Error::runtime(
+                "internal invariant violated: unknown lazy global",
+            ))
+        }
+    })
+}
+
+fn make_untrusted(lua: &Lua) -> mlua::Result<mlua::Function> {
+    host_fn(lua, |lua, args| {
+        let sec = section(lua)?;
+        let text = match arg(&args, 0) {
+            Value::String(s) => s.to_string_lossy(),
+            Value::Integer(i) => i.to_string(),
+            // Lua's own number-to-text conversion, so 3.0 reads `3.0`.
+            Value::Number(n) => match lua.coerce_string(Value::Number(n)) {
+                Ok(Some(s)) => s.to_string_lossy(),
+                _ => float_text(n),
+            },
+            other => {
+                return Err(HostError::lua(format!(
+                    "untrusted expects a string, got {}",
+                    lua_type_name(&other)
+                ))
+                .into())
+            }
+        };
+        Ok(envelope(&text, &sec.run.fixed.nonce))
+    })
+}
+
+/// Build the pending global `name` into `_G` (its suspending functions
+/// guarded as env.lua guards them) and return it; a name no longer pending
+/// gives what `_G` holds.
+fn build_lazy_global(lua: &Lua, name: &str) -> mlua::Result<Value> {
+    let h = crate::ctx::helpers(lua)?;
+    let pending: Table = h.raw_get("lazy_globals")?;
+    if !pending.raw_get::<bool>(name)? {
+        return lua.globals().raw_get(name);
+    }
+    pending.raw_set(name, Value::Nil)?;
+    // mlua reads a limit of 0 as "no limit".
+    let limit = lua.set_memory_limit(0)?;
+    let name = LAZY_GLOBALS
+        .iter()
+        .copied()
+        .find(|n| *n == name)
+        .ok_or_else(|| mlua::Error::runtime("internal invariant violated: unknown lazy global"))?;
+    let built =
+        crate::hostfn::building(lua, name, || make_lazy_global(lua, name)).and_then(|made| {
+            let guard: mlua::Function = h.raw_get("guard_global")?;
+            let guarded: Value = guard.call((name, made))?;
+            lua.globals().raw_set(name, guarded.clone())?;
+            Ok(guarded)
+        });
+    lua.set_memory_limit(limit)?;
+    built
+}
+
+/// Build every global still pending (before anything walks `_G`), in one
+/// batch: one lifted limit, one Lua call making the closures ahead and one
+/// installing them all (one build each cost twice what the eager setup did).
+pub(crate) fn fill_lazy_globals(lua: &Lua) -> mlua::Result<()> {
+    crate::hostfn::set_fill_pending(lua, None);
+    let h = crate::ctx::helpers(lua)?;
+    let pending: Table = h.raw_get("lazy_globals")?;
+    let mut names = Vec::with_capacity(LAZY_GLOBALS.len());
+    for name in LAZY_GLOBALS {
+        if pending.raw_get::<bool>(*name)? {
+            names.push(*name);
+        }
+    }
+    if names.is_empty() {
+        return Ok(());
+    }
+    // mlua reads a limit of 0 as "no limit".
+    let limit = lua.set_memory_limit(0)?;
+    let built = crate::hostfn::building(lua, "(all pending)", || {
+        names
+            .iter()
+            .map(|name| make_lazy_global(lua, name))
+            .collect::<mlua::Result<Vec<Value>>>()
+    })
+    .and_then(|values| {
+        let list = lua.create_table_with_capacity(names.len() * 2, 0)?;
+        for (name, value) in names.iter().zip(values) {
+            list.raw_push(*name)?;
+            list.raw_push(value)?;
+        }
+        let install: mlua::Function = h.raw_get("install_globals")?;
+        install.call::<()>(list)
+    });
+    lua.set_memory_limit(limit)?;
+    built
+}
+
+/// `fill_lazy_globals` when `value` is a table Rust is about to walk.
+pub(crate) fn fill_if_table(lua: &Lua, value: &Value) -> mlua::Result<()> {
+    if matches!(value, Value::Table(_)) && crate::hostfn::fill_pending(lua).is_some() {
+        fill_lazy_globals(lua)?;
+    }
+    Ok(())
+}
+
 /// `lua` as a handle whose drop closes the state without a full collection first.
 fn without_collect_on_drop(lua: Lua) -> Lua {
     let kept = lua.clone();
@@ -215,8 +346,14 @@ fn without_collect_on_drop(lua: Lua) -> Lua {
 pub(crate) fn install_name_globals(lua: &Lua) -> mlua::Result<()> {
     let sec = section(lua)?;
     let g = lua.globals();
+    if sec.run.fixed.roles.is_empty() && sec.run.fixed.bound.is_empty() {
+        return Ok(());
+    }
+    // A name installed here is no longer pending: its raw value wins.
+    let pending: Table = crate::ctx::helpers(lua)?.raw_get("lazy_globals")?;
     for label in sec.run.fixed.roles.iter().map(|r| r.label.clone()) {
         if sec.run.fixed.model.is_some() {
+            pending.raw_set(label.as_str(), Value::Nil)?;
             g.raw_set(
                 label.as_str(),
                 crate::models::make_handle(lua, &label, None)?,
@@ -224,6 +361,7 @@ pub(crate) fn install_name_globals(lua: &Lua) -> mlua::Result<()> {
         }
     }
     for b in &sec.run.fixed.bound {
+        pending.raw_set(b.alias.as_str(), Value::Nil)?;
         g.raw_set(
             b.alias.as_str(),
             crate::tools::make_tool_object(lua, &b.alias)?,
@@ -237,7 +375,7 @@ fn make_sys(lua: &Lua) -> mlua::Result<Table> {
     let mt = lua.create_table()?;
     mt.raw_set(
         "__index",
-        host_fn(lua, |lua, args| {
+        host_method(lua, |lua, args| {
             let key = match arg(&args, 1) {
                 Value::String(s) => s.to_string_lossy(),
                 _ => return Err(HostError::lua("sys fields must be accessed by string key").into()),
@@ -269,7 +407,7 @@ fn make_sys(lua: &Lua) -> mlua::Result<Table> {
     )?;
     mt.raw_set(
         "__newindex",
-        host_fn(lua, |_, args| -> Result<(), Raise> {
+        host_method(lua, |_, args| -> Result<(), Raise> {
             let key = match arg(&args, 1) {
                 Value::String(s) => s.to_string_lossy(),
                 other => lua_type_name(&other).to_string(),

@@ -315,6 +315,9 @@ fn freeze_argv(lua: &Lua, sec: &SectionCtx, end: EntryEnd) -> EntryEnd {
         Ok(v) => v,
         Err(e) => return EntryEnd::Fail(Failure::internal(e)),
     };
+    if let Err(e) = crate::vm::fill_if_table(lua, &value) {
+        return EntryEnd::Fail(Failure::internal(e));
+    }
     match crate::json::lua_to_json(&value, "argv") {
         Ok(Json::Null) => sec.chain.repair_argv(None),
         Ok(j) => sec.chain.repair_argv(Some(j)),

@@ -409,6 +409,14 @@ fn child(workload: &str) {
             script_host(bench.dir(), 0, a * b.max(1)),
             a.to_string(),
         ),
+        // Any prompt file, run with the default host: `PF_PERF_CHILD=file`,
+        // `PF_PERF_FILE=prompt.md`, `PF_PERF_WANT=<its result>`.
+        "file" => (
+            std::fs::read_to_string(std::env::var("PF_PERF_FILE").expect("PF_PERF_FILE"))
+                .expect("prompt file"),
+            HostConfig::load(None).expect("defaults"),
+            std::env::var("PF_PERF_WANT").unwrap_or_default(),
+        ),
         // The bare reqwest loop against the in-process server, for CPU
         // comparisons with `openai_loop` (`perf stat`).
         "bare_loop" => {

@@ -2,7 +2,7 @@
 local H = ...
 -- The raw `next`: the global one is the ordered iterator, which sorts the keys on
 -- every step (quadratic over a namespace, and this runs in every section VM).
-local rawget, rawset, rawequal, type, next, error = H.rawget, H.rawset, H.rawequal, H.type, H.next, error
+local rawget, rawset, rawequal, type, next, error = H.rawget, H.rawset, H.rawequal, H.type, H.next, error; local LAZY = H.lazy_globals
 local base_setmetatable, base_getmetatable = H.setmetatable, H.getmetatable
 local G = _G
 
@@ -21,14 +21,14 @@ local function build(mt)
   local uindex = mt and rawget(mt, '__index')
   local unewindex = mt and rawget(mt, '__newindex')
   combined.__index = function(t, k)
-    if k == 'prose' then return H.prose_read() end
+    if k == 'prose' then return H.prose_read() end if LAZY[k] then return H.build_global(k) end
     if k == 'argv' and H.argv_frozen then return H.argv_value end
     if uindex == nil then return nil end
     if type(uindex) == 'function' then return uindex(t, k) end
     return uindex[k]
   end
   combined.__newindex = function(t, k, v)
-    if k == 'prose' then error(H.make_error('lua', PROSE_RO)) end
+    if k == 'prose' then error(H.make_error('lua', PROSE_RO)) end if LAZY[k] then LAZY[k] = nil return rawset(t, k, v) end
     if k == 'argv' and H.argv_frozen then error(H.make_error('lua', ARGV_FROZEN)) end
     if unewindex == nil then return rawset(t, k, v) end
     if type(unewindex) == 'function' then return unewindex(t, k, v) end
@@ -114,3 +114,33 @@ guard(G, 'call', true)
 guard(G, 'fanout', true)
 guard_all(rawget(G, 'tasks'), true)
 guard_all(rawget(G, 'store'), false)
+
+-- A global built on first touch (vm.rs `LAZY_GLOBALS`) is guarded as above
+-- (with nothing at `rawget(G, name)` yet, those lines guarded nothing);
+-- returns what `_G` gets.
+function H.guard_global(name, v)
+  if name == 'models' then
+    guard(v, 'infer', true)
+    guard(v, 'loop', true)
+  elseif name == 'tools' then
+    guard(v, 'call', true)
+  elseif name == 'input' then
+    guard(v, 'ask', true)
+  elseif name == 'tasks' then
+    guard_all(v, true)
+  elseif name == 'store' then
+    guard_all(v, false)
+  elseif (name == 'call' or name == 'fanout') and type(v) == 'function' then
+    return suspending(v, true)
+  end
+  return v
+end
+-- Installs built globals (`name, value, ...`), guarded, and clears them from
+-- the pending set.
+function H.install_globals(list)
+  for i = 1, #list, 2 do
+    local name = list[i]
+    LAZY[name] = nil
+    rawset(G, name, H.guard_global(name, list[i + 1]))
+  end
+end

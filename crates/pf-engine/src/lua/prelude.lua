@@ -6,7 +6,7 @@
 -- `__metatable`, an error's place and traceback) the engine gives from Rust, in
 -- `H.metafield` and `H.error_place` (sandbox_guards/introspect.rs).
 local H = ...
-local rawget, rawset, rawequal, rawlen, next = rawget, rawset, rawequal, rawlen, next
+local rawget, rawset, rawequal, rawlen, next = rawget, rawset, rawequal, rawlen, next; local GLOBALS = _G
 local type, error, select, tostring, pcall, xpcall = type, error, select, tostring, pcall, xpcall
 local setmetatable, getmetatable = setmetatable, getmetatable
 local rust_metafield, error_place = H.metafield, H.error_place
@@ -72,13 +72,13 @@ function H.wrap_async(id)
     return check(dispatch(id, ...))
   end
 end
--- The closures for sync ids 0..n_sync-1 and async ids 0..n_async-1 in one call,
--- the same closures wrap_host and wrap_async make.
-function H.wrap_hosts_ahead(dispatch, n_sync, n_async)
-  local wrap_host, wrap_async = H.wrap_host, H.wrap_async
+-- The closures for n_sync sync and n_async async ids from first_sync and first_async (or 0)
+-- on, in one call: the same closures wrap_host and wrap_async make.
+function H.wrap_hosts_ahead(dispatch, n_sync, n_async, first_sync, first_async)
+  local wrap_host, wrap_async, s0, a0 = H.wrap_host, H.wrap_async, first_sync or 0, first_async or 0
   local made_sync, made_async = {}, {}
-  for i = 1, n_sync do made_sync[i] = wrap_host(dispatch, i - 1) end
-  for i = 1, n_async do made_async[i] = wrap_async(i - 1) end
+  for i = 1, n_sync do made_sync[i] = wrap_host(dispatch, s0 + i - 1) end
+  for i = 1, n_async do made_async[i] = wrap_async(a0 + i - 1) end
   return made_sync, made_async
 end
 
@@ -103,7 +103,7 @@ local function key_less(a, b)
   if ca == 2 or ca == 3 then return a < b end
   return false
 end
-local function ordered_keys(t)
+local function ordered_keys(t) local lazy = rawequal(t, GLOBALS) and H.lazy_globals if lazy and next(lazy) ~= nil then H.fill_globals() end
   local n = rawlen(t)
   local keys, others = {}, {}
   for i = 1, n do
