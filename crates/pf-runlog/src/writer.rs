@@ -773,6 +773,7 @@ const WAL_TIDY_BYTES: u64 = 1024 * 1024;
 static IDLE: Mutex<Idle> = Mutex::new(Idle {
     kept: None,
     closing: Vec::new(),
+    working: Vec::new(),
 });
 
 /// Signalled when a closing writer's background thread ends.
@@ -787,6 +788,9 @@ struct Idle {
     /// One entry per closed writer whose background thread has not ended:
     /// its database and which writer it is.
     closing: Vec<(PathBuf, WriterId)>,
+    /// Writers whose background thread is past its wait: it holds a
+    /// connection, or is opening one, and hands it back when it ends.
+    working: Vec<WriterId>,
 }
 
 fn idle_lock() -> MutexGuard<'static, Idle> {
@@ -813,7 +817,12 @@ fn idle_connection(shared: &Shared, until: Option<Instant>) -> Option<Connection
             return idle.kept.take().map(|(_, conn)| conn);
         }
         let left = until?.saturating_duration_since(Instant::now());
-        let others = idle.closing.iter().any(|(p, id)| p == path && *id != me);
+        // Only a closed writer whose thread holds a connection will hand
+        // one back soon; threads that are all waiting would wait each other out.
+        let others = idle
+            .closing
+            .iter()
+            .any(|(p, id)| p == path && *id != me && idle.working.contains(id));
         if left.is_zero() || !others {
             return None;
         }
@@ -841,6 +850,9 @@ fn closed_on(shared: &Shared, conn: Option<Connection>) {
         let mut idle = idle_lock();
         if let Some(at) = idle.closing.iter().position(|(_, id)| *id == me) {
             idle.closing.swap_remove(at);
+        }
+        if let Some(at) = idle.working.iter().position(|id| *id == me) {
+            idle.working.swap_remove(at);
         }
         conn.and_then(|conn| idle.kept.replace((path.to_owned(), conn)))
     };
@@ -941,6 +953,7 @@ fn background_thread(shared: &Shared, committed: SyncSender<()>) {
     } else {
         None
     };
+    idle_lock().working.push(writer_id(shared));
     {
         let mut core = shared.core();
         if let Some(conn) = reused {
