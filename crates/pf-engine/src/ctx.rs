@@ -2,7 +2,7 @@
 //! functions.
 //!
 //! A leaf the other engine modules build on: it imports only the other leaves
-//! (`error`, `events`, `claims`, `text`, `json`, `memory` and the task table), never a
+//! (`error`, `events`, `claims`, `text`, `json`, `memory`, `hostfn` and the task table), never a
 //! namespace, the VM or the walk. The walk reaches it as a function value
 //! ([`WalkFn`], handed to [`RunCtx::new`]), so the modules that start chains
 //! (`call`, `fanout`, `tasks`) do not import the module that runs them.
@@ -675,7 +675,7 @@ impl SectionCtx {
         if self.is_h1 {
             // From the H1 pass, `argv` is an ordinary global: hand on what it holds now.
             let current: Value = lua.globals().raw_get("argv")?;
-            crate::vm::fill_if_table(lua, &current)?;
+            crate::hostfn::fill_if_table(lua, &current)?;
             return match crate::json::lua_to_json(&current, "argv") {
                 Ok(Json::Null) => Ok(None),
                 Ok(j) => Ok(Some(j)),

@@ -208,6 +208,16 @@ pub(crate) fn fill_pending(lua: &Lua) -> Option<FillGlobals> {
         .and_then(|table| table.fill_pending.get())
 }
 
+/// Build the pending globals first when `value` is a table Rust is about to
+/// walk (through the filler vm.rs set, so the modules below the VM need not
+/// import it).
+pub(crate) fn fill_if_table(lua: &Lua, value: &Value) -> mlua::Result<()> {
+    match (value, fill_pending(lua)) {
+        (Value::Table(_), Some(fill)) => fill(lua),
+        _ => Ok(()),
+    }
+}
+
 /// Build the pending globals first when the host is handed a table or a
 /// function, past the first `skip` arguments.
 fn fill_before(lua: &Lua, args: &MultiValue, skip: usize) -> mlua::Result<()> {

@@ -190,7 +190,7 @@ pub(crate) fn without_cancel_poll<R>(lua: &Lua, f: impl FnOnce() -> R) -> R {
 /// first: the ordered `pairs`/`next` over `_G` (prelude `ordered_keys`), a host
 /// call given a table or a function (hostfn.rs dispatchers: whatever Rust
 /// reads, walks or calls back is reached from its arguments), and the Rust
-/// reads of `argv` and prose substitution (`fill_if_table`). Only `_G`'s raw
+/// reads of `argv` and prose substitution (`hostfn::fill_if_table`). Only `_G`'s raw
 /// hash layout differs, which nothing a prompt holds walks in a set order
 /// (and which the per-state random string-hash seed varies anyway). A build
 /// is the engine's own bounded work, as the setup is, and runs with the
@@ -325,14 +325,6 @@ pub(crate) fn fill_lazy_globals(lua: &Lua) -> mlua::Result<()> {
     });
     lua.set_memory_limit(limit)?;
     built
-}
-
-/// `fill_lazy_globals` when `value` is a table Rust is about to walk.
-pub(crate) fn fill_if_table(lua: &Lua, value: &Value) -> mlua::Result<()> {
-    if matches!(value, Value::Table(_)) && crate::hostfn::fill_pending(lua).is_some() {
-        fill_lazy_globals(lua)?;
-    }
-    Ok(())
 }
 
 /// `lua` as a handle whose drop closes the state without a full collection first.

@@ -315,7 +315,7 @@ fn freeze_argv(lua: &Lua, sec: &SectionCtx, end: EntryEnd) -> EntryEnd {
         Ok(v) => v,
         Err(e) => return EntryEnd::Fail(Failure::internal(e)),
     };
-    if let Err(e) = crate::vm::fill_if_table(lua, &value) {
+    if let Err(e) = crate::hostfn::fill_if_table(lua, &value) {
         return EntryEnd::Fail(Failure::internal(e));
     }
     match crate::json::lua_to_json(&value, "argv") {
