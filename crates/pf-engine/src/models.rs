@@ -878,12 +878,7 @@ async fn models_infer(lua: Lua, args: MultiValue) -> HostResult<String> {
         }
     };
     let target = pick_target(&sec, handle.as_ref())?;
-    let message = ChatMessage {
-        role: "user".into(),
-        content: Json::String(prompt),
-        tool_calls: vec![],
-        tool_call_id: None,
-    };
+    let message = ChatMessage::new("user", Json::String(prompt));
     let (resp, timing) = match send_round(&sec, &target, vec![message], None, false).await {
         Ok(r) => r,
         Err(RoundFailure::Error(e)) => {

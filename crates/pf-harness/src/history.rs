@@ -211,12 +211,7 @@ mod tests {
     use serde_json::json;
 
     fn user(text: &str) -> ChatMessage {
-        ChatMessage {
-            role: "user".into(),
-            content: json!(text),
-            tool_calls: Vec::new(),
-            tool_call_id: None,
-        }
+        ChatMessage::new("user", json!(text))
     }
 
     #[test]

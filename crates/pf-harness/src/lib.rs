@@ -260,6 +260,18 @@ pub struct ChatMessage {
     pub tool_call_id: Option<String>,
 }
 
+impl ChatMessage {
+    /// A message with `role` and `content` only (no tool calls, no tool-call id).
+    pub fn new(role: impl Into<String>, content: Json) -> ChatMessage {
+        ChatMessage {
+            role: role.into(),
+            content,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
+}
+
 /// A tool as offered to the model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolDecl {

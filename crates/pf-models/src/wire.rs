@@ -334,12 +334,7 @@ mod tests {
     use pf_harness::{ModelInfo, ThinkingSupport};
 
     fn message(role: &str, content: Json) -> ChatMessage {
-        ChatMessage {
-            role: role.into(),
-            content,
-            tool_calls: Vec::new(),
-            tool_call_id: None,
-        }
+        ChatMessage::new(role, content)
     }
 
     /// Requests covering every field the body carries, and text that needs escaping.

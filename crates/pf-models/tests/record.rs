@@ -23,12 +23,7 @@ fn info() -> ModelInfo {
 }
 
 fn user(text: &str) -> ChatMessage {
-    ChatMessage {
-        role: "user".into(),
-        content: json!(text),
-        tool_calls: Vec::new(),
-        tool_call_id: None,
-    }
+    ChatMessage::new("user", json!(text))
 }
 
 #[tokio::test]

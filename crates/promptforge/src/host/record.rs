@@ -623,12 +623,7 @@ mod tests {
     use super::*;
 
     fn message(role: &str, content: Json) -> ChatMessage {
-        ChatMessage {
-            role: role.into(),
-            content,
-            tool_calls: Vec::new(),
-            tool_call_id: None,
-        }
+        ChatMessage::new(role, content)
     }
 
     fn request(messages: Vec<ChatMessage>) -> ChatRequest {
