@@ -87,7 +87,6 @@ impl std::fmt::Debug for WriterOptions {
 /// What goes over the channel. Events do not: they go into the shared
 /// [`EventBuffer`], taken whole at each commit.
 enum Message {
-    Exchange(Box<ExchangeRecord>, ExchangeHandle),
     Draft(Box<ExchangeDraft>, ExchangeHandle),
     ToolCall(Box<ToolCallRecord>),
     Answer(Box<AnswerRecord>),
@@ -595,9 +594,22 @@ impl RunWriter {
 
     /// Append one model exchange.
     pub fn exchange(&self, exchange: ExchangeRecord) -> ExchangeHandle {
-        let handle = self.next_handle();
-        self.send(Message::Exchange(Box::new(exchange), handle));
-        handle
+        let x = exchange;
+        self.exchange_draft(ExchangeDraft {
+            task: x.task,
+            seq: x.seq,
+            section: x.section,
+            model: x.model,
+            attempt: x.attempt,
+            request_json: json_text(&x.request),
+            extends: None,
+            response_json: x.response.as_ref().map(json_text),
+            error: x.error,
+            status: x.status,
+            started_ms: x.started_ms,
+            duration_ms: x.duration_ms,
+            usage: x.usage,
+        })
     }
 
     /// Append one model exchange given as JSON text, its request possibly
@@ -1098,28 +1110,6 @@ fn write_message(
     message: &Message,
 ) -> rusqlite::Result<()> {
     match message {
-        Message::Exchange(x, handle) => {
-            let [input, output, total] = usage_columns(x.usage.as_ref());
-            tx.prepare_cached(INSERT_EXCHANGE)?.execute(params![
-                run_id,
-                x.task,
-                x.seq,
-                x.section,
-                x.model,
-                x.attempt,
-                json_text(&x.request),
-                None::<i64>,
-                x.response.as_ref().map(json_text),
-                x.error,
-                x.status,
-                x.started_ms,
-                to_sql_int(x.duration_ms),
-                input,
-                output,
-                total
-            ])?;
-            rows.new.push((*handle, tx.last_insert_rowid()));
-        }
         Message::Draft(x, handle) => {
             let [input, output, total] = usage_columns(x.usage.as_ref());
             // A base the log never committed cannot be named; the writer
