@@ -663,15 +663,19 @@ impl RunWriter {
         self.finish_with_tail(end).0
     }
 
-    /// [`finish`](RunWriter::finish), also handing back the background
-    /// thread's [`WriterTail`] to wait on before the process exits.
-    pub fn finish_with_tail(mut self, end: RunEnd) -> (Option<String>, WriterTail) {
-        let tail = self
-            .tail
+    /// The background thread's tail (a finished one if it was taken already).
+    fn take_tail(&mut self) -> WriterTail {
+        self.tail
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner)
             .take()
-            .unwrap_or_else(WriterTail::done);
+            .unwrap_or_else(WriterTail::done)
+    }
+
+    /// [`finish`](RunWriter::finish), also handing back the background
+    /// thread's [`WriterTail`] to wait on before the process exits.
+    pub fn finish_with_tail(mut self, end: RunEnd) -> (Option<String>, WriterTail) {
+        let tail = self.take_tail();
         self.commit_now(Some(end));
         (self.warning(), tail)
     }
@@ -687,12 +691,7 @@ impl RunWriter {
     /// this one's connection once it is done (`promptforge mcp`, benches):
     /// its background thread waits for it, bounded; the run does not.
     pub fn finish_deferred(mut self, end: RunEnd) -> WriterTail {
-        let tail = self
-            .tail
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-            .unwrap_or_else(WriterTail::done);
+        let tail = self.take_tail();
         *self
             .shared
             .end
