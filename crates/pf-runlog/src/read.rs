@@ -6,7 +6,7 @@ use rusqlite::types::Type;
 use rusqlite::{params, OptionalExtension, Row};
 use serde_json::Value;
 
-use crate::buffer::EventLine;
+use crate::buffer::parse_line;
 use crate::db::from_sql_int;
 use crate::error::{classify, RunLogError};
 use crate::records::{
@@ -19,7 +19,7 @@ use crate::RunLog;
 /// continues), made whole: `earlier`'s messages, then the added ones, with
 /// the added body's own other fields in their own order. A base that is
 /// missing (never written) leaves the added messages alone.
-fn continued_request(earlier: Option<&Value>, mut added: Value) -> Value {
+fn continued_request(earlier: Option<&Value>, mut added: Value, same_tools: bool) -> Value {
     let prefix = earlier
         .and_then(|base| base.get("messages"))
         .and_then(Value::as_array);
@@ -29,7 +29,21 @@ fn continued_request(earlier: Option<&Value>, mut added: Value) -> Value {
         whole.append(messages);
         *messages = whole;
     }
-    added
+    let tools = earlier
+        .and_then(|base| base.get("tools"))
+        .filter(|_| same_tools);
+    match (tools, added) {
+        // The request's own order: `messages`, `tools`, then the rest.
+        (Some(tools), Value::Object(fields)) => {
+            let mut whole = serde_json::Map::with_capacity(fields.len() + 1);
+            let mut fields = fields.into_iter();
+            whole.extend(fields.next());
+            whole.insert("tools".to_owned(), tools.clone());
+            whole.extend(fields);
+            Value::Object(whole)
+        }
+        (_, added) => added,
+    }
 }
 
 /// How many candidates an unknown or ambiguous `RUN` error lists.
@@ -325,7 +339,7 @@ impl RunLog {
         let mut events = rows
             .collect::<rusqlite::Result<Vec<_>>>()
             .map_err(|e| self.fail(e))?;
-        // ...and a commit's worth per row since version 4.
+        // ...and a commit's worth per row since version 4 (dense lines since 5).
         let mut query = self
             .conn
             .prepare_cached(
@@ -340,7 +354,7 @@ impl RunLog {
             let first: i64 = row.get(0).map_err(|e| self.fail(e))?;
             let lines: String = row.get(1).map_err(|e| self.fail(e))?;
             for (at, line) in (first..).zip(lines.lines()) {
-                let line: EventLine<String, Value> = serde_json::from_str(line).map_err(|err| {
+                let (kind, section, task, seq, fields) = parse_line(line).map_err(|err| {
                     self.fail(rusqlite::Error::FromSqlConversionFailure(
                         1,
                         Type::Text,
@@ -348,11 +362,11 @@ impl RunLog {
                     ))
                 })?;
                 let event = EventRecord {
-                    kind: line.kind,
-                    section: line.section,
-                    task: line.task,
-                    seq: line.seq,
-                    fields: line.fields,
+                    kind,
+                    section,
+                    task,
+                    seq,
+                    fields,
                 };
                 if wanted(&event) {
                     events.push((at, event));
@@ -375,7 +389,7 @@ impl RunLog {
             .prepare_cached(
                 "SELECT task, seq, section, model, attempt, request_json, response_json, error,
                     status, started_ms, duration_ms, input_tokens, output_tokens, total_tokens,
-                    id, request_extends
+                    id, request_extends, request_same_tools
                  FROM exchanges WHERE run_id = ?1 ORDER BY id",
             )
             .map_err(|e| self.fail(e))?;
@@ -399,6 +413,7 @@ impl RunLog {
                     record,
                     row.get::<_, i64>(14)?,
                     row.get::<_, Option<i64>>(15)?,
+                    row.get::<_, Option<i64>>(16)? == Some(1),
                 ))
             })
             .map_err(|e| self.fail(e))?;
@@ -406,10 +421,10 @@ impl RunLog {
         // Where each row went in `out`, for the rows after it that continue it.
         let mut position: HashMap<i64, usize> = HashMap::new();
         for row in rows {
-            let (mut record, row_id, extends) = row.map_err(|e| self.fail(e))?;
+            let (mut record, row_id, extends, same_tools) = row.map_err(|e| self.fail(e))?;
             if let Some(base) = extends {
                 let earlier = position.get(&base).map(|&at| &out[at].request);
-                record.request = continued_request(earlier, record.request);
+                record.request = continued_request(earlier, record.request, same_tools);
             }
             position.insert(row_id, out.len());
             out.push(record);

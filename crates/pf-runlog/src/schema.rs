@@ -139,8 +139,20 @@ CREATE TABLE event_batches (
 CREATE INDEX event_batches_by_run ON event_batches(run_id, first_ord);
 ";
 
+/// Version 5, fewer bytes per commit (each commit's pages are written
+/// twice, to the WAL and at the checkpoint): event lines are dense,
+/// `[kind, section, task, seq, fields]` with `fields` left out when empty
+/// (`{` still starts a version 4 line); and a continued request that
+/// offers the same tools as the one it extends leaves them out
+/// (`request_same_tools` = 1: its tools are that request's; NULL: its
+/// `request_json` has its own, or none). A model loop sends the same list
+/// every round: it was half of each stored request.
+const V5: &str = "
+ALTER TABLE exchanges ADD COLUMN request_same_tools INTEGER;
+";
+
 /// Every migration in order; entry `i` takes the database to version `i + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

@@ -603,6 +603,7 @@ impl RunWriter {
             attempt: x.attempt,
             request_json: json_text(&x.request),
             extends: None,
+            same_tools: false,
             response_json: x.response.as_ref().map(json_text),
             error: x.error,
             status: x.status,
@@ -1099,8 +1100,8 @@ const INSERT_EVENTS: &str = "INSERT INTO event_batches (run_id, first_ord, count
 
 const INSERT_EXCHANGE: &str = "INSERT INTO exchanges (run_id, task, seq, section, model, attempt,
          request_json, request_extends, response_json, error, status, started_ms, duration_ms,
-         input_tokens, output_tokens, total_tokens)
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)";
+         input_tokens, output_tokens, total_tokens, request_same_tools)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)";
 
 fn write_message(
     tx: &Transaction<'_>,
@@ -1131,7 +1132,8 @@ fn write_message(
                 to_sql_int(x.duration_ms),
                 input,
                 output,
-                total
+                total,
+                (x.same_tools && extends.is_some()).then_some(1)
             ])?;
             rows.new.push((*handle, tx.last_insert_rowid()));
         }

@@ -589,6 +589,7 @@ fn draft(
         })
         .unwrap(),
         extends,
+        same_tools: false,
         response_json: Some(json!({"content": format!("reply {seq}")}).to_string()),
         error: None,
         status: None,
@@ -656,6 +657,40 @@ fn a_request_stored_as_what_it_adds_reads_back_whole() {
     assert!(stored[3].0.contains("message 3") && !stored[3].0.contains("message 2"));
     assert_eq!(stored[3].1, Some(3));
     assert_eq!(stored[0].1, None);
+}
+
+#[test]
+fn a_continued_request_stored_without_its_unchanged_tools_reads_back_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = RunLog::open(db_in(&dir)).unwrap();
+    let writer = log.begin_with(start("run-5a7e"), patient());
+    let first = writer.exchange_draft(draft("0", 1, vec![said(0)], None));
+    let mut second = draft("0", 2, vec![said(1)], Some(first));
+    second.request_json = json!({"messages": [said(1)], "temperature": 0.5}).to_string();
+    second.same_tools = true;
+    let second = writer.exchange_draft(second);
+    // Tools of its own (here none): kept as they are.
+    let mut third = draft("0", 3, vec![said(2)], Some(second));
+    third.request_json = json!({"messages": [said(2)], "temperature": 0.5}).to_string();
+    writer.exchange_draft(third);
+    assert_eq!(writer.finish(completed("done")), None);
+
+    let id = log.resolve("last").unwrap();
+    let requests: Vec<String> = log
+        .exchanges(id)
+        .unwrap()
+        .iter()
+        .map(|x| x.request.to_string())
+        .collect();
+    let tools = json!([{"name": "tick"}]);
+    assert_eq!(
+        requests,
+        [
+            json!({"messages": [said(0)], "tools": tools, "temperature": 0.5}).to_string(),
+            json!({"messages": [said(0), said(1)], "tools": tools, "temperature": 0.5}).to_string(),
+            json!({"messages": [said(0), said(1), said(2)], "temperature": 0.5}).to_string(),
+        ]
+    );
 }
 
 /// Version 3 of the schema (the last before requests could be stored as
