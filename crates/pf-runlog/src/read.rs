@@ -13,7 +13,7 @@ use crate::records::{
     ActivationRecord, AnswerRecord, EventRecord, ExchangeRecord, Outcome, RunEnd, RunFilter, RunId,
     RunRecord, RunStart, RunSummary, TokenUsage, ToolCallRecord, RUNNING,
 };
-use crate::RunLog;
+use crate::{work, RunLog};
 
 /// A request stored as what it adds to `earlier` (the whole request it
 /// continues), made whole: `earlier`'s messages, then the added ones, with
@@ -343,7 +343,8 @@ impl RunLog {
         let mut query = self
             .conn
             .prepare_cached(
-                "SELECT first_ord, lines FROM event_batches WHERE run_id = ?1 ORDER BY first_ord",
+                "SELECT first_ord, lines FROM event_batches WHERE run_id = ?1 AND count > 0
+                 ORDER BY first_ord",
             )
             .map_err(|e| self.fail(e))?;
         let mut batches = query.query([id.0]).map_err(|e| self.fail(e))?;
@@ -389,7 +390,7 @@ impl RunLog {
             .prepare_cached(
                 "SELECT task, seq, section, model, attempt, request_json, response_json, error,
                     status, started_ms, duration_ms, input_tokens, output_tokens, total_tokens,
-                    id, request_extends, request_same_tools
+                    id, request_extends
                  FROM exchanges WHERE run_id = ?1 ORDER BY id",
             )
             .map_err(|e| self.fail(e))?;
@@ -413,7 +414,6 @@ impl RunLog {
                     record,
                     row.get::<_, i64>(14)?,
                     row.get::<_, Option<i64>>(15)?,
-                    row.get::<_, Option<i64>>(16)? == Some(1),
                 ))
             })
             .map_err(|e| self.fail(e))?;
@@ -421,15 +421,84 @@ impl RunLog {
         // Where each row went in `out`, for the rows after it that continue it.
         let mut position: HashMap<i64, usize> = HashMap::new();
         for row in rows {
-            let (mut record, row_id, extends, same_tools) = row.map_err(|e| self.fail(e))?;
+            let (mut record, row_id, extends) = row.map_err(|e| self.fail(e))?;
             if let Some(base) = extends {
                 let earlier = position.get(&base).map(|&at| &out[at].request);
-                record.request = continued_request(earlier, record.request, same_tools);
+                record.request = continued_request(earlier, record.request, false);
             }
             position.insert(row_id, out.len());
             out.push(record);
         }
+        drop(query);
+        // Since version 5, work lines; `extends` names a handle of the run.
+        let mut position: HashMap<u64, usize> = HashMap::new();
+        self.work_lines(id, 'x', |line| {
+            let x: work::ExchangeLine = serde_json::from_str(line)?;
+            let mut request = x.request;
+            if let Some(base) = x.extends {
+                let earlier = position.get(&base).map(|&at| &out[at].request);
+                request = continued_request(earlier, request, x.same_tools);
+            }
+            position.insert(x.handle, out.len());
+            out.push(ExchangeRecord {
+                task: x.task,
+                seq: x.seq,
+                section: x.section,
+                model: x.model,
+                attempt: x.attempt,
+                request,
+                response: x.response,
+                error: x.error,
+                status: x.status,
+                started_ms: x.started_ms,
+                duration_ms: x.duration_ms,
+                usage: x.usage.map(|(input, output, total)| TokenUsage {
+                    input,
+                    output,
+                    total,
+                }),
+            });
+            Ok(())
+        })?;
         Ok(out)
+    }
+
+    /// Call `each` with every work line of run `id` whose kind is `tag`,
+    /// in the order they were logged.
+    fn work_lines(
+        &self,
+        id: RunId,
+        tag: char,
+        mut each: impl FnMut(&str) -> serde_json::Result<()>,
+    ) -> Result<(), RunLogError> {
+        let mut query = self
+            .conn
+            .prepare_cached(
+                "SELECT work FROM event_batches WHERE run_id = ?1 AND work IS NOT NULL
+                 ORDER BY first_ord, id",
+            )
+            .map_err(|e| self.fail(e))?;
+        let mut rows = query.query([id.0]).map_err(|e| self.fail(e))?;
+        while let Some(row) = rows.next().map_err(|e| self.fail(e))? {
+            let text = row.get_ref(0).map_err(|e| self.fail(e))?;
+            let text = text.as_str().map_err(|e| {
+                self.fail(rusqlite::Error::FromSqlConversionFailure(
+                    0,
+                    Type::Text,
+                    Box::new(e),
+                ))
+            })?;
+            for line in text.lines().filter(|line| work::is(line, tag)) {
+                each(line).map_err(|err| {
+                    self.fail(rusqlite::Error::FromSqlConversionFailure(
+                        0,
+                        Type::Text,
+                        Box::new(err),
+                    ))
+                })?;
+            }
+        }
+        Ok(())
     }
 
     /// The run's tool calls in the order they were logged.
@@ -456,8 +525,15 @@ impl RunLog {
                 })
             })
             .map_err(|e| self.fail(e))?;
-        rows.collect::<rusqlite::Result<Vec<_>>>()
-            .map_err(|e| self.fail(e))
+        let mut calls = rows
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(|e| self.fail(e))?;
+        drop(query);
+        self.work_lines(id, 't', |line| {
+            calls.push(work::tool_call(line)?);
+            Ok(())
+        })?;
+        Ok(calls)
     }
 
     /// The run's operator answers in the order they were logged.
@@ -480,8 +556,15 @@ impl RunLog {
                 })
             })
             .map_err(|e| self.fail(e))?;
-        rows.collect::<rusqlite::Result<Vec<_>>>()
-            .map_err(|e| self.fail(e))
+        let mut answers = rows
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(|e| self.fail(e))?;
+        drop(query);
+        self.work_lines(id, 'a', |line| {
+            answers.push(work::answer(line)?);
+            Ok(())
+        })?;
+        Ok(answers)
     }
 
     /// The run's Plugin activations in the order they were logged.
@@ -501,7 +584,14 @@ impl RunLog {
                 })
             })
             .map_err(|e| self.fail(e))?;
-        rows.collect::<rusqlite::Result<Vec<_>>>()
-            .map_err(|e| self.fail(e))
+        let mut activations = rows
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(|e| self.fail(e))?;
+        drop(query);
+        self.work_lines(id, 'p', |line| {
+            activations.push(work::activation(line)?);
+            Ok(())
+        })?;
+        Ok(activations)
     }
 }

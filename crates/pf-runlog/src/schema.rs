@@ -139,16 +139,23 @@ CREATE TABLE event_batches (
 CREATE INDEX event_batches_by_run ON event_batches(run_id, first_ord);
 ";
 
-/// Version 5, fewer bytes per commit (each commit's pages are written
-/// twice, to the WAL and at the checkpoint): event lines are dense,
-/// `[kind, section, task, seq, fields]` with `fields` left out when empty
-/// (`{` still starts a version 4 line); and a continued request that
-/// offers the same tools as the one it extends leaves them out
-/// (`request_same_tools` = 1: its tools are that request's; NULL: its
-/// `request_json` has its own, or none). A model loop sends the same list
-/// every round: it was half of each stored request.
+/// Version 5, fewer pages per commit (each commit's pages are written
+/// twice, to the WAL and at the checkpoint, and every table or index it
+/// touches costs a page or two whatever it adds):
+/// - the run's host work (model exchanges, tool calls, operator answers,
+///   Plugin activations) goes with the commit's events into its
+///   `event_batches` row, as work lines in `work` (one JSON array per line,
+///   the format in `work.rs`), instead of a row (and an index entry) each
+///   in `exchanges`, `tool_calls`, `answers` and `activations`, which keep
+///   what older builds wrote. A row may then hold work and no events
+///   (`count` 0); rows of a run are read in `(first_ord, id)` order.
+/// - event lines are dense: `[kind, section, task, seq, fields]`, with
+///   `fields` left out when empty (`{` still starts a version 4 line).
+/// - a continued request that offers the same tools as the one it extends
+///   leaves them out (its line says so); a model loop sends the same list
+///   every round, and it was half of each stored request.
 const V5: &str = "
-ALTER TABLE exchanges ADD COLUMN request_same_tools INTEGER;
+ALTER TABLE event_batches ADD COLUMN work TEXT;
 ";
 
 /// Every migration in order; entry `i` takes the database to version `i + 1`.

@@ -599,6 +599,24 @@ fn draft(
     }
 }
 
+/// The exchange work lines a database holds, in order, as JSON arrays.
+fn stored_exchanges(path: &std::path::Path) -> Vec<Vec<serde_json::Value>> {
+    let works: Vec<String> = Connection::open(path)
+        .unwrap()
+        .prepare("SELECT work FROM event_batches WHERE work IS NOT NULL ORDER BY first_ord, id")
+        .unwrap()
+        .query_map([], |row| row.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    works
+        .iter()
+        .flat_map(|work| work.lines())
+        .filter(|line| line.starts_with("[\"x\""))
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
 fn said(n: usize) -> serde_json::Value {
     json!({"role": "user", "content": format!("message {n}")})
 }
@@ -645,17 +663,15 @@ fn a_request_stored_as_what_it_adds_reads_back_whole() {
     );
     assert_eq!(read[3].response, Some(json!({"content": "reply 3"})));
     assert_eq!(read[3].seq, 3);
-    // What is stored is only what each request adds.
-    let stored: Vec<(String, Option<i64>)> = Connection::open(db_in(&dir))
-        .unwrap()
-        .prepare("SELECT request_json, request_extends FROM exchanges ORDER BY id")
-        .unwrap()
-        .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
+    // What is stored is only what each request adds (work lines since
+    // schema 5: `extends` is the handle of the request continued, the
+    // request is the line's next-to-last element).
+    let stored: Vec<(String, Option<i64>)> = stored_exchanges(&db_in(&dir))
+        .iter()
+        .map(|line| (line[14].to_string(), line[7].as_i64()))
+        .collect();
     assert!(stored[3].0.contains("message 3") && !stored[3].0.contains("message 2"));
-    assert_eq!(stored[3].1, Some(3));
+    assert_eq!(stored[3].1, Some(2));
     assert_eq!(stored[0].1, None);
 }
 
