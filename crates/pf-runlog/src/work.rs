@@ -14,8 +14,8 @@
 //!   an exchange; `handle` numbers the run's exchanges from 0, `extends` is
 //!   the handle of the exchange whose request this one continues (or
 //!   null), `usage` is `[input, output, total]` or null, and `request` and
-//!   `response` are the bodies' JSON as handed in (`response` null when
-//!   none arrived).
+//!   `response` are the bodies' JSON as handed in (no `response` element
+//!   when none arrived).
 //! - `["t", task, seq, section, alias, path, arguments, output, trusted, failure]`
 //! - `["a", task, seq, section, question, answer]`
 //! - `["p", plugin, tools, error]`: a Plugin activation.
@@ -54,10 +54,9 @@ pub(crate) fn encode(out: &mut Vec<u8>, message: &Message) {
                 out.pop();
                 out.push(b',');
                 push_raw(out, &x.request_json);
-                out.push(b',');
-                match &x.response_json {
-                    Some(response) => push_raw(out, response),
-                    None => out.extend_from_slice(b"null"),
+                if let Some(response) = &x.response_json {
+                    out.push(b',');
+                    push_raw(out, response);
                 }
                 out.push(b']');
             })
@@ -128,7 +127,13 @@ pub(crate) struct ExchangeLine {
     pub duration_ms: u64,
     pub usage: Option<(u64, u64, u64)>,
     pub request: Value,
+    /// Present, even as `null`, only when a response arrived.
+    #[serde(default, deserialize_with = "present")]
     pub response: Option<Value>,
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(value: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(value).map(Some)
 }
 
 #[derive(Deserialize)]
@@ -238,6 +243,7 @@ mod tests {
                 total: 3,
             }),
         };
+        let kept = draft.clone();
         encode(
             &mut out,
             &Message::Draft(Box::new(draft), ExchangeHandle(4)),
@@ -280,6 +286,18 @@ mod tests {
             (None, Some(500), Some((1, 2, 3)))
         );
         assert_eq!(x.section, "Ask \"me\"");
+        let mut one = Vec::new();
+        let draft = ExchangeDraft {
+            response_json: Some("null".into()),
+            request_json: "{}".into(),
+            ..ExchangeDraft::clone(&kept)
+        };
+        encode(
+            &mut one,
+            &Message::Draft(Box::new(draft), ExchangeHandle(5)),
+        );
+        let x: ExchangeLine = serde_json::from_slice(&one[..one.len() - 1]).unwrap();
+        assert_eq!(x.response, Some(Value::Null));
         assert!(is(lines[1], 't'));
         assert_eq!(tool_call(lines[1]).unwrap(), call);
         assert_eq!(super::answer(lines[2]).unwrap(), answer);
