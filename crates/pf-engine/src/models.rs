@@ -18,7 +18,7 @@ use crate::ctx::{
 use crate::error::{ErrorKind, HostError, HostResult, Raise, RunErrorKind};
 use crate::events::{deliver, fields, EventKind, LiveText};
 use crate::json::json_to_lua;
-use crate::models_check::{check_across, Composition, ListReader};
+use crate::models_check::{Composition, ListReader};
 use crate::text::{float_text, lua_type_name};
 use crate::tools::{call_tool, list_text, Caller, ENGINE_TOOL_NAMES};
 
@@ -1028,7 +1028,7 @@ fn checked_records(
     let unchanged = reader
         .read(lua, list_v, no_prompt_code)
         .map_err(HostError::lua)?;
-    if let Err(message) = check_across(reader.records()) {
+    if let Err(message) = reader.check_across(unchanged) {
         sec.boundary(EventKind::ModelTurnFailed);
         return Err(HostError::lua(message));
     }
