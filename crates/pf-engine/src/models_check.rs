@@ -142,6 +142,14 @@ impl ListReader {
         &self.records
     }
 
+    /// The field names this reader reads with, made on first use.
+    pub(crate) fn keys(&mut self, lua: &Lua) -> mlua::Result<Keys> {
+        match &self.keys {
+            Some(keys) => Ok(keys.clone()),
+            None => Ok(self.keys.insert(Keys::new(lua)?).clone()),
+        }
+    }
+
     /// [`check_across`] over the records of the last read, of which the first
     /// `unchanged` (its answer) were those of the read before.
     pub(crate) fn check_across(&mut self, unchanged: usize) -> Result<(), String> {
@@ -244,15 +252,20 @@ fn list_shape(lua: &Lua, list: &Table) -> Option<(bool, Option<usize>)> {
     Some((ok, len.and_then(|n| usize::try_from(n).ok())))
 }
 
-/// The record field names, as Lua strings made once per read.
-struct Keys {
-    role: mlua::String,
-    content: mlua::String,
-    tool_call_id: mlua::String,
-    tool_calls: mlua::String,
-    id: mlua::String,
-    name: mlua::String,
-    arguments: mlua::String,
+/// The record field names (and the roles the loop writes), as Lua strings
+/// made once per loop: reading and building records push them as they are.
+#[derive(Clone)]
+pub(crate) struct Keys {
+    pub(crate) role: mlua::String,
+    pub(crate) content: mlua::String,
+    pub(crate) tool_call_id: mlua::String,
+    pub(crate) tool_calls: mlua::String,
+    pub(crate) id: mlua::String,
+    pub(crate) name: mlua::String,
+    pub(crate) arguments: mlua::String,
+    pub(crate) user: mlua::String,
+    pub(crate) assistant: mlua::String,
+    pub(crate) tool: mlua::String,
 }
 
 impl Keys {
@@ -265,6 +278,9 @@ impl Keys {
             id: lua.create_string("id")?,
             name: lua.create_string("name")?,
             arguments: lua.create_string("arguments")?,
+            user: lua.create_string("user")?,
+            assistant: lua.create_string("assistant")?,
+            tool: lua.create_string("tool")?,
         })
     }
 }
