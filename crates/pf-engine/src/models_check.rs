@@ -924,7 +924,7 @@ mod tests {
                 ..text(Role::User, "bad")
             },
         ];
-        // Every list of up to four records from the pool, then each of them
+        // Every list of four records from the pool, then each of them
         // extended by one more: the kept state from the shorter list must
         // answer the longer one as a fresh scan does, whatever was kept.
         let mut lists: Vec<Vec<Record>> = vec![Vec::new()];
