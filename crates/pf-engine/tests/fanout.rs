@@ -7,7 +7,7 @@ mod support;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pf_engine::Outcome;
 use support::{run, SlowModel};
@@ -17,36 +17,34 @@ const WORKER: &str = "### Worker\n\n```lua\nreturn models.infer(item)\n```\n";
 #[test]
 fn arms_waiting_on_slow_host_work_all_complete_in_collection_order() {
     let model = Arc::new(SlowModel::default());
+    // `@4`: no round answers before all four have started, so arms run one
+    // after another would never end (the runner's hang guard fails the test).
     // Later members answer sooner, so the arms finish in reverse order.
     let body = format!(
-        "## Main\n\n```lua\nlocal r = fanout('### Worker', {{'a:400', 'b:300', 'c:200', 'd:100'}})\nreturn table.concat(r, ',')\n```\n\n{WORKER}"
+        "## Main\n\n```lua\nlocal r = fanout('### Worker', {{'a@4:400', 'b@4:300', 'c@4:200', 'd@4:100'}})\nreturn table.concat(r, ',')\n```\n\n{WORKER}"
     );
-    let started = Instant::now();
     let outcome = run("Fanout", &body, Arc::clone(&model), None);
     assert_eq!(outcome, Outcome::Completed("a!,b!,c!,d!".into()));
-    // All four waited at once: one after another would take a full second.
-    assert!(started.elapsed() < Duration::from_millis(900));
     assert_eq!(model.most_in_flight.load(Ordering::SeqCst), 4);
-    assert_eq!(model.prompts(), ["a:400", "b:300", "c:200", "d:100"]);
+    assert_eq!(model.prompts(), ["a@4:400", "b@4:300", "c@4:200", "d@4:100"]);
 }
 
 #[test]
 fn no_more_than_eight_arms_are_live_and_the_cap_refills() {
     let model = Arc::new(SlowModel::default());
-    // The first arm is the slowest: the ninth starts as soon as any other
-    // finishes, not only when the first one does.
+    // The first arm answers only once all ten rounds have started (`@10`):
+    // the ninth and tenth must start beside it, as soon as any other arm
+    // finishes. A cap that refilled only when the first arm ended would never
+    // end (the runner's hang guard fails the test).
     let body = format!(
-        "## Main\n\n```lua\nlocal items = {{'m1:600'}}\nfor i = 2, 10 do items[i] = 'm' .. i .. ':50' end\nlocal r = fanout('### Worker', items)\nreturn #r .. ' ' .. r[1].text .. ' ' .. r[10].text\n```\n\n{WORKER}"
+        "## Main\n\n```lua\nlocal items = {{'m1@10:0'}}\nfor i = 2, 10 do items[i] = 'm' .. i .. ':50' end\nlocal r = fanout('### Worker', items)\nreturn #r .. ' ' .. r[1].text .. ' ' .. r[10].text\n```\n\n{WORKER}"
     );
-    let started = Instant::now();
     let outcome = run("Fanout", &body, Arc::clone(&model), None);
     assert_eq!(outcome, Outcome::Completed("10 m1! m10!".into()));
     assert_eq!(model.most_in_flight.load(Ordering::SeqCst), 8);
-    // The ninth and tenth ran beside the slow first arm.
-    assert!(started.elapsed() < Duration::from_millis(1100));
     let prompts = model.prompts();
     assert_eq!(prompts.len(), 10);
-    assert_eq!(prompts.first().map(String::as_str), Some("m1:600"));
+    assert_eq!(prompts.first().map(String::as_str), Some("m1@10:0"));
 }
 
 #[test]
@@ -56,7 +54,7 @@ fn a_host_cancel_ends_the_run_while_arms_wait() {
     let body = format!(
         "## Main\n\n```lua\nlocal ok = pcall(fanout, '### Worker', {{'x', 'y', 'z'}})\nreturn 'kept going'\n```\n\n{WORKER}"
     );
-    let started = Instant::now();
+    // Only the host cancel can end the run: the outcome proves it came.
     let outcome = run(
         "Fanout",
         &body,
@@ -64,7 +62,6 @@ fn a_host_cancel_ends_the_run_while_arms_wait() {
         Some(Duration::from_millis(200)),
     );
     assert_eq!(outcome, Outcome::Cancelled);
-    assert!(started.elapsed() < Duration::from_secs(5));
     assert_eq!(model.prompts(), ["x", "y", "z"]);
     assert_eq!(model.in_flight.load(Ordering::SeqCst), 0);
 }
@@ -76,9 +73,8 @@ fn a_failing_arm_cancels_its_waiting_siblings_and_frees_their_claims() {
     // fails after a short wait. The caller goes on at once and may write the
     // hanging arm's path: the cancelled arm's claims went with it.
     let body = "## Main\n\n```lua\nlocal ok, err = pcall(fanout, '### Worker', {'hang', 'boom'})\nstore.write('taken.txt', 'caller')\nreturn tostring(ok) .. ' ' .. err.kind .. ' ' .. store.read('taken.txt')\n```\n\n### Worker\n\n```lua\nif item == 'hang' then\n  store.write('taken.txt', 'arm')\n  return models.infer('hang')\nend\nmodels.infer('boom:50')\nerror({})\n```\n";
-    let started = Instant::now();
+    // `hang` never answers by itself: completing at all proves the cancel.
     let outcome = run("Fanout", body, Arc::clone(&model), None);
     assert_eq!(outcome, Outcome::Completed("false lua caller".into()));
-    assert!(started.elapsed() < Duration::from_secs(5));
     assert_eq!(model.in_flight.load(Ordering::SeqCst), 0);
 }

@@ -6,7 +6,7 @@ mod support;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pf_engine::Outcome;
 use support::{run, SlowModel};
@@ -17,16 +17,15 @@ const JOB: &str = "### Job\n\n```lua\nreturn models.infer(args)\n```\n";
 #[test]
 fn tasks_wait_on_host_work_at_once_and_the_first_to_end_is_delivered_first() {
     let model = Arc::new(SlowModel::default());
+    // `@2`: neither round answers before both have started, so run one after
+    // the other they never would (the runner's hang guard fails the test).
     let body = format!(
-        "## Main\n\n```lua\nlocal slow = tasks.spawn('### Job', {{ input = 'slow:400' }})\nlocal quick = tasks.spawn('### Job', {{ input = 'quick:100' }})\nlocal first, ok, r = tasks.when_any({{ slow, quick }})\nlocal _, _, r2 = tasks.when_any({{ slow }})\nreturn first.task .. ' ' .. r .. ' ' .. r2\n```\n\n{JOB}"
+        "## Main\n\n```lua\nlocal slow = tasks.spawn('### Job', {{ input = 'slow@2:400' }})\nlocal quick = tasks.spawn('### Job', {{ input = 'quick@2:100' }})\nlocal first, ok, r = tasks.when_any({{ slow, quick }})\nlocal _, _, r2 = tasks.when_any({{ slow }})\nreturn first.task .. ' ' .. r .. ' ' .. r2\n```\n\n{JOB}"
     );
-    let started = Instant::now();
     let outcome = run("Tasks", &body, Arc::clone(&model), None);
     assert_eq!(outcome, Outcome::Completed("0.1 quick! slow!".into()));
     assert_eq!(model.most_in_flight.load(Ordering::SeqCst), 2);
-    // Both rounds were in flight together: one after the other takes 500 ms.
-    assert!(started.elapsed() < Duration::from_millis(490));
-    assert_eq!(model.prompts(), ["slow:400", "quick:100"]);
+    assert_eq!(model.prompts(), ["slow@2:400", "quick@2:100"]);
 }
 
 #[test]
@@ -47,7 +46,7 @@ fn a_host_cancel_ends_the_run_while_the_owner_waits_on_a_task() {
     let body = format!(
         "## Main\n\n```lua\nlocal t = tasks.spawn('### Job', {{ input = 'never' }})\npcall(tasks.when_all, {{ t }})\nreturn 'kept going'\n```\n\n{JOB}"
     );
-    let started = Instant::now();
+    // `never` is never answered: only the host cancel can end the run.
     let outcome = run(
         "Tasks",
         &body,
@@ -55,7 +54,6 @@ fn a_host_cancel_ends_the_run_while_the_owner_waits_on_a_task() {
         Some(Duration::from_millis(150)),
     );
     assert_eq!(outcome, Outcome::Cancelled);
-    assert!(started.elapsed() < Duration::from_secs(5));
     assert_eq!(model.in_flight.load(Ordering::SeqCst), 0);
 }
 

@@ -1,5 +1,7 @@
 //! Test support shared by the concurrency tests: a model whose replies take
-//! real time, and a runner for a prompt body on it.
+//! real time and can wait for other rounds to start, and a runner for a
+//! prompt body on it. No test asserts on the clock: concurrency is proven by
+//! rounds that only answer once others are in flight.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -12,13 +14,17 @@ use pf_harness::{
 };
 
 /// A model that answers each prompt `NAME:MILLIS` with `NAME!` after MILLIS
-/// milliseconds, and never answers a prompt without a delay. It counts the
-/// rounds in flight and keeps the most it ever saw at once.
+/// milliseconds, and never answers a prompt without a delay. A prompt
+/// `NAME@GATE:MILLIS` first waits until GATE rounds have started in all (a
+/// rendezvous): run one after another, such rounds never answer. It counts
+/// the rounds in flight and keeps the most it ever saw at once.
 #[derive(Default)]
 pub struct SlowModel {
     pub in_flight: AtomicUsize,
     pub most_in_flight: AtomicUsize,
     pub prompts: Mutex<Vec<String>>,
+    started: AtomicUsize,
+    round_started: tokio::sync::Notify,
 }
 
 impl SlowModel {
@@ -65,10 +71,28 @@ impl ModelProvider for SlowModel {
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.most_in_flight.fetch_max(now, Ordering::SeqCst);
         let _guard = InFlight(&self.in_flight);
+        self.started.fetch_add(1, Ordering::SeqCst);
+        self.round_started.notify_waiters();
         let (name, delay) = match prompt.split_once(':') {
             Some((name, millis)) => (name.to_string(), millis.parse::<u64>().ok()),
             None => (prompt.clone(), None),
         };
+        let (name, gate) = match name.split_once('@') {
+            Some((name, gate)) => (name.to_string(), gate.parse::<usize>().unwrap_or(0)),
+            None => (name, 0),
+        };
+        loop {
+            // Registered before the check, so a round starting in between
+            // still wakes this one.
+            let next_start = self.round_started.notified();
+            if self.started.load(Ordering::SeqCst) >= gate {
+                break;
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return Err(ProviderError::Cancelled),
+                _ = next_start => {}
+            }
+        }
         let Some(delay) = delay else {
             cancel.cancelled().await;
             return Err(ProviderError::Cancelled);
@@ -93,8 +117,36 @@ fn prompt(title: &str, body: &str) -> Arc<pf_syntax::Prompt> {
     }
 }
 
-/// Run `body` with `model`; `cancel_after` cancels the run from another thread.
+/// A liveness guard, not a speed assertion: far beyond any honest run, it
+/// turns a hang (e.g. rounds that wait on a rendezvous run one at a time)
+/// into a clear failure.
+const HANG_GUARD: Duration = Duration::from_secs(60);
+
+/// Run `body` with `model`; `cancel_after` cancels the run from another
+/// thread. Panics with "hung" if the run does not end within [`HANG_GUARD`].
 pub fn run(
+    title: &str,
+    body: &str,
+    model: Arc<SlowModel>,
+    cancel_after: Option<Duration>,
+) -> Outcome {
+    let (title, body) = (title.to_string(), body.to_string());
+    let (done, outcome) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(run_to_end(&title, &body, model, cancel_after));
+    });
+    match outcome.recv_timeout(HANG_GUARD) {
+        Ok(outcome) => outcome,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("the run hung: no outcome after {HANG_GUARD:?}")
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            panic!("the run panicked before it ended")
+        }
+    }
+}
+
+fn run_to_end(
     title: &str,
     body: &str,
     model: Arc<SlowModel>,
