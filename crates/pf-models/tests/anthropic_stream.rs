@@ -5,14 +5,17 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pf_harness::{
     CancellationToken, ChatResponse, ModelProvider, ProviderError, ThinkingSupport, ToolCall, Usage,
 };
 use pf_models::{AnthropicProvider, HttpProviderConfig, HttpSettings};
 use serde_json::{json, Value as Json};
-use support::{fast_http, hello, impatient_http, model_info, Behaviour, Reply, TestServer};
+use support::{
+    end_of_event, fast_http, hello, impatient_http, model_info, within_hang_guard, Behaviour, Reply,
+    TestServer, NEVER,
+};
 
 fn provider(base_url: &str, http: HttpSettings) -> AnthropicProvider {
     AnthropicProvider::new(
@@ -189,17 +192,21 @@ async fn a_stream_cut_before_message_stop_fails() {
 
 #[tokio::test]
 async fn a_slow_drip_fails_at_the_receive_timeout_and_a_steady_one_does_not() {
+    // 250 ms between events stays under the 1 s timeout, though the whole
+    // cannot: the server waits before each of the (at least seven) events.
     let body = text_stream(&["a", "b"]);
     let steady = TestServer::sequence(vec![Reply::sse_raw(body.clone()).behave(Behaviour::Drip {
-        pause: Duration::from_millis(60),
+        pause: Duration::from_millis(250),
     })])
     .await;
-    let model = provider(&steady.base_url, impatient_http());
-    let started = Instant::now();
+    let patient_per_chunk = HttpSettings {
+        receive_timeout: Duration::from_secs(1),
+        ..fast_http()
+    };
+    let model = provider(&steady.base_url, patient_per_chunk);
     let (result, fragments) = stream(&model, CancellationToken::new()).await;
     assert_eq!(result.expect("reply").content.as_deref(), Some("ab"));
     assert_eq!(fragments, vec!["a", "b"]);
-    assert!(started.elapsed() > Duration::from_millis(200));
 
     let stalled = TestServer::sequence(vec![Reply::sse_raw(body).behave(Behaviour::Drip {
         pause: Duration::from_millis(600),
@@ -231,11 +238,15 @@ async fn an_oversize_stream_fails_at_the_cap() {
 
 #[tokio::test]
 async fn cancelling_mid_stream_stops_at_once() {
-    let server = TestServer::sequence(vec![Reply::sse_raw(text_stream(&["a", "b", "c"])).behave(
-        Behaviour::Drip {
-            pause: Duration::from_millis(200),
-        },
-    )])
+    // The server sends up to the first text (the fourth event) and then never
+    // the rest: only a cancel that cuts the stream short ends the call (else
+    // the hang guard).
+    let body = text_stream(&["a", "b", "c"]);
+    let first_text = end_of_event(&body, 3);
+    let server = TestServer::sequence(vec![Reply::sse_raw(body).behave(Behaviour::PauseAfter {
+        bytes: first_text,
+        pause: NEVER,
+    })])
     .await;
     let model = provider(&server.base_url, fast_http());
     let cancel = CancellationToken::new();
@@ -245,19 +256,18 @@ async fn cancelling_mid_stream_stops_at_once() {
         seen.push(text.to_string());
         trigger.cancel();
     };
-    let started = Instant::now();
-    let result = model
-        .complete_streaming(
+    let result = within_hang_guard(
+        "the cancelled stream",
+        model.complete_streaming(
             hello(),
             &pf_harness::WorkId::new("0", 0),
             cancel.clone(),
             &mut on_text,
-        )
-        .await;
+        ),
+    )
+    .await;
     assert_eq!(result, Err(ProviderError::Cancelled));
     assert_eq!(seen, vec!["a".to_string()]);
-    // The first text comes after four pauses; the whole stream takes nine.
-    assert!(started.elapsed() < Duration::from_millis(1_500));
 }
 
 #[tokio::test]

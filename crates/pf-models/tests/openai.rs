@@ -12,7 +12,10 @@ use pf_harness::{
 };
 use pf_models::{HttpProviderConfig, HttpSettings, OpenAiProvider};
 use serde_json::{json, Value as Json};
-use support::{fast_http, hello, impatient_http, model_info, Behaviour, Reply, TestServer};
+use support::{
+    fast_http, hello, impatient_http, model_info, within_hang_guard, Behaviour, Reply, TestServer,
+    NEVER,
+};
 
 fn provider(
     base_url: &str,
@@ -572,9 +575,8 @@ async fn a_slow_drip_hits_the_receive_timeout() {
         ThinkingSupport::Never,
         impatient_http(),
     );
-    let started = Instant::now();
+    // Without the timeout the rest arrives after the pause and the call succeeds.
     assert_eq!(failure(&provider).await, "http transport failure");
-    assert!(started.elapsed() < Duration::from_secs(1));
 }
 
 #[tokio::test]
@@ -616,9 +618,9 @@ async fn a_429_waits_for_retry_after_then_succeeds() {
         .expect("reply");
     assert_eq!(response.content.as_deref(), Some("after the wait"));
     assert_eq!(server.requests().len(), 2);
+    // A lower bound only: a wait never ends early, however loaded the machine.
     let waited = started.elapsed();
     assert!(waited >= Duration::from_secs(1), "waited only {waited:?}");
-    assert!(waited < Duration::from_secs(4), "waited {waited:?}");
 }
 
 #[tokio::test]
@@ -633,17 +635,18 @@ async fn a_long_retry_after_is_capped() {
         ..fast_http()
     };
     let provider = provider_with(&server.base_url, None, ThinkingSupport::Never, settings);
-    let started = Instant::now();
-    let response = provider
-        .complete(
+    // Uncapped, the hour-long wait would trip the hang guard.
+    let response = within_hang_guard(
+        "the capped retry",
+        provider.complete(
             hello(),
             &pf_harness::WorkId::new("0", 0),
             CancellationToken::new(),
-        )
-        .await
-        .expect("reply");
+        ),
+    )
+    .await
+    .expect("reply");
     assert_eq!(response.content.as_deref(), Some("soon"));
-    assert!(started.elapsed() < Duration::from_secs(2));
 }
 
 #[tokio::test]
@@ -745,19 +748,19 @@ async fn a_refused_connection_is_a_transport_failure() {
     };
     let base_url = format!("http://127.0.0.1:{port}");
     let provider = provider(&base_url, None, ThinkingSupport::Never);
-    let started = Instant::now();
     assert_eq!(failure(&provider).await, "http transport failure");
-    assert!(started.elapsed() < Duration::from_secs(1));
 }
 
 #[tokio::test]
 async fn cancellation_cuts_a_slow_response_short() {
+    // The reply never comes and the receive timeout is far off: only the
+    // cancel can end the call with `Cancelled`.
     let server = TestServer::sequence(vec![text_reply("late").behave(Behaviour::Silent {
-        pause: Duration::from_secs(5),
+        pause: NEVER,
     })])
     .await;
     let settings = HttpSettings {
-        receive_timeout: Duration::from_secs(10),
+        receive_timeout: NEVER,
         ..fast_http()
     };
     let provider = provider_with(&server.base_url, None, ThinkingSupport::Never, settings);
@@ -767,38 +770,44 @@ async fn cancellation_cuts_a_slow_response_short() {
         tokio::time::sleep(Duration::from_millis(100)).await;
         trigger.cancel();
     });
-    let started = Instant::now();
     assert_eq!(
-        provider
-            .complete(hello(), &pf_harness::WorkId::new("0", 0), cancel)
-            .await,
+        within_hang_guard(
+            "the cancelled call",
+            provider.complete(hello(), &pf_harness::WorkId::new("0", 0), cancel)
+        )
+        .await,
         Err(ProviderError::Cancelled)
     );
-    assert!(started.elapsed() < Duration::from_secs(2));
 }
 
 #[tokio::test]
 async fn cancellation_cuts_a_backoff_sleep_short() {
     let server = TestServer::sequence(vec![
-        Reply::json(429, json!({"error": {"message": "slow down"}})).header("Retry-After", "4"),
+        Reply::json(429, json!({"error": {"message": "slow down"}}))
+            .header("Retry-After", "86400"),
         text_reply("too late"),
     ])
     .await;
-    let provider = provider(&server.base_url, None, ThinkingSupport::Never);
+    // A day-long backoff, uncapped: only the cancel can end it.
+    let settings = HttpSettings {
+        max_retry_after: NEVER,
+        ..fast_http()
+    };
+    let provider = provider_with(&server.base_url, None, ThinkingSupport::Never, settings);
     let cancel = CancellationToken::new();
     let trigger = cancel.clone();
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(150)).await;
         trigger.cancel();
     });
-    let started = Instant::now();
     assert_eq!(
-        provider
-            .complete(hello(), &pf_harness::WorkId::new("0", 0), cancel)
-            .await,
+        within_hang_guard(
+            "the cancelled backoff",
+            provider.complete(hello(), &pf_harness::WorkId::new("0", 0), cancel)
+        )
+        .await,
         Err(ProviderError::Cancelled)
     );
-    assert!(started.elapsed() < Duration::from_secs(2));
     assert_eq!(server.requests().len(), 1);
 }
 

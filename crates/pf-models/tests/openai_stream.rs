@@ -6,14 +6,17 @@
 mod support;
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pf_harness::{
     CancellationToken, ChatResponse, ModelProvider, ProviderError, ThinkingSupport, ToolCall, Usage,
 };
 use pf_models::{HttpProviderConfig, HttpSettings, OpenAiProvider};
 use serde_json::{json, Value as Json};
-use support::{fast_http, hello, impatient_http, model_info, Behaviour, Reply, TestServer};
+use support::{
+    end_of_event, fast_http, hello, impatient_http, model_info, within_hang_guard, Behaviour, Reply,
+    TestServer, NEVER,
+};
 
 fn provider(base_url: &str, http: HttpSettings) -> OpenAiProvider {
     OpenAiProvider::new(
@@ -226,18 +229,21 @@ async fn a_connection_that_breaks_mid_stream_fails() {
 
 #[tokio::test]
 async fn the_receive_timeout_applies_to_each_chunk() {
-    // 120 ms between events stays under the 200 ms timeout, though the whole takes longer.
+    // 300 ms between events stays under the 1 s timeout, though the whole
+    // cannot: the server waits before each of the (at least six) events.
     let body = text_stream(&["a", "b", "c"]);
     let server = TestServer::sequence(vec![Reply::sse_raw(body.clone()).behave(Behaviour::Drip {
-        pause: Duration::from_millis(120),
+        pause: Duration::from_millis(300),
     })])
     .await;
-    let model = provider(&server.base_url, impatient_http());
-    let started = Instant::now();
+    let patient_per_chunk = HttpSettings {
+        receive_timeout: Duration::from_secs(1),
+        ..fast_http()
+    };
+    let model = provider(&server.base_url, patient_per_chunk);
     let (result, fragments) = stream(&model, CancellationToken::new()).await;
     assert_eq!(result.expect("reply").content.as_deref(), Some("abc"));
     assert_eq!(fragments, vec!["a", "b", "c"]);
-    assert!(started.elapsed() > Duration::from_millis(200));
 
     // A drip slower than the timeout fails after what had arrived.
     let server = TestServer::sequence(vec![Reply::sse_raw(body).behave(Behaviour::Drip {
@@ -272,10 +278,14 @@ async fn an_oversize_stream_fails_at_the_cap() {
 
 #[tokio::test]
 async fn cancelling_mid_stream_stops_at_once() {
-    let server = TestServer::sequence(vec![Reply::sse_raw(text_stream(&["a", "b", "c", "d"]))
-        .behave(Behaviour::Drip {
-            pause: Duration::from_millis(300),
-        })])
+    // The server sends up to the first text and then never the rest: only a
+    // cancel that cuts the stream short ends the call (else the hang guard).
+    let body = text_stream(&["a", "b", "c", "d"]);
+    let first_text = end_of_event(&body, 1);
+    let server = TestServer::sequence(vec![Reply::sse_raw(body).behave(Behaviour::PauseAfter {
+        bytes: first_text,
+        pause: NEVER,
+    })])
     .await;
     let model = provider(&server.base_url, fast_http());
     let cancel = CancellationToken::new();
@@ -288,19 +298,18 @@ async fn cancelling_mid_stream_stops_at_once() {
             cancel.cancel();
         }
     };
-    let started = Instant::now();
-    let result = model
-        .complete_streaming(
+    let result = within_hang_guard(
+        "the cancelled stream",
+        model.complete_streaming(
             hello(),
             &pf_harness::WorkId::new("0", 0),
             cancel.clone(),
             &mut on_text,
-        )
-        .await;
+        ),
+    )
+    .await;
     assert_eq!(result, Err(ProviderError::Cancelled));
     assert_eq!(*seen.lock().expect("lock"), vec!["a".to_string()]);
-    // The first fragment comes after two pauses; the rest would take three more.
-    assert!(started.elapsed() < Duration::from_millis(1_200));
 }
 
 #[tokio::test]

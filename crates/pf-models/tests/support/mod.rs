@@ -34,6 +34,31 @@ impl Recorded {
     }
 }
 
+/// A pause no test outlives: a reply held back this long never comes, so
+/// only the behaviour under test (a cancel, a timeout, a cap) can end the call.
+pub const NEVER: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// A liveness guard, not a speed assertion: far beyond any honest call, it
+/// turns a hang (e.g. a cancel that did not cut a [`NEVER`] wait short) into
+/// a clear failure.
+pub const HANG_GUARD: Duration = Duration::from_secs(60);
+
+/// Await `call`, failing with "hung" if it does not end within [`HANG_GUARD`].
+pub async fn within_hang_guard<T>(what: &str, call: impl std::future::Future<Output = T>) -> T {
+    match tokio::time::timeout(HANG_GUARD, call).await {
+        Ok(value) => value,
+        Err(_) => panic!("hung: {what} did not end within {HANG_GUARD:?}"),
+    }
+}
+
+/// Where the `n`th server-sent event (from 0) of `body` ends.
+pub fn end_of_event(body: &str, n: usize) -> usize {
+    body.match_indices("\n\n")
+        .nth(n)
+        .map(|(at, _)| at + 2)
+        .expect("the body has that many events")
+}
+
 /// How the server misbehaves while answering.
 #[derive(Debug, Clone)]
 pub enum Behaviour {
