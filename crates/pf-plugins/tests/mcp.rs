@@ -68,18 +68,23 @@ impl Server {
         text.trim().parse().expect("pid")
     }
 
-    /// True when the server is gone within `within`; a server killed before it
-    /// could even write its pid file is gone too.
-    async fn gone_within(&self, within: Duration) -> bool {
+    /// True when the server is gone (within the [`HANG_GUARD`]); a server
+    /// killed before it could even write its pid file is gone too.
+    async fn gone(&self) -> bool {
         match std::fs::read_to_string(self.dir.path().join("pid")) {
             Ok(text) => match text.trim().parse() {
-                Ok(pid) => wait_until_gone(pid, within).await,
+                Ok(pid) => wait_until_gone(pid, HANG_GUARD).await,
                 Err(_) => true,
             },
             Err(_) => true,
         }
     }
 }
+
+/// A liveness guard, not a speed assertion: far beyond any honest wait, it
+/// turns a hang (a server never reaped, a shutdown that never returns) into
+/// a clear failure.
+const HANG_GUARD: Duration = Duration::from_secs(60);
 
 fn process_exists(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
@@ -339,7 +344,7 @@ async fn a_server_that_cannot_start_or_initialize_fails_activation() {
         error.starts_with("MCP server acme/kit failed to initialize: "),
         "{error}"
     );
-    assert!(garbage.gone_within(Duration::from_secs(5)).await);
+    assert!(garbage.gone().await);
 }
 
 #[tokio::test]
@@ -348,7 +353,7 @@ async fn a_silent_server_times_out_at_start_and_is_killed() {
     let plugin = server
         .plugin()
         .with_start_timeout(Duration::from_millis(500));
-    let started = Instant::now();
+    // The server never answers: only the start timeout can end the start.
     let error = plugin
         .activate(context(CancellationToken::new()))
         .await
@@ -359,8 +364,7 @@ async fn a_silent_server_times_out_at_start_and_is_killed() {
         error,
         "MCP server acme/kit failed to initialize: no answer within 0.5 s (exit status: 0)"
     );
-    assert!(started.elapsed() < Duration::from_secs(5));
-    assert!(server.gone_within(Duration::from_secs(5)).await);
+    assert!(server.gone().await);
 }
 
 #[tokio::test]
@@ -377,7 +381,8 @@ async fn cancelling_the_run_stops_a_hanging_start() {
         tokio::time::sleep(Duration::from_millis(100)).await;
         trigger.cancel();
     });
-    let started = Instant::now();
+    // The server never answers; without the cancel the 30 s start timeout
+    // would end it with another message.
     let error = server
         .plugin()
         .activate(context(cancel))
@@ -385,8 +390,7 @@ async fn cancelling_the_run_stops_a_hanging_start() {
         .err()
         .expect("fails");
     assert_eq!(error, "MCP server acme/kit: activation cancelled");
-    assert!(started.elapsed() < Duration::from_secs(5));
-    assert!(server.gone_within(Duration::from_secs(5)).await);
+    assert!(server.gone().await);
 }
 
 fn behaviour_tools() -> Json {
@@ -448,14 +452,14 @@ async fn a_call_that_never_answers_times_out_or_is_cancelled() {
         .plugin()
         .with_call_timeout(Duration::from_millis(400));
     let active = activate(&plugin).await;
-    let started = Instant::now();
+    // `silent` never answers: only the call timeout or the cancel ends it, and
+    // each leaves its own message (the default 60 s timeout is out of reach).
     assert_eq!(
         call(&active, "acme/kit/silent", json!({})).await,
         Err(ToolFailure(
             "MCP server acme/kit did not answer within 0.4 s".into()
         ))
     );
-    assert!(started.elapsed() < Duration::from_secs(3));
 
     let cancel = CancellationToken::new();
     let trigger = cancel.clone();
@@ -465,7 +469,6 @@ async fn a_call_that_never_answers_times_out_or_is_cancelled() {
     });
     let slow = McpPlugin::new("acme/kit", server.config());
     let patient = activate(&slow).await;
-    let started = Instant::now();
     assert_eq!(
         patient
             .call(
@@ -477,7 +480,6 @@ async fn a_call_that_never_answers_times_out_or_is_cancelled() {
             .await,
         Err(ToolFailure("cancelled".into()))
     );
-    assert!(started.elapsed() < Duration::from_secs(3));
     // The session survives an abandoned call.
     assert_eq!(
         call(&patient, "acme/kit/ok", json!({})).await,
@@ -509,9 +511,11 @@ async fn shutdown_reaps_the_server_even_when_it_ignores_end_of_input() {
     let active = activate(&server.plugin()).await;
     let pid = server.pid();
     assert!(process_exists(pid));
-    let started = Instant::now();
-    active.shutdown().await;
-    assert!(started.elapsed() < Duration::from_secs(5));
+    // Waiting on an end of input the server ignores would hang: the guard
+    // fails that.
+    tokio::time::timeout(HANG_GUARD, active.shutdown())
+        .await
+        .expect("hung: shutdown never returned");
     // Reaped, not a zombie: the /proc entry is gone right after shutdown returns.
     assert!(!process_exists(pid));
     assert_eq!(
@@ -773,7 +777,7 @@ async fn a_garbage_speaking_or_wrong_id_server_fails_start_with_a_clear_text() {
         error.starts_with("MCP server acme/kit failed to initialize: the server answered initialize with an error: MCP server acme/kit answered request id 7, which it was never sent"),
         "{error}"
     );
-    assert!(confused.gone_within(Duration::from_secs(5)).await);
+    assert!(confused.gone().await);
 }
 
 #[tokio::test]
