@@ -26,7 +26,10 @@ fn arms_waiting_on_slow_host_work_all_complete_in_collection_order() {
     let outcome = run("Fanout", &body, Arc::clone(&model), None);
     assert_eq!(outcome, Outcome::Completed("a!,b!,c!,d!".into()));
     assert_eq!(model.most_in_flight.load(Ordering::SeqCst), 4);
-    assert_eq!(model.prompts(), ["a@4:400", "b@4:300", "c@4:200", "d@4:100"]);
+    assert_eq!(
+        model.prompts(),
+        ["a@4:400", "b@4:300", "c@4:200", "d@4:100"]
+    );
 }
 
 #[test]

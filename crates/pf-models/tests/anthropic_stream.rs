@@ -13,8 +13,8 @@ use pf_harness::{
 use pf_models::{AnthropicProvider, HttpProviderConfig, HttpSettings};
 use serde_json::{json, Value as Json};
 use support::{
-    end_of_event, fast_http, hello, impatient_http, model_info, within_hang_guard, Behaviour, Reply,
-    TestServer, NEVER,
+    end_of_event, fast_http, hello, impatient_http, model_info, within_hang_guard, Behaviour,
+    Reply, TestServer, NEVER,
 };
 
 fn provider(base_url: &str, http: HttpSettings) -> AnthropicProvider {

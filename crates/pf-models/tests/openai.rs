@@ -755,9 +755,9 @@ async fn a_refused_connection_is_a_transport_failure() {
 async fn cancellation_cuts_a_slow_response_short() {
     // The reply never comes and the receive timeout is far off: only the
     // cancel can end the call with `Cancelled`.
-    let server = TestServer::sequence(vec![text_reply("late").behave(Behaviour::Silent {
-        pause: NEVER,
-    })])
+    let server = TestServer::sequence(vec![
+        text_reply("late").behave(Behaviour::Silent { pause: NEVER })
+    ])
     .await;
     let settings = HttpSettings {
         receive_timeout: NEVER,
@@ -783,8 +783,7 @@ async fn cancellation_cuts_a_slow_response_short() {
 #[tokio::test]
 async fn cancellation_cuts_a_backoff_sleep_short() {
     let server = TestServer::sequence(vec![
-        Reply::json(429, json!({"error": {"message": "slow down"}}))
-            .header("Retry-After", "86400"),
+        Reply::json(429, json!({"error": {"message": "slow down"}})).header("Retry-After", "86400"),
         text_reply("too late"),
     ])
     .await;

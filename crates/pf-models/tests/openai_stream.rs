@@ -14,8 +14,8 @@ use pf_harness::{
 use pf_models::{HttpProviderConfig, HttpSettings, OpenAiProvider};
 use serde_json::{json, Value as Json};
 use support::{
-    end_of_event, fast_http, hello, impatient_http, model_info, within_hang_guard, Behaviour, Reply,
-    TestServer, NEVER,
+    end_of_event, fast_http, hello, impatient_http, model_info, within_hang_guard, Behaviour,
+    Reply, TestServer, NEVER,
 };
 
 fn provider(base_url: &str, http: HttpSettings) -> OpenAiProvider {

@@ -101,6 +101,19 @@ async fn wait_until_gone(pid: u32, within: Duration) -> bool {
     !process_exists(pid)
 }
 
+/// `error` without its closing status, which must say the server ended: on
+/// its own once its stdin closed or, when a loaded machine kept it from
+/// getting there within the exit grace, by the SIGTERM that follows. Which
+/// one depends on the machine's speed, so a test accepts either.
+fn before_ended_status(error: &str) -> &str {
+    for ended in [" (exit status: 0)", " (signal: 15 (SIGTERM))"] {
+        if let Some(head) = error.strip_suffix(ended) {
+            return head;
+        }
+    }
+    panic!("the failure does not say the server ended: {error}")
+}
+
 async fn activate(plugin: &McpPlugin) -> Arc<dyn ActivePlugin> {
     match plugin.activate(context(CancellationToken::new())).await {
         Ok(active) => active,
@@ -359,10 +372,10 @@ async fn a_silent_server_times_out_at_start_and_is_killed() {
         .await
         .err()
         .expect("fails");
-    // Its stdin closed, the server ends on its own.
+    // Its stdin closed, the server ends (see `before_ended_status`).
     assert_eq!(
-        error,
-        "MCP server acme/kit failed to initialize: no answer within 0.5 s (exit status: 0)"
+        before_ended_status(&error),
+        "MCP server acme/kit failed to initialize: no answer within 0.5 s"
     );
     assert!(server.gone().await);
 }
@@ -535,7 +548,7 @@ async fn dropping_without_shutdown_still_kills_the_server() {
     let pid = server.pid();
     assert!(process_exists(pid));
     drop(active);
-    assert!(wait_until_gone(pid, Duration::from_secs(10)).await);
+    assert!(wait_until_gone(pid, HANG_GUARD).await);
 }
 
 // ---------------------------------------------------------------------------
@@ -763,8 +776,8 @@ async fn a_garbage_speaking_or_wrong_id_server_fails_start_with_a_clear_text() {
         .err()
         .expect("fails");
     assert_eq!(
-        error,
-        "MCP server acme/kit failed to initialize: no answer within 1 s; it sent 1 line that is not an MCP message: Welcome! Type help for help. (exit status: 0)"
+        before_ended_status(&error),
+        "MCP server acme/kit failed to initialize: no answer within 1 s; it sent 1 line that is not an MCP message: Welcome! Type help for help."
     );
     let confused = Server::new(json!({"init": "wrong_id"}));
     let error = confused
@@ -883,7 +896,7 @@ async fn shutdown_escalates_to_sigkill_and_reaches_the_servers_helpers() {
     active.shutdown().await;
     assert!(!process_exists(pid));
     // The helper is not our child, so it is reaped by init: allow for that.
-    assert!(wait_until_gone(helper, Duration::from_secs(10)).await);
+    assert!(wait_until_gone(helper, HANG_GUARD).await);
 }
 
 #[tokio::test]
@@ -903,5 +916,5 @@ async fn a_server_that_exits_on_sigterm_is_stopped_by_it() {
         .expect("pid");
     active.shutdown().await;
     assert!(!process_exists(server.pid()));
-    assert!(wait_until_gone(helper, Duration::from_secs(10)).await);
+    assert!(wait_until_gone(helper, HANG_GUARD).await);
 }

@@ -285,7 +285,9 @@ mod tests {
             let _ = done.send(());
         });
         match ended.recv_timeout(std::time::Duration::from_secs(60)) {
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("hung: the match never ended"),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                panic!("hung: the match never ended")
+            }
             _ => {
                 if let Err(failure) = worker.join() {
                     std::panic::resume_unwind(failure);
