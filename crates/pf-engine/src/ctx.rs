@@ -263,6 +263,11 @@ impl RunCtx {
         *n
     }
 
+    /// Make room in `task`'s history for `additional` more events.
+    pub(crate) fn reserve_history(&self, task: &str, additional: usize) {
+        self.events.borrow_mut().reserve(task, additional);
+    }
+
     /// Record that the chain `owner` started `task`, so it may read its history.
     pub fn set_task_owner(&self, task: &str, owner: &str) {
         self.events.borrow_mut().set_owner(task, owner);

@@ -153,6 +153,8 @@ async fn fanout(lua: &Lua, args: &MultiValue) -> HostResult<Table> {
     let argv = sec.child_argv(lua, &None)?;
     let var = sec.var();
 
+    // One `task_started` per arm goes into the caller's history.
+    run.reserve_history(parent.task(), members.len());
     let mut slots: Vec<Option<ArmResult>> = members.iter().map(|_| None).collect();
     let mut live: Vec<LiveArm> = Vec::new();
     let mut next = 0usize;
