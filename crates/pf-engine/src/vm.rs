@@ -73,13 +73,13 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     if sec.is_h1 {
         // The H1 body may repair argv: there it is an ordinary global.
         g.raw_set("argv", argv)?;
+    } else if argv.is_nil() {
+        // What `freeze_argv(nil)` does, without the call.
+        h.raw_set("argv_frozen", true)?;
     } else {
         let freeze: mlua::Function = h.get("freeze_argv")?;
         freeze.call::<()>(argv)?;
     }
-    let var_root = crate::var::make_proxy(&lua, Vec::new())?;
-    lua.set_named_registry_value("pf.var_root", var_root.clone())?;
-    g.raw_set("var", var_root)?;
     // A fanout arm's first section starts with its own copy of the member.
     if let Some(item) = sec.arm_item() {
         g.raw_set("item", json_to_lua(&lua, item)?)?;
@@ -100,6 +100,16 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     h.raw_set(
         "fill_globals",
         host_fn(&lua, |lua, _| Ok(fill_lazy_globals(lua)?))?,
+    )?;
+    h.raw_set(
+        "load_loop_helpers",
+        host_fn(&lua, |lua, _| {
+            Ok(load_deferred(
+                lua,
+                &crate::ctx::helpers(lua)?,
+                Deferred::LoopHelpers,
+            )?)
+        })?,
     )?;
     // 3. ui
     if let Some(snapshot) = sec.run.fixed.ui.clone() {
@@ -213,6 +223,7 @@ const LAZY_GLOBALS: &[&str] = &[
     "tasks",
     "tools",
     "untrusted",
+    "var",
 ];
 
 fn make_lazy_global(lua: &Lua, name: &str) -> mlua::Result<Value> {
@@ -231,6 +242,11 @@ fn make_lazy_global(lua: &Lua, name: &str) -> mlua::Result<Value> {
         "tasks" => Value::Table(crate::tasks::make_tasks(lua)?),
         "tools" => Value::Table(crate::tools::make_tools(lua)?),
         "untrusted" => Value::Function(make_untrusted(lua)?),
+        "var" => {
+            let root = crate::var::make_proxy(lua, Vec::new())?;
+            lua.set_named_registry_value("pf.var_root", &root)?;
+            Value::Table(root)
+        }
         _ => {
             return Err(mlua::Error::runtime(
                 "internal invariant violated: unknown lazy global",
@@ -325,6 +341,76 @@ pub(crate) fn fill_lazy_globals(lua: &Lua) -> mlua::Result<()> {
     });
     lua.set_memory_limit(limit)?;
     built
+}
+
+/// Parts of the engine's chunks that most section entries never run, loaded
+/// on first use instead of in every VM's setup (undumping the chunks was a
+/// third of a pure-Lua entry). Each is a long comment in its file, opening
+/// with a `--[==[ deferred` line and closing with a `--]==]` line; loaded, it
+/// is a second chunk of the same name whose lines are the file's lines (the
+/// ones before it blank), so its functions' chunk name, lines, local and
+/// upvalue names, and with them every error text and traceback, are those of
+/// the file. Its first line takes the values it shares with its file from
+/// `H`, which no prompt can reach.
+#[derive(Clone, Copy)]
+enum Deferred {
+    /// `models.loop`'s list helpers (prelude `list_shape`, `list_read`): the
+    /// prelude's stand-ins load them on their first call.
+    LoopHelpers,
+}
+
+impl Deferred {
+    fn name(self) -> &'static str {
+        match self {
+            Deferred::LoopHelpers => "=[promptforge prelude]",
+        }
+    }
+
+    /// The key of its bytecode in the per-thread cache.
+    fn key(self) -> &'static str {
+        match self {
+            Deferred::LoopHelpers => "=[promptforge prelude] (deferred)",
+        }
+    }
+
+    fn file(self) -> &'static str {
+        match self {
+            Deferred::LoopHelpers => PRELUDE,
+        }
+    }
+}
+
+/// The deferred part of `file`: every line up to its `--[==[ deferred` line
+/// blank, then the lines up to its `--]==]` line.
+fn deferred_source(file: &str) -> String {
+    let lines: Vec<&str> = file.lines().collect();
+    let open = lines
+        .iter()
+        .position(|l| l.starts_with("--[==[ deferred"))
+        .unwrap_or(lines.len());
+    let close = lines
+        .iter()
+        .skip(open)
+        .position(|l| l.starts_with("--]==]"))
+        .map_or(lines.len(), |n| open + n);
+    let body = lines.get(open + 1..close).unwrap_or(&[]);
+    let mut source = "\n".repeat(open + 1);
+    source.push_str(&body.join("\n"));
+    source.push('\n');
+    source
+}
+
+/// Load `part` into this VM: the engine's own bounded work, with the memory
+/// limit lifted as a global's build is.
+fn load_deferred(lua: &Lua, h: &Table, part: Deferred) -> mlua::Result<()> {
+    // mlua reads a limit of 0 as "no limit".
+    let limit = lua.set_memory_limit(0)?;
+    let loaded = crate::ctx::internal_chunk_keyed(lua, part.key(), part.name(), || {
+        deferred_source(part.file()).into()
+    })
+    .and_then(|chunk| chunk.call::<()>(h));
+    lua.set_memory_limit(limit)?;
+    loaded
 }
 
 /// `lua` as a handle whose drop closes the state without a full collection first.

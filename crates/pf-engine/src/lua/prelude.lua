@@ -252,11 +252,11 @@ function H.pcall_values(f, ...)
   if r[1] then return true, tpack(tunpack(r, 2, r.n)) end
   return false, r[2]
 end
-
--- A message list's shape for models.loop, which reads its whole list every round
--- (walking it here is far cheaper than key by key from Rust): whether every key
--- and value is a string, number, boolean or table, with no cycle and at most
--- `max` levels, then its length when its keys are exactly 1..n (else nil).
+--[==[ deferred: models.loop's list helpers, a second chunk of this name (vm.rs `Deferred`)
+local H = ... local type, math_type, next, rawequal, rawlen, rawget = H.type, H.math_type, H.next, H.rawequal, H.rawlen, H.rawget
+-- A message list's shape for models.loop, which reads its whole list every round (walking
+-- it here is far cheaper than key by key from Rust): whether every key and value is a string,
+-- number, boolean or table, with no cycle and at most `max` levels, then its length when its keys are exactly 1..n (else nil).
 local function representable(t, path, depth, max)
   if depth > max or path[t] then return false end
   path[t] = true
@@ -425,9 +425,9 @@ function H.list_read(list, max, snaps, known, trusted)
   for i = top + 1, known do snaps[i] = nil end
   return true, count, first
 end
-
--- table.concat honouring __tostring (ch. 05)
-local tconcat = table.concat
+--]==]
+function H.list_shape(...) H.load_loop_helpers() return H.list_shape(...) end function H.list_read(...) H.load_loop_helpers() return H.list_read(...) end
+local tconcat = table.concat -- table.concat honouring __tostring (ch. 05)
 local function concat(list, sep, i, j)
   sep = sep or ''
   i = i or 1
@@ -500,7 +500,7 @@ H.rawget, H.rawset, H.rawequal, H.rawlen = rawget, rawset, rawequal, rawlen
 H.next = next
 H.utf8_len = utf8_len
 H.setmetatable, H.getmetatable = setmetatable, getmetatable
-H.select, H.type, H.tostring = select, type, tostring
+H.select, H.type, H.tostring, H.math_type = select, type, tostring, math_type
 H.tpack, H.tunpack = tpack, tunpack
 H.raw_tconcat = tconcat
 
