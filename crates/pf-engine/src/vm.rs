@@ -23,6 +23,9 @@ pub(crate) const CANCEL_POLL_INSTRUCTIONS: u32 = 10_000;
 /// where the default 250% pause would put it over the VM itself.
 const SETUP_PAUSE: i32 = 1400;
 
+/// About how many fields the setup puts in the helper table `H`.
+const HELPER_FIELDS: usize = 64;
+
 /// A fresh section VM with every host global installed except the shared library
 /// and the alias/role globals (installed by the walk after the replay).
 pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
@@ -46,8 +49,9 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     lua.gc_set_pause(default_pause);
     lua.set_app_data(Rc::clone(&sec));
 
-    // The helper table; the prelude fills in its own bookkeeping.
-    let h = lua.create_table()?;
+    // The helper table; the prelude fills in its own bookkeeping (sized for
+    // what the setup puts in it, so it is not grown step by step).
+    let h = lua.create_table_with_capacity(0, HELPER_FIELDS)?;
     crate::sandbox_guards::introspect::install(&lua, &h)?;
     // True once nothing may swallow an error any more: after a host cancel, or
     // once the run has ended on the spot (the sandbox `pcall` raises on).

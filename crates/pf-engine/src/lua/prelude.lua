@@ -26,7 +26,7 @@ local collectgarbage = collectgarbage
 -- writes it. The metatable is protected so a prompt can neither take it nor
 -- strip it; a table carrying it, or a genuine value whose fields were edited,
 -- is the prompt's own value and ends a block as a plain Lua error.
-local GENUINE = setmetatable({}, { __mode = 'k' })
+local WEAK_KEYS = { __mode = 'k' } local GENUINE = setmetatable({}, WEAK_KEYS) -- (one metatable for every weak-keyed table here)
 H.genuine = GENUINE
 local ERR_MT = {}
 ERR_MT.__tostring = function(e) return rawget(e, 'message') end
@@ -506,8 +506,8 @@ H.raw_tconcat = tconcat
 
 -- The engine's bookkeeping of error values (error.rs), weakly keyed so values
 -- the prompt lets go are collected; made here, not key by key from Rust.
-H.run_kinds = setmetatable({}, { __mode = 'k' })
-H.located = setmetatable({}, { __mode = 'k' })
-H.born = setmetatable({}, { __mode = 'k' })
+H.run_kinds = setmetatable({}, WEAK_KEYS)
+H.located = setmetatable({}, WEAK_KEYS)
+H.born = setmetatable({}, WEAK_KEYS)
 H.suspends = 0
 return H
