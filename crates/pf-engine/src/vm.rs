@@ -197,8 +197,9 @@ pub(crate) fn without_cancel_poll<R>(lua: &Lua, f: impl FnOnce() -> R) -> R {
 }
 
 /// The globals built on first touch, in the order a fill builds them: the host
-/// namespaces and functions, which most section entries use few of (a
-/// pure-Lua fanout arm none; building them was a quarter of its entry). A pending name is absent from `_G`
+/// namespaces and functions, and the `var` proxy, which most section entries
+/// use few of (a pure-Lua fanout arm none; building them was a quarter of its
+/// entry). `var` never built was never reassigned (`var::check_var_global`). A pending name is absent from `_G`
 /// until `_G`'s engine metatable (env.lua) builds it on a read, or drops it on
 /// a write; whatever else could see `_G`'s key set builds every pending one
 /// first: the ordered `pairs`/`next` over `_G` (prelude `ordered_keys`), a host
