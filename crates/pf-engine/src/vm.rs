@@ -81,6 +81,7 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
         // What `freeze_argv(nil)` does, without the call.
         h.raw_set("argv_frozen", true)?;
     } else {
+        load_deferred(&lua, &h, Deferred::Argv)?;
         let freeze: mlua::Function = h.get("freeze_argv")?;
         freeze.call::<()>(argv)?;
     }
@@ -351,7 +352,7 @@ pub(crate) fn fill_lazy_globals(lua: &Lua) -> mlua::Result<()> {
 /// Parts of the engine's chunks that most section entries never run, loaded
 /// on first use instead of in every VM's setup (undumping the chunks was a
 /// third of a pure-Lua entry). Each is a long comment in its file, opening
-/// with a `--[==[ deferred` line and closing with a `--]==]` line; loaded, it
+/// with a `--[==[ deferred TAG:` line and closing with a `--]==]` line; loaded, it
 /// is a second chunk of the same name whose lines are the file's lines (the
 /// ones before it blank), so its functions' chunk name, lines, local and
 /// upvalue names, and with them every error text and traceback, are those of
@@ -362,36 +363,45 @@ enum Deferred {
     /// `models.loop`'s list helpers (prelude `list_shape`, `list_read`): the
     /// prelude's stand-ins load them on their first call.
     LoopHelpers,
+    /// The frozen `argv` (prelude `freeze_argv`), loaded by the setup of a VM
+    /// outside the H1 body that has an `argv` to freeze.
+    Argv,
 }
 
 impl Deferred {
     fn name(self) -> &'static str {
-        match self {
-            Deferred::LoopHelpers => "=[promptforge prelude]",
-        }
+        "=[promptforge prelude]"
     }
 
     /// The key of its bytecode in the per-thread cache.
     fn key(self) -> &'static str {
         match self {
-            Deferred::LoopHelpers => "=[promptforge prelude] (deferred)",
+            Deferred::LoopHelpers => "=[promptforge prelude] (deferred loop)",
+            Deferred::Argv => "=[promptforge prelude] (deferred argv)",
+        }
+    }
+
+    /// The tag of its `--[==[ deferred TAG:` line.
+    fn tag(self) -> &'static str {
+        match self {
+            Deferred::LoopHelpers => "loop",
+            Deferred::Argv => "argv",
         }
     }
 
     fn file(self) -> &'static str {
-        match self {
-            Deferred::LoopHelpers => PRELUDE,
-        }
+        PRELUDE
     }
 }
 
-/// The deferred part of `file`: every line up to its `--[==[ deferred` line
-/// blank, then the lines up to its `--]==]` line.
-fn deferred_source(file: &str) -> String {
+/// The deferred part `tag` of `file`: every line up to its
+/// `--[==[ deferred TAG:` line blank, then the lines up to the next `--]==]`.
+fn deferred_source(file: &str, tag: &str) -> String {
     let lines: Vec<&str> = file.lines().collect();
+    let opening = format!("--[==[ deferred {tag}:");
     let open = lines
         .iter()
-        .position(|l| l.starts_with("--[==[ deferred"))
+        .position(|l| l.starts_with(&opening))
         .unwrap_or(lines.len());
     let close = lines
         .iter()
@@ -411,7 +421,7 @@ fn load_deferred(lua: &Lua, h: &Table, part: Deferred) -> mlua::Result<()> {
     // mlua reads a limit of 0 as "no limit".
     let limit = lua.set_memory_limit(0)?;
     let loaded = crate::ctx::internal_chunk_keyed(lua, part.key(), part.name(), || {
-        deferred_source(part.file()).into()
+        deferred_source(part.file(), part.tag()).into()
     })
     .and_then(|chunk| chunk.call::<()>(h));
     lua.set_memory_limit(limit)?;
@@ -595,4 +605,57 @@ fn make_input(lua: &Lua) -> mlua::Result<Table> {
         })?,
     )?;
     Ok(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each deferred part is found, and every line of its chunk is the
+    /// file's line of the same number, so its functions keep the file's lines.
+    #[test]
+    fn deferred_parts_keep_the_lines_of_their_file() {
+        for part in [Deferred::LoopHelpers, Deferred::Argv] {
+            let source = deferred_source(part.file(), part.tag());
+            let file: Vec<&str> = part.file().lines().collect();
+            let lines: Vec<&str> = source.lines().collect();
+            let code = lines.iter().filter(|l| !l.is_empty()).count();
+            assert!(code > 5, "{}: part not found", part.tag());
+            for (i, line) in lines.iter().enumerate() {
+                if !line.is_empty() {
+                    assert_eq!(*line, file[i], "{}: line {}", part.tag(), i + 1);
+                }
+            }
+            assert!(
+                file[lines.len()].starts_with("--]==]"),
+                "{}: closing line",
+                part.tag()
+            );
+        }
+    }
+
+    /// A deferred part compiles on its own and defines what its stand-ins call.
+    #[test]
+    fn deferred_parts_load() {
+        let lua = Lua::new();
+        let h: Table = lua
+            .load(
+                "return { next = next, type = type, math_type = math.type, rawequal = rawequal,
+                          rawlen = rawlen, rawget = rawget, tostring = tostring,
+                          setmetatable = setmetatable, error = error }",
+            )
+            .eval()
+            .expect("helpers");
+        for (part, defines) in [
+            (Deferred::LoopHelpers, "list_read"),
+            (Deferred::Argv, "freeze_argv"),
+        ] {
+            let source = deferred_source(part.file(), part.tag());
+            lua.load(source.as_str())
+                .set_name(part.name())
+                .call::<()>(&h)
+                .expect("loads");
+            assert!(h.raw_get::<Value>(defines).expect("field").is_function());
+        }
+    }
 }

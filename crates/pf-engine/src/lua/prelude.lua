@@ -252,7 +252,7 @@ function H.pcall_values(f, ...)
   if r[1] then return true, tpack(tunpack(r, 2, r.n)) end
   return false, r[2]
 end
---[==[ deferred: models.loop's list helpers, a second chunk of this name (vm.rs `Deferred`)
+--[==[ deferred loop: models.loop's list helpers, a second chunk of this name (vm.rs `Deferred`)
 local H = ... local type, math_type, next, rawequal, rawlen, rawget = H.type, H.math_type, H.next, H.rawequal, H.rawlen, H.rawget
 -- A message list's shape for models.loop, which reads its whole list every round (walking
 -- it here is far cheaper than key by key from Rust): whether every key and value is a string,
@@ -469,9 +469,9 @@ for k in next, G do
 end
 for i = 1, #remove do rawset(G, remove[i], nil) end
 string.dump = nil
-
--- A frozen `argv` (outside the H1 body): empty stand-ins that forward reads to the
--- data and refuse every write.
+--[==[ deferred argv: the frozen `argv`, a second chunk of this name (vm.rs `Deferred`)
+local H = ... local type, math_type, tostring, setmetatable, rawget, error = H.type, H.math_type, H.tostring, H.setmetatable, H.rawget, H.error
+-- A frozen `argv` (outside the H1 body): empty stand-ins that forward reads to the data and refuse every write.
 local function frozen_key(k)
   if type(k) == 'string' then return "'" .. k .. "'" end
   if math_type(k) == 'integer' then return 'Integer(' .. tostring(k) .. ')' end
@@ -494,13 +494,13 @@ function H.freeze_argv(value)
   H.argv_frozen = true
   H.argv_value = freeze(value)
 end
-
+--]==]
 -- getmetatable / setmetatable see guards through __metatable as usual.
 H.rawget, H.rawset, H.rawequal, H.rawlen = rawget, rawset, rawequal, rawlen
 H.next = next
 H.utf8_len = utf8_len
 H.setmetatable, H.getmetatable = setmetatable, getmetatable
-H.select, H.type, H.tostring, H.math_type = select, type, tostring, math_type
+H.select, H.type, H.tostring, H.math_type, H.error = select, type, tostring, math_type, error
 H.tpack, H.tunpack = tpack, tunpack
 H.raw_tconcat = tconcat
 
