@@ -15,13 +15,30 @@ const MAX_DEPTH: usize = 200;
 
 /// Convert a Lua value to JSON. `path` names the value in messages (`var.t`).
 pub(crate) fn lua_to_json(value: &Value, path: &str) -> Result<Json, NotJson> {
-    to_json(value, path, 0)
+    to_json(value, Path::Root(path), 0)
 }
 
-fn to_json(value: &Value, path: &str, depth: usize) -> Result<Json, NotJson> {
+/// Where a value sits, written out only for a message: most conversions
+/// succeed, and formatting every key's path was a tenth of reading a record.
+#[derive(Clone, Copy)]
+enum Path<'a> {
+    Root(&'a str),
+    Key(&'a Path<'a>, &'a Value),
+}
+
+impl Path<'_> {
+    fn render(&self) -> String {
+        match self {
+            Path::Root(path) => (*path).to_string(),
+            Path::Key(parent, key) => key_path(&parent.render(), key),
+        }
+    }
+}
+
+fn to_json(value: &Value, path: Path<'_>, depth: usize) -> Result<Json, NotJson> {
     let bad = |found| {
         Err(NotJson {
-            path: path.to_string(),
+            path: path.render(),
             found,
         })
     };
@@ -57,7 +74,7 @@ fn key_path(path: &str, key: &Value) -> String {
     }
 }
 
-fn table_to_json(t: &Table, path: &str, depth: usize) -> Result<Json, NotJson> {
+fn table_to_json(t: &Table, path: Path<'_>, depth: usize) -> Result<Json, NotJson> {
     let len = t.raw_len();
     let mut pairs: Vec<(Value, Value)> = Vec::new();
     for pair in t.clone().pairs::<Value, Value>() {
@@ -65,7 +82,7 @@ fn table_to_json(t: &Table, path: &str, depth: usize) -> Result<Json, NotJson> {
             Ok(p) => pairs.push(p),
             Err(_) => {
                 return Err(NotJson {
-                    path: path.to_string(),
+                    path: path.render(),
                     found: "table",
                 })
             }
@@ -81,7 +98,7 @@ fn table_to_json(t: &Table, path: &str, depth: usize) -> Result<Json, NotJson> {
         for (k, v) in &pairs {
             if let Value::Integer(i) = k {
                 let idx = (*i as usize) - 1;
-                items[idx] = to_json(v, &key_path(path, k), depth + 1)?;
+                items[idx] = to_json(v, Path::Key(&path, k), depth + 1)?;
             }
         }
         return Ok(Json::Array(items));
@@ -94,7 +111,7 @@ fn table_to_json(t: &Table, path: &str, depth: usize) -> Result<Json, NotJson> {
                 Ok(text) => text.to_string(),
                 Err(_) => {
                     return Err(NotJson {
-                        path: key_path(path, k),
+                        path: Path::Key(&path, k).render(),
                         found: "string",
                     })
                 }
@@ -104,12 +121,13 @@ fn table_to_json(t: &Table, path: &str, depth: usize) -> Result<Json, NotJson> {
             Value::Boolean(b) => b.to_string(),
             other => {
                 return Err(NotJson {
-                    path: path.to_string(),
+                    path: path.render(),
                     found: lua_type_name(other),
                 })
             }
         };
-        entries.push((key.clone(), to_json(v, &key_path(path, k), depth + 1)?));
+        let value = to_json(v, Path::Key(&path, k), depth + 1)?;
+        entries.push((key, value));
     }
     entries.sort_by(|a, b| a.0.cmp(&b.0));
     let mut map = Map::new();

@@ -18,7 +18,7 @@ use crate::ctx::{
 use crate::error::{ErrorKind, HostError, HostResult, Raise, RunErrorKind};
 use crate::events::{deliver, fields, EventKind, LiveText};
 use crate::json::json_to_lua;
-use crate::models_check::{check_across, Composition, ListReader};
+use crate::models_check::{Composition, Keys, ListReader};
 use crate::text::{float_text, lua_type_name};
 use crate::tools::{call_tool, list_text, Caller, ENGINE_TOOL_NAMES};
 
@@ -1008,10 +1008,11 @@ fn append_record(list: &Table, record: Table) -> mlua::Result<()> {
     list.raw_set(list.raw_len() + 1, record)
 }
 
-fn text_record(lua: &Lua, role: &str, content: &str) -> mlua::Result<Table> {
+/// A record `{ role = role, content = content }`, its fields set in that order.
+fn text_record(lua: &Lua, keys: &Keys, role: &mlua::String, content: &str) -> mlua::Result<Table> {
     let rec = lua.create_table()?;
-    rec.raw_set("role", role)?;
-    rec.raw_set("content", content)?;
+    rec.raw_set(&keys.role, role)?;
+    rec.raw_set(&keys.content, content)?;
     Ok(rec)
 }
 
@@ -1028,7 +1029,7 @@ fn checked_records(
     let unchanged = reader
         .read(lua, list_v, no_prompt_code)
         .map_err(HostError::lua)?;
-    if let Err(message) = check_across(reader.records()) {
+    if let Err(message) = reader.check_across(unchanged) {
         sec.boundary(EventKind::ModelTurnFailed);
         return Err(HostError::lua(message));
     }
@@ -1074,6 +1075,7 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
         ))
         .into());
     };
+    let keys = reader.keys(&lua)?;
     let mut answered_any = false;
     for _round in 0..sec.run.fixed.max_rounds {
         let target = pick_target(&sec, handle.as_ref())?;
@@ -1090,7 +1092,7 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
         };
         // Notices of the model's tasks that ended since the last gathering.
         for notice in crate::tasks::take_notices(&sec.run, &sec.id) {
-            append_record(list, text_record(&lua, "user", &notice)?)?;
+            append_record(list, text_record(&lua, &keys, &keys.user, &notice)?)?;
         }
         let unchanged = checked_records(&lua, &sec, &mut reader, &list_v, no_prompt_code)?;
         composition.update(reader.records(), unchanged);
@@ -1121,7 +1123,7 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
                 // The clean exit: an empty "stop" after the loop answered a tool call.
                 if answered_any && resp.finish_reason.as_deref() == Some("stop") {
                     report_reply(&sec, turn, &resp, "chat", &timing);
-                    append_record(list, text_record(&lua, "assistant", "")?)?;
+                    append_record(list, text_record(&lua, &keys, &keys.assistant, "")?)?;
                     return Ok(());
                 }
                 return Err(empty_reply(&resp).into());
@@ -1131,7 +1133,8 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
                 list,
                 text_record(
                     &lua,
-                    "assistant",
+                    &keys,
+                    &keys.assistant,
                     resp.content.as_deref().unwrap_or_default(),
                 )?,
             )?;
@@ -1185,26 +1188,27 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
         answered_any = true;
         let rec = text_record(
             &lua,
-            "assistant",
+            &keys,
+            &keys.assistant,
             resp.content.as_deref().unwrap_or_default(),
         )?;
         let call_list = lua.create_table()?;
         for (i, (call, arguments)) in calls.iter().enumerate() {
             let c = lua.create_table()?;
-            c.raw_set("id", call.id.as_str())?;
-            c.raw_set("name", call.name.as_str())?;
+            c.raw_set(&keys.id, call.id.as_str())?;
+            c.raw_set(&keys.name, call.name.as_str())?;
             let args_table = match json_to_lua(&lua, arguments)? {
                 Value::Table(t) => t,
                 _ => lua.create_table()?,
             };
-            c.raw_set("arguments", args_table)?;
+            c.raw_set(&keys.arguments, args_table)?;
             call_list.raw_set(i + 1, c)?;
         }
-        rec.raw_set("tool_calls", call_list)?;
+        rec.raw_set(&keys.tool_calls, call_list)?;
         append_record(list, rec)?;
         for ((call, _), text) in calls.iter().zip(results) {
-            let r = text_record(&lua, "tool", &text)?;
-            r.raw_set("tool_call_id", call.id.as_str())?;
+            let r = text_record(&lua, &keys, &keys.tool, &text)?;
+            r.raw_set(&keys.tool_call_id, call.id.as_str())?;
             append_record(list, r)?;
         }
     }

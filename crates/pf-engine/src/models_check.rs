@@ -111,6 +111,12 @@ pub(crate) struct ListReader {
     /// The snapshots of `records`, record for record, when they are trusted.
     snaps: Option<Table>,
     records: Vec<Record>,
+    /// The prelude's `list_read` and the field names, fetched on the first
+    /// read and kept for the loop's life (its VM's): every round used them.
+    helper: Option<mlua::Function>,
+    keys: Option<Keys>,
+    /// The cross-record rules' state over `records`.
+    across: AcrossScan,
 }
 
 impl ListReader {
@@ -136,9 +142,24 @@ impl ListReader {
         &self.records
     }
 
+    /// The field names this reader reads with, made on first use.
+    pub(crate) fn keys(&mut self, lua: &Lua) -> mlua::Result<Keys> {
+        match &self.keys {
+            Some(keys) => Ok(keys.clone()),
+            None => Ok(self.keys.insert(Keys::new(lua)?).clone()),
+        }
+    }
+
+    /// [`check_across`] over the records of the last read, of which the first
+    /// `unchanged` (its answer) were those of the read before.
+    pub(crate) fn check_across(&mut self, unchanged: usize) -> Result<(), String> {
+        self.across.check(&self.records, unchanged)
+    }
+
     fn reset(&mut self) {
         self.snaps = None;
         self.records.clear();
+        self.across = AcrossScan::default();
     }
 
     fn read_changes(
@@ -170,10 +191,13 @@ impl ListReader {
         }
         let unchanged = first.saturating_sub(1).min(self.records.len());
         self.records.truncate(unchanged);
-        let keys = Keys::new(lua).map_err(|e| e.to_string())?;
+        let keys = match &self.keys {
+            Some(keys) => keys,
+            None => self.keys.insert(Keys::new(lua).map_err(|e| e.to_string())?),
+        };
         for index in unchanged + 1..=len {
             let value: Value = list.raw_get(index).unwrap_or(Value::Nil);
-            self.records.push(read_record(&keys, index, &value)?);
+            self.records.push(read_record(keys, index, &value)?);
         }
         Ok(unchanged)
     }
@@ -186,8 +210,14 @@ impl ListReader {
         list: &Table,
         trusted: bool,
     ) -> Option<(bool, Option<usize>, usize)> {
-        let helpers: Table = lua.named_registry_value("pf.helpers").ok()?;
-        let read: mlua::Function = helpers.raw_get("list_read").ok()?;
+        let read = match &self.helper {
+            Some(read) => read.clone(),
+            None => {
+                let helpers: Table = lua.named_registry_value("pf.helpers").ok()?;
+                let read: mlua::Function = helpers.raw_get("list_read").ok()?;
+                self.helper.insert(read).clone()
+            }
+        };
         let snaps = match &self.snaps {
             Some(snaps) => snaps.clone(),
             None => {
@@ -222,15 +252,20 @@ fn list_shape(lua: &Lua, list: &Table) -> Option<(bool, Option<usize>)> {
     Some((ok, len.and_then(|n| usize::try_from(n).ok())))
 }
 
-/// The record field names, as Lua strings made once per read.
-struct Keys {
-    role: mlua::String,
-    content: mlua::String,
-    tool_call_id: mlua::String,
-    tool_calls: mlua::String,
-    id: mlua::String,
-    name: mlua::String,
-    arguments: mlua::String,
+/// The record field names (and the roles the loop writes), as Lua strings
+/// made once per loop: reading and building records push them as they are.
+#[derive(Clone)]
+pub(crate) struct Keys {
+    pub(crate) role: mlua::String,
+    pub(crate) content: mlua::String,
+    pub(crate) tool_call_id: mlua::String,
+    pub(crate) tool_calls: mlua::String,
+    pub(crate) id: mlua::String,
+    pub(crate) name: mlua::String,
+    pub(crate) arguments: mlua::String,
+    pub(crate) user: mlua::String,
+    pub(crate) assistant: mlua::String,
+    pub(crate) tool: mlua::String,
 }
 
 impl Keys {
@@ -243,6 +278,9 @@ impl Keys {
             id: lua.create_string("id")?,
             name: lua.create_string("name")?,
             arguments: lua.create_string("arguments")?,
+            user: lua.create_string("user")?,
+            assistant: lua.create_string("assistant")?,
+            tool: lua.create_string("tool")?,
         })
     }
 }
@@ -467,96 +505,128 @@ fn read_call(
 // ---------------------------------------------------------------------------
 
 /// The cross-record rules, in the guide's order; `Err` is the exact message.
+#[cfg(test)]
 pub(crate) fn check_across(records: &[Record]) -> Result<(), String> {
-    let leading = records
-        .iter()
-        .take_while(|r| r.role == Role::System)
-        .count();
-    if leading >= 2 {
-        if let Some(i) = records[..leading]
-            .iter()
-            .position(|r| matches!(r.content, Content::Parts(_)))
-        {
-            return Err(format!(
-                "messages[{}] is a system message with content parts; only plain text system messages can be composed",
-                i + 1
-            ));
-        }
-    }
-    // Looked up once per call: the list grows every round of a long loop.
-    let mut seen_ids: std::collections::HashSet<&str> = std::collections::HashSet::new();
-    // The open batch: the assistant record's position and its calls still unanswered, in call order.
-    let mut open: Option<(usize, Vec<&str>)> = None;
-    let unanswered = |open: &Option<(usize, Vec<&str>)>| -> Result<(), String> {
-        match open {
-            Some((at, pending)) if !pending.is_empty() => Err(format!(
-                "messages[{at}] tool call \"{}\" has no tool result",
-                pending.first().copied().unwrap_or_default()
-            )),
-            _ => Ok(()),
-        }
-    };
-    for (i, rec) in records.iter().enumerate() {
-        let n = i + 1;
-        if rec.tool_calls.is_some() && rec.role != Role::Assistant {
-            return Err(format!(
-                "messages[{n}] sets tool_calls but is not an assistant message"
-            ));
-        }
-        if rec.tool_call_id.is_some() && rec.role != Role::Tool {
-            return Err(format!(
-                "messages[{n}] sets a tool_call_id but is not a tool message"
-            ));
-        }
-        match rec.role {
-            Role::System => {
-                if i >= leading {
+    AcrossScan::default().check(records, 0)
+}
+
+/// The cross-record rules' state after a prefix of a list passed them, kept by
+/// [`ListReader`] so a round that only appended records scans only those.
+#[derive(Default)]
+pub(crate) struct AcrossScan {
+    /// Records passed so far (0: nothing kept).
+    scanned: usize,
+    /// The leading system block's length, fixed once a later record exists.
+    leading: usize,
+    seen_ids: std::collections::HashSet<String>,
+    /// The open batch: the assistant record's position and its calls still unanswered, in call order.
+    open: Option<(usize, Vec<String>)>,
+}
+
+impl AcrossScan {
+    /// Check `records`, whose first `kept` are the records of the last check.
+    /// The answer is the full check's: a kept prefix that holds a record past
+    /// the leading system block gives the same state, so the scan goes on
+    /// from it.
+    pub(crate) fn check(&mut self, records: &[Record], kept: usize) -> Result<(), String> {
+        let resume = self.scanned > 0 && kept >= self.scanned && self.leading < self.scanned;
+        if !resume {
+            *self = AcrossScan::default();
+            self.leading = leading_system(records);
+            if self.leading >= 2 {
+                if let Some(i) = records[..self.leading]
+                    .iter()
+                    .position(|r| matches!(r.content, Content::Parts(_)))
+                {
                     return Err(format!(
-                        "messages[{n}] is a system message outside the leading system block"
+                        "messages[{}] is a system message with content parts; only plain text system messages can be composed",
+                        i + 1
                     ));
                 }
             }
-            Role::User => {
-                unanswered(&open)?;
-                open = None;
+        }
+        let result = self.scan(records);
+        if result.is_err() {
+            *self = AcrossScan::default();
+        }
+        result
+    }
+
+    fn scan(&mut self, records: &[Record]) -> Result<(), String> {
+        let unanswered = |open: &Option<(usize, Vec<String>)>| -> Result<(), String> {
+            match open {
+                Some((at, pending)) if !pending.is_empty() => Err(format!(
+                    "messages[{at}] tool call \"{}\" has no tool result",
+                    pending.first().map(String::as_str).unwrap_or_default()
+                )),
+                _ => Ok(()),
             }
-            Role::Assistant => {
-                unanswered(&open)?;
-                open = None;
-                let calls = rec.tool_calls.as_deref().unwrap_or_default();
-                for call in calls {
-                    if !seen_ids.insert(&call.id) {
+        };
+        let leading = self.leading;
+        for (i, rec) in records.iter().enumerate().skip(self.scanned) {
+            let n = i + 1;
+            if rec.tool_calls.is_some() && rec.role != Role::Assistant {
+                return Err(format!(
+                    "messages[{n}] sets tool_calls but is not an assistant message"
+                ));
+            }
+            if rec.tool_call_id.is_some() && rec.role != Role::Tool {
+                return Err(format!(
+                    "messages[{n}] sets a tool_call_id but is not a tool message"
+                ));
+            }
+            match rec.role {
+                Role::System => {
+                    if i >= leading {
                         return Err(format!(
-                            "messages[{n}] tool call id \"{}\" duplicates an earlier tool call",
-                            call.id
+                            "messages[{n}] is a system message outside the leading system block"
                         ));
                     }
                 }
-                if !calls.is_empty() {
-                    open = Some((n, calls.iter().map(|c| c.id.as_str()).collect()));
+                Role::User => {
+                    unanswered(&self.open)?;
+                    self.open = None;
                 }
-            }
-            Role::Tool => {
-                let id = rec.tool_call_id.as_deref().unwrap_or_default();
-                let answered = match open.as_mut() {
-                    Some((_, pending)) => match pending.iter().position(|p| *p == id) {
-                        Some(pos) => {
-                            pending.remove(pos);
-                            true
+                Role::Assistant => {
+                    unanswered(&self.open)?;
+                    self.open = None;
+                    let calls = rec.tool_calls.as_deref().unwrap_or_default();
+                    for call in calls {
+                        // Looked up once per call: the list grows every round of a long loop.
+                        if !self.seen_ids.insert(call.id.clone()) {
+                            return Err(format!(
+                                "messages[{n}] tool call id \"{}\" duplicates an earlier tool call",
+                                call.id
+                            ));
                         }
+                    }
+                    if !calls.is_empty() {
+                        self.open = Some((n, calls.iter().map(|c| c.id.clone()).collect()));
+                    }
+                }
+                Role::Tool => {
+                    let id = rec.tool_call_id.as_deref().unwrap_or_default();
+                    let answered = match self.open.as_mut() {
+                        Some((_, pending)) => match pending.iter().position(|p| p == id) {
+                            Some(pos) => {
+                                pending.remove(pos);
+                                true
+                            }
+                            None => false,
+                        },
                         None => false,
-                    },
-                    None => false,
-                };
-                if !answered {
-                    return Err(format!(
-                        "messages[{n}] is an orphan tool record: no pending assistant tool call with id \"{id}\""
-                    ));
+                    };
+                    if !answered {
+                        return Err(format!(
+                            "messages[{n}] is an orphan tool record: no pending assistant tool call with id \"{id}\""
+                        ));
+                    }
                 }
             }
+            self.scanned = n;
         }
+        unanswered(&self.open)
     }
-    unanswered(&open)
 }
 
 // ---------------------------------------------------------------------------
@@ -822,6 +892,79 @@ mod tests {
             tool_call_id: Some(id.into()),
             tool_calls: None,
         }
+    }
+
+    /// A kept scan answers as a fresh one for every list that extends, or
+    /// edits, the one it checked last: lists grown record by record from a
+    /// few starts, each step checked with every possible kept prefix.
+    #[test]
+    fn kept_cross_record_scan_equals_a_fresh_one() {
+        let system = |t: &str| text(Role::System, t);
+        let parts_system = Record {
+            content: Content::Parts(vec![Part::Text("p".into())]),
+            ..system("")
+        };
+        let pool = vec![
+            system("s"),
+            parts_system,
+            text(Role::User, "u"),
+            text(Role::Assistant, "a"),
+            calls(&["a"]),
+            calls(&["b", "c"]),
+            result("a"),
+            result("b"),
+            result("c"),
+            result("z"),
+            Record {
+                tool_calls: Some(Vec::new()),
+                ..text(Role::User, "bad")
+            },
+            Record {
+                tool_call_id: Some("a".into()),
+                ..text(Role::User, "bad")
+            },
+        ];
+        // Every list of four records from the pool, then each of them
+        // extended by one more: the kept state from the shorter list must
+        // answer the longer one as a fresh scan does, whatever was kept.
+        let mut lists: Vec<Vec<Record>> = vec![Vec::new()];
+        for _ in 0..4 {
+            let mut next = Vec::new();
+            for list in &lists {
+                for r in &pool {
+                    let mut l = list.clone();
+                    l.push(r.clone());
+                    next.push(l);
+                }
+            }
+            lists = next;
+        }
+        let mut checked = 0;
+        for list in &lists {
+            let mut scan = AcrossScan::default();
+            let first = scan.check(list, 0);
+            assert_eq!(first, check_across(list));
+            for r in &pool {
+                let mut longer = list.clone();
+                longer.push(r.clone());
+                let want = check_across(&longer);
+                for kept in 0..=list.len() {
+                    let mut again = AcrossScan::default();
+                    let _ = again.check(list, 0);
+                    assert_eq!(again.check(&longer, kept), want, "{longer:?} kept {kept}");
+                    checked += 1;
+                }
+                // An edit in place of the last record, none of the list kept past it.
+                let mut edited = list.clone();
+                if let Some(last) = edited.last_mut() {
+                    *last = r.clone();
+                    let mut again = AcrossScan::default();
+                    let _ = again.check(list, 0);
+                    assert_eq!(again.check(&edited, list.len() - 1), check_across(&edited));
+                }
+            }
+        }
+        assert!(checked > 100_000);
     }
 
     #[test]

@@ -270,7 +270,7 @@ impl HttpClient {
     ) -> Result<Streamed, ProviderError> {
         let mut headers = headers;
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        let response = self.send_once(url, &headers, body, cancel).await?;
+        let response = self.send_once(url, headers, body, cancel).await?;
         if stream && is_event_stream(&response) {
             return Ok(Streamed::Events(Box::new(EventStream {
                 url: url.to_string(),
@@ -307,17 +307,12 @@ impl HttpClient {
     async fn send_once(
         &self,
         url: &str,
-        headers: &HeaderMap,
+        headers: HeaderMap,
         body: Vec<u8>,
         cancel: &CancellationToken,
     ) -> Result<reqwest::Response, ProviderError> {
         let timeout = self.settings.receive_timeout;
-        let request = self
-            .client
-            .post(url)
-            .headers(headers.clone())
-            .body(body)
-            .send();
+        let request = self.client.post(url).headers(headers).body(body).send();
         let sent = tokio::select! {
             _ = cancel.cancelled() => return Err(ProviderError::Cancelled),
             sent = tokio::time::timeout(timeout, request) => sent,

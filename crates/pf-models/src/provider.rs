@@ -189,13 +189,17 @@ pub struct HttpProvider<W> {
     record: Option<Arc<RecordFile>>,
     /// The length of the last request body, the next one's starting buffer.
     last_body_len: AtomicUsize,
+    /// `config`'s endpoint for `W::PATH`, joined once (the config never changes).
+    url: String,
 }
 
 impl<W: WireFormat> HttpProvider<W> {
     pub fn new(info: ModelInfo, config: HttpProviderConfig) -> Result<Self, String> {
         let http = HttpClient::new(config.http.clone())?;
+        let url = config.endpoint(W::PATH);
         Ok(HttpProvider {
             info,
+            url,
             config,
             http,
             wire: W::default(),
@@ -283,17 +287,17 @@ impl<W: WireFormat> HttpProvider<W> {
         key: Option<&str>,
         cancel: &CancellationToken,
     ) -> Result<ChatResponse, AttemptFailure> {
-        let url = self.config.endpoint(W::PATH);
+        let url = self.url.as_str();
         let body = encode(&self.request_body(request)?, &self.last_body_len)?;
         let sent = request
             .capture
             .then(|| String::from_utf8_lossy(&body).into_owned());
         let reply = self
             .http
-            .post_json(&url, self.headers(key)?, body, cancel)
+            .post_json(url, self.headers(key)?, body, cancel)
             .await?;
         let mut response = self
-            .whole_reply(&url, &reply, key)
+            .whole_reply(url, &reply, key)
             .map_err(|error| AttemptFailure {
                 error,
                 retry_after: reply.retry_after,
@@ -314,7 +318,7 @@ impl<W: WireFormat> HttpProvider<W> {
         cancel: &CancellationToken,
         on_text: &mut OnText<'_>,
     ) -> Result<ChatResponse, AttemptFailure> {
-        let url = self.config.endpoint(W::PATH);
+        let url = self.url.as_str();
         let mut body = self.request_body(request)?;
         self.wire.ask_for_stream(&mut body);
         let body = encode(&body, &self.last_body_len)?;
@@ -331,14 +335,14 @@ impl<W: WireFormat> HttpProvider<W> {
         let on_text: &mut OnText<'_> = &mut on_text;
         let mut stream = match self
             .http
-            .post_stream(&url, self.headers(key)?, body, cancel)
+            .post_stream(url, self.headers(key)?, body, cancel)
             .await?
         {
             Streamed::Events(stream) => stream,
             // A server that does not stream answers with one body: its text is one fragment.
             Streamed::Whole(reply) => {
                 let mut response =
-                    self.whole_reply(&url, &reply, key)
+                    self.whole_reply(url, &reply, key)
                         .map_err(|error| AttemptFailure {
                             error,
                             retry_after: reply.retry_after,
@@ -358,7 +362,7 @@ impl<W: WireFormat> HttpProvider<W> {
         };
         let mut received = sent.is_some().then(String::new);
         let reply = self
-            .read_stream(&url, key, &mut stream, cancel, on_text, received.as_mut())
+            .read_stream(url, key, &mut stream, cancel, on_text, received.as_mut())
             .await?;
         let mut response = self.wire.finish_stream(reply);
         response.stream_timing = Some(clock.timing());
