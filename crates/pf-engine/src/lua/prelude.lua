@@ -426,8 +426,8 @@ function H.list_read(list, max, snaps, known, trusted)
   return true, count, first
 end
 --]==]
-function H.list_shape(...) H.load_loop_helpers() return H.list_shape(...) end function H.list_read(...) H.load_loop_helpers() return H.list_read(...) end
-local tconcat = table.concat -- table.concat honouring __tostring (ch. 05)
+local function loop_helpers() if not H.loop_helpers_loaded then H.load_loop_helpers() H.loop_helpers_loaded = true end return H end -- (a stand-in kept by a caller stays valid)
+function H.list_shape(...) return loop_helpers().list_shape(...) end function H.list_read(...) return loop_helpers().list_read(...) end local tconcat = table.concat -- table.concat honouring __tostring (ch. 05)
 local function concat(list, sep, i, j)
   sep = sep or ''
   i = i or 1
