@@ -1,7 +1,7 @@
 //! Events on their way to the writer thread: encoded back to back, one
 //! JSON line each, into one buffer that the run's threads append to and the
 //! writer thread takes whole at each commit, storing it as one row (see
-//! `schema.rs`, version 4).
+//! `schema.rs`, versions 4 and 5).
 //!
 //! A run reports hundreds of events per model loop and thousands per wide
 //! fanout. Sent one by one, each cost a few allocations that the writer
@@ -15,15 +15,48 @@ use std::sync::{Mutex, PoisonError};
 
 use serde::{Deserialize, Serialize};
 
-/// One event's line: its coordinates, then the kind's own fields.
-#[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct EventLine<K, F> {
-    pub kind: K,
-    pub section: K,
-    pub task: K,
-    pub seq: u32,
-    pub fields: F,
+/// One event's line as version 4 wrote it: an object with its coordinates,
+/// then the kind's own fields.
+#[derive(Debug, Deserialize)]
+struct EventLine {
+    kind: String,
+    section: String,
+    task: String,
+    seq: u32,
+    fields: serde_json::Value,
 }
+
+/// One event's line since version 5: `[kind, section, task, seq, fields]`,
+/// with `fields` left out when it is `{}` (most events have none). The
+/// object's keys were a third of the bytes a commit wrote.
+#[derive(Debug, Deserialize)]
+pub(crate) struct DenseLine(
+    pub String,
+    pub String,
+    pub String,
+    pub u32,
+    #[serde(default = "empty_fields")] pub serde_json::Value,
+);
+
+fn empty_fields() -> serde_json::Value {
+    serde_json::Value::Object(serde_json::Map::new())
+}
+
+/// An event line of either form, as `(kind, section, task, seq, fields)`.
+pub(crate) fn parse_line(
+    line: &str,
+) -> serde_json::Result<(String, String, String, u32, serde_json::Value)> {
+    if line.starts_with('[') {
+        let DenseLine(kind, section, task, seq, fields) = serde_json::from_str(line)?;
+        Ok((kind, section, task, seq, fields))
+    } else {
+        let line: EventLine = serde_json::from_str(line)?;
+        Ok((line.kind, line.section, line.task, line.seq, line.fields))
+    }
+}
+
+/// What a line with no fields ends with before they are cut.
+const NO_FIELDS: &[u8] = b",{}]";
 
 /// The shared buffer: JSON lines, and how many.
 #[derive(Debug, Default)]
@@ -117,28 +150,18 @@ impl EventBuffer {
             return;
         }
         let start = state.lines.len();
-        let line = EventLine {
-            kind,
-            section,
-            task,
-            seq,
-            fields,
-        };
-        if serde_json::to_writer(&mut state.lines, &line).is_err() {
+        if serde_json::to_writer(&mut state.lines, &(kind, section, task, seq, fields)).is_err() {
             // Fields that are not JSON (never from a `Map`): the event goes
             // in without them rather than not at all.
             state.lines.truncate(start);
-            let bare = EventLine {
-                kind,
-                section,
-                task,
-                seq,
-                fields: serde_json::Map::new(),
-            };
-            if serde_json::to_writer(&mut state.lines, &bare).is_err() {
+            if serde_json::to_writer(&mut state.lines, &(kind, section, task, seq)).is_err() {
                 state.lines.truncate(start);
                 return;
             }
+        } else if state.lines.ends_with(NO_FIELDS) {
+            let end = state.lines.len() - NO_FIELDS.len();
+            state.lines.truncate(end);
+            state.lines.push(b']');
         }
         state.lines.push(b'\n');
         state.count += 1;
@@ -179,8 +202,25 @@ mod tests {
         assert_eq!(taken.count, 2);
         assert_eq!(
             taken.text(),
-            "{\"kind\":\"store_write_succeeded\",\"section\":\"Gather \\\"é\\\"\",\"task\":\"0.1\",\"seq\":7,\"fields\":{\"path\":\"a.md\",\"n\":1}}\n\
-             {\"kind\":\"lua\",\"section\":\"\",\"task\":\"0\",\"seq\":0,\"fields\":{}}\n"
+            "[\"store_write_succeeded\",\"Gather \\\"é\\\"\",\"0.1\",7,{\"path\":\"a.md\",\"n\":1}]\n\
+             [\"lua\",\"\",\"0\",0]\n"
+        );
+        let lines: Vec<_> = taken
+            .text()
+            .lines()
+            .map(|l| parse_line(l).unwrap())
+            .collect();
+        assert_eq!(lines[0].1, "Gather \"é\"");
+        assert_eq!(lines[0].4, fields);
+        assert_eq!(lines[1].4, serde_json::json!({}));
+        // Version 4's object lines still read.
+        let old = parse_line(
+            "{\"kind\":\"lua\",\"section\":\"\",\"task\":\"0\",\"seq\":3,\"fields\":{\"a\":1}}",
+        )
+        .unwrap();
+        assert_eq!(
+            (old.0.as_str(), old.3, old.4),
+            ("lua", 3, serde_json::json!({"a": 1}))
         );
         buffer.push("a", "b", "c", 1, &fields);
         buffer.take(&mut taken);

@@ -16,6 +16,7 @@ mod paths;
 mod read;
 mod records;
 pub mod schema;
+mod work;
 mod writer;
 
 use std::path::{Path, PathBuf};

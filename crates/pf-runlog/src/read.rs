@@ -6,20 +6,20 @@ use rusqlite::types::Type;
 use rusqlite::{params, OptionalExtension, Row};
 use serde_json::Value;
 
-use crate::buffer::EventLine;
+use crate::buffer::parse_line;
 use crate::db::from_sql_int;
 use crate::error::{classify, RunLogError};
 use crate::records::{
     ActivationRecord, AnswerRecord, EventRecord, ExchangeRecord, Outcome, RunEnd, RunFilter, RunId,
     RunRecord, RunStart, RunSummary, TokenUsage, ToolCallRecord, RUNNING,
 };
-use crate::RunLog;
+use crate::{work, RunLog};
 
 /// A request stored as what it adds to `earlier` (the whole request it
 /// continues), made whole: `earlier`'s messages, then the added ones, with
 /// the added body's own other fields in their own order. A base that is
 /// missing (never written) leaves the added messages alone.
-fn continued_request(earlier: Option<&Value>, mut added: Value) -> Value {
+fn continued_request(earlier: Option<&Value>, mut added: Value, same_tools: bool) -> Value {
     let prefix = earlier
         .and_then(|base| base.get("messages"))
         .and_then(Value::as_array);
@@ -29,7 +29,21 @@ fn continued_request(earlier: Option<&Value>, mut added: Value) -> Value {
         whole.append(messages);
         *messages = whole;
     }
-    added
+    let tools = earlier
+        .and_then(|base| base.get("tools"))
+        .filter(|_| same_tools);
+    match (tools, added) {
+        // The request's own order: `messages`, `tools`, then the rest.
+        (Some(tools), Value::Object(fields)) => {
+            let mut whole = serde_json::Map::with_capacity(fields.len() + 1);
+            let mut fields = fields.into_iter();
+            whole.extend(fields.next());
+            whole.insert("tools".to_owned(), tools.clone());
+            whole.extend(fields);
+            Value::Object(whole)
+        }
+        (_, added) => added,
+    }
 }
 
 /// How many candidates an unknown or ambiguous `RUN` error lists.
@@ -325,11 +339,12 @@ impl RunLog {
         let mut events = rows
             .collect::<rusqlite::Result<Vec<_>>>()
             .map_err(|e| self.fail(e))?;
-        // ...and a commit's worth per row since version 4.
+        // ...and a commit's worth per row since version 4 (dense lines since 5).
         let mut query = self
             .conn
             .prepare_cached(
-                "SELECT first_ord, lines FROM event_batches WHERE run_id = ?1 ORDER BY first_ord",
+                "SELECT first_ord, lines FROM event_batches WHERE run_id = ?1 AND count > 0
+                 ORDER BY first_ord",
             )
             .map_err(|e| self.fail(e))?;
         let mut batches = query.query([id.0]).map_err(|e| self.fail(e))?;
@@ -340,7 +355,7 @@ impl RunLog {
             let first: i64 = row.get(0).map_err(|e| self.fail(e))?;
             let lines: String = row.get(1).map_err(|e| self.fail(e))?;
             for (at, line) in (first..).zip(lines.lines()) {
-                let line: EventLine<String, Value> = serde_json::from_str(line).map_err(|err| {
+                let (kind, section, task, seq, fields) = parse_line(line).map_err(|err| {
                     self.fail(rusqlite::Error::FromSqlConversionFailure(
                         1,
                         Type::Text,
@@ -348,11 +363,11 @@ impl RunLog {
                     ))
                 })?;
                 let event = EventRecord {
-                    kind: line.kind,
-                    section: line.section,
-                    task: line.task,
-                    seq: line.seq,
-                    fields: line.fields,
+                    kind,
+                    section,
+                    task,
+                    seq,
+                    fields,
                 };
                 if wanted(&event) {
                     events.push((at, event));
@@ -409,12 +424,81 @@ impl RunLog {
             let (mut record, row_id, extends) = row.map_err(|e| self.fail(e))?;
             if let Some(base) = extends {
                 let earlier = position.get(&base).map(|&at| &out[at].request);
-                record.request = continued_request(earlier, record.request);
+                record.request = continued_request(earlier, record.request, false);
             }
             position.insert(row_id, out.len());
             out.push(record);
         }
+        drop(query);
+        // Since version 5, work lines; `extends` names a handle of the run.
+        let mut position: HashMap<u64, usize> = HashMap::new();
+        self.work_lines(id, 'x', |line| {
+            let x: work::ExchangeLine = serde_json::from_str(line)?;
+            let mut request = x.request;
+            if let Some(base) = x.extends {
+                let earlier = position.get(&base).map(|&at| &out[at].request);
+                request = continued_request(earlier, request, x.same_tools);
+            }
+            position.insert(x.handle, out.len());
+            out.push(ExchangeRecord {
+                task: x.task,
+                seq: x.seq,
+                section: x.section,
+                model: x.model,
+                attempt: x.attempt,
+                request,
+                response: x.response,
+                error: x.error,
+                status: x.status,
+                started_ms: x.started_ms,
+                duration_ms: x.duration_ms,
+                usage: x.usage.map(|(input, output, total)| TokenUsage {
+                    input,
+                    output,
+                    total,
+                }),
+            });
+            Ok(())
+        })?;
         Ok(out)
+    }
+
+    /// Call `each` with every work line of run `id` whose kind is `tag`,
+    /// in the order they were logged.
+    fn work_lines(
+        &self,
+        id: RunId,
+        tag: char,
+        mut each: impl FnMut(&str) -> serde_json::Result<()>,
+    ) -> Result<(), RunLogError> {
+        let mut query = self
+            .conn
+            .prepare_cached(
+                "SELECT work FROM event_batches WHERE run_id = ?1 AND work IS NOT NULL
+                 ORDER BY first_ord, id",
+            )
+            .map_err(|e| self.fail(e))?;
+        let mut rows = query.query([id.0]).map_err(|e| self.fail(e))?;
+        while let Some(row) = rows.next().map_err(|e| self.fail(e))? {
+            let text = row.get_ref(0).map_err(|e| self.fail(e))?;
+            let text = text.as_str().map_err(|e| {
+                self.fail(rusqlite::Error::FromSqlConversionFailure(
+                    0,
+                    Type::Text,
+                    Box::new(e),
+                ))
+            })?;
+            for line in text.lines().filter(|line| work::is(line, tag)) {
+                each(line).map_err(|err| {
+                    self.fail(rusqlite::Error::FromSqlConversionFailure(
+                        0,
+                        Type::Text,
+                        Box::new(err),
+                    ))
+                })?;
+            }
+        }
+        Ok(())
     }
 
     /// The run's tool calls in the order they were logged.
@@ -441,8 +525,15 @@ impl RunLog {
                 })
             })
             .map_err(|e| self.fail(e))?;
-        rows.collect::<rusqlite::Result<Vec<_>>>()
-            .map_err(|e| self.fail(e))
+        let mut calls = rows
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(|e| self.fail(e))?;
+        drop(query);
+        self.work_lines(id, 't', |line| {
+            calls.push(work::tool_call(line)?);
+            Ok(())
+        })?;
+        Ok(calls)
     }
 
     /// The run's operator answers in the order they were logged.
@@ -465,8 +556,15 @@ impl RunLog {
                 })
             })
             .map_err(|e| self.fail(e))?;
-        rows.collect::<rusqlite::Result<Vec<_>>>()
-            .map_err(|e| self.fail(e))
+        let mut answers = rows
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(|e| self.fail(e))?;
+        drop(query);
+        self.work_lines(id, 'a', |line| {
+            answers.push(work::answer(line)?);
+            Ok(())
+        })?;
+        Ok(answers)
     }
 
     /// The run's Plugin activations in the order they were logged.
@@ -486,7 +584,14 @@ impl RunLog {
                 })
             })
             .map_err(|e| self.fail(e))?;
-        rows.collect::<rusqlite::Result<Vec<_>>>()
-            .map_err(|e| self.fail(e))
+        let mut activations = rows
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(|e| self.fail(e))?;
+        drop(query);
+        self.work_lines(id, 'p', |line| {
+            activations.push(work::activation(line)?);
+            Ok(())
+        })?;
+        Ok(activations)
     }
 }

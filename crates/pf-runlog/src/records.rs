@@ -260,6 +260,10 @@ pub struct ExchangeDraft {
     /// The earlier exchange of this run whose request's messages this
     /// request begins with.
     pub extends: Option<ExchangeHandle>,
+    /// With `extends`: this request offers exactly the tools of the one it
+    /// extends, and `request_json` leaves its `tools` out (read back, they
+    /// are put in again, after `messages`).
+    pub same_tools: bool,
     /// The response body's JSON text, when one arrived.
     pub response_json: Option<String>,
     pub error: Option<String>,

@@ -139,8 +139,27 @@ CREATE TABLE event_batches (
 CREATE INDEX event_batches_by_run ON event_batches(run_id, first_ord);
 ";
 
+/// Version 5, fewer pages per commit (each commit's pages are written
+/// twice, to the WAL and at the checkpoint, and every table or index it
+/// touches costs a page or two whatever it adds):
+/// - the run's host work (model exchanges, tool calls, operator answers,
+///   Plugin activations) goes with the commit's events into its
+///   `event_batches` row, as work lines in `work` (one JSON array per line,
+///   the format in `work.rs`), instead of a row (and an index entry) each
+///   in `exchanges`, `tool_calls`, `answers` and `activations`, which keep
+///   what older builds wrote. A row may then hold work and no events
+///   (`count` 0); rows of a run are read in `(first_ord, id)` order.
+/// - event lines are dense: `[kind, section, task, seq, fields]`, with
+///   `fields` left out when empty (`{` still starts a version 4 line).
+/// - a continued request that offers the same tools as the one it extends
+///   leaves them out (its line says so); a model loop sends the same list
+///   every round, and it was half of each stored request.
+const V5: &str = "
+ALTER TABLE event_batches ADD COLUMN work TEXT;
+";
+
 /// Every migration in order; entry `i` takes the database to version `i + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

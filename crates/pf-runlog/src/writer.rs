@@ -3,7 +3,6 @@
 //! thread while the run goes and by the caller itself at a flush or the
 //! finish, so the run's end never waits for another thread to be scheduled.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
@@ -86,7 +85,7 @@ impl std::fmt::Debug for WriterOptions {
 
 /// What goes over the channel. Events do not: they go into the shared
 /// [`EventBuffer`], taken whole at each commit.
-enum Message {
+pub(crate) enum Message {
     Draft(Box<ExchangeDraft>, ExchangeHandle),
     ToolCall(Box<ToolCallRecord>),
     Answer(Box<AnswerRecord>),
@@ -271,12 +270,9 @@ struct Core {
     /// The run's row, once inserted.
     run_id: Option<i64>,
     next_ord: i64,
-    /// The row id of each committed exchange, by handle: what a later
-    /// request's `request_extends` names.
-    exchange_rows: HashMap<ExchangeHandle, i64>,
-    /// Rows taken from the queue and not yet committed (a busy database
-    /// keeps them here for the next try).
-    batch: Vec<Message>,
+    /// Host work taken from the queue and not yet committed, as work lines
+    /// (a busy database keeps them here for the next try).
+    work: Vec<u8>,
     events: Taken,
     spare: Taken,
     /// The run's end, once handed over and not yet committed.
@@ -336,7 +332,7 @@ impl Core {
     /// Move what is queued into the uncommitted batch.
     fn gather(&mut self, shared: &Shared) {
         while let Ok(message) = self.rx.try_recv() {
-            self.batch.push(message);
+            crate::work::encode(&mut self.work, &message);
         }
         if let Some(end) = shared
             .end
@@ -357,7 +353,7 @@ impl Core {
     }
 
     fn has_work(&self) -> bool {
-        !self.batch.is_empty()
+        !self.work.is_empty()
             || !self.events.is_empty()
             || self.end.is_some()
             || self.pending_start.is_some()
@@ -388,13 +384,14 @@ impl Core {
 
     fn drop_queued(&mut self, shared: &Shared) {
         shared.events.close();
-        self.batch.clear();
+        self.work.clear();
         self.events.lines.clear();
         self.events.count = 0;
         self.end = None;
     }
 
-    /// Write the batch, the events and the end in one transaction.
+    /// Write the events, the host work and the end in one transaction:
+    /// one `event_batches` row holds the commit's events and work lines.
     fn commit(&mut self, shared: &Shared, busy_timeout: Duration, retries: u32) -> Committed {
         let Some(conn) = self.conn.as_mut() else {
             return Committed::Done;
@@ -402,13 +399,9 @@ impl Core {
         let _ = conn.busy_timeout(busy_timeout);
         let mut run_id = self.run_id;
         let mut next_ord = self.next_ord;
-        // Rows this batch adds, kept apart until the commit holds.
-        let mut new_rows = Vec::new();
-        let (pending_start, batch, events, end) =
-            (&self.pending_start, &self.batch, &self.events, &self.end);
-        let committed_rows = &self.exchange_rows;
+        let (pending_start, work, events, end) =
+            (&self.pending_start, &self.work, &self.events, &self.end);
         let written = retry_busy(retries, || {
-            new_rows.clear();
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let mut id = self.run_id;
             let mut ord = self.next_ord;
@@ -418,21 +411,17 @@ impl Core {
                 }
             }
             if let Some(id) = id {
-                if !events.is_empty() {
+                if !events.is_empty() || !work.is_empty() {
+                    // Written as JSON, so always UTF-8.
+                    let work = std::str::from_utf8(work).unwrap_or("");
                     tx.prepare_cached(INSERT_EVENTS)?.execute(params![
                         id,
                         ord,
                         events.count,
-                        events.text()
+                        events.text(),
+                        (!work.is_empty()).then_some(work)
                     ])?;
                     ord += i64::from(events.count);
-                }
-                let mut rows = ExchangeRows {
-                    committed: committed_rows,
-                    new: &mut new_rows,
-                };
-                for message in batch {
-                    write_message(&tx, id, &mut rows, message)?;
                 }
                 if let Some(end) = end {
                     write_end(&tx, id, end)?;
@@ -447,9 +436,8 @@ impl Core {
             Ok(()) => {
                 self.run_id = run_id;
                 self.next_ord = next_ord;
-                self.exchange_rows.extend(new_rows);
                 self.pending_start = None;
-                self.batch.clear();
+                self.work.clear();
                 self.events.lines.clear();
                 self.events.count = 0;
                 if self.end.take().is_some() {
@@ -525,8 +513,7 @@ impl RunWriter {
                 pending_start: Some((start, wall_ms())),
                 run_id: None,
                 next_ord: 0,
-                exchange_rows: HashMap::new(),
-                batch: Vec::new(),
+                work: crate::buffer::spare_lines(),
                 events: Taken::reusing(),
                 spare: Taken::default(),
                 end: None,
@@ -603,6 +590,7 @@ impl RunWriter {
             attempt: x.attempt,
             request_json: json_text(&x.request),
             extends: None,
+            same_tools: false,
             response_json: x.response.as_ref().map(json_text),
             error: x.error,
             status: x.status,
@@ -1012,6 +1000,7 @@ fn background_thread(shared: &Shared, committed: SyncSender<()>) {
     let conn = core.conn.take().filter(|_| keep);
     if !core.has_work() {
         crate::buffer::recycle_lines(std::mem::take(&mut core.events.lines));
+        crate::buffer::recycle_lines(std::mem::take(&mut core.work));
         crate::buffer::recycle_lines(std::mem::take(&mut core.spare.lines));
         shared.events.recycle();
     }
@@ -1077,107 +1066,8 @@ fn usage_columns(usage: Option<&TokenUsage>) -> [Option<i64>; 3] {
     }
 }
 
-/// Exchange row ids by handle: those committed before, and this batch's.
-struct ExchangeRows<'a> {
-    committed: &'a HashMap<ExchangeHandle, i64>,
-    new: &'a mut Vec<(ExchangeHandle, i64)>,
-}
-
-impl ExchangeRows<'_> {
-    fn get(&self, handle: ExchangeHandle) -> Option<i64> {
-        self.new
-            .iter()
-            .rev()
-            .find(|(h, _)| *h == handle)
-            .map(|(_, row)| *row)
-            .or_else(|| self.committed.get(&handle).copied())
-    }
-}
-
-const INSERT_EVENTS: &str = "INSERT INTO event_batches (run_id, first_ord, count, lines)
-     VALUES (?1, ?2, ?3, ?4)";
-
-const INSERT_EXCHANGE: &str = "INSERT INTO exchanges (run_id, task, seq, section, model, attempt,
-         request_json, request_extends, response_json, error, status, started_ms, duration_ms,
-         input_tokens, output_tokens, total_tokens)
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)";
-
-fn write_message(
-    tx: &Transaction<'_>,
-    run_id: i64,
-    rows: &mut ExchangeRows<'_>,
-    message: &Message,
-) -> rusqlite::Result<()> {
-    match message {
-        Message::Draft(x, handle) => {
-            let [input, output, total] = usage_columns(x.usage.as_ref());
-            // A base the log never committed cannot be named; the writer
-            // gives up on the run before that can happen (rows go in order).
-            // 0 names no row, and a reader then keeps only the added messages.
-            let extends = x.extends.map(|base| rows.get(base).unwrap_or(0));
-            tx.prepare_cached(INSERT_EXCHANGE)?.execute(params![
-                run_id,
-                x.task,
-                x.seq,
-                x.section,
-                x.model,
-                x.attempt,
-                x.request_json,
-                extends,
-                x.response_json,
-                x.error,
-                x.status,
-                x.started_ms,
-                to_sql_int(x.duration_ms),
-                input,
-                output,
-                total
-            ])?;
-            rows.new.push((*handle, tx.last_insert_rowid()));
-        }
-        Message::ToolCall(t) => {
-            tx.prepare_cached(
-                "INSERT INTO tool_calls (run_id, task, seq, section, alias, path, arguments_json,
-                     output, trusted, failure)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-            )?
-            .execute(params![
-                run_id,
-                t.task,
-                t.seq,
-                t.section,
-                t.alias,
-                t.path,
-                json_text(&t.arguments),
-                t.output,
-                t.trusted,
-                t.failure
-            ])?;
-        }
-        Message::Answer(a) => {
-            tx.prepare_cached(
-                "INSERT INTO answers (run_id, task, seq, section, question, answer)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            )?
-            .execute(params![
-                run_id, a.task, a.seq, a.section, a.question, a.answer
-            ])?;
-        }
-        Message::Activation(a) => {
-            tx.prepare_cached(
-                "INSERT INTO activations (run_id, plugin, tools_json, error)
-                 VALUES (?1, ?2, ?3, ?4)",
-            )?
-            .execute(params![
-                run_id,
-                a.plugin,
-                a.tools.as_ref().map(json_text),
-                a.error
-            ])?;
-        }
-    }
-    Ok(())
-}
+const INSERT_EVENTS: &str = "INSERT INTO event_batches (run_id, first_ord, count, lines, work)
+     VALUES (?1, ?2, ?3, ?4, ?5)";
 
 fn write_end(tx: &Transaction<'_>, run_id: i64, end: &RunEnd) -> rusqlite::Result<()> {
     let (result, error_kind, error_message) = match &end.outcome {

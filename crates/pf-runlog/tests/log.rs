@@ -589,6 +589,7 @@ fn draft(
         })
         .unwrap(),
         extends,
+        same_tools: false,
         response_json: Some(json!({"content": format!("reply {seq}")}).to_string()),
         error: None,
         status: None,
@@ -596,6 +597,24 @@ fn draft(
         duration_ms: 1,
         usage: None,
     }
+}
+
+/// The exchange work lines a database holds, in order, as JSON arrays.
+fn stored_exchanges(path: &std::path::Path) -> Vec<Vec<serde_json::Value>> {
+    let works: Vec<String> = Connection::open(path)
+        .unwrap()
+        .prepare("SELECT work FROM event_batches WHERE work IS NOT NULL ORDER BY first_ord, id")
+        .unwrap()
+        .query_map([], |row| row.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    works
+        .iter()
+        .flat_map(|work| work.lines())
+        .filter(|line| line.starts_with("[\"x\""))
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
 }
 
 fn said(n: usize) -> serde_json::Value {
@@ -644,18 +663,50 @@ fn a_request_stored_as_what_it_adds_reads_back_whole() {
     );
     assert_eq!(read[3].response, Some(json!({"content": "reply 3"})));
     assert_eq!(read[3].seq, 3);
-    // What is stored is only what each request adds.
-    let stored: Vec<(String, Option<i64>)> = Connection::open(db_in(&dir))
-        .unwrap()
-        .prepare("SELECT request_json, request_extends FROM exchanges ORDER BY id")
-        .unwrap()
-        .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
+    // What is stored is only what each request adds (work lines since
+    // schema 5: `extends` is the handle of the request continued, the
+    // request is the line's next-to-last element).
+    let stored: Vec<(String, Option<i64>)> = stored_exchanges(&db_in(&dir))
+        .iter()
+        .map(|line| (line[14].to_string(), line[7].as_i64()))
+        .collect();
     assert!(stored[3].0.contains("message 3") && !stored[3].0.contains("message 2"));
-    assert_eq!(stored[3].1, Some(3));
+    assert_eq!(stored[3].1, Some(2));
     assert_eq!(stored[0].1, None);
+}
+
+#[test]
+fn a_continued_request_stored_without_its_unchanged_tools_reads_back_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = RunLog::open(db_in(&dir)).unwrap();
+    let writer = log.begin_with(start("run-5a7e"), patient());
+    let first = writer.exchange_draft(draft("0", 1, vec![said(0)], None));
+    let mut second = draft("0", 2, vec![said(1)], Some(first));
+    second.request_json = json!({"messages": [said(1)], "temperature": 0.5}).to_string();
+    second.same_tools = true;
+    let second = writer.exchange_draft(second);
+    // Tools of its own (here none): kept as they are.
+    let mut third = draft("0", 3, vec![said(2)], Some(second));
+    third.request_json = json!({"messages": [said(2)], "temperature": 0.5}).to_string();
+    writer.exchange_draft(third);
+    assert_eq!(writer.finish(completed("done")), None);
+
+    let id = log.resolve("last").unwrap();
+    let requests: Vec<String> = log
+        .exchanges(id)
+        .unwrap()
+        .iter()
+        .map(|x| x.request.to_string())
+        .collect();
+    let tools = json!([{"name": "tick"}]);
+    assert_eq!(
+        requests,
+        [
+            json!({"messages": [said(0)], "tools": tools, "temperature": 0.5}).to_string(),
+            json!({"messages": [said(0), said(1)], "tools": tools, "temperature": 0.5}).to_string(),
+            json!({"messages": [said(0), said(1), said(2)], "temperature": 0.5}).to_string(),
+        ]
+    );
 }
 
 /// Version 3 of the schema (the last before requests could be stored as

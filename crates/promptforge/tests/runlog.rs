@@ -879,7 +879,8 @@ fn a_tool_loop_is_logged_as_deltas_and_shown_whole_right_after_the_run() {
     // In the database, every round after the first holds only what it adds.
     let out = Command::new("python3")
         .arg("-c")
-        .arg("import json, sqlite3, sys\nc = sqlite3.connect(sys.argv[1])\nprint(json.dumps(c.execute('SELECT request_extends, request_json FROM exchanges ORDER BY id').fetchall()))\n")
+        // Work lines since schema 5: `extends` and the request of each exchange line.
+        .arg("import json, sqlite3, sys\nc = sqlite3.connect(sys.argv[1])\nworks = c.execute('SELECT work FROM event_batches WHERE work IS NOT NULL ORDER BY first_ord, id').fetchall()\nlines = [json.loads(l) for (w,) in works for l in w.splitlines() if l.startswith('[\"x\"')]\nprint(json.dumps([[l[7], json.dumps(l[14])] for l in lines]))\n")
         .arg(home.data().join("runs.db"))
         .output()
         .expect("python3");

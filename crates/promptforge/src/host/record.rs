@@ -172,10 +172,12 @@ pub struct Recorder {
     conversations: Mutex<HashMap<String, Conversation>>,
 }
 
-/// A task's last logged request: a mark of its messages (no copy) and the
-/// exchange that holds it.
+/// A task's last logged request: a mark of its messages (no copy), its
+/// tools (copied when they change, not each round) and the exchange that
+/// holds it.
 struct Conversation {
     messages: HistoryMark,
+    tools: Option<Vec<ToolDecl>>,
     exchange: ExchangeHandle,
 }
 
@@ -219,17 +221,27 @@ impl Recorder {
             ),
             None => (None, &request.messages[..]),
         };
+        // A loop offers the same tools every round: the log keeps them once
+        // per conversation (comparing is cheaper than encoding them).
+        let same_tools =
+            request.tools.is_some() && continued.is_some_and(|last| last.tools == request.tools);
         let body = LoggedRequest {
             messages: added,
-            tools: request.tools.as_ref(),
+            tools: request.tools.as_ref().filter(|_| !same_tools),
             temperature: request.temperature,
             max_tokens: request.max_tokens,
             thinking: request.thinking,
         };
         RequestPlan {
             extends,
+            same_tools,
             request_json: json_text(&body),
             messages: request.messages.mark(),
+            tools: if same_tools {
+                None
+            } else {
+                Some(request.tools.clone())
+            },
         }
     }
 
@@ -241,13 +253,20 @@ impl Recorder {
             .conversations
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let next = Conversation {
-            messages: plan.messages,
-            exchange,
-        };
         match (conversations.get_mut(task), plan.extends) {
-            (Some(last), Some(base)) if last.exchange == base => *last = next,
+            (Some(last), Some(base)) if last.exchange == base => {
+                last.messages = plan.messages;
+                last.exchange = exchange;
+                if let Some(tools) = plan.tools {
+                    last.tools = tools;
+                }
+            }
             (_, None) => {
+                let next = Conversation {
+                    messages: plan.messages,
+                    tools: plan.tools.unwrap_or_default(),
+                    exchange,
+                };
                 conversations.insert(task.to_string(), next);
             }
             _ => {}
@@ -297,9 +316,13 @@ struct LoggedRequest<'a> {
 
 struct RequestPlan {
     extends: Option<ExchangeHandle>,
+    /// The request offers the tools of the one it extends, left out of `request_json`.
+    same_tools: bool,
     request_json: String,
     /// The request's whole history, which the next round's may extend.
     messages: HistoryMark,
+    /// Its tools, when they are not the extended request's (`None`: the same).
+    tools: Option<Option<Vec<ToolDecl>>>,
 }
 
 /// A response as the recorder logs it: exactly the text of [`response_json`].
@@ -420,6 +443,7 @@ impl RecordingModel {
             attempt: 1,
             request_json: std::mem::take(&mut request.request_json),
             extends: request.extends,
+            same_tools: request.same_tools,
             response_json: result
                 .as_ref()
                 .ok()
@@ -742,10 +766,13 @@ mod tests {
         second.messages.push(message("assistant", json!("ok")));
         let plan = recorder.plan_request(&second, &work("0"));
         assert_eq!(plan.extends, Some(handle));
+        // The same tools as the request it extends: left out, and marked.
+        assert!(plan.same_tools);
         assert_eq!(
             plan.request_json,
             request_json(&ChatRequest {
                 messages: second.messages[1..].into(),
+                tools: None,
                 ..second.clone()
             })
             .to_string()
@@ -759,14 +786,29 @@ mod tests {
         third.messages.push(message("user", json!("more")));
         let plan = recorder.plan_request(&third, &work("0"));
         assert_eq!(plan.extends, Some(handle));
+        assert!(plan.same_tools);
         assert_eq!(
             plan.request_json,
             request_json(&ChatRequest {
                 messages: third.messages[2..].into(),
+                tools: None,
                 ..third.clone()
             })
             .to_string()
         );
+        // Other tools than the last round's: logged, and kept for the next.
+        let mut fourth = third.clone();
+        fourth.messages.push(message("assistant", json!("and")));
+        fourth.tools = None;
+        let plan = recorder.plan_request(&fourth, &work("0"));
+        assert!(!plan.same_tools && plan.extends.is_some());
+        assert!(!plan.request_json.contains("tools"));
+        recorder.logged_request("0", plan, pf_runlog::ExchangeHandle::for_tests(2));
+        let mut fifth = fourth.clone();
+        fifth.messages.push(message("user", json!("on")));
+        fifth.tools = third.tools.clone();
+        let plan = recorder.plan_request(&fifth, &work("0"));
+        assert!(!plan.same_tools && plan.request_json.contains("\"tools\""));
         // Another task, a request that does not begin with the last one, or
         // one with equal messages built apart from it, is whole.
         assert!(recorder

@@ -1,0 +1,306 @@
+//! A run's host work (model exchanges, tool calls, operator answers, Plugin
+//! activations) as work lines: one JSON array per line, stored with the
+//! commit's events in one `event_batches` row (`schema.rs`, version 5).
+//!
+//! Stored as rows, a 50-round loop's commit inserted 51 exchange rows, each
+//! with an index entry, and rewrote both trees' last pages; a 1,000-arm
+//! fanout inserted 1,000. As lines they are one more column of the row the
+//! commit writes anyway. The writer thread encodes them (the run's thread
+//! only hands records over).
+//!
+//! Each line's first element says what it is:
+//! - `["x", handle, task, seq, section, model, attempt, extends, same_tools,
+//!   error, status, started_ms, duration_ms, usage, request, response]`:
+//!   an exchange; `handle` numbers the run's exchanges from 0, `extends` is
+//!   the handle of the exchange whose request this one continues (or
+//!   null), `usage` is `[input, output, total]` or null, and `request` and
+//!   `response` are the bodies' JSON as handed in (no `response` element
+//!   when none arrived).
+//! - `["t", task, seq, section, alias, path, arguments, output, trusted, failure]`
+//! - `["a", task, seq, section, question, answer]`
+//! - `["p", plugin, tools, error]`: a Plugin activation.
+
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::records::{ActivationRecord, AnswerRecord, ToolCallRecord};
+use crate::writer::Message;
+
+/// Append `message` as one work line.
+pub(crate) fn encode(out: &mut Vec<u8>, message: &Message) {
+    let start = out.len();
+    let encoded = match message {
+        Message::Draft(x, handle) => {
+            let usage = x.usage.map(|u| (u.input, u.output, u.total));
+            let head = (
+                "x",
+                handle.0,
+                &x.task,
+                x.seq,
+                &x.section,
+                &x.model,
+                x.attempt,
+                x.extends.map(|base| base.0),
+                x.same_tools,
+                &x.error,
+                x.status,
+                x.started_ms,
+                x.duration_ms,
+                usage,
+            );
+            serde_json::to_writer(&mut *out, &head).map(|()| {
+                // The bodies are JSON already: in as they are, last.
+                out.pop();
+                out.push(b',');
+                push_raw(out, &x.request_json);
+                if let Some(response) = &x.response_json {
+                    out.push(b',');
+                    push_raw(out, response);
+                }
+                out.push(b']');
+            })
+        }
+        Message::ToolCall(t) => serde_json::to_writer(
+            &mut *out,
+            &(
+                "t",
+                &t.task,
+                t.seq,
+                &t.section,
+                &t.alias,
+                &t.path,
+                &t.arguments,
+                &t.output,
+                t.trusted,
+                &t.failure,
+            ),
+        ),
+        Message::Answer(a) => serde_json::to_writer(
+            &mut *out,
+            &("a", &a.task, a.seq, &a.section, &a.question, &a.answer),
+        ),
+        Message::Activation(a) => {
+            serde_json::to_writer(&mut *out, &("p", &a.plugin, &a.tools, &a.error))
+        }
+    };
+    if encoded.is_err() {
+        // Never for these types (string-keyed JSON only); drop the line whole.
+        out.truncate(start);
+        return;
+    }
+    out.push(b'\n');
+}
+
+/// A body's JSON text on one line: outside strings a newline is only
+/// whitespace, and inside them JSON has none unescaped. Not checked: text
+/// that is not JSON fails the run's exchanges on reading, as a column of
+/// it did.
+fn push_raw(out: &mut Vec<u8>, json: &str) {
+    let text = json.trim();
+    if text.is_empty() {
+        out.extend_from_slice(b"null");
+    } else if text.contains('\n') {
+        out.extend(text.bytes().map(|b| if b == b'\n' { b' ' } else { b }));
+    } else {
+        out.extend_from_slice(text.as_bytes());
+    }
+}
+
+// Lines read back: serde reads a struct from an array, field by field.
+
+/// An exchange's line, read back.
+#[derive(Debug, Deserialize)]
+pub(crate) struct ExchangeLine {
+    _kind: IgnoredAny,
+    pub handle: u64,
+    pub task: String,
+    pub seq: u32,
+    pub section: String,
+    pub model: String,
+    pub attempt: u32,
+    pub extends: Option<u64>,
+    pub same_tools: bool,
+    pub error: Option<String>,
+    pub status: Option<u16>,
+    pub started_ms: i64,
+    pub duration_ms: u64,
+    pub usage: Option<(u64, u64, u64)>,
+    pub request: Value,
+    /// Present, even as `null`, only when a response arrived.
+    #[serde(default, deserialize_with = "present")]
+    pub response: Option<Value>,
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(value: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(value).map(Some)
+}
+
+#[derive(Deserialize)]
+struct ToolCallLine {
+    _kind: IgnoredAny,
+    task: String,
+    seq: u32,
+    section: String,
+    alias: String,
+    path: String,
+    arguments: Value,
+    output: Option<String>,
+    trusted: bool,
+    failure: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct AnswerLine {
+    _kind: IgnoredAny,
+    task: String,
+    seq: u32,
+    section: String,
+    question: String,
+    answer: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ActivationLine {
+    _kind: IgnoredAny,
+    plugin: String,
+    tools: Option<Value>,
+    error: Option<String>,
+}
+
+/// Whether `line` is of the kind `tag` names.
+pub(crate) fn is(line: &str, tag: char) -> bool {
+    let mut chars = line.chars();
+    chars.next() == Some('[')
+        && chars.next() == Some('"')
+        && chars.next() == Some(tag)
+        && chars.next() == Some('"')
+}
+
+pub(crate) fn tool_call(line: &str) -> serde_json::Result<ToolCallRecord> {
+    let t: ToolCallLine = serde_json::from_str(line)?;
+    Ok(ToolCallRecord {
+        task: t.task,
+        seq: t.seq,
+        section: t.section,
+        alias: t.alias,
+        path: t.path,
+        arguments: t.arguments,
+        output: t.output,
+        trusted: t.trusted,
+        failure: t.failure,
+    })
+}
+
+pub(crate) fn answer(line: &str) -> serde_json::Result<AnswerRecord> {
+    let a: AnswerLine = serde_json::from_str(line)?;
+    Ok(AnswerRecord {
+        task: a.task,
+        seq: a.seq,
+        section: a.section,
+        question: a.question,
+        answer: a.answer,
+    })
+}
+
+pub(crate) fn activation(line: &str) -> serde_json::Result<ActivationRecord> {
+    let a: ActivationLine = serde_json::from_str(line)?;
+    Ok(ActivationRecord {
+        plugin: a.plugin,
+        tools: a.tools,
+        error: a.error,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::records::{ExchangeDraft, ExchangeHandle, TokenUsage};
+    use serde_json::json;
+
+    #[test]
+    fn work_lines_read_back_as_handed_in() {
+        let mut out = Vec::new();
+        let draft = ExchangeDraft {
+            task: "0.1".into(),
+            seq: 4,
+            section: "Ask \"me\"".into(),
+            model: "m".into(),
+            attempt: 2,
+            // Pretty-printed: its newlines are only whitespace.
+            request_json: "{\n  \"messages\": [\"a\\nb\"]\n}".into(),
+            extends: Some(ExchangeHandle(3)),
+            same_tools: true,
+            response_json: None,
+            error: Some("failed: x".into()),
+            status: Some(500),
+            started_ms: -1,
+            duration_ms: 9,
+            usage: Some(TokenUsage {
+                input: 1,
+                output: 2,
+                total: 3,
+            }),
+        };
+        let kept = draft.clone();
+        encode(
+            &mut out,
+            &Message::Draft(Box::new(draft), ExchangeHandle(4)),
+        );
+        let call = ToolCallRecord {
+            task: "0".into(),
+            seq: 1,
+            section: "S".into(),
+            alias: "tick".into(),
+            path: "acme/tick".into(),
+            arguments: json!({"n": 1}),
+            output: None,
+            trusted: false,
+            failure: Some("no".into()),
+        };
+        encode(&mut out, &Message::ToolCall(Box::new(call.clone())));
+        let answer = AnswerRecord {
+            task: "0".into(),
+            seq: 2,
+            section: "S".into(),
+            question: "why?".into(),
+            answer: None,
+        };
+        encode(&mut out, &Message::Answer(Box::new(answer.clone())));
+        let activation = ActivationRecord {
+            plugin: "acme".into(),
+            tools: Some(json!([{"name": "tick"}])),
+            error: None,
+        };
+        encode(&mut out, &Message::Activation(Box::new(activation.clone())));
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4);
+        assert!(is(lines[0], 'x') && !is(lines[0], 't'));
+        let x: ExchangeLine = serde_json::from_str(lines[0]).unwrap();
+        assert_eq!((x.handle, x.extends, x.same_tools), (4, Some(3), true));
+        assert_eq!(x.request, json!({"messages": ["a\nb"]}));
+        assert_eq!(
+            (x.response, x.status, x.usage),
+            (None, Some(500), Some((1, 2, 3)))
+        );
+        assert_eq!(x.section, "Ask \"me\"");
+        let mut one = Vec::new();
+        let draft = ExchangeDraft {
+            response_json: Some("null".into()),
+            request_json: "{}".into(),
+            ..ExchangeDraft::clone(&kept)
+        };
+        encode(
+            &mut one,
+            &Message::Draft(Box::new(draft), ExchangeHandle(5)),
+        );
+        let x: ExchangeLine = serde_json::from_slice(&one[..one.len() - 1]).unwrap();
+        assert_eq!(x.response, Some(Value::Null));
+        assert!(is(lines[1], 't'));
+        assert_eq!(tool_call(lines[1]).unwrap(), call);
+        assert_eq!(super::answer(lines[2]).unwrap(), answer);
+        assert_eq!(super::activation(lines[3]).unwrap(), activation);
+    }
+}
