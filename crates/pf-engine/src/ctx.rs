@@ -263,6 +263,11 @@ impl RunCtx {
         *n
     }
 
+    /// Make room in `task`'s history for `additional` more events.
+    pub(crate) fn reserve_history(&self, task: &str, additional: usize) {
+        self.events.borrow_mut().reserve(task, additional);
+    }
+
     /// Record that the chain `owner` started `task`, so it may read its history.
     pub fn set_task_owner(&self, task: &str, owner: &str) {
         self.events.borrow_mut().set_owner(task, owner);
@@ -1159,8 +1164,20 @@ pub(crate) fn internal_chunk(
     name: &'static str,
     source: &'static str,
 ) -> mlua::Result<mlua::Function> {
+    internal_chunk_keyed(lua, name, name, || source.into())
+}
+
+/// [`internal_chunk`] for a chunk cached under `key`, which need not be its
+/// name (a deferred part of an engine chunk has that chunk's name), and whose
+/// source is made only when this thread has not compiled it yet.
+pub(crate) fn internal_chunk_keyed(
+    lua: &Lua,
+    key: &'static str,
+    name: &'static str,
+    source: impl FnOnce() -> std::borrow::Cow<'static, str>,
+) -> mlua::Result<mlua::Function> {
     // Shared, not copied: loading never re-enters this cache.
-    let cached = INTERNAL_BYTECODE.with(|c| c.borrow().get(name).cloned());
+    let cached = INTERNAL_BYTECODE.with(|c| c.borrow().get(key).cloned());
     if let Some(code) = cached {
         return lua
             .load(&*code)
@@ -1168,13 +1185,14 @@ pub(crate) fn internal_chunk(
             .set_mode(mlua::ChunkMode::Binary)
             .into_function();
     }
+    let source = source();
     let f = lua
-        .load(source)
+        .load(&*source)
         .set_name(name)
         .set_mode(mlua::ChunkMode::Text)
         .into_function()?;
     let code = f.dump(false);
-    INTERNAL_BYTECODE.with(|c| c.borrow_mut().insert(name, Rc::from(code)));
+    INTERNAL_BYTECODE.with(|c| c.borrow_mut().insert(key, Rc::from(code)));
     Ok(f)
 }
 

@@ -414,6 +414,15 @@ impl EventLog {
         }
     }
 
+    /// Make room in `task`'s history for `additional` more events (a fanout
+    /// reports one `task_started` per arm there), so a wide fanout does not
+    /// copy the history as it doubles. A task with no history yet is left alone.
+    pub(crate) fn reserve(&mut self, task: &str, additional: usize) {
+        if let Some(history) = self.tasks.get_mut(task) {
+            history.events.reserve(additional);
+        }
+    }
+
     /// Record that the chain `owner` started `task` (so it may read its history).
     pub(crate) fn set_owner(&mut self, task: &str, owner: &str) {
         self.tasks.entry(task.to_string()).or_default().owner = Some(owner.to_string());

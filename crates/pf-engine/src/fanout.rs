@@ -153,6 +153,8 @@ async fn fanout(lua: &Lua, args: &MultiValue) -> HostResult<Table> {
     let argv = sec.child_argv(lua, &None)?;
     let var = sec.var();
 
+    // One `task_started` per arm goes into the caller's history.
+    run.reserve_history(parent.task(), members.len());
     let mut slots: Vec<Option<ArmResult>> = members.iter().map(|_| None).collect();
     let mut live: Vec<LiveArm> = Vec::new();
     let mut next = 0usize;
@@ -363,6 +365,33 @@ fn key_label(lua: &Lua, key: &Value) -> mlua::Result<String> {
     })
 }
 
+/// Builds the results in Lua, a batch of members per call: one table
+/// constructor per result costs a fraction of the `raw_set`s from Rust, each
+/// of which mlua wraps in a protected call under the memory limit. Called
+/// with the prelude's captured `setmetatable` (never the prompt's globals)
+/// and the shared metatable parts; returns
+/// `build(out, first, count, text, ok, member, ...)`. The tables are
+/// the same as built one by one: `__index` holds the fields, and
+/// `__metatable` hides the metatable, so no prompt sees how they were made.
+const RESULTS_BUILDER: &str = r#"
+local setmetatable, newindex, to_string, stand_in = ...
+return function(out, first, count, ...)
+  local args = { ... }
+  for i = 0, count - 1 do
+    local text, ok, member = args[3 * i + 1], args[3 * i + 2], args[3 * i + 3]
+    out[first + i] = setmetatable({}, {
+      __index = { text = text, ok = ok, item = member, exhausted = not ok },
+      __newindex = newindex,
+      __tostring = to_string,
+      __metatable = stand_in,
+    })
+  end
+end
+"#;
+
+/// Members per builder call: bounded, so the Lua stack stays small.
+const RESULTS_BATCH: usize = 64;
+
 /// The results array: one read-only result per member, in collection order.
 fn results(lua: &Lua, members: &[Value], slots: Vec<Option<ArmResult>>) -> HostResult<Table> {
     let newindex = frozen_newindex(lua, |_| READ_ONLY.to_string())?;
@@ -370,6 +399,13 @@ fn results(lua: &Lua, members: &[Value], slots: Vec<Option<ArmResult>>) -> HostR
     let stand_in = lua.create_table()?;
     stand_in.raw_set("__tostring", to_string.clone())?;
     let out = lua.create_table_with_capacity(members.len(), 0)?;
+    let set_metatable: Function = helpers(lua)?.get("setmetatable")?;
+    let build: Function =
+        crate::ctx::internal_chunk(lua, "=[promptforge fanout results]", RESULTS_BUILDER)?
+            .call((set_metatable, newindex, to_string, stand_in))?;
+    let mut batch: Vec<Value> = Vec::with_capacity(3 + 3 * RESULTS_BATCH);
+    let mut first = 1usize;
+    let total = members.len();
     for (n, (member, slot)) in members.iter().zip(slots).enumerate() {
         let (text, ok) = match slot {
             Some(ArmResult::Completed(text)) => (text, true),
@@ -383,19 +419,26 @@ fn results(lua: &Lua, members: &[Value], slots: Vec<Option<ArmResult>>) -> HostR
                 .into())
             }
         };
-        let fields = lua.create_table()?;
-        fields.raw_set("text", text)?;
-        fields.raw_set("ok", ok)?;
-        fields.raw_set("item", member.clone())?;
-        fields.raw_set("exhausted", !ok)?;
-        let mt = lua.create_table()?;
-        mt.raw_set("__index", fields)?;
-        mt.raw_set("__newindex", newindex.clone())?;
-        mt.raw_set("__tostring", to_string.clone())?;
-        mt.raw_set("__metatable", stand_in.clone())?;
-        let result = lua.create_table()?;
-        result.set_metatable(Some(mt))?;
-        out.raw_set(n + 1, result)?;
+        if batch.is_empty() {
+            batch.push(Value::Table(out.clone()));
+            batch.push(Value::Integer(i64::try_from(first).unwrap_or(i64::MAX)));
+            batch.push(Value::Integer(0));
+        }
+        batch.push(Value::String(lua.create_string(text)?));
+        batch.push(Value::Boolean(ok));
+        batch.push(member.clone());
+        let count = (batch.len() - 3) / 3;
+        if count == RESULTS_BATCH || n + 1 == total {
+            if let Some(c) = batch.get_mut(2) {
+                *c = Value::Integer(i64::try_from(count).unwrap_or(0));
+            }
+            // The engine's own bounded loop: the cancel poll stays off, as
+            // while the results were built from Rust (a cancel is seen next).
+            crate::vm::without_cancel_poll(lua, || {
+                build.call::<()>(MultiValue::from_iter(batch.drain(..)))
+            })?;
+            first = n + 2;
+        }
     }
     Ok(out)
 }

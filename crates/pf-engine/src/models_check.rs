@@ -210,13 +210,13 @@ impl ListReader {
         list: &Table,
         trusted: bool,
     ) -> Option<(bool, Option<usize>, usize)> {
+        let fetch = || -> Option<mlua::Function> {
+            let helpers: Table = lua.named_registry_value("pf.helpers").ok()?;
+            helpers.raw_get("list_read").ok()
+        };
         let read = match &self.helper {
             Some(read) => read.clone(),
-            None => {
-                let helpers: Table = lua.named_registry_value("pf.helpers").ok()?;
-                let read: mlua::Function = helpers.raw_get("list_read").ok()?;
-                self.helper.insert(read).clone()
-            }
+            None => fetch()?,
         };
         let snaps = match &self.snaps {
             Some(snaps) => snaps.clone(),
@@ -235,6 +235,12 @@ impl ListReader {
                 read.call((list, MAX_DEPTH, snaps, known, trusted))
             })
             .ok()?;
+        if self.helper.is_none() {
+            // The first call loads the prelude's deferred list helpers, which
+            // replace the stand-in in `pf.helpers`: keep the real one, so later
+            // rounds skip the stand-in's forwarding call.
+            self.helper = fetch();
+        }
         Some((
             ok,
             len.and_then(|n| usize::try_from(n).ok()),

@@ -203,11 +203,21 @@ pub(crate) fn make_proxy(lua: &Lua, path: Vec<Key>) -> mlua::Result<Table> {
 
 /// Check the `var` global was not reassigned (the read-back rule).
 pub(crate) fn check_var_global(lua: &Lua) -> Result<(), String> {
-    let root: Table = lua
+    // Still pending (built on first touch, vm.rs `LAZY_GLOBALS`): never read,
+    // so never reassigned either.
+    let pending = crate::ctx::helpers(lua)
+        .and_then(|h| h.raw_get::<Table>("lazy_globals"))
+        .and_then(|lazy| lazy.raw_get::<bool>("var"))
+        .map_err(|e| e.to_string())?;
+    if pending {
+        return Ok(());
+    }
+    // (No root: the global was written before it was ever built.)
+    let root: Option<Table> = lua
         .named_registry_value("pf.var_root")
         .map_err(|e| e.to_string())?;
-    match lua.globals().raw_get::<Value>("var") {
-        Ok(Value::Table(t)) if t == root => Ok(()),
+    match (lua.globals().raw_get::<Value>("var"), root) {
+        (Ok(Value::Table(t)), Some(root)) if t == root => Ok(()),
         _ => Err("the `var` global was reassigned; write `var.<field>` instead".to_string()),
     }
 }

@@ -23,6 +23,9 @@ pub(crate) const CANCEL_POLL_INSTRUCTIONS: u32 = 10_000;
 /// where the default 250% pause would put it over the VM itself.
 const SETUP_PAUSE: i32 = 1400;
 
+/// About how many fields the setup puts in the helper table `H`.
+const HELPER_FIELDS: usize = 64;
+
 /// A fresh section VM with every host global installed except the shared library
 /// and the alias/role globals (installed by the walk after the replay).
 pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
@@ -46,8 +49,9 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     lua.gc_set_pause(default_pause);
     lua.set_app_data(Rc::clone(&sec));
 
-    // The helper table; the prelude fills in its own bookkeeping.
-    let h = lua.create_table()?;
+    // The helper table; the prelude fills in its own bookkeeping (sized for
+    // what the setup puts in it, so it is not grown step by step).
+    let h = lua.create_table_with_capacity(0, HELPER_FIELDS)?;
     crate::sandbox_guards::introspect::install(&lua, &h)?;
     // True once nothing may swallow an error any more: after a host cancel, or
     // once the run has ended on the spot (the sandbox `pcall` raises on).
@@ -73,13 +77,14 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     if sec.is_h1 {
         // The H1 body may repair argv: there it is an ordinary global.
         g.raw_set("argv", argv)?;
+    } else if argv.is_nil() {
+        // What `freeze_argv(nil)` does, without the call.
+        h.raw_set("argv_frozen", true)?;
     } else {
+        load_deferred(&lua, &h, Deferred::Argv)?;
         let freeze: mlua::Function = h.get("freeze_argv")?;
         freeze.call::<()>(argv)?;
     }
-    let var_root = crate::var::make_proxy(&lua, Vec::new())?;
-    lua.set_named_registry_value("pf.var_root", var_root.clone())?;
-    g.raw_set("var", var_root)?;
     // A fanout arm's first section starts with its own copy of the member.
     if let Some(item) = sec.arm_item() {
         g.raw_set("item", json_to_lua(&lua, item)?)?;
@@ -100,6 +105,16 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     h.raw_set(
         "fill_globals",
         host_fn(&lua, |lua, _| Ok(fill_lazy_globals(lua)?))?,
+    )?;
+    h.raw_set(
+        "load_loop_helpers",
+        host_fn(&lua, |lua, _| {
+            Ok(load_deferred(
+                lua,
+                &crate::ctx::helpers(lua)?,
+                Deferred::LoopHelpers,
+            )?)
+        })?,
     )?;
     // 3. ui
     if let Some(snapshot) = sec.run.fixed.ui.clone() {
@@ -183,8 +198,9 @@ pub(crate) fn without_cancel_poll<R>(lua: &Lua, f: impl FnOnce() -> R) -> R {
 }
 
 /// The globals built on first touch, in the order a fill builds them: the host
-/// namespaces and functions, which most section entries use few of (a
-/// pure-Lua fanout arm none; building them was a quarter of its entry). A pending name is absent from `_G`
+/// namespaces and functions, and the `var` proxy, which most section entries
+/// use few of (a pure-Lua fanout arm none; building them was a quarter of its
+/// entry). `var` never built was never reassigned (`var::check_var_global`). A pending name is absent from `_G`
 /// until `_G`'s engine metatable (env.lua) builds it on a read, or drops it on
 /// a write; whatever else could see `_G`'s key set builds every pending one
 /// first: the ordered `pairs`/`next` over `_G` (prelude `ordered_keys`), a host
@@ -213,6 +229,7 @@ const LAZY_GLOBALS: &[&str] = &[
     "tasks",
     "tools",
     "untrusted",
+    "var",
 ];
 
 fn make_lazy_global(lua: &Lua, name: &str) -> mlua::Result<Value> {
@@ -231,6 +248,11 @@ fn make_lazy_global(lua: &Lua, name: &str) -> mlua::Result<Value> {
         "tasks" => Value::Table(crate::tasks::make_tasks(lua)?),
         "tools" => Value::Table(crate::tools::make_tools(lua)?),
         "untrusted" => Value::Function(make_untrusted(lua)?),
+        "var" => {
+            let root = crate::var::make_proxy(lua, Vec::new())?;
+            lua.set_named_registry_value("pf.var_root", &root)?;
+            Value::Table(root)
+        }
         _ => {
             return Err(mlua::Error::runtime(
                 "internal invariant violated: unknown lazy global",
@@ -325,6 +347,85 @@ pub(crate) fn fill_lazy_globals(lua: &Lua) -> mlua::Result<()> {
     });
     lua.set_memory_limit(limit)?;
     built
+}
+
+/// Parts of the engine's chunks that most section entries never run, loaded
+/// on first use instead of in every VM's setup (undumping the chunks was a
+/// third of a pure-Lua entry). Each is a long comment in its file, opening
+/// with a `--[==[ deferred TAG:` line and closing with a `--]==]` line; loaded, it
+/// is a second chunk of the same name whose lines are the file's lines (the
+/// ones before it blank), so its functions' chunk name, lines, local and
+/// upvalue names, and with them every error text and traceback, are those of
+/// the file. Its first line takes the values it shares with its file from
+/// `H`, which no prompt can reach.
+#[derive(Clone, Copy)]
+enum Deferred {
+    /// `models.loop`'s list helpers (prelude `list_shape`, `list_read`): the
+    /// prelude's stand-ins load them on their first call.
+    LoopHelpers,
+    /// The frozen `argv` (prelude `freeze_argv`), loaded by the setup of a VM
+    /// outside the H1 body that has an `argv` to freeze.
+    Argv,
+}
+
+impl Deferred {
+    fn name(self) -> &'static str {
+        "=[promptforge prelude]"
+    }
+
+    /// The key of its bytecode in the per-thread cache.
+    fn key(self) -> &'static str {
+        match self {
+            Deferred::LoopHelpers => "=[promptforge prelude] (deferred loop)",
+            Deferred::Argv => "=[promptforge prelude] (deferred argv)",
+        }
+    }
+
+    /// The tag of its `--[==[ deferred TAG:` line.
+    fn tag(self) -> &'static str {
+        match self {
+            Deferred::LoopHelpers => "loop",
+            Deferred::Argv => "argv",
+        }
+    }
+
+    fn file(self) -> &'static str {
+        PRELUDE
+    }
+}
+
+/// The deferred part `tag` of `file`: every line up to its
+/// `--[==[ deferred TAG:` line blank, then the lines up to the next `--]==]`.
+fn deferred_source(file: &str, tag: &str) -> String {
+    let lines: Vec<&str> = file.lines().collect();
+    let opening = format!("--[==[ deferred {tag}:");
+    let open = lines
+        .iter()
+        .position(|l| l.starts_with(&opening))
+        .unwrap_or(lines.len());
+    let close = lines
+        .iter()
+        .skip(open)
+        .position(|l| l.starts_with("--]==]"))
+        .map_or(lines.len(), |n| open + n);
+    let body = lines.get(open + 1..close).unwrap_or(&[]);
+    let mut source = "\n".repeat(open + 1);
+    source.push_str(&body.join("\n"));
+    source.push('\n');
+    source
+}
+
+/// Load `part` into this VM: the engine's own bounded work, with the memory
+/// limit lifted as a global's build is.
+fn load_deferred(lua: &Lua, h: &Table, part: Deferred) -> mlua::Result<()> {
+    // mlua reads a limit of 0 as "no limit".
+    let limit = lua.set_memory_limit(0)?;
+    let loaded = crate::ctx::internal_chunk_keyed(lua, part.key(), part.name(), || {
+        deferred_source(part.file(), part.tag()).into()
+    })
+    .and_then(|chunk| chunk.call::<()>(h));
+    lua.set_memory_limit(limit)?;
+    loaded
 }
 
 /// `lua` as a handle whose drop closes the state without a full collection first.
@@ -504,4 +605,57 @@ fn make_input(lua: &Lua) -> mlua::Result<Table> {
         })?,
     )?;
     Ok(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each deferred part is found, and every line of its chunk is the
+    /// file's line of the same number, so its functions keep the file's lines.
+    #[test]
+    fn deferred_parts_keep_the_lines_of_their_file() {
+        for part in [Deferred::LoopHelpers, Deferred::Argv] {
+            let source = deferred_source(part.file(), part.tag());
+            let file: Vec<&str> = part.file().lines().collect();
+            let lines: Vec<&str> = source.lines().collect();
+            let code = lines.iter().filter(|l| !l.is_empty()).count();
+            assert!(code > 5, "{}: part not found", part.tag());
+            for (i, line) in lines.iter().enumerate() {
+                if !line.is_empty() {
+                    assert_eq!(*line, file[i], "{}: line {}", part.tag(), i + 1);
+                }
+            }
+            assert!(
+                file[lines.len()].starts_with("--]==]"),
+                "{}: closing line",
+                part.tag()
+            );
+        }
+    }
+
+    /// A deferred part compiles on its own and defines what its stand-ins call.
+    #[test]
+    fn deferred_parts_load() {
+        let lua = Lua::new();
+        let h: Table = lua
+            .load(
+                "return { next = next, type = type, math_type = math.type, rawequal = rawequal,
+                          rawlen = rawlen, rawget = rawget, tostring = tostring,
+                          setmetatable = setmetatable, error = error }",
+            )
+            .eval()
+            .expect("helpers");
+        for (part, defines) in [
+            (Deferred::LoopHelpers, "list_read"),
+            (Deferred::Argv, "freeze_argv"),
+        ] {
+            let source = deferred_source(part.file(), part.tag());
+            lua.load(source.as_str())
+                .set_name(part.name())
+                .call::<()>(&h)
+                .expect("loads");
+            assert!(h.raw_get::<Value>(defines).expect("field").is_function());
+        }
+    }
 }

@@ -106,18 +106,18 @@ local function guard_all(t, refuse_at_load)
   for k in next, t do names[#names + 1] = k end
   for i = 1, #names do guard(t, names[i], refuse_at_load) end
 end
-guard(rawget(G, 'models'), 'infer', true)
-guard(rawget(G, 'models'), 'loop', true)
-guard(rawget(G, 'tools'), 'call', true)
-guard(rawget(G, 'input'), 'ask', true)
-guard(G, 'call', true)
-guard(G, 'fanout', true)
-guard_all(rawget(G, 'tasks'), true)
-guard_all(rawget(G, 'store'), false)
+-- (Before the globals were built on first touch, eager lines here guarded
+-- `models.infer`, `models.loop`, `tools.call`, `input.ask`, `call`, `fanout`,
+-- every function of `tasks` and, without the load-time refusal, of `store`.)
+--
+--
+--
+--
+--
 
--- A global built on first touch (vm.rs `LAZY_GLOBALS`) is guarded as above
--- (with nothing at `rawget(G, name)` yet, those lines guarded nothing);
--- returns what `_G` gets.
+-- A global built on first touch (vm.rs `LAZY_GLOBALS`) is guarded as those
+-- lines did; returns what `_G` gets.
+--
 function H.guard_global(name, v)
   if name == 'models' then
     guard(v, 'infer', true)

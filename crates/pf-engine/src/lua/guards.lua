@@ -1,6 +1,6 @@
 -- Sandbox guards (sandbox_guards/mod.rs): library functions that poll the
 -- run's cancel, no `__gc` finalizers, `__close` handlers disarmed by a cancel. Runs after env.lua, before any
--- prompt code. `R` holds the Rust halves; each returns (true, values...) or
+-- prompt code. `R.make(name)` makes each Rust half on first use; each returns (true, values...) or
 -- (false, message, level), raised here at the prompt's call site.
 local H, R = ...
 local error, type, rawget, rawequal, select = error, type, H.rawget, H.rawequal, H.select
@@ -16,20 +16,20 @@ local function ck(ok, ...)
   error(message, level)
 end
 
-local raw_find, raw_match, raw_gmatch, raw_gsub = R.find, R.match, R.gmatch, R.gsub
+local raw_find, raw_match, raw_gmatch, raw_gsub, make_raw = nil, nil, nil, nil, R.make -- (made on first use)
 local c_find, c_match, c_gmatch, c_gsub = string.find, string.match, string.gmatch, string.gsub
 local math_type = math.type
 
 -- Fast path: the C functions themselves where their worst case is provably
 -- short (a subject no longer than the pattern's limit, valid arguments, a
 -- pattern that cannot raise); everything else takes the polling matcher.
-local subject_limit, step_budget = R.c_subject_limit, R.c_step_budget
+local subject_limit, step_budget = nil, R.c_step_budget
 local limits, cached = {}, 0
 local function limit_of(p)
   local limit = limits[p]
   if limit == nil then
     if cached >= 512 then limits, cached = {}, 0 end
-    limit = subject_limit(p)
+    if not subject_limit then subject_limit = make_raw('c_subject_limit') end limit = subject_limit(p)
     limits[p] = limit
     cached = cached + 1
   end
@@ -47,19 +47,19 @@ string.find = function(...)
   elseif c_safe(s, p, init) then
     return c_find(s, p, init, plain)
   end
-  return ck(raw_find(...))
+  if not raw_find then raw_find = make_raw('find') end return ck(raw_find(...))
 end
 string.match = function(...)
   local s, p, init = ...
   if c_safe(s, p, init) then return c_match(s, p, init) end
-  return ck(raw_match(...))
+  if not raw_match then raw_match = make_raw('match') end return ck(raw_match(...))
 end
 
 string.gmatch = function(...)
   local s, p, init = ...
   -- (gmatch has no anchor: a leading `^` would break the bound's start count)
   if c_safe(s, p, init) and ssub(p, 1, 1) ~= '^' then return c_gmatch(s, p, init) end
-  local ok, step, level = raw_gmatch(...)
+  if not raw_gmatch then raw_gmatch = make_raw('gmatch') end local ok, step, level = raw_gmatch(...)
   if not ok then error(step, level) end
   return function() return ck(step()) end
 end
@@ -79,7 +79,7 @@ string.gsub = function(...)
     and not c_find(repl, '%', 1, true) then
     return c_gsub(s, p, repl, max)
   end
-  local ok, a, b, c = raw_gsub(...)
+  if not raw_gsub then raw_gsub = make_raw('gsub') end local ok, a, b, c = raw_gsub(...)
   if not ok then error(a, b) end
   if a ~= false then return a, b end
   -- A function or table makes each replacement: called here, so what it raises
@@ -115,9 +115,9 @@ end
 -- instructions again, so the count hook fires even for table.move({}, 1, 1e15, 2).
 local c_move = table.move
 local CHUNK = 4096
-local move_plan = R.move_plan
+local move_plan = nil
 table.move = function(...)
-  local ok, a1, f, e, t, dest, given = move_plan(...)
+  if not move_plan then move_plan = make_raw('move_plan') end local ok, a1, f, e, t, dest, given = move_plan(...)
   if not ok then error(a1, f) end
   if a1 == 'c' then return c_move(...) end
   if e < f then return dest end
@@ -152,11 +152,11 @@ end
 -- The C sort runs under pcall, where it places its own "invalid order
 -- function" error nowhere; raised again here at the prompt's call. Its
 -- arguments were checked already, and what a comparator raises passes as is.
-local c_sort, sort_plain = table.sort, R.sort_plain
+local c_sort, sort_plain = table.sort, nil
 local guarded_pcall = pcall
 local INVALID_ORDER = 'invalid order function for sorting'
 table.sort = function(...)
-  local ok, sorted, level = sort_plain(...)
+  if not sort_plain then sort_plain = make_raw('sort_plain') end local ok, sorted, level = sort_plain(...)
   if not ok then error(sorted, level) end
   if sorted then return end
   local done, e = guarded_pcall(c_sort, ...)

@@ -26,7 +26,7 @@ local collectgarbage = collectgarbage
 -- writes it. The metatable is protected so a prompt can neither take it nor
 -- strip it; a table carrying it, or a genuine value whose fields were edited,
 -- is the prompt's own value and ends a block as a plain Lua error.
-local GENUINE = setmetatable({}, { __mode = 'k' })
+local WEAK_KEYS = { __mode = 'k' } local GENUINE = setmetatable({}, WEAK_KEYS) -- (one metatable for every weak-keyed table here)
 H.genuine = GENUINE
 local ERR_MT = {}
 ERR_MT.__tostring = function(e) return rawget(e, 'message') end
@@ -252,11 +252,11 @@ function H.pcall_values(f, ...)
   if r[1] then return true, tpack(tunpack(r, 2, r.n)) end
   return false, r[2]
 end
-
--- A message list's shape for models.loop, which reads its whole list every round
--- (walking it here is far cheaper than key by key from Rust): whether every key
--- and value is a string, number, boolean or table, with no cycle and at most
--- `max` levels, then its length when its keys are exactly 1..n (else nil).
+--[==[ deferred loop: models.loop's list helpers, a second chunk of this name (vm.rs `Deferred`)
+local H = ... local type, math_type, next, rawequal, rawlen, rawget = H.type, H.math_type, H.next, H.rawequal, H.rawlen, H.rawget
+-- A message list's shape for models.loop, which reads its whole list every round (walking
+-- it here is far cheaper than key by key from Rust): whether every key and value is a string,
+-- number, boolean or table, with no cycle and at most `max` levels, then its length when its keys are exactly 1..n (else nil).
 local function representable(t, path, depth, max)
   if depth > max or path[t] then return false end
   path[t] = true
@@ -425,9 +425,9 @@ function H.list_read(list, max, snaps, known, trusted)
   for i = top + 1, known do snaps[i] = nil end
   return true, count, first
 end
-
--- table.concat honouring __tostring (ch. 05)
-local tconcat = table.concat
+--]==]
+local function loop_helpers() if not H.loop_helpers_loaded then H.load_loop_helpers() H.loop_helpers_loaded = true end return H end -- (a stand-in kept by a caller stays valid)
+function H.list_shape(...) return loop_helpers().list_shape(...) end function H.list_read(...) return loop_helpers().list_read(...) end local tconcat = table.concat -- table.concat honouring __tostring (ch. 05)
 local function concat(list, sep, i, j)
   sep = sep or ''
   i = i or 1
@@ -469,9 +469,9 @@ for k in next, G do
 end
 for i = 1, #remove do rawset(G, remove[i], nil) end
 string.dump = nil
-
--- A frozen `argv` (outside the H1 body): empty stand-ins that forward reads to the
--- data and refuse every write.
+--[==[ deferred argv: the frozen `argv`, a second chunk of this name (vm.rs `Deferred`)
+local H = ... local type, math_type, tostring, setmetatable, rawget, error = H.type, H.math_type, H.tostring, H.setmetatable, H.rawget, H.error
+-- A frozen `argv` (outside the H1 body): empty stand-ins that forward reads to the data and refuse every write.
 local function frozen_key(k)
   if type(k) == 'string' then return "'" .. k .. "'" end
   if math_type(k) == 'integer' then return 'Integer(' .. tostring(k) .. ')' end
@@ -494,20 +494,20 @@ function H.freeze_argv(value)
   H.argv_frozen = true
   H.argv_value = freeze(value)
 end
-
+--]==]
 -- getmetatable / setmetatable see guards through __metatable as usual.
 H.rawget, H.rawset, H.rawequal, H.rawlen = rawget, rawset, rawequal, rawlen
 H.next = next
 H.utf8_len = utf8_len
 H.setmetatable, H.getmetatable = setmetatable, getmetatable
-H.select, H.type, H.tostring = select, type, tostring
+H.select, H.type, H.tostring, H.math_type, H.error = select, type, tostring, math_type, error
 H.tpack, H.tunpack = tpack, tunpack
 H.raw_tconcat = tconcat
 
 -- The engine's bookkeeping of error values (error.rs), weakly keyed so values
 -- the prompt lets go are collected; made here, not key by key from Rust.
-H.run_kinds = setmetatable({}, { __mode = 'k' })
-H.located = setmetatable({}, { __mode = 'k' })
-H.born = setmetatable({}, { __mode = 'k' })
+H.run_kinds = setmetatable({}, WEAK_KEYS)
+H.located = setmetatable({}, WEAK_KEYS)
+H.born = setmetatable({}, WEAK_KEYS)
 H.suspends = 0
 return H

@@ -105,6 +105,10 @@ thread_local! {
 }
 
 /// Install the guards in a fresh section VM. `helpers` is the prelude's table.
+/// The Rust halves are made on first use, by `R.make` (most section entries
+/// call none of them; making them was a twentieth of an entry): each is a C
+/// function that raises nothing a prompt could see it by, held in the same
+/// upvalue as before, so what a prompt observes is unchanged.
 pub(crate) fn install(
     lua: &Lua,
     helpers: &Table,
@@ -112,46 +116,16 @@ pub(crate) fn install(
     interrupted: Interrupted,
 ) -> mlua::Result<()> {
     let raw = lua.create_table()?;
-    let poll = Rc::clone(&interrupted);
-    raw.raw_set(
-        "find",
-        shim_function(lua, move |lua, args| find(lua, &args, true, &*poll))?,
-    )?;
-    let poll = Rc::clone(&interrupted);
-    raw.raw_set(
-        "match",
-        shim_function(lua, move |lua, args| find(lua, &args, false, &*poll))?,
-    )?;
-    let poll = Rc::clone(&interrupted);
-    raw.raw_set(
-        "gmatch",
-        shim_function(lua, move |lua, args| gmatch(lua, &args, Rc::clone(&poll)))?,
-    )?;
-    let poll = Rc::clone(&interrupted);
-    raw.raw_set(
-        "gsub",
-        shim_function(lua, move |lua, args| {
-            gsub(lua, &args, memory_limit, Rc::clone(&poll))
-        })?,
-    )?;
-    let poll = Rc::clone(&interrupted);
-    raw.raw_set(
-        "sort_plain",
-        shim_function(lua, move |lua, args| sort_plain(lua, &args, &*poll))?,
-    )?;
-    raw.raw_set(
-        "move_plan",
-        shim_function(lua, |lua, args| move_plan(lua, &args))?,
-    )?;
     let fast = C_FAST_PATH.with(std::cell::Cell::get);
     raw.raw_set(
-        "c_subject_limit",
-        lua.create_function(move |_, pattern: mlua::String| {
-            Ok(if fast {
-                matcher::c_subject_limit(&pattern.as_bytes())
-            } else {
-                -1
-            })
+        "make",
+        lua.create_function(move |lua, name: mlua::String| {
+            // The engine's own bounded work, as the setup's was: never refused
+            // for the prompt's memory (mlua reads a limit of 0 as "no limit").
+            let limit = lua.set_memory_limit(0)?;
+            let made = rust_half(lua, &name.to_str()?, memory_limit, &interrupted, fast);
+            lua.set_memory_limit(limit)?;
+            made
         })?,
     )?;
     raw.raw_set(
@@ -161,6 +135,37 @@ pub(crate) fn install(
     crate::ctx::internal_chunk(lua, "=[promptforge guards]", GUARDS)?
         .call::<()>((helpers.clone(), raw))?;
     Ok(())
+}
+
+/// The Rust half `name` of a guard (`guards.lua` asks for each on its first call).
+fn rust_half(
+    lua: &Lua,
+    name: &str,
+    memory_limit: usize,
+    interrupted: &Interrupted,
+    fast: bool,
+) -> mlua::Result<Function> {
+    let poll = Rc::clone(interrupted);
+    match name {
+        "find" => shim_function(lua, move |lua, args| find(lua, &args, true, &*poll)),
+        "match" => shim_function(lua, move |lua, args| find(lua, &args, false, &*poll)),
+        "gmatch" => shim_function(lua, move |lua, args| gmatch(lua, &args, Rc::clone(&poll))),
+        "gsub" => shim_function(lua, move |lua, args| {
+            gsub(lua, &args, memory_limit, Rc::clone(&poll))
+        }),
+        "sort_plain" => shim_function(lua, move |lua, args| sort_plain(lua, &args, &*poll)),
+        "move_plan" => shim_function(lua, |lua, args| move_plan(lua, &args)),
+        "c_subject_limit" => lua.create_function(move |_, pattern: mlua::String| {
+            Ok(if fast {
+                matcher::c_subject_limit(&pattern.as_bytes())
+            } else {
+                -1
+            })
+        }),
+        _ => Err(mlua::Error::runtime(
+            "internal invariant violated: unknown guard half",
+        )),
+    }
 }
 
 /// Called by the count hook just before it raises a cancel (or the end of the
