@@ -51,7 +51,7 @@ pub async fn serve(
 async fn guard(State(token): State<Arc<Option<String>>>, request: Request, next: Next) -> Response {
     if let Some(origin) = request.headers().get(header::ORIGIN) {
         if !is_local_origin(origin) {
-            return (StatusCode::FORBIDDEN, "origin not allowed\n").into_response();
+            return refuse(StatusCode::FORBIDDEN, "origin not allowed\n");
         }
     }
     if let Some(want) = token.as_deref() {
@@ -61,8 +61,7 @@ async fn guard(State(token): State<Arc<Option<String>>>, request: Request, next:
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
         if !given.is_some_and(|given| same_secret(given.as_bytes(), want.as_bytes())) {
-            let mut response =
-                (StatusCode::UNAUTHORIZED, "missing or wrong bearer token\n").into_response();
+            let mut response = refuse(StatusCode::UNAUTHORIZED, "missing or wrong bearer token\n");
             response
                 .headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
@@ -75,6 +74,18 @@ async fn guard(State(token): State<Arc<Option<String>>>, request: Request, next:
     if ending_session && response.status() == StatusCode::ACCEPTED {
         *response.status_mut() = StatusCode::OK;
     }
+    response
+}
+
+/// A refusal sent before the request's body is read. The server closes such a
+/// connection after answering (the unread body leaves it unusable), so the
+/// answer says so: a client must not send its next request on it, or that
+/// request races the close and meets a disconnect instead of an answer.
+fn refuse(status: StatusCode, text: &'static str) -> Response {
+    let mut response = (status, text).into_response();
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
     response
 }
 

@@ -286,6 +286,9 @@ async def auth(url, token):
         headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
         missing = await client.post(url, json=body, headers=headers)
         check(missing.status_code == 401, f"no token: {missing.status_code}")
+        # The refusal closes the connection and says so, so the next request
+        # goes on a new one instead of racing the close.
+        check(missing.headers.get("connection") == "close", f"no token: {dict(missing.headers)}")
         wrong = await client.post(url, json=body, headers=dict(headers, Authorization="Bearer nope"))
         check(wrong.status_code == 401, f"wrong token: {wrong.status_code}")
     conn = Connection("http", url, token=token)
