@@ -240,7 +240,7 @@ impl Recorder {
             tools: if same_tools {
                 None
             } else {
-                Some(request.tools.clone())
+                request.tools.clone()
             },
         }
     }
@@ -257,14 +257,14 @@ impl Recorder {
             (Some(last), Some(base)) if last.exchange == base => {
                 last.messages = plan.messages;
                 last.exchange = exchange;
-                if let Some(tools) = plan.tools {
-                    last.tools = tools;
+                if !plan.same_tools {
+                    last.tools = plan.tools;
                 }
             }
             (_, None) => {
                 let next = Conversation {
                     messages: plan.messages,
-                    tools: plan.tools.unwrap_or_default(),
+                    tools: plan.tools,
                     exchange,
                 };
                 conversations.insert(task.to_string(), next);
@@ -321,8 +321,8 @@ struct RequestPlan {
     request_json: String,
     /// The request's whole history, which the next round's may extend.
     messages: HistoryMark,
-    /// Its tools, when they are not the extended request's (`None`: the same).
-    tools: Option<Option<Vec<ToolDecl>>>,
+    /// Its tools, which the conversation keeps unless `same_tools`.
+    tools: Option<Vec<ToolDecl>>,
 }
 
 /// A response as the recorder logs it: exactly the text of [`response_json`].
