@@ -116,6 +116,13 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
             )?)
         })?,
     )?;
+    h.raw_set(
+        "load_part",
+        host_fn(&lua, |lua, args| {
+            let tag = string_arg(&args, 0, "part")?;
+            Ok(load_part(lua, &tag)?)
+        })?,
+    )?;
     // 3. ui
     if let Some(snapshot) = sec.run.fixed.ui.clone() {
         g.raw_set(
@@ -129,14 +136,7 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
         host_fn(&lua, |lua, _| crate::flow::read_prose(lua))?,
     )?;
     internal_chunk(&lua, "=[promptforge env]", ENV)?.call::<()>(h.clone())?;
-    let cancel = sec.run.fixed.cancel.clone();
-    let abort = sec.run.abort_signal();
-    crate::sandbox_guards::install(
-        &lua,
-        &h,
-        sec.run.fixed.memory.ceiling(),
-        Rc::new(move || cancel.is_cancelled() || abort.is_cancelled()),
-    )?;
+    crate::sandbox_guards::install(&lua, &h)?;
     crate::hostfn::setup_done(&lua);
     crate::hostfn::set_fill_pending(&lua, Some(fill_lazy_globals));
     // The cancel poll and the memory limit go on last, before any prompt code:
@@ -325,6 +325,10 @@ pub(crate) fn fill_lazy_globals(lua: &Lua) -> mlua::Result<()> {
             names.push(*name);
         }
     }
+    // The library fields built on first touch (guards.lua `LIB_LAZY`) too.
+    for part in [Deferred::Libs, Deferred::Concat] {
+        ensure_part(lua, &h, part)?;
+    }
     if names.is_empty() {
         return Ok(());
     }
@@ -366,18 +370,30 @@ enum Deferred {
     /// The frozen `argv` (prelude `freeze_argv`), loaded by the setup of a VM
     /// outside the H1 body that has an `argv` to freeze.
     Argv,
+    /// The guarded `string.find`/`match`/`gmatch`/`gsub`, `table.move` and
+    /// `table.sort` (guards.lua), loaded by the first read of one of them
+    /// (guards.lua `LIB_MT`) or a fill.
+    Libs,
+    /// The prelude's `table.concat`, loaded as `Libs` is.
+    Concat,
 }
 
 impl Deferred {
     fn name(self) -> &'static str {
-        "=[promptforge prelude]"
+        match self {
+            Deferred::Libs => "=[promptforge guards]",
+            _ => "=[promptforge prelude]",
+        }
     }
 
-    /// The key of its bytecode in the per-thread cache.
+    /// The key of its bytecode in the per-thread cache, and of its "loaded"
+    /// mark in `H`.
     fn key(self) -> &'static str {
         match self {
             Deferred::LoopHelpers => "=[promptforge prelude] (deferred loop)",
             Deferred::Argv => "=[promptforge prelude] (deferred argv)",
+            Deferred::Libs => "=[promptforge guards] (deferred libs)",
+            Deferred::Concat => "=[promptforge prelude] (deferred concat)",
         }
     }
 
@@ -386,17 +402,65 @@ impl Deferred {
         match self {
             Deferred::LoopHelpers => "loop",
             Deferred::Argv => "argv",
+            Deferred::Libs => "libs",
+            Deferred::Concat => "concat",
         }
     }
 
     fn file(self) -> &'static str {
-        PRELUDE
+        match self {
+            Deferred::Libs => crate::sandbox_guards::GUARDS,
+            _ => PRELUDE,
+        }
     }
+
+    /// The parts `H.load_part` loads by tag.
+    fn by_tag(tag: &str) -> Option<Deferred> {
+        match tag {
+            "libs" => Some(Deferred::Libs),
+            "concat" => Some(Deferred::Concat),
+            _ => None,
+        }
+    }
+}
+
+/// `H.load_part(tag)`: load the part `tag` unless this VM has it already.
+fn load_part(lua: &Lua, tag: &str) -> mlua::Result<()> {
+    let part = Deferred::by_tag(tag)
+        .ok_or_else(|| mlua::Error::runtime("internal invariant violated: unknown part"))?;
+    ensure_part(lua, &crate::ctx::helpers(lua)?, part)
+}
+
+/// Load `part` once per VM (its mark in `H` says whether it is in), with the
+/// memory limit lifted as a global's build is.
+fn ensure_part(lua: &Lua, h: &Table, part: Deferred) -> mlua::Result<()> {
+    if h.raw_get::<bool>(part.key())? {
+        return Ok(());
+    }
+    // mlua reads a limit of 0 as "no limit".
+    let limit = lua.set_memory_limit(0)?;
+    let loaded = h.raw_set(part.key(), true).and_then(|()| {
+        if let Deferred::Libs = part {
+            // The Rust halves' table, made with the part: most VMs never need it.
+            let sec = section(lua)?;
+            let cancel = sec.run.fixed.cancel.clone();
+            let abort = sec.run.abort_signal();
+            let raw = crate::sandbox_guards::raw_table(
+                lua,
+                sec.run.fixed.memory.ceiling(),
+                Rc::new(move || cancel.is_cancelled() || abort.is_cancelled()),
+            )?;
+            h.raw_set("guard_raw", raw)?;
+        }
+        load_deferred(lua, h, part)
+    });
+    lua.set_memory_limit(limit)?;
+    loaded
 }
 
 /// The deferred part `tag` of `file`: every line up to its
 /// `--[==[ deferred TAG:` line blank, then the lines up to the next `--]==]`.
-fn deferred_source(file: &str, tag: &str) -> String {
+pub(crate) fn deferred_source(file: &str, tag: &str) -> String {
     let lines: Vec<&str> = file.lines().collect();
     let opening = format!("--[==[ deferred {tag}:");
     let open = lines
@@ -615,7 +679,12 @@ mod tests {
     /// file's line of the same number, so its functions keep the file's lines.
     #[test]
     fn deferred_parts_keep_the_lines_of_their_file() {
-        for part in [Deferred::LoopHelpers, Deferred::Argv] {
+        for part in [
+            Deferred::LoopHelpers,
+            Deferred::Argv,
+            Deferred::Libs,
+            Deferred::Concat,
+        ] {
             let source = deferred_source(part.file(), part.tag());
             let file: Vec<&str> = part.file().lines().collect();
             let lines: Vec<&str> = source.lines().collect();
@@ -640,9 +709,18 @@ mod tests {
         let lua = Lua::new();
         let h: Table = lua
             .load(
-                "return { next = next, type = type, math_type = math.type, rawequal = rawequal,
+                "local installed = {}
+                 return { next = next, type = type, math_type = math.type, rawequal = rawequal,
                           rawlen = rawlen, rawget = rawget, tostring = tostring,
-                          setmetatable = setmetatable, error = error }",
+                          setmetatable = setmetatable, error = error, select = select,
+                          tpack = table.pack, tunpack = table.unpack, raw_tconcat = table.concat,
+                          sandbox_pcall = pcall, metafield_lua = function() end,
+                          guard_raw = { make = function() end, c_step_budget = 1 },
+                          c_libs = { find = string.find, match = string.match, gmatch = string.gmatch,
+                                     gsub = string.gsub, sub = string.sub, move = table.move,
+                                     sort = table.sort, string = string, table = table },
+                          installed = installed,
+                          install_lib = function(t, k, v) installed[k] = v end }",
             )
             .eval()
             .expect("helpers");
@@ -656,6 +734,24 @@ mod tests {
                 .call::<()>(&h)
                 .expect("loads");
             assert!(h.raw_get::<Value>(defines).expect("field").is_function());
+        }
+        // The library parts install their fields through `H.install_lib`.
+        for (part, installs) in [
+            (Deferred::Libs, &["find", "match", "gmatch", "gsub", "move", "sort"][..]),
+            (Deferred::Concat, &["concat"][..]),
+        ] {
+            let source = deferred_source(part.file(), part.tag());
+            lua.load(source.as_str())
+                .set_name(part.name())
+                .call::<()>(&h)
+                .expect("loads");
+            let installed: Table = h.raw_get("installed").expect("installed");
+            for name in installs {
+                assert!(
+                    installed.raw_get::<Value>(*name).expect("field").is_function(),
+                    "{name}"
+                );
+            }
         }
     }
 }

@@ -67,7 +67,7 @@ function G.setmetatable(t, mt)
     user_mt = mt
     install(fresh)
     return t
-  end
+  end local libs = H.lib_lazy if libs and libs[t] then H.fill_lib(t) end -- (a library's pending fields first: guards.lua)
   return base_setmetatable(t, mt)
 end
 
@@ -78,7 +78,7 @@ function G.getmetatable(t)
     if shown ~= nil then return shown end
     return user_mt
   end
-  return base_getmetatable(t)
+  local libs = H.lib_lazy if libs and libs[t] then H.fill_lib(t) end return base_getmetatable(t)
 end
 
 -- The sandbox has no coroutine library, whatever the runtime loaded for itself.

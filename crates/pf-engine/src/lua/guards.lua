@@ -2,14 +2,14 @@
 -- run's cancel, no `__gc` finalizers, `__close` handlers disarmed by a cancel. Runs after env.lua, before any
 -- prompt code. `R.make(name)` makes each Rust half on first use; each returns (true, values...) or
 -- (false, message, level), raised here at the prompt's call site.
-local H, R = ...
-local error, type, rawget, rawequal, select = error, type, H.rawget, H.rawequal, H.select
-local tpack, tunpack = H.tpack, H.tunpack
-local ssub = string.sub
-local raw_concat = H.raw_tconcat
-local G = _G
+local H = ...
+local error, type, rawget, rawequal, rawset = error, type, H.rawget, H.rawequal, H.rawset
+local next_raw, base_setmetatable = H.next, H.setmetatable
 
--- Tail-called, so level 2 is the prompt's frame, as luaL_error would place it.
+
+local G = _G
+--[==[ deferred libs: the guarded `string` and `table` functions, a second chunk of this name (vm.rs `Deferred`)
+local H = ... local R, error, type, rawget, rawequal, select, tpack, tunpack, C = H.guard_raw, H.error, H.type, H.rawget, H.rawequal, H.select, H.tpack, H.tunpack, H.c_libs local ssub, raw_concat, S, T = C.sub, H.raw_tconcat, C.string, C.table -- (ck is tail-called, so level 2 is the prompt's frame, as luaL_error would place it)
 local function ck(ok, ...)
   if ok then return ... end
   local message, level = ...
@@ -17,8 +17,8 @@ local function ck(ok, ...)
 end
 
 local raw_find, raw_match, raw_gmatch, raw_gsub, make_raw = nil, nil, nil, nil, R.make -- (made on first use)
-local c_find, c_match, c_gmatch, c_gsub = string.find, string.match, string.gmatch, string.gsub
-local math_type = math.type
+local c_find, c_match, c_gmatch, c_gsub = C.find, C.match, C.gmatch, C.gsub
+local math_type = H.math_type
 
 -- Fast path: the C functions themselves where their worst case is provably
 -- short (a subject no longer than the pattern's limit, valid arguments, a
@@ -40,7 +40,7 @@ local function c_safe(s, p, init)
     and #s <= limit_of(p)
 end
 
-string.find = function(...)
+local find = function(...)
   local s, p, init, plain = ...
   if plain and type(s) == 'string' and type(p) == 'string' and (init == nil or math_type(init) == 'integer') then
     if #s * (#p + 1) <= step_budget then return c_find(s, p, init, plain) end
@@ -49,13 +49,13 @@ string.find = function(...)
   end
   if not raw_find then raw_find = make_raw('find') end return ck(raw_find(...))
 end
-string.match = function(...)
+local match = function(...)
   local s, p, init = ...
   if c_safe(s, p, init) then return c_match(s, p, init) end
   if not raw_match then raw_match = make_raw('match') end return ck(raw_match(...))
 end
 
-string.gmatch = function(...)
+local gmatch = function(...)
   local s, p, init = ...
   -- (gmatch has no anchor: a leading `^` would break the bound's start count)
   if c_safe(s, p, init) and ssub(p, 1, 1) ~= '^' then return c_gmatch(s, p, init) end
@@ -72,7 +72,7 @@ local function replace_one(repl, calls, ok, start, stop, ...)
   return true, start, stop, repl[(...)]
 end
 
-string.gsub = function(...)
+local gsub = function(...)
   local s, p, repl, max = ...
   -- A replacement string without `%` cannot make C's gsub raise either.
   if type(repl) == 'string' and (max == nil or math_type(max) == 'integer') and c_safe(s, p, nil)
@@ -113,10 +113,10 @@ end
 
 -- table.move over chunks of the C function: between two chunks Lua runs
 -- instructions again, so the count hook fires even for table.move({}, 1, 1e15, 2).
-local c_move = table.move
+local c_move = C.move
 local CHUNK = 4096
 local move_plan = nil
-table.move = function(...)
+local move = function(...)
   if not move_plan then move_plan = make_raw('move_plan') end local ok, a1, f, e, t, dest, given = move_plan(...)
   if not ok then error(a1, f) end
   if a1 == 'c' then return c_move(...) end
@@ -152,10 +152,10 @@ end
 -- The C sort runs under pcall, where it places its own "invalid order
 -- function" error nowhere; raised again here at the prompt's call. Its
 -- arguments were checked already, and what a comparator raises passes as is.
-local c_sort, sort_plain = table.sort, nil
-local guarded_pcall = pcall
+local c_sort, sort_plain = C.sort, nil
+local guarded_pcall = H.sandbox_pcall
 local INVALID_ORDER = 'invalid order function for sorting'
-table.sort = function(...)
+local sort = function(...)
   if not sort_plain then sort_plain = make_raw('sort_plain') end local ok, sorted, level = sort_plain(...)
   if not ok then error(sorted, level) end
   if sorted then return end
@@ -163,8 +163,8 @@ table.sort = function(...)
   if done then return end
   if rawequal(e, INVALID_ORDER) then error(e, 2) end
   error(e, 0)
-end
-
+end local install = H.install_lib install(S, 'find', find) install(S, 'match', match) install(S, 'gmatch', gmatch) install(S, 'gsub', gsub) install(T, 'move', move) install(T, 'sort', sort)
+--]==]
 -- No finalizers: Lua runs `__gc` with hooks off, so a looping one could never
 -- be cancelled. Lua marks a table for finalization only when its metatable has
 -- a `__gc` field at setmetatable time, so refusing that is enough.
@@ -200,3 +200,58 @@ G.getmetatable = function(v)
   if type(mt) == 'table' then watch(mt) end
   return mt
 end
+-- Library fields built on first touch: the guarded `string` and `table` functions (the `libs`
+-- part above, and the prelude's `concat`) are absent from their library until a read of one
+-- loads its part (vm.rs `Deferred`, with the memory limit lifted), which installs every field of
+-- it still pending; a write clears a pending field as a raw write over the eager value would
+-- have. Until the last one is built, the library's only metatable is LIB_MT. Whatever could see
+-- a library's key set or its metatable builds them all first: the ordered `next`/`pairs`
+-- (prelude `ordered_keys`), `getmetatable`/`setmetatable` (env.lua) and the Rust fill
+-- (vm.rs `fill_lazy_globals`). Method calls on strings reach `string` through its own
+-- `__index`, and so this one.
+local S, T = string, table
+local LIB_LAZY = { [S] = { find = 'libs', match = 'libs', gmatch = 'libs', gsub = 'libs' },
+  [T] = { concat = 'concat', move = 'libs', sort = 'libs' } }
+H.lib_lazy = LIB_LAZY
+H.c_libs = { find = S.find, match = S.match, gmatch = S.gmatch, gsub = S.gsub, sub = S.sub,
+  move = T.move, sort = T.sort, string = S, table = T }
+local function settle(t, pending)
+  if next_raw(pending) == nil then
+    LIB_LAZY[t] = nil
+    base_setmetatable(t, nil)
+  end
+end
+local LIB_MT = {
+  __index = function(t, k)
+    local pending = LIB_LAZY[t]
+    local part = pending and pending[k]
+    if part then H.load_part(part) return rawget(t, k) end
+    return nil
+  end,
+  __newindex = function(t, k, v)
+    local pending = LIB_LAZY[t]
+    if pending and pending[k] then
+      pending[k] = nil
+      settle(t, pending)
+    end
+    rawset(t, k, v)
+  end,
+}
+-- Called by a part as it loads: `t[k] = v` unless the prompt wrote `t[k]` first.
+function H.install_lib(t, k, v)
+  local pending = LIB_LAZY[t]
+  if pending and pending[k] then
+    pending[k] = nil
+    rawset(t, k, v)
+    settle(t, pending)
+  end
+end
+-- Builds every pending field of `t`, if it is a library with any.
+function H.fill_lib(t)
+  local pending = LIB_LAZY[t]
+  if pending == nil then return end
+  for _, part in next_raw, pending do H.load_part(part) end
+end
+S.find, S.match, S.gmatch, S.gsub, T.concat, T.move, T.sort = nil, nil, nil, nil, nil, nil, nil
+base_setmetatable(S, LIB_MT)
+base_setmetatable(T, LIB_MT)

@@ -15,7 +15,7 @@ local rust_metafield, error_place = H.metafield, H.error_place
 local function metafield(v, name)
   if getmetatable(v) == nil then return nil end
   return rust_metafield(v, name)
-end
+end H.metafield_lua = metafield
 local math_type, tsort, tpack, tunpack = math.type, table.sort, table.pack, table.unpack
 local utf8_len = utf8.len
 local collectgarbage = collectgarbage
@@ -103,7 +103,7 @@ local function key_less(a, b)
   if ca == 2 or ca == 3 then return a < b end
   return false
 end
-local function ordered_keys(t) local lazy = rawequal(t, GLOBALS) and H.lazy_globals if lazy and next(lazy) ~= nil then H.fill_globals() end
+local function ordered_keys(t) local lazy = rawequal(t, GLOBALS) and H.lazy_globals if lazy and next(lazy) ~= nil then H.fill_globals() end local libs = H.lib_lazy if libs and libs[t] then H.fill_lib(t) end
   local n = rawlen(t)
   local keys, others = {}, {}
   for i = 1, n do
@@ -426,9 +426,9 @@ function H.list_read(list, max, snaps, known, trusted)
   return true, count, first
 end
 --]==]
-local function loop_helpers() if not H.loop_helpers_loaded then H.load_loop_helpers() H.loop_helpers_loaded = true end return H end -- (a stand-in kept by a caller stays valid)
-function H.list_shape(...) return loop_helpers().list_shape(...) end function H.list_read(...) return loop_helpers().list_read(...) end local tconcat = table.concat -- table.concat honouring __tostring (ch. 05)
-local function concat(list, sep, i, j)
+local function loop_helpers() if not H.loop_helpers_loaded then H.load_loop_helpers() H.loop_helpers_loaded = true end return H end function H.list_shape(...) return loop_helpers().list_shape(...) end function H.list_read(...) return loop_helpers().list_read(...) end local tconcat = table.concat -- (a stand-in kept by a caller stays valid)
+--[==[ deferred concat: table.concat honouring __tostring (ch. 05), a second chunk of this name (vm.rs `Deferred`)
+local H = ... local type, error, tostring, tconcat, metafield = H.type, H.error, H.tostring, H.raw_tconcat, H.metafield_lua local function concat(list, sep, i, j)
   sep = sep or ''
   i = i or 1
   j = j or #list
@@ -450,8 +450,8 @@ local function concat(list, sep, i, j)
   end
   return tconcat(parts, sep)
 end
-table.concat = concat
-
+H.install_lib(H.c_libs.table, 'concat', concat)
+--]==]
 -- The sandbox ---------------------------------------------------------------
 local G = _G
 local allowed = {
@@ -502,7 +502,7 @@ H.utf8_len = utf8_len
 H.setmetatable, H.getmetatable = setmetatable, getmetatable
 H.select, H.type, H.tostring, H.math_type, H.error = select, type, tostring, math_type, error
 H.tpack, H.tunpack = tpack, tunpack
-H.raw_tconcat = tconcat
+H.raw_tconcat, H.sandbox_pcall = tconcat, sandbox_pcall
 
 -- The engine's bookkeeping of error values (error.rs), weakly keyed so values
 -- the prompt lets go are collected; made here, not key by key from Rust.

@@ -32,7 +32,7 @@ use mlua::{Function, Lua, MultiValue, Table, Value};
 
 use matcher::{no_specials, Capture, MatchError, Matcher};
 
-const GUARDS: &str = include_str!("../lua/guards.lua");
+pub(crate) const GUARDS: &str = include_str!("../lua/guards.lua");
 
 /// What a C call interrupted by a cancel raises (the hook raises the same text).
 const INTERRUPTED: &str = "interrupted by Ctrl-C";
@@ -105,16 +105,23 @@ thread_local! {
 }
 
 /// Install the guards in a fresh section VM. `helpers` is the prelude's table.
-/// The Rust halves are made on first use, by `R.make` (most section entries
-/// call none of them; making them was a twentieth of an entry): each is a C
-/// function that raises nothing a prompt could see it by, held in the same
-/// upvalue as before, so what a prompt observes is unchanged.
-pub(crate) fn install(
+/// Only `setmetatable`/`getmetatable` and the lazy library fields go in now:
+/// the guarded `string` and `table` functions are the `libs` part of
+/// `guards.lua`, loaded on first touch (vm.rs `Deferred`) with [`raw_table`]
+/// as `H.guard_raw`. Its Rust halves are made on first use, by `R.make` (most
+/// section entries call none of them): each is a C function that raises
+/// nothing a prompt could see it by, held in the same upvalue as before, so
+/// what a prompt observes is unchanged.
+pub(crate) fn install(lua: &Lua, helpers: &Table) -> mlua::Result<()> {
+    crate::ctx::internal_chunk(lua, "=[promptforge guards]", GUARDS)?.call::<()>(helpers.clone())
+}
+
+/// The table `R` the `libs` part of `guards.lua` takes its Rust halves from.
+pub(crate) fn raw_table(
     lua: &Lua,
-    helpers: &Table,
     memory_limit: usize,
     interrupted: Interrupted,
-) -> mlua::Result<()> {
+) -> mlua::Result<Table> {
     let raw = lua.create_table()?;
     let fast = C_FAST_PATH.with(std::cell::Cell::get);
     raw.raw_set(
@@ -132,9 +139,7 @@ pub(crate) fn install(
         "c_step_budget",
         if fast { matcher::C_STEP_BUDGET } else { -1.0 },
     )?;
-    crate::ctx::internal_chunk(lua, "=[promptforge guards]", GUARDS)?
-        .call::<()>((helpers.clone(), raw))?;
-    Ok(())
+    Ok(raw)
 }
 
 /// The Rust half `name` of a guard (`guards.lua` asks for each on its first call).
@@ -210,14 +215,48 @@ pub(crate) fn library_lua() -> mlua::Result<Lua> {
         mlua::StdLib::STRING | mlua::StdLib::TABLE | mlua::StdLib::MATH,
         mlua::LuaOptions::default(),
     )?;
+    guard_library(&lua, Rc::new(|| false))?;
+    Ok(lua)
+}
+
+/// The guards over a stand-in for the prelude's helpers, every field built.
+pub(crate) fn guard_library(lua: &Lua, interrupted: Interrupted) -> mlua::Result<()> {
     let h: Table = lua
         .load(
-            "return { rawget = rawget, rawequal = rawequal, select = select,
+            "return { rawget = rawget, rawequal = rawequal, rawset = rawset, select = select,
+                      next = next, setmetatable = setmetatable, error = error, type = type,
+                      math_type = math.type, sandbox_pcall = pcall,
                       tpack = table.pack, tunpack = table.unpack, raw_tconcat = table.concat }",
         )
         .eval()?;
-    install(&lua, &h, 64 * 1024 * 1024, Rc::new(|| false))?;
-    Ok(lua)
+    h.raw_set("guard_raw", raw_table(lua, 64 * 1024 * 1024, interrupted)?)?;
+    // What the engine's part loader does here: the `libs` part, and the C
+    // `table.concat` where a VM has the prelude's.
+    let parts = h.clone();
+    h.raw_set(
+        "load_part",
+        lua.create_function(move |lua, tag: String| {
+            if tag == "libs" {
+                lua.load(crate::vm::deferred_source(GUARDS, "libs"))
+                    .set_name("=[promptforge guards]")
+                    .call::<()>(&parts)
+            } else {
+                let install: Function = parts.raw_get("install_lib")?;
+                let libs: Table = parts.raw_get("c_libs")?;
+                install.call::<()>((
+                    libs.raw_get::<Table>("table")?,
+                    "concat",
+                    parts.raw_get::<Function>("raw_tconcat")?,
+                ))
+            }
+        })?,
+    )?;
+    install(lua, &h)?;
+    let fill: Function = h.raw_get("fill_lib")?;
+    for lib in ["string", "table"] {
+        fill.call::<()>(lua.globals().raw_get::<Table>(lib)?)?;
+    }
+    Ok(())
 }
 
 // Arguments, checked the way lauxlib checks them ------------------------------
