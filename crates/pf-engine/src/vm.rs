@@ -215,6 +215,10 @@ pub(crate) fn without_cancel_poll<R>(lua: &Lua, f: impl FnOnce() -> R) -> R {
 /// the VM past its limit makes its next allocation fail with Lua's memory
 /// error, as `MemoryAccount::enter` refuses such a VM.
 const LAZY_GLOBALS: &[&str] = &[
+    "next",
+    "pairs",
+    "pcall",
+    "xpcall",
     "call",
     "compactors",
     "fanout",
@@ -234,6 +238,11 @@ const LAZY_GLOBALS: &[&str] = &[
 
 fn make_lazy_global(lua: &Lua, name: &str) -> mlua::Result<Value> {
     Ok(match name {
+        // The engine's Lua ones, deferred parts of the prelude.
+        "next" => part_helper(lua, Deferred::Iter, "ordered_next")?,
+        "pairs" => part_helper(lua, Deferred::Iter, "ordered_pairs")?,
+        "pcall" => part_helper(lua, Deferred::Pcall, "sandbox_pcall")?,
+        "xpcall" => part_helper(lua, Deferred::Pcall, "sandbox_xpcall")?,
         "call" => Value::Function(crate::flow::make_call(lua)?),
         "compactors" => Value::Table(crate::models::make_compactors(lua)?),
         "fanout" => Value::Function(crate::fanout::make_fanout(lua)?),
@@ -363,7 +372,7 @@ pub(crate) fn fill_lazy_globals(lua: &Lua) -> mlua::Result<()> {
 /// the file. Its first line takes the values it shares with its file from
 /// `H`, which no prompt can reach.
 #[derive(Clone, Copy)]
-enum Deferred {
+pub(crate) enum Deferred {
     /// `models.loop`'s list helpers (prelude `list_shape`, `list_read`): the
     /// prelude's stand-ins load them on their first call.
     LoopHelpers,
@@ -376,6 +385,12 @@ enum Deferred {
     Libs,
     /// The prelude's `table.concat`, loaded as `Libs` is.
     Concat,
+    /// The ordered `next`/`pairs` and `H.ordered_keys` (prelude), loaded by the
+    /// first touch of `next` or `pairs` (`LAZY_GLOBALS`) or a fanout's walk.
+    Iter,
+    /// The sandbox `pcall`/`xpcall` (prelude), loaded by the first touch of
+    /// either, or by `Libs` (its `table.sort` calls the sandbox `pcall`).
+    Pcall,
 }
 
 impl Deferred {
@@ -394,6 +409,8 @@ impl Deferred {
             Deferred::Argv => "=[promptforge prelude] (deferred argv)",
             Deferred::Libs => "=[promptforge guards] (deferred libs)",
             Deferred::Concat => "=[promptforge prelude] (deferred concat)",
+            Deferred::Iter => "=[promptforge prelude] (deferred iter)",
+            Deferred::Pcall => "=[promptforge prelude] (deferred pcall)",
         }
     }
 
@@ -404,6 +421,8 @@ impl Deferred {
             Deferred::Argv => "argv",
             Deferred::Libs => "libs",
             Deferred::Concat => "concat",
+            Deferred::Iter => "iter",
+            Deferred::Pcall => "pcall",
         }
     }
 
@@ -433,13 +452,16 @@ fn load_part(lua: &Lua, tag: &str) -> mlua::Result<()> {
 
 /// Load `part` once per VM (its mark in `H` says whether it is in), with the
 /// memory limit lifted as a global's build is.
-fn ensure_part(lua: &Lua, h: &Table, part: Deferred) -> mlua::Result<()> {
+pub(crate) fn ensure_part(lua: &Lua, h: &Table, part: Deferred) -> mlua::Result<()> {
     if h.raw_get::<bool>(part.key())? {
         return Ok(());
     }
+    if let Deferred::Libs = part {
+        ensure_part(lua, h, Deferred::Pcall)?;
+    }
     // mlua reads a limit of 0 as "no limit".
     let limit = lua.set_memory_limit(0)?;
-    let loaded = h.raw_set(part.key(), true).and_then(|()| {
+    let loaded = (|| {
         if let Deferred::Libs = part {
             // The Rust halves' table, made with the part: most VMs never need it.
             let sec = section(lua)?;
@@ -452,10 +474,22 @@ fn ensure_part(lua: &Lua, h: &Table, part: Deferred) -> mlua::Result<()> {
             )?;
             h.raw_set("guard_raw", raw)?;
         }
-        load_deferred(lua, h, part)
-    });
+        load_deferred(lua, h, part)?;
+        h.raw_set(part.key(), true)
+    })();
     lua.set_memory_limit(limit)?;
     loaded
+}
+
+/// `H[name]`, loading its deferred `part` first.
+pub(crate) fn part_helper<V: mlua::FromLua>(
+    lua: &Lua,
+    part: Deferred,
+    name: &str,
+) -> mlua::Result<V> {
+    let h = crate::ctx::helpers(lua)?;
+    ensure_part(lua, &h, part)?;
+    h.raw_get(name)
 }
 
 /// The deferred part `tag` of `file`: every line up to its
@@ -684,6 +718,8 @@ mod tests {
             Deferred::Argv,
             Deferred::Libs,
             Deferred::Concat,
+            Deferred::Iter,
+            Deferred::Pcall,
         ] {
             let source = deferred_source(part.file(), part.tag());
             let file: Vec<&str> = part.file().lines().collect();
@@ -714,7 +750,9 @@ mod tests {
                           rawlen = rawlen, rawget = rawget, tostring = tostring,
                           setmetatable = setmetatable, error = error, select = select,
                           tpack = table.pack, tunpack = table.unpack, raw_tconcat = table.concat,
-                          sandbox_pcall = pcall, metafield_lua = function() end,
+                          sandbox_pcall = pcall, metafield_lua = function() end, tsort = table.sort,
+                          utf8_len = utf8.len, globals_table = _G, collectgarbage = collectgarbage,
+                          base_pcall = pcall, base_xpcall = xpcall,
                           guard_raw = { make = function() end, c_step_budget = 1 },
                           c_libs = { find = string.find, match = string.match, gmatch = string.gmatch,
                                      gsub = string.gsub, sub = string.sub, move = table.move,
@@ -727,6 +765,8 @@ mod tests {
         for (part, defines) in [
             (Deferred::LoopHelpers, "list_read"),
             (Deferred::Argv, "freeze_argv"),
+            (Deferred::Iter, "ordered_pairs"),
+            (Deferred::Pcall, "sandbox_xpcall"),
         ] {
             let source = deferred_source(part.file(), part.tag());
             lua.load(source.as_str())

@@ -82,8 +82,8 @@ function H.wrap_hosts_ahead(dispatch, n_sync, n_async, first_sync, first_async)
   return made_sync, made_async
 end
 
--- Deterministic iteration ----------------------------------------------------
-local function key_class(k)
+--[==[ deferred iter: the ordered `next`/`pairs`, a second chunk of this name (vm.rs `Deferred`)
+local H = ... local type, error, rawget, rawequal, rawlen, next, math_type, tsort, utf8_len, metafield, GLOBALS = H.type, H.error, H.rawget, H.rawequal, H.rawlen, H.next, H.math_type, H.tsort, H.utf8_len, H.metafield_lua, H.globals_table local function key_class(k) -- Deterministic iteration
   local t = type(k)
   if t == 'boolean' then return 1 end
   if t == 'number' then
@@ -197,12 +197,12 @@ local function ordered_pairs(t)
     end
   end
   return iter, t, nil
-end
-
--- pcall/xpcall: running past the memory ceiling comes back as a `lua` error value
+end H.ordered_next, H.ordered_pairs = ordered_next, ordered_pairs
+--]==]
+--[==[ deferred pcall: the sandbox pcall/xpcall (vm.rs `Deferred`): running past the memory ceiling comes back as a `lua` error value
 -- (Lua itself raises a bare string); everything else comes back exactly as raised.
 -- A cancel needs nothing here: the instruction hook raises again at the next poll.
-local MEMORY = 'not enough memory'
+local H = ... local type, error, rawequal, collectgarbage, pcall, xpcall = H.type, H.error, H.rawequal, H.collectgarbage, H.base_pcall, H.base_xpcall local MEMORY = 'not enough memory'
 local function memory_error()
   collectgarbage('collect')
   return H.make_error('lua', MEMORY)
@@ -233,8 +233,8 @@ local function sandbox_xpcall(f, handler, ...)
     if rawequal(e, MEMORY) then e = memory_error() end
     return handler(e)
   end, ...))
-end
-
+end H.sandbox_pcall, H.sandbox_xpcall = sandbox_pcall, sandbox_xpcall
+--]==]
 -- Block runner: returns true, results... or false, error value, line info.
 function H.run_block(f, ...)
   local where_src, where_line, trace
@@ -459,10 +459,10 @@ local allowed = {
   ipairs = true, pairs = true, next = true, select = true, tonumber = true, tostring = true, type = true,
   _G = true, _VERSION = true, string = true, table = true, math = true,
 }
-G.pairs = ordered_pairs
-G.next = ordered_next
-G.pcall = sandbox_pcall
-G.xpcall = sandbox_xpcall
+G.pairs = nil -- (built on first touch: vm.rs `LAZY_GLOBALS`)
+G.next = nil -- (built on first touch: vm.rs `LAZY_GLOBALS`)
+G.pcall = nil -- (built on first touch: vm.rs `LAZY_GLOBALS`)
+G.xpcall = nil -- (built on first touch: vm.rs `LAZY_GLOBALS`)
 local remove = {}
 for k in next, G do
   if not allowed[k] then remove[#remove + 1] = k end
@@ -502,7 +502,7 @@ H.utf8_len = utf8_len
 H.setmetatable, H.getmetatable = setmetatable, getmetatable
 H.select, H.type, H.tostring, H.math_type, H.error = select, type, tostring, math_type, error
 H.tpack, H.tunpack = tpack, tunpack
-H.raw_tconcat, H.sandbox_pcall = tconcat, sandbox_pcall
+H.raw_tconcat, H.tsort, H.collectgarbage, H.base_pcall, H.base_xpcall, H.globals_table = tconcat, tsort, collectgarbage, pcall, xpcall, GLOBALS
 
 -- The engine's bookkeeping of error values (error.rs), weakly keyed so values
 -- the prompt lets go are collected; made here, not key by key from Rust.
