@@ -219,6 +219,8 @@ const LAZY_GLOBALS: &[&str] = &[
     "pairs",
     "pcall",
     "xpcall",
+    "getmetatable",
+    "setmetatable",
     "call",
     "compactors",
     "fanout",
@@ -243,6 +245,8 @@ fn make_lazy_global(lua: &Lua, name: &str) -> mlua::Result<Value> {
         "pairs" => part_helper(lua, Deferred::Iter, "ordered_pairs")?,
         "pcall" => part_helper(lua, Deferred::Pcall, "sandbox_pcall")?,
         "xpcall" => part_helper(lua, Deferred::Pcall, "sandbox_xpcall")?,
+        "getmetatable" => part_helper(lua, Deferred::GuardsMeta, "sandbox_getmetatable")?,
+        "setmetatable" => part_helper(lua, Deferred::GuardsMeta, "sandbox_setmetatable")?,
         "call" => Value::Function(crate::flow::make_call(lua)?),
         "compactors" => Value::Table(crate::models::make_compactors(lua)?),
         "fanout" => Value::Function(crate::fanout::make_fanout(lua)?),
@@ -312,6 +316,7 @@ fn build_lazy_global(lua: &Lua, name: &str) -> mlua::Result<Value> {
         .ok_or_else(|| mlua::Error::runtime("internal invariant violated: unknown lazy global"))?;
     let built =
         crate::hostfn::building(lua, name, || make_lazy_global(lua, name)).and_then(|made| {
+            ensure_part(lua, &h, Deferred::EnvGlobals)?;
             let guard: mlua::Function = h.raw_get("guard_global")?;
             let guarded: Value = guard.call((name, made))?;
             lua.globals().raw_set(name, guarded.clone())?;
@@ -355,6 +360,7 @@ pub(crate) fn fill_lazy_globals(lua: &Lua) -> mlua::Result<()> {
             list.raw_push(*name)?;
             list.raw_push(value)?;
         }
+        ensure_part(lua, &h, Deferred::EnvGlobals)?;
         let install: mlua::Function = h.raw_get("install_globals")?;
         install.call::<()>(list)
     });
@@ -391,12 +397,21 @@ pub(crate) enum Deferred {
     /// The sandbox `pcall`/`xpcall` (prelude), loaded by the first touch of
     /// either, or by `Libs` (its `table.sort` calls the sandbox `pcall`).
     Pcall,
+    /// The `_G` half of the sandbox `setmetatable`/`getmetatable` (env.lua).
+    EnvMeta,
+    /// The sandbox `setmetatable`/`getmetatable` (guards.lua, over `EnvMeta`),
+    /// loaded by the first touch of either.
+    GuardsMeta,
+    /// The guards of the globals built on first touch (env.lua `guard_global`,
+    /// `install_globals`), loaded by the first build.
+    EnvGlobals,
 }
 
 impl Deferred {
     fn name(self) -> &'static str {
         match self {
-            Deferred::Libs => "=[promptforge guards]",
+            Deferred::Libs | Deferred::GuardsMeta => "=[promptforge guards]",
+            Deferred::EnvMeta | Deferred::EnvGlobals => "=[promptforge env]",
             _ => "=[promptforge prelude]",
         }
     }
@@ -411,6 +426,9 @@ impl Deferred {
             Deferred::Concat => "=[promptforge prelude] (deferred concat)",
             Deferred::Iter => "=[promptforge prelude] (deferred iter)",
             Deferred::Pcall => "=[promptforge prelude] (deferred pcall)",
+            Deferred::EnvMeta => "=[promptforge env] (deferred meta)",
+            Deferred::GuardsMeta => "=[promptforge guards] (deferred meta)",
+            Deferred::EnvGlobals => "=[promptforge env] (deferred globals)",
         }
     }
 
@@ -423,12 +441,15 @@ impl Deferred {
             Deferred::Concat => "concat",
             Deferred::Iter => "iter",
             Deferred::Pcall => "pcall",
+            Deferred::EnvMeta | Deferred::GuardsMeta => "meta",
+            Deferred::EnvGlobals => "globals",
         }
     }
 
     fn file(self) -> &'static str {
         match self {
-            Deferred::Libs => crate::sandbox_guards::GUARDS,
+            Deferred::Libs | Deferred::GuardsMeta => crate::sandbox_guards::GUARDS,
+            Deferred::EnvMeta | Deferred::EnvGlobals => ENV,
             _ => PRELUDE,
         }
     }
@@ -456,8 +477,10 @@ pub(crate) fn ensure_part(lua: &Lua, h: &Table, part: Deferred) -> mlua::Result<
     if h.raw_get::<bool>(part.key())? {
         return Ok(());
     }
-    if let Deferred::Libs = part {
-        ensure_part(lua, h, Deferred::Pcall)?;
+    match part {
+        Deferred::Libs => ensure_part(lua, h, Deferred::Pcall)?,
+        Deferred::GuardsMeta => ensure_part(lua, h, Deferred::EnvMeta)?,
+        _ => {}
     }
     // mlua reads a limit of 0 as "no limit".
     let limit = lua.set_memory_limit(0)?;
@@ -720,6 +743,9 @@ mod tests {
             Deferred::Concat,
             Deferred::Iter,
             Deferred::Pcall,
+            Deferred::EnvMeta,
+            Deferred::GuardsMeta,
+            Deferred::EnvGlobals,
         ] {
             let source = deferred_source(part.file(), part.tag());
             let file: Vec<&str> = part.file().lines().collect();
@@ -752,7 +778,9 @@ mod tests {
                           tpack = table.pack, tunpack = table.unpack, raw_tconcat = table.concat,
                           sandbox_pcall = pcall, metafield_lua = function() end, tsort = table.sort,
                           utf8_len = utf8.len, globals_table = _G, collectgarbage = collectgarbage,
-                          base_pcall = pcall, base_xpcall = xpcall,
+                          base_pcall = pcall, base_xpcall = xpcall, rawset = rawset,
+                          getmetatable = getmetatable, env_combined = {}, env_guarded = {},
+                          env_build = function() return {} end, lazy_globals = {},
                           guard_raw = { make = function() end, c_step_budget = 1 },
                           c_libs = { find = string.find, match = string.match, gmatch = string.gmatch,
                                      gsub = string.gsub, sub = string.sub, move = table.move,
@@ -767,6 +795,9 @@ mod tests {
             (Deferred::Argv, "freeze_argv"),
             (Deferred::Iter, "ordered_pairs"),
             (Deferred::Pcall, "sandbox_xpcall"),
+            (Deferred::EnvMeta, "env_getmetatable"),
+            (Deferred::GuardsMeta, "sandbox_setmetatable"),
+            (Deferred::EnvGlobals, "install_globals"),
         ] {
             let source = deferred_source(part.file(), part.tag());
             lua.load(source.as_str())

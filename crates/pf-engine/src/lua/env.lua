@@ -12,7 +12,7 @@ local ARGV_FROZEN = 'argv is frozen outside H1: assign it in H1 only'
 -- The metatable the prompt installed on _G, if any. The one actually on _G
 -- combines it with the `prose`/`argv` guards and is protected, so neither
 -- getmetatable nor setmetatable ever reaches the guards themselves.
-local user_mt = nil
+-- (`user_mt`, in the deferred part below)
 local GUARDED = {}
 
 local function build(mt)
@@ -42,9 +42,9 @@ end
 -- protected metatable (and the VM has no debug library), so a new combination
 -- is copied into it, the guards first. Their keys are always there, so those
 -- writes cannot fail for memory, whatever the prompt left free.
-local combined = build(nil)
-base_setmetatable(G, combined)
-local function install(fresh)
+local combined = build(nil) base_setmetatable(G, combined) H.env_combined, H.env_guarded, H.env_build = combined, GUARDED, build
+--[==[ deferred meta: the sandbox setmetatable/getmetatable's `_G` half, a second chunk of this name (vm.rs `Deferred`)
+local H = ... local rawget, rawset, rawequal, type, next, error, base_setmetatable, base_getmetatable, G, combined, GUARDED, build, user_mt = H.rawget, H.rawset, H.rawequal, H.type, H.next, H.error, H.setmetatable, H.getmetatable, H.globals_table, H.env_combined, H.env_guarded, H.env_build, nil local function install(fresh)
   rawset(combined, '__index', rawget(fresh, '__index'))
   rawset(combined, '__newindex', rawget(fresh, '__newindex'))
   rawset(combined, '__metatable', GUARDED)
@@ -55,7 +55,7 @@ local function install(fresh)
   for k, v in next, fresh do rawset(combined, k, v) end
 end
 
-function G.setmetatable(t, mt)
+function H.env_setmetatable(t, mt)
   if rawequal(t, G) then
     if mt ~= nil and type(mt) ~= 'table' then
       error("bad argument #2 to 'setmetatable' (nil or table expected)", 2)
@@ -71,7 +71,7 @@ function G.setmetatable(t, mt)
   return base_setmetatable(t, mt)
 end
 
-function G.getmetatable(t)
+function H.env_getmetatable(t)
   if rawequal(t, G) then
     if user_mt == nil then return nil end
     local shown = rawget(user_mt, '__metatable')
@@ -80,15 +80,15 @@ function G.getmetatable(t)
   end
   local libs = H.lib_lazy if libs and libs[t] then H.fill_lib(t) end return base_getmetatable(t)
 end
-
+--]==]
 -- The sandbox has no coroutine library, whatever the runtime loaded for itself.
 if rawget(G, 'coroutine') ~= nil then rawset(G, 'coroutine', nil) end
-
+--[==[ deferred globals: the guards of the globals built on first touch, a second chunk of this name (vm.rs `Deferred`)
 -- Suspending calls are counted, so an error value raised again after a later one is
 -- classified from its kind alone. The shared library's top-level code runs directly,
 -- not as a block: there the calls that wait on the host, other than the store's,
 -- refuse.
-local function suspending(f, refuse_at_load)
+local H = ... local rawget, rawset, type, next, error, LAZY, G = H.rawget, H.rawset, H.type, H.next, H.error, H.lazy_globals, H.globals_table local function suspending(f, refuse_at_load)
   return function(...)
     if refuse_at_load and H.loading_shared then error('attempt to yield from outside a coroutine', 2) end
     H.suspends = H.suspends + 1
@@ -144,3 +144,4 @@ function H.install_globals(list)
     rawset(G, name, H.guard_global(name, list[i + 1]))
   end
 end
+--]==]

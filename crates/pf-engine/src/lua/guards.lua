@@ -7,7 +7,7 @@ local error, type, rawget, rawequal, rawset = error, type, H.rawget, H.rawequal,
 local next_raw, base_setmetatable = H.next, H.setmetatable
 
 
-local G = _G
+
 --[==[ deferred libs: the guarded `string` and `table` functions, a second chunk of this name (vm.rs `Deferred`)
 local H = ... local R, error, type, rawget, rawequal, select, tpack, tunpack, C = H.guard_raw, H.error, H.type, H.rawget, H.rawequal, H.select, H.tpack, H.tunpack, H.c_libs local ssub, raw_concat, S, T = C.sub, H.raw_tconcat, C.string, C.table -- (ck is tail-called, so level 2 is the prompt's frame, as luaL_error would place it)
 local function ck(ok, ...)
@@ -174,9 +174,9 @@ end local install = H.install_lib install(S, 'find', find) install(S, 'match', m
 -- with hooks off. Every metatable a prompt can hold (each one it installs, each
 -- one it reads back) is remembered weakly, in `H.watched_metatables` (made on
 -- first use: most section entries never need it); before the hook raises, the
--- Rust half replaces each `__close` in them with `H.disarmed_close`, which
--- returns at once (`disarm_close_handlers`). Until then nothing changes.
-local inner_setmetatable, inner_getmetatable = G.setmetatable, G.getmetatable
+-- Rust half replaces each `__close` in them with `H.disarmed_close`, which returns at once
+--[==[ deferred meta: the sandbox setmetatable/getmetatable, a second chunk of this name (vm.rs `Deferred`); (`disarm_close_handlers`). Until then nothing changes.
+local H = ... local type, rawget, error, inner_setmetatable, inner_getmetatable = H.type, H.rawget, H.error, H.env_setmetatable, H.env_getmetatable
 local watched = nil
 local function watch(mt)
   if watched == nil then
@@ -186,7 +186,7 @@ local function watch(mt)
   watched[mt] = true
 end
 H.disarmed_close = function() end
-G.setmetatable = function(t, mt)
+H.sandbox_setmetatable = function(t, mt)
   if type(mt) == 'table' then
     if rawget(mt, '__gc') ~= nil then
       error("bad argument #2 to 'setmetatable' (__gc metamethods are not allowed in prompts)", 2)
@@ -195,11 +195,12 @@ G.setmetatable = function(t, mt)
   end
   return inner_setmetatable(t, mt)
 end
-G.getmetatable = function(v)
+H.sandbox_getmetatable = function(v)
   local mt = inner_getmetatable(v)
   if type(mt) == 'table' then watch(mt) end
   return mt
 end
+--]==]
 -- Library fields built on first touch: the guarded `string` and `table` functions (the `libs`
 -- part above, and the prelude's `concat`) are absent from their library until a read of one
 -- loads its part (vm.rs `Deferred`, with the memory limit lifted), which installs every field of

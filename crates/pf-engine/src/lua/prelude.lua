@@ -462,7 +462,7 @@ local allowed = {
 G.pairs = nil -- (built on first touch: vm.rs `LAZY_GLOBALS`)
 G.next = nil -- (built on first touch: vm.rs `LAZY_GLOBALS`)
 G.pcall = nil -- (built on first touch: vm.rs `LAZY_GLOBALS`)
-G.xpcall = nil -- (built on first touch: vm.rs `LAZY_GLOBALS`)
+G.xpcall = nil G.setmetatable = nil G.getmetatable = nil -- (built on first touch: vm.rs `LAZY_GLOBALS`)
 local remove = {}
 for k in next, G do
   if not allowed[k] then remove[#remove + 1] = k end

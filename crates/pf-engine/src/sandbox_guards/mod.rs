@@ -187,7 +187,11 @@ pub(crate) fn disarm_close_handlers(lua: &Lua) {
 
 fn try_disarm_close_handlers(lua: &Lua) -> mlua::Result<()> {
     let helpers = crate::ctx::helpers(lua)?;
-    let disarmed: Function = helpers.raw_get("disarmed_close")?;
+    // (defined with the sandbox `setmetatable`, without which no metatable
+    // the prompt can reach holds a `__close`)
+    let Some(disarmed) = helpers.raw_get::<Option<Function>>("disarmed_close")? else {
+        return Ok(());
+    };
     let disarm = |mt: &Table| -> mlua::Result<()> {
         if !mt.raw_get::<Value>("__close")?.is_nil() {
             mt.raw_set("__close", &disarmed)?;
@@ -226,6 +230,7 @@ pub(crate) fn guard_library(lua: &Lua, interrupted: Interrupted) -> mlua::Result
             "return { rawget = rawget, rawequal = rawequal, rawset = rawset, select = select,
                       next = next, setmetatable = setmetatable, error = error, type = type,
                       math_type = math.type, sandbox_pcall = pcall,
+                      env_setmetatable = setmetatable, env_getmetatable = getmetatable,
                       tpack = table.pack, tunpack = table.unpack, raw_tconcat = table.concat }",
         )
         .eval()?;
@@ -255,6 +260,14 @@ pub(crate) fn guard_library(lua: &Lua, interrupted: Interrupted) -> mlua::Result
     let fill: Function = h.raw_get("fill_lib")?;
     for lib in ["string", "table"] {
         fill.call::<()>(lua.globals().raw_get::<Table>(lib)?)?;
+    }
+    // The sandbox `setmetatable`/`getmetatable`, over the base ones here.
+    lua.load(crate::vm::deferred_source(GUARDS, "meta"))
+        .set_name("=[promptforge guards]")
+        .call::<()>(&h)?;
+    for name in ["setmetatable", "getmetatable"] {
+        let made: Function = h.raw_get(format!("sandbox_{name}"))?;
+        lua.globals().raw_set(name, made)?;
     }
     Ok(())
 }
