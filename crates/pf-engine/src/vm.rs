@@ -70,20 +70,20 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     // 1. host values
     let chain = Rc::clone(&sec.chain);
     g.raw_set("args", chain.args.as_str())?;
-    let argv = match &chain.argv() {
-        Some(j) => json_to_lua(&lua, j)?,
-        None => Value::Nil,
-    };
     if sec.is_h1 {
         // The H1 body may repair argv: there it is an ordinary global.
+        let argv = match &chain.argv() {
+            Some(j) => json_to_lua(&lua, j)?,
+            None => Value::Nil,
+        };
         g.raw_set("argv", argv)?;
-    } else if argv.is_nil() {
-        // What `freeze_argv(nil)` does, without the call.
-        h.raw_set("argv_frozen", true)?;
     } else {
-        load_deferred(&lua, &h, Deferred::Argv)?;
-        let freeze: mlua::Function = h.get("freeze_argv")?;
-        freeze.call::<()>(argv)?;
+        // Frozen (what `freeze_argv(nil)` does, without the call); one there
+        // is is made on the first read of `argv` (env.lua, `load_part('argv')`).
+        h.raw_set("argv_frozen", true)?;
+        if chain.argv().is_some() {
+            h.raw_set("argv_pending", true)?;
+        }
     }
     // A fanout arm's first section starts with its own copy of the member.
     if let Some(item) = sec.arm_item() {
@@ -382,8 +382,8 @@ pub(crate) enum Deferred {
     /// `models.loop`'s list helpers (prelude `list_shape`, `list_read`): the
     /// prelude's stand-ins load them on their first call.
     LoopHelpers,
-    /// The frozen `argv` (prelude `freeze_argv`), loaded by the setup of a VM
-    /// outside the H1 body that has an `argv` to freeze.
+    /// The frozen `argv` (prelude `freeze_argv`), loaded by the first read of
+    /// `argv` in a VM outside the H1 body that has an `argv` to freeze.
     Argv,
     /// The guarded `string.find`/`match`/`gmatch`/`gsub`, `table.move` and
     /// `table.sort` (guards.lua), loaded by the first read of one of them
@@ -464,8 +464,29 @@ impl Deferred {
     }
 }
 
-/// `H.load_part(tag)`: load the part `tag` unless this VM has it already.
+/// `H.load_part(tag)`: load the part `tag` unless this VM has it already;
+/// `argv` also freezes the section's `argv` into `H.argv_value` (the memory
+/// limit lifted, as the setup did it before).
 fn load_part(lua: &Lua, tag: &str) -> mlua::Result<()> {
+    if tag == "argv" {
+        let h = crate::ctx::helpers(lua)?;
+        if !h.raw_get::<bool>("argv_pending")? {
+            return Ok(());
+        }
+        ensure_part(lua, &h, Deferred::Argv)?;
+        // mlua reads a limit of 0 as "no limit".
+        let limit = lua.set_memory_limit(0)?;
+        let frozen = (|| {
+            h.raw_set("argv_pending", Value::Nil)?;
+            let argv = match section(lua)?.chain.argv() {
+                Some(j) => json_to_lua(lua, &j)?,
+                None => Value::Nil,
+            };
+            h.raw_get::<mlua::Function>("freeze_argv")?.call::<()>(argv)
+        })();
+        lua.set_memory_limit(limit)?;
+        return frozen;
+    }
     let part = Deferred::by_tag(tag)
         .ok_or_else(|| mlua::Error::runtime("internal invariant violated: unknown part"))?;
     ensure_part(lua, &crate::ctx::helpers(lua)?, part)

@@ -22,7 +22,7 @@ local function build(mt)
   local unewindex = mt and rawget(mt, '__newindex')
   combined.__index = function(t, k)
     if k == 'prose' then return H.prose_read() end if LAZY[k] then return H.build_global(k) end
-    if k == 'argv' and H.argv_frozen then return H.argv_value end
+    if k == 'argv' and H.argv_frozen then if H.argv_pending then H.load_part('argv') end return H.argv_value end
     if uindex == nil then return nil end
     if type(uindex) == 'function' then return uindex(t, k) end
     return uindex[k]
