@@ -90,11 +90,7 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
         g.raw_set("item", json_to_lua(&lua, item)?)?;
     }
     // 2. host functions, built on first touch (`LAZY_GLOBALS`)
-    let pending = lua.create_table_with_capacity(0, LAZY_GLOBALS.len())?;
-    for name in LAZY_GLOBALS {
-        pending.raw_set(*name, true)?;
-    }
-    h.raw_set("lazy_globals", pending)?;
+    // (the pending set, `H.lazy_globals`, is the prelude's)
     h.raw_set(
         "build_global",
         host_fn(&lua, |lua, args| {
@@ -784,6 +780,22 @@ mod tests {
                 part.tag()
             );
         }
+    }
+
+    /// The prelude's pending set is `LAZY_GLOBALS`, name for name.
+    #[test]
+    fn the_prelude_holds_every_lazy_global_pending() {
+        let line = PRELUDE
+            .lines()
+            .find(|l| l.starts_with("H.lazy_globals = {"))
+            .expect("the pending set");
+        let listed: Vec<&str> = line
+            .trim_start_matches("H.lazy_globals = {")
+            .trim_end_matches('}')
+            .split(',')
+            .map(|pair| pair.trim().trim_end_matches("= true").trim())
+            .collect();
+        assert_eq!(listed, LAZY_GLOBALS);
     }
 
     /// A deferred part compiles on its own and defines what its stand-ins call.
