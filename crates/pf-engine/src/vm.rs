@@ -132,7 +132,6 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
         host_fn(&lua, |lua, _| crate::flow::read_prose(lua))?,
     )?;
     internal_chunk(&lua, "=[promptforge env]", ENV)?.call::<()>(h.clone())?;
-    crate::sandbox_guards::install(&lua, &h)?;
     crate::hostfn::setup_done(&lua);
     crate::hostfn::set_fill_pending(&lua, Some(fill_lazy_globals));
     // The cancel poll and the memory limit go on last, before any prompt code:

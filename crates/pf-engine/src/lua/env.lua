@@ -145,3 +145,59 @@ function H.install_globals(list)
   end
 end
 --]==]
+local next_raw = next
+-- Library fields built on first touch: the guarded `string` and `table` functions (the `libs`
+-- part of guards.lua, and the prelude's `concat`) are absent from their library until a read of one
+-- loads its part (vm.rs `Deferred`, with the memory limit lifted), which installs every field of
+-- it still pending; a write clears a pending field as a raw write over the eager value would
+-- have. Until the last one is built, the library's only metatable is LIB_MT. Whatever could see
+-- a library's key set or its metatable builds them all first: the ordered `next`/`pairs`
+-- (prelude `ordered_keys`), `getmetatable`/`setmetatable` (above) and the Rust fill
+-- (vm.rs `fill_lazy_globals`). Method calls on strings reach `string` through its own
+-- `__index`, and so this one.
+local S, T = string, table
+local LIB_LAZY = { [S] = { find = 'libs', match = 'libs', gmatch = 'libs', gsub = 'libs' },
+  [T] = { concat = 'concat', move = 'libs', sort = 'libs' } }
+H.lib_lazy = LIB_LAZY
+H.c_libs = { find = S.find, match = S.match, gmatch = S.gmatch, gsub = S.gsub, sub = S.sub,
+  move = T.move, sort = T.sort, string = S, table = T }
+local function settle(t, pending)
+  if next_raw(pending) == nil then
+    LIB_LAZY[t] = nil
+    base_setmetatable(t, nil)
+  end
+end
+local LIB_MT = {
+  __index = function(t, k)
+    local pending = LIB_LAZY[t]
+    local part = pending and pending[k]
+    if part then H.load_part(part) return rawget(t, k) end
+    return nil
+  end,
+  __newindex = function(t, k, v)
+    local pending = LIB_LAZY[t]
+    if pending and pending[k] then
+      pending[k] = nil
+      settle(t, pending)
+    end
+    rawset(t, k, v)
+  end,
+}
+-- Called by a part as it loads: `t[k] = v` unless the prompt wrote `t[k]` first.
+function H.install_lib(t, k, v)
+  local pending = LIB_LAZY[t]
+  if pending and pending[k] then
+    pending[k] = nil
+    rawset(t, k, v)
+    settle(t, pending)
+  end
+end
+-- Builds every pending field of `t`, if it is a library with any.
+function H.fill_lib(t)
+  local pending = LIB_LAZY[t]
+  if pending == nil then return end
+  for _, part in next_raw, pending do H.load_part(part) end
+end
+S.find, S.match, S.gmatch, S.gsub, T.concat, T.move, T.sort = nil, nil, nil, nil, nil, nil, nil
+base_setmetatable(S, LIB_MT)
+base_setmetatable(T, LIB_MT)

@@ -20,7 +20,7 @@
 //!   the hook, with hooks off).
 //!
 //! Kept apart from `vm.rs` so the VM's construction can change around it:
-//! [`install`] runs once per section VM, after the prelude and `env.lua`.
+//! `guards.lua` is loaded in parts, on first use (see [`raw_table`]).
 
 pub(crate) mod introspect;
 mod matcher;
@@ -104,18 +104,15 @@ thread_local! {
     static C_FAST_PATH: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
 }
 
-/// Install the guards in a fresh section VM. `helpers` is the prelude's table.
-/// Only `setmetatable`/`getmetatable` and the lazy library fields go in now:
-/// the guarded `string` and `table` functions are the `libs` part of
-/// `guards.lua`, loaded on first touch (vm.rs `Deferred`) with [`raw_table`]
-/// as `H.guard_raw`. Its Rust halves are made on first use, by `R.make` (most
-/// section entries call none of them): each is a C function that raises
-/// nothing a prompt could see it by, held in the same upvalue as before, so
-/// what a prompt observes is unchanged.
-pub(crate) fn install(lua: &Lua, helpers: &Table) -> mlua::Result<()> {
-    crate::ctx::internal_chunk(lua, "=[promptforge guards]", GUARDS)?.call::<()>(helpers.clone())
-}
-
+/// Nothing of the guards runs in a fresh section VM: `guards.lua` is two
+/// deferred parts (vm.rs `Deferred`). `libs`, the guarded `string` and `table`
+/// functions, is loaded on the first touch of one of them (env.lua `LIB_MT`),
+/// with [`raw_table`] as `H.guard_raw`; `meta`, the sandbox
+/// `setmetatable`/`getmetatable`, on the first touch of either. The Rust
+/// halves are made on first use, by `R.make` (most section entries call none
+/// of them): each is a C function that raises nothing a prompt could see it
+/// by, held in the same upvalue as before, so what a prompt observes is
+/// unchanged.
 /// The table `R` the `libs` part of `guards.lua` takes its Rust halves from.
 pub(crate) fn raw_table(
     lua: &Lua,
@@ -227,44 +224,23 @@ pub(crate) fn library_lua() -> mlua::Result<Lua> {
 pub(crate) fn guard_library(lua: &Lua, interrupted: Interrupted) -> mlua::Result<()> {
     let h: Table = lua
         .load(
-            "return { rawget = rawget, rawequal = rawequal, rawset = rawset, select = select,
-                      next = next, setmetatable = setmetatable, error = error, type = type,
-                      math_type = math.type, sandbox_pcall = pcall,
+            "return { rawget = rawget, rawequal = rawequal, select = select, error = error,
+                      type = type, math_type = math.type, sandbox_pcall = pcall,
                       env_setmetatable = setmetatable, env_getmetatable = getmetatable,
-                      tpack = table.pack, tunpack = table.unpack, raw_tconcat = table.concat }",
+                      tpack = table.pack, tunpack = table.unpack, raw_tconcat = table.concat,
+                      c_libs = { find = string.find, match = string.match, gmatch = string.gmatch,
+                                 gsub = string.gsub, sub = string.sub, move = table.move,
+                                 sort = table.sort, string = string, table = table },
+                      install_lib = rawset }",
         )
         .eval()?;
     h.raw_set("guard_raw", raw_table(lua, 64 * 1024 * 1024, interrupted)?)?;
-    // What the engine's part loader does here: the `libs` part, and the C
-    // `table.concat` where a VM has the prelude's.
-    let parts = h.clone();
-    h.raw_set(
-        "load_part",
-        lua.create_function(move |lua, tag: String| {
-            if tag == "libs" {
-                lua.load(crate::vm::deferred_source(GUARDS, "libs"))
-                    .set_name("=[promptforge guards]")
-                    .call::<()>(&parts)
-            } else {
-                let install: Function = parts.raw_get("install_lib")?;
-                let libs: Table = parts.raw_get("c_libs")?;
-                install.call::<()>((
-                    libs.raw_get::<Table>("table")?,
-                    "concat",
-                    parts.raw_get::<Function>("raw_tconcat")?,
-                ))
-            }
-        })?,
-    )?;
-    install(lua, &h)?;
-    let fill: Function = h.raw_get("fill_lib")?;
-    for lib in ["string", "table"] {
-        fill.call::<()>(lua.globals().raw_get::<Table>(lib)?)?;
+    for part in ["libs", "meta"] {
+        lua.load(crate::vm::deferred_source(GUARDS, part))
+            .set_name("=[promptforge guards]")
+            .call::<()>(&h)?;
     }
     // The sandbox `setmetatable`/`getmetatable`, over the base ones here.
-    lua.load(crate::vm::deferred_source(GUARDS, "meta"))
-        .set_name("=[promptforge guards]")
-        .call::<()>(&h)?;
     for name in ["setmetatable", "getmetatable"] {
         let made: Function = h.raw_get(format!("sandbox_{name}"))?;
         lua.globals().raw_set(name, made)?;
