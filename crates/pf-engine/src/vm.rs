@@ -53,16 +53,6 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     // what the setup puts in it, so it is not grown step by step).
     let h = lua.create_table_with_capacity(0, HELPER_FIELDS)?;
     crate::sandbox_guards::introspect::install(&lua, &h)?;
-    // True once nothing may swallow an error any more: after a host cancel, or
-    // once the run has ended on the spot (the sandbox `pcall` raises on).
-    let cancel_flag = sec.run.fixed.cancel.clone();
-    let abort_flag = sec.run.abort_signal();
-    h.raw_set(
-        "cancelled",
-        lua.create_function(move |_, ()| {
-            Ok(cancel_flag.is_cancelled() || abort_flag.is_cancelled())
-        })?,
-    )?;
     let h: Table = internal_chunk(&lua, "=[promptforge prelude]", PRELUDE)?.call(h)?;
     lua.set_named_registry_value("pf.helpers", h.clone())?;
 
@@ -400,6 +390,10 @@ pub(crate) enum Deferred {
     /// The guards of the globals built on first touch (env.lua `guard_global`,
     /// `install_globals`), loaded by the first build.
     EnvGlobals,
+    /// The error values (prelude `ERR_MT`, `make_error`, `H.genuine`), loaded
+    /// by the first one built (error.rs `error_table`, the prelude's stand-in
+    /// `H.make_error`), or by a part whose errors are error values.
+    Errors,
 }
 
 impl Deferred {
@@ -424,6 +418,7 @@ impl Deferred {
             Deferred::EnvMeta => "=[promptforge env] (deferred meta)",
             Deferred::GuardsMeta => "=[promptforge guards] (deferred meta)",
             Deferred::EnvGlobals => "=[promptforge env] (deferred globals)",
+            Deferred::Errors => "=[promptforge prelude] (deferred errors)",
         }
     }
 
@@ -438,6 +433,7 @@ impl Deferred {
             Deferred::Pcall => "pcall",
             Deferred::EnvMeta | Deferred::GuardsMeta => "meta",
             Deferred::EnvGlobals => "globals",
+            Deferred::Errors => "errors",
         }
     }
 
@@ -454,6 +450,7 @@ impl Deferred {
         match tag {
             "libs" => Some(Deferred::Libs),
             "concat" => Some(Deferred::Concat),
+            "errors" => Some(Deferred::Errors),
             _ => None,
         }
     }
@@ -496,11 +493,27 @@ pub(crate) fn ensure_part(lua: &Lua, h: &Table, part: Deferred) -> mlua::Result<
     match part {
         Deferred::Libs => ensure_part(lua, h, Deferred::Pcall)?,
         Deferred::GuardsMeta => ensure_part(lua, h, Deferred::EnvMeta)?,
+        // (their memory and `argv` errors are error values)
+        Deferred::Pcall | Deferred::Argv => ensure_part(lua, h, Deferred::Errors)?,
         _ => {}
     }
     // mlua reads a limit of 0 as "no limit".
     let limit = lua.set_memory_limit(0)?;
     let loaded = (|| {
+        if let Deferred::Pcall = part {
+            // True once nothing may swallow an error any more: after a host
+            // cancel, or once the run has ended on the spot (the sandbox
+            // `pcall` raises on). Only the sandbox `pcall`/`xpcall` ask.
+            let sec = section(lua)?;
+            let cancel_flag = sec.run.fixed.cancel.clone();
+            let abort_flag = sec.run.abort_signal();
+            h.raw_set(
+                "cancelled",
+                lua.create_function(move |_, ()| {
+                    Ok(cancel_flag.is_cancelled() || abort_flag.is_cancelled())
+                })?,
+            )?;
+        }
         if let Deferred::Libs = part {
             // The Rust halves' table, made with the part: most VMs never need it.
             let sec = section(lua)?;
@@ -762,6 +775,7 @@ mod tests {
             Deferred::EnvMeta,
             Deferred::GuardsMeta,
             Deferred::EnvGlobals,
+            Deferred::Errors,
         ] {
             let source = deferred_source(part.file(), part.tag());
             let file: Vec<&str> = part.file().lines().collect();
@@ -813,6 +827,7 @@ mod tests {
                           base_pcall = pcall, base_xpcall = xpcall, rawset = rawset,
                           getmetatable = getmetatable, env_combined = {}, env_guarded = {},
                           env_build = function() return {} end, lazy_globals = {},
+                          weak_keys = { __mode = 'k' },
                           guard_raw = { make = function() end, c_step_budget = 1 },
                           c_libs = { find = string.find, match = string.match, gmatch = string.gmatch,
                                      gsub = string.gsub, sub = string.sub, move = table.move,
@@ -830,6 +845,7 @@ mod tests {
             (Deferred::EnvMeta, "env_getmetatable"),
             (Deferred::GuardsMeta, "sandbox_setmetatable"),
             (Deferred::EnvGlobals, "install_globals"),
+            (Deferred::Errors, "make_error"),
         ] {
             let source = deferred_source(part.file(), part.tag());
             lua.load(source.as_str())

@@ -19,14 +19,14 @@ end H.metafield_lua = metafield
 local math_type, tsort, tpack, tunpack = math.type, table.sort, table.pack, table.unpack
 local utf8_len = utf8.len
 local collectgarbage = collectgarbage
-
--- Error values --------------------------------------------------------------
+local WEAK_KEYS = { __mode = 'k' } -- (one metatable for every weak-keyed table here)
+--[==[ deferred errors: the error values, a second chunk of this name (vm.rs `Deferred`)
 -- Only values the engine built classify as host errors: GENUINE maps each one
 -- (weakly) to a snapshot of its fields as built, and nothing a prompt can reach
 -- writes it. The metatable is protected so a prompt can neither take it nor
 -- strip it; a table carrying it, or a genuine value whose fields were edited,
 -- is the prompt's own value and ends a block as a plain Lua error.
-local WEAK_KEYS = { __mode = 'k' } local GENUINE = setmetatable({}, WEAK_KEYS) -- (one metatable for every weak-keyed table here)
+local H = ... local setmetatable, rawget, rawset, next, WEAK_KEYS = H.setmetatable, H.rawget, H.rawset, H.next, H.weak_keys local GENUINE = setmetatable({}, WEAK_KEYS) -- (one metatable for every weak-keyed table here)
 H.genuine = GENUINE
 local ERR_MT = {}
 ERR_MT.__tostring = function(e) return rawget(e, 'message') end
@@ -49,8 +49,8 @@ function H.make_error(kind, message, fields)
   GENUINE[e] = snapshot
   return setmetatable(e, ERR_MT)
 end
--- (Nothing asks `H.is_error` any more; error.rs reads GENUINE itself.)
-
+--]==]
+function H.make_error(...) H.load_part('errors') return H.make_error(...) end -- (until the part is in)
 -- Host calls return (true, ...) or (false, err): raise the error value here so
 -- pcall sees exactly the value the host built.
 local function check(ok, ...)
@@ -502,7 +502,7 @@ H.utf8_len = utf8_len
 H.setmetatable, H.getmetatable = setmetatable, getmetatable
 H.select, H.type, H.tostring, H.math_type, H.error = select, type, tostring, math_type, error
 H.tpack, H.tunpack = tpack, tunpack
-H.raw_tconcat, H.tsort, H.collectgarbage, H.base_pcall, H.base_xpcall, H.globals_table = tconcat, tsort, collectgarbage, pcall, xpcall, GLOBALS
+H.raw_tconcat, H.tsort, H.collectgarbage, H.base_pcall, H.base_xpcall, H.globals_table, H.weak_keys = tconcat, tsort, collectgarbage, pcall, xpcall, GLOBALS, WEAK_KEYS
 
 -- The engine's bookkeeping of error values (error.rs), weakly keyed so values
 -- the prompt lets go are collected; made here, not key by key from Rust.
