@@ -223,6 +223,9 @@ const LAZY_GLOBALS: &[&str] = &[
     "var",
 ];
 
+/// The lazy globals env.lua's `guard_global` guards (the others it returns as they are).
+const GUARDED_GLOBALS: &[&str] = &["call", "fanout", "input", "models", "store", "tasks", "tools"];
+
 fn make_lazy_global(lua: &Lua, name: &str) -> mlua::Result<Value> {
     Ok(match name {
         // The engine's Lua ones, deferred parts of the prelude.
@@ -301,9 +304,14 @@ fn build_lazy_global(lua: &Lua, name: &str) -> mlua::Result<Value> {
         .ok_or_else(|| mlua::Error::runtime("internal invariant violated: unknown lazy global"))?;
     let built =
         crate::hostfn::building(lua, name, || make_lazy_global(lua, name)).and_then(|made| {
-            ensure_part(lua, &h, Deferred::EnvGlobals)?;
-            let guard: mlua::Function = h.raw_get("guard_global")?;
-            let guarded: Value = guard.call((name, made))?;
+            // Only host namespaces and functions have guards (env.lua `guard_global`).
+            let guarded: Value = if GUARDED_GLOBALS.contains(&name) {
+                ensure_part(lua, &h, Deferred::EnvGlobals)?;
+                let guard: mlua::Function = h.raw_get("guard_global")?;
+                guard.call((name, made))?
+            } else {
+                made
+            };
             lua.globals().raw_set(name, guarded.clone())?;
             Ok(guarded)
         });
@@ -325,7 +333,7 @@ pub(crate) fn fill_lazy_globals(lua: &Lua) -> mlua::Result<()> {
         }
     }
     // The library fields built on first touch (guards.lua `LIB_LAZY`) too.
-    for part in [Deferred::Libs, Deferred::Concat] {
+    for part in [Deferred::Strings, Deferred::Tables, Deferred::Concat] {
         ensure_part(lua, &h, part)?;
     }
     if names.is_empty() {
@@ -370,17 +378,19 @@ pub(crate) enum Deferred {
     /// The frozen `argv` (prelude `freeze_argv`), loaded by the first read of
     /// `argv` in a VM outside the H1 body that has an `argv` to freeze.
     Argv,
-    /// The guarded `string.find`/`match`/`gmatch`/`gsub`, `table.move` and
-    /// `table.sort` (guards.lua), loaded by the first read of one of them
-    /// (guards.lua `LIB_MT`) or a fill.
-    Libs,
-    /// The prelude's `table.concat`, loaded as `Libs` is.
+    /// The guarded `string.find`/`match`/`gmatch`/`gsub` (guards.lua), loaded
+    /// by the first read of one of them (env.lua `LIB_MT`) or a fill.
+    Strings,
+    /// The guarded `table.move` and `table.sort` (guards.lua), loaded as
+    /// `Strings` is.
+    Tables,
+    /// The prelude's `table.concat`, loaded as `Strings` is.
     Concat,
     /// The ordered `next`/`pairs` and `H.ordered_keys` (prelude), loaded by the
     /// first touch of `next` or `pairs` (`LAZY_GLOBALS`) or a fanout's walk.
     Iter,
     /// The sandbox `pcall`/`xpcall` (prelude), loaded by the first touch of
-    /// either, or by `Libs` (its `table.sort` calls the sandbox `pcall`).
+    /// either, or by `Tables` (its `table.sort` calls the sandbox `pcall`).
     Pcall,
     /// The `_G` half of the sandbox `setmetatable`/`getmetatable` (env.lua).
     EnvMeta,
@@ -399,7 +409,7 @@ pub(crate) enum Deferred {
 impl Deferred {
     fn name(self) -> &'static str {
         match self {
-            Deferred::Libs | Deferred::GuardsMeta => "=[promptforge guards]",
+            Deferred::Strings | Deferred::Tables | Deferred::GuardsMeta => "=[promptforge guards]",
             Deferred::EnvMeta | Deferred::EnvGlobals => "=[promptforge env]",
             _ => "=[promptforge prelude]",
         }
@@ -411,7 +421,8 @@ impl Deferred {
         match self {
             Deferred::LoopHelpers => "=[promptforge prelude] (deferred loop)",
             Deferred::Argv => "=[promptforge prelude] (deferred argv)",
-            Deferred::Libs => "=[promptforge guards] (deferred libs)",
+            Deferred::Strings => "=[promptforge guards] (deferred strings)",
+            Deferred::Tables => "=[promptforge guards] (deferred tables)",
             Deferred::Concat => "=[promptforge prelude] (deferred concat)",
             Deferred::Iter => "=[promptforge prelude] (deferred iter)",
             Deferred::Pcall => "=[promptforge prelude] (deferred pcall)",
@@ -427,7 +438,8 @@ impl Deferred {
         match self {
             Deferred::LoopHelpers => "loop",
             Deferred::Argv => "argv",
-            Deferred::Libs => "libs",
+            Deferred::Strings => "strings",
+            Deferred::Tables => "tables",
             Deferred::Concat => "concat",
             Deferred::Iter => "iter",
             Deferred::Pcall => "pcall",
@@ -439,7 +451,9 @@ impl Deferred {
 
     fn file(self) -> &'static str {
         match self {
-            Deferred::Libs | Deferred::GuardsMeta => crate::sandbox_guards::GUARDS,
+            Deferred::Strings | Deferred::Tables | Deferred::GuardsMeta => {
+                crate::sandbox_guards::GUARDS
+            }
             Deferred::EnvMeta | Deferred::EnvGlobals => ENV,
             _ => PRELUDE,
         }
@@ -448,7 +462,8 @@ impl Deferred {
     /// The parts `H.load_part` loads by tag.
     fn by_tag(tag: &str) -> Option<Deferred> {
         match tag {
-            "libs" => Some(Deferred::Libs),
+            "strings" => Some(Deferred::Strings),
+            "tables" => Some(Deferred::Tables),
             "concat" => Some(Deferred::Concat),
             "errors" => Some(Deferred::Errors),
             _ => None,
@@ -491,7 +506,7 @@ pub(crate) fn ensure_part(lua: &Lua, h: &Table, part: Deferred) -> mlua::Result<
         return Ok(());
     }
     match part {
-        Deferred::Libs => ensure_part(lua, h, Deferred::Pcall)?,
+        Deferred::Tables => ensure_part(lua, h, Deferred::Pcall)?,
         Deferred::GuardsMeta => ensure_part(lua, h, Deferred::EnvMeta)?,
         // (their memory and `argv` errors are error values)
         Deferred::Pcall | Deferred::Argv => ensure_part(lua, h, Deferred::Errors)?,
@@ -514,8 +529,10 @@ pub(crate) fn ensure_part(lua: &Lua, h: &Table, part: Deferred) -> mlua::Result<
                 })?,
             )?;
         }
-        if let Deferred::Libs = part {
-            // The Rust halves' table, made with the part: most VMs never need it.
+        let needs_raw = matches!(part, Deferred::Strings | Deferred::Tables);
+        if needs_raw && h.raw_get::<Value>("guard_raw")?.is_nil() {
+            // The Rust halves' table, made with the first part that asks: most
+            // VMs never need it.
             let sec = section(lua)?;
             let cancel = sec.run.fixed.cancel.clone();
             let abort = sec.run.abort_signal();
@@ -526,7 +543,10 @@ pub(crate) fn ensure_part(lua: &Lua, h: &Table, part: Deferred) -> mlua::Result<
             )?;
             h.raw_set("guard_raw", raw)?;
         }
-        load_deferred(lua, h, part)?;
+        // A part's main chunk only defines functions and runs no prompt
+        // code, so it runs without the count hook, which would send each of
+        // its instructions through Lua's hook dispatch.
+        without_cancel_poll(lua, || load_deferred(lua, h, part))?;
         h.raw_set(part.key(), true)
     })();
     lua.set_memory_limit(limit)?;
@@ -768,7 +788,8 @@ mod tests {
         for part in [
             Deferred::LoopHelpers,
             Deferred::Argv,
-            Deferred::Libs,
+            Deferred::Strings,
+            Deferred::Tables,
             Deferred::Concat,
             Deferred::Iter,
             Deferred::Pcall,
@@ -793,6 +814,19 @@ mod tests {
                 part.tag()
             );
         }
+    }
+
+    /// `GUARDED_GLOBALS` are the names env.lua's `guard_global` guards.
+    #[test]
+    fn the_guarded_globals_are_those_env_lua_guards() {
+        let source = deferred_source(ENV, "globals");
+        let mut named: Vec<&str> = source
+            .split("name == '")
+            .skip(1)
+            .filter_map(|rest| rest.split('\'').next())
+            .collect();
+        named.sort_unstable();
+        assert_eq!(named, GUARDED_GLOBALS);
     }
 
     /// The prelude's pending set is `LAZY_GLOBALS`, name for name.
@@ -856,7 +890,8 @@ mod tests {
         }
         // The library parts install their fields through `H.install_lib`.
         for (part, installs) in [
-            (Deferred::Libs, &["find", "match", "gmatch", "gsub", "move", "sort"][..]),
+            (Deferred::Strings, &["find", "match", "gmatch", "gsub"][..]),
+            (Deferred::Tables, &["move", "sort"][..]),
             (Deferred::Concat, &["concat"][..]),
         ] {
             let source = deferred_source(part.file(), part.tag());

@@ -146,8 +146,8 @@ function H.install_globals(list)
 end
 --]==]
 local next_raw = next
--- Library fields built on first touch: the guarded `string` and `table` functions (the `libs`
--- part of guards.lua, and the prelude's `concat`) are absent from their library until a read of one
+-- Library fields built on first touch: the guarded `string` and `table` functions (the `strings`
+-- and `tables` parts of guards.lua, and the prelude's `concat`) are absent from their library until a read of one
 -- loads its part (vm.rs `Deferred`, with the memory limit lifted), which installs every field of
 -- it still pending; a write clears a pending field as a raw write over the eager value would
 -- have. Until the last one is built, the library's only metatable is LIB_MT. Whatever could see
@@ -156,8 +156,8 @@ local next_raw = next
 -- (vm.rs `fill_lazy_globals`). Method calls on strings reach `string` through its own
 -- `__index`, and so this one.
 local S, T = string, table
-local LIB_LAZY = { [S] = { find = 'libs', match = 'libs', gmatch = 'libs', gsub = 'libs' },
-  [T] = { concat = 'concat', move = 'libs', sort = 'libs' } }
+local LIB_LAZY = { [S] = { find = 'strings', match = 'strings', gmatch = 'strings', gsub = 'strings' },
+  [T] = { concat = 'concat', move = 'tables', sort = 'tables' } }
 H.lib_lazy = LIB_LAZY
 H.c_libs = { find = S.find, match = S.match, gmatch = S.gmatch, gsub = S.gsub, sub = S.sub,
   move = T.move, sort = T.sort, string = S, table = T }

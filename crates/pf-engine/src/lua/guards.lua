@@ -8,7 +8,7 @@
 
 
 
---[==[ deferred libs: the guarded `string` and `table` functions, a second chunk of this name (vm.rs `Deferred`)
+--[==[ deferred strings: the guarded `string` functions, a second chunk of this name (vm.rs `Deferred`)
 local H = ... local R, error, type, rawget, rawequal, select, tpack, tunpack, C = H.guard_raw, H.error, H.type, H.rawget, H.rawequal, H.select, H.tpack, H.tunpack, H.c_libs local ssub, raw_concat, S, T = C.sub, H.raw_tconcat, C.string, C.table -- (ck is tail-called, so level 2 is the prompt's frame, as luaL_error would place it)
 local function ck(ok, ...)
   if ok then return ... end
@@ -109,11 +109,11 @@ local gsub = function(...)
   if not changed then return s, n end
   np = np + 1; parts[np] = ssub(s, pos)
   return raw_concat(parts), n
-end
-
--- table.move over chunks of the C function: between two chunks Lua runs
+end H.install_lib(S, 'find', find) H.install_lib(S, 'match', match) H.install_lib(S, 'gmatch', gmatch) H.install_lib(S, 'gsub', gsub)
+--]==]
+--[==[ deferred tables: the guarded `table` functions, a second chunk of this name (vm.rs `Deferred`); table.move over chunks of the C function: between two chunks Lua runs
 -- instructions again, so the count hook fires even for table.move({}, 1, 1e15, 2).
-local c_move = C.move
+local H = ... local error, rawequal, C, make_raw, T = H.error, H.rawequal, H.c_libs, H.guard_raw.make, H.c_libs.table local c_move = C.move
 local CHUNK = 4096
 local move_plan = nil
 local move = function(...)
@@ -163,7 +163,7 @@ local sort = function(...)
   if done then return end
   if rawequal(e, INVALID_ORDER) then error(e, 2) end
   error(e, 0)
-end local install = H.install_lib install(S, 'find', find) install(S, 'match', match) install(S, 'gmatch', gmatch) install(S, 'gsub', gsub) install(T, 'move', move) install(T, 'sort', sort)
+end H.install_lib(T, 'move', move) H.install_lib(T, 'sort', sort)
 --]==]
 -- No finalizers: Lua runs `__gc` with hooks off, so a looping one could never
 -- be cancelled. Lua marks a table for finalization only when its metatable has

@@ -105,8 +105,8 @@ thread_local! {
 }
 
 /// Nothing of the guards runs in a fresh section VM: `guards.lua` is two
-/// deferred parts (vm.rs `Deferred`). `libs`, the guarded `string` and `table`
-/// functions, is loaded on the first touch of one of them (env.lua `LIB_MT`),
+/// deferred parts (vm.rs `Deferred`). `strings` and `tables`, the guarded
+/// `string` and `table` functions, load on the first touch of one of them (env.lua `LIB_MT`),
 /// with [`raw_table`] as `H.guard_raw`; `meta`, the sandbox
 /// `setmetatable`/`getmetatable`, on the first touch of either. The Rust
 /// halves are made on first use, by `R.make` (most section entries call none
@@ -235,7 +235,7 @@ pub(crate) fn guard_library(lua: &Lua, interrupted: Interrupted) -> mlua::Result
         )
         .eval()?;
     h.raw_set("guard_raw", raw_table(lua, 64 * 1024 * 1024, interrupted)?)?;
-    for part in ["libs", "meta"] {
+    for part in ["strings", "tables", "meta"] {
         lua.load(crate::vm::deferred_source(GUARDS, part))
             .set_name("=[promptforge guards]")
             .call::<()>(&h)?;
