@@ -224,7 +224,9 @@ const LAZY_GLOBALS: &[&str] = &[
 ];
 
 /// The lazy globals env.lua's `guard_global` guards (the others it returns as they are).
-const GUARDED_GLOBALS: &[&str] = &["call", "fanout", "input", "models", "store", "tasks", "tools"];
+const GUARDED_GLOBALS: &[&str] = &[
+    "call", "fanout", "input", "models", "store", "tasks", "tools",
+];
 
 fn make_lazy_global(lua: &Lua, name: &str) -> mlua::Result<Value> {
     Ok(match name {
@@ -416,36 +418,30 @@ impl Deferred {
     }
 
     /// The key of its bytecode in the per-thread cache, and of its "loaded"
-    /// mark in `H`.
+    /// mark in `H`: one per tag, since parts of one file that are often used
+    /// together load as one chunk (one undump instead of several).
     fn key(self) -> &'static str {
         match self {
             Deferred::LoopHelpers => "=[promptforge prelude] (deferred loop)",
             Deferred::Argv => "=[promptforge prelude] (deferred argv)",
-            Deferred::Strings => "=[promptforge guards] (deferred strings)",
-            Deferred::Tables => "=[promptforge guards] (deferred tables)",
-            Deferred::Concat => "=[promptforge prelude] (deferred concat)",
-            Deferred::Iter => "=[promptforge prelude] (deferred iter)",
-            Deferred::Pcall => "=[promptforge prelude] (deferred pcall)",
-            Deferred::EnvMeta => "=[promptforge env] (deferred meta)",
-            Deferred::GuardsMeta => "=[promptforge guards] (deferred meta)",
-            Deferred::EnvGlobals => "=[promptforge env] (deferred globals)",
-            Deferred::Errors => "=[promptforge prelude] (deferred errors)",
+            Deferred::Iter | Deferred::Pcall | Deferred::Errors | Deferred::Concat => {
+                "=[promptforge prelude] (deferred base)"
+            }
+            Deferred::EnvMeta | Deferred::EnvGlobals => "=[promptforge env] (deferred env)",
+            Deferred::Strings | Deferred::Tables | Deferred::GuardsMeta => {
+                "=[promptforge guards] (deferred guards)"
+            }
         }
     }
 
-    /// The tag of its `--[==[ deferred TAG:` line.
+    /// The tag of its `--[==[ deferred TAG:` lines (every region with it).
     fn tag(self) -> &'static str {
         match self {
             Deferred::LoopHelpers => "loop",
             Deferred::Argv => "argv",
-            Deferred::Strings => "strings",
-            Deferred::Tables => "tables",
-            Deferred::Concat => "concat",
-            Deferred::Iter => "iter",
-            Deferred::Pcall => "pcall",
-            Deferred::EnvMeta | Deferred::GuardsMeta => "meta",
-            Deferred::EnvGlobals => "globals",
-            Deferred::Errors => "errors",
+            Deferred::Iter | Deferred::Pcall | Deferred::Errors | Deferred::Concat => "base",
+            Deferred::EnvMeta | Deferred::EnvGlobals => "env",
+            Deferred::Strings | Deferred::Tables | Deferred::GuardsMeta => "guards",
         }
     }
 
@@ -462,10 +458,8 @@ impl Deferred {
     /// The parts `H.load_part` loads by tag.
     fn by_tag(tag: &str) -> Option<Deferred> {
         match tag {
-            "strings" => Some(Deferred::Strings),
-            "tables" => Some(Deferred::Tables),
-            "concat" => Some(Deferred::Concat),
-            "errors" => Some(Deferred::Errors),
+            "guards" => Some(Deferred::Strings),
+            "base" => Some(Deferred::Errors),
             _ => None,
         }
     }
@@ -506,10 +500,14 @@ pub(crate) fn ensure_part(lua: &Lua, h: &Table, part: Deferred) -> mlua::Result<
         return Ok(());
     }
     match part {
-        Deferred::Tables => ensure_part(lua, h, Deferred::Pcall)?,
-        Deferred::GuardsMeta => ensure_part(lua, h, Deferred::EnvMeta)?,
-        // (their memory and `argv` errors are error values)
-        Deferred::Pcall | Deferred::Argv => ensure_part(lua, h, Deferred::Errors)?,
+        // (the guards' `table.sort` calls the sandbox `pcall`, their
+        // `setmetatable` the `_G` half)
+        Deferred::Strings | Deferred::Tables | Deferred::GuardsMeta => {
+            ensure_part(lua, h, Deferred::Pcall)?;
+            ensure_part(lua, h, Deferred::EnvMeta)?;
+        }
+        // (its errors are error values)
+        Deferred::Argv => ensure_part(lua, h, Deferred::Errors)?,
         _ => {}
     }
     // mlua reads a limit of 0 as "no limit".
@@ -529,7 +527,10 @@ pub(crate) fn ensure_part(lua: &Lua, h: &Table, part: Deferred) -> mlua::Result<
                 })?,
             )?;
         }
-        let needs_raw = matches!(part, Deferred::Strings | Deferred::Tables);
+        let needs_raw = matches!(
+            part,
+            Deferred::Strings | Deferred::Tables | Deferred::GuardsMeta
+        );
         if needs_raw && h.raw_get::<Value>("guard_raw")?.is_nil() {
             // The Rust halves' table, made with the first part that asks: most
             // VMs never need it.
@@ -567,21 +568,19 @@ pub(crate) fn part_helper<V: mlua::FromLua>(
 /// The deferred part `tag` of `file`: every line up to its
 /// `--[==[ deferred TAG:` line blank, then the lines up to the next `--]==]`.
 pub(crate) fn deferred_source(file: &str, tag: &str) -> String {
-    let lines: Vec<&str> = file.lines().collect();
     let opening = format!("--[==[ deferred {tag}:");
-    let open = lines
-        .iter()
-        .position(|l| l.starts_with(&opening))
-        .unwrap_or(lines.len());
-    let close = lines
-        .iter()
-        .skip(open)
-        .position(|l| l.starts_with("--]==]"))
-        .map_or(lines.len(), |n| open + n);
-    let body = lines.get(open + 1..close).unwrap_or(&[]);
-    let mut source = "\n".repeat(open + 1);
-    source.push_str(&body.join("\n"));
-    source.push('\n');
+    let mut source = String::with_capacity(file.len());
+    let mut inside = false;
+    for line in file.lines() {
+        if inside && line.starts_with("--]==]") {
+            inside = false;
+        } else if inside {
+            source.push_str(line);
+        } else if line.starts_with(&opening) {
+            inside = true;
+        }
+        source.push('\n');
+    }
     source
 }
 
@@ -801,25 +800,50 @@ mod tests {
             let source = deferred_source(part.file(), part.tag());
             let file: Vec<&str> = part.file().lines().collect();
             let lines: Vec<&str> = source.lines().collect();
+            assert_eq!(lines.len(), file.len(), "{}: line count", part.tag());
             let code = lines.iter().filter(|l| !l.is_empty()).count();
             assert!(code > 5, "{}: part not found", part.tag());
             for (i, line) in lines.iter().enumerate() {
                 if !line.is_empty() {
                     assert_eq!(*line, file[i], "{}: line {}", part.tag(), i + 1);
+                    assert!(!line.starts_with("--[==[ deferred"), "{}: opener", part.tag());
                 }
             }
-            assert!(
-                file[lines.len()].starts_with("--]==]"),
-                "{}: closing line",
-                part.tag()
+        }
+    }
+
+    /// Every tag the engine's Lua hands `H.load_part` names a part.
+    #[test]
+    fn every_part_tag_in_the_chunks_is_known() {
+        let mut tags: Vec<&str> = Vec::new();
+        for file in [PRELUDE, ENV] {
+            tags.extend(
+                file.split("load_part('")
+                    .skip(1)
+                    .filter_map(|rest| rest.split('\'').next()),
             );
+        }
+        let lib_lazy = ENV
+            .split("local LIB_LAZY = {")
+            .nth(1)
+            .and_then(|rest| rest.split("} }").next())
+            .expect("LIB_LAZY");
+        tags.extend(
+            lib_lazy
+                .split(" = '")
+                .skip(1)
+                .filter_map(|rest| rest.split('\'').next()),
+        );
+        assert!(tags.len() >= 9, "{tags:?}");
+        for tag in tags {
+            assert!(tag == "argv" || Deferred::by_tag(tag).is_some(), "{tag}");
         }
     }
 
     /// `GUARDED_GLOBALS` are the names env.lua's `guard_global` guards.
     #[test]
     fn the_guarded_globals_are_those_env_lua_guards() {
-        let source = deferred_source(ENV, "globals");
+        let source = deferred_source(ENV, "env");
         let mut named: Vec<&str> = source
             .split("name == '")
             .skip(1)
@@ -902,7 +926,10 @@ mod tests {
             let installed: Table = h.raw_get("installed").expect("installed");
             for name in installs {
                 assert!(
-                    installed.raw_get::<Value>(*name).expect("field").is_function(),
+                    installed
+                        .raw_get::<Value>(*name)
+                        .expect("field")
+                        .is_function(),
                     "{name}"
                 );
             }

@@ -20,7 +20,7 @@ local math_type, tsort, tpack, tunpack = math.type, table.sort, table.pack, tabl
 local utf8_len = utf8.len
 local collectgarbage = collectgarbage
 local WEAK_KEYS = { __mode = 'k' } -- (one metatable for every weak-keyed table here)
---[==[ deferred errors: the error values, a second chunk of this name (vm.rs `Deferred`)
+--[==[ deferred base: (errors) the error values, a second chunk of this name (vm.rs `Deferred`)
 -- Only values the engine built classify as host errors: GENUINE maps each one
 -- (weakly) to a snapshot of its fields as built, and nothing a prompt can reach
 -- writes it. The metatable is protected so a prompt can neither take it nor
@@ -50,7 +50,7 @@ function H.make_error(kind, message, fields)
   return setmetatable(e, ERR_MT)
 end
 --]==]
-function H.make_error(...) H.load_part('errors') return H.make_error(...) end -- (until the part is in)
+function H.make_error(...) H.load_part('base') return H.make_error(...) end -- (until the part is in)
 -- Host calls return (true, ...) or (false, err): raise the error value here so
 -- pcall sees exactly the value the host built.
 local function check(ok, ...)
@@ -82,7 +82,7 @@ function H.wrap_hosts_ahead(dispatch, n_sync, n_async, first_sync, first_async)
   return made_sync, made_async
 end
 
---[==[ deferred iter: the ordered `next`/`pairs`, a second chunk of this name (vm.rs `Deferred`)
+--[==[ deferred base: (iter) the ordered `next`/`pairs`, a second chunk of this name (vm.rs `Deferred`)
 local H = ... local type, error, rawget, rawequal, rawlen, next, math_type, tsort, utf8_len, metafield, GLOBALS = H.type, H.error, H.rawget, H.rawequal, H.rawlen, H.next, H.math_type, H.tsort, H.utf8_len, H.metafield_lua, H.globals_table local function key_class(k) -- Deterministic iteration
   local t = type(k)
   if t == 'boolean' then return 1 end
@@ -199,7 +199,7 @@ local function ordered_pairs(t)
   return iter, t, nil
 end H.ordered_next, H.ordered_pairs = ordered_next, ordered_pairs
 --]==]
---[==[ deferred pcall: the sandbox pcall/xpcall (vm.rs `Deferred`): running past the memory ceiling comes back as a `lua` error value
+--[==[ deferred base: (pcall) the sandbox pcall/xpcall (vm.rs `Deferred`): running past the memory ceiling comes back as a `lua` error value
 -- (Lua itself raises a bare string); everything else comes back exactly as raised.
 -- A cancel needs nothing here: the instruction hook raises again at the next poll.
 local H = ... local type, error, rawequal, collectgarbage, pcall, xpcall = H.type, H.error, H.rawequal, H.collectgarbage, H.base_pcall, H.base_xpcall local MEMORY = 'not enough memory'
@@ -427,7 +427,7 @@ function H.list_read(list, max, snaps, known, trusted)
 end
 --]==]
 local function loop_helpers() if not H.loop_helpers_loaded then H.load_loop_helpers() H.loop_helpers_loaded = true end return H end function H.list_shape(...) return loop_helpers().list_shape(...) end function H.list_read(...) return loop_helpers().list_read(...) end local tconcat = table.concat -- (a stand-in kept by a caller stays valid)
---[==[ deferred concat: table.concat honouring __tostring (ch. 05), a second chunk of this name (vm.rs `Deferred`)
+--[==[ deferred base: (concat) table.concat honouring __tostring (ch. 05), a second chunk of this name (vm.rs `Deferred`)
 local H = ... local type, error, tostring, tconcat, metafield = H.type, H.error, H.tostring, H.raw_tconcat, H.metafield_lua local function concat(list, sep, i, j)
   sep = sep or ''
   i = i or 1

@@ -235,11 +235,9 @@ pub(crate) fn guard_library(lua: &Lua, interrupted: Interrupted) -> mlua::Result
         )
         .eval()?;
     h.raw_set("guard_raw", raw_table(lua, 64 * 1024 * 1024, interrupted)?)?;
-    for part in ["strings", "tables", "meta"] {
-        lua.load(crate::vm::deferred_source(GUARDS, part))
-            .set_name("=[promptforge guards]")
-            .call::<()>(&h)?;
-    }
+    lua.load(crate::vm::deferred_source(GUARDS, "guards"))
+        .set_name("=[promptforge guards]")
+        .call::<()>(&h)?;
     // The sandbox `setmetatable`/`getmetatable`, over the base ones here.
     for name in ["setmetatable", "getmetatable"] {
         let made: Function = h.raw_get(format!("sandbox_{name}"))?;
