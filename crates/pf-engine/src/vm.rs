@@ -806,7 +806,11 @@ mod tests {
             for (i, line) in lines.iter().enumerate() {
                 if !line.is_empty() {
                     assert_eq!(*line, file[i], "{}: line {}", part.tag(), i + 1);
-                    assert!(!line.starts_with("--[==[ deferred"), "{}: opener", part.tag());
+                    assert!(
+                        !line.starts_with("--[==[ deferred"),
+                        "{}: opener",
+                        part.tag()
+                    );
                 }
             }
         }
