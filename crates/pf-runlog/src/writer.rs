@@ -1,11 +1,11 @@
-//! Writing one run: rows queue up (events in a shared buffer, the rest on
-//! a channel) and are committed in short transactions, by a background
+//! Writing one run: rows queue up (events and host work encoded into one
+//! shared buffer by whoever reports them) and are committed in short transactions, by a background
 //! thread while the run goes and by the caller itself at a flush or the
 //! finish, so the run's end never waits for another thread to be scheduled.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -17,8 +17,8 @@ use crate::buffer::{EventBuffer, Taken};
 use crate::db::{connect, retry_busy, to_sql_int, BUSY_RETRIES};
 use crate::error::is_busy;
 use crate::records::{
-    ActivationRecord, AnswerRecord, EventRecord, ExchangeDraft, ExchangeHandle, ExchangeRecord,
-    Outcome, RunEnd, RunStart, TokenUsage, ToolCallRecord,
+    ActivationRecord, AnswerRecord, EventRecord, ExchangeDraft, ExchangeHandle, ExchangeParts,
+    ExchangeRecord, Outcome, RunEnd, RunStart, TokenUsage, ToolCallRecord,
 };
 
 /// A callback that receives the writer's one warning.
@@ -83,15 +83,6 @@ impl std::fmt::Debug for WriterOptions {
     }
 }
 
-/// What goes over the channel. Events do not: they go into the shared
-/// [`EventBuffer`], taken whole at each commit.
-pub(crate) enum Message {
-    Draft(Box<ExchangeDraft>, ExchangeHandle),
-    ToolCall(Box<ToolCallRecord>),
-    Answer(Box<AnswerRecord>),
-    Activation(Box<ActivationRecord>),
-}
-
 /// The shared warning slot: set once, read by the caller at any time.
 #[derive(Clone, Default)]
 struct Warning(Arc<Mutex<Option<String>>>);
@@ -125,12 +116,9 @@ impl Warning {
 /// Call [`finish`](RunWriter::finish) before the process exits: rows still
 /// queued when the process ends are lost (rows already committed are not).
 pub struct RunWriter {
-    tx: Sender<Message>,
     shared: Arc<Shared>,
     /// The background thread, woken at the end (rows wait for its window).
     thread: Option<thread::Thread>,
-    /// The next [`ExchangeHandle`]'s number.
-    next_exchange: AtomicU64,
     /// Ends when the background thread does (behind a lock only to keep the writer `Sync`).
     tail: Mutex<Option<WriterTail>>,
 }
@@ -177,12 +165,21 @@ impl WriterTail {
         shared.warning.get()
     }
 
-    /// [`wait_committed`](WriterTail::wait_committed), then wait until the
-    /// background thread has tidied and ended, at most `bound` more.
-    pub fn wait(mut self, bound: Duration) -> Option<String> {
-        let warning = self.wait_committed();
-        let _ = self.done.recv_timeout(bound);
-        warning
+    /// Wait as [`wait_committed`](WriterTail::wait_committed) does, then
+    /// until the background thread has tidied and ended, at most `bound` more.
+    pub fn wait(self, bound: Duration) -> Option<String> {
+        let shared = self.shared.clone()?;
+        // The thread ends after the commit: waiting for its end alone wakes
+        // the caller once, not twice (each wake takes a core's turn).
+        if let Err(mpsc::RecvTimeoutError::Timeout) =
+            self.done.recv_timeout(shared.options.finish_wait)
+        {
+            if let Err(mpsc::TryRecvError::Empty) = self.committed.try_recv() {
+                shared.still_writing(shared.in_database.load(Ordering::SeqCst));
+            }
+            let _ = self.done.recv_timeout(bound);
+        }
+        shared.warning.get()
     }
 }
 
@@ -260,7 +257,6 @@ impl Shared {
 
 /// The database side: opened by whoever needs it first.
 struct Core {
-    rx: Receiver<Message>,
     conn: Option<Connection>,
     /// Whether opening was tried (it is tried once).
     opened: bool,
@@ -270,9 +266,8 @@ struct Core {
     /// The run's row, once inserted.
     run_id: Option<i64>,
     next_ord: i64,
-    /// Host work taken from the queue and not yet committed, as work lines
-    /// (a busy database keeps them here for the next try).
-    work: Vec<u8>,
+    /// Events and host work taken from the buffer and not yet committed (a
+    /// busy database keeps them here for the next try).
     events: Taken,
     spare: Taken,
     /// The run's end, once handed over and not yet committed.
@@ -331,9 +326,6 @@ impl Core {
 
     /// Move what is queued into the uncommitted batch.
     fn gather(&mut self, shared: &Shared) {
-        while let Ok(message) = self.rx.try_recv() {
-            crate::work::encode(&mut self.work, &message);
-        }
         if let Some(end) = shared
             .end
             .lock()
@@ -347,16 +339,12 @@ impl Core {
         } else {
             // A busy commit left some: append after them.
             shared.events.take(&mut self.spare);
-            self.events.lines.extend_from_slice(&self.spare.lines);
-            self.events.count = self.events.count.saturating_add(self.spare.count);
+            self.events.append(&self.spare);
         }
     }
 
     fn has_work(&self) -> bool {
-        !self.work.is_empty()
-            || !self.events.is_empty()
-            || self.end.is_some()
-            || self.pending_start.is_some()
+        !self.events.is_empty() || self.end.is_some() || self.pending_start.is_some()
     }
 
     /// Gather and commit everything queued, trying a busy database `retries`
@@ -384,9 +372,7 @@ impl Core {
 
     fn drop_queued(&mut self, shared: &Shared) {
         shared.events.close();
-        self.work.clear();
-        self.events.lines.clear();
-        self.events.count = 0;
+        self.events.clear();
         self.end = None;
     }
 
@@ -399,8 +385,7 @@ impl Core {
         let _ = conn.busy_timeout(busy_timeout);
         let mut run_id = self.run_id;
         let mut next_ord = self.next_ord;
-        let (pending_start, work, events, end) =
-            (&self.pending_start, &self.work, &self.events, &self.end);
+        let (pending_start, events, end) = (&self.pending_start, &self.events, &self.end);
         let written = retry_busy(retries, || {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let mut id = self.run_id;
@@ -411,9 +396,8 @@ impl Core {
                 }
             }
             if let Some(id) = id {
-                if !events.is_empty() || !work.is_empty() {
-                    // Written as JSON, so always UTF-8.
-                    let work = std::str::from_utf8(work).unwrap_or("");
+                if !events.is_empty() {
+                    let work = events.work_text();
                     tx.prepare_cached(INSERT_EVENTS)?.execute(params![
                         id,
                         ord,
@@ -437,9 +421,7 @@ impl Core {
                 self.run_id = run_id;
                 self.next_ord = next_ord;
                 self.pending_start = None;
-                self.work.clear();
-                self.events.lines.clear();
-                self.events.count = 0;
+                self.events.clear();
                 if self.end.take().is_some() {
                     self.ended = true;
                 }
@@ -500,20 +482,17 @@ impl RunWriter {
         options: WriterOptions,
     ) -> RunWriter {
         let path = db_path.into();
-        let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared {
             path,
             options,
             events: EventBuffer::reusing(),
             core: Mutex::new(Core {
-                rx,
                 conn: None,
                 opened: false,
                 disabled: false,
                 pending_start: Some((start, wall_ms())),
                 run_id: None,
                 next_ord: 0,
-                work: crate::buffer::spare_lines(),
                 events: Taken::reusing(),
                 spare: Taken::default(),
                 end: None,
@@ -537,10 +516,8 @@ impl RunWriter {
             done: done_rx,
         };
         let writer = RunWriter {
-            tx,
             thread: spawned.as_ref().ok().cloned(),
             shared,
-            next_exchange: AtomicU64::new(0),
             tail: Mutex::new(Some(tail)),
         };
         if let Err(err) = spawned {
@@ -604,28 +581,55 @@ impl RunWriter {
     /// continuing an earlier exchange's ([`ExchangeDraft::extends`], a
     /// handle this writer returned).
     pub fn exchange_draft(&self, exchange: ExchangeDraft) -> ExchangeHandle {
-        let handle = self.next_handle();
-        self.send(Message::Draft(Box::new(exchange), handle));
-        handle
+        self.exchange_line(|out, handle| crate::work::draft_line(out, handle, &exchange))
     }
 
-    fn next_handle(&self) -> ExchangeHandle {
-        ExchangeHandle(self.next_exchange.fetch_add(1, Ordering::Relaxed))
+    /// Append one model exchange given by its parts and its bodies, for a
+    /// caller that holds them only by reference: `request` and `response`
+    /// (the response body, when one arrived) are encoded as JSON straight
+    /// into the shared buffer, on the calling thread, with no copy. Read
+    /// back, it is as if [`exchange_draft`](RunWriter::exchange_draft) had
+    /// been handed the same fields and the bodies' JSON text.
+    pub fn exchange_parts<Q: serde::Serialize, R: serde::Serialize>(
+        &self,
+        exchange: &ExchangeParts<'_>,
+        request: &Q,
+        response: Option<&R>,
+    ) -> ExchangeHandle {
+        self.exchange_line(|out, handle| {
+            crate::work::exchange(out, handle, exchange, |out| {
+                crate::work::push_body(out, request);
+                if let Some(response) = response {
+                    crate::work::push_body(out, response);
+                }
+            })
+        })
+    }
+
+    /// Append an exchange's line, which `write` encodes given its handle.
+    fn exchange_line(&self, write: impl FnOnce(&mut Vec<u8>, u64) -> bool) -> ExchangeHandle {
+        ExchangeHandle(self.shared.events.push_work(true, write))
     }
 
     /// Append one tool call.
     pub fn tool_call(&self, call: ToolCallRecord) {
-        self.send(Message::ToolCall(Box::new(call)));
+        self.shared
+            .events
+            .push_work(false, |out, _| crate::work::tool_call_line(out, &call));
     }
 
     /// Append one operator answer.
     pub fn answer(&self, answer: AnswerRecord) {
-        self.send(Message::Answer(Box::new(answer)));
+        self.shared
+            .events
+            .push_work(false, |out, _| crate::work::answer_line(out, &answer));
     }
 
     /// Append one Plugin activation.
     pub fn activation(&self, activation: ActivationRecord) {
-        self.send(Message::Activation(Box::new(activation)));
+        self.shared.events.push_work(false, |out, _| {
+            crate::work::activation_line(out, &activation)
+        });
     }
 
     /// The warning, if the log has given up on this run.
@@ -730,13 +734,6 @@ impl RunWriter {
         if let Some(thread) = &self.thread {
             thread.unpark();
         }
-    }
-
-    fn send(&self, message: Message) {
-        // A closed channel cannot happen while the writer lives (the core
-        // holds the receiver); a message for a log that gave up is dropped
-        // at the next commit.
-        let _ = self.tx.send(message);
     }
 }
 
@@ -999,9 +996,8 @@ fn background_thread(shared: &Shared, committed: SyncSender<()>) {
     let keep = !core.disabled && shared.options.max_page_count.is_none();
     let conn = core.conn.take().filter(|_| keep);
     if !core.has_work() {
-        crate::buffer::recycle_lines(std::mem::take(&mut core.events.lines));
-        crate::buffer::recycle_lines(std::mem::take(&mut core.work));
-        crate::buffer::recycle_lines(std::mem::take(&mut core.spare.lines));
+        core.events.recycle();
+        core.spare.recycle();
         shared.events.recycle();
     }
     drop(core);
