@@ -119,6 +119,9 @@ pub struct RunWriter {
     shared: Arc<Shared>,
     /// The background thread, woken at the end (rows wait for its window).
     thread: Option<thread::Thread>,
+    /// Whether closing wakes the background thread (a deferred finish
+    /// leaves that to whoever waits for it, see `finish_deferred`).
+    wake_on_close: bool,
     /// Ends when the background thread does (behind a lock only to keep the writer `Sync`).
     tail: Mutex<Option<WriterTail>>,
 }
@@ -128,6 +131,9 @@ pub struct RunWriter {
 /// it before the process exits (or before telling anyone the run is logged).
 pub struct WriterTail {
     shared: Option<Arc<Shared>>,
+    /// The background thread, woken before any wait (a deferred finish does
+    /// not wake it).
+    thread: Option<thread::Thread>,
     /// Closed once the run's rows and end are committed (or the log gave up).
     committed: Receiver<()>,
     /// Closed when the background thread ends.
@@ -146,6 +152,7 @@ impl WriterTail {
         let (_, done) = mpsc::sync_channel(1);
         WriterTail {
             shared: None,
+            thread: None,
             committed,
             done,
         }
@@ -156,6 +163,7 @@ impl WriterTail {
     /// if there was one; running out of time gives one.
     pub fn wait_committed(&mut self) -> Option<String> {
         let shared = self.shared.clone()?;
+        self.wake();
         // The thread never sends; dropping the sender is the signal.
         if let Err(mpsc::RecvTimeoutError::Timeout) =
             self.committed.recv_timeout(shared.options.finish_wait)
@@ -169,6 +177,7 @@ impl WriterTail {
     /// until the background thread has tidied and ended, at most `bound` more.
     pub fn wait(self, bound: Duration) -> Option<String> {
         let shared = self.shared.clone()?;
+        self.wake();
         // The thread ends after the commit: waiting for its end alone wakes
         // the caller once, not twice (each wake takes a core's turn).
         if let Err(mpsc::RecvTimeoutError::Timeout) =
@@ -180,6 +189,16 @@ impl WriterTail {
             let _ = self.done.recv_timeout(bound);
         }
         shared.warning.get()
+    }
+}
+
+impl WriterTail {
+    /// Let a closed writer's background thread commit now rather than at
+    /// its window's end (nothing if it is awake already, or was woken).
+    fn wake(&self) {
+        if let Some(thread) = &self.thread {
+            thread.unpark();
+        }
     }
 }
 
@@ -512,11 +531,13 @@ impl RunWriter {
         }));
         let tail = WriterTail {
             shared: Some(Arc::clone(&shared)),
+            thread: spawned.as_ref().ok().cloned(),
             committed: committed_rx,
             done: done_rx,
         };
         let writer = RunWriter {
             thread: spawned.as_ref().ok().cloned(),
+            wake_on_close: true,
             shared,
             tail: Mutex::new(Some(tail)),
         };
@@ -673,16 +694,21 @@ impl RunWriter {
     }
 
     /// Record how the run ended and leave every commit to the background
-    /// thread: returns at once, so the run's end pays nothing for the log.
-    /// Nothing is committed until the background thread gets to it (within
-    /// the window it is in, usually well under a millisecond away, on the
-    /// other core): wait on the returned tail before the process exits or
-    /// before telling anyone the run is logged.
+    /// thread: returns at once, so the run's end pays nothing for the log,
+    /// not even waking that thread (a futex wake that costs a run tens of
+    /// µs on a virtual machine). The thread commits when the tail is
+    /// waited on, when the next writer on the same database in this
+    /// process wants its connection (that writer's thread wakes it), or at
+    /// the end of the window it is in (at most `batch_window_max`), so a
+    /// killed process still loses at most that much. Wait on the returned
+    /// tail before the process exits or before telling anyone the run is
+    /// logged.
     ///
     /// The next writer on the same database in this process starts with
     /// this one's connection once it is done (`promptforge mcp`, benches):
     /// its background thread waits for it, bounded; the run does not.
     pub fn finish_deferred(mut self, end: RunEnd) -> WriterTail {
+        self.wake_on_close = false;
         let tail = self.take_tail();
         *self
             .shared
@@ -741,10 +767,12 @@ impl Drop for RunWriter {
     fn drop(&mut self) {
         // Finished or not, the background thread commits what is left, tidies and ends.
         if self.thread.is_some() {
-            closing_on(&self.shared);
+            closing_on(&self.shared, self.thread.clone());
         }
         self.shared.closing.store(true, Ordering::SeqCst);
-        self.wake();
+        if self.wake_on_close {
+            self.wake();
+        }
     }
 }
 
@@ -783,7 +811,7 @@ struct Idle {
     kept: Option<(PathBuf, Connection)>,
     /// One entry per closed writer whose background thread has not ended:
     /// its database and which writer it is.
-    closing: Vec<(PathBuf, WriterId)>,
+    closing: Vec<(PathBuf, WriterId, Option<thread::Thread>)>,
     /// Writers whose background thread is past its wait: it holds a
     /// connection, or is opening one, and hands it back when it ends.
     working: Vec<WriterId>,
@@ -815,10 +843,19 @@ fn idle_connection(shared: &Shared, until: Option<Instant>) -> Option<Connection
         let left = until?.saturating_duration_since(Instant::now());
         // Only a closed writer whose thread holds a connection will hand
         // one back soon; threads that are all waiting would wait each other out.
-        let others = idle
+        let mut others = false;
+        for (_, _, thread) in idle
             .closing
             .iter()
-            .any(|(p, id)| p == path && *id != me && idle.working.contains(id));
+            .filter(|(p, id, _)| p == path && *id != me && idle.working.contains(id))
+        {
+            others = true;
+            // A deferred finish left its thread waiting out its window:
+            // waking it is this thread's job, off the runs' own threads.
+            if let Some(thread) = thread {
+                thread.unpark();
+            }
+        }
         if left.is_zero() || !others {
             return None;
         }
@@ -829,10 +866,10 @@ fn idle_connection(shared: &Shared, until: Option<Instant>) -> Option<Connection
     }
 }
 
-fn closing_on(shared: &Shared) {
+fn closing_on(shared: &Shared, thread: Option<thread::Thread>) {
     idle_lock()
         .closing
-        .push((shared.path.clone(), writer_id(shared)));
+        .push((shared.path.clone(), writer_id(shared), thread));
 }
 
 /// A closed writer's background thread ends, keeping `conn` for the next.
@@ -844,7 +881,7 @@ fn closed_on(shared: &Shared, conn: Option<Connection>) {
     }
     let replaced = {
         let mut idle = idle_lock();
-        if let Some(at) = idle.closing.iter().position(|(_, id)| *id == me) {
+        if let Some(at) = idle.closing.iter().position(|(_, id, _)| *id == me) {
             idle.closing.swap_remove(at);
         }
         if let Some(at) = idle.working.iter().position(|id| *id == me) {
