@@ -1,7 +1,7 @@
-//! Writing one run: rows queue up (events and host work encoded into one
-//! shared buffer by whoever reports them) and are committed in short transactions, by a background
-//! thread while the run goes and by the caller itself at a flush or the
-//! finish, so the run's end never waits for another thread to be scheduled.
+//! Writing one run: rows queue up (events and host work, encoded into one
+//! shared buffer by whoever reports them) and are committed in short
+//! transactions, by a background thread while the run goes and by the
+//! caller itself at a flush or a synchronous finish.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
