@@ -1066,8 +1066,10 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
     let mut reader = ListReader::default();
     let mut composition = Composition::default();
     checked_records(&lua, &sec, &mut reader, &list_v, false)?;
-    // Whether the last round's tools ran no prompt code: Plugin tools only.
-    let mut no_prompt_code = false;
+    // Whether no prompt code ran since the last read: true before the
+    // first round (only the Engine runs between), then whether the last
+    // round's tools were Plugin tools only.
+    let mut no_prompt_code = true;
     let Value::Table(list) = &list_v else {
         return Err(HostError::lua(format!(
             "messages must be a table of message tables, got {}",

@@ -197,6 +197,33 @@ pub(crate) fn describe_duration(duration: Duration) -> String {
     }
 }
 
+/// Where a provider posts: the URL as configured (for messages and logs) and
+/// as parsed once, so a request does not parse it again. A URL that does not
+/// parse is handed to reqwest as text each time and fails as it always did.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Endpoint {
+    text: String,
+    parsed: Option<reqwest::Url>,
+}
+
+impl Endpoint {
+    pub(crate) fn new(text: String) -> Endpoint {
+        let parsed = reqwest::Url::parse(&text).ok();
+        Endpoint { text, parsed }
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    fn post(&self, client: &reqwest::Client) -> reqwest::RequestBuilder {
+        match &self.parsed {
+            Some(url) => client.post(url.clone()),
+            None => client.post(self.text.as_str()),
+        }
+    }
+}
+
 /// A complete HTTP response: whatever its status, the caller interprets it.
 #[derive(Debug)]
 pub(crate) struct HttpReply {
@@ -228,12 +255,13 @@ impl HttpClient {
     /// oversized body and cancellation are errors.
     pub(crate) async fn post_json(
         &self,
-        url: &str,
+        endpoint: &Endpoint,
         headers: HeaderMap,
         body: Vec<u8>,
         cancel: &CancellationToken,
     ) -> Result<HttpReply, ProviderError> {
-        match self.post(url, headers, body, cancel, false).await? {
+        let url = endpoint.as_str();
+        match self.post(endpoint, headers, body, cancel, false).await? {
             Streamed::Whole(reply) => Ok(reply),
             // Not asked for, so never handed out; read it whole all the same.
             Streamed::Events(_) => {
@@ -250,19 +278,19 @@ impl HttpClient {
     /// back: text already shown cannot be taken back.
     pub(crate) async fn post_stream(
         &self,
-        url: &str,
+        endpoint: &Endpoint,
         headers: HeaderMap,
         body: Vec<u8>,
         cancel: &CancellationToken,
     ) -> Result<Streamed, ProviderError> {
         let mut headers = headers;
         headers.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
-        self.post(url, headers, body, cancel, true).await
+        self.post(endpoint, headers, body, cancel, true).await
     }
 
     async fn post(
         &self,
-        url: &str,
+        endpoint: &Endpoint,
         headers: HeaderMap,
         body: Vec<u8>,
         cancel: &CancellationToken,
@@ -270,7 +298,8 @@ impl HttpClient {
     ) -> Result<Streamed, ProviderError> {
         let mut headers = headers;
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        let response = self.send_once(url, headers, body, cancel).await?;
+        let url = endpoint.as_str();
+        let response = self.send_once(endpoint, headers, body, cancel).await?;
         if stream && is_event_stream(&response) {
             return Ok(Streamed::Events(Box::new(EventStream {
                 url: url.to_string(),
@@ -306,13 +335,18 @@ impl HttpClient {
     /// Send the request and wait for the response head.
     async fn send_once(
         &self,
-        url: &str,
+        endpoint: &Endpoint,
         headers: HeaderMap,
         body: Vec<u8>,
         cancel: &CancellationToken,
     ) -> Result<reqwest::Response, ProviderError> {
         let timeout = self.settings.receive_timeout;
-        let request = self.client.post(url).headers(headers).body(body).send();
+        let url = endpoint.as_str();
+        let request = endpoint
+            .post(&self.client)
+            .headers(headers)
+            .body(body)
+            .send();
         let sent = tokio::select! {
             _ = cancel.cancelled() => return Err(ProviderError::Cancelled),
             sent = tokio::time::timeout(timeout, request) => sent,

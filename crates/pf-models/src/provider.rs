@@ -5,13 +5,13 @@
 
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use pf_harness::{
-    CancellationToken, ChatRequest, ChatResponse, ModelInfo, ModelProvider, OnText, ProviderError,
-    StreamTiming, WireCapture, WorkId,
+    CancellationToken, ChatRequest, ChatResponse, History, ModelInfo, ModelProvider, OnText,
+    ProviderError, StreamTiming, WireCapture, WorkId,
 };
 use reqwest::header::{HeaderMap, HeaderName};
 use reqwest::StatusCode;
@@ -19,18 +19,29 @@ use serde_json::Value as Json;
 
 use crate::http::{
     describe_duration, is_transient, log_safe, malformed, read_api_key, scrub_key, secret_header,
-    status_failure, stream_malformed, EventStream, HttpClient, HttpProviderConfig, HttpReply,
-    Streamed,
+    status_failure, stream_malformed, Endpoint, EventStream, HttpClient, HttpProviderConfig,
+    HttpReply, Streamed,
 };
 use crate::record::RecordFile;
 use crate::scrub::{KeyScrubber, StreamScrub};
-use crate::wire::{self, RequestBody};
+use crate::wire::{self, EncodedMessages, RequestBody};
 
 /// A request body's bytes, as sent (and captured). A conversation's bodies
-/// grow round by round, so the buffer starts at the last body's size.
-fn encode(body: &RequestBody<'_>, last_len: &AtomicUsize) -> Result<Vec<u8>, ProviderError> {
+/// grow round by round, so the buffer starts at the last body's size, and
+/// the messages the last body encoded are copied from `kept` (a body being
+/// encoded elsewhere at the same moment encodes without it).
+fn encode(
+    body: &RequestBody<'_>,
+    history: &History,
+    last_len: &AtomicUsize,
+    kept: &Mutex<EncodedMessages>,
+) -> Result<Vec<u8>, ProviderError> {
     let capacity = last_len.load(Ordering::Relaxed).saturating_add(1024);
-    let bytes = body.encode_with_capacity(capacity).map_err(|error| {
+    let encoded = match kept.try_lock() {
+        Ok(mut kept) => body.encode_keeping(capacity, history, &mut kept),
+        Err(_) => body.encode_with_capacity(capacity),
+    };
+    let bytes = encoded.map_err(|error| {
         ProviderError::Failed(format!("cannot encode the model request: {error}"))
     })?;
     last_len.store(bytes.len(), Ordering::Relaxed);
@@ -189,14 +200,17 @@ pub struct HttpProvider<W> {
     record: Option<Arc<RecordFile>>,
     /// The length of the last request body, the next one's starting buffer.
     last_body_len: AtomicUsize,
+    /// The last body's messages, encoded: the next body of that conversation
+    /// encodes only the messages it adds.
+    kept_messages: Mutex<EncodedMessages>,
     /// `config`'s endpoint for `W::PATH`, joined once (the config never changes).
-    url: String,
+    url: Endpoint,
 }
 
 impl<W: WireFormat> HttpProvider<W> {
     pub fn new(info: ModelInfo, config: HttpProviderConfig) -> Result<Self, String> {
         let http = HttpClient::new(config.http.clone())?;
-        let url = config.endpoint(W::PATH);
+        let url = Endpoint::new(config.endpoint(W::PATH));
         Ok(HttpProvider {
             info,
             url,
@@ -205,6 +219,7 @@ impl<W: WireFormat> HttpProvider<W> {
             wire: W::default(),
             record: None,
             last_body_len: AtomicUsize::new(0),
+            kept_messages: Mutex::default(),
         })
     }
 
@@ -288,13 +303,18 @@ impl<W: WireFormat> HttpProvider<W> {
         cancel: &CancellationToken,
     ) -> Result<ChatResponse, AttemptFailure> {
         let url = self.url.as_str();
-        let body = encode(&self.request_body(request)?, &self.last_body_len)?;
+        let body = encode(
+            &self.request_body(request)?,
+            &request.messages,
+            &self.last_body_len,
+            &self.kept_messages,
+        )?;
         let sent = request
             .capture
             .then(|| String::from_utf8_lossy(&body).into_owned());
         let reply = self
             .http
-            .post_json(url, self.headers(key)?, body, cancel)
+            .post_json(&self.url, self.headers(key)?, body, cancel)
             .await?;
         let mut response = self
             .whole_reply(url, &reply, key)
@@ -321,7 +341,12 @@ impl<W: WireFormat> HttpProvider<W> {
         let url = self.url.as_str();
         let mut body = self.request_body(request)?;
         self.wire.ask_for_stream(&mut body);
-        let body = encode(&body, &self.last_body_len)?;
+        let body = encode(
+            &body,
+            &request.messages,
+            &self.last_body_len,
+            &self.kept_messages,
+        )?;
         let sent = request
             .capture
             .then(|| String::from_utf8_lossy(&body).into_owned());
@@ -335,7 +360,7 @@ impl<W: WireFormat> HttpProvider<W> {
         let on_text: &mut OnText<'_> = &mut on_text;
         let mut stream = match self
             .http
-            .post_stream(url, self.headers(key)?, body, cancel)
+            .post_stream(&self.url, self.headers(key)?, body, cancel)
             .await?
         {
             Streamed::Events(stream) => stream,

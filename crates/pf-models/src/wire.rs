@@ -1,7 +1,7 @@
 //! The chat-completions JSON shape, shared by the OpenAI wire format and the
 //! recording wrapper (its record format), and the reply helpers both wire formats use.
 
-use pf_harness::{ChatMessage, ChatRequest, ToolCall, ToolDecl};
+use pf_harness::{ChatMessage, ChatRequest, History, HistoryMark, ToolCall, ToolDecl};
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 #[cfg(test)]
@@ -57,6 +57,91 @@ impl<'a> RequestBody<'a> {
         let mut bytes = Vec::with_capacity(capacity);
         serde_json::to_writer(&mut bytes, self)?;
         Ok(bytes)
+    }
+}
+
+impl RequestBody<'_> {
+    /// The bytes [`RequestBody::encode_with_capacity`] writes, with a
+    /// messages field that is all of `history` encoded from `kept`: the
+    /// messages `kept` already holds are copied, only the ones after them are
+    /// encoded, and `kept` then holds `history`. A loop's bodies grow by a few
+    /// messages a round, so a round encodes those, not the whole conversation.
+    pub(crate) fn encode_keeping(
+        &self,
+        capacity: usize,
+        history: &History,
+        kept: &mut EncodedMessages,
+    ) -> Result<Vec<u8>, serde_json::Error> {
+        // serde_json's compact form of a map: `{"key":value,...}`.
+        let mut bytes = Vec::with_capacity(capacity);
+        bytes.push(b'{');
+        for (at, (key, value)) in self.fields.iter().enumerate() {
+            if at > 0 {
+                bytes.push(b',');
+            }
+            serde_json::to_writer(&mut bytes, key)?;
+            bytes.push(b':');
+            match value {
+                BodyField::ChatMessages(messages) if is_all_of(messages, history) => {
+                    kept.extend_to(history)?;
+                    bytes.extend_from_slice(&kept.open);
+                    bytes.push(b']');
+                }
+                other => serde_json::to_writer(&mut bytes, other)?,
+            }
+        }
+        bytes.push(b'}');
+        Ok(bytes)
+    }
+}
+
+/// Whether `messages` is `history`'s whole slice (the same memory, not equal messages).
+fn is_all_of(messages: &[ChatMessage], history: &History) -> bool {
+    std::ptr::eq(messages.as_ptr(), history.as_ptr()) && messages.len() == history.len()
+}
+
+/// A conversation's messages array as last encoded, for
+/// [`RequestBody::encode_keeping`]. A history's mark stands for its messages
+/// (`pf_harness::History`), so a history that extends the mark begins with
+/// the messages these bytes encode.
+#[derive(Default)]
+pub(crate) struct EncodedMessages {
+    /// The history `open` encodes; `None` before the first body (or after a failed encoding).
+    mark: Option<HistoryMark>,
+    /// `[` and the messages' encodings, comma-separated, without the closing `]`.
+    open: Vec<u8>,
+}
+
+/// The conversation's text stays out of a provider's `Debug`.
+impl std::fmt::Debug for EncodedMessages {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EncodedMessages")
+            .field("mark", &self.mark)
+            .field("bytes", &self.open.len())
+            .finish()
+    }
+}
+
+impl EncodedMessages {
+    /// Make these bytes encode `history`: add its messages past the kept
+    /// ones, or encode it afresh when it does not begin with them.
+    fn extend_to(&mut self, history: &History) -> Result<(), serde_json::Error> {
+        let from = match self.mark.take() {
+            Some(mark) if history.extends(mark) => mark.len(),
+            _ => {
+                self.open.clear();
+                self.open.push(b'[');
+                0
+            }
+        };
+        for (at, message) in history.iter().enumerate().skip(from) {
+            if at > 0 {
+                self.open.push(b',');
+            }
+            serde_json::to_writer(&mut self.open, &WireMessage(message))?;
+        }
+        self.mark = Some(history.mark());
+        Ok(())
     }
 }
 
@@ -462,6 +547,98 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A body encoded from kept messages is the plain encoding's bytes, over
+    /// histories that grow, are truncated and given other or equal messages,
+    /// are built apart with equal messages, or are not the body's messages.
+    #[test]
+    fn bodies_from_kept_messages_are_the_plain_bytes() {
+        let wire = crate::openai::ChatCompletions::default();
+        let info = ModelInfo {
+            id: "m".into(),
+            context: 1000,
+            thinking: ThinkingSupport::Switchable,
+            description: String::new(),
+        };
+        let requests = varied_requests();
+        let pool: Vec<ChatMessage> = requests
+            .iter()
+            .max_by_key(|r| r.messages.len())
+            .unwrap()
+            .messages
+            .to_vec();
+        let mut kept = EncodedMessages::default();
+        let check = |request: &ChatRequest, kept: &mut EncodedMessages, stream: bool| {
+            let mut body = wire.request_body(&info, "m-1", request).unwrap();
+            if stream {
+                wire.ask_for_stream(&mut body);
+            }
+            let plain = body.encode().unwrap();
+            let from_kept = body.encode_keeping(3, &request.messages, kept).unwrap();
+            assert_eq!(
+                String::from_utf8(from_kept).unwrap(),
+                String::from_utf8(plain).unwrap()
+            );
+        };
+        // The varied requests, each a history built apart.
+        for (at, request) in requests.iter().enumerate() {
+            check(request, &mut kept, at % 2 == 0);
+        }
+        // One history in a loop's ways, with requests of varied fields.
+        let mut history = History::new();
+        let mut step = 0usize;
+        let mut round = |history: &History, kept: &mut EncodedMessages| {
+            let mut request = requests[step % requests.len()].clone();
+            request.messages = history.clone();
+            check(&request, kept, step % 3 == 0);
+            // Twice in a row: nothing new to encode.
+            check(&request, kept, step % 3 == 1);
+            step += 1;
+        };
+        round(&history, &mut kept);
+        for message in &pool {
+            history.push(message.clone());
+            round(&history, &mut kept);
+        }
+        for (len, replacement) in [(7, 2), (3, 3), (5, 0), (0, 4), (1, 1)] {
+            history.truncate(len);
+            round(&history, &mut kept);
+            history.push(pool[replacement].clone());
+            round(&history, &mut kept);
+            // An equal message where one was truncated keeps its mark.
+            let last = history.len();
+            history.push(pool[(replacement + 1) % pool.len()].clone());
+            history.truncate(last);
+            history.push(pool[(replacement + 1) % pool.len()].clone());
+            round(&history, &mut kept);
+        }
+        // Changed before a round: cut short, then given other messages
+        // past the kept length; then a longer history built apart from
+        // other messages.
+        let kept_len = history.len();
+        history.truncate(1);
+        for at in 0..kept_len {
+            history.push(pool[(at + 3) % pool.len()].clone());
+        }
+        round(&history, &mut kept);
+        let reversed: Vec<ChatMessage> = pool.iter().rev().chain(&pool).cloned().collect();
+        round(&reversed.into(), &mut kept);
+        // A history built apart with the same messages, then the first again.
+        let apart: History = history.to_vec().into();
+        round(&apart, &mut kept);
+        history.push(pool[4].clone());
+        round(&history, &mut kept);
+        // A body whose messages are not the history given: encoded plainly,
+        // and the kept bytes stay those of the history they were.
+        let other = &requests[requests.len() - 1];
+        let body = wire.request_body(&info, "m-1", other).unwrap();
+        assert_eq!(
+            body.encode_keeping(0, &history, &mut kept).unwrap(),
+            body.encode().unwrap()
+        );
+        history.push(pool[5].clone());
+        round(&history, &mut kept);
     }
 
     #[test]

@@ -1,7 +1,8 @@
-//! Events on their way to the writer thread: encoded back to back, one
-//! JSON line each, into one buffer that the run's threads append to and the
-//! writer thread takes whole at each commit, storing it as one row (see
-//! `schema.rs`, versions 4 and 5).
+//! Events and host work on their way to the writer thread: encoded back to
+//! back, one JSON line each (events and work lines in two byte buffers),
+//! into one buffer that the run's threads append to and the writer thread
+//! takes whole at each commit, storing it as one row (see `schema.rs`,
+//! versions 4 and 5).
 //!
 //! A run reports hundreds of events per model loop and thousands per wide
 //! fanout. Sent one by one, each cost a few allocations that the writer
@@ -69,13 +70,38 @@ pub(crate) struct EventBuffer {
 pub(crate) struct Taken {
     pub lines: Vec<u8>,
     pub count: u32,
+    /// The host work's lines (`work.rs`), encoded by whoever did the work.
+    pub work: Vec<u8>,
+    /// The next exchange's handle: numbered as their lines go in, so the
+    /// lines are in handle order.
+    next_exchange: u64,
     /// Set when the writer will write no more: appending is then a no-op.
     closed: bool,
 }
 
 impl Taken {
+    /// No event and no work line.
     pub fn is_empty(&self) -> bool {
-        self.count == 0
+        self.count == 0 && self.work.is_empty()
+    }
+
+    /// Drop the lines (keeping their capacity).
+    pub fn clear(&mut self) {
+        self.lines.clear();
+        self.work.clear();
+        self.count = 0;
+    }
+
+    /// Append `more`'s lines after these (a busy commit left these).
+    pub fn append(&mut self, more: &Taken) {
+        self.lines.extend_from_slice(&more.lines);
+        self.work.extend_from_slice(&more.work);
+        self.count = self.count.saturating_add(more.count);
+    }
+
+    /// The work lines as text (written as JSON, so always UTF-8).
+    pub fn work_text(&self) -> &str {
+        std::str::from_utf8(&self.work).unwrap_or("")
     }
 
     /// The lines as text (they were written as JSON, so always UTF-8).
@@ -119,8 +145,16 @@ impl Taken {
     pub fn reusing() -> Taken {
         Taken {
             lines: spare_lines(),
+            work: spare_lines(),
             ..Taken::default()
         }
+    }
+
+    /// Hand both buffers' capacity to a later writer.
+    pub fn recycle(&mut self) {
+        recycle_lines(std::mem::take(&mut self.lines));
+        recycle_lines(std::mem::take(&mut self.work));
+        self.count = 0;
     }
 }
 
@@ -134,13 +168,40 @@ impl EventBuffer {
 
     /// Hand the buffer's capacity to a later writer (the writer is done).
     pub fn recycle(&self) {
-        let lines = {
+        let mut taken = {
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
             state.closed = true;
-            state.count = 0;
-            std::mem::take(&mut state.lines)
+            Taken {
+                lines: std::mem::take(&mut state.lines),
+                work: std::mem::take(&mut state.work),
+                ..Taken::default()
+            }
         };
-        recycle_lines(lines);
+        taken.recycle();
+    }
+
+    /// Append one work line, which `write` encodes (without its newline)
+    /// into the buffer; false from `write` drops what it wrote. With
+    /// `exchange`, the line is an exchange's and `write` gets its handle,
+    /// the run's next (also given back; numbered even when the writer
+    /// writes no more and the line is dropped).
+    pub fn push_work(&self, exchange: bool, write: impl FnOnce(&mut Vec<u8>, u64) -> bool) -> u64 {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let state = &mut *state;
+        let handle = state.next_exchange;
+        if exchange {
+            state.next_exchange += 1;
+        }
+        if state.closed {
+            return handle;
+        }
+        let start = state.work.len();
+        if write(&mut state.work, handle) {
+            state.work.push(b'\n');
+        } else {
+            state.work.truncate(start);
+        }
+        handle
     }
 
     /// Append one event, encoding its fields in place.
@@ -170,18 +231,19 @@ impl EventBuffer {
     /// Take everything appended so far into `into`, leaving `into`'s old
     /// (emptied) buffer in its place so the next appends reuse its capacity.
     pub fn take(&self, into: &mut Taken) {
-        into.lines.clear();
-        into.count = 0;
+        into.clear();
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         std::mem::swap(&mut state.lines, &mut into.lines);
+        std::mem::swap(&mut state.work, &mut into.work);
         std::mem::swap(&mut state.count, &mut into.count);
     }
 
-    /// No more events will be written: drop what is queued and every later one.
+    /// No more lines will be written: drop what is queued and every later one.
     pub fn close(&self) {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         state.closed = true;
         state.lines = Vec::new();
+        state.work = Vec::new();
         state.count = 0;
     }
 }
@@ -229,5 +291,34 @@ mod tests {
         buffer.push("a", "b", "c", 2, &fields);
         buffer.take(&mut taken);
         assert!(taken.is_empty() && taken.lines.is_empty());
+    }
+
+    #[test]
+    fn work_lines_number_exchanges_in_line_order_and_a_failed_one_goes() {
+        let buffer = EventBuffer::default();
+        let write = |text: &'static str| {
+            move |out: &mut Vec<u8>, handle: u64| {
+                out.extend_from_slice(format!("{text}{handle}").as_bytes());
+                true
+            }
+        };
+        assert_eq!(buffer.push_work(true, write("x")), 0);
+        assert_eq!(buffer.push_work(false, write("t")), 1);
+        assert_eq!(buffer.push_work(true, write("x")), 1);
+        // A line that fails to encode leaves nothing of itself.
+        let failed = buffer.push_work(true, |out, _| {
+            out.extend_from_slice(b"half");
+            false
+        });
+        assert_eq!(failed, 2);
+        buffer.push("e", "", "0", 0, &serde_json::Map::new());
+        let mut taken = Taken::default();
+        buffer.take(&mut taken);
+        assert_eq!(taken.work_text(), "x0\nt1\nx1\n");
+        assert_eq!((taken.count, taken.is_empty()), (1, false));
+        buffer.close();
+        assert_eq!(buffer.push_work(true, write("x")), 3);
+        buffer.take(&mut taken);
+        assert!(taken.is_empty() && taken.work.is_empty());
     }
 }

@@ -25,9 +25,9 @@ use std::time::Duration;
 pub use error::RunLogError;
 pub use paths::{data_dir, default_db_path, DB_FILE_NAME};
 pub use records::{
-    ActivationRecord, AnswerRecord, EventRecord, ExchangeDraft, ExchangeHandle, ExchangeRecord,
-    Outcome, RunEnd, RunFilter, RunId, RunRecord, RunStart, RunSummary, TokenUsage, ToolCallRecord,
-    RUNNING,
+    ActivationRecord, AnswerRecord, EventRecord, ExchangeDraft, ExchangeHandle, ExchangeParts,
+    ExchangeRecord, Outcome, RunEnd, RunFilter, RunId, RunRecord, RunStart, RunSummary, TokenUsage,
+    ToolCallRecord, RUNNING,
 };
 pub use writer::{RunWriter, WarningSink, WriterOptions, WriterTail};
 

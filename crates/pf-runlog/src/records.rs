@@ -272,3 +272,47 @@ pub struct ExchangeDraft {
     pub duration_ms: u64,
     pub usage: Option<TokenUsage>,
 }
+
+/// A model exchange's coordinates and outcome, borrowed, for
+/// [`RunWriter::exchange_parts`](crate::RunWriter::exchange_parts), which
+/// encodes the bodies straight into the log's buffer: nothing is copied to
+/// hand over. Read back, it is an [`ExchangeRecord`] as for an
+/// [`ExchangeDraft`] with the same fields.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ExchangeParts<'a> {
+    pub task: &'a str,
+    pub seq: u32,
+    pub section: &'a str,
+    pub model: &'a str,
+    /// 1 for the first try, counting retries.
+    pub attempt: u32,
+    /// As [`ExchangeDraft::extends`].
+    pub extends: Option<ExchangeHandle>,
+    /// As [`ExchangeDraft::same_tools`].
+    pub same_tools: bool,
+    pub error: Option<&'a str>,
+    pub status: Option<u16>,
+    pub started_ms: i64,
+    pub duration_ms: u64,
+    pub usage: Option<TokenUsage>,
+}
+
+impl ExchangeDraft {
+    /// The draft's fields but its bodies, borrowed.
+    pub fn parts(&self) -> ExchangeParts<'_> {
+        ExchangeParts {
+            task: &self.task,
+            seq: self.seq,
+            section: &self.section,
+            model: &self.model,
+            attempt: self.attempt,
+            extends: self.extends,
+            same_tools: self.same_tools,
+            error: self.error.as_deref(),
+            status: self.status,
+            started_ms: self.started_ms,
+            duration_ms: self.duration_ms,
+            usage: self.usage,
+        }
+    }
+}

@@ -5,8 +5,10 @@
 //! Stored as rows, a 50-round loop's commit inserted 51 exchange rows, each
 //! with an index entry, and rewrote both trees' last pages; a 1,000-arm
 //! fanout inserted 1,000. As lines they are one more column of the row the
-//! commit writes anyway. The writer thread encodes them (the run's thread
-//! only hands records over).
+//! commit writes anyway. Whoever did the work encodes its line straight
+//! into the writer's buffer (`buffer.rs`), as events are: nothing is
+//! copied, boxed or sent to the writer thread, which frees nothing of the
+//! run's (and whose last commit, after the run's end, encodes nothing).
 //!
 //! Each line's first element says what it is:
 //! - `["x", handle, task, seq, section, model, attempt, extends, same_tools,
@@ -21,82 +23,112 @@
 //! - `["p", plugin, tools, error]`: a Plugin activation.
 
 use serde::de::IgnoredAny;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::records::{ActivationRecord, AnswerRecord, ToolCallRecord};
-use crate::writer::Message;
+use crate::records::{
+    ActivationRecord, AnswerRecord, ExchangeDraft, ExchangeParts, ToolCallRecord,
+};
 
-/// Append `message` as one work line.
-pub(crate) fn encode(out: &mut Vec<u8>, message: &Message) {
-    let start = out.len();
-    let encoded = match message {
-        Message::Draft(x, handle) => {
-            let usage = x.usage.map(|u| (u.input, u.output, u.total));
-            let head = (
-                "x",
-                handle.0,
-                &x.task,
-                x.seq,
-                &x.section,
-                &x.model,
-                x.attempt,
-                x.extends.map(|base| base.0),
-                x.same_tools,
-                &x.error,
-                x.status,
-                x.started_ms,
-                x.duration_ms,
-                usage,
-            );
-            serde_json::to_writer(&mut *out, &head).map(|()| {
-                // The bodies are JSON already: in as they are, last.
-                out.pop();
-                out.push(b',');
-                push_raw(out, &x.request_json);
-                if let Some(response) = &x.response_json {
-                    out.push(b',');
-                    push_raw(out, response);
-                }
-                out.push(b']');
-            })
-        }
-        Message::ToolCall(t) => serde_json::to_writer(
-            &mut *out,
-            &(
-                "t",
-                &t.task,
-                t.seq,
-                &t.section,
-                &t.alias,
-                &t.path,
-                &t.arguments,
-                &t.output,
-                t.trusted,
-                &t.failure,
-            ),
-        ),
-        Message::Answer(a) => serde_json::to_writer(
-            &mut *out,
-            &("a", &a.task, a.seq, &a.section, &a.question, &a.answer),
-        ),
-        Message::Activation(a) => {
-            serde_json::to_writer(&mut *out, &("p", &a.plugin, &a.tools, &a.error))
-        }
-    };
-    if encoded.is_err() {
-        // Never for these types (string-keyed JSON only); drop the line whole.
-        out.truncate(start);
-        return;
+/// Encode an exchange's line (without its newline) into `out`: the head,
+/// then what `bodies` appends after it (`,request`, and `,response` when
+/// one arrived; see [`push_body`] and [`push_raw`]). False if nothing
+/// usable was written (the caller drops the line).
+pub(crate) fn exchange(
+    out: &mut Vec<u8>,
+    handle: u64,
+    x: &ExchangeParts<'_>,
+    bodies: impl FnOnce(&mut Vec<u8>),
+) -> bool {
+    let usage = x.usage.map(|u| (u.input, u.output, u.total));
+    let head = (
+        "x",
+        handle,
+        x.task,
+        x.seq,
+        x.section,
+        x.model,
+        x.attempt,
+        x.extends.map(|base| base.0),
+        x.same_tools,
+        x.error,
+        x.status,
+        x.started_ms,
+        x.duration_ms,
+        usage,
+    );
+    if serde_json::to_writer(&mut *out, &head).is_err() {
+        return false;
     }
-    out.push(b'\n');
+    // The bodies go in last, before the head's closing `]`.
+    out.pop();
+    bodies(out);
+    out.push(b']');
+    true
 }
 
-/// A body's JSON text on one line: outside strings a newline is only
-/// whitespace, and inside them JSON has none unescaped. Not checked: text
-/// that is not JSON fails the run's exchanges on reading, as a column of
-/// it did.
-fn push_raw(out: &mut Vec<u8>, json: &str) {
+/// A drafted exchange's line (without its newline): its bodies are JSON
+/// text already, and go in as they are.
+pub(crate) fn draft_line(out: &mut Vec<u8>, handle: u64, x: &ExchangeDraft) -> bool {
+    exchange(out, handle, &x.parts(), |out| {
+        push_raw(out, &x.request_json);
+        if let Some(response) = &x.response_json {
+            push_raw(out, response);
+        }
+    })
+}
+
+/// Append `,` and `body` encoded as JSON (`null` if it will not encode,
+/// which string-keyed JSON always does).
+pub(crate) fn push_body(out: &mut Vec<u8>, body: &impl Serialize) {
+    out.push(b',');
+    let start = out.len();
+    if serde_json::to_writer(&mut *out, body).is_err() {
+        out.truncate(start);
+        out.extend_from_slice(b"null");
+    }
+}
+
+/// A tool call's line (without its newline).
+pub(crate) fn tool_call_line(out: &mut Vec<u8>, t: &ToolCallRecord) -> bool {
+    serde_json::to_writer(
+        &mut *out,
+        &(
+            "t",
+            &t.task,
+            t.seq,
+            &t.section,
+            &t.alias,
+            &t.path,
+            &t.arguments,
+            &t.output,
+            t.trusted,
+            &t.failure,
+        ),
+    )
+    .is_ok()
+}
+
+/// An operator answer's line (without its newline).
+pub(crate) fn answer_line(out: &mut Vec<u8>, a: &AnswerRecord) -> bool {
+    serde_json::to_writer(
+        &mut *out,
+        &("a", &a.task, a.seq, &a.section, &a.question, &a.answer),
+    )
+    .is_ok()
+}
+
+/// A Plugin activation's line (without its newline).
+pub(crate) fn activation_line(out: &mut Vec<u8>, a: &ActivationRecord) -> bool {
+    serde_json::to_writer(&mut *out, &("p", &a.plugin, &a.tools, &a.error)).is_ok()
+}
+
+/// Append `,` and a body's JSON text on one line: outside strings a newline
+/// is only whitespace, and inside them JSON has none unescaped. Not checked:
+/// text that is not JSON fails the run's exchanges on reading, as a column
+/// of it did.
+pub(crate) fn push_raw(out: &mut Vec<u8>, json: &str) {
+    out.push(b',');
     let text = json.trim();
     if text.is_empty() {
         out.extend_from_slice(b"null");
@@ -244,10 +276,12 @@ mod tests {
             }),
         };
         let kept = draft.clone();
-        encode(
-            &mut out,
-            &Message::Draft(Box::new(draft), ExchangeHandle(4)),
-        );
+        let line = |out: &mut Vec<u8>, ok: bool| {
+            assert!(ok);
+            out.push(b'\n');
+        };
+        let ok = draft_line(&mut out, 4, &draft);
+        line(&mut out, ok);
         let call = ToolCallRecord {
             task: "0".into(),
             seq: 1,
@@ -259,7 +293,8 @@ mod tests {
             trusted: false,
             failure: Some("no".into()),
         };
-        encode(&mut out, &Message::ToolCall(Box::new(call.clone())));
+        let ok = tool_call_line(&mut out, &call);
+        line(&mut out, ok);
         let answer = AnswerRecord {
             task: "0".into(),
             seq: 2,
@@ -267,13 +302,15 @@ mod tests {
             question: "why?".into(),
             answer: None,
         };
-        encode(&mut out, &Message::Answer(Box::new(answer.clone())));
+        let ok = answer_line(&mut out, &answer);
+        line(&mut out, ok);
         let activation = ActivationRecord {
             plugin: "acme".into(),
             tools: Some(json!([{"name": "tick"}])),
             error: None,
         };
-        encode(&mut out, &Message::Activation(Box::new(activation.clone())));
+        let ok = activation_line(&mut out, &activation);
+        line(&mut out, ok);
         let text = String::from_utf8(out).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 4);
@@ -292,15 +329,59 @@ mod tests {
             request_json: "{}".into(),
             ..ExchangeDraft::clone(&kept)
         };
-        encode(
-            &mut one,
-            &Message::Draft(Box::new(draft), ExchangeHandle(5)),
-        );
+        let ok = draft_line(&mut one, 5, &draft);
+        line(&mut one, ok);
         let x: ExchangeLine = serde_json::from_slice(&one[..one.len() - 1]).unwrap();
         assert_eq!(x.response, Some(Value::Null));
         assert!(is(lines[1], 't'));
         assert_eq!(tool_call(lines[1]).unwrap(), call);
         assert_eq!(super::answer(lines[2]).unwrap(), answer);
         assert_eq!(super::activation(lines[3]).unwrap(), activation);
+    }
+
+    #[test]
+    fn an_exchange_encoded_from_its_parts_is_the_line_of_its_draft() {
+        let request = json!({"messages": [{"role": "user", "content": "a\nb \"é\""}], "n": 1.5});
+        let response = json!({"content": null, "tool_calls": []});
+        let draft = ExchangeDraft {
+            task: "0.2".into(),
+            seq: 7,
+            section: "Loop \"x\"".into(),
+            model: "m".into(),
+            attempt: 1,
+            request_json: request.to_string(),
+            extends: Some(ExchangeHandle(1)),
+            same_tools: true,
+            response_json: Some(response.to_string()),
+            error: None,
+            status: None,
+            started_ms: 5,
+            duration_ms: 0,
+            usage: None,
+        };
+        let (mut drafted, mut parted) = (Vec::new(), Vec::new());
+        assert!(draft_line(&mut drafted, 2, &draft));
+        assert!(exchange(&mut parted, 2, &draft.parts(), |out| {
+            push_body(out, &request);
+            push_body(out, &response);
+        }));
+        assert_eq!(
+            String::from_utf8(parted).unwrap(),
+            String::from_utf8(drafted).unwrap()
+        );
+        // No response: no element for it.
+        let failed = ExchangeDraft {
+            response_json: None,
+            error: Some("failed: x".into()),
+            ..draft
+        };
+        let (mut drafted, mut parted) = (Vec::new(), Vec::new());
+        assert!(draft_line(&mut drafted, 3, &failed));
+        assert!(exchange(&mut parted, 3, &failed.parts(), |out| {
+            push_body(out, &request);
+        }));
+        assert_eq!(parted, drafted);
+        let x: ExchangeLine = serde_json::from_slice(&parted).unwrap();
+        assert_eq!((x.response, x.error.as_deref()), (None, Some("failed: x")));
     }
 }

@@ -1,11 +1,11 @@
-//! Writing one run: rows queue up (events in a shared buffer, the rest on
-//! a channel) and are committed in short transactions, by a background
-//! thread while the run goes and by the caller itself at a flush or the
-//! finish, so the run's end never waits for another thread to be scheduled.
+//! Writing one run: rows queue up (events and host work, encoded into one
+//! shared buffer by whoever reports them) and are committed in short
+//! transactions, by a background thread while the run goes and by the
+//! caller itself at a flush or a synchronous finish.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -17,8 +17,8 @@ use crate::buffer::{EventBuffer, Taken};
 use crate::db::{connect, retry_busy, to_sql_int, BUSY_RETRIES};
 use crate::error::is_busy;
 use crate::records::{
-    ActivationRecord, AnswerRecord, EventRecord, ExchangeDraft, ExchangeHandle, ExchangeRecord,
-    Outcome, RunEnd, RunStart, TokenUsage, ToolCallRecord,
+    ActivationRecord, AnswerRecord, EventRecord, ExchangeDraft, ExchangeHandle, ExchangeParts,
+    ExchangeRecord, Outcome, RunEnd, RunStart, TokenUsage, ToolCallRecord,
 };
 
 /// A callback that receives the writer's one warning.
@@ -83,15 +83,6 @@ impl std::fmt::Debug for WriterOptions {
     }
 }
 
-/// What goes over the channel. Events do not: they go into the shared
-/// [`EventBuffer`], taken whole at each commit.
-pub(crate) enum Message {
-    Draft(Box<ExchangeDraft>, ExchangeHandle),
-    ToolCall(Box<ToolCallRecord>),
-    Answer(Box<AnswerRecord>),
-    Activation(Box<ActivationRecord>),
-}
-
 /// The shared warning slot: set once, read by the caller at any time.
 #[derive(Clone, Default)]
 struct Warning(Arc<Mutex<Option<String>>>);
@@ -125,12 +116,12 @@ impl Warning {
 /// Call [`finish`](RunWriter::finish) before the process exits: rows still
 /// queued when the process ends are lost (rows already committed are not).
 pub struct RunWriter {
-    tx: Sender<Message>,
     shared: Arc<Shared>,
     /// The background thread, woken at the end (rows wait for its window).
     thread: Option<thread::Thread>,
-    /// The next [`ExchangeHandle`]'s number.
-    next_exchange: AtomicU64,
+    /// Whether closing wakes the background thread (a deferred finish
+    /// leaves that to whoever waits for it, see `finish_deferred`).
+    wake_on_close: bool,
     /// Ends when the background thread does (behind a lock only to keep the writer `Sync`).
     tail: Mutex<Option<WriterTail>>,
 }
@@ -140,6 +131,9 @@ pub struct RunWriter {
 /// it before the process exits (or before telling anyone the run is logged).
 pub struct WriterTail {
     shared: Option<Arc<Shared>>,
+    /// The background thread, woken before any wait (a deferred finish does
+    /// not wake it).
+    thread: Option<thread::Thread>,
     /// Closed once the run's rows and end are committed (or the log gave up).
     committed: Receiver<()>,
     /// Closed when the background thread ends.
@@ -158,6 +152,7 @@ impl WriterTail {
         let (_, done) = mpsc::sync_channel(1);
         WriterTail {
             shared: None,
+            thread: None,
             committed,
             done,
         }
@@ -168,6 +163,7 @@ impl WriterTail {
     /// if there was one; running out of time gives one.
     pub fn wait_committed(&mut self) -> Option<String> {
         let shared = self.shared.clone()?;
+        self.wake();
         // The thread never sends; dropping the sender is the signal.
         if let Err(mpsc::RecvTimeoutError::Timeout) =
             self.committed.recv_timeout(shared.options.finish_wait)
@@ -177,12 +173,32 @@ impl WriterTail {
         shared.warning.get()
     }
 
-    /// [`wait_committed`](WriterTail::wait_committed), then wait until the
-    /// background thread has tidied and ended, at most `bound` more.
-    pub fn wait(mut self, bound: Duration) -> Option<String> {
-        let warning = self.wait_committed();
-        let _ = self.done.recv_timeout(bound);
-        warning
+    /// Wait as [`wait_committed`](WriterTail::wait_committed) does, then
+    /// until the background thread has tidied and ended, at most `bound` more.
+    pub fn wait(self, bound: Duration) -> Option<String> {
+        let shared = self.shared.clone()?;
+        self.wake();
+        // The thread ends after the commit: waiting for its end alone wakes
+        // the caller once, not twice (each wake takes a core's turn).
+        if let Err(mpsc::RecvTimeoutError::Timeout) =
+            self.done.recv_timeout(shared.options.finish_wait)
+        {
+            if let Err(mpsc::TryRecvError::Empty) = self.committed.try_recv() {
+                shared.still_writing(shared.in_database.load(Ordering::SeqCst));
+            }
+            let _ = self.done.recv_timeout(bound);
+        }
+        shared.warning.get()
+    }
+}
+
+impl WriterTail {
+    /// Let a closed writer's background thread commit now rather than at
+    /// its window's end (nothing if it is awake already, or was woken).
+    fn wake(&self) {
+        if let Some(thread) = &self.thread {
+            thread.unpark();
+        }
     }
 }
 
@@ -260,7 +276,6 @@ impl Shared {
 
 /// The database side: opened by whoever needs it first.
 struct Core {
-    rx: Receiver<Message>,
     conn: Option<Connection>,
     /// Whether opening was tried (it is tried once).
     opened: bool,
@@ -270,9 +285,8 @@ struct Core {
     /// The run's row, once inserted.
     run_id: Option<i64>,
     next_ord: i64,
-    /// Host work taken from the queue and not yet committed, as work lines
-    /// (a busy database keeps them here for the next try).
-    work: Vec<u8>,
+    /// Events and host work taken from the buffer and not yet committed (a
+    /// busy database keeps them here for the next try).
     events: Taken,
     spare: Taken,
     /// The run's end, once handed over and not yet committed.
@@ -331,9 +345,6 @@ impl Core {
 
     /// Move what is queued into the uncommitted batch.
     fn gather(&mut self, shared: &Shared) {
-        while let Ok(message) = self.rx.try_recv() {
-            crate::work::encode(&mut self.work, &message);
-        }
         if let Some(end) = shared
             .end
             .lock()
@@ -347,16 +358,12 @@ impl Core {
         } else {
             // A busy commit left some: append after them.
             shared.events.take(&mut self.spare);
-            self.events.lines.extend_from_slice(&self.spare.lines);
-            self.events.count = self.events.count.saturating_add(self.spare.count);
+            self.events.append(&self.spare);
         }
     }
 
     fn has_work(&self) -> bool {
-        !self.work.is_empty()
-            || !self.events.is_empty()
-            || self.end.is_some()
-            || self.pending_start.is_some()
+        !self.events.is_empty() || self.end.is_some() || self.pending_start.is_some()
     }
 
     /// Gather and commit everything queued, trying a busy database `retries`
@@ -384,9 +391,7 @@ impl Core {
 
     fn drop_queued(&mut self, shared: &Shared) {
         shared.events.close();
-        self.work.clear();
-        self.events.lines.clear();
-        self.events.count = 0;
+        self.events.clear();
         self.end = None;
     }
 
@@ -399,8 +404,7 @@ impl Core {
         let _ = conn.busy_timeout(busy_timeout);
         let mut run_id = self.run_id;
         let mut next_ord = self.next_ord;
-        let (pending_start, work, events, end) =
-            (&self.pending_start, &self.work, &self.events, &self.end);
+        let (pending_start, events, end) = (&self.pending_start, &self.events, &self.end);
         let written = retry_busy(retries, || {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let mut id = self.run_id;
@@ -411,9 +415,8 @@ impl Core {
                 }
             }
             if let Some(id) = id {
-                if !events.is_empty() || !work.is_empty() {
-                    // Written as JSON, so always UTF-8.
-                    let work = std::str::from_utf8(work).unwrap_or("");
+                if !events.is_empty() {
+                    let work = events.work_text();
                     tx.prepare_cached(INSERT_EVENTS)?.execute(params![
                         id,
                         ord,
@@ -437,9 +440,7 @@ impl Core {
                 self.run_id = run_id;
                 self.next_ord = next_ord;
                 self.pending_start = None;
-                self.work.clear();
-                self.events.lines.clear();
-                self.events.count = 0;
+                self.events.clear();
                 if self.end.take().is_some() {
                     self.ended = true;
                 }
@@ -500,20 +501,17 @@ impl RunWriter {
         options: WriterOptions,
     ) -> RunWriter {
         let path = db_path.into();
-        let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared {
             path,
             options,
             events: EventBuffer::reusing(),
             core: Mutex::new(Core {
-                rx,
                 conn: None,
                 opened: false,
                 disabled: false,
                 pending_start: Some((start, wall_ms())),
                 run_id: None,
                 next_ord: 0,
-                work: crate::buffer::spare_lines(),
                 events: Taken::reusing(),
                 spare: Taken::default(),
                 end: None,
@@ -533,14 +531,14 @@ impl RunWriter {
         }));
         let tail = WriterTail {
             shared: Some(Arc::clone(&shared)),
+            thread: spawned.as_ref().ok().cloned(),
             committed: committed_rx,
             done: done_rx,
         };
         let writer = RunWriter {
-            tx,
             thread: spawned.as_ref().ok().cloned(),
+            wake_on_close: true,
             shared,
-            next_exchange: AtomicU64::new(0),
             tail: Mutex::new(Some(tail)),
         };
         if let Err(err) = spawned {
@@ -604,28 +602,55 @@ impl RunWriter {
     /// continuing an earlier exchange's ([`ExchangeDraft::extends`], a
     /// handle this writer returned).
     pub fn exchange_draft(&self, exchange: ExchangeDraft) -> ExchangeHandle {
-        let handle = self.next_handle();
-        self.send(Message::Draft(Box::new(exchange), handle));
-        handle
+        self.exchange_line(|out, handle| crate::work::draft_line(out, handle, &exchange))
     }
 
-    fn next_handle(&self) -> ExchangeHandle {
-        ExchangeHandle(self.next_exchange.fetch_add(1, Ordering::Relaxed))
+    /// Append one model exchange given by its parts and its bodies, for a
+    /// caller that holds them only by reference: `request` and `response`
+    /// (the response body, when one arrived) are encoded as JSON straight
+    /// into the shared buffer, on the calling thread, with no copy. Read
+    /// back, it is as if [`exchange_draft`](RunWriter::exchange_draft) had
+    /// been handed the same fields and the bodies' JSON text.
+    pub fn exchange_parts<Q: serde::Serialize, R: serde::Serialize>(
+        &self,
+        exchange: &ExchangeParts<'_>,
+        request: &Q,
+        response: Option<&R>,
+    ) -> ExchangeHandle {
+        self.exchange_line(|out, handle| {
+            crate::work::exchange(out, handle, exchange, |out| {
+                crate::work::push_body(out, request);
+                if let Some(response) = response {
+                    crate::work::push_body(out, response);
+                }
+            })
+        })
+    }
+
+    /// Append an exchange's line, which `write` encodes given its handle.
+    fn exchange_line(&self, write: impl FnOnce(&mut Vec<u8>, u64) -> bool) -> ExchangeHandle {
+        ExchangeHandle(self.shared.events.push_work(true, write))
     }
 
     /// Append one tool call.
     pub fn tool_call(&self, call: ToolCallRecord) {
-        self.send(Message::ToolCall(Box::new(call)));
+        self.shared
+            .events
+            .push_work(false, |out, _| crate::work::tool_call_line(out, &call));
     }
 
     /// Append one operator answer.
     pub fn answer(&self, answer: AnswerRecord) {
-        self.send(Message::Answer(Box::new(answer)));
+        self.shared
+            .events
+            .push_work(false, |out, _| crate::work::answer_line(out, &answer));
     }
 
     /// Append one Plugin activation.
     pub fn activation(&self, activation: ActivationRecord) {
-        self.send(Message::Activation(Box::new(activation)));
+        self.shared.events.push_work(false, |out, _| {
+            crate::work::activation_line(out, &activation)
+        });
     }
 
     /// The warning, if the log has given up on this run.
@@ -669,16 +694,21 @@ impl RunWriter {
     }
 
     /// Record how the run ended and leave every commit to the background
-    /// thread: returns at once, so the run's end pays nothing for the log.
-    /// Nothing is committed until the background thread gets to it (within
-    /// the window it is in, usually well under a millisecond away, on the
-    /// other core): wait on the returned tail before the process exits or
-    /// before telling anyone the run is logged.
+    /// thread: returns at once, so the run's end pays nothing for the log,
+    /// not even waking that thread (a futex wake that costs a run tens of
+    /// µs on a virtual machine). The thread commits when the tail is
+    /// waited on, when the next writer on the same database in this
+    /// process wants its connection (that writer's thread wakes it), or at
+    /// the end of the window it is in (at most `batch_window_max`), so a
+    /// killed process still loses at most that much. Wait on the returned
+    /// tail before the process exits or before telling anyone the run is
+    /// logged.
     ///
     /// The next writer on the same database in this process starts with
     /// this one's connection once it is done (`promptforge mcp`, benches):
     /// its background thread waits for it, bounded; the run does not.
     pub fn finish_deferred(mut self, end: RunEnd) -> WriterTail {
+        self.wake_on_close = false;
         let tail = self.take_tail();
         *self
             .shared
@@ -731,23 +761,18 @@ impl RunWriter {
             thread.unpark();
         }
     }
-
-    fn send(&self, message: Message) {
-        // A closed channel cannot happen while the writer lives (the core
-        // holds the receiver); a message for a log that gave up is dropped
-        // at the next commit.
-        let _ = self.tx.send(message);
-    }
 }
 
 impl Drop for RunWriter {
     fn drop(&mut self) {
         // Finished or not, the background thread commits what is left, tidies and ends.
         if self.thread.is_some() {
-            closing_on(&self.shared);
+            closing_on(&self.shared, self.thread.clone());
         }
         self.shared.closing.store(true, Ordering::SeqCst);
-        self.wake();
+        if self.wake_on_close {
+            self.wake();
+        }
     }
 }
 
@@ -786,7 +811,7 @@ struct Idle {
     kept: Option<(PathBuf, Connection)>,
     /// One entry per closed writer whose background thread has not ended:
     /// its database and which writer it is.
-    closing: Vec<(PathBuf, WriterId)>,
+    closing: Vec<(PathBuf, WriterId, Option<thread::Thread>)>,
     /// Writers whose background thread is past its wait: it holds a
     /// connection, or is opening one, and hands it back when it ends.
     working: Vec<WriterId>,
@@ -818,10 +843,19 @@ fn idle_connection(shared: &Shared, until: Option<Instant>) -> Option<Connection
         let left = until?.saturating_duration_since(Instant::now());
         // Only a closed writer whose thread holds a connection will hand
         // one back soon; threads that are all waiting would wait each other out.
-        let others = idle
+        let mut others = false;
+        for (_, _, thread) in idle
             .closing
             .iter()
-            .any(|(p, id)| p == path && *id != me && idle.working.contains(id));
+            .filter(|(p, id, _)| p == path && *id != me && idle.working.contains(id))
+        {
+            others = true;
+            // A deferred finish left its thread waiting out its window:
+            // waking it is this thread's job, off the runs' own threads.
+            if let Some(thread) = thread {
+                thread.unpark();
+            }
+        }
         if left.is_zero() || !others {
             return None;
         }
@@ -832,10 +866,10 @@ fn idle_connection(shared: &Shared, until: Option<Instant>) -> Option<Connection
     }
 }
 
-fn closing_on(shared: &Shared) {
+fn closing_on(shared: &Shared, thread: Option<thread::Thread>) {
     idle_lock()
         .closing
-        .push((shared.path.clone(), writer_id(shared)));
+        .push((shared.path.clone(), writer_id(shared), thread));
 }
 
 /// A closed writer's background thread ends, keeping `conn` for the next.
@@ -847,7 +881,7 @@ fn closed_on(shared: &Shared, conn: Option<Connection>) {
     }
     let replaced = {
         let mut idle = idle_lock();
-        if let Some(at) = idle.closing.iter().position(|(_, id)| *id == me) {
+        if let Some(at) = idle.closing.iter().position(|(_, id, _)| *id == me) {
             idle.closing.swap_remove(at);
         }
         if let Some(at) = idle.working.iter().position(|id| *id == me) {
@@ -999,9 +1033,8 @@ fn background_thread(shared: &Shared, committed: SyncSender<()>) {
     let keep = !core.disabled && shared.options.max_page_count.is_none();
     let conn = core.conn.take().filter(|_| keep);
     if !core.has_work() {
-        crate::buffer::recycle_lines(std::mem::take(&mut core.events.lines));
-        crate::buffer::recycle_lines(std::mem::take(&mut core.work));
-        crate::buffer::recycle_lines(std::mem::take(&mut core.spare.lines));
+        core.events.recycle();
+        core.spare.recycle();
         shared.events.recycle();
     }
     drop(core);

@@ -806,6 +806,50 @@ fn a_deferred_finish_is_committed_once_its_tail_says_so() {
 }
 
 #[test]
+fn a_deferred_finish_commits_when_the_next_writer_wants_its_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_in(&dir);
+    let log = RunLog::open(&path).unwrap();
+    // Windows of an hour: a finished writer's thread is not woken by its
+    // run's end, so only the next writer's thread wanting its connection
+    // (or a wait on its tail) makes it commit before then.
+    let options = WriterOptions {
+        batch_window: Duration::from_secs(3600),
+        batch_window_max: Duration::from_secs(3600),
+        ..patient()
+    };
+    let mut last = None;
+    for run in 0..8u32 {
+        let writer = log.begin_with(start(&format!("run-woken-{run}")), options.clone());
+        writer.event(event("0", 0, "lua"));
+        writer.exchange(exchange("0", 1));
+        // Only the last tail is waited on; the others are dropped.
+        last = Some(writer.finish_deferred(completed(&format!("r{run}"))));
+    }
+    assert_eq!(last.unwrap().wait(Duration::from_secs(120)), None);
+    for run in 0..8u32 {
+        let execution = format!("run-woken-{run}");
+        // Bounded far above the milliseconds it takes; an hour-long wait
+        // for a window would fail it.
+        let mut ended = None;
+        for _ in 0..6000 {
+            ended = log
+                .resolve(&execution)
+                .ok()
+                .and_then(|id| log.run(id).ok().flatten())
+                .and_then(|run| run.end);
+            if ended.is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(ended, Some(completed(&format!("r{run}"))), "{execution}");
+        let id = log.resolve(&execution).unwrap();
+        assert_eq!(log.exchanges(id).unwrap().len(), 1);
+    }
+}
+
+#[test]
 fn a_deferred_finish_on_a_stuck_database_warns_within_its_wait() {
     let dir = tempfile::tempdir().unwrap();
     let path = db_in(&dir);

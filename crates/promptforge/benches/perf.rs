@@ -453,13 +453,30 @@ fn child(workload: &str) {
         .ok()
         .and_then(|r| r.parse().ok())
         .unwrap_or(1);
+    // `PF_PERF_SETTLE_EVERY=N` settles after every N runs (as the run log
+    // rows' samples do) and reports the time spent settling.
+    let settle_every: usize = std::env::var("PF_PERF_SETTLE_EVERY")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0);
+    let mut settling = Duration::ZERO;
     let t = Instant::now();
     let mut outcome = bench.run(&prompt, &text, &host, log);
-    for _ in 1..repeat {
+    for done in 1..repeat {
+        if settle_every > 0 && done % settle_every == 0 {
+            let s = Instant::now();
+            bench.settle();
+            settling += s.elapsed();
+        }
         outcome = bench.run(&prompt, &text, &host, log);
     }
+    let s = Instant::now();
     bench.settle();
+    settling += s.elapsed();
     let took = t.elapsed();
+    if settle_every > 0 {
+        eprintln!("settle waits: {} µs in all", settling.as_micros());
+    }
     assert_eq!(outcome, Outcome::Completed(want), "{workload}");
     println!("{} {}", took.as_micros(), peak_rss_kib());
     eprintln!(

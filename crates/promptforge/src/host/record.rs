@@ -15,11 +15,11 @@ use std::time::Instant;
 use async_trait::async_trait;
 use pf_harness::{
     ActivationContext, ActivePlugin, CancellationToken, ChatMessage, ChatRequest, ChatResponse,
-    HistoryMark, InputBroker, LlamaTimings, ModelInfo, ModelProvider, OnText, Plugin,
+    History, HistoryMark, InputBroker, LlamaTimings, ModelInfo, ModelProvider, OnText, Plugin,
     ProviderError, ToolCall, ToolDecl, ToolFailure, ToolSpec, Usage, VllmMetrics, WorkId,
 };
 use pf_runlog::{
-    ActivationRecord, AnswerRecord, ExchangeDraft, ExchangeHandle, RunEnd, RunWriter, TokenUsage,
+    ActivationRecord, AnswerRecord, ExchangeHandle, ExchangeParts, RunEnd, RunWriter, TokenUsage,
     ToolCallRecord, WriterTail,
 };
 use serde::Serialize;
@@ -204,8 +204,11 @@ impl Recorder {
     /// The request as it will be logged: whole, or, when it begins with
     /// its task's last logged request, the messages it adds to that one.
     /// Telling is one mark comparison (the loop shares its history with
-    /// each round's request, see [`pf_harness::History`]); only the added
-    /// messages are encoded, straight from the Harness types.
+    /// each round's request, see [`pf_harness::History`]). The plan shares
+    /// the history too (no copy) until the exchange is logged, when only
+    /// the added messages are encoded, straight from the Harness types into
+    /// the log's buffer; it is logged before the round's caller gets the
+    /// response, so the loop's next push still appends in place.
     fn plan_request(&self, request: &ChatRequest, work: &WorkId) -> RequestPlan {
         let conversations = self
             .conversations
@@ -214,28 +217,22 @@ impl Recorder {
         let continued = conversations
             .get(&work.task)
             .filter(|last| request.messages.extends(last.messages));
-        let (extends, added) = match continued {
-            Some(last) => (
-                Some(last.exchange),
-                &request.messages[last.messages.len()..],
-            ),
-            None => (None, &request.messages[..]),
+        let (extends, added_from) = match continued {
+            Some(last) => (Some(last.exchange), last.messages.len()),
+            None => (None, 0),
         };
         // A loop offers the same tools every round: the log keeps them once
         // per conversation (comparing is cheaper than encoding them).
         let same_tools =
             request.tools.is_some() && continued.is_some_and(|last| last.tools == request.tools);
-        let body = LoggedRequest {
-            messages: added,
-            tools: request.tools.as_ref().filter(|_| !same_tools),
-            temperature: request.temperature,
-            max_tokens: request.max_tokens,
-            thinking: request.thinking,
-        };
         RequestPlan {
             extends,
             same_tools,
-            request_json: json_text(&body),
+            history: request.messages.clone(),
+            added_from,
+            temperature: request.temperature,
+            max_tokens: request.max_tokens,
+            thinking: request.thinking,
             messages: request.messages.mark(),
             tools: if same_tools {
                 None
@@ -289,11 +286,6 @@ fn elapsed_ms(since: Instant) -> u64 {
     u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
-fn json_text(body: &impl Serialize) -> String {
-    // These bodies hold only string-keyed maps, which always encode.
-    serde_json::to_string(body).unwrap_or_else(|_| "null".to_string())
-}
-
 // ---------------------------------------------------------------------------
 // Model exchanges
 // ---------------------------------------------------------------------------
@@ -316,13 +308,32 @@ struct LoggedRequest<'a> {
 
 struct RequestPlan {
     extends: Option<ExchangeHandle>,
-    /// The request offers the tools of the one it extends, left out of `request_json`.
+    /// The request offers the tools of the one it extends, left out of the log.
     same_tools: bool,
-    request_json: String,
+    /// The request's messages (shared, not copied); those from `added_from`
+    /// on are logged.
+    history: History,
+    added_from: usize,
+    temperature: Option<f64>,
+    max_tokens: Option<u64>,
+    thinking: Option<bool>,
     /// The request's whole history, which the next round's may extend.
     messages: HistoryMark,
-    /// Its tools, which the conversation keeps unless `same_tools`.
+    /// Its tools, logged and kept by the conversation unless `same_tools`.
     tools: Option<Vec<ToolDecl>>,
+}
+
+impl RequestPlan {
+    /// The request as the log keeps it.
+    fn logged(&self) -> LoggedRequest<'_> {
+        LoggedRequest {
+            messages: self.history.get(self.added_from..).unwrap_or_default(),
+            tools: self.tools.as_ref(),
+            temperature: self.temperature,
+            max_tokens: self.max_tokens,
+            thinking: self.thinking,
+        }
+    }
 }
 
 /// A response as the recorder logs it: exactly the text of [`response_json`].
@@ -420,7 +431,7 @@ impl RecordingModel {
     fn record(
         &self,
         work: &WorkId,
-        mut request: RequestPlan,
+        plan: RequestPlan,
         started: (i64, Instant),
         result: &Result<ChatResponse, ProviderError>,
     ) {
@@ -435,31 +446,29 @@ impl RecordingModel {
         if let Some(usage) = &usage {
             self.recorder.sink.add_usage(usage);
         }
-        let record = ExchangeDraft {
-            task: work.task.clone(),
+        let section = self.recorder.section(work);
+        let error = result.as_ref().err().map(provider_error_text);
+        let parts = ExchangeParts {
+            task: &work.task,
             seq: work.seq,
-            section: self.recorder.section(work),
-            model: self.model.clone(),
+            section: &section,
+            model: &self.model,
             attempt: 1,
-            request_json: std::mem::take(&mut request.request_json),
-            extends: request.extends,
-            same_tools: request.same_tools,
-            response_json: result
-                .as_ref()
-                .ok()
-                .map(|r| json_text(&LoggedResponse::of(r))),
-            error: result.as_ref().err().map(provider_error_text),
+            extends: plan.extends,
+            same_tools: plan.same_tools,
+            error: error.as_deref(),
             status: None,
             started_ms: started.0,
             duration_ms: elapsed_ms(started.1),
             usage,
         };
+        let response = result.as_ref().ok().map(LoggedResponse::of);
         let mut logged = None;
-        self.recorder
-            .sink
-            .with(|w| logged = Some(w.exchange_draft(record)));
+        self.recorder.sink.with(|w| {
+            logged = Some(w.exchange_parts(&parts, &plan.logged(), response.as_ref()));
+        });
         if let Some(exchange) = logged {
-            self.recorder.logged_request(&work.task, request, exchange);
+            self.recorder.logged_request(&work.task, plan, exchange);
         }
     }
 }
@@ -665,8 +674,12 @@ mod tests {
         }
     }
 
+    fn json_text(body: &impl Serialize) -> String {
+        serde_json::to_string(body).unwrap_or_else(|_| "null".to_string())
+    }
+
     fn logged_text(plan: &RequestPlan) -> String {
-        plan.request_json.clone()
+        json_text(&plan.logged())
     }
 
     /// A recorder of a trivial prompt whose sink has no writer.
@@ -769,7 +782,7 @@ mod tests {
         // The same tools as the request it extends: left out, and marked.
         assert!(plan.same_tools);
         assert_eq!(
-            plan.request_json,
+            logged_text(&plan),
             request_json(&ChatRequest {
                 messages: second.messages[1..].into(),
                 tools: None,
@@ -788,7 +801,7 @@ mod tests {
         assert_eq!(plan.extends, Some(handle));
         assert!(plan.same_tools);
         assert_eq!(
-            plan.request_json,
+            logged_text(&plan),
             request_json(&ChatRequest {
                 messages: third.messages[2..].into(),
                 tools: None,
@@ -802,13 +815,13 @@ mod tests {
         fourth.tools = None;
         let plan = recorder.plan_request(&fourth, &work("0"));
         assert!(!plan.same_tools && plan.extends.is_some());
-        assert!(!plan.request_json.contains("tools"));
+        assert!(!logged_text(&plan).contains("tools"));
         recorder.logged_request("0", plan, pf_runlog::ExchangeHandle::for_tests(2));
         let mut fifth = fourth.clone();
         fifth.messages.push(message("user", json!("on")));
         fifth.tools = third.tools.clone();
         let plan = recorder.plan_request(&fifth, &work("0"));
-        assert!(!plan.same_tools && plan.request_json.contains("\"tools\""));
+        assert!(!plan.same_tools && logged_text(&plan).contains("\"tools\""));
         // Another task, a request that does not begin with the last one, or
         // one with equal messages built apart from it, is whole.
         assert!(recorder
@@ -818,7 +831,7 @@ mod tests {
         let edited = request(vec![message("user", json!("went"))]);
         let plan = recorder.plan_request(&edited, &work("0"));
         assert!(plan.extends.is_none());
-        assert_eq!(plan.request_json, request_json(&edited).to_string());
+        assert_eq!(logged_text(&plan), request_json(&edited).to_string());
         let apart = request(second.messages.to_vec());
         assert!(recorder.plan_request(&apart, &work("0")).extends.is_none());
     }
