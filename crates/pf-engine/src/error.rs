@@ -199,6 +199,7 @@ pub(crate) type HostResult<T> = Result<T, Raise>;
 
 /// Build the Lua table for an error value.
 pub(crate) fn error_table(lua: &Lua, helpers: &Table, e: &HostError) -> mlua::Result<Table> {
+    crate::vm::ensure_part(lua, helpers, crate::vm::Deferred::Errors)?;
     let t = lua.create_table()?;
     t.raw_set("kind", e.kind.as_str())?;
     t.raw_set("message", e.message.as_str())?;

@@ -292,7 +292,7 @@ fn start_arm(sec: &Rc<SectionCtx>, arm: Arm<'_>, cancelled: Rc<Cell<bool>>) -> A
 /// be built from it: an array member as itself, a keyed member as a
 /// `{ key, value }` pair table.
 fn members(lua: &Lua, collection: &Table) -> HostResult<Vec<Value>> {
-    let ordered: Function = helpers(lua)?.get("ordered_keys")?;
+    let ordered: Function = crate::vm::part_helper(lua, crate::vm::Deferred::Iter, "ordered_keys")?;
     let keys: Table = ordered.call(collection.clone())?;
     let border = collection.raw_len();
     let mut out = Vec::new();

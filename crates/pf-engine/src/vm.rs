@@ -53,16 +53,6 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     // what the setup puts in it, so it is not grown step by step).
     let h = lua.create_table_with_capacity(0, HELPER_FIELDS)?;
     crate::sandbox_guards::introspect::install(&lua, &h)?;
-    // True once nothing may swallow an error any more: after a host cancel, or
-    // once the run has ended on the spot (the sandbox `pcall` raises on).
-    let cancel_flag = sec.run.fixed.cancel.clone();
-    let abort_flag = sec.run.abort_signal();
-    h.raw_set(
-        "cancelled",
-        lua.create_function(move |_, ()| {
-            Ok(cancel_flag.is_cancelled() || abort_flag.is_cancelled())
-        })?,
-    )?;
     let h: Table = internal_chunk(&lua, "=[promptforge prelude]", PRELUDE)?.call(h)?;
     lua.set_named_registry_value("pf.helpers", h.clone())?;
 
@@ -70,31 +60,27 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     // 1. host values
     let chain = Rc::clone(&sec.chain);
     g.raw_set("args", chain.args.as_str())?;
-    let argv = match &chain.argv() {
-        Some(j) => json_to_lua(&lua, j)?,
-        None => Value::Nil,
-    };
     if sec.is_h1 {
         // The H1 body may repair argv: there it is an ordinary global.
+        let argv = match &chain.argv() {
+            Some(j) => json_to_lua(&lua, j)?,
+            None => Value::Nil,
+        };
         g.raw_set("argv", argv)?;
-    } else if argv.is_nil() {
-        // What `freeze_argv(nil)` does, without the call.
-        h.raw_set("argv_frozen", true)?;
     } else {
-        load_deferred(&lua, &h, Deferred::Argv)?;
-        let freeze: mlua::Function = h.get("freeze_argv")?;
-        freeze.call::<()>(argv)?;
+        // Frozen (what `freeze_argv(nil)` does, without the call); one there
+        // is is made on the first read of `argv` (env.lua, `load_part('argv')`).
+        h.raw_set("argv_frozen", true)?;
+        if chain.argv().is_some() {
+            h.raw_set("argv_pending", true)?;
+        }
     }
     // A fanout arm's first section starts with its own copy of the member.
     if let Some(item) = sec.arm_item() {
         g.raw_set("item", json_to_lua(&lua, item)?)?;
     }
     // 2. host functions, built on first touch (`LAZY_GLOBALS`)
-    let pending = lua.create_table_with_capacity(0, LAZY_GLOBALS.len())?;
-    for name in LAZY_GLOBALS {
-        pending.raw_set(*name, true)?;
-    }
-    h.raw_set("lazy_globals", pending)?;
+    // (the pending set, `H.lazy_globals`, is the prelude's)
     h.raw_set(
         "build_global",
         host_fn(&lua, |lua, args| {
@@ -116,6 +102,13 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
             )?)
         })?,
     )?;
+    h.raw_set(
+        "load_part",
+        host_fn(&lua, |lua, args| {
+            let tag = string_arg(&args, 0, "part")?;
+            Ok(load_part(lua, &tag)?)
+        })?,
+    )?;
     // 3. ui
     if let Some(snapshot) = sec.run.fixed.ui.clone() {
         g.raw_set(
@@ -129,14 +122,6 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
         host_fn(&lua, |lua, _| crate::flow::read_prose(lua))?,
     )?;
     internal_chunk(&lua, "=[promptforge env]", ENV)?.call::<()>(h.clone())?;
-    let cancel = sec.run.fixed.cancel.clone();
-    let abort = sec.run.abort_signal();
-    crate::sandbox_guards::install(
-        &lua,
-        &h,
-        sec.run.fixed.memory.ceiling(),
-        Rc::new(move || cancel.is_cancelled() || abort.is_cancelled()),
-    )?;
     crate::hostfn::setup_done(&lua);
     crate::hostfn::set_fill_pending(&lua, Some(fill_lazy_globals));
     // The cancel poll and the memory limit go on last, before any prompt code:
@@ -215,6 +200,12 @@ pub(crate) fn without_cancel_poll<R>(lua: &Lua, f: impl FnOnce() -> R) -> R {
 /// the VM past its limit makes its next allocation fail with Lua's memory
 /// error, as `MemoryAccount::enter` refuses such a VM.
 const LAZY_GLOBALS: &[&str] = &[
+    "next",
+    "pairs",
+    "pcall",
+    "xpcall",
+    "getmetatable",
+    "setmetatable",
     "call",
     "compactors",
     "fanout",
@@ -232,8 +223,20 @@ const LAZY_GLOBALS: &[&str] = &[
     "var",
 ];
 
+/// The lazy globals env.lua's `guard_global` guards (the others it returns as they are).
+const GUARDED_GLOBALS: &[&str] = &[
+    "call", "fanout", "input", "models", "store", "tasks", "tools",
+];
+
 fn make_lazy_global(lua: &Lua, name: &str) -> mlua::Result<Value> {
     Ok(match name {
+        // The engine's Lua ones, deferred parts of the prelude.
+        "next" => part_helper(lua, Deferred::Iter, "ordered_next")?,
+        "pairs" => part_helper(lua, Deferred::Iter, "ordered_pairs")?,
+        "pcall" => part_helper(lua, Deferred::Pcall, "sandbox_pcall")?,
+        "xpcall" => part_helper(lua, Deferred::Pcall, "sandbox_xpcall")?,
+        "getmetatable" => part_helper(lua, Deferred::GuardsMeta, "sandbox_getmetatable")?,
+        "setmetatable" => part_helper(lua, Deferred::GuardsMeta, "sandbox_setmetatable")?,
         "call" => Value::Function(crate::flow::make_call(lua)?),
         "compactors" => Value::Table(crate::models::make_compactors(lua)?),
         "fanout" => Value::Function(crate::fanout::make_fanout(lua)?),
@@ -303,8 +306,14 @@ fn build_lazy_global(lua: &Lua, name: &str) -> mlua::Result<Value> {
         .ok_or_else(|| mlua::Error::runtime("internal invariant violated: unknown lazy global"))?;
     let built =
         crate::hostfn::building(lua, name, || make_lazy_global(lua, name)).and_then(|made| {
-            let guard: mlua::Function = h.raw_get("guard_global")?;
-            let guarded: Value = guard.call((name, made))?;
+            // Only host namespaces and functions have guards (env.lua `guard_global`).
+            let guarded: Value = if GUARDED_GLOBALS.contains(&name) {
+                ensure_part(lua, &h, Deferred::EnvGlobals)?;
+                let guard: mlua::Function = h.raw_get("guard_global")?;
+                guard.call((name, made))?
+            } else {
+                made
+            };
             lua.globals().raw_set(name, guarded.clone())?;
             Ok(guarded)
         });
@@ -325,6 +334,10 @@ pub(crate) fn fill_lazy_globals(lua: &Lua) -> mlua::Result<()> {
             names.push(*name);
         }
     }
+    // The library fields built on first touch (guards.lua `LIB_LAZY`) too.
+    for part in [Deferred::Strings, Deferred::Tables, Deferred::Concat] {
+        ensure_part(lua, &h, part)?;
+    }
     if names.is_empty() {
         return Ok(());
     }
@@ -342,6 +355,7 @@ pub(crate) fn fill_lazy_globals(lua: &Lua) -> mlua::Result<()> {
             list.raw_push(*name)?;
             list.raw_push(value)?;
         }
+        ensure_part(lua, &h, Deferred::EnvGlobals)?;
         let install: mlua::Function = h.raw_get("install_globals")?;
         install.call::<()>(list)
     });
@@ -359,59 +373,214 @@ pub(crate) fn fill_lazy_globals(lua: &Lua) -> mlua::Result<()> {
 /// the file. Its first line takes the values it shares with its file from
 /// `H`, which no prompt can reach.
 #[derive(Clone, Copy)]
-enum Deferred {
+pub(crate) enum Deferred {
     /// `models.loop`'s list helpers (prelude `list_shape`, `list_read`): the
     /// prelude's stand-ins load them on their first call.
     LoopHelpers,
-    /// The frozen `argv` (prelude `freeze_argv`), loaded by the setup of a VM
-    /// outside the H1 body that has an `argv` to freeze.
+    /// The frozen `argv` (prelude `freeze_argv`), loaded by the first read of
+    /// `argv` in a VM outside the H1 body that has an `argv` to freeze.
     Argv,
+    /// The guarded `string.find`/`match`/`gmatch`/`gsub` (guards.lua), loaded
+    /// by the first read of one of them (env.lua `LIB_MT`) or a fill.
+    Strings,
+    /// The guarded `table.move` and `table.sort` (guards.lua), loaded as
+    /// `Strings` is.
+    Tables,
+    /// The prelude's `table.concat`, loaded as `Strings` is.
+    Concat,
+    /// The ordered `next`/`pairs` and `H.ordered_keys` (prelude), loaded by the
+    /// first touch of `next` or `pairs` (`LAZY_GLOBALS`) or a fanout's walk.
+    Iter,
+    /// The sandbox `pcall`/`xpcall` (prelude), loaded by the first touch of
+    /// either, or by `Tables` (its `table.sort` calls the sandbox `pcall`).
+    Pcall,
+    /// The `_G` half of the sandbox `setmetatable`/`getmetatable` (env.lua).
+    EnvMeta,
+    /// The sandbox `setmetatable`/`getmetatable` (guards.lua, over `EnvMeta`),
+    /// loaded by the first touch of either.
+    GuardsMeta,
+    /// The guards of the globals built on first touch (env.lua `guard_global`,
+    /// `install_globals`), loaded by the first build.
+    EnvGlobals,
+    /// The error values (prelude `ERR_MT`, `make_error`, `H.genuine`), loaded
+    /// by the first one built (error.rs `error_table`, the prelude's stand-in
+    /// `H.make_error`), or by a part whose errors are error values.
+    Errors,
 }
 
 impl Deferred {
     fn name(self) -> &'static str {
-        "=[promptforge prelude]"
+        match self {
+            Deferred::Strings | Deferred::Tables | Deferred::GuardsMeta => "=[promptforge guards]",
+            Deferred::EnvMeta | Deferred::EnvGlobals => "=[promptforge env]",
+            _ => "=[promptforge prelude]",
+        }
     }
 
-    /// The key of its bytecode in the per-thread cache.
+    /// The key of its bytecode in the per-thread cache, and of its "loaded"
+    /// mark in `H`: one per tag, since parts of one file that are often used
+    /// together load as one chunk (one undump instead of several).
     fn key(self) -> &'static str {
         match self {
             Deferred::LoopHelpers => "=[promptforge prelude] (deferred loop)",
             Deferred::Argv => "=[promptforge prelude] (deferred argv)",
+            Deferred::Iter | Deferred::Pcall | Deferred::Errors | Deferred::Concat => {
+                "=[promptforge prelude] (deferred base)"
+            }
+            Deferred::EnvMeta | Deferred::EnvGlobals => "=[promptforge env] (deferred env)",
+            Deferred::Strings | Deferred::Tables | Deferred::GuardsMeta => {
+                "=[promptforge guards] (deferred guards)"
+            }
         }
     }
 
-    /// The tag of its `--[==[ deferred TAG:` line.
+    /// The tag of its `--[==[ deferred TAG:` lines (every region with it).
     fn tag(self) -> &'static str {
         match self {
             Deferred::LoopHelpers => "loop",
             Deferred::Argv => "argv",
+            Deferred::Iter | Deferred::Pcall | Deferred::Errors | Deferred::Concat => "base",
+            Deferred::EnvMeta | Deferred::EnvGlobals => "env",
+            Deferred::Strings | Deferred::Tables | Deferred::GuardsMeta => "guards",
         }
     }
 
     fn file(self) -> &'static str {
-        PRELUDE
+        match self {
+            Deferred::Strings | Deferred::Tables | Deferred::GuardsMeta => {
+                crate::sandbox_guards::GUARDS
+            }
+            Deferred::EnvMeta | Deferred::EnvGlobals => ENV,
+            _ => PRELUDE,
+        }
     }
+
+    /// The parts `H.load_part` loads by tag.
+    fn by_tag(tag: &str) -> Option<Deferred> {
+        match tag {
+            "guards" => Some(Deferred::Strings),
+            "base" => Some(Deferred::Errors),
+            _ => None,
+        }
+    }
+}
+
+/// `H.load_part(tag)`: load the part `tag` unless this VM has it already;
+/// `argv` also freezes the section's `argv` into `H.argv_value` (the memory
+/// limit lifted, as the setup did it before).
+fn load_part(lua: &Lua, tag: &str) -> mlua::Result<()> {
+    if tag == "argv" {
+        let h = crate::ctx::helpers(lua)?;
+        if !h.raw_get::<bool>("argv_pending")? {
+            return Ok(());
+        }
+        ensure_part(lua, &h, Deferred::Argv)?;
+        // mlua reads a limit of 0 as "no limit".
+        let limit = lua.set_memory_limit(0)?;
+        let frozen = (|| {
+            h.raw_set("argv_pending", Value::Nil)?;
+            let argv = match section(lua)?.chain.argv() {
+                Some(j) => json_to_lua(lua, &j)?,
+                None => Value::Nil,
+            };
+            h.raw_get::<mlua::Function>("freeze_argv")?.call::<()>(argv)
+        })();
+        lua.set_memory_limit(limit)?;
+        return frozen;
+    }
+    let part = Deferred::by_tag(tag)
+        .ok_or_else(|| mlua::Error::runtime("internal invariant violated: unknown part"))?;
+    ensure_part(lua, &crate::ctx::helpers(lua)?, part)
+}
+
+/// Load `part` once per VM (its mark in `H` says whether it is in), with the
+/// memory limit lifted as a global's build is.
+pub(crate) fn ensure_part(lua: &Lua, h: &Table, part: Deferred) -> mlua::Result<()> {
+    if h.raw_get::<bool>(part.key())? {
+        return Ok(());
+    }
+    match part {
+        // (the guards' `table.sort` calls the sandbox `pcall`, their
+        // `setmetatable` the `_G` half)
+        Deferred::Strings | Deferred::Tables | Deferred::GuardsMeta => {
+            ensure_part(lua, h, Deferred::Pcall)?;
+            ensure_part(lua, h, Deferred::EnvMeta)?;
+        }
+        // (its errors are error values)
+        Deferred::Argv => ensure_part(lua, h, Deferred::Errors)?,
+        _ => {}
+    }
+    // mlua reads a limit of 0 as "no limit".
+    let limit = lua.set_memory_limit(0)?;
+    let loaded = (|| {
+        if let Deferred::Pcall = part {
+            // True once nothing may swallow an error any more: after a host
+            // cancel, or once the run has ended on the spot (the sandbox
+            // `pcall` raises on). Only the sandbox `pcall`/`xpcall` ask.
+            let sec = section(lua)?;
+            let cancel_flag = sec.run.fixed.cancel.clone();
+            let abort_flag = sec.run.abort_signal();
+            h.raw_set(
+                "cancelled",
+                lua.create_function(move |_, ()| {
+                    Ok(cancel_flag.is_cancelled() || abort_flag.is_cancelled())
+                })?,
+            )?;
+        }
+        let needs_raw = matches!(
+            part,
+            Deferred::Strings | Deferred::Tables | Deferred::GuardsMeta
+        );
+        if needs_raw && h.raw_get::<Value>("guard_raw")?.is_nil() {
+            // The Rust halves' table, made with the first part that asks: most
+            // VMs never need it.
+            let sec = section(lua)?;
+            let cancel = sec.run.fixed.cancel.clone();
+            let abort = sec.run.abort_signal();
+            let raw = crate::sandbox_guards::raw_table(
+                lua,
+                sec.run.fixed.memory.ceiling(),
+                Rc::new(move || cancel.is_cancelled() || abort.is_cancelled()),
+            )?;
+            h.raw_set("guard_raw", raw)?;
+        }
+        // A part's main chunk only defines functions and runs no prompt
+        // code, so it runs without the count hook, which would send each of
+        // its instructions through Lua's hook dispatch.
+        without_cancel_poll(lua, || load_deferred(lua, h, part))?;
+        h.raw_set(part.key(), true)
+    })();
+    lua.set_memory_limit(limit)?;
+    loaded
+}
+
+/// `H[name]`, loading its deferred `part` first.
+pub(crate) fn part_helper<V: mlua::FromLua>(
+    lua: &Lua,
+    part: Deferred,
+    name: &str,
+) -> mlua::Result<V> {
+    let h = crate::ctx::helpers(lua)?;
+    ensure_part(lua, &h, part)?;
+    h.raw_get(name)
 }
 
 /// The deferred part `tag` of `file`: every line up to its
 /// `--[==[ deferred TAG:` line blank, then the lines up to the next `--]==]`.
-fn deferred_source(file: &str, tag: &str) -> String {
-    let lines: Vec<&str> = file.lines().collect();
+pub(crate) fn deferred_source(file: &str, tag: &str) -> String {
     let opening = format!("--[==[ deferred {tag}:");
-    let open = lines
-        .iter()
-        .position(|l| l.starts_with(&opening))
-        .unwrap_or(lines.len());
-    let close = lines
-        .iter()
-        .skip(open)
-        .position(|l| l.starts_with("--]==]"))
-        .map_or(lines.len(), |n| open + n);
-    let body = lines.get(open + 1..close).unwrap_or(&[]);
-    let mut source = "\n".repeat(open + 1);
-    source.push_str(&body.join("\n"));
-    source.push('\n');
+    let mut source = String::with_capacity(file.len());
+    let mut inside = false;
+    for line in file.lines() {
+        if inside && line.starts_with("--]==]") {
+            inside = false;
+        } else if inside {
+            source.push_str(line);
+        } else if line.starts_with(&opening) {
+            inside = true;
+        }
+        source.push('\n');
+    }
     source
 }
 
@@ -615,23 +784,93 @@ mod tests {
     /// file's line of the same number, so its functions keep the file's lines.
     #[test]
     fn deferred_parts_keep_the_lines_of_their_file() {
-        for part in [Deferred::LoopHelpers, Deferred::Argv] {
+        for part in [
+            Deferred::LoopHelpers,
+            Deferred::Argv,
+            Deferred::Strings,
+            Deferred::Tables,
+            Deferred::Concat,
+            Deferred::Iter,
+            Deferred::Pcall,
+            Deferred::EnvMeta,
+            Deferred::GuardsMeta,
+            Deferred::EnvGlobals,
+            Deferred::Errors,
+        ] {
             let source = deferred_source(part.file(), part.tag());
             let file: Vec<&str> = part.file().lines().collect();
             let lines: Vec<&str> = source.lines().collect();
+            assert_eq!(lines.len(), file.len(), "{}: line count", part.tag());
             let code = lines.iter().filter(|l| !l.is_empty()).count();
             assert!(code > 5, "{}: part not found", part.tag());
             for (i, line) in lines.iter().enumerate() {
                 if !line.is_empty() {
                     assert_eq!(*line, file[i], "{}: line {}", part.tag(), i + 1);
+                    assert!(
+                        !line.starts_with("--[==[ deferred"),
+                        "{}: opener",
+                        part.tag()
+                    );
                 }
             }
-            assert!(
-                file[lines.len()].starts_with("--]==]"),
-                "{}: closing line",
-                part.tag()
+        }
+    }
+
+    /// Every tag the engine's Lua hands `H.load_part` names a part.
+    #[test]
+    fn every_part_tag_in_the_chunks_is_known() {
+        let mut tags: Vec<&str> = Vec::new();
+        for file in [PRELUDE, ENV] {
+            tags.extend(
+                file.split("load_part('")
+                    .skip(1)
+                    .filter_map(|rest| rest.split('\'').next()),
             );
         }
+        let lib_lazy = ENV
+            .split("local LIB_LAZY = {")
+            .nth(1)
+            .and_then(|rest| rest.split("} }").next())
+            .expect("LIB_LAZY");
+        tags.extend(
+            lib_lazy
+                .split(" = '")
+                .skip(1)
+                .filter_map(|rest| rest.split('\'').next()),
+        );
+        assert!(tags.len() >= 9, "{tags:?}");
+        for tag in tags {
+            assert!(tag == "argv" || Deferred::by_tag(tag).is_some(), "{tag}");
+        }
+    }
+
+    /// `GUARDED_GLOBALS` are the names env.lua's `guard_global` guards.
+    #[test]
+    fn the_guarded_globals_are_those_env_lua_guards() {
+        let source = deferred_source(ENV, "env");
+        let mut named: Vec<&str> = source
+            .split("name == '")
+            .skip(1)
+            .filter_map(|rest| rest.split('\'').next())
+            .collect();
+        named.sort_unstable();
+        assert_eq!(named, GUARDED_GLOBALS);
+    }
+
+    /// The prelude's pending set is `LAZY_GLOBALS`, name for name.
+    #[test]
+    fn the_prelude_holds_every_lazy_global_pending() {
+        let line = PRELUDE
+            .lines()
+            .find(|l| l.starts_with("H.lazy_globals = {"))
+            .expect("the pending set");
+        let listed: Vec<&str> = line
+            .trim_start_matches("H.lazy_globals = {")
+            .trim_end_matches('}')
+            .split(',')
+            .map(|pair| pair.trim().trim_end_matches("= true").trim())
+            .collect();
+        assert_eq!(listed, LAZY_GLOBALS);
     }
 
     /// A deferred part compiles on its own and defines what its stand-ins call.
@@ -640,15 +879,35 @@ mod tests {
         let lua = Lua::new();
         let h: Table = lua
             .load(
-                "return { next = next, type = type, math_type = math.type, rawequal = rawequal,
+                "local installed = {}
+                 return { next = next, type = type, math_type = math.type, rawequal = rawequal,
                           rawlen = rawlen, rawget = rawget, tostring = tostring,
-                          setmetatable = setmetatable, error = error }",
+                          setmetatable = setmetatable, error = error, select = select,
+                          tpack = table.pack, tunpack = table.unpack, raw_tconcat = table.concat,
+                          sandbox_pcall = pcall, metafield_lua = function() end, tsort = table.sort,
+                          utf8_len = utf8.len, globals_table = _G, collectgarbage = collectgarbage,
+                          base_pcall = pcall, base_xpcall = xpcall, rawset = rawset,
+                          getmetatable = getmetatable, env_combined = {}, env_guarded = {},
+                          env_build = function() return {} end, lazy_globals = {},
+                          weak_keys = { __mode = 'k' },
+                          guard_raw = { make = function() end, c_step_budget = 1 },
+                          c_libs = { find = string.find, match = string.match, gmatch = string.gmatch,
+                                     gsub = string.gsub, sub = string.sub, move = table.move,
+                                     sort = table.sort, string = string, table = table },
+                          installed = installed,
+                          install_lib = function(t, k, v) installed[k] = v end }",
             )
             .eval()
             .expect("helpers");
         for (part, defines) in [
             (Deferred::LoopHelpers, "list_read"),
             (Deferred::Argv, "freeze_argv"),
+            (Deferred::Iter, "ordered_pairs"),
+            (Deferred::Pcall, "sandbox_xpcall"),
+            (Deferred::EnvMeta, "env_getmetatable"),
+            (Deferred::GuardsMeta, "sandbox_setmetatable"),
+            (Deferred::EnvGlobals, "install_globals"),
+            (Deferred::Errors, "make_error"),
         ] {
             let source = deferred_source(part.file(), part.tag());
             lua.load(source.as_str())
@@ -656,6 +915,28 @@ mod tests {
                 .call::<()>(&h)
                 .expect("loads");
             assert!(h.raw_get::<Value>(defines).expect("field").is_function());
+        }
+        // The library parts install their fields through `H.install_lib`.
+        for (part, installs) in [
+            (Deferred::Strings, &["find", "match", "gmatch", "gsub"][..]),
+            (Deferred::Tables, &["move", "sort"][..]),
+            (Deferred::Concat, &["concat"][..]),
+        ] {
+            let source = deferred_source(part.file(), part.tag());
+            lua.load(source.as_str())
+                .set_name(part.name())
+                .call::<()>(&h)
+                .expect("loads");
+            let installed: Table = h.raw_get("installed").expect("installed");
+            for name in installs {
+                assert!(
+                    installed
+                        .raw_get::<Value>(*name)
+                        .expect("field")
+                        .is_function(),
+                    "{name}"
+                );
+            }
         }
     }
 }

@@ -436,6 +436,14 @@ fn child(workload: &str) {
             println!("{} {}", t.elapsed().as_micros(), peak_rss_kib());
             return;
         }
+        // The bare baseline of section entry, for CPU comparisons with
+        // `pure_fanout:N` (`perf stat`): N fresh Lua states.
+        "bare_arms" => {
+            let t = Instant::now();
+            bare_lua_arms(a);
+            println!("{} {}", t.elapsed().as_micros(), peak_rss_kib());
+            return;
+        }
         other => panic!("unknown workload {other}"),
     };
     let prompt = Arc::new(pf_syntax::parse(text.as_bytes()).expect("parse"));
@@ -502,13 +510,16 @@ fn main() {
     );
 
     // `PF_PERF_ONLY=runlog` runs only the run log's on/off rows, `loop` only
-    // the tool loop against the bare loop.
+    // the tool loop against the bare loop, `entry` only section entry.
     let only = std::env::var("PF_PERF_ONLY").unwrap_or_default();
     let only_runlog = only == "runlog";
     let only_loop = only == "loop";
     let defaults = HostConfig::load(None).expect("defaults");
     if !only_runlog && !only_loop {
         section_entry(&bench, &defaults);
+    }
+    if only == "entry" {
+        return;
     }
 
     // (b) the tool loop over HTTP, run log on, vs bare reqwest

@@ -2,14 +2,14 @@
 -- run's cancel, no `__gc` finalizers, `__close` handlers disarmed by a cancel. Runs after env.lua, before any
 -- prompt code. `R.make(name)` makes each Rust half on first use; each returns (true, values...) or
 -- (false, message, level), raised here at the prompt's call site.
-local H, R = ...
-local error, type, rawget, rawequal, select = error, type, H.rawget, H.rawequal, H.select
-local tpack, tunpack = H.tpack, H.tunpack
-local ssub = string.sub
-local raw_concat = H.raw_tconcat
-local G = _G
+-- Nothing here runs in every VM: each part below is loaded on first use (vm.rs `Deferred`), the
+-- library fields through env.lua `LIB_MT`, the metatable functions as lazy globals.
+--
 
--- Tail-called, so level 2 is the prompt's frame, as luaL_error would place it.
+
+
+--[==[ deferred guards: (strings) the guarded `string` functions, a second chunk of this name (vm.rs `Deferred`)
+local H = ... local R, error, type, rawget, rawequal, select, tpack, tunpack, C = H.guard_raw, H.error, H.type, H.rawget, H.rawequal, H.select, H.tpack, H.tunpack, H.c_libs local ssub, raw_concat, S, T = C.sub, H.raw_tconcat, C.string, C.table -- (ck is tail-called, so level 2 is the prompt's frame, as luaL_error would place it)
 local function ck(ok, ...)
   if ok then return ... end
   local message, level = ...
@@ -17,8 +17,8 @@ local function ck(ok, ...)
 end
 
 local raw_find, raw_match, raw_gmatch, raw_gsub, make_raw = nil, nil, nil, nil, R.make -- (made on first use)
-local c_find, c_match, c_gmatch, c_gsub = string.find, string.match, string.gmatch, string.gsub
-local math_type = math.type
+local c_find, c_match, c_gmatch, c_gsub = C.find, C.match, C.gmatch, C.gsub
+local math_type = H.math_type
 
 -- Fast path: the C functions themselves where their worst case is provably
 -- short (a subject no longer than the pattern's limit, valid arguments, a
@@ -40,7 +40,7 @@ local function c_safe(s, p, init)
     and #s <= limit_of(p)
 end
 
-string.find = function(...)
+local find = function(...)
   local s, p, init, plain = ...
   if plain and type(s) == 'string' and type(p) == 'string' and (init == nil or math_type(init) == 'integer') then
     if #s * (#p + 1) <= step_budget then return c_find(s, p, init, plain) end
@@ -49,13 +49,13 @@ string.find = function(...)
   end
   if not raw_find then raw_find = make_raw('find') end return ck(raw_find(...))
 end
-string.match = function(...)
+local match = function(...)
   local s, p, init = ...
   if c_safe(s, p, init) then return c_match(s, p, init) end
   if not raw_match then raw_match = make_raw('match') end return ck(raw_match(...))
 end
 
-string.gmatch = function(...)
+local gmatch = function(...)
   local s, p, init = ...
   -- (gmatch has no anchor: a leading `^` would break the bound's start count)
   if c_safe(s, p, init) and ssub(p, 1, 1) ~= '^' then return c_gmatch(s, p, init) end
@@ -72,7 +72,7 @@ local function replace_one(repl, calls, ok, start, stop, ...)
   return true, start, stop, repl[(...)]
 end
 
-string.gsub = function(...)
+local gsub = function(...)
   local s, p, repl, max = ...
   -- A replacement string without `%` cannot make C's gsub raise either.
   if type(repl) == 'string' and (max == nil or math_type(max) == 'integer') and c_safe(s, p, nil)
@@ -109,14 +109,14 @@ string.gsub = function(...)
   if not changed then return s, n end
   np = np + 1; parts[np] = ssub(s, pos)
   return raw_concat(parts), n
-end
-
--- table.move over chunks of the C function: between two chunks Lua runs
+end H.install_lib(S, 'find', find) H.install_lib(S, 'match', match) H.install_lib(S, 'gmatch', gmatch) H.install_lib(S, 'gsub', gsub)
+--]==]
+--[==[ deferred guards: (tables) the guarded `table` functions, a second chunk of this name (vm.rs `Deferred`); table.move over chunks of the C function: between two chunks Lua runs
 -- instructions again, so the count hook fires even for table.move({}, 1, 1e15, 2).
-local c_move = table.move
+local H = ... local error, rawequal, C, make_raw, T = H.error, H.rawequal, H.c_libs, H.guard_raw.make, H.c_libs.table local c_move = C.move
 local CHUNK = 4096
 local move_plan = nil
-table.move = function(...)
+local move = function(...)
   if not move_plan then move_plan = make_raw('move_plan') end local ok, a1, f, e, t, dest, given = move_plan(...)
   if not ok then error(a1, f) end
   if a1 == 'c' then return c_move(...) end
@@ -152,10 +152,10 @@ end
 -- The C sort runs under pcall, where it places its own "invalid order
 -- function" error nowhere; raised again here at the prompt's call. Its
 -- arguments were checked already, and what a comparator raises passes as is.
-local c_sort, sort_plain = table.sort, nil
-local guarded_pcall = pcall
+local c_sort, sort_plain = C.sort, nil
+local guarded_pcall = H.sandbox_pcall
 local INVALID_ORDER = 'invalid order function for sorting'
-table.sort = function(...)
+local sort = function(...)
   if not sort_plain then sort_plain = make_raw('sort_plain') end local ok, sorted, level = sort_plain(...)
   if not ok then error(sorted, level) end
   if sorted then return end
@@ -163,8 +163,8 @@ table.sort = function(...)
   if done then return end
   if rawequal(e, INVALID_ORDER) then error(e, 2) end
   error(e, 0)
-end
-
+end H.install_lib(T, 'move', move) H.install_lib(T, 'sort', sort)
+--]==]
 -- No finalizers: Lua runs `__gc` with hooks off, so a looping one could never
 -- be cancelled. Lua marks a table for finalization only when its metatable has
 -- a `__gc` field at setmetatable time, so refusing that is enough.
@@ -174,9 +174,9 @@ end
 -- with hooks off. Every metatable a prompt can hold (each one it installs, each
 -- one it reads back) is remembered weakly, in `H.watched_metatables` (made on
 -- first use: most section entries never need it); before the hook raises, the
--- Rust half replaces each `__close` in them with `H.disarmed_close`, which
--- returns at once (`disarm_close_handlers`). Until then nothing changes.
-local inner_setmetatable, inner_getmetatable = G.setmetatable, G.getmetatable
+-- Rust half replaces each `__close` in them with `H.disarmed_close`, which returns at once
+--[==[ deferred guards: (meta) the sandbox setmetatable/getmetatable, a second chunk of this name (vm.rs `Deferred`); (`disarm_close_handlers`). Until then nothing changes.
+local H = ... local type, rawget, error, inner_setmetatable, inner_getmetatable = H.type, H.rawget, H.error, H.env_setmetatable, H.env_getmetatable
 local watched = nil
 local function watch(mt)
   if watched == nil then
@@ -186,7 +186,7 @@ local function watch(mt)
   watched[mt] = true
 end
 H.disarmed_close = function() end
-G.setmetatable = function(t, mt)
+H.sandbox_setmetatable = function(t, mt)
   if type(mt) == 'table' then
     if rawget(mt, '__gc') ~= nil then
       error("bad argument #2 to 'setmetatable' (__gc metamethods are not allowed in prompts)", 2)
@@ -195,8 +195,9 @@ G.setmetatable = function(t, mt)
   end
   return inner_setmetatable(t, mt)
 end
-G.getmetatable = function(v)
+H.sandbox_getmetatable = function(v)
   local mt = inner_getmetatable(v)
   if type(mt) == 'table' then watch(mt) end
   return mt
 end
+--]==]

@@ -15,18 +15,18 @@ local rust_metafield, error_place = H.metafield, H.error_place
 local function metafield(v, name)
   if getmetatable(v) == nil then return nil end
   return rust_metafield(v, name)
-end
+end H.metafield_lua = metafield
 local math_type, tsort, tpack, tunpack = math.type, table.sort, table.pack, table.unpack
 local utf8_len = utf8.len
 local collectgarbage = collectgarbage
-
--- Error values --------------------------------------------------------------
+local WEAK_KEYS = { __mode = 'k' } -- (one metatable for every weak-keyed table here)
+--[==[ deferred base: (errors) the error values, a second chunk of this name (vm.rs `Deferred`)
 -- Only values the engine built classify as host errors: GENUINE maps each one
 -- (weakly) to a snapshot of its fields as built, and nothing a prompt can reach
 -- writes it. The metatable is protected so a prompt can neither take it nor
 -- strip it; a table carrying it, or a genuine value whose fields were edited,
 -- is the prompt's own value and ends a block as a plain Lua error.
-local WEAK_KEYS = { __mode = 'k' } local GENUINE = setmetatable({}, WEAK_KEYS) -- (one metatable for every weak-keyed table here)
+local H = ... local setmetatable, rawget, rawset, next, WEAK_KEYS = H.setmetatable, H.rawget, H.rawset, H.next, H.weak_keys local GENUINE = setmetatable({}, WEAK_KEYS) -- (one metatable for every weak-keyed table here)
 H.genuine = GENUINE
 local ERR_MT = {}
 ERR_MT.__tostring = function(e) return rawget(e, 'message') end
@@ -49,18 +49,18 @@ function H.make_error(kind, message, fields)
   GENUINE[e] = snapshot
   return setmetatable(e, ERR_MT)
 end
-function H.is_error(v) return type(v) == 'table' and GENUINE[v] ~= nil end
-
+--]==]
+function H.make_error(...) H.load_part('base') return H.make_error(...) end -- (until the part is in)
 -- Host calls return (true, ...) or (false, err): raise the error value here so
 -- pcall sees exactly the value the host built.
 local function check(ok, ...)
   if ok then return ... end
   error((...), 2)
 end
-function H.wrap(raw)
-  return function(...) return check(raw(...)) end
-end
-H.check = check
+-- (The closures below have the shape the one-off `H.wrap(raw)` gave each host
+-- function before the dispatchers: `function(...) return check(raw(...)) end`.)
+--
+--
 -- Host functions share one sync and one async dispatcher per VM (hostfn.rs).
 function H.wrap_host(dispatch, id)
   return function(...) return check(dispatch(id, ...)) end
@@ -82,8 +82,8 @@ function H.wrap_hosts_ahead(dispatch, n_sync, n_async, first_sync, first_async)
   return made_sync, made_async
 end
 
--- Deterministic iteration ----------------------------------------------------
-local function key_class(k)
+--[==[ deferred base: (iter) the ordered `next`/`pairs`, a second chunk of this name (vm.rs `Deferred`)
+local H = ... local type, error, rawget, rawequal, rawlen, next, math_type, tsort, utf8_len, metafield, GLOBALS = H.type, H.error, H.rawget, H.rawequal, H.rawlen, H.next, H.math_type, H.tsort, H.utf8_len, H.metafield_lua, H.globals_table local function key_class(k) -- Deterministic iteration
   local t = type(k)
   if t == 'boolean' then return 1 end
   if t == 'number' then
@@ -103,7 +103,7 @@ local function key_less(a, b)
   if ca == 2 or ca == 3 then return a < b end
   return false
 end
-local function ordered_keys(t) local lazy = rawequal(t, GLOBALS) and H.lazy_globals if lazy and next(lazy) ~= nil then H.fill_globals() end
+local function ordered_keys(t) local lazy = rawequal(t, GLOBALS) and H.lazy_globals if lazy and next(lazy) ~= nil then H.fill_globals() end local libs = H.lib_lazy if libs and libs[t] then H.fill_lib(t) end
   local n = rawlen(t)
   local keys, others = {}, {}
   for i = 1, n do
@@ -197,12 +197,12 @@ local function ordered_pairs(t)
     end
   end
   return iter, t, nil
-end
-
--- pcall/xpcall: running past the memory ceiling comes back as a `lua` error value
+end H.ordered_next, H.ordered_pairs = ordered_next, ordered_pairs
+--]==]
+--[==[ deferred base: (pcall) the sandbox pcall/xpcall (vm.rs `Deferred`): running past the memory ceiling comes back as a `lua` error value
 -- (Lua itself raises a bare string); everything else comes back exactly as raised.
 -- A cancel needs nothing here: the instruction hook raises again at the next poll.
-local MEMORY = 'not enough memory'
+local H = ... local type, error, rawequal, collectgarbage, pcall, xpcall = H.type, H.error, H.rawequal, H.collectgarbage, H.base_pcall, H.base_xpcall local MEMORY = 'not enough memory'
 local function memory_error()
   collectgarbage('collect')
   return H.make_error('lua', MEMORY)
@@ -233,8 +233,8 @@ local function sandbox_xpcall(f, handler, ...)
     if rawequal(e, MEMORY) then e = memory_error() end
     return handler(e)
   end, ...))
-end
-
+end H.sandbox_pcall, H.sandbox_xpcall = sandbox_pcall, sandbox_xpcall
+--]==]
 -- Block runner: returns true, results... or false, error value, line info.
 function H.run_block(f, ...)
   local where_src, where_line, trace
@@ -426,9 +426,9 @@ function H.list_read(list, max, snaps, known, trusted)
   return true, count, first
 end
 --]==]
-local function loop_helpers() if not H.loop_helpers_loaded then H.load_loop_helpers() H.loop_helpers_loaded = true end return H end -- (a stand-in kept by a caller stays valid)
-function H.list_shape(...) return loop_helpers().list_shape(...) end function H.list_read(...) return loop_helpers().list_read(...) end local tconcat = table.concat -- table.concat honouring __tostring (ch. 05)
-local function concat(list, sep, i, j)
+local function loop_helpers() if not H.loop_helpers_loaded then H.load_loop_helpers() H.loop_helpers_loaded = true end return H end function H.list_shape(...) return loop_helpers().list_shape(...) end function H.list_read(...) return loop_helpers().list_read(...) end local tconcat = table.concat -- (a stand-in kept by a caller stays valid)
+--[==[ deferred base: (concat) table.concat honouring __tostring (ch. 05), a second chunk of this name (vm.rs `Deferred`)
+local H = ... local type, error, tostring, tconcat, metafield = H.type, H.error, H.tostring, H.raw_tconcat, H.metafield_lua local function concat(list, sep, i, j)
   sep = sep or ''
   i = i or 1
   j = j or #list
@@ -450,8 +450,8 @@ local function concat(list, sep, i, j)
   end
   return tconcat(parts, sep)
 end
-table.concat = concat
-
+H.install_lib(H.c_libs.table, 'concat', concat)
+--]==]
 -- The sandbox ---------------------------------------------------------------
 local G = _G
 local allowed = {
@@ -459,10 +459,10 @@ local allowed = {
   ipairs = true, pairs = true, next = true, select = true, tonumber = true, tostring = true, type = true,
   _G = true, _VERSION = true, string = true, table = true, math = true,
 }
-G.pairs = ordered_pairs
-G.next = ordered_next
-G.pcall = sandbox_pcall
-G.xpcall = sandbox_xpcall
+G.pairs = nil -- (built on first touch: vm.rs `LAZY_GLOBALS`)
+G.next = nil -- (built on first touch: vm.rs `LAZY_GLOBALS`)
+G.pcall = nil -- (built on first touch: vm.rs `LAZY_GLOBALS`)
+G.xpcall = nil G.setmetatable = nil G.getmetatable = nil -- (built on first touch: vm.rs `LAZY_GLOBALS`)
 local remove = {}
 for k in next, G do
   if not allowed[k] then remove[#remove + 1] = k end
@@ -502,7 +502,7 @@ H.utf8_len = utf8_len
 H.setmetatable, H.getmetatable = setmetatable, getmetatable
 H.select, H.type, H.tostring, H.math_type, H.error = select, type, tostring, math_type, error
 H.tpack, H.tunpack = tpack, tunpack
-H.raw_tconcat = tconcat
+H.raw_tconcat, H.tsort, H.collectgarbage, H.base_pcall, H.base_xpcall, H.globals_table, H.weak_keys = tconcat, tsort, collectgarbage, pcall, xpcall, GLOBALS, WEAK_KEYS
 
 -- The engine's bookkeeping of error values (error.rs), weakly keyed so values
 -- the prompt lets go are collected; made here, not key by key from Rust.
@@ -510,4 +510,6 @@ H.run_kinds = setmetatable({}, WEAK_KEYS)
 H.located = setmetatable({}, WEAK_KEYS)
 H.born = setmetatable({}, WEAK_KEYS)
 H.suspends = 0
+-- The globals built on first touch (vm.rs `LAZY_GLOBALS`, which a test holds this to), all pending.
+H.lazy_globals = { next = true, pairs = true, pcall = true, xpcall = true, getmetatable = true, setmetatable = true, call = true, compactors = true, fanout = true, input = true, jump = true, list_from_section = true, log = true, messages = true, models = true, store = true, sys = true, tasks = true, tools = true, untrusted = true, var = true }
 return H

@@ -20,7 +20,7 @@
 //!   the hook, with hooks off).
 //!
 //! Kept apart from `vm.rs` so the VM's construction can change around it:
-//! [`install`] runs once per section VM, after the prelude and `env.lua`.
+//! `guards.lua` is loaded in parts, on first use (see [`raw_table`]).
 
 pub(crate) mod introspect;
 mod matcher;
@@ -32,7 +32,7 @@ use mlua::{Function, Lua, MultiValue, Table, Value};
 
 use matcher::{no_specials, Capture, MatchError, Matcher};
 
-const GUARDS: &str = include_str!("../lua/guards.lua");
+pub(crate) const GUARDS: &str = include_str!("../lua/guards.lua");
 
 /// What a C call interrupted by a cancel raises (the hook raises the same text).
 const INTERRUPTED: &str = "interrupted by Ctrl-C";
@@ -104,17 +104,21 @@ thread_local! {
     static C_FAST_PATH: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
 }
 
-/// Install the guards in a fresh section VM. `helpers` is the prelude's table.
-/// The Rust halves are made on first use, by `R.make` (most section entries
-/// call none of them; making them was a twentieth of an entry): each is a C
-/// function that raises nothing a prompt could see it by, held in the same
-/// upvalue as before, so what a prompt observes is unchanged.
-pub(crate) fn install(
+/// Nothing of the guards runs in a fresh section VM: `guards.lua` is two
+/// deferred parts (vm.rs `Deferred`). `strings` and `tables`, the guarded
+/// `string` and `table` functions, load on the first touch of one of them (env.lua `LIB_MT`),
+/// with [`raw_table`] as `H.guard_raw`; `meta`, the sandbox
+/// `setmetatable`/`getmetatable`, on the first touch of either. The Rust
+/// halves are made on first use, by `R.make` (most section entries call none
+/// of them): each is a C function that raises nothing a prompt could see it
+/// by, held in the same upvalue as before, so what a prompt observes is
+/// unchanged.
+/// The table `R` the `libs` part of `guards.lua` takes its Rust halves from.
+pub(crate) fn raw_table(
     lua: &Lua,
-    helpers: &Table,
     memory_limit: usize,
     interrupted: Interrupted,
-) -> mlua::Result<()> {
+) -> mlua::Result<Table> {
     let raw = lua.create_table()?;
     let fast = C_FAST_PATH.with(std::cell::Cell::get);
     raw.raw_set(
@@ -132,9 +136,7 @@ pub(crate) fn install(
         "c_step_budget",
         if fast { matcher::C_STEP_BUDGET } else { -1.0 },
     )?;
-    crate::ctx::internal_chunk(lua, "=[promptforge guards]", GUARDS)?
-        .call::<()>((helpers.clone(), raw))?;
-    Ok(())
+    Ok(raw)
 }
 
 /// The Rust half `name` of a guard (`guards.lua` asks for each on its first call).
@@ -182,7 +184,11 @@ pub(crate) fn disarm_close_handlers(lua: &Lua) {
 
 fn try_disarm_close_handlers(lua: &Lua) -> mlua::Result<()> {
     let helpers = crate::ctx::helpers(lua)?;
-    let disarmed: Function = helpers.raw_get("disarmed_close")?;
+    // (defined with the sandbox `setmetatable`, without which no metatable
+    // the prompt can reach holds a `__close`)
+    let Some(disarmed) = helpers.raw_get::<Option<Function>>("disarmed_close")? else {
+        return Ok(());
+    };
     let disarm = |mt: &Table| -> mlua::Result<()> {
         if !mt.raw_get::<Value>("__close")?.is_nil() {
             mt.raw_set("__close", &disarmed)?;
@@ -210,14 +216,34 @@ pub(crate) fn library_lua() -> mlua::Result<Lua> {
         mlua::StdLib::STRING | mlua::StdLib::TABLE | mlua::StdLib::MATH,
         mlua::LuaOptions::default(),
     )?;
+    guard_library(&lua, Rc::new(|| false))?;
+    Ok(lua)
+}
+
+/// The guards over a stand-in for the prelude's helpers, every field built.
+pub(crate) fn guard_library(lua: &Lua, interrupted: Interrupted) -> mlua::Result<()> {
     let h: Table = lua
         .load(
-            "return { rawget = rawget, rawequal = rawequal, select = select,
-                      tpack = table.pack, tunpack = table.unpack, raw_tconcat = table.concat }",
+            "return { rawget = rawget, rawequal = rawequal, select = select, error = error,
+                      type = type, math_type = math.type, sandbox_pcall = pcall,
+                      env_setmetatable = setmetatable, env_getmetatable = getmetatable,
+                      tpack = table.pack, tunpack = table.unpack, raw_tconcat = table.concat,
+                      c_libs = { find = string.find, match = string.match, gmatch = string.gmatch,
+                                 gsub = string.gsub, sub = string.sub, move = table.move,
+                                 sort = table.sort, string = string, table = table },
+                      install_lib = rawset }",
         )
         .eval()?;
-    install(&lua, &h, 64 * 1024 * 1024, Rc::new(|| false))?;
-    Ok(lua)
+    h.raw_set("guard_raw", raw_table(lua, 64 * 1024 * 1024, interrupted)?)?;
+    lua.load(crate::vm::deferred_source(GUARDS, "guards"))
+        .set_name("=[promptforge guards]")
+        .call::<()>(&h)?;
+    // The sandbox `setmetatable`/`getmetatable`, over the base ones here.
+    for name in ["setmetatable", "getmetatable"] {
+        let made: Function = h.raw_get(format!("sandbox_{name}"))?;
+        lua.globals().raw_set(name, made)?;
+    }
+    Ok(())
 }
 
 // Arguments, checked the way lauxlib checks them ------------------------------

@@ -10,14 +10,7 @@ use mlua::{Lua, StdLib};
 /// A Lua state with the guards installed over a minimal stand-in for the prelude's helpers.
 fn guarded(interrupted: super::Interrupted) -> Lua {
     let lua = bare();
-    let h: mlua::Table = lua
-        .load(
-            "return { rawget = rawget, rawequal = rawequal, select = select,
-                      tpack = table.pack, tunpack = table.unpack, raw_tconcat = table.concat }",
-        )
-        .eval()
-        .unwrap();
-    super::install(&lua, &h, 64 * 1024 * 1024, interrupted).unwrap();
+    super::guard_library(&lua, interrupted).unwrap();
     lua
 }
 
