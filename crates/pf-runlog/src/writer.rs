@@ -577,25 +577,25 @@ impl RunWriter {
         self.shared.events.push(kind, section, task, seq, fields);
     }
 
-    /// Append one model exchange.
+    /// Append one model exchange (its bodies encoded straight into the
+    /// shared buffer, as [`exchange_parts`](RunWriter::exchange_parts) does).
     pub fn exchange(&self, exchange: ExchangeRecord) -> ExchangeHandle {
-        let x = exchange;
-        self.exchange_draft(ExchangeDraft {
-            task: x.task,
+        let x = &exchange;
+        let parts = ExchangeParts {
+            task: &x.task,
             seq: x.seq,
-            section: x.section,
-            model: x.model,
+            section: &x.section,
+            model: &x.model,
             attempt: x.attempt,
-            request_json: json_text(&x.request),
             extends: None,
             same_tools: false,
-            response_json: x.response.as_ref().map(json_text),
-            error: x.error,
+            error: x.error.as_deref(),
             status: x.status,
             started_ms: x.started_ms,
             duration_ms: x.duration_ms,
             usage: x.usage,
-        })
+        };
+        self.exchange_parts(&parts, &x.request, x.response.as_ref())
     }
 
     /// Append one model exchange given as JSON text, its request possibly
