@@ -370,8 +370,11 @@ struct KeptEvent {
     kind: EventKind,
     seq: u32,
     section: Rc<str>,
-    fields: Option<Box<[(Box<str>, Kept)]>>,
+    fields: Option<KeptMap>,
 }
+
+/// An object's entries, in order.
+type KeptMap = Box<[(Box<str>, Kept)]>;
 
 /// A JSON value as a history keeps it: the same value in a third of the
 /// room (no map's hash index or spare capacity, strings without theirs).
@@ -383,7 +386,7 @@ enum Kept {
     Number(serde_json::Number),
     String(Box<str>),
     Array(Box<[Kept]>),
-    Object(Box<[(Box<str>, Kept)]>),
+    Object(KeptMap),
 }
 
 impl Kept {
@@ -410,7 +413,7 @@ impl Kept {
     }
 }
 
-fn keep_map(map: Map<String, Json>) -> Box<[(Box<str>, Kept)]> {
+fn keep_map(map: Map<String, Json>) -> KeptMap {
     map.into_iter()
         .map(|(k, v)| (k.into_boxed_str(), Kept::keep(v)))
         .collect()
