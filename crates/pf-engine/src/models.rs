@@ -1612,13 +1612,19 @@ return round";
         let seen = seen(&r);
         assert_eq!(seen.len(), 11);
         let first = |round: usize| seen[round].messages[0].content.clone();
-        for (round, want) in ["go", "e1", "e1", "e1", "e4", "e5", "e6", "e7", "e8", "e8", "e8"]
-            .into_iter()
-            .enumerate()
+        for (round, want) in [
+            "go", "e1", "e1", "e1", "e4", "e5", "e6", "e7", "e8", "e8", "e8",
+        ]
+        .into_iter()
+        .enumerate()
         {
             assert_eq!(first(round), serde_json::json!(want), "round {round}");
             let appended = round.min(3).saturating_sub(1);
-            assert_eq!(seen[round].messages.len(), 1 + 2 * round + appended, "round {round}");
+            assert_eq!(
+                seen[round].messages.len(),
+                1 + 2 * round + appended,
+                "round {round}"
+            );
         }
         // Rounds 2 and 3 appended a user record before the engine appended theirs.
         assert_eq!(seen[2].messages[3].content, serde_json::json!("e2"));
@@ -1631,7 +1637,10 @@ return round";
             .take(2)
             .map(|m| m.content.clone())
             .collect();
-        assert_eq!(last_results, vec![serde_json::json!("21"), serde_json::json!("e8")]);
+        assert_eq!(
+            last_results,
+            vec![serde_json::json!("21"), serde_json::json!("e8")]
+        );
     }
 
     #[test]

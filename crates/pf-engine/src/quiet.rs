@@ -173,9 +173,7 @@ pub(crate) fn dump_has_no_store(dump: &[u8]) -> bool {
 /// to the instruction size, the instructions.
 fn code_of(dump: &[u8]) -> Option<&[u8]> {
     let mut at = Cursor { dump, at: 0 };
-    if at.take(4)? != b"\x1bLua"
-        || at.take(2)? != [0x55, 0]
-        || at.take(6)? != b"\x19\x93\r\n\x1a\n"
+    if at.take(4)? != b"\x1bLua" || at.take(2)? != [0x55, 0] || at.take(6)? != b"\x19\x93\r\n\x1a\n"
     {
         return None;
     }
@@ -223,6 +221,11 @@ impl<'a> Cursor<'a> {
     }
 }
 
+/// How many function entries one batch's proof looks at: each costs a hook
+/// call and a lookup, so a handler that calls much more than this is left
+/// unproven, and its rounds compare the list instead (bounded either way).
+const MAX_WATCHED_CALLS: u32 = 256;
+
 /// One loop's watch over its local handlers' runs: the verdicts on the Lua
 /// functions met so far, and whether the current batch stayed quiet.
 #[derive(Default)]
@@ -231,12 +234,15 @@ pub(crate) struct QuietWatch {
     /// reused by another while the verdict stands.
     verdicts: RefCell<HashMap<usize, (Function, bool)>>,
     quiet: Cell<bool>,
+    /// Function entries looked at since the batch began.
+    entries: Cell<u32>,
 }
 
 impl QuietWatch {
     /// A batch of tool calls begins: quiet until shown otherwise.
     pub(crate) fn start_batch(&self) {
         self.quiet.set(true);
+        self.entries.set(0);
     }
 
     /// Whether every function entered on a watched thread since the batch
@@ -246,6 +252,11 @@ impl QuietWatch {
     }
 
     fn entered(&self, lua: &Lua, f: Function) -> bool {
+        let entries = self.entries.get() + 1;
+        self.entries.set(entries);
+        if entries > MAX_WATCHED_CALLS {
+            return false;
+        }
         let address = f.to_pointer() as usize;
         if read_only_functions().contains(&address) {
             return true;
@@ -268,6 +279,19 @@ impl QuietWatch {
         };
         self.verdicts.borrow_mut().insert(address, (f, verdict));
         verdict
+    }
+
+    /// Whether `f` was already found to store into a table: watching its run
+    /// again could prove nothing, so it ends the batch's quiet without a watch.
+    pub(crate) fn known_to_store(&self, f: &Function) -> bool {
+        let known = matches!(
+            self.verdicts.borrow().get(&(f.to_pointer() as usize)),
+            Some((_, false))
+        );
+        if known {
+            self.quiet.set(false);
+        }
+        known
     }
 
     /// Call `f` with `args` on a watched thread of its own (with the cancel
@@ -299,8 +323,7 @@ impl QuietWatch {
                         if let Some(thread) = hook_slot.borrow_mut().take() {
                             let poll = Rc::clone(&hook_poll);
                             thread.set_hook(
-                                HookTriggers::new()
-                                    .every_nth_instruction(CANCEL_POLL_INSTRUCTIONS),
+                                HookTriggers::new().every_nth_instruction(CANCEL_POLL_INSTRUCTIONS),
                                 move |lua, _| poll(lua),
                             )?;
                         }
@@ -471,6 +494,29 @@ mod tests {
     }
 
     #[test]
+    fn a_function_found_to_store_is_not_watched_again() {
+        let lua = Lua::new();
+        let writes: Function = lua.load("return function() t = 1 end").eval().unwrap();
+        let reads: Function = lua.load("return function() return 1 end").eval().unwrap();
+        let watch = Rc::new(QuietWatch::default());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let poll: PollCheck = Rc::new(|_: &Lua| Ok(VmState::Continue));
+        for f in [&writes, &reads] {
+            watch.start_batch();
+            assert!(!watch.known_to_store(f));
+            rt.block_on(watch.call(&lua, f, (), Rc::clone(&poll)))
+                .unwrap();
+        }
+        watch.start_batch();
+        assert!(!watch.known_to_store(&reads));
+        assert!(watch.is_quiet());
+        assert!(watch.known_to_store(&writes));
+        assert!(!watch.is_quiet());
+    }
+
+    #[test]
     fn a_run_is_quiet_only_when_nothing_it_entered_can_write_a_table() {
         let prepare = "
             t = { x = 1, list = { 'a' } }
@@ -483,14 +529,23 @@ mod tests {
             plain = setmetatable({}, { __index = t })";
         let quiet = [
             ("return function() return t.x end", "Integer(1)"),
-            ("return function() return read() + #t.list end", "Integer(2)"),
+            (
+                "return function() return read() + #t.list end",
+                "Integer(2)",
+            ),
             (
                 "return function() return string.format('%d %s', t.x, tostring(1)) end",
                 "String(\"1 1\")",
             ),
-            ("return function() return pcall(read) end", "Boolean(true),Integer(1)"),
+            (
+                "return function() return pcall(read) end",
+                "Boolean(true),Integer(1)",
+            ),
             ("return function() return plain.x end", "Integer(1)"),
-            ("return function() return table.concat(t.list) end", "String(\"a\")"),
+            (
+                "return function() return table.concat(t.list) end",
+                "String(\"a\")",
+            ),
         ];
         for (body, want) in quiet {
             assert_eq!(watched(prepare, body), (true, want.to_string()), "{body}");
@@ -500,16 +555,40 @@ mod tests {
             ("return function() edit() return 0 end", "Integer(0)"),
             ("return function() return pcall(edit) end", "Boolean(true)"),
             ("return function() return adder + 1 end", "Integer(1)"),
-            ("return function() return tostring(shown) end", "String(\"s\")"),
+            (
+                "return function() return tostring(shown) end",
+                "String(\"s\")",
+            ),
             ("return function() return ('x'):edit() end", "String(\"x\")"),
             ("return function() return lazy.y end", "String(\"y\")"),
-            ("return function() rawset(t, 'x', 7) return 0 end", "Integer(0)"),
-            ("return function() table.insert(t.list, 'b') return 0 end", "Integer(0)"),
+            (
+                "return function() rawset(t, 'x', 7) return 0 end",
+                "Integer(0)",
+            ),
+            (
+                "return function() table.insert(t.list, 'b') return 0 end",
+                "Integer(0)",
+            ),
             // An error ends the proof too.
             ("return function() return next(t.nope) end", "error"),
         ];
         for (body, want) in writing {
             assert_eq!(watched(prepare, body), (false, want.to_string()), "{body}");
         }
+        // Reading only, but with more calls than one batch looks at.
+        let many = format!(
+            "return function() local s = 0 for i = 1, {} do s = s + read() end return s end",
+            MAX_WATCHED_CALLS
+        );
+        assert_eq!(
+            watched(prepare, &many),
+            (false, format!("Integer({MAX_WATCHED_CALLS})"))
+        );
+        let fewer = format!(
+            "return function() local s = 0 for i = 1, {} do s = s + read() end return s end",
+            MAX_WATCHED_CALLS - 10
+        );
+        let want = format!("Integer({})", MAX_WATCHED_CALLS - 10);
+        assert_eq!(watched(prepare, &fewer), (true, want));
     }
 }

@@ -608,7 +608,7 @@ async fn run_local(
     // In a tool loop's batch, while it is still proven quiet, the handler runs
     // watched, so that the loop can trust its list's snapshots after it.
     let r: MultiValue = match crate::quiet::active(lua) {
-        Some(watch) if watch.is_quiet() => {
+        Some(watch) if watch.is_quiet() && !watch.known_to_store(&handler) => {
             let poll = crate::vm::cancel_check(sec);
             watch
                 .call(lua, &pcall_values, (handler, arg_table), poll)

@@ -310,7 +310,7 @@ local function snap_node(t, s, n)
   local head = n
   s[head + 1] = t
   n = head + 3
-  local first, ints, top, plain = n, 0, 0, true
+  local first, ints, top = n, 0, 0
   for k, v in next, t do
     local f = false
     if type(k) == 'table' then
@@ -320,7 +320,6 @@ local function snap_node(t, s, n)
     else
       f = math_type(v) or false
     end
-    if f then plain = false end
     s[n + 1], s[n + 2], s[n + 3] = f, k, v
     n = n + 3
     if math_type(k) == 'integer' then
@@ -331,8 +330,7 @@ local function snap_node(t, s, n)
   -- A pair past the last one meets this: NaN equals no key.
   s[n + 1], s[n + 2], s[n + 3] = false, NAN, NAN
   s[head + 2] = ints ~= top and rawlen(t)
-  -- Negated when every pair compares with `==`, so `same_record` skips the kind test.
-  s[head + 3] = plain and -(n + 1) or n + 1
+  s[head + 3] = n + 1
   local last = n
   n = n + 3
   for i = first + 2, last, 3 do
@@ -359,14 +357,7 @@ local function same_record(s)
     local t, len, last = s[n + 1], s[n + 2], s[n + 3]
     if len and rawlen(t) ~= len then return false end
     local i = n + 4
-    if last < 0 then
-      -- Every pair plain (`==` on both sides), the common node.
-      last = -last
-      for k, v in next, t do
-        if k ~= s[i + 1] or v ~= s[i + 2] then return false end
-        i = i + 3
-      end
-    else for k, v in next, t do
+    for k, v in next, t do
       local f = s[i]
       if not f then
         if k ~= s[i + 1] or v ~= s[i + 2] then return false end
@@ -382,7 +373,7 @@ local function same_record(s)
         if sv == 0 and f == 'float' and 1 / v ~= 1 / sv then return false end
       end
       i = i + 3
-    end end
+    end
     if i ~= last then return false end
     n = i + 2
   until n >= stop
