@@ -1575,7 +1575,9 @@ return tostring(ok) .. ' ' .. tostring(err) .. ' ' .. round";
             finish_reason: Some("tool_calls".into()),
             ..Default::default()
         };
-        let ids = ["c1", "c2", "c3", "c4", "c5", "c6", "c7", "c8", "c9", "c10"];
+        let ids = [
+            "c1", "c2", "c3", "c4", "c5", "c6", "c7", "c8", "c9", "c10", "c11",
+        ];
         let replies: Vec<ChatResponse> = ids.into_iter().map(call).chain([text("done")]).collect();
         let body = "\
 local msgs = messages.new():user('go')
@@ -1595,6 +1597,7 @@ local routes = {
   function() return select(2, pcall(set, 'e8')) end,
   function() return msgs[1].content end,
   function() return #msgs end,
+  function() return set('e11') end,
 }
 local round = 0
 tools.add_local('route', 'Route', {}, function()
@@ -1607,17 +1610,16 @@ return round";
         let r = recorder(ThinkingSupport::Never, replies);
         assert_eq!(
             run_prompt(&source, Arc::clone(&r), None),
-            Outcome::Completed("10".into())
+            Outcome::Completed("11".into())
         );
         let seen = seen(&r);
-        assert_eq!(seen.len(), 11);
+        assert_eq!(seen.len(), 12);
         let first = |round: usize| seen[round].messages[0].content.clone();
-        for (round, want) in [
-            "go", "e1", "e1", "e1", "e4", "e5", "e6", "e7", "e8", "e8", "e8",
-        ]
-        .into_iter()
-        .enumerate()
-        {
+        // Rounds 9 and 10 only read (quiet); round 11 edits again.
+        let firsts = [
+            "go", "e1", "e1", "e1", "e4", "e5", "e6", "e7", "e8", "e8", "e8", "e11",
+        ];
+        for (round, want) in firsts.into_iter().enumerate() {
             assert_eq!(first(round), serde_json::json!(want), "round {round}");
             let appended = round.min(3).saturating_sub(1);
             assert_eq!(
@@ -1629,7 +1631,7 @@ return round";
         // Rounds 2 and 3 appended a user record before the engine appended theirs.
         assert_eq!(seen[2].messages[3].content, serde_json::json!("e2"));
         assert_eq!(seen[3].messages[6].content, serde_json::json!("e3"));
-        let last_results: Vec<serde_json::Value> = seen[10]
+        let last_results: Vec<serde_json::Value> = seen[11]
             .messages
             .iter()
             .rev()
@@ -1639,7 +1641,7 @@ return round";
             .collect();
         assert_eq!(
             last_results,
-            vec![serde_json::json!("21"), serde_json::json!("e8")]
+            vec![serde_json::json!("ok"), serde_json::json!("21")]
         );
     }
 
