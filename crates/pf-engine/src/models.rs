@@ -1183,7 +1183,6 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
             .iter()
             .any(|(call, _)| ENGINE_TOOL_NAMES.contains(&call.name.as_str()));
         let watching = crate::quiet::activate(&lua, &watch);
-        watch.start_batch();
         // Run the batch in call order, then append it whole.
         let mut results: Vec<String> = Vec::with_capacity(calls.len());
         for (call, arguments) in &calls {

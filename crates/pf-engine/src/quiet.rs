@@ -239,8 +239,8 @@ pub(crate) struct QuietWatch {
 }
 
 impl QuietWatch {
-    /// A batch of tool calls begins: quiet until shown otherwise.
-    pub(crate) fn start_batch(&self) {
+    /// A batch of tool calls begins: quiet until shown otherwise ([`activate`]).
+    fn start_batch(&self) {
         self.quiet.set(true);
         self.entries.set(0);
     }
@@ -304,12 +304,19 @@ impl QuietWatch {
         args: impl IntoLuaMulti,
         poll: PollCheck,
     ) -> mlua::Result<MultiValue> {
-        let thread = lua.create_thread(f.clone())?;
+        let thread = match lua.create_thread(f.clone()) {
+            Ok(thread) => thread,
+            // (Out of memory, say): run it as an unwatched call would, unproven.
+            Err(_) => {
+                self.quiet.set(false);
+                return f.call_async(args).await;
+            }
+        };
         let slot: Rc<RefCell<Option<Thread>>> = Rc::new(RefCell::new(Some(thread.clone())));
         let watch = Rc::clone(self);
         let hook_slot = Rc::clone(&slot);
         let hook_poll = Rc::clone(&poll);
-        thread.set_hook(
+        let watching = thread.set_hook(
             HookTriggers::new()
                 .on_calls()
                 .every_nth_instruction(CANCEL_POLL_INSTRUCTIONS),
@@ -320,19 +327,25 @@ impl QuietWatch {
                     }
                     if !watch.quiet.get() {
                         // Nothing more to prove: the plain poll from here on.
+                        // (Should that fail, this hook stays: slower, as sound.)
                         if let Some(thread) = hook_slot.borrow_mut().take() {
                             let poll = Rc::clone(&hook_poll);
-                            thread.set_hook(
+                            let _ = thread.set_hook(
                                 HookTriggers::new().every_nth_instruction(CANCEL_POLL_INSTRUCTIONS),
                                 move |lua, _| poll(lua),
-                            )?;
+                            );
                         }
                     }
                     Ok(VmState::Continue)
                 }
                 _ => hook_poll(lua),
             },
-        )?;
+        );
+        if watching.is_err() {
+            self.quiet.set(false);
+            slot.borrow_mut().take();
+            return f.call_async(args).await;
+        }
         let result = thread.into_async::<MultiValue>(args)?.await;
         // The hook's own handle on the thread, if it still holds one.
         slot.borrow_mut().take();
@@ -352,9 +365,11 @@ pub(crate) fn active(lua: &Lua) -> Option<Rc<QuietWatch>> {
     lua.app_data_ref::<ActiveWatch>().map(|w| Rc::clone(&w.0))
 }
 
-/// Makes `watch` the active one until the guard drops, which puts back the
-/// one active before (a loop inside a handler has its own).
+/// A batch of tool calls begins (quiet until shown otherwise) with `watch`
+/// the active one until the guard drops, which puts back the one active
+/// before (a loop inside a handler has its own).
 pub(crate) fn activate(lua: &Lua, watch: &Rc<QuietWatch>) -> ActiveGuard {
+    watch.start_batch();
     let before = match lua.try_set_app_data(ActiveWatch(Rc::clone(watch))) {
         Ok(before) => before.map(|w| w.0),
         // Borrowed (it never is across an await): no watch, no quiet.
@@ -491,6 +506,24 @@ mod tests {
                 .join(",")
         });
         (watch.is_quiet(), out.unwrap_or_else(|_| "error".into()))
+    }
+
+    #[test]
+    fn an_inner_loops_watch_gives_way_to_the_outer_one() {
+        let lua = Lua::new();
+        let outer = Rc::new(QuietWatch::default());
+        let inner = Rc::new(QuietWatch::default());
+        assert!(active(&lua).is_none());
+        let outer_guard = activate(&lua, &outer);
+        assert!(outer.is_quiet());
+        assert!(active(&lua).is_some_and(|w| Rc::ptr_eq(&w, &outer)));
+        {
+            let _inner_guard = activate(&lua, &inner);
+            assert!(active(&lua).is_some_and(|w| Rc::ptr_eq(&w, &inner)));
+        }
+        assert!(active(&lua).is_some_and(|w| Rc::ptr_eq(&w, &outer)));
+        drop(outer_guard);
+        assert!(active(&lua).is_none());
     }
 
     #[test]
