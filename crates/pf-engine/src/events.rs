@@ -11,6 +11,7 @@
 //! event holds a message, and no event holds prompt text or a credential.
 
 use std::collections::HashMap;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use pf_harness::WorkId;
@@ -352,9 +353,105 @@ pub(crate) struct EventLog {
 #[derive(Default)]
 struct TaskHistory {
     next_seq: u32,
-    events: Vec<RunEvent>,
+    events: Vec<KeptEvent>,
     /// The chain that started the task, which may read its history.
     owner: Option<String>,
+}
+
+/// An event as a task's history keeps it until `tasks.events` reads it back:
+/// the same kind, section, number and fields as the [`RunEvent`] the observer
+/// heard, in a fraction of its room. The task is the history's own; the
+/// section is shared with the event before it when it is the same (a
+/// section's events come in a row); a boundary event keeps no fields.
+/// A wide fanout keeps every arm's history for the whole call (its caller may
+/// read any arm's), and as `RunEvent`s those histories were most of the fresh
+/// memory a pure-Lua arm made the kernel zero.
+struct KeptEvent {
+    kind: EventKind,
+    seq: u32,
+    section: Rc<str>,
+    fields: Option<KeptMap>,
+}
+
+/// An object's entries, in order.
+type KeptMap = Box<[(Box<str>, Kept)]>;
+
+/// A JSON value as a history keeps it: the same value in a third of the
+/// room (no map's hash index or spare capacity, strings without theirs).
+/// An object keeps its keys in their order, and a number is the same
+/// `Number`, so reading it back gives an equal `Json`.
+enum Kept {
+    Null,
+    Bool(bool),
+    Number(serde_json::Number),
+    String(Box<str>),
+    Array(Box<[Kept]>),
+    Object(KeptMap),
+}
+
+impl Kept {
+    fn keep(value: Json) -> Kept {
+        match value {
+            Json::Null => Kept::Null,
+            Json::Bool(b) => Kept::Bool(b),
+            Json::Number(n) => Kept::Number(n),
+            Json::String(s) => Kept::String(s.into_boxed_str()),
+            Json::Array(items) => Kept::Array(items.into_iter().map(Kept::keep).collect()),
+            Json::Object(map) => Kept::Object(keep_map(map)),
+        }
+    }
+
+    fn json(&self) -> Json {
+        match self {
+            Kept::Null => Json::Null,
+            Kept::Bool(b) => Json::Bool(*b),
+            Kept::Number(n) => Json::Number(n.clone()),
+            Kept::String(s) => Json::String(s.to_string()),
+            Kept::Array(items) => Json::Array(items.iter().map(Kept::json).collect()),
+            Kept::Object(entries) => Json::Object(map_of(entries)),
+        }
+    }
+}
+
+fn keep_map(map: Map<String, Json>) -> KeptMap {
+    map.into_iter()
+        .map(|(k, v)| (k.into_boxed_str(), Kept::keep(v)))
+        .collect()
+}
+
+fn map_of(entries: &[(Box<str>, Kept)]) -> Map<String, Json> {
+    let mut map = Map::with_capacity(entries.len());
+    for (k, v) in entries {
+        map.insert(k.to_string(), v.json());
+    }
+    map
+}
+
+impl KeptEvent {
+    fn keep(event: RunEvent, before: Option<&KeptEvent>) -> KeptEvent {
+        let section = match before {
+            Some(last) if *last.section == *event.section => Rc::clone(&last.section),
+            _ => Rc::from(event.section),
+        };
+        KeptEvent {
+            kind: event.kind,
+            seq: event.provenance.seq,
+            section,
+            fields: (!event.fields.is_empty()).then(|| keep_map(event.fields)),
+        }
+    }
+
+    fn event(&self, task: &str) -> RunEvent {
+        RunEvent {
+            kind: self.kind,
+            section: self.section.to_string(),
+            provenance: Provenance {
+                task: task.to_string(),
+                seq: self.seq,
+            },
+            fields: self.fields.as_deref().map(map_of).unwrap_or_default(),
+        }
+    }
 }
 
 impl EventLog {
@@ -410,7 +507,8 @@ impl EventLog {
             }
         }
         if let Some(history) = self.tasks.get_mut(task) {
-            history.events.push(event);
+            let kept = KeptEvent::keep(event, history.events.last());
+            history.events.push(kept);
         }
     }
 
@@ -440,8 +538,8 @@ impl EventLog {
             .map(|h| {
                 h.events
                     .iter()
-                    .filter(|e| after.is_none_or(|last| e.provenance.seq > last))
-                    .cloned()
+                    .filter(|e| after.is_none_or(|last| e.seq > last))
+                    .map(|e| e.event(task))
                     .collect()
             })
             .unwrap_or_default()
@@ -497,6 +595,76 @@ mod tests {
         };
         assert!(!deliver(&Terminal { gone: true }, text));
         assert!(deliver(&Terminal { gone: false }, text));
+    }
+
+    /// Whatever a history keeps an event as, `tasks.events` reads back the
+    /// event the observer heard: kind, section, task, number and fields.
+    #[test]
+    fn a_history_gives_back_the_events_the_observer_heard() {
+        struct Heard(std::sync::Mutex<Vec<RunEvent>>);
+        impl RunObserver for Heard {
+            fn event(&self, _: &str, event: &RunEvent) {
+                self.0.lock().expect("heard").push(event.clone());
+            }
+            fn live_text(&self, _: LiveText<'_>) -> bool {
+                false
+            }
+        }
+        let heard = Arc::new(Heard(std::sync::Mutex::new(Vec::new())));
+        let mut log = EventLog::new(Some(Arc::clone(&heard) as Arc<dyn RunObserver>));
+        log.set_owner("0.1", "0");
+        log.record("run-1", "0.1", "Arm", EventKind::SectionStarted, Map::new());
+        log.record(
+            "run-1",
+            "0.1",
+            "Arm",
+            EventKind::LuaChunkStarted,
+            Map::new(),
+        );
+        log.host_work("0.1");
+        log.record(
+            "run-1",
+            "0.1",
+            "Next",
+            EventKind::SectionStarted,
+            Map::new(),
+        );
+        log.record(
+            "run-1",
+            "0.1",
+            "Next",
+            EventKind::TaskSucceeded,
+            fields(
+                json!({"task": "0.1", "n": 1.5, "neg": -3, "big": u64::MAX, "t": true,
+                "nested": {"z": [1, null, "s", {}], "a": [], "m": {"y": 1, "b": 2}}}),
+            ),
+        );
+        log.record(
+            "run-1",
+            "0.1",
+            "Arm",
+            EventKind::SectionFinished,
+            Map::new(),
+        );
+        let kept = log.history("0.1", None);
+        assert_eq!(kept, *heard.0.lock().expect("heard"));
+        assert_eq!(kept[2].provenance.seq, 3);
+        // (maps compare without order: the order is checked on its own)
+        let keys = |m: &Map<String, Json>| m.keys().cloned().collect::<Vec<_>>();
+        assert_eq!(
+            keys(&kept[3].fields),
+            ["task", "n", "neg", "big", "t", "nested"]
+        );
+        let nested = kept[3]
+            .field("nested")
+            .and_then(Json::as_object)
+            .expect("nested");
+        assert_eq!(keys(nested), ["z", "a", "m"]);
+        let inner = nested["m"].as_object().expect("m");
+        assert_eq!(keys(inner), ["y", "b"]);
+        assert_eq!(kept[3].field("big"), Some(&json!(u64::MAX)));
+        assert_eq!(kept[3].field("n"), Some(&json!(1.5)));
+        assert_eq!(log.history("0.1", Some(2)), kept[2..].to_vec());
     }
 
     #[test]

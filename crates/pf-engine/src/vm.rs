@@ -26,15 +26,18 @@ const SETUP_PAUSE: i32 = 1400;
 /// About how many fields the setup puts in the helper table `H`.
 const HELPER_FIELDS: usize = 64;
 
+/// The libraries a section VM opens (with the base library); the prelude
+/// removes by name what they hold beyond the sandbox (a test holds the list).
+fn vm_libraries() -> StdLib {
+    StdLib::STRING | StdLib::TABLE | StdLib::MATH | StdLib::UTF8
+}
+
 /// A fresh section VM with every host global installed except the shared library
 /// and the alias/role globals (installed by the walk after the replay).
 pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     // No debug library: what the prelude needs of it comes from Rust
     // (`sandbox_guards::introspect`).
-    let lua = Lua::new_with(
-        StdLib::STRING | StdLib::TABLE | StdLib::MATH | StdLib::UTF8,
-        LuaOptions::default(),
-    )?;
+    let lua = Lua::new_with(vm_libraries(), LuaOptions::default())?;
     // mlua's `Lua` made by `new_with` runs a full collection when dropped, just
     // before `lua_close` frees everything anyway: a mark of the whole VM at every
     // section's teardown. The handle kept is a clone, which does not; the
@@ -878,6 +881,49 @@ mod tests {
             .map(|pair| pair.trim().trim_end_matches("= true").trim())
             .collect();
         assert_eq!(listed, LAZY_GLOBALS);
+    }
+
+    /// The prelude removes by name every global a fresh state of the VM's
+    /// libraries has beyond the sandbox's: if a library (or mlua) adds one,
+    /// this fails instead of the sandbox growing.
+    #[test]
+    fn the_prelude_removes_every_global_beyond_the_sandbox() {
+        const SANDBOX: &[&str] = &[
+            "assert",
+            "error",
+            "pcall",
+            "xpcall",
+            "getmetatable",
+            "setmetatable",
+            "ipairs",
+            "pairs",
+            "next",
+            "select",
+            "tonumber",
+            "tostring",
+            "type",
+            "_G",
+            "_VERSION",
+            "string",
+            "table",
+            "math",
+        ];
+        let lua = Lua::new_with(vm_libraries(), LuaOptions::default()).expect("state");
+        let mut beyond: Vec<String> = lua
+            .globals()
+            .pairs::<String, Value>()
+            .map(|pair| pair.expect("global").0)
+            .filter(|name| !SANDBOX.contains(&name.as_str()))
+            .collect();
+        beyond.sort_unstable();
+        let mut removed: Vec<String> = PRELUDE
+            .lines()
+            .filter(|l| l.starts_with("G.") && l.contains("= nil, nil"))
+            .flat_map(|l| l.split(" = ").next().unwrap_or_default().split(", "))
+            .map(|name| name.trim_start_matches("G.").to_string())
+            .collect();
+        removed.sort_unstable();
+        assert_eq!(removed, beyond);
     }
 
     /// A deferred part compiles on its own and defines what its stand-ins call.
