@@ -656,6 +656,9 @@ impl RunWriter {
 
     /// Append one event.
     pub fn event(&self, event: EventRecord) {
+        if let serde_json::Value::Object(fields) = &event.fields {
+            return self.event_fields(&event.kind, &event.section, &event.task, event.seq, fields);
+        }
         self.event_parts(
             &event.kind,
             &event.section,
@@ -678,6 +681,22 @@ impl RunWriter {
         fields: &impl serde::Serialize,
     ) {
         self.shared.events.push(kind, section, task, seq, fields);
+    }
+
+    /// [`event_parts`](RunWriter::event_parts) for fields that are a JSON
+    /// object (every event's are): the same line, written directly rather
+    /// than through serde.
+    pub fn event_fields(
+        &self,
+        kind: &str,
+        section: &str,
+        task: &str,
+        seq: u32,
+        fields: &serde_json::Map<String, serde_json::Value>,
+    ) {
+        self.shared
+            .events
+            .push_map(kind, section, task, seq, fields);
     }
 
     /// Append one model exchange (its bodies encoded straight into the
@@ -725,6 +744,27 @@ impl RunWriter {
                 crate::work::push_body(out, request);
                 if let Some(response) = response {
                     crate::work::push_body(out, response);
+                }
+            })
+        })
+    }
+
+    /// [`exchange_parts`](RunWriter::exchange_parts) for a caller that
+    /// writes its bodies' JSON itself (with [`crate::json`]), each exactly
+    /// one JSON value: `request`, then `response` when one arrived.
+    pub fn exchange_written(
+        &self,
+        exchange: &ExchangeParts<'_>,
+        request: impl FnOnce(&mut Vec<u8>),
+        response: Option<impl FnOnce(&mut Vec<u8>)>,
+    ) -> ExchangeHandle {
+        self.exchange_line(|out, handle| {
+            crate::work::exchange(out, handle, exchange, |out| {
+                out.push(b',');
+                request(out);
+                if let Some(response) = response {
+                    out.push(b',');
+                    response(out);
                 }
             })
         })
