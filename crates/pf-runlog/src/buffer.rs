@@ -361,55 +361,73 @@ fn needs_escape(word: u64) -> bool {
     const HIGHS: u64 = 0x8080_8080_8080_8080;
     let zero_byte = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS;
     let below_space = word.wrapping_sub(ONES * 0x20) & !word & HIGHS;
-    below_space != 0
-        || zero_byte(word ^ (ONES * u64::from(b'"'))) != 0
-        || zero_byte(word ^ (ONES * u64::from(b'\\'))) != 0
+    (below_space
+        | zero_byte(word ^ (ONES * u64::from(b'"')))
+        | zero_byte(word ^ (ONES * u64::from(b'\\'))))
+        != 0
+}
+
+/// What each byte becomes in a JSON string: 0 as it is, `u` as `\u00xx`,
+/// else a backslash and this letter (serde_json's table).
+static ESCAPE: [u8; 256] = {
+    let mut table = [0u8; 256];
+    let mut byte = 0;
+    while byte < 0x20 {
+        table[byte] = b'u';
+        byte += 1;
+    }
+    table[0x08] = b'b';
+    table[0x0c] = b'f';
+    table[b'\n' as usize] = b'n';
+    table[b'\r' as usize] = b'r';
+    table[b'\t' as usize] = b't';
+    table[b'"' as usize] = b'"';
+    table[b'\\' as usize] = b'\\';
+    table
+};
+
+/// Whether `bytes` hold anything to escape: eight at a time, then the rest.
+fn any_to_escape(bytes: &[u8]) -> bool {
+    let mut words = bytes.chunks_exact(8);
+    for word in &mut words {
+        if <[u8; 8]>::try_from(word).map_or(true, |w| needs_escape(u64::from_le_bytes(w))) {
+            return true;
+        }
+    }
+    words
+        .remainder()
+        .iter()
+        .any(|&byte| ESCAPE[usize::from(byte)] != 0)
 }
 
 /// A JSON string, escaped as serde_json escapes: `\"`, `\\`, the short
 /// forms of backspace, form feed, newline, return and tab, `\u00xx` for the
-/// other control characters; everything else as it is.
+/// other control characters; everything else as it is. Most text has
+/// nothing to escape and goes in with one copy.
 pub fn push_str(out: &mut Vec<u8>, text: &str) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     out.push(b'"');
     let bytes = text.as_bytes();
+    if !any_to_escape(bytes) {
+        out.extend_from_slice(bytes);
+        out.push(b'"');
+        return;
+    }
     let mut clean = 0;
-    let mut at = 0;
-    while at < bytes.len() {
-        // Eight bytes at a time while none needs escaping (most text).
-        if let Some(word) = bytes.get(at..at + 8) {
-            let mut eight = [0u8; 8];
-            eight.copy_from_slice(word);
-            if !needs_escape(u64::from_le_bytes(eight)) {
-                at += 8;
-                continue;
-            }
+    for (at, &byte) in bytes.iter().enumerate() {
+        let escape = ESCAPE[usize::from(byte)];
+        if escape == 0 {
+            continue;
         }
-        let byte = bytes[at];
-        let escape: &[u8] = match byte {
-            b'"' => b"\\\"",
-            b'\\' => b"\\\\",
-            0x08 => b"\\b",
-            0x0c => b"\\f",
-            b'\n' => b"\\n",
-            b'\r' => b"\\r",
-            b'\t' => b"\\t",
-            0..=0x1f => b"",
-            _ => {
-                at += 1;
-                continue;
-            }
-        };
         out.extend_from_slice(&bytes[clean..at]);
-        if escape.is_empty() {
-            out.extend_from_slice(b"\\u00");
+        out.push(b'\\');
+        out.push(escape);
+        if escape == b'u' {
+            out.extend_from_slice(b"00");
             out.push(HEX[usize::from(byte >> 4)]);
             out.push(HEX[usize::from(byte & 0xf)]);
-        } else {
-            out.extend_from_slice(escape);
         }
-        at += 1;
-        clean = at;
+        clean = at + 1;
     }
     out.extend_from_slice(&bytes[clean..]);
     out.push(b'"');
