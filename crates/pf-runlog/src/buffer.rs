@@ -100,11 +100,13 @@ impl Taken {
     }
 
     /// The work lines as text (written as JSON, so always UTF-8).
+    #[cfg(test)]
     pub fn work_text(&self) -> &str {
         std::str::from_utf8(&self.work).unwrap_or("")
     }
 
     /// The lines as text (they were written as JSON, so always UTF-8).
+    #[cfg(test)]
     pub fn text(&self) -> &str {
         std::str::from_utf8(&self.lines).unwrap_or("")
     }

@@ -515,13 +515,13 @@ impl Core {
             }
             if let Some(id) = id {
                 if !events.is_empty() {
-                    let work = events.work_text();
+                    let work = &events.work;
                     tx.prepare_cached(INSERT_EVENTS)?.execute(params![
                         id,
                         ord,
                         events.count,
-                        events.text(),
-                        (!work.is_empty()).then_some(work)
+                        JsonText(&events.lines),
+                        (!work.is_empty()).then_some(JsonText(work))
                     ])?;
                     ord += i64::from(events.count);
                 }
@@ -1250,6 +1250,19 @@ fn usage_columns(usage: Option<&TokenUsage>) -> [Option<i64>; 3] {
             Some(to_sql_int(u.total)),
         ],
         None => [None; 3],
+    }
+}
+
+/// Lines the writer encoded as JSON (so UTF-8), bound as TEXT as they are:
+/// `str::from_utf8` over a commit's 40-odd KB, on the commit's path, proved
+/// nothing.
+struct JsonText<'a>(&'a [u8]);
+
+impl rusqlite::ToSql for JsonText<'_> {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        Ok(rusqlite::types::ToSqlOutput::Borrowed(
+            rusqlite::types::ValueRef::Text(self.0),
+        ))
     }
 }
 
