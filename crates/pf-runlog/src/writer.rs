@@ -169,7 +169,7 @@ impl WriterTail {
                 self.wake();
                 return shared.warning.get();
             }
-            Here::NotHere => {}
+            Here::Left => {}
         }
         self.wake();
         // The thread never sends; dropping the sender is the signal.
@@ -197,7 +197,7 @@ impl WriterTail {
                 let _ = self.done.recv_timeout(bound);
                 return shared.warning.get();
             }
-            Here::NotHere => {}
+            Here::Left => {}
         }
         self.wake();
         // The thread ends after the commit: waiting for its end alone wakes
@@ -222,7 +222,7 @@ enum Here {
     Stalled,
     /// Left to the background thread (busy, not yet holding a connection,
     /// or the log gave up).
-    NotHere,
+    Left,
 }
 
 /// Commit a closed writer's rows and end on the waiting thread, when its
@@ -235,15 +235,15 @@ enum Here {
 /// nothing left to do but end. Bounded by `finish_wait`, as a wait is.
 fn finish_here(shared: &Shared, tidy: bool) -> Here {
     if !shared.closing.load(Ordering::SeqCst) {
-        return Here::NotHere;
+        return Here::Left;
     }
     let mut core = match shared.core.try_lock() {
         Ok(core) => core,
         Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-        Err(TryLockError::WouldBlock) => return Here::NotHere,
+        Err(TryLockError::WouldBlock) => return Here::Left,
     };
     if core.disabled || core.conn.is_none() {
-        return Here::NotHere;
+        return Here::Left;
     }
     let deadline = Instant::now() + shared.options.finish_wait;
     loop {
@@ -261,7 +261,7 @@ fn finish_here(shared: &Shared, tidy: bool) -> Here {
     }
     if !core.ended {
         // The log gave up (or the run never ended): the thread tidies up.
-        return Here::NotHere;
+        return Here::Left;
     }
     if tidy {
         core.tidy_wal(shared);
