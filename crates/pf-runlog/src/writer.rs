@@ -163,13 +163,10 @@ impl WriterTail {
     /// if there was one; running out of time gives one.
     pub fn wait_committed(&mut self) -> Option<String> {
         let shared = self.shared.clone()?;
-        match finish_here(&shared, false) {
-            Here::Done | Here::Stalled => {
-                // Its thread tidies and hands the connection back.
-                self.wake();
-                return shared.warning.get();
-            }
-            Here::Left => {}
+        if let Here::Done = finish_here(&shared, false) {
+            // Its thread tidies and hands the connection back.
+            self.wake();
+            return shared.warning.get();
         }
         self.wake();
         // The thread never sends; dropping the sender is the signal.
@@ -185,19 +182,10 @@ impl WriterTail {
     /// until the background thread has tidied and ended, at most `bound` more.
     pub fn wait(self, bound: Duration) -> Option<String> {
         let shared = self.shared.clone()?;
-        match finish_here(&shared, true) {
-            Here::Done => {
-                // Nothing is left for the thread but to end (not waited for).
-                self.wake();
-                return shared.warning.get();
-            }
-            Here::Stalled => {
-                // Warned already; the thread keeps trying, within `bound`.
-                self.wake();
-                let _ = self.done.recv_timeout(bound);
-                return shared.warning.get();
-            }
-            Here::Left => {}
+        if let Here::Done = finish_here(&shared, true) {
+            // Nothing is left for the thread but to end (not waited for).
+            self.wake();
+            return shared.warning.get();
         }
         self.wake();
         // The thread ends after the commit: waiting for its end alone wakes
@@ -218,10 +206,9 @@ impl WriterTail {
 enum Here {
     /// Everything is committed (and, when asked, tidied).
     Done,
-    /// The database stayed busy past `finish_wait` (warned).
-    Stalled,
-    /// Left to the background thread (busy, not yet holding a connection,
-    /// or the log gave up).
+    /// Left to the background thread: it holds the core, holds no
+    /// connection yet, the log gave up, or the database is locked (the
+    /// thread waits that out with its own timeout and retries, as always).
     Left,
 }
 
@@ -232,9 +219,11 @@ enum Here {
 /// while the waiting thread, idle anyway, has the rows in its own cache.
 /// With `tidy`, also what the thread does after (checkpoint a grown WAL,
 /// recycle the buffers, hand the connection to the next writer), so it has
-/// nothing left to do but end. Bounded by `finish_wait`, as a wait is.
+/// nothing left to do but end. One try that never waits for a lock: a
+/// locked database leaves everything to the thread, and the wait to its
+/// usual bounds.
 fn finish_here(shared: &Shared, tidy: bool) -> Here {
-    if !shared.closing.load(Ordering::SeqCst) {
+    if !shared.closing.load(Ordering::SeqCst) || shared.options.busy_timeout.is_zero() {
         return Here::Left;
     }
     let mut core = match shared.core.try_lock() {
@@ -245,19 +234,10 @@ fn finish_here(shared: &Shared, tidy: bool) -> Here {
     if core.disabled || core.conn.is_none() {
         return Here::Left;
     }
-    let deadline = Instant::now() + shared.options.finish_wait;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let busy = left.min(shared.options.busy_timeout);
-        match core.commit_queued(shared, busy, 0) {
-            Committed::Done => break,
-            Committed::Busy if Instant::now() < deadline => {}
-            Committed::Busy => {
-                drop(core);
-                shared.still_writing(true);
-                return Here::Stalled;
-            }
-        }
+    // A zero busy timeout, below the options' own: a locked database
+    // comes back as `Busy` with the rows kept, never as giving up.
+    if let Committed::Busy = core.commit_queued(shared, Duration::ZERO, 0) {
+        return Here::Left;
     }
     if !core.ended {
         // The log gave up (or the run never ended): the thread tidies up.
@@ -1363,6 +1343,46 @@ mod tests {
         let id = log.resolve("run-here").unwrap();
         assert_eq!(log.run(id).unwrap().unwrap().end, Some(completed()));
         assert_eq!(log.events(id).unwrap().len(), 1);
+        thread.unpark();
+    }
+
+    #[test]
+    fn a_locked_database_leaves_the_tails_commit_to_the_writer_thread_rows_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("runs.db");
+        let options = WriterOptions {
+            batch_window: Duration::from_secs(3600),
+            batch_window_max: Duration::from_secs(3600),
+            ..WriterOptions::default()
+        };
+        let writer = RunWriter::begin_with(&path, start("run-locked-here"), options);
+        writer.event_parts("lua", "Run", "0", 0, &serde_json::Map::new());
+        for _ in 0..6000 {
+            if writer.shared.core().conn.is_some() {
+                break;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        let mut tail = writer.finish_deferred(completed());
+        let thread = tail.thread.take().expect("a writer thread");
+        let shared = tail.shared.clone().expect("shared");
+        let holder = rusqlite::Connection::open(&path).unwrap();
+        holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+        // Another process's write lock: no wait, no giving up, no warning.
+        assert!(matches!(finish_here(&shared, true), Here::Left));
+        {
+            let core = shared.core();
+            assert!(!core.disabled && !core.ended && core.conn.is_some());
+            assert!(core.end.is_some() && !core.events.is_empty());
+        }
+        assert_eq!(shared.warning.get(), None);
+        holder.execute_batch("COMMIT").unwrap();
+        assert!(matches!(finish_here(&shared, true), Here::Done));
+        let log = RunLog::open(&path).unwrap();
+        let id = log.resolve("run-locked-here").unwrap();
+        assert_eq!(log.run(id).unwrap().unwrap().end, Some(completed()));
+        assert_eq!(log.events(id).unwrap().len(), 1);
+        drop(tail);
         thread.unpark();
     }
 }
