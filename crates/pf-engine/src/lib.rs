@@ -17,6 +17,7 @@ mod memory;
 mod models;
 mod models_check;
 mod prepare;
+mod quiet;
 mod sandbox_guards;
 mod storeapi;
 mod subst;

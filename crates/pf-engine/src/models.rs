@@ -1065,6 +1065,7 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
     };
     let mut reader = ListReader::default();
     let mut composition = Composition::default();
+    let watch = Rc::new(crate::quiet::QuietWatch::default());
     checked_records(&lua, &sec, &mut reader, &list_v, false)?;
     // Whether no prompt code ran since the last read: true before the
     // first round (only the Engine runs between), then whether the last
@@ -1175,11 +1176,13 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
                     .into());
             }
         }
-        // A local handler is prompt code; the Engine's task tools are kept
-        // out too. Only Plugin tools leave this VM's Lua untouched.
-        no_prompt_code = calls.iter().all(|(call, _)| {
-            !ENGINE_TOOL_NAMES.contains(&call.name.as_str()) && !sec.has_local(&call.name)
-        });
+        // The Engine's task tools are kept out. Plugin tools leave this VM's
+        // Lua untouched; a local handler is prompt code, which leaves every
+        // table as it was only when its run is proven to write none (quiet.rs).
+        let engine_tools = calls
+            .iter()
+            .any(|(call, _)| ENGINE_TOOL_NAMES.contains(&call.name.as_str()));
+        let watching = crate::quiet::activate(&lua, &watch);
         // Run the batch in call order, then append it whole.
         let mut results: Vec<String> = Vec::with_capacity(calls.len());
         for (call, arguments) in &calls {
@@ -1187,6 +1190,8 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
             let reply = call_tool(&lua, &sec, caller, &call.name, arguments.clone(), turn).await?;
             results.push(reply.into_text());
         }
+        no_prompt_code = !engine_tools && watch.is_quiet();
+        drop(watching);
         answered_any = true;
         let rec = text_record(
             &lua,
@@ -1553,6 +1558,90 @@ return tostring(ok) .. ' ' .. tostring(err) .. ' ' .. round";
         assert_eq!(arguments(4), "{\"n\":-0.0}");
         assert_eq!(content(5, 2), serde_json::json!("ok"));
         assert_eq!(seen[5].messages.len(), 11);
+    }
+
+    /// A handler whose own code stores nothing may still edit the list through
+    /// what it calls (quiet.rs): every such edit reaches the next round, and a
+    /// handler that only reads leaves the rounds as they were.
+    #[test]
+    fn edits_through_what_a_handler_calls_reach_the_next_round() {
+        let call = |id: &str| ChatResponse {
+            tool_calls: vec![ToolCall {
+                id: id.into(),
+                name: "route".into(),
+                arguments: "{}".into(),
+            }],
+            finish_reason: Some("tool_calls".into()),
+            ..Default::default()
+        };
+        let ids = [
+            "c1", "c2", "c3", "c4", "c5", "c6", "c7", "c8", "c9", "c10", "c11",
+        ];
+        let replies: Vec<ChatResponse> = ids.into_iter().map(call).chain([text("done")]).collect();
+        let body = "\
+local msgs = messages.new():user('go')
+local function set(v) msgs[1].content = v return 'ok' end
+local counter = setmetatable({}, { __add = function(a) set('e4') return a end })
+local shown = setmetatable({}, { __tostring = function() set('e5') return 'shown' end })
+local lazy = setmetatable({}, { __index = function() return set('e7') end })
+string.e6 = function(s) set('e6') return s end
+local routes = {
+  function() return set('e1') end,
+  function() msgs:user('e2') return 'ok' end,
+  function() table.insert(msgs, { role = 'user', content = 'e3' }) return 'ok' end,
+  function() local _ = counter + 1 return 'ok' end,
+  function() return tostring(shown) end,
+  function() return ('ok'):e6() end,
+  function() return lazy.x end,
+  function() return select(2, pcall(set, 'e8')) end,
+  function() return msgs[1].content end,
+  function() return #msgs end,
+  function() return set('e11') end,
+}
+local round = 0
+tools.add_local('route', 'Route', {}, function()
+  round = round + 1
+  return routes[round]()
+end)
+models.loop(msgs)
+return round";
+        let source = format!("---\nname: t\ndescription: t\npromptforge: 0\nmodels:\n  w: {{}}\n---\n\n# T\n\n## S\n\n```lua\nmodels.use('w')\n{body}\n```\n");
+        let r = recorder(ThinkingSupport::Never, replies);
+        assert_eq!(
+            run_prompt(&source, Arc::clone(&r), None),
+            Outcome::Completed("11".into())
+        );
+        let seen = seen(&r);
+        assert_eq!(seen.len(), 12);
+        let first = |round: usize| seen[round].messages[0].content.clone();
+        // Rounds 9 and 10 only read (quiet); round 11 edits again.
+        let firsts = [
+            "go", "e1", "e1", "e1", "e4", "e5", "e6", "e7", "e8", "e8", "e8", "e11",
+        ];
+        for (round, want) in firsts.into_iter().enumerate() {
+            assert_eq!(first(round), serde_json::json!(want), "round {round}");
+            let appended = round.min(3).saturating_sub(1);
+            assert_eq!(
+                seen[round].messages.len(),
+                1 + 2 * round + appended,
+                "round {round}"
+            );
+        }
+        // Rounds 2 and 3 appended a user record before the engine appended theirs.
+        assert_eq!(seen[2].messages[3].content, serde_json::json!("e2"));
+        assert_eq!(seen[3].messages[6].content, serde_json::json!("e3"));
+        let last_results: Vec<serde_json::Value> = seen[11]
+            .messages
+            .iter()
+            .rev()
+            .step_by(2)
+            .take(2)
+            .map(|m| m.content.clone())
+            .collect();
+        assert_eq!(
+            last_results,
+            vec![serde_json::json!("ok"), serde_json::json!("21")]
+        );
     }
 
     #[test]

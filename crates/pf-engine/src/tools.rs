@@ -605,7 +605,17 @@ async fn run_local(
     let arg_table = json_to_lua(lua, args)?;
     let pcall_values: mlua::Function = helpers(lua)?.get("pcall_values")?;
     let guard = sec.enter_local_handler();
-    let r: MultiValue = pcall_values.call_async((handler, arg_table)).await?;
+    // In a tool loop's batch, while it is still proven quiet, the handler runs
+    // watched, so that the loop can trust its list's snapshots after it.
+    let r: MultiValue = match crate::quiet::active(lua) {
+        Some(watch) if watch.is_quiet() && !watch.known_to_store(&handler) => {
+            let poll = crate::vm::cancel_check(sec);
+            watch
+                .call(lua, &pcall_values, (handler, arg_table), poll)
+                .await?
+        }
+        _ => pcall_values.call_async((handler, arg_table)).await?,
+    };
     drop(guard);
     let ok = matches!(r.front(), Some(Value::Boolean(true)));
     let payload = r.get(1).cloned().unwrap_or(Value::Nil);

@@ -140,23 +140,30 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
 /// later inherit it), that ends the running Lua on a cancel or a run that
 /// ended on the spot.
 fn install_cancel_poll(lua: &Lua, sec: &SectionCtx) -> mlua::Result<()> {
-    let cancel = sec.run.fixed.cancel.clone();
-    let abort = sec.run.abort_signal();
+    let poll = cancel_check(sec);
     lua.set_global_hook(
         HookTriggers::new().every_nth_instruction(CANCEL_POLL_INSTRUCTIONS),
-        move |lua, _| {
-            if cancel.is_cancelled() {
-                crate::sandbox_guards::disarm_close_handlers(lua);
-                Err(mlua::Error::runtime("interrupted by Ctrl-C"))
-            } else if abort.is_cancelled() {
-                // The run already ended on the spot; the walk reports why.
-                crate::sandbox_guards::disarm_close_handlers(lua);
-                Err(mlua::Error::runtime("run ended"))
-            } else {
-                Ok(VmState::Continue)
-            }
-        },
+        move |lua, _| poll(lua),
     )
+}
+
+/// The cancel poll's check, also run by a thread hook that watches more
+/// (quiet.rs, a local handler's run in a tool loop).
+pub(crate) fn cancel_check(sec: &SectionCtx) -> crate::quiet::PollCheck {
+    let cancel = sec.run.fixed.cancel.clone();
+    let abort = sec.run.abort_signal();
+    Rc::new(move |lua: &Lua| {
+        if cancel.is_cancelled() {
+            crate::sandbox_guards::disarm_close_handlers(lua);
+            Err(mlua::Error::runtime("interrupted by Ctrl-C"))
+        } else if abort.is_cancelled() {
+            // The run already ended on the spot; the walk reports why.
+            crate::sandbox_guards::disarm_close_handlers(lua);
+            Err(mlua::Error::runtime("run ended"))
+        } else {
+            Ok(VmState::Continue)
+        }
+    })
 }
 
 /// Run `f` on the current thread without the cancel poll, which otherwise

@@ -382,13 +382,30 @@ end
 -- `list_shape`'s answers (representable, length) plus the first index whose
 -- record is not proven unchanged since the last call with `snaps` (which held
 -- `known` records); `snaps` is brought up to date when the list is a sequence.
--- `trusted`: no prompt code ran since that call, so a record that is the same
--- table as then is unchanged (the snapshots keep its tables from collection).
+-- `trusted`: no prompt code ran since that call (only the engine appended), so
+-- the list and its records are as then (the snapshots keep their tables from
+-- collection) with the appended records after them.
 function H.list_read(list, max, snaps, known, trusted)
   local path = { [list] = true }
   local count, top, seq = 0, 0, true
   local first = nil
-  for k, v in next, list do
+  if trusted and known > 0 then
+    -- The list is the sequence of `known` records read last time, plus what
+    -- the engine appended since (raw, at the length plus one): only those
+    -- need reading, and the keys past them are none.
+    top = known
+    while true do
+      local v = rawget(list, top + 1)
+      if v == nil then break end
+      local tv = type(v)
+      if not (tv == 'string' or tv == 'number' or tv == 'boolean'
+          or (tv == 'table' and representable(v, path, 1, max))) then
+        return false, nil, 0
+      end
+      top = top + 1
+    end
+    count, first = top, known + 1
+  else for k, v in next, list do
     local s = snaps[k]
     if s and rawequal(s[1], v) and (trusted or same_record(s)) then
       -- Only the integers 1..known index `snaps`.
@@ -412,7 +429,7 @@ function H.list_read(list, max, snaps, known, trusted)
         if not first or k < first then first = k end
       end
     end
-  end
+  end end
   if not seq or count ~= top then return true, nil, 0 end
   first = first or top + 1
   for i = first, top do
