@@ -100,11 +100,13 @@ impl Taken {
     }
 
     /// The work lines as text (written as JSON, so always UTF-8).
+    #[cfg(test)]
     pub fn work_text(&self) -> &str {
         std::str::from_utf8(&self.work).unwrap_or("")
     }
 
     /// The lines as text (they were written as JSON, so always UTF-8).
+    #[cfg(test)]
     pub fn text(&self) -> &str {
         std::str::from_utf8(&self.lines).unwrap_or("")
     }
@@ -228,6 +230,27 @@ impl EventBuffer {
         state.count += 1;
     }
 
+    /// Append one event whose fields are a JSON object, written by
+    /// [`push_event_line`]: the same bytes as [`push`](EventBuffer::push),
+    /// without serde's generic machinery (a few hundred events a tool loop,
+    /// ten thousand a wide fanout, all on the run's own thread).
+    pub fn push_map(
+        &self,
+        kind: &str,
+        section: &str,
+        task: &str,
+        seq: u32,
+        fields: &serde_json::Map<String, serde_json::Value>,
+    ) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if state.closed || state.count == u32::MAX {
+            return;
+        }
+        push_event_line(&mut state.lines, kind, section, task, seq, fields);
+        state.lines.push(b'\n');
+        state.count += 1;
+    }
+
     /// Take everything appended so far into `into`, leaving `into`'s old
     /// (emptied) buffer in its place so the next appends reuse its capacity.
     pub fn take(&self, into: &mut Taken) {
@@ -246,6 +269,170 @@ impl EventBuffer {
         state.work = Vec::new();
         state.count = 0;
     }
+}
+
+/// One dense event line (without its newline), byte for byte what
+/// `serde_json::to_writer` makes of `(kind, section, task, seq, fields)`
+/// with `,{}` cut when `fields` is empty.
+pub(crate) fn push_event_line(
+    out: &mut Vec<u8>,
+    kind: &str,
+    section: &str,
+    task: &str,
+    seq: u32,
+    fields: &serde_json::Map<String, serde_json::Value>,
+) {
+    out.push(b'[');
+    push_str(out, kind);
+    out.push(b',');
+    push_str(out, section);
+    out.push(b',');
+    push_str(out, task);
+    out.push(b',');
+    push_u64(out, u64::from(seq));
+    if !fields.is_empty() {
+        out.push(b',');
+        push_object(out, fields);
+    }
+    out.push(b']');
+}
+
+pub fn push_value(out: &mut Vec<u8>, value: &serde_json::Value) {
+    use serde_json::Value;
+    match value {
+        Value::Null => out.extend_from_slice(b"null"),
+        Value::Bool(true) => out.extend_from_slice(b"true"),
+        Value::Bool(false) => out.extend_from_slice(b"false"),
+        Value::Number(number) => {
+            if let Some(n) = number.as_u64() {
+                push_u64(out, n);
+            } else if let Some(n) = number.as_i64() {
+                out.push(b'-');
+                push_u64(out, n.unsigned_abs());
+            } else {
+                // Floats as serde_json writes them (a `Number` cannot fail).
+                let _ = serde_json::to_writer(&mut *out, number);
+            }
+        }
+        Value::String(text) => push_str(out, text),
+        Value::Array(items) => {
+            out.push(b'[');
+            for (at, item) in items.iter().enumerate() {
+                if at > 0 {
+                    out.push(b',');
+                }
+                push_value(out, item);
+            }
+            out.push(b']');
+        }
+        Value::Object(map) => push_object(out, map),
+    }
+}
+
+fn push_object(out: &mut Vec<u8>, map: &serde_json::Map<String, serde_json::Value>) {
+    out.push(b'{');
+    for (at, (key, value)) in map.iter().enumerate() {
+        if at > 0 {
+            out.push(b',');
+        }
+        push_str(out, key);
+        out.push(b':');
+        push_value(out, value);
+    }
+    out.push(b'}');
+}
+
+pub fn push_u64(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        // `n % 10` is a digit.
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
+}
+
+/// Whether any of the eight bytes is `"`, `\\` or below 0x20.
+fn needs_escape(word: u64) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let zero_byte = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS;
+    let below_space = word.wrapping_sub(ONES * 0x20) & !word & HIGHS;
+    (below_space
+        | zero_byte(word ^ (ONES * u64::from(b'"')))
+        | zero_byte(word ^ (ONES * u64::from(b'\\'))))
+        != 0
+}
+
+/// What each byte becomes in a JSON string: 0 as it is, `u` as `\u00xx`,
+/// else a backslash and this letter (serde_json's table).
+static ESCAPE: [u8; 256] = {
+    let mut table = [0u8; 256];
+    let mut byte = 0;
+    while byte < 0x20 {
+        table[byte] = b'u';
+        byte += 1;
+    }
+    table[0x08] = b'b';
+    table[0x0c] = b'f';
+    table[b'\n' as usize] = b'n';
+    table[b'\r' as usize] = b'r';
+    table[b'\t' as usize] = b't';
+    table[b'"' as usize] = b'"';
+    table[b'\\' as usize] = b'\\';
+    table
+};
+
+/// Whether `bytes` hold anything to escape: eight at a time, then the rest.
+fn any_to_escape(bytes: &[u8]) -> bool {
+    let mut words = bytes.chunks_exact(8);
+    for word in &mut words {
+        if <[u8; 8]>::try_from(word).map_or(true, |w| needs_escape(u64::from_le_bytes(w))) {
+            return true;
+        }
+    }
+    words
+        .remainder()
+        .iter()
+        .any(|&byte| ESCAPE[usize::from(byte)] != 0)
+}
+
+/// A JSON string, escaped as serde_json escapes: `\"`, `\\`, the short
+/// forms of backspace, form feed, newline, return and tab, `\u00xx` for the
+/// other control characters; everything else as it is. Most text has
+/// nothing to escape and goes in with one copy.
+pub fn push_str(out: &mut Vec<u8>, text: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.push(b'"');
+    let bytes = text.as_bytes();
+    if !any_to_escape(bytes) {
+        out.extend_from_slice(bytes);
+        out.push(b'"');
+        return;
+    }
+    let mut clean = 0;
+    for (at, &byte) in bytes.iter().enumerate() {
+        let escape = ESCAPE[usize::from(byte)];
+        if escape == 0 {
+            continue;
+        }
+        out.extend_from_slice(&bytes[clean..at]);
+        out.push(b'\\');
+        out.push(escape);
+        if escape == b'u' {
+            out.extend_from_slice(b"00");
+            out.push(HEX[usize::from(byte >> 4)]);
+            out.push(HEX[usize::from(byte & 0xf)]);
+        }
+        clean = at + 1;
+    }
+    out.extend_from_slice(&bytes[clean..]);
+    out.push(b'"');
 }
 
 #[cfg(test)]
@@ -291,6 +478,50 @@ mod tests {
         buffer.push("a", "b", "c", 2, &fields);
         buffer.take(&mut taken);
         assert!(taken.is_empty() && taken.lines.is_empty());
+    }
+
+    #[test]
+    fn an_event_line_written_directly_is_the_line_serde_writes() {
+        let awkward = [
+            "",
+            "plain",
+            "exactly8",
+            "quote \" and \\ backslash",
+            "\u{0}\u{1}\u{8}\u{9}\u{a}\u{b}\u{c}\u{d}\u{1f}\u{7f} controls",
+            "é ü 漢字 🦀 and a longer run of plain text past eight bytes\n",
+            "12345678\"12345678\\",
+            "</script>\u{2028}\u{2029}",
+        ];
+        let mut cases: Vec<serde_json::Map<String, serde_json::Value>> =
+            vec![serde_json::Map::new()];
+        for text in awkward {
+            let fields = serde_json::json!({
+                text: text,
+                "n": 0, "big": u64::MAX, "neg": i64::MIN, "minus": -7,
+                "f": 1.0, "g": -0.000123, "h": 1e300, "i": 2.5e-8,
+                "list": [null, true, false, [], {}, [text, 3]],
+                "nested": {"a": {"b": [text]}, "z": null},
+            });
+            if let serde_json::Value::Object(map) = fields {
+                cases.push(map);
+            }
+        }
+        for (n, fields) in cases.iter().enumerate() {
+            for (kind, section, task, seq) in [
+                ("tool_call_succeeded", "Run", "0", 156),
+                (awkward[3], awkward[4], awkward[5], u32::MAX),
+                ("", "", "", 0),
+            ] {
+                let buffer = EventBuffer::default();
+                buffer.push(kind, section, task, seq, fields);
+                buffer.push_map(kind, section, task, seq, fields);
+                let mut taken = Taken::default();
+                buffer.take(&mut taken);
+                let lines: Vec<&str> = taken.text().lines().collect();
+                assert_eq!(lines.len(), 2);
+                assert_eq!(lines[1], lines[0], "case {n}");
+            }
+        }
     }
 
     #[test]

@@ -31,6 +31,22 @@ pub use records::{
 };
 pub use writer::{RunWriter, WarningSink, WriterOptions, WriterTail};
 
+/// Writing JSON text directly, byte for byte as `serde_json`'s compact
+/// writer does, for callers that encode their bodies themselves
+/// ([`RunWriter::exchange_written`]).
+pub mod json {
+    pub use crate::buffer::{push_str as string, push_u64 as unsigned, push_value as value};
+
+    /// Any `Serialize` value through `serde_json` (`null` if it fails).
+    pub fn serialized(out: &mut Vec<u8>, value: &impl serde::Serialize) {
+        let start = out.len();
+        if serde_json::to_writer(&mut *out, value).is_err() {
+            out.truncate(start);
+            out.extend_from_slice(b"null");
+        }
+    }
+}
+
 /// A connection to a run log database, for reading (and for beginning runs).
 #[derive(Debug)]
 pub struct RunLog {

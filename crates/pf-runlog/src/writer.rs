@@ -163,6 +163,11 @@ impl WriterTail {
     /// if there was one; running out of time gives one.
     pub fn wait_committed(&mut self) -> Option<String> {
         let shared = self.shared.clone()?;
+        if let Here::Done = finish_here(&shared, false) {
+            // Its thread tidies and hands the connection back.
+            self.wake();
+            return shared.warning.get();
+        }
         self.wake();
         // The thread never sends; dropping the sender is the signal.
         if let Err(mpsc::RecvTimeoutError::Timeout) =
@@ -177,6 +182,11 @@ impl WriterTail {
     /// until the background thread has tidied and ended, at most `bound` more.
     pub fn wait(self, bound: Duration) -> Option<String> {
         let shared = self.shared.clone()?;
+        if let Here::Done = finish_here(&shared, true) {
+            // Nothing is left for the thread but to end (not waited for).
+            self.wake();
+            return shared.warning.get();
+        }
         self.wake();
         // The thread ends after the commit: waiting for its end alone wakes
         // the caller once, not twice (each wake takes a core's turn).
@@ -190,6 +200,70 @@ impl WriterTail {
         }
         shared.warning.get()
     }
+}
+
+/// How [`finish_here`] went.
+enum Here {
+    /// Everything is committed (and, when asked, tidied).
+    Done,
+    /// Left to the background thread: it holds the core, holds no
+    /// connection yet, the log gave up, or the database is locked (the
+    /// thread waits that out with its own timeout and retries, as always).
+    Left,
+}
+
+/// Commit a closed writer's rows and end on the waiting thread, when its
+/// background thread holds the connection and is waiting out its window:
+/// waking that thread and then being woken by it are two cross-core wakes
+/// (each tens of µs on a virtual machine, and the thread's caches are cold),
+/// while the waiting thread, idle anyway, has the rows in its own cache.
+/// With `tidy`, also what the thread does after (checkpoint a grown WAL,
+/// recycle the buffers, hand the connection to the next writer), so it has
+/// nothing left to do but end. One try that never waits for a lock: a
+/// locked database leaves everything to the thread, and the wait to its
+/// usual bounds.
+fn finish_here(shared: &Shared, tidy: bool) -> Here {
+    if !shared.closing.load(Ordering::SeqCst) || shared.options.busy_timeout.is_zero() {
+        return Here::Left;
+    }
+    let mut core = match shared.core.try_lock() {
+        Ok(core) => core,
+        Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+        Err(TryLockError::WouldBlock) => return Here::Left,
+    };
+    if core.disabled || core.conn.is_none() {
+        return Here::Left;
+    }
+    // A zero busy timeout, below the options' own: a locked database
+    // comes back as `Busy` with the rows kept, never as giving up.
+    if let Committed::Busy = core.commit_queued(shared, Duration::ZERO, 0) {
+        return Here::Left;
+    }
+    if !core.ended {
+        // The log gave up (or the run never ended): the thread tidies up.
+        return Here::Left;
+    }
+    if tidy {
+        core.tidy_wal(shared);
+        let keep = !core.disabled && shared.options.max_page_count.is_none();
+        let conn = core.conn.take().filter(|_| keep);
+        core.events.recycle();
+        core.spare.recycle();
+        shared.events.recycle();
+        drop(core);
+        closed_on(shared, conn);
+        // All the thread has left is to end this job: list it now, so a run
+        // that begins before it has ended hands it the next job (waiting in
+        // its channel) instead of spawning another thread.
+        if let Some(me) = lock(&shared.listing).take() {
+            idle_threads().push(me);
+        }
+    }
+    Here::Done
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl WriterTail {
@@ -228,6 +302,11 @@ struct Shared {
     /// The run has ended (or the writer was dropped): the background thread
     /// commits what is left, tidies, and ends.
     closing: AtomicBool,
+    /// The writer thread running this writer's background work, until it
+    /// is listed among the idle ones: by itself when its work ends, or by
+    /// a wait that did that work for it ([`finish_here`]), so the next run
+    /// finds it even before it has ended the last one's job.
+    listing: Mutex<Option<IdleThread>>,
 }
 
 impl Shared {
@@ -416,13 +495,13 @@ impl Core {
             }
             if let Some(id) = id {
                 if !events.is_empty() {
-                    let work = events.work_text();
+                    let work = &events.work;
                     tx.prepare_cached(INSERT_EVENTS)?.execute(params![
                         id,
                         ord,
                         events.count,
-                        events.text(),
-                        (!work.is_empty()).then_some(work)
+                        JsonText(&events.lines),
+                        (!work.is_empty()).then_some(JsonText(work))
                     ])?;
                     ord += i64::from(events.count);
                 }
@@ -521,13 +600,17 @@ impl RunWriter {
             warning: Warning::default(),
             in_database: AtomicBool::new(false),
             closing: AtomicBool::new(false),
+            listing: Mutex::new(None),
         });
         let (committed_tx, committed_rx) = mpsc::sync_channel(1);
         let (done_tx, done_rx) = mpsc::sync_channel(1);
         let background = Arc::clone(&shared);
-        let spawned = on_writer_thread(Box::new(move || {
+        let spawned = on_writer_thread(Box::new(move |me| {
+            *lock(&background.listing) = Some(me);
             background_thread(&background, committed_tx);
-            done_tx
+            // Listed already if a wait did the thread's last work.
+            let listed = lock(&background.listing).take().is_none();
+            (done_tx, listed)
         }));
         let tail = WriterTail {
             shared: Some(Arc::clone(&shared)),
@@ -553,6 +636,9 @@ impl RunWriter {
 
     /// Append one event.
     pub fn event(&self, event: EventRecord) {
+        if let serde_json::Value::Object(fields) = &event.fields {
+            return self.event_fields(&event.kind, &event.section, &event.task, event.seq, fields);
+        }
         self.event_parts(
             &event.kind,
             &event.section,
@@ -575,6 +661,22 @@ impl RunWriter {
         fields: &impl serde::Serialize,
     ) {
         self.shared.events.push(kind, section, task, seq, fields);
+    }
+
+    /// [`event_parts`](RunWriter::event_parts) for fields that are a JSON
+    /// object (every event's are): the same line, written directly rather
+    /// than through serde.
+    pub fn event_fields(
+        &self,
+        kind: &str,
+        section: &str,
+        task: &str,
+        seq: u32,
+        fields: &serde_json::Map<String, serde_json::Value>,
+    ) {
+        self.shared
+            .events
+            .push_map(kind, section, task, seq, fields);
     }
 
     /// Append one model exchange (its bodies encoded straight into the
@@ -622,6 +724,27 @@ impl RunWriter {
                 crate::work::push_body(out, request);
                 if let Some(response) = response {
                     crate::work::push_body(out, response);
+                }
+            })
+        })
+    }
+
+    /// [`exchange_parts`](RunWriter::exchange_parts) for a caller that
+    /// writes its bodies' JSON itself (with [`crate::json`]), each exactly
+    /// one JSON value: `request`, then `response` when one arrived.
+    pub fn exchange_written(
+        &self,
+        exchange: &ExchangeParts<'_>,
+        request: impl FnOnce(&mut Vec<u8>),
+        response: Option<impl FnOnce(&mut Vec<u8>)>,
+    ) -> ExchangeHandle {
+        self.exchange_line(|out, handle| {
+            crate::work::exchange(out, handle, exchange, |out| {
+                out.push(b',');
+                request(out);
+                if let Some(response) = response {
+                    out.push(b',');
+                    response(out);
                 }
             })
         })
@@ -837,10 +960,6 @@ fn idle_connection(shared: &Shared, until: Option<Instant>) -> Option<Connection
     let me = writer_id(shared);
     let mut idle = idle_lock();
     loop {
-        if idle.kept.as_ref().is_some_and(|(kept, _)| kept == path) {
-            return idle.kept.take().map(|(_, conn)| conn);
-        }
-        let left = until?.saturating_duration_since(Instant::now());
         // Only a closed writer whose thread holds a connection will hand
         // one back soon; threads that are all waiting would wait each other out.
         let mut others = false;
@@ -851,11 +970,20 @@ fn idle_connection(shared: &Shared, until: Option<Instant>) -> Option<Connection
         {
             others = true;
             // A deferred finish left its thread waiting out its window:
-            // waking it is this thread's job, off the runs' own threads.
-            if let Some(thread) = thread {
-                thread.unpark();
+            // waking it is this thread's job, off the runs' own threads;
+            // even when a kept connection is at hand (a writer whose job
+            // started late may have left one after a later writer's thread
+            // began to wait out its window).
+            if until.is_some() {
+                if let Some(thread) = thread {
+                    thread.unpark();
+                }
             }
         }
+        if idle.kept.as_ref().is_some_and(|(kept, _)| kept == path) {
+            return idle.kept.take().map(|(_, conn)| conn);
+        }
+        let left = until?.saturating_duration_since(Instant::now());
         if left.is_zero() || !others {
             return None;
         }
@@ -903,10 +1031,11 @@ fn keep_idle(path: &std::path::Path, conn: Connection) {
     drop(replaced);
 }
 
-/// One run's background work, for a writer thread. What it returns is
-/// dropped once the thread is back among the idle ones (what a
-/// [`WriterTail`] waits for), so a run that begins after that finds it.
-type Job = Box<dyn FnOnce() -> SyncSender<()> + Send>;
+/// One run's background work, for a writer thread (given the thread's own
+/// listing). What it returns is dropped once the thread is back among the
+/// idle ones (what a [`WriterTail`] waits for), so a run that begins after
+/// that finds it; and whether the thread is listed already.
+type Job = Box<dyn FnOnce(IdleThread) -> (SyncSender<()>, bool) + Send>;
 
 /// A writer thread between runs, and where its next run goes.
 struct IdleThread {
@@ -949,11 +1078,16 @@ fn writer_thread(first: Job) {
     let me = thread::current();
     let mut job = first;
     loop {
-        let done = job();
-        idle_threads().push(IdleThread {
+        let (done, listed) = job(IdleThread {
             thread: me.clone(),
             jobs: jobs.clone(),
         });
+        if !listed {
+            idle_threads().push(IdleThread {
+                thread: me.clone(),
+                jobs: jobs.clone(),
+            });
+        }
         drop(done);
         job = match next.recv_timeout(THREAD_IDLE) {
             Ok(job) => job,
@@ -1099,6 +1233,19 @@ fn usage_columns(usage: Option<&TokenUsage>) -> [Option<i64>; 3] {
     }
 }
 
+/// Lines the writer encoded as JSON (so UTF-8), bound as TEXT as they are:
+/// `str::from_utf8` over a commit's 40-odd KB, on the commit's path, proved
+/// nothing.
+struct JsonText<'a>(&'a [u8]);
+
+impl rusqlite::ToSql for JsonText<'_> {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        Ok(rusqlite::types::ToSqlOutput::Borrowed(
+            rusqlite::types::ValueRef::Text(self.0),
+        ))
+    }
+}
+
 const INSERT_EVENTS: &str = "INSERT INTO event_batches (run_id, first_ord, count, lines, work)
      VALUES (?1, ?2, ?3, ?4, ?5)";
 
@@ -1128,4 +1275,114 @@ fn write_end(tx: &Transaction<'_>, run_id: i64, end: &RunEnd) -> rusqlite::Resul
         total
     ])?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use crate::RunLog;
+
+    fn start(execution: &str) -> RunStart {
+        RunStart {
+            execution: execution.to_owned(),
+            prompt_path: "p.md".to_owned(),
+            prompt_text: "# P\n".to_owned(),
+            args: serde_json::json!({}),
+            seed: 1,
+            start_rfc3339: "2025-01-02T03:04:05Z".to_owned(),
+            start_ms: 0,
+            host_file: None,
+            model: None,
+            store_dir: None,
+            replay_of: None,
+            resumed_from: None,
+        }
+    }
+
+    fn completed() -> RunEnd {
+        RunEnd {
+            outcome: Outcome::Completed {
+                result: "done".to_owned(),
+            },
+            duration_ms: 3,
+            usage: TokenUsage::default(),
+        }
+    }
+
+    #[test]
+    fn a_tail_commits_on_the_waiting_thread_while_the_writer_thread_waits_out_its_window() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("runs.db");
+        // Windows of an hour, and nobody to wake the writer's thread: only a
+        // commit on the waiting thread itself ends the wait without the
+        // "still writing" warning of a wait that ran out.
+        let options = WriterOptions {
+            batch_window: Duration::from_secs(3600),
+            batch_window_max: Duration::from_secs(3600),
+            ..WriterOptions::default()
+        };
+        let writer = RunWriter::begin_with(&path, start("run-here"), options);
+        writer.event_parts("lua", "Run", "0", 0, &serde_json::Map::new());
+        // Until its thread holds the connection (bounded far above the
+        // milliseconds it takes).
+        for _ in 0..6000 {
+            if writer.shared.core().conn.is_some() {
+                break;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        let mut tail = writer.finish_deferred(completed());
+        let thread = tail.thread.take().expect("a writer thread");
+        let shared = tail.shared.clone().expect("shared");
+        assert_eq!(tail.wait(Duration::from_millis(10)), None);
+        // Committed, and the connection is back for the next writer.
+        assert!(shared.core().ended);
+        assert!(idle_lock().kept.as_ref().is_some_and(|(p, _)| *p == path));
+        let log = RunLog::open(&path).unwrap();
+        let id = log.resolve("run-here").unwrap();
+        assert_eq!(log.run(id).unwrap().unwrap().end, Some(completed()));
+        assert_eq!(log.events(id).unwrap().len(), 1);
+        thread.unpark();
+    }
+
+    #[test]
+    fn a_locked_database_leaves_the_tails_commit_to_the_writer_thread_rows_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("runs.db");
+        let options = WriterOptions {
+            batch_window: Duration::from_secs(3600),
+            batch_window_max: Duration::from_secs(3600),
+            ..WriterOptions::default()
+        };
+        let writer = RunWriter::begin_with(&path, start("run-locked-here"), options);
+        writer.event_parts("lua", "Run", "0", 0, &serde_json::Map::new());
+        for _ in 0..6000 {
+            if writer.shared.core().conn.is_some() {
+                break;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        let mut tail = writer.finish_deferred(completed());
+        let thread = tail.thread.take().expect("a writer thread");
+        let shared = tail.shared.clone().expect("shared");
+        let holder = rusqlite::Connection::open(&path).unwrap();
+        holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+        // Another process's write lock: no wait, no giving up, no warning.
+        assert!(matches!(finish_here(&shared, true), Here::Left));
+        {
+            let core = shared.core();
+            assert!(!core.disabled && !core.ended && core.conn.is_some());
+            assert!(core.end.is_some() && !core.events.is_empty());
+        }
+        assert_eq!(shared.warning.get(), None);
+        holder.execute_batch("COMMIT").unwrap();
+        assert!(matches!(finish_here(&shared, true), Here::Done));
+        let log = RunLog::open(&path).unwrap();
+        let id = log.resolve("run-locked-here").unwrap();
+        assert_eq!(log.run(id).unwrap().unwrap().end, Some(completed()));
+        assert_eq!(log.events(id).unwrap().len(), 1);
+        drop(tail);
+        thread.unpark();
+    }
 }

@@ -473,12 +473,14 @@ fn child(workload: &str) {
         .and_then(|r| r.parse().ok())
         .unwrap_or(0);
     let mut settling = Duration::ZERO;
+    let mut settles = Vec::new();
     let t = Instant::now();
     let mut outcome = bench.run(&prompt, &text, &host, log);
     for done in 1..repeat {
         if settle_every > 0 && done % settle_every == 0 {
             let s = Instant::now();
             bench.settle();
+            settles.push(s.elapsed());
             settling += s.elapsed();
         }
         outcome = bench.run(&prompt, &text, &host, log);
@@ -489,6 +491,12 @@ fn child(workload: &str) {
     let took = t.elapsed();
     if settle_every > 0 {
         eprintln!("settle waits: {} µs in all", settling.as_micros());
+        // The median, as the run log rows take medians of their samples
+        // (a checkpoint's fsyncs land in a few settles and swell the sum).
+        settles.sort();
+        if let Some(median) = settles.get(settles.len() / 2) {
+            eprintln!("settle median: {} µs", median.as_micros());
+        }
     }
     assert_eq!(outcome, Outcome::Completed(want), "{workload}");
     println!("{} {}", took.as_micros(), peak_rss_kib());

@@ -19,8 +19,8 @@ use pf_harness::{
     ProviderError, ToolCall, ToolDecl, ToolFailure, ToolSpec, Usage, VllmMetrics, WorkId,
 };
 use pf_runlog::{
-    ActivationRecord, AnswerRecord, ExchangeHandle, ExchangeParts, RunEnd, RunWriter, TokenUsage,
-    ToolCallRecord, WriterTail,
+    json, ActivationRecord, AnswerRecord, ExchangeHandle, ExchangeParts, RunEnd, RunWriter,
+    TokenUsage, ToolCallRecord, WriterTail,
 };
 use serde::Serialize;
 use serde_json::{json, Value as Json};
@@ -86,7 +86,7 @@ impl RunLogSink {
     /// buffer (the event is only lent; a deep copy would cost more).
     pub fn event(&self, event: &pf_engine::RunEvent) {
         self.with(|w| {
-            w.event_parts(
+            w.event_fields(
                 event.kind.as_str(),
                 &event.section,
                 &event.provenance.task,
@@ -366,6 +366,111 @@ impl LoggedResponse<'_> {
     }
 }
 
+// The logged bodies written directly (the serde derives above give the same
+// bytes; a unit test holds them to it): two per model round, on the run's
+// own thread, where serde's generic path cost about twice as much.
+impl LoggedRequest<'_> {
+    fn write(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"{\"messages\":[");
+        for (at, message) in self.messages.iter().enumerate() {
+            if at > 0 {
+                out.push(b',');
+            }
+            write_message(out, message);
+        }
+        out.push(b']');
+        if let Some(tools) = self.tools {
+            out.extend_from_slice(b",\"tools\":");
+            json::serialized(out, tools);
+        }
+        if let Some(temperature) = self.temperature {
+            out.extend_from_slice(b",\"temperature\":");
+            json::serialized(out, &temperature);
+        }
+        if let Some(max_tokens) = self.max_tokens {
+            out.extend_from_slice(b",\"max_tokens\":");
+            json::unsigned(out, max_tokens);
+        }
+        if let Some(thinking) = self.thinking {
+            out.extend_from_slice(if thinking {
+                b",\"thinking\":true"
+            } else {
+                b",\"thinking\":false"
+            });
+        }
+        out.push(b'}');
+    }
+}
+
+fn write_message(out: &mut Vec<u8>, message: &ChatMessage) {
+    out.extend_from_slice(b"{\"role\":");
+    json::string(out, &message.role);
+    out.extend_from_slice(b",\"content\":");
+    json::value(out, &message.content);
+    if !message.tool_calls.is_empty() {
+        out.extend_from_slice(b",\"tool_calls\":");
+        write_calls(out, &message.tool_calls);
+    }
+    if let Some(id) = &message.tool_call_id {
+        out.extend_from_slice(b",\"tool_call_id\":");
+        json::string(out, id);
+    }
+    out.push(b'}');
+}
+
+fn write_calls(out: &mut Vec<u8>, calls: &[ToolCall]) {
+    out.push(b'[');
+    for (at, call) in calls.iter().enumerate() {
+        if at > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"id\":");
+        json::string(out, &call.id);
+        out.extend_from_slice(b",\"name\":");
+        json::string(out, &call.name);
+        out.extend_from_slice(b",\"arguments\":");
+        json::string(out, &call.arguments);
+        out.push(b'}');
+    }
+    out.push(b']');
+}
+
+fn write_text(out: &mut Vec<u8>, text: &Option<String>) {
+    match text {
+        Some(text) => json::string(out, text),
+        None => out.extend_from_slice(b"null"),
+    }
+}
+
+impl LoggedResponse<'_> {
+    fn write(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"{\"content\":");
+        write_text(out, self.content);
+        out.extend_from_slice(b",\"tool_calls\":");
+        write_calls(out, self.tool_calls);
+        out.extend_from_slice(b",\"finish_reason\":");
+        write_text(out, self.finish_reason);
+        out.extend_from_slice(b",\"usage\":");
+        json::serialized(out, self.usage);
+        out.extend_from_slice(b",\"llama\":");
+        json::serialized(out, self.llama);
+        out.extend_from_slice(b",\"vllm\":");
+        json::serialized(out, self.vllm);
+        out.extend_from_slice(b",\"model\":");
+        write_text(out, self.model);
+        out.extend_from_slice(b",\"reasoning\":");
+        write_text(out, self.reasoning);
+        out.extend_from_slice(b",\"degraded\":[");
+        for (at, line) in self.degraded.iter().enumerate() {
+            if at > 0 {
+                out.push(b',');
+            }
+            json::string(out, line);
+        }
+        out.extend_from_slice(b"]}");
+    }
+}
+
 /// The request as the log keeps it: the Harness request's own fields.
 pub fn request_json(request: &ChatRequest) -> Json {
     let mut body = serde_json::Map::new();
@@ -464,8 +569,17 @@ impl RecordingModel {
         };
         let response = result.as_ref().ok().map(LoggedResponse::of);
         let mut logged = None;
+        let request = plan.logged();
         self.recorder.sink.with(|w| {
-            logged = Some(w.exchange_parts(&parts, &plan.logged(), response.as_ref()));
+            logged = Some(
+                w.exchange_written(
+                    &parts,
+                    |out| request.write(out),
+                    response
+                        .as_ref()
+                        .map(|r| move |out: &mut Vec<u8>| r.write(out)),
+                ),
+            );
         });
         if let Some(exchange) = logged {
             self.recorder.logged_request(&work.task, plan, exchange);
@@ -678,8 +792,23 @@ mod tests {
         serde_json::to_string(body).unwrap_or_else(|_| "null".to_string())
     }
 
+    /// The logged request's text, written directly; held to the serde
+    /// derive's text (the JSON shape the log has always kept).
     fn logged_text(plan: &RequestPlan) -> String {
-        json_text(&plan.logged())
+        let mut written = Vec::new();
+        plan.logged().write(&mut written);
+        let written = String::from_utf8(written).expect("UTF-8");
+        assert_eq!(written, json_text(&plan.logged()));
+        written
+    }
+
+    /// The same for a response.
+    fn response_text(response: &ChatResponse) -> String {
+        let mut written = Vec::new();
+        LoggedResponse::of(response).write(&mut written);
+        let written = String::from_utf8(written).expect("UTF-8");
+        assert_eq!(written, json_text(&LoggedResponse::of(response)));
+        written
     }
 
     /// A recorder of a trivial prompt whose sink has no writer.
@@ -755,13 +884,63 @@ mod tests {
             ..ChatResponse::default()
         };
         assert_eq!(
-            json_text(&LoggedResponse::of(&response)),
+            response_text(&response),
             response_json(&response).to_string()
         );
         assert_eq!(
-            json_text(&LoggedResponse::of(&ChatResponse::default())),
+            response_text(&ChatResponse::default()),
             response_json(&ChatResponse::default()).to_string()
         );
+        let odd = ChatResponse {
+            content: Some("\u{0}\u{1f}\u{7f}\t\\ \"q\" 12345678\n".into()),
+            tool_calls: vec![
+                ToolCall {
+                    id: String::new(),
+                    name: "a\"b".into(),
+                    arguments: "not json {".into(),
+                },
+                ToolCall {
+                    id: "c3".into(),
+                    name: "tick".into(),
+                    arguments: "{\"s\":\"\\u00e9\"}".into(),
+                },
+            ],
+            reasoning: Some("why".into()),
+            vllm: Some(VllmMetrics {
+                time_to_first_token_ms: Some(2.25),
+                ..VllmMetrics::default()
+            }),
+            degraded: vec!["one".into(), "two \"2\"".into()],
+            ..ChatResponse::default()
+        };
+        assert_eq!(response_text(&odd), response_json(&odd).to_string());
+        // Every request field and awkward message content, directly and
+        // through serde alike.
+        let mut odd_tool = message(
+            "tool",
+            json!({"n": -3, "f": 1e-7, "u": u64::MAX, "l": [null, false]}),
+        );
+        odd_tool.tool_call_id = Some("\u{2028}".into());
+        let mut no_calls_with_id = message("assistant", json!(""));
+        no_calls_with_id.tool_calls = odd.tool_calls.clone();
+        let odd_request = ChatRequest {
+            temperature: Some(f64::INFINITY),
+            max_tokens: Some(0),
+            thinking: Some(false),
+            ..request(vec![
+                odd_tool,
+                no_calls_with_id,
+                message("user", json!(null)),
+            ])
+        };
+        let plan = recorder.plan_request(
+            &odd_request,
+            &WorkId {
+                task: "9".into(),
+                seq: 1,
+            },
+        );
+        assert_eq!(logged_text(&plan), request_json(&odd_request).to_string());
     }
 
     #[test]
