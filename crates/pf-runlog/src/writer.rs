@@ -1310,35 +1310,42 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_tail_commits_on_the_waiting_thread_while_the_writer_thread_waits_out_its_window() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("runs.db");
-        // Windows of an hour, and nobody to wake the writer's thread: only a
-        // commit on the waiting thread itself ends the wait without the
-        // "still writing" warning of a wait that ran out.
+    /// A writer with hour-long windows that logged one event and was closed
+    /// (deferred) while its thread waits out its window: nobody wakes that
+    /// thread, so only the tail's own commit can end a short wait.
+    fn closed_while_waiting_out_its_window(
+        path: &std::path::Path,
+        id: &str,
+    ) -> (WriterTail, thread::Thread, Arc<Shared>) {
         let options = WriterOptions {
             batch_window: Duration::from_secs(3600),
             batch_window_max: Duration::from_secs(3600),
             ..WriterOptions::default()
         };
-        let writer = RunWriter::begin_with(&path, start("run-here"), options);
+        let writer = RunWriter::begin_with(path, start(id), options);
         writer.event_parts("lua", "Run", "0", 0, &serde_json::Map::new());
         // Until its thread holds the connection (bounded far above the
-        // milliseconds it takes).
+        // milliseconds it takes), and then until it waits out its window: a
+        // thread that reaches its loop after the close commits at once itself
+        // (microseconds after it opened; this leaves it far more).
         for _ in 0..6000 {
             if writer.shared.core().conn.is_some() {
                 break;
             }
             thread::sleep(Duration::from_millis(10));
         }
-        // And until it waits out its window: a thread that reaches its loop
-        // after the close commits at once itself (microseconds after it
-        // opened; this leaves it far more).
         thread::sleep(Duration::from_millis(100));
         let mut tail = writer.finish_deferred(completed());
         let thread = tail.thread.take().expect("a writer thread");
         let shared = tail.shared.clone().expect("shared");
+        (tail, thread, shared)
+    }
+
+    #[test]
+    fn a_tail_commits_on_the_waiting_thread_while_the_writer_thread_waits_out_its_window() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("runs.db");
+        let (tail, thread, shared) = closed_while_waiting_out_its_window(&path, "run-here");
         assert_eq!(tail.wait(Duration::from_millis(10)), None);
         // Committed, and the connection is back for the next writer.
         assert!(shared.core().ended);
@@ -1354,26 +1361,7 @@ mod tests {
     fn a_locked_database_leaves_the_tails_commit_to_the_writer_thread_rows_kept() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("runs.db");
-        let options = WriterOptions {
-            batch_window: Duration::from_secs(3600),
-            batch_window_max: Duration::from_secs(3600),
-            ..WriterOptions::default()
-        };
-        let writer = RunWriter::begin_with(&path, start("run-locked-here"), options);
-        writer.event_parts("lua", "Run", "0", 0, &serde_json::Map::new());
-        for _ in 0..6000 {
-            if writer.shared.core().conn.is_some() {
-                break;
-            }
-            thread::sleep(Duration::from_millis(10));
-        }
-        // And until it waits out its window: a thread that reaches its loop
-        // after the close commits at once itself (microseconds after it
-        // opened; this leaves it far more).
-        thread::sleep(Duration::from_millis(100));
-        let mut tail = writer.finish_deferred(completed());
-        let thread = tail.thread.take().expect("a writer thread");
-        let shared = tail.shared.clone().expect("shared");
+        let (tail, thread, shared) = closed_while_waiting_out_its_window(&path, "run-locked-here");
         let holder = rusqlite::Connection::open(&path).unwrap();
         holder.execute_batch("BEGIN IMMEDIATE").unwrap();
         // Another process's write lock: no wait, no giving up, no warning.
