@@ -1310,6 +1310,10 @@ mod tests {
         }
     }
 
+    /// The tests that look at the process-wide idle pool (its kept
+    /// connection) take turns.
+    static IDLE_POOL_TESTS: Mutex<()> = Mutex::new(());
+
     /// A writer with hour-long windows that logged one event and was closed
     /// (deferred) while its thread waits out its window: nobody wakes that
     /// thread, so only the tail's own commit can end a short wait.
@@ -1343,6 +1347,9 @@ mod tests {
 
     #[test]
     fn a_tail_commits_on_the_waiting_thread_while_the_writer_thread_waits_out_its_window() {
+        let _turn = IDLE_POOL_TESTS
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("runs.db");
         let (tail, thread, shared) = closed_while_waiting_out_its_window(&path, "run-here");
@@ -1359,6 +1366,9 @@ mod tests {
 
     #[test]
     fn a_locked_database_leaves_the_tails_commit_to_the_writer_thread_rows_kept() {
+        let _turn = IDLE_POOL_TESTS
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("runs.db");
         let (tail, thread, shared) = closed_while_waiting_out_its_window(&path, "run-locked-here");
