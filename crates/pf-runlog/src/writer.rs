@@ -636,36 +636,23 @@ impl RunWriter {
 
     /// Append one event.
     pub fn event(&self, event: EventRecord) {
-        if let serde_json::Value::Object(fields) = &event.fields {
-            return self.event_fields(&event.kind, &event.section, &event.task, event.seq, fields);
+        match &event.fields {
+            serde_json::Value::Object(fields) => {
+                self.event_fields(&event.kind, &event.section, &event.task, event.seq, fields);
+            }
+            // Not an object (no event the engine reports): serde's line.
+            other => {
+                self.shared
+                    .events
+                    .push(&event.kind, &event.section, &event.task, event.seq, other);
+            }
         }
-        self.event_parts(
-            &event.kind,
-            &event.section,
-            &event.task,
-            event.seq,
-            &event.fields,
-        );
     }
 
     /// Append one event given by its parts, for a caller that holds it only
-    /// by reference: `fields` (a JSON object) is encoded straight into the
-    /// shared buffer, with no copy and, once the buffer has grown, no
-    /// allocation.
-    pub fn event_parts(
-        &self,
-        kind: &str,
-        section: &str,
-        task: &str,
-        seq: u32,
-        fields: &impl serde::Serialize,
-    ) {
-        self.shared.events.push(kind, section, task, seq, fields);
-    }
-
-    /// [`event_parts`](RunWriter::event_parts) for fields that are a JSON
-    /// object (every event's are): the same line, written directly rather
-    /// than through serde.
+    /// by reference: its fields (a JSON object, as every event's are) are
+    /// written as JSON straight into the shared buffer, with no copy and,
+    /// once the buffer has grown, no allocation.
     pub fn event_fields(
         &self,
         kind: &str,
@@ -1327,7 +1314,7 @@ mod tests {
             ..WriterOptions::default()
         };
         let writer = RunWriter::begin_with(path, start(id), options);
-        writer.event_parts("lua", "Run", "0", 0, &serde_json::Map::new());
+        writer.event_fields("lua", "Run", "0", 0, &serde_json::Map::new());
         // Until its thread holds the connection (bounded far above the
         // milliseconds it takes), and then until it waits out its window: a
         // thread that reaches its loop after the close commits at once itself
