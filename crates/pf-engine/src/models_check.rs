@@ -117,6 +117,13 @@ pub(crate) struct ListReader {
     keys: Option<Keys>,
     /// The cross-record rules' state over `records`.
     across: AcrossScan,
+    /// The records the engine appended since the last read, in order, each
+    /// with what it reads as when the engine can vouch for that without Lua.
+    appended: Vec<(Table, Option<Record>)>,
+    /// Records taken from `appended` on a trusted read, which have no
+    /// snapshot: held here as snapshots hold theirs, so a weak-valued list
+    /// cannot lose them before a full read snapshots them.
+    held: Vec<Table>,
 }
 
 impl ListReader {
@@ -156,10 +163,27 @@ impl ListReader {
         self.across.check(&self.records, unchanged)
     }
 
+    /// Append a record the engine built to the list (raw, at its length plus
+    /// one). `read_as`: what [`read_record`] gives for it, when the engine
+    /// knows that (its fields are the engine's own text and data): the next
+    /// read, if no prompt code ran before it, takes it without Lua.
+    pub(crate) fn append(
+        &mut self,
+        list: &Table,
+        record: Table,
+        read_as: Option<Record>,
+    ) -> mlua::Result<()> {
+        list.raw_set(list.raw_len() + 1, &record)?;
+        self.appended.push((record, read_as));
+        Ok(())
+    }
+
     fn reset(&mut self) {
         self.snaps = None;
         self.records.clear();
         self.across = AcrossScan::default();
+        self.appended.clear();
+        self.held.clear();
     }
 
     fn read_changes(
@@ -174,6 +198,28 @@ impl ListReader {
                 lua_type(value)
             ));
         };
+        let appended = std::mem::take(&mut self.appended);
+        // No prompt code ran since a read that snapshotted the list: it is the
+        // records of that read plus the ones the engine appended since (see
+        // the prelude's `list_read`, trusted). Those the engine built are
+        // representable and read as it says, so they need no Lua walk and no
+        // snapshot; a later untrusted read finds no snapshot for them and reads
+        // them in full, as any record it cannot prove unchanged.
+        if no_prompt_code
+            && self.snaps.is_some()
+            && !self.records.is_empty()
+            && appended.iter().all(|(_, read_as)| read_as.is_some())
+        {
+            let unchanged = self.records.len();
+            for (record, read_as) in appended {
+                if let Some(read_as) = read_as {
+                    self.records.push(read_as);
+                }
+                self.held.push(record);
+            }
+            return Ok(unchanged);
+        }
+        let partial = no_prompt_code && self.snaps.is_some() && !self.records.is_empty();
         let Some((is_representable, len, first)) = self.list_read(lua, list, no_prompt_code) else {
             // No helper, or it was interrupted: read everything, and snapshot afresh next time.
             self.reset();
@@ -188,6 +234,10 @@ impl ListReader {
         };
         if len == 0 {
             return Err("messages must not be empty".into());
+        }
+        if !partial {
+            // Every record now has its snapshot, which holds its tables.
+            self.held.clear();
         }
         let unchanged = first.saturating_sub(1).min(self.records.len());
         self.records.truncate(unchanged);
