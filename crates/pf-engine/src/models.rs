@@ -18,7 +18,7 @@ use crate::ctx::{
 use crate::error::{ErrorKind, HostError, HostResult, Raise, RunErrorKind};
 use crate::events::{deliver, fields, EventKind, LiveText};
 use crate::json::{json_to_lua, read_back};
-use crate::models_check::{CallRecord, Composition, Content, Keys, ListReader, Record, Role};
+use crate::models_check::{built_record, CallRecord, Composition, Keys, ListReader, Record, Role};
 use crate::text::{float_text, lua_type_name};
 use crate::tools::{call_tool, list_text, Caller, ENGINE_TOOL_NAMES};
 
@@ -1016,17 +1016,6 @@ fn text_record(lua: &Lua, keys: &Keys, role: &mlua::String, content: &str) -> ml
     Ok(rec)
 }
 
-/// What a record the engine builds reads as (models_check.rs `read_record`):
-/// its text is the engine's own, read back unchanged.
-fn built_record(role: Role, content: &str, tool_call_id: Option<&str>) -> Record {
-    Record {
-        role,
-        content: Content::Text(content.to_string()),
-        tool_call_id: tool_call_id.map(str::to_string),
-        tool_calls: None,
-    }
-}
-
 /// Nesting in a call's arguments up to which the engine vouches for how the
 /// list reads them back (well inside the list's and `lua_to_json`'s limits).
 const READ_BACK_DEPTH: usize = 100;
@@ -1111,7 +1100,12 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
         // Notices of the model's tasks that ended since the last gathering.
         for notice in crate::tasks::take_notices(&sec.run, &sec.id) {
             let rec = text_record(&lua, &keys, &keys.user, &notice)?;
-            reader.append(list, rec, Some(built_record(Role::User, &notice, None)))?;
+            reader.append(
+                &lua,
+                list,
+                rec,
+                Some(built_record(Role::User, &notice, None)),
+            )?;
         }
         let unchanged = checked_records(&lua, &sec, &mut reader, &list_v, no_prompt_code)?;
         composition.update(reader.records(), unchanged);
@@ -1209,24 +1203,19 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
         no_prompt_code = !engine_tools && watch.is_quiet();
         drop(watching);
         answered_any = true;
-        let rec = text_record(
-            &lua,
-            &keys,
-            &keys.assistant,
-            resp.content.as_deref().unwrap_or_default(),
-        )?;
-        let call_list = lua.create_table()?;
+        let mut call_args = Vec::with_capacity(calls.len());
         let mut call_records = Some(Vec::with_capacity(calls.len()));
-        for (i, (call, arguments)) in calls.iter().enumerate() {
-            let c = lua.create_table()?;
-            c.raw_set(&keys.id, call.id.as_str())?;
-            c.raw_set(&keys.name, call.name.as_str())?;
+        for ((call, arguments), text) in calls.iter().zip(&results) {
             let args_table = match json_to_lua(&lua, arguments)? {
                 Value::Table(t) => t,
                 _ => lua.create_table()?,
             };
-            c.raw_set(&keys.arguments, args_table)?;
-            call_list.raw_set(i + 1, c)?;
+            call_args.push((
+                call.id.as_str(),
+                call.name.as_str(),
+                args_table,
+                text.as_str(),
+            ));
             // Arguments whose read-back is not certain leave the record to Lua.
             call_records = call_records.and_then(|mut out: Vec<CallRecord>| {
                 out.push(CallRecord {
@@ -1237,22 +1226,12 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
                 Some(out)
             });
         }
-        rec.raw_set(&keys.tool_calls, call_list)?;
+        let content = resp.content.as_deref().unwrap_or_default();
         let read_as = call_records.map(|calls| Record {
             tool_calls: Some(calls),
-            ..built_record(
-                Role::Assistant,
-                resp.content.as_deref().unwrap_or_default(),
-                None,
-            )
+            ..built_record(Role::Assistant, content, None)
         });
-        reader.append(list, rec, read_as)?;
-        for ((call, _), text) in calls.iter().zip(results) {
-            let r = text_record(&lua, &keys, &keys.tool, &text)?;
-            r.raw_set(&keys.tool_call_id, call.id.as_str())?;
-            let read_as = built_record(Role::Tool, &text, Some(&call.id));
-            reader.append(list, r, Some(read_as))?;
-        }
+        reader.append_round(&lua, list, content, call_args, read_as)?;
     }
     // The model's tasks end with its loop (guide ch. 16 "Abandoned tasks").
     crate::tasks::abandon_model_tasks(&sec, crate::tasks::AbandonReason::ToolLoopExhausted);

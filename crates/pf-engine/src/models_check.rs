@@ -117,13 +117,16 @@ pub(crate) struct ListReader {
     keys: Option<Keys>,
     /// The cross-record rules' state over `records`.
     across: AcrossScan,
-    /// The records the engine appended since the last read, in order, each
-    /// with what it reads as when the engine can vouch for that without Lua.
-    appended: Vec<(Table, Option<Record>)>,
-    /// Records taken from `appended` on a trusted read, which have no
-    /// snapshot: held here as snapshots hold theirs, so a weak-valued list
-    /// cannot lose them before a full read snapshots them.
-    held: Vec<Table>,
+    /// What each record the engine appended since the last read reads as, in
+    /// order, when the engine can vouch for that without Lua.
+    appended: Vec<Option<Record>>,
+    /// The records the engine appended since the last full read (in a Lua
+    /// sequence only Rust holds): those taken without Lua on a trusted read
+    /// have no snapshot, and are held here as snapshots hold theirs, so a
+    /// weak-valued list cannot lose them before a full read snapshots them.
+    held: Option<Table>,
+    /// The prelude's `append_round`, fetched on first use.
+    append_round: Option<mlua::Function>,
 }
 
 impl ListReader {
@@ -169,13 +172,63 @@ impl ListReader {
     /// read, if no prompt code ran before it, takes it without Lua.
     pub(crate) fn append(
         &mut self,
+        lua: &Lua,
         list: &Table,
         record: Table,
         read_as: Option<Record>,
     ) -> mlua::Result<()> {
         list.raw_set(list.raw_len() + 1, &record)?;
-        self.appended.push((record, read_as));
+        let held = self.held(lua)?;
+        held.raw_set(held.raw_len() + 1, record)?;
+        self.appended.push(read_as);
         Ok(())
+    }
+
+    /// Append a tool round's records (the prelude's `append_round`: the
+    /// assistant record with `calls`' ids, names and arguments tables, then
+    /// one result record per call), which read as `read_as` and one
+    /// `{ role = 'tool', content = result, tool_call_id = id }` per call.
+    pub(crate) fn append_round(
+        &mut self,
+        lua: &Lua,
+        list: &Table,
+        content: &str,
+        calls: Vec<(&str, &str, Table, &str)>,
+        read_as: Option<Record>,
+    ) -> mlua::Result<()> {
+        let append = match &self.append_round {
+            Some(append) => append.clone(),
+            None => {
+                let helpers: Table = lua.named_registry_value("pf.helpers")?;
+                let append: mlua::Function = helpers.raw_get("append_round")?;
+                self.append_round.insert(append).clone()
+            }
+        };
+        let held = self.held(lua)?;
+        let mut args = mlua::MultiValue::with_capacity(3 + 4 * calls.len());
+        args.push_back(Value::Table(list.clone()));
+        args.push_back(Value::Table(held));
+        args.push_back(Value::String(lua.create_string(content)?));
+        let mut results = Vec::with_capacity(calls.len());
+        for (id, name, arguments, result) in calls {
+            results.push(built_record(Role::Tool, result, Some(id)));
+            args.push_back(Value::String(lua.create_string(id)?));
+            args.push_back(Value::String(lua.create_string(name)?));
+            args.push_back(Value::Table(arguments));
+            args.push_back(Value::String(lua.create_string(result)?));
+        }
+        // Raw sets on the tables it makes: bounded, no prompt code.
+        crate::vm::without_cancel_poll(lua, || append.call::<()>(args))?;
+        self.appended.push(read_as);
+        self.appended.extend(results.into_iter().map(Some));
+        Ok(())
+    }
+
+    fn held(&mut self, lua: &Lua) -> mlua::Result<Table> {
+        match &self.held {
+            Some(held) => Ok(held.clone()),
+            None => Ok(self.held.insert(lua.create_table()?).clone()),
+        }
     }
 
     fn reset(&mut self) {
@@ -183,7 +236,7 @@ impl ListReader {
         self.records.clear();
         self.across = AcrossScan::default();
         self.appended.clear();
-        self.held.clear();
+        self.held = None;
     }
 
     fn read_changes(
@@ -208,15 +261,10 @@ impl ListReader {
         if no_prompt_code
             && self.snaps.is_some()
             && !self.records.is_empty()
-            && appended.iter().all(|(_, read_as)| read_as.is_some())
+            && appended.iter().all(Option::is_some)
         {
             let unchanged = self.records.len();
-            for (record, read_as) in appended {
-                if let Some(read_as) = read_as {
-                    self.records.push(read_as);
-                }
-                self.held.push(record);
-            }
+            self.records.extend(appended.into_iter().flatten());
             return Ok(unchanged);
         }
         let partial = no_prompt_code && self.snaps.is_some() && !self.records.is_empty();
@@ -237,7 +285,7 @@ impl ListReader {
         }
         if !partial {
             // Every record now has its snapshot, which holds its tables.
-            self.held.clear();
+            self.held = None;
         }
         let unchanged = first.saturating_sub(1).min(self.records.len());
         self.records.truncate(unchanged);
@@ -299,6 +347,17 @@ impl ListReader {
     }
 }
 
+/// What a record the engine builds reads as ([`read_record`]): its text is
+/// the engine's own, read back unchanged.
+pub(crate) fn built_record(role: Role, content: &str, tool_call_id: Option<&str>) -> Record {
+    Record {
+        role,
+        content: Content::Text(content.to_string()),
+        tool_call_id: tool_call_id.map(str::to_string),
+        tool_calls: None,
+    }
+}
+
 /// [`representable`] and [`sequence_len`] in one call of the prelude's
 /// `list_shape`; `None` when the helper is missing or raised (a cancel).
 fn list_shape(lua: &Lua, list: &Table) -> Option<(bool, Option<usize>)> {
@@ -321,7 +380,6 @@ pub(crate) struct Keys {
     pub(crate) arguments: mlua::String,
     pub(crate) user: mlua::String,
     pub(crate) assistant: mlua::String,
-    pub(crate) tool: mlua::String,
 }
 
 impl Keys {
@@ -336,7 +394,6 @@ impl Keys {
             arguments: lua.create_string("arguments")?,
             user: lua.create_string("user")?,
             assistant: lua.create_string("assistant")?,
-            tool: lua.create_string("tool")?,
         })
     }
 }
@@ -916,6 +973,123 @@ pub(crate) fn estimate_tokens(composed: &[Record]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The keys of `t` in `next` order (which a prompt's `pairs` sees).
+    fn next_order(t: &Table) -> Vec<String> {
+        t.clone()
+            .pairs::<Value, Value>()
+            .map(|pair| match pair {
+                Ok((Value::String(k), _)) => k.to_string_lossy(),
+                Ok((Value::Integer(i), _)) => i.to_string(),
+                other => panic!("unexpected pair {other:?}"),
+            })
+            .collect()
+    }
+
+    /// Every table of a record, record first, in a fixed walk.
+    fn tables_of(record: &Table) -> Vec<Table> {
+        let mut out = vec![record.clone()];
+        if let Ok(Value::Table(calls)) = record.raw_get::<Value>("tool_calls") {
+            out.push(calls.clone());
+            for call in calls.sequence_values::<Table>().flatten() {
+                out.push(call);
+            }
+        }
+        out
+    }
+
+    /// The prelude's `append_round` builds the tables the engine's Rust
+    /// built before it (create, then raw sets in this order), so every
+    /// record's `next` order and raw length are the same, whatever the string
+    /// hash seed of the state (a fresh one each time).
+    #[test]
+    fn append_round_builds_the_tables_rust_built() {
+        let source = crate::vm::deferred_source(include_str!("lua/prelude.lua"), "loop");
+        for seed_round in 0..40 {
+            let lua = Lua::new();
+            let h = lua.create_table().unwrap();
+            for name in [
+                "type", "next", "rawequal", "rawlen", "rawget", "rawset", "select",
+            ] {
+                let f: Value = lua.globals().get(name).unwrap();
+                h.set(name, f).unwrap();
+            }
+            let math_type: Value = lua.load("math.type").eval().unwrap();
+            h.set("math_type", math_type).unwrap();
+            lua.load(&source).call::<()>(&h).unwrap();
+            let append: mlua::Function = h.get("append_round").unwrap();
+            let calls = 1 + seed_round % 4;
+            let content = ["", "text", &"long ".repeat(20)][seed_round % 3].to_string();
+            let make_args = || {
+                lua.load("return { b = 1, a = 'x', [1] = nil, deep = { 1, 2 } }")
+                    .eval::<Table>()
+                    .unwrap()
+            };
+            // The old way: Rust's sets, in the order the loop made them.
+            let old = lua.create_table().unwrap();
+            old.raw_set(1, "first").unwrap();
+            let rec = lua.create_table().unwrap();
+            rec.raw_set("role", "assistant").unwrap();
+            rec.raw_set("content", content.as_str()).unwrap();
+            let call_list = lua.create_table().unwrap();
+            for i in 0..calls {
+                let c = lua.create_table().unwrap();
+                c.raw_set("id", format!("call_{i}")).unwrap();
+                c.raw_set("name", format!("tool{i}")).unwrap();
+                c.raw_set("arguments", make_args()).unwrap();
+                call_list.raw_set(i + 1, c).unwrap();
+            }
+            rec.raw_set("tool_calls", call_list).unwrap();
+            old.raw_set(old.raw_len() + 1, rec).unwrap();
+            for i in 0..calls {
+                let r = lua.create_table().unwrap();
+                r.raw_set("role", "tool").unwrap();
+                r.raw_set("content", format!("result {i}")).unwrap();
+                r.raw_set("tool_call_id", format!("call_{i}")).unwrap();
+                old.raw_set(old.raw_len() + 1, r).unwrap();
+            }
+            // The helper's way.
+            let new = lua.create_table().unwrap();
+            new.raw_set(1, "first").unwrap();
+            let held = lua.create_table().unwrap();
+            let mut args = mlua::MultiValue::new();
+            args.push_back(Value::Table(new.clone()));
+            args.push_back(Value::Table(held.clone()));
+            args.push_back(Value::String(lua.create_string(&content).unwrap()));
+            for i in 0..calls {
+                args.push_back(Value::String(
+                    lua.create_string(format!("call_{i}")).unwrap(),
+                ));
+                args.push_back(Value::String(
+                    lua.create_string(format!("tool{i}")).unwrap(),
+                ));
+                args.push_back(Value::Table(make_args()));
+                args.push_back(Value::String(
+                    lua.create_string(format!("result {i}")).unwrap(),
+                ));
+            }
+            append.call::<()>(args).unwrap();
+            assert_eq!(old.raw_len(), new.raw_len());
+            assert_eq!(held.raw_len(), 1 + calls);
+            for index in 2..=old.raw_len() {
+                let a: Table = old.raw_get(index).unwrap();
+                let b: Table = new.raw_get(index).unwrap();
+                assert!(b
+                    .equals(&held.raw_get::<Table>(index - 1).unwrap())
+                    .unwrap());
+                let (ta, tb) = (tables_of(&a), tables_of(&b));
+                assert_eq!(ta.len(), tb.len());
+                for (x, y) in ta.iter().zip(&tb) {
+                    assert_eq!(next_order(x), next_order(y), "record {index}");
+                    assert_eq!(x.raw_len(), y.raw_len());
+                }
+                let read = |t: &Table| {
+                    read_record(&Keys::new(&lua).unwrap(), index, &Value::Table(t.clone()))
+                };
+                assert_eq!(read(&a), read(&b));
+            }
+        }
+    }
 
     fn text(role: Role, t: &str) -> Record {
         Record {
