@@ -1738,6 +1738,53 @@ return round .. ' ' .. #msgs";
         want(6, 13, "11");
     }
 
+    /// A handler that stores only into tables it made runs quiet; one whose
+    /// store reaches the list (a loop's later turn) is not, and its edit
+    /// reaches the next round.
+    #[test]
+    fn stores_into_a_handlers_own_tables_keep_the_rounds_exact() {
+        let replies: Vec<ChatResponse> = ["c1", "c2", "c3", "c4"]
+            .into_iter()
+            .map(|id| tool_call("own", id, "{\"step\":2}"))
+            .chain([text("done")])
+            .collect();
+        let body = "\
+local msgs = messages.new():user('go')
+local n = 0
+tools.add_local('own', 'Own tables', { step = 'integer' }, function(a)
+  n = n + 1
+  local r = { text = 'ok ' .. a.step, n = n }
+  r.more = { n }
+  if n == 3 then
+    local t = {}
+    for _ = 1, 2 do t.content = 'edited ' .. r.n t = msgs[1] end
+  end
+  return r.text .. ' ' .. r.more[1]
+end)
+models.loop(msgs)
+return n";
+        let r = recorder(ThinkingSupport::Never, replies);
+        assert_eq!(
+            run_prompt(&loop_source(body), Arc::clone(&r), None),
+            Outcome::Completed("4".into())
+        );
+        let seen = seen(&r);
+        assert_eq!(seen.len(), 5);
+        let firsts = ["go", "go", "go", "edited 3", "edited 3"];
+        for (round, want) in firsts.into_iter().enumerate() {
+            assert_eq!(seen[round].messages.len(), 1 + 2 * round, "round {round}");
+            assert_eq!(
+                seen[round].messages[0].content,
+                serde_json::json!(want),
+                "round {round}"
+            );
+            if round > 0 {
+                let result = &seen[round].messages[2 * round].content;
+                assert_eq!(result, &serde_json::json!(format!("ok 2 {round}")));
+            }
+        }
+    }
+
     /// Records taken without a snapshot are held by the loop as snapshots
     /// hold theirs: a weak-valued list loses none of them while quiet
     /// handlers churn the collector between rounds.
