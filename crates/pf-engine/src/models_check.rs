@@ -880,8 +880,9 @@ impl Composition {
         self.leading = leading;
         compose_from(records, leading, from, &mut self.records, &mut self.starts);
         for r in &self.records[keep..] {
-            self.wire.push(wire_message(r));
-            self.bytes.push(estimate_bytes(r));
+            let message = wire_message(r);
+            self.bytes.push(estimate_bytes_of(r, &message.tool_calls));
+            self.wire.push(message);
         }
     }
 
@@ -943,7 +944,21 @@ pub(crate) fn to_wire(records: &[Record]) -> Vec<ChatMessage> {
 
 /// One composed record's share of the estimate: the UTF-8 bytes of its text
 /// and of its serialized tool calls.
+#[cfg(test)]
 fn estimate_bytes(r: &Record) -> usize {
+    let calls: Vec<ToolCall> = r
+        .tool_calls
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .map(wire_call)
+        .collect();
+    estimate_bytes_of(r, &calls)
+}
+
+/// [`estimate_bytes`] with the record's tool calls as its wire message has
+/// them (`wire_call` of each), made once for both.
+fn estimate_bytes_of(r: &Record, calls: &[ToolCall]) -> usize {
     let mut bytes = match &r.content {
         Content::Text(t) => t.len(),
         Content::Parts(parts) => parts
@@ -954,10 +969,8 @@ fn estimate_bytes(r: &Record) -> usize {
             })
             .sum(),
     };
-    for call in r.tool_calls.as_deref().unwrap_or_default() {
-        bytes += serde_json::to_string(&wire_call(call))
-            .map(|s| s.len())
-            .unwrap_or(0);
+    for call in calls {
+        bytes += serde_json::to_string(call).map(|s| s.len()).unwrap_or(0);
     }
     bytes
 }
