@@ -244,7 +244,7 @@ fn finish_here(shared: &Shared, tidy: bool) -> Here {
         return Here::Left;
     }
     if tidy {
-        core.tidy_wal();
+        core.tidy_wal(shared);
         let keep = !core.disabled && shared.options.max_page_count.is_none();
         let conn = core.conn.take().filter(|_| keep);
         core.events.recycle();
@@ -372,9 +372,6 @@ struct Core {
     end: Option<RunEnd>,
     /// The end is committed.
     ended: bool,
-    /// Frames in the WAL after this writer's last commit (all of them,
-    /// other connections' too), as the WAL hook counted them.
-    wal_frames: u32,
 }
 
 /// How a commit went.
@@ -412,12 +409,9 @@ impl Core {
                     true,
                 );
                 // A checkpoint that empties the WAL lets the next writer start
-                // it over, overwriting the file from its start: keeping its
-                // length (up to this) saves the filesystem allocating its
-                // pages again for every commit after each restart. How much
-                // is live is counted in frames (`count_wal_frames`).
-                let _ = conn.pragma_update(None, "journal_size_limit", WAL_KEPT_BYTES);
-                conn.wal_hook(Some(count_wal_frames));
+                // it over; this truncates it then to what that writer commits,
+                // so its length tells how much a new connection reads back.
+                let _ = conn.pragma_update(None, "journal_size_limit", 0);
                 if let Some(pages) = options.max_page_count {
                     let _ = conn.pragma_update(None, "max_page_count", pages);
                 }
@@ -487,7 +481,6 @@ impl Core {
             return Committed::Done;
         };
         let _ = conn.busy_timeout(busy_timeout);
-        WAL_FRAMES.set(None);
         let mut run_id = self.run_id;
         let mut next_ord = self.next_ord;
         let (pending_start, events, end) = (&self.pending_start, &self.events, &self.end);
@@ -523,9 +516,6 @@ impl Core {
         });
         match written {
             Ok(()) => {
-                if let Some(frames) = WAL_FRAMES.take() {
-                    self.wal_frames = frames;
-                }
                 self.run_id = run_id;
                 self.next_ord = next_ord;
                 self.pending_start = None;
@@ -560,12 +550,15 @@ impl Core {
     /// the WAL when no other connection has the database open). PASSIVE
     /// never blocks another writer; its fsyncs are paid here, on no run's
     /// path. A busy database skips it; a later run's end tries again.
-    fn tidy_wal(&self) {
+    fn tidy_wal(&self, shared: &Shared) {
         let Some(conn) = &self.conn else { return };
         if self.disabled || !self.ended {
             return;
         }
-        if self.wal_frames > WAL_TIDY_FRAMES {
+        let mut wal = shared.path.clone().into_os_string();
+        wal.push("-wal");
+        let long = std::fs::metadata(&wal).is_ok_and(|m| m.len() > WAL_TIDY_BYTES);
+        if long {
             let _ = conn.busy_timeout(Duration::from_millis(100));
             let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
         }
@@ -602,7 +595,6 @@ impl RunWriter {
                 spare: Taken::default(),
                 end: None,
                 ended: false,
-                wal_frames: 0,
             }),
             end: Mutex::new(None),
             warning: Warning::default(),
@@ -902,38 +894,9 @@ fn warning_text(path: &std::path::Path, problem: &str) -> String {
 }
 
 /// A run's end checkpoints the WAL (off the run's path, see `tidy_wal`)
-/// once it holds more frames than this (1 MiB of 4 KiB pages): every new
-/// connection reads the whole WAL back, so a long one costs every later run.
-const WAL_TIDY_FRAMES: u32 = 256;
-
-/// The WAL file's length kept when it starts over after a checkpoint: the
-/// tidy's 1 MiB and a large run's commits on top, so that in steady state
-/// commits overwrite the file's pages rather than append.
-const WAL_KEPT_BYTES: i64 = 4 * 1024 * 1024;
-
-/// SQLite's own automatic checkpoint, which a WAL hook replaces: a PASSIVE
-/// checkpoint by the committing connection once the WAL holds this many
-/// frames (SQLite's default), for a long run whose end is far off.
-const AUTO_CHECKPOINT_FRAMES: std::ffi::c_int = 1000;
-
-thread_local! {
-    /// The WAL's frame count after the last commit on this thread, set by
-    /// [`count_wal_frames`] inside the commit and taken right after it.
-    static WAL_FRAMES: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
-}
-
-/// The writers' WAL hook, called by SQLite after each commit on the
-/// committing thread with the frames now in the WAL: it notes the count for
-/// the tidy (the file's length no longer says it, see [`WAL_KEPT_BYTES`])
-/// and checkpoints as SQLite's default hook would.
-fn count_wal_frames(wal: &rusqlite::hooks::Wal, frames: std::ffi::c_int) -> rusqlite::Result<()> {
-    WAL_FRAMES.set(u32::try_from(frames).ok());
-    if frames >= AUTO_CHECKPOINT_FRAMES {
-        // As SQLite's: a checkpoint that cannot run now is tried at a later commit.
-        let _ = wal.checkpoint();
-    }
-    Ok(())
-}
+/// once it is larger than this: every new connection reads the whole WAL
+/// back, so a long one costs every later run.
+const WAL_TIDY_BYTES: u64 = 1024 * 1024;
 
 /// The connection the last run of this process left, for the next run on
 /// the same database (a process running many runs, like `promptforge mcp`):
@@ -1187,7 +1150,7 @@ fn background_thread(shared: &Shared, committed: SyncSender<()>) {
         wait = (wait * 2).min(longest);
     };
     drop(committed);
-    core.tidy_wal();
+    core.tidy_wal(shared);
     let keep = !core.disabled && shared.options.max_page_count.is_none();
     let conn = core.conn.take().filter(|_| keep);
     if !core.has_work() {
@@ -1386,59 +1349,6 @@ mod tests {
         assert_eq!(log.run(id).unwrap().unwrap().end, Some(completed()));
         assert_eq!(log.events(id).unwrap().len(), 1);
         thread.unpark();
-    }
-
-    /// A run that logs `events` events of about 4 KB each, ended and
-    /// settled; what it shared with its thread.
-    fn settled_run(path: &std::path::Path, id: &str, events: usize) -> Arc<Shared> {
-        let writer = RunWriter::begin(path, start(id));
-        let mut fields = serde_json::Map::new();
-        fields.insert("text".into(), serde_json::Value::String("x".repeat(4000)));
-        for _ in 0..events {
-            writer.event_fields("lua", "Run", "0", 0, &fields);
-        }
-        let (warning, mut tail) = writer.finish_with_tail(completed());
-        assert_eq!(warning, None);
-        let shared = tail.shared.take().expect("shared");
-        tail.shared = Some(Arc::clone(&shared));
-        assert_eq!(tail.wait(Duration::from_secs(60)), None);
-        shared
-    }
-
-    fn file_len(path: &std::path::Path, suffix: &str) -> u64 {
-        let mut name = path.as_os_str().to_owned();
-        name.push(suffix);
-        std::fs::metadata(name).map_or(0, |m| m.len())
-    }
-
-    #[test]
-    fn a_long_wal_is_checkpointed_by_its_frame_count_and_keeps_its_length() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("runs.db");
-        // Well below the tidy's bound: no checkpoint, the rows only in the WAL.
-        let small = settled_run(&path, "run-small", 1);
-        let frames = small.core().wal_frames;
-        assert!(frames > 0 && frames <= WAL_TIDY_FRAMES, "{frames} frames");
-        let db_before = file_len(&path, "");
-        // Over it (300 lines of 4 KB): the run's end checkpoints the WAL,
-        // which copies its pages into the database file.
-        let long = settled_run(&path, "run-long", 300);
-        let frames = long.core().wal_frames;
-        assert!(frames > WAL_TIDY_FRAMES, "{frames} frames");
-        assert!(file_len(&path, "") > db_before + 1024 * 1024);
-        let wal_long = file_len(&path, "-wal");
-        // The next commit starts the WAL over (the hook counts a handful of
-        // frames), and the file keeps its length instead of being cut to it.
-        let after = settled_run(&path, "run-after", 1);
-        let frames = after.core().wal_frames;
-        assert!(frames > 0 && frames < 64, "{frames} frames");
-        assert_eq!(file_len(&path, "-wal"), wal_long);
-        let log = RunLog::open(&path).unwrap();
-        for (id, events) in [("run-small", 1), ("run-long", 300), ("run-after", 1)] {
-            let run = log.resolve(id).unwrap();
-            assert_eq!(log.events(run).unwrap().len(), events, "{id}");
-            assert_eq!(log.run(run).unwrap().unwrap().end, Some(completed()));
-        }
     }
 
     #[test]
