@@ -411,6 +411,8 @@ impl Core {
                 // A checkpoint that empties the WAL lets the next writer start
                 // it over; this truncates it then to what that writer commits,
                 // so its length tells how much a new connection reads back.
+                // (Keeping its length instead made commits overwrite pages
+                // still under writeback, which stalls them for milliseconds.)
                 let _ = conn.pragma_update(None, "journal_size_limit", 0);
                 if let Some(pages) = options.max_page_count {
                     let _ = conn.pragma_update(None, "max_page_count", pages);
@@ -1349,6 +1351,53 @@ mod tests {
         assert_eq!(log.run(id).unwrap().unwrap().end, Some(completed()));
         assert_eq!(log.events(id).unwrap().len(), 1);
         thread.unpark();
+    }
+
+    /// A run that logs `events` events of about 4 KB each, ended and settled.
+    fn settled_run(path: &std::path::Path, id: &str, events: usize) {
+        let writer = RunWriter::begin(path, start(id));
+        let mut fields = serde_json::Map::new();
+        fields.insert("text".into(), serde_json::Value::String("x".repeat(4000)));
+        for _ in 0..events {
+            writer.event_fields("lua", "Run", "0", 0, &fields);
+        }
+        let (warning, tail) = writer.finish_with_tail(completed());
+        assert_eq!(warning, None);
+        assert_eq!(tail.wait(Duration::from_secs(60)), None);
+    }
+
+    fn file_len(path: &std::path::Path, suffix: &str) -> u64 {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        std::fs::metadata(name).map_or(0, |m| m.len())
+    }
+
+    /// The tidy's two halves: a run's end checkpoints a WAL over
+    /// `WAL_TIDY_BYTES`, and the next commit starts it over, cut to its own
+    /// length (`journal_size_limit = 0`): keeping the file's length instead
+    /// made commits overwrite pages still being written back, which stalled
+    /// them for milliseconds (docs/perf-log8.md).
+    #[test]
+    fn a_long_wal_is_checkpointed_at_a_runs_end_and_started_over_short() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("runs.db");
+        settled_run(&path, "run-small", 1);
+        let db_small = file_len(&path, "");
+        assert!(file_len(&path, "-wal") < WAL_TIDY_BYTES);
+        // 300 lines of 4 KB: the end checkpoints, copying the pages into
+        // the database file.
+        settled_run(&path, "run-long", 300);
+        assert!(file_len(&path, "-wal") > WAL_TIDY_BYTES);
+        assert!(file_len(&path, "") > db_small + WAL_TIDY_BYTES);
+        // The next commit starts the WAL over and cuts the file to it.
+        settled_run(&path, "run-after", 1);
+        assert!(file_len(&path, "-wal") < 64 * 1024);
+        let log = RunLog::open(&path).unwrap();
+        for (id, events) in [("run-small", 1), ("run-long", 300), ("run-after", 1)] {
+            let run = log.resolve(id).unwrap();
+            assert_eq!(log.events(run).unwrap().len(), events, "{id}");
+            assert_eq!(log.run(run).unwrap().unwrap().end, Some(completed()));
+        }
     }
 
     #[test]
