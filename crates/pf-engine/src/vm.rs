@@ -28,8 +28,10 @@ const HELPER_FIELDS: usize = 64;
 
 /// The libraries a section VM opens (with the base library); the prelude
 /// removes by name what they hold beyond the sandbox (a test holds the list).
+/// `math` is the sandbox's too, but opened on first touch (`math_library`):
+/// opening it was a twentieth of a pure-Lua entry's instructions.
 fn vm_libraries() -> StdLib {
-    StdLib::STRING | StdLib::TABLE | StdLib::MATH | StdLib::UTF8
+    StdLib::STRING | StdLib::TABLE | StdLib::UTF8
 }
 
 /// A fresh section VM with every host global installed except the shared library
@@ -231,6 +233,7 @@ const LAZY_GLOBALS: &[&str] = &[
     "tools",
     "untrusted",
     "var",
+    "math",
 ];
 
 /// The lazy globals env.lua's `guard_global` guards (the others it returns as they are).
@@ -261,6 +264,7 @@ fn make_lazy_global(lua: &Lua, name: &str) -> mlua::Result<Value> {
         "tasks" => Value::Table(crate::tasks::make_tasks(lua)?),
         "tools" => Value::Table(crate::tools::make_tools(lua)?),
         "untrusted" => Value::Function(make_untrusted(lua)?),
+        "math" => Value::Table(math_library(lua)?),
         "var" => {
             let root = crate::var::make_proxy(lua, Vec::new())?;
             lua.set_named_registry_value("pf.var_root", &root)?;
@@ -272,6 +276,33 @@ fn make_lazy_global(lua: &Lua, name: &str) -> mlua::Result<Value> {
             ))
         }
     })
+}
+
+/// The VM's `math` library, opened on its first use: the global's build, or
+/// a deferred part, which takes `math.type` from `H.math_type` (set here from
+/// the fresh library, before any prompt code can reach it). Opening it again
+/// gives the same table (Lua's loaded-modules table keeps it), so the global
+/// built after a part is the library the part saw, untouched: until the
+/// global is built, only the engine holds it. The library's own global write
+/// is kept from the prompt: `_G.math` is made present first (so the write is
+/// raw, no `__newindex` of the prompt's runs), then put back as it was. Lua
+/// records the library in its loaded-modules table as at the state's
+/// creation, where tracebacks look functions up (`math.floor`). Called with
+/// the memory limit lifted (a build or a part's load).
+fn math_library(lua: &Lua) -> mlua::Result<Table> {
+    let g = lua.globals();
+    let previous: Value = g.raw_get("math")?;
+    g.raw_set("math", true)?;
+    let opened = lua
+        .load_std_libs(StdLib::MATH)
+        .and_then(|()| g.raw_get::<Table>("math"));
+    g.raw_set("math", previous)?;
+    let math = opened?;
+    let h = crate::ctx::helpers(lua)?;
+    if h.raw_get::<Value>("math_type")?.is_nil() {
+        h.raw_set("math_type", math.raw_get::<Value>("type")?)?;
+    }
+    Ok(math)
 }
 
 fn make_untrusted(lua: &Lua) -> mlua::Result<mlua::Function> {
@@ -599,10 +630,18 @@ pub(crate) fn deferred_source(file: &str, tag: &str) -> String {
 fn load_deferred(lua: &Lua, h: &Table, part: Deferred) -> mlua::Result<()> {
     // mlua reads a limit of 0 as "no limit".
     let limit = lua.set_memory_limit(0)?;
-    let loaded = crate::ctx::internal_chunk_keyed(lua, part.key(), part.name(), || {
-        deferred_source(part.file(), part.tag()).into()
-    })
-    .and_then(|chunk| chunk.call::<()>(h));
+    // (every part's first line may take `H.math_type`)
+    let math_type = match h.raw_get::<Value>("math_type") {
+        Ok(Value::Nil) => math_library(lua).map(|_| ()),
+        other => other.map(|_| ()),
+    };
+    let loaded = math_type
+        .and_then(|()| {
+            crate::ctx::internal_chunk_keyed(lua, part.key(), part.name(), || {
+                deferred_source(part.file(), part.tag()).into()
+            })
+        })
+        .and_then(|chunk| chunk.call::<()>(h));
     lua.set_memory_limit(limit)?;
     loaded
 }

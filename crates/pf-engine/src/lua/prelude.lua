@@ -16,7 +16,7 @@ local function metafield(v, name)
   if getmetatable(v) == nil then return nil end
   return rust_metafield(v, name)
 end H.metafield_lua = metafield
-local math_type, tsort, tpack, tunpack = math.type, table.sort, table.pack, table.unpack
+local tsort, tpack, tunpack = table.sort, table.pack, table.unpack -- (`H.math_type`: vm.rs `math_library`)
 local utf8_len = utf8.len
 local collectgarbage = collectgarbage
 local WEAK_KEYS = { __mode = 'k' } -- (one metatable for every weak-keyed table here)
@@ -517,7 +517,7 @@ H.rawget, H.rawset, H.rawequal, H.rawlen = rawget, rawset, rawequal, rawlen
 H.next = next
 H.utf8_len = utf8_len
 H.setmetatable, H.getmetatable = setmetatable, getmetatable
-H.select, H.type, H.tostring, H.math_type, H.error = select, type, tostring, math_type, error
+H.select, H.type, H.tostring, H.error = select, type, tostring, error
 H.tpack, H.tunpack = tpack, tunpack
 H.raw_tconcat, H.tsort, H.collectgarbage, H.base_pcall, H.base_xpcall, H.globals_table, H.weak_keys = tconcat, tsort, collectgarbage, pcall, xpcall, GLOBALS, WEAK_KEYS
 
@@ -528,5 +528,5 @@ H.located = setmetatable({}, WEAK_KEYS)
 H.born = setmetatable({}, WEAK_KEYS)
 H.suspends = 0
 -- The globals built on first touch (vm.rs `LAZY_GLOBALS`, which a test holds this to), all pending.
-H.lazy_globals = { next = true, pairs = true, pcall = true, xpcall = true, getmetatable = true, setmetatable = true, call = true, compactors = true, fanout = true, input = true, jump = true, list_from_section = true, log = true, messages = true, models = true, store = true, sys = true, tasks = true, tools = true, untrusted = true, var = true }
+H.lazy_globals = { next = true, pairs = true, pcall = true, xpcall = true, getmetatable = true, setmetatable = true, call = true, compactors = true, fanout = true, input = true, jump = true, list_from_section = true, log = true, messages = true, models = true, store = true, sys = true, tasks = true, tools = true, untrusted = true, var = true, math = true }
 return H
