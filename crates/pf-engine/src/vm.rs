@@ -28,10 +28,12 @@ const HELPER_FIELDS: usize = 64;
 
 /// The libraries a section VM opens (with the base library); the prelude
 /// removes by name what they hold beyond the sandbox (a test holds the list).
-/// `math` is the sandbox's too, but opened on first touch (`math_library`):
-/// opening it was a twentieth of a pure-Lua entry's instructions.
+/// `math` is the sandbox's too, but opened on first touch (`math_library`),
+/// and `utf8`, which only the ordered `pairs` uses, with the first deferred
+/// part (`part_libraries`): opening them was a twelfth of a pure-Lua entry's
+/// instructions.
 fn vm_libraries() -> StdLib {
-    StdLib::STRING | StdLib::TABLE | StdLib::UTF8
+    StdLib::STRING | StdLib::TABLE
 }
 
 /// A fresh section VM with every host global installed except the shared library
@@ -278,31 +280,50 @@ fn make_lazy_global(lua: &Lua, name: &str) -> mlua::Result<Value> {
     })
 }
 
-/// The VM's `math` library, opened on its first use: the global's build, or
-/// a deferred part, which takes `math.type` from `H.math_type` (set here from
-/// the fresh library, before any prompt code can reach it). Opening it again
-/// gives the same table (Lua's loaded-modules table keeps it), so the global
-/// built after a part is the library the part saw, untouched: until the
-/// global is built, only the engine holds it. The library's own global write
-/// is kept from the prompt: `_G.math` is made present first (so the write is
-/// raw, no `__newindex` of the prompt's runs), then put back as it was. Lua
-/// records the library in its loaded-modules table as at the state's
-/// creation, where tracebacks look functions up (`math.floor`). Called with
-/// the memory limit lifted (a build or a part's load).
-fn math_library(lua: &Lua) -> mlua::Result<Table> {
+/// The standard library `lib` (global `name`), opened now, without touching
+/// the prompt's `_G`: Lua's own global write is made raw (`_G[name]` present
+/// first, so no `__newindex` of the prompt's runs) and `_G[name]` is put back
+/// as it was. Opening it again gives the same table (Lua's loaded-modules
+/// table keeps it, and records it there as at the state's creation, where
+/// tracebacks look functions up: `math.floor`). Called with the memory limit
+/// lifted (a build or a part's load).
+fn open_library(lua: &Lua, name: &str, lib: StdLib) -> mlua::Result<Table> {
     let g = lua.globals();
-    let previous: Value = g.raw_get("math")?;
-    g.raw_set("math", true)?;
+    let previous: Value = g.raw_get(name)?;
+    g.raw_set(name, true)?;
     let opened = lua
-        .load_std_libs(StdLib::MATH)
-        .and_then(|()| g.raw_get::<Table>("math"));
-    g.raw_set("math", previous)?;
-    let math = opened?;
+        .load_std_libs(lib)
+        .and_then(|()| g.raw_get::<Table>(name));
+    g.raw_set(name, previous)?;
+    opened
+}
+
+/// The VM's `math` library, opened on its first use: the global's build, or
+/// the first deferred part (`part_libraries`). Until the global is built only
+/// the engine holds the table, so the global built after a part is the
+/// library the part saw, untouched.
+fn math_library(lua: &Lua) -> mlua::Result<Table> {
+    let math = open_library(lua, "math", StdLib::MATH)?;
     let h = crate::ctx::helpers(lua)?;
     if h.raw_get::<Value>("math_type")?.is_nil() {
         h.raw_set("math_type", math.raw_get::<Value>("type")?)?;
     }
     Ok(math)
+}
+
+/// What the deferred parts take from libraries no VM opens at its setup:
+/// `H.math_type` and `H.utf8_len` (every part's first line may read them),
+/// from the fresh libraries, before any prompt code can reach them. `utf8`
+/// itself never becomes a global (the sandbox has none).
+fn part_libraries(lua: &Lua, h: &Table) -> mlua::Result<()> {
+    if h.raw_get::<Value>("math_type")?.is_nil() {
+        math_library(lua)?;
+    }
+    if h.raw_get::<Value>("utf8_len")?.is_nil() {
+        let utf8 = open_library(lua, "utf8", StdLib::UTF8)?;
+        h.raw_set("utf8_len", utf8.raw_get::<Value>("len")?)?;
+    }
+    Ok(())
 }
 
 fn make_untrusted(lua: &Lua) -> mlua::Result<mlua::Function> {
@@ -630,12 +651,7 @@ pub(crate) fn deferred_source(file: &str, tag: &str) -> String {
 fn load_deferred(lua: &Lua, h: &Table, part: Deferred) -> mlua::Result<()> {
     // mlua reads a limit of 0 as "no limit".
     let limit = lua.set_memory_limit(0)?;
-    // (every part's first line may take `H.math_type`)
-    let math_type = match h.raw_get::<Value>("math_type") {
-        Ok(Value::Nil) => math_library(lua).map(|_| ()),
-        other => other.map(|_| ()),
-    };
-    let loaded = math_type
+    let loaded = part_libraries(lua, h)
         .and_then(|()| {
             crate::ctx::internal_chunk_keyed(lua, part.key(), part.name(), || {
                 deferred_source(part.file(), part.tag()).into()

@@ -17,7 +17,7 @@ local function metafield(v, name)
   return rust_metafield(v, name)
 end H.metafield_lua = metafield
 local tsort, tpack, tunpack = table.sort, table.pack, table.unpack -- (`H.math_type`: vm.rs `math_library`)
-local utf8_len = utf8.len
+-- (`H.utf8_len` too, for the ordered `pairs`; no VM opens `utf8` for the prompt)
 local collectgarbage = collectgarbage
 local WEAK_KEYS = { __mode = 'k' } -- (one metatable for every weak-keyed table here)
 --[==[ deferred base: (errors) the error values, a second chunk of this name (vm.rs `Deferred`)
@@ -472,11 +472,11 @@ H.install_lib(H.c_libs.table, 'concat', concat)
 -- The sandbox ---------------------------------------------------------------
 local G = _G
 -- What a fresh state of the VM's libraries has beyond the sandbox's globals (the
--- base library's loaders, printers and raw functions, and `utf8`, whose `len` the
--- prelude keeps above), removed by name: walking `_G` for them was a tenth of the
+-- base library's loaders, printers and raw functions; `utf8` and `math` are opened
+-- only when needed, vm.rs `open_library`), removed by name: walking `_G` was a tenth of the
 -- prelude's run. A test (vm.rs) holds this list to what such a state has.
 G.collectgarbage, G.dofile, G.load, G.loadfile, G.print, G.warn = nil, nil, nil, nil, nil, nil
-G.rawequal, G.rawget, G.rawlen, G.rawset, G.utf8 = nil, nil, nil, nil, nil
+G.rawequal, G.rawget, G.rawlen, G.rawset = nil, nil, nil, nil
 G.pairs = nil -- (built on first touch: vm.rs `LAZY_GLOBALS`)
 G.next = nil -- (built on first touch: vm.rs `LAZY_GLOBALS`)
 G.pcall = nil -- (built on first touch: vm.rs `LAZY_GLOBALS`)
@@ -515,7 +515,7 @@ end
 -- getmetatable / setmetatable see guards through __metatable as usual.
 H.rawget, H.rawset, H.rawequal, H.rawlen = rawget, rawset, rawequal, rawlen
 H.next = next
-H.utf8_len = utf8_len
+--
 H.setmetatable, H.getmetatable = setmetatable, getmetatable
 H.select, H.type, H.tostring, H.error = select, type, tostring, error
 H.tpack, H.tunpack = tpack, tunpack
