@@ -9,14 +9,14 @@ local H = ...
 local rawget, rawset, rawequal, rawlen, next = rawget, rawset, rawequal, rawlen, next; local GLOBALS = _G
 local type, error, select, tostring, pcall, xpcall = type, error, select, tostring, pcall, xpcall
 local setmetatable, getmetatable = setmetatable, getmetatable
-local rust_metafield, error_place = H.metafield, H.error_place
--- The raw field `name` of v's metatable, past any `__metatable`. A value
--- `getmetatable` gives nil for has no metatable at all, so most calls stay here.
+local error_place = H.error_place local tsort, tpack, tunpack = table.sort, table.pack, table.unpack -- (`H.math_type`: vm.rs `math_library`)
+--[==[ deferred base: (metafield) the raw field `name` of v's metatable, past any `__metatable`; only the part's own functions use it
+local H = ... local getmetatable, rust_metafield = H.getmetatable, H.metafield -- A value `getmetatable` gives nil for has no metatable at all, so most calls stay here.
 local function metafield(v, name)
   if getmetatable(v) == nil then return nil end
   return rust_metafield(v, name)
 end H.metafield_lua = metafield
-local tsort, tpack, tunpack = table.sort, table.pack, table.unpack -- (`H.math_type`: vm.rs `math_library`)
+--]==]
 -- (`H.utf8_len` too, for the ordered `pairs`; no VM opens `utf8` for the prompt)
 local collectgarbage = collectgarbage
 local WEAK_KEYS = { __mode = 'k' } -- (one metatable for every weak-keyed table here)
