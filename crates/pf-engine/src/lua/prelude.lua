@@ -27,7 +27,7 @@ local WEAK_KEYS = { __mode = 'k' } -- (one metatable for every weak-keyed table 
 -- strip it; a table carrying it, or a genuine value whose fields were edited,
 -- is the prompt's own value and ends a block as a plain Lua error.
 local H = ... local setmetatable, rawget, rawset, next, WEAK_KEYS = H.setmetatable, H.rawget, H.rawset, H.next, H.weak_keys local GENUINE = setmetatable({}, WEAK_KEYS) -- (one metatable for every weak-keyed table here)
-H.genuine = GENUINE
+H.genuine = GENUINE H.run_kinds, H.located, H.born = setmetatable({}, WEAK_KEYS), setmetatable({}, WEAK_KEYS), setmetatable({}, WEAK_KEYS) -- (error.rs's bookkeeping, below)
 local ERR_MT = {}
 ERR_MT.__tostring = function(e) return rawget(e, 'message') end
 -- (The engine gives ERR_MT to exactly the values in GENUINE, and no prompt can
@@ -521,11 +521,11 @@ H.select, H.type, H.tostring, H.error = select, type, tostring, error
 H.tpack, H.tunpack = tpack, tunpack
 H.raw_tconcat, H.tsort, H.collectgarbage, H.base_pcall, H.base_xpcall, H.globals_table, H.weak_keys = tconcat, tsort, collectgarbage, pcall, xpcall, GLOBALS, WEAK_KEYS
 
--- The engine's bookkeeping of error values (error.rs), weakly keyed so values
--- the prompt lets go are collected; made here, not key by key from Rust.
-H.run_kinds = setmetatable({}, WEAK_KEYS)
-H.located = setmetatable({}, WEAK_KEYS)
-H.born = setmetatable({}, WEAK_KEYS)
+-- The engine's bookkeeping of error values (error.rs: `H.run_kinds`, `H.located`,
+-- `H.born`), weakly keyed so values the prompt lets go are collected, is made
+-- with the error values' part (above): the engine reads it only of values that
+-- part made genuine.
+--
 H.suspends = 0
 -- The globals built on first touch (vm.rs `LAZY_GLOBALS`, which a test holds this to), all pending.
 H.lazy_globals = { next = true, pairs = true, pcall = true, xpcall = true, getmetatable = true, setmetatable = true, call = true, compactors = true, fanout = true, input = true, jump = true, list_from_section = true, log = true, messages = true, models = true, store = true, sys = true, tasks = true, tools = true, untrusted = true, var = true, math = true }
