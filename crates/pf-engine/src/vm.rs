@@ -517,6 +517,13 @@ impl Deferred {
         }
     }
 
+    /// Whether its code takes `H.math_type` or `H.utf8_len` (`part_libraries`
+    /// opens their libraries first); env.lua's parts do not, so building a host
+    /// namespace opens neither (a test holds this to the parts' sources).
+    fn reads_libraries(self) -> bool {
+        !matches!(self, Deferred::EnvMeta | Deferred::EnvGlobals)
+    }
+
     /// The parts `H.load_part` loads by tag.
     fn by_tag(tag: &str) -> Option<Deferred> {
         match tag {
@@ -651,7 +658,12 @@ pub(crate) fn deferred_source(file: &str, tag: &str) -> String {
 fn load_deferred(lua: &Lua, h: &Table, part: Deferred) -> mlua::Result<()> {
     // mlua reads a limit of 0 as "no limit".
     let limit = lua.set_memory_limit(0)?;
-    let loaded = part_libraries(lua, h)
+    let libraries = if part.reads_libraries() {
+        part_libraries(lua, h)
+    } else {
+        Ok(())
+    };
+    let loaded = libraries
         .and_then(|()| {
             crate::ctx::internal_chunk_keyed(lua, part.key(), part.name(), || {
                 deferred_source(part.file(), part.tag()).into()
@@ -878,6 +890,51 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// A part that takes `H.math_type` or `H.utf8_len` has its libraries
+    /// opened first (`Deferred::reads_libraries`).
+    #[test]
+    fn every_part_reading_a_lazy_library_opens_it_first() {
+        for part in [
+            Deferred::LoopHelpers,
+            Deferred::Argv,
+            Deferred::Strings,
+            Deferred::Tables,
+            Deferred::Concat,
+            Deferred::Iter,
+            Deferred::Pcall,
+            Deferred::EnvMeta,
+            Deferred::GuardsMeta,
+            Deferred::EnvGlobals,
+            Deferred::Errors,
+        ] {
+            let source = deferred_source(part.file(), part.tag());
+            let reads = source.contains("H.math_type") || source.contains("H.utf8_len");
+            assert!(!reads || part.reads_libraries(), "{}", part.tag());
+        }
+        // And the eager chunks take neither.
+        for file in [PRELUDE, ENV] {
+            let eager: String = file
+                .lines()
+                .scan(false, |inside, line| {
+                    if line.starts_with("--[==[ deferred") {
+                        *inside = true;
+                    } else if line.starts_with("--]==]") {
+                        *inside = false;
+                        return Some(String::new());
+                    }
+                    Some(if *inside {
+                        String::new()
+                    } else {
+                        line.to_string()
+                    })
+                })
+                .collect::<Vec<_>>()
+                .join("\n");
+            assert!(!eager.contains("H.math_type = ") && !eager.contains("math.type"));
+            assert!(!eager.contains("utf8.len"));
         }
     }
 
