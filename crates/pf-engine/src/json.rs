@@ -167,6 +167,57 @@ pub(crate) fn json_to_lua(lua: &Lua, value: &Json) -> mlua::Result<Value> {
     })
 }
 
+/// What [`lua_to_json`] reads back from the table [`json_to_lua`] makes of
+/// `value`, worked out without Lua: object keys sorted, null members gone (a
+/// nil is no entry), an empty array an empty object (an empty table), a
+/// number past `i64` a float. `None` when that does not follow from the value
+/// alone (a null in an array leaves a hole, and a table's length with holes
+/// depends on its layout) or tables nest more than `max_depth` deep.
+pub(crate) fn read_back(value: &Json, max_depth: usize) -> Option<Json> {
+    read_back_at(value, max_depth, 0)
+}
+
+fn read_back_at(value: &Json, max_depth: usize, depth: usize) -> Option<Json> {
+    Some(match value {
+        Json::Null => Json::Null,
+        Json::Bool(b) => Json::Bool(*b),
+        Json::Number(n) => match n.as_i64() {
+            Some(i) => Json::Number(i.into()),
+            None => Json::Number(Number::from_f64(n.as_f64()?)?),
+        },
+        Json::String(s) => Json::String(s.clone()),
+        Json::Array(items) => {
+            if depth >= max_depth {
+                return None;
+            }
+            if items.is_empty() {
+                return Some(Json::Object(Map::new()));
+            }
+            let mut out = Vec::with_capacity(items.len());
+            for item in items {
+                if item.is_null() {
+                    return None;
+                }
+                out.push(read_back_at(item, max_depth, depth + 1)?);
+            }
+            Json::Array(out)
+        }
+        Json::Object(map) => {
+            if depth >= max_depth {
+                return None;
+            }
+            let mut entries: Vec<(&String, &Json)> =
+                map.iter().filter(|(_, v)| !v.is_null()).collect();
+            entries.sort_by(|a, b| a.0.cmp(b.0));
+            let mut out = Map::new();
+            for (k, v) in entries {
+                out.insert(k.clone(), read_back_at(v, max_depth, depth + 1)?);
+            }
+            Json::Object(out)
+        }
+    })
+}
+
 /// Compact JSON text with sorted object keys (substitution, tool arguments).
 pub(crate) fn compact_sorted(value: &Json) -> String {
     fn sort(v: &Json) -> Json {
@@ -187,4 +238,66 @@ pub(crate) fn compact_sorted(value: &Json) -> String {
         }
     }
     serde_json::to_string(&sort(value)).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `read_back` is what the list's read gives for the engine's arguments
+    /// tables: the Lua round trip, byte for byte (key order and float zero
+    /// signs included), or `None`.
+    #[test]
+    fn read_back_is_the_lua_round_trip_or_nothing() {
+        let lua = Lua::new();
+        let round_trip = |j: &Json| {
+            let v = json_to_lua(&lua, j).unwrap_or(Value::Nil);
+            lua_to_json(&v, "arguments").ok()
+        };
+        let certain = [
+            r#"{}"#,
+            r#"{"step":1}"#,
+            r#"{"z":1,"a":2,"m":{"y":true,"b":false}}"#,
+            r#"{"gone":null,"kept":"x"}"#,
+            r#"{"only":null}"#,
+            r#"{"nested":{"all":null}}"#,
+            r#"{"empty":[],"obj":{}}"#,
+            r#"{"list":[1,2.5,-0.0,0.0,"s",[3,[4]],{"k":null}]}"#,
+            r#"{"big":18446744073709551615,"neg":-9223372036854775808,"max":9223372036854775807}"#,
+            r#"{"f":1.0,"e":1e300,"t":-1.5e-300,"z":-0}"#,
+            r#"{"ü":"\u0000\n\"","1":"one","10":"ten","2":"two"}"#,
+        ];
+        for text in certain {
+            let j: Json = serde_json::from_str(text).unwrap_or(Json::Null);
+            let got = read_back(&j, 100);
+            let want = round_trip(&j);
+            assert!(got.is_some(), "{text}");
+            assert_eq!(
+                got.as_ref()
+                    .map(|g| serde_json::to_string(g).unwrap_or_default()),
+                want.as_ref()
+                    .map(|w| serde_json::to_string(w).unwrap_or_default()),
+                "{text}"
+            );
+        }
+        // A null in an array is a hole: how it reads back depends on the table's layout.
+        for text in [
+            r#"{"a":[1,null,3]}"#,
+            r#"{"a":[null]}"#,
+            r#"{"a":[1,{"b":[null]}]}"#,
+        ] {
+            let j: Json = serde_json::from_str(text).unwrap_or(Json::Null);
+            assert_eq!(read_back(&j, 100), None, "{text}");
+        }
+        // Nesting past the limit is left to Lua; at the limit it is not.
+        let nest = |depth: usize| -> Json {
+            let text = "{\"a\":".repeat(depth - 1) + "{}" + &"}".repeat(depth - 1);
+            serde_json::from_str(&text).unwrap_or(Json::Null)
+        };
+        assert!(read_back(&nest(100), 100).is_some());
+        assert_eq!(read_back(&nest(101), 100), None);
+        let list = serde_json::json!({ "a": [[[]]] });
+        assert!(read_back(&list, 4).is_some());
+        assert_eq!(read_back(&list, 3), None);
+    }
 }

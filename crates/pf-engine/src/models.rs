@@ -17,8 +17,8 @@ use crate::ctx::{
 };
 use crate::error::{ErrorKind, HostError, HostResult, Raise, RunErrorKind};
 use crate::events::{deliver, fields, EventKind, LiveText};
-use crate::json::json_to_lua;
-use crate::models_check::{Composition, Keys, ListReader};
+use crate::json::{json_to_lua, read_back};
+use crate::models_check::{built_record, CallRecord, Composition, Keys, ListReader, Record, Role};
 use crate::text::{float_text, lua_type_name};
 use crate::tools::{call_tool, list_text, Caller, ENGINE_TOOL_NAMES};
 
@@ -1016,6 +1016,10 @@ fn text_record(lua: &Lua, keys: &Keys, role: &mlua::String, content: &str) -> ml
     Ok(rec)
 }
 
+/// Nesting in a call's arguments up to which the engine vouches for how the
+/// list reads them back (well inside the list's and `lua_to_json`'s limits).
+const READ_BACK_DEPTH: usize = 100;
+
 /// Check the list as it stands: each record's fields, then the rules across
 /// records, whose failure is also reported as a failed round. `Ok` is the
 /// number of leading records unchanged since the reader's last read.
@@ -1095,7 +1099,13 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
         };
         // Notices of the model's tasks that ended since the last gathering.
         for notice in crate::tasks::take_notices(&sec.run, &sec.id) {
-            append_record(list, text_record(&lua, &keys, &keys.user, &notice)?)?;
+            let rec = text_record(&lua, &keys, &keys.user, &notice)?;
+            reader.append(
+                &lua,
+                list,
+                rec,
+                Some(built_record(Role::User, &notice, None)),
+            )?;
         }
         let unchanged = checked_records(&lua, &sec, &mut reader, &list_v, no_prompt_code)?;
         composition.update(reader.records(), unchanged);
@@ -1193,31 +1203,35 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
         no_prompt_code = !engine_tools && watch.is_quiet();
         drop(watching);
         answered_any = true;
-        let rec = text_record(
-            &lua,
-            &keys,
-            &keys.assistant,
-            resp.content.as_deref().unwrap_or_default(),
-        )?;
-        let call_list = lua.create_table()?;
-        for (i, (call, arguments)) in calls.iter().enumerate() {
-            let c = lua.create_table()?;
-            c.raw_set(&keys.id, call.id.as_str())?;
-            c.raw_set(&keys.name, call.name.as_str())?;
+        let mut call_args = Vec::with_capacity(calls.len());
+        let mut call_records = Some(Vec::with_capacity(calls.len()));
+        for ((call, arguments), text) in calls.iter().zip(&results) {
             let args_table = match json_to_lua(&lua, arguments)? {
                 Value::Table(t) => t,
                 _ => lua.create_table()?,
             };
-            c.raw_set(&keys.arguments, args_table)?;
-            call_list.raw_set(i + 1, c)?;
+            call_args.push((
+                call.id.as_str(),
+                call.name.as_str(),
+                args_table,
+                text.as_str(),
+            ));
+            // Arguments whose read-back is not certain leave the record to Lua.
+            call_records = call_records.and_then(|mut out: Vec<CallRecord>| {
+                out.push(CallRecord {
+                    id: call.id.clone(),
+                    name: call.name.clone(),
+                    arguments: read_back(arguments, READ_BACK_DEPTH)?,
+                });
+                Some(out)
+            });
         }
-        rec.raw_set(&keys.tool_calls, call_list)?;
-        append_record(list, rec)?;
-        for ((call, _), text) in calls.iter().zip(results) {
-            let r = text_record(&lua, &keys, &keys.tool, &text)?;
-            r.raw_set(&keys.tool_call_id, call.id.as_str())?;
-            append_record(list, r)?;
-        }
+        let content = resp.content.as_deref().unwrap_or_default();
+        let read_as = call_records.map(|calls| Record {
+            tool_calls: Some(calls),
+            ..built_record(Role::Assistant, content, None)
+        });
+        reader.append_round(&lua, list, content, call_args, read_as)?;
     }
     // The model's tasks end with its loop (guide ch. 16 "Abandoned tasks").
     crate::tasks::abandon_model_tasks(&sec, crate::tasks::AbandonReason::ToolLoopExhausted);
@@ -1642,6 +1656,168 @@ return round";
             last_results,
             vec![serde_json::json!("ok"), serde_json::json!("21")]
         );
+    }
+
+    fn tool_call(name: &str, id: &str, arguments: &str) -> ChatResponse {
+        ChatResponse {
+            tool_calls: vec![ToolCall {
+                id: id.into(),
+                name: name.into(),
+                arguments: arguments.into(),
+            }],
+            finish_reason: Some("tool_calls".into()),
+            ..Default::default()
+        }
+    }
+
+    fn loop_source(body: &str) -> String {
+        format!("---\nname: t\ndescription: t\npromptforge: 0\nmodels:\n  w: {{}}\n---\n\n# T\n\n## S\n\n```lua\nmodels.use('w')\n{body}\n```\n")
+    }
+
+    /// Records the engine appends on rounds after a quiet handler are taken
+    /// without a snapshot (models_check.rs `ListReader::append`); an edit to
+    /// one of them, or to a snapshotted one, still reaches the next round.
+    #[test]
+    fn edits_to_records_taken_without_a_snapshot_reach_the_next_round() {
+        let ids = ["c1", "c2", "c3", "c4", "c5", "c6"];
+        let replies: Vec<ChatResponse> = ids
+            .into_iter()
+            .map(|id| tool_call("route", id, "{\"b\":[1,{}],\"a\":null}"))
+            .chain([text("done")])
+            .collect();
+        let body = "\
+local msgs = messages.new():user('go')
+local routes = {
+  function() return 'ok' end,
+  function() return 'ok' end,
+  function() msgs[1].content = 'e3a' msgs[5].content = 'e3b' return 'ok' end,
+  function() return 'ok' end,
+  function() msgs[3].content = 'e5a' msgs[9].content = 'e5b' return 'ok' end,
+  function() return tostring(#msgs) end,
+}
+local round = 0
+tools.add_local('route', 'Route', {}, function()
+  round = round + 1
+  return routes[round]()
+end)
+models.loop(msgs)
+return round .. ' ' .. #msgs";
+        let r = recorder(ThinkingSupport::Never, replies);
+        assert_eq!(
+            run_prompt(&loop_source(body), Arc::clone(&r), None),
+            Outcome::Completed("6 14".into())
+        );
+        let seen = seen(&r);
+        assert_eq!(seen.len(), 7);
+        let content = |round: usize, i: usize| seen[round].messages[i - 1].content.clone();
+        for (round, request) in seen.iter().enumerate() {
+            assert_eq!(request.messages.len(), 1 + 2 * round, "round {round}");
+            for m in request.messages.iter().filter(|m| !m.tool_calls.is_empty()) {
+                assert_eq!(m.tool_calls[0].arguments, "{\"b\":[1,{}]}");
+            }
+        }
+        let want = |round: usize, i: usize, text: &str| {
+            assert_eq!(
+                content(round, i),
+                serde_json::json!(text),
+                "round {round}, record {i}"
+            );
+        };
+        want(2, 1, "go");
+        want(2, 5, "ok");
+        for round in [3, 4, 5, 6] {
+            want(round, 1, "e3a");
+            want(round, 5, "e3b");
+        }
+        want(4, 3, "ok");
+        want(4, 9, "ok");
+        for round in [5, 6] {
+            want(round, 3, "e5a");
+            want(round, 9, "e5b");
+        }
+        want(6, 13, "11");
+    }
+
+    /// A handler that stores only into tables it made runs quiet; one whose
+    /// store reaches the list (a loop's later turn) is not, and its edit
+    /// reaches the next round.
+    #[test]
+    fn stores_into_a_handlers_own_tables_keep_the_rounds_exact() {
+        let replies: Vec<ChatResponse> = ["c1", "c2", "c3", "c4"]
+            .into_iter()
+            .map(|id| tool_call("own", id, "{\"step\":2}"))
+            .chain([text("done")])
+            .collect();
+        let body = "\
+local msgs = messages.new():user('go')
+local n = 0
+tools.add_local('own', 'Own tables', { step = 'integer' }, function(a)
+  n = n + 1
+  local r = { text = 'ok ' .. a.step, n = n }
+  r.more = { n }
+  if n == 3 then
+    local t = {}
+    for _ = 1, 2 do t.content = 'edited ' .. r.n t = msgs[1] end
+  end
+  return r.text .. ' ' .. r.more[1]
+end)
+models.loop(msgs)
+return n";
+        let r = recorder(ThinkingSupport::Never, replies);
+        assert_eq!(
+            run_prompt(&loop_source(body), Arc::clone(&r), None),
+            Outcome::Completed("4".into())
+        );
+        let seen = seen(&r);
+        assert_eq!(seen.len(), 5);
+        let firsts = ["go", "go", "go", "edited 3", "edited 3"];
+        for (round, want) in firsts.into_iter().enumerate() {
+            assert_eq!(seen[round].messages.len(), 1 + 2 * round, "round {round}");
+            assert_eq!(
+                seen[round].messages[0].content,
+                serde_json::json!(want),
+                "round {round}"
+            );
+            if round > 0 {
+                let result = &seen[round].messages[2 * round].content;
+                assert_eq!(result, &serde_json::json!(format!("ok 2 {round}")));
+            }
+        }
+    }
+
+    /// Records taken without a snapshot are held by the loop as snapshots
+    /// hold theirs: a weak-valued list loses none of them while quiet
+    /// handlers churn the collector between rounds.
+    #[test]
+    fn a_weak_list_keeps_the_records_a_loop_appended() {
+        let replies: Vec<ChatResponse> = ["c1", "c2", "c3", "c4"]
+            .into_iter()
+            .map(|id| tool_call("churn", id, "{}"))
+            .chain([text("done")])
+            .collect();
+        let body = "\
+local go = { role = 'user', content = 'go' }
+local msgs = setmetatable({ go }, { __mode = 'v' })
+local n = 0
+tools.add_local('churn', 'Churn', {}, function()
+  n = n + 1
+  for _ = 1, 20000 do local _ = {} end
+  return 'ok'
+end)
+models.loop(msgs)
+local count = 0
+for _ in pairs(msgs) do count = count + 1 end
+return n .. ' ' .. count .. ' ' .. go.content";
+        let r = recorder(ThinkingSupport::Never, replies);
+        assert_eq!(
+            run_prompt(&loop_source(body), Arc::clone(&r), None),
+            Outcome::Completed("4 10 go".into())
+        );
+        let seen = seen(&r);
+        assert_eq!(seen.len(), 5);
+        for (round, request) in seen.iter().enumerate() {
+            assert_eq!(request.messages.len(), 1 + 2 * round, "round {round}");
+        }
     }
 
     #[test]

@@ -117,6 +117,16 @@ pub(crate) struct ListReader {
     keys: Option<Keys>,
     /// The cross-record rules' state over `records`.
     across: AcrossScan,
+    /// What each record the engine appended since the last read reads as, in
+    /// order, when the engine can vouch for that without Lua.
+    appended: Vec<Option<Record>>,
+    /// The records the engine appended since the last full read (in a Lua
+    /// sequence only Rust holds): those taken without Lua on a trusted read
+    /// have no snapshot, and are held here as snapshots hold theirs, so a
+    /// weak-valued list cannot lose them before a full read snapshots them.
+    held: Option<Table>,
+    /// The prelude's `append_round`, fetched on first use.
+    append_round: Option<mlua::Function>,
 }
 
 impl ListReader {
@@ -156,10 +166,77 @@ impl ListReader {
         self.across.check(&self.records, unchanged)
     }
 
+    /// Append a record the engine built to the list (raw, at its length plus
+    /// one). `read_as`: what [`read_record`] gives for it, when the engine
+    /// knows that (its fields are the engine's own text and data): the next
+    /// read, if no prompt code ran before it, takes it without Lua.
+    pub(crate) fn append(
+        &mut self,
+        lua: &Lua,
+        list: &Table,
+        record: Table,
+        read_as: Option<Record>,
+    ) -> mlua::Result<()> {
+        list.raw_set(list.raw_len() + 1, &record)?;
+        let held = self.held(lua)?;
+        held.raw_set(held.raw_len() + 1, record)?;
+        self.appended.push(read_as);
+        Ok(())
+    }
+
+    /// Append a tool round's records (the prelude's `append_round`: the
+    /// assistant record with `calls`' ids, names and arguments tables, then
+    /// one result record per call), which read as `read_as` and one
+    /// `{ role = 'tool', content = result, tool_call_id = id }` per call.
+    pub(crate) fn append_round(
+        &mut self,
+        lua: &Lua,
+        list: &Table,
+        content: &str,
+        calls: Vec<(&str, &str, Table, &str)>,
+        read_as: Option<Record>,
+    ) -> mlua::Result<()> {
+        let append = match &self.append_round {
+            Some(append) => append.clone(),
+            None => {
+                let helpers: Table = lua.named_registry_value("pf.helpers")?;
+                let append: mlua::Function = helpers.raw_get("append_round")?;
+                self.append_round.insert(append).clone()
+            }
+        };
+        let held = self.held(lua)?;
+        let mut args = mlua::MultiValue::with_capacity(3 + 4 * calls.len());
+        args.push_back(Value::Table(list.clone()));
+        args.push_back(Value::Table(held));
+        args.push_back(Value::String(lua.create_string(content)?));
+        let mut results = Vec::with_capacity(calls.len());
+        for (id, name, arguments, result) in calls {
+            results.push(built_record(Role::Tool, result, Some(id)));
+            args.push_back(Value::String(lua.create_string(id)?));
+            args.push_back(Value::String(lua.create_string(name)?));
+            args.push_back(Value::Table(arguments));
+            args.push_back(Value::String(lua.create_string(result)?));
+        }
+        // Raw sets on the tables it makes: bounded, no prompt code.
+        crate::vm::without_cancel_poll(lua, || append.call::<()>(args))?;
+        self.appended.push(read_as);
+        self.appended.extend(results.into_iter().map(Some));
+        Ok(())
+    }
+
+    fn held(&mut self, lua: &Lua) -> mlua::Result<Table> {
+        match &self.held {
+            Some(held) => Ok(held.clone()),
+            None => Ok(self.held.insert(lua.create_table()?).clone()),
+        }
+    }
+
     fn reset(&mut self) {
         self.snaps = None;
         self.records.clear();
         self.across = AcrossScan::default();
+        self.appended.clear();
+        self.held = None;
     }
 
     fn read_changes(
@@ -174,6 +251,23 @@ impl ListReader {
                 lua_type(value)
             ));
         };
+        let appended = std::mem::take(&mut self.appended);
+        // No prompt code ran since a read that snapshotted the list: it is the
+        // records of that read plus the ones the engine appended since (see
+        // the prelude's `list_read`, trusted). Those the engine built are
+        // representable and read as it says, so they need no Lua walk and no
+        // snapshot; a later untrusted read finds no snapshot for them and reads
+        // them in full, as any record it cannot prove unchanged.
+        if no_prompt_code
+            && self.snaps.is_some()
+            && !self.records.is_empty()
+            && appended.iter().all(Option::is_some)
+        {
+            let unchanged = self.records.len();
+            self.records.extend(appended.into_iter().flatten());
+            return Ok(unchanged);
+        }
+        let partial = no_prompt_code && self.snaps.is_some() && !self.records.is_empty();
         let Some((is_representable, len, first)) = self.list_read(lua, list, no_prompt_code) else {
             // No helper, or it was interrupted: read everything, and snapshot afresh next time.
             self.reset();
@@ -188,6 +282,10 @@ impl ListReader {
         };
         if len == 0 {
             return Err("messages must not be empty".into());
+        }
+        if !partial {
+            // Every record now has its snapshot, which holds its tables.
+            self.held = None;
         }
         let unchanged = first.saturating_sub(1).min(self.records.len());
         self.records.truncate(unchanged);
@@ -249,6 +347,17 @@ impl ListReader {
     }
 }
 
+/// What a record the engine builds reads as ([`read_record`]): its text is
+/// the engine's own, read back unchanged.
+pub(crate) fn built_record(role: Role, content: &str, tool_call_id: Option<&str>) -> Record {
+    Record {
+        role,
+        content: Content::Text(content.to_string()),
+        tool_call_id: tool_call_id.map(str::to_string),
+        tool_calls: None,
+    }
+}
+
 /// [`representable`] and [`sequence_len`] in one call of the prelude's
 /// `list_shape`; `None` when the helper is missing or raised (a cancel).
 fn list_shape(lua: &Lua, list: &Table) -> Option<(bool, Option<usize>)> {
@@ -271,7 +380,6 @@ pub(crate) struct Keys {
     pub(crate) arguments: mlua::String,
     pub(crate) user: mlua::String,
     pub(crate) assistant: mlua::String,
-    pub(crate) tool: mlua::String,
 }
 
 impl Keys {
@@ -286,7 +394,6 @@ impl Keys {
             arguments: lua.create_string("arguments")?,
             user: lua.create_string("user")?,
             assistant: lua.create_string("assistant")?,
-            tool: lua.create_string("tool")?,
         })
     }
 }
@@ -773,8 +880,9 @@ impl Composition {
         self.leading = leading;
         compose_from(records, leading, from, &mut self.records, &mut self.starts);
         for r in &self.records[keep..] {
-            self.wire.push(wire_message(r));
-            self.bytes.push(estimate_bytes(r));
+            let message = wire_message(r);
+            self.bytes.push(estimate_bytes_of(r, &message.tool_calls));
+            self.wire.push(message);
         }
     }
 
@@ -836,7 +944,21 @@ pub(crate) fn to_wire(records: &[Record]) -> Vec<ChatMessage> {
 
 /// One composed record's share of the estimate: the UTF-8 bytes of its text
 /// and of its serialized tool calls.
+#[cfg(test)]
 fn estimate_bytes(r: &Record) -> usize {
+    let calls: Vec<ToolCall> = r
+        .tool_calls
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .map(wire_call)
+        .collect();
+    estimate_bytes_of(r, &calls)
+}
+
+/// [`estimate_bytes`] with the record's tool calls as its wire message has
+/// them (`wire_call` of each), made once for both.
+fn estimate_bytes_of(r: &Record, calls: &[ToolCall]) -> usize {
     let mut bytes = match &r.content {
         Content::Text(t) => t.len(),
         Content::Parts(parts) => parts
@@ -847,10 +969,8 @@ fn estimate_bytes(r: &Record) -> usize {
             })
             .sum(),
     };
-    for call in r.tool_calls.as_deref().unwrap_or_default() {
-        bytes += serde_json::to_string(&wire_call(call))
-            .map(|s| s.len())
-            .unwrap_or(0);
+    for call in calls {
+        bytes += serde_json::to_string(call).map(|s| s.len()).unwrap_or(0);
     }
     bytes
 }
@@ -866,6 +986,123 @@ pub(crate) fn estimate_tokens(composed: &[Record]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The keys of `t` in `next` order (which a prompt's `pairs` sees).
+    fn next_order(t: &Table) -> Vec<String> {
+        t.clone()
+            .pairs::<Value, Value>()
+            .map(|pair| match pair {
+                Ok((Value::String(k), _)) => k.to_string_lossy(),
+                Ok((Value::Integer(i), _)) => i.to_string(),
+                other => panic!("unexpected pair {other:?}"),
+            })
+            .collect()
+    }
+
+    /// Every table of a record, record first, in a fixed walk.
+    fn tables_of(record: &Table) -> Vec<Table> {
+        let mut out = vec![record.clone()];
+        if let Ok(Value::Table(calls)) = record.raw_get::<Value>("tool_calls") {
+            out.push(calls.clone());
+            for call in calls.sequence_values::<Table>().flatten() {
+                out.push(call);
+            }
+        }
+        out
+    }
+
+    /// The prelude's `append_round` builds the tables the engine's Rust
+    /// built before it (create, then raw sets in this order), so every
+    /// record's `next` order and raw length are the same, whatever the string
+    /// hash seed of the state (a fresh one each time).
+    #[test]
+    fn append_round_builds_the_tables_rust_built() {
+        let source = crate::vm::deferred_source(include_str!("lua/prelude.lua"), "loop");
+        for seed_round in 0..40 {
+            let lua = Lua::new();
+            let h = lua.create_table().unwrap();
+            for name in [
+                "type", "next", "rawequal", "rawlen", "rawget", "rawset", "select",
+            ] {
+                let f: Value = lua.globals().get(name).unwrap();
+                h.set(name, f).unwrap();
+            }
+            let math_type: Value = lua.load("math.type").eval().unwrap();
+            h.set("math_type", math_type).unwrap();
+            lua.load(&source).call::<()>(&h).unwrap();
+            let append: mlua::Function = h.get("append_round").unwrap();
+            let calls = 1 + seed_round % 4;
+            let content = ["", "text", &"long ".repeat(20)][seed_round % 3].to_string();
+            let make_args = || {
+                lua.load("return { b = 1, a = 'x', [1] = nil, deep = { 1, 2 } }")
+                    .eval::<Table>()
+                    .unwrap()
+            };
+            // The old way: Rust's sets, in the order the loop made them.
+            let old = lua.create_table().unwrap();
+            old.raw_set(1, "first").unwrap();
+            let rec = lua.create_table().unwrap();
+            rec.raw_set("role", "assistant").unwrap();
+            rec.raw_set("content", content.as_str()).unwrap();
+            let call_list = lua.create_table().unwrap();
+            for i in 0..calls {
+                let c = lua.create_table().unwrap();
+                c.raw_set("id", format!("call_{i}")).unwrap();
+                c.raw_set("name", format!("tool{i}")).unwrap();
+                c.raw_set("arguments", make_args()).unwrap();
+                call_list.raw_set(i + 1, c).unwrap();
+            }
+            rec.raw_set("tool_calls", call_list).unwrap();
+            old.raw_set(old.raw_len() + 1, rec).unwrap();
+            for i in 0..calls {
+                let r = lua.create_table().unwrap();
+                r.raw_set("role", "tool").unwrap();
+                r.raw_set("content", format!("result {i}")).unwrap();
+                r.raw_set("tool_call_id", format!("call_{i}")).unwrap();
+                old.raw_set(old.raw_len() + 1, r).unwrap();
+            }
+            // The helper's way.
+            let new = lua.create_table().unwrap();
+            new.raw_set(1, "first").unwrap();
+            let held = lua.create_table().unwrap();
+            let mut args = mlua::MultiValue::new();
+            args.push_back(Value::Table(new.clone()));
+            args.push_back(Value::Table(held.clone()));
+            args.push_back(Value::String(lua.create_string(&content).unwrap()));
+            for i in 0..calls {
+                args.push_back(Value::String(
+                    lua.create_string(format!("call_{i}")).unwrap(),
+                ));
+                args.push_back(Value::String(
+                    lua.create_string(format!("tool{i}")).unwrap(),
+                ));
+                args.push_back(Value::Table(make_args()));
+                args.push_back(Value::String(
+                    lua.create_string(format!("result {i}")).unwrap(),
+                ));
+            }
+            append.call::<()>(args).unwrap();
+            assert_eq!(old.raw_len(), new.raw_len());
+            assert_eq!(held.raw_len(), 1 + calls);
+            for index in 2..=old.raw_len() {
+                let a: Table = old.raw_get(index).unwrap();
+                let b: Table = new.raw_get(index).unwrap();
+                assert!(b
+                    .equals(&held.raw_get::<Table>(index - 1).unwrap())
+                    .unwrap());
+                let (ta, tb) = (tables_of(&a), tables_of(&b));
+                assert_eq!(ta.len(), tb.len());
+                for (x, y) in ta.iter().zip(&tb) {
+                    assert_eq!(next_order(x), next_order(y), "record {index}");
+                    assert_eq!(x.raw_len(), y.raw_len());
+                }
+                let read = |t: &Table| {
+                    read_record(&Keys::new(&lua).unwrap(), index, &Value::Table(t.clone()))
+                };
+                assert_eq!(read(&a), read(&b));
+            }
+        }
+    }
 
     fn text(role: Role, t: &str) -> Record {
         Record {

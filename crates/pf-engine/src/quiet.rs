@@ -144,28 +144,136 @@ fn collect_read_only() -> mlua::Result<HashSet<usize>> {
     Ok(set)
 }
 
-/// Lua 5.5's opcodes that store into a table.
+/// Lua 5.5's opcodes (lopcodes.h) the store scan tells apart.
+const OP_LFALSESKIP: u32 = 6;
+const OP_SETUPVAL: u32 = 10;
 const OP_SETTABUP: u32 = 15;
 const OP_SETTABLE: u32 = 16;
 const OP_SETI: u32 = 17;
 const OP_SETFIELD: u32 = 18;
+const OP_NEWTABLE: u32 = 19;
+const OP_MMBIN: u32 = 46;
+const OP_MMBINK: u32 = 48;
+const OP_CLOSE: u32 = 54;
+const OP_TBC: u32 = 55;
+const OP_JMP: u32 = 56;
+const OP_EQ: u32 = 57;
+const OP_TEST: u32 = 66;
+const OP_TESTSET: u32 = 67;
+const OP_TAILCALL: u32 = 69;
+const OP_RETURN1: u32 = 72;
+const OP_FORLOOP: u32 = 73;
+const OP_FORPREP: u32 = 74;
+const OP_TFORPREP: u32 = 75;
+const OP_TFORLOOP: u32 = 77;
 const OP_SETLIST: u32 = 78;
+const OP_CLOSURE: u32 = 79;
+const OP_ERRNNIL: u32 = 82;
+const OP_VARARGPREP: u32 = 83;
+const OP_EXTRAARG: u32 = 84;
 /// `NUM_OPCODES`: anything at or past it is not understood.
 const NUM_OPCODES: u32 = 85;
 
 /// Whether a function's dump (`Function::dump`) shows a Lua function whose own
-/// code has no table store; `false` for anything not understood. Nested
-/// functions are checked when entered.
+/// code stores into no table but the ones it made itself
+/// ([`stores_only_into_own_tables`]); `false` for anything not understood.
+/// Nested functions are checked when entered.
 pub(crate) fn dump_has_no_store(dump: &[u8]) -> bool {
     code_of(dump).is_some_and(|code| {
-        code.chunks_exact(4).all(|i| {
-            let op = u32::from_ne_bytes([i[0], i[1], i[2], i[3]]) & 0x7f;
-            !matches!(
-                op,
-                OP_SETTABUP | OP_SETTABLE | OP_SETI | OP_SETFIELD | OP_SETLIST
-            ) && op < NUM_OPCODES
-        })
+        let code: Vec<u32> = code
+            .chunks_exact(4)
+            .map(|i| u32::from_ne_bytes([i[0], i[1], i[2], i[3]]))
+            .collect();
+        stores_only_into_own_tables(&code)
     })
+}
+
+fn opcode(i: u32) -> u32 {
+    i & 0x7f
+}
+
+fn arg_a(i: u32) -> usize {
+    ((i >> 7) & 0xff) as usize
+}
+
+fn arg_bx(i: u32) -> i64 {
+    i64::from(i >> 15)
+}
+
+fn arg_sj(i: u32) -> i64 {
+    i64::from(i >> 7) - ((1 << 24) - 1)
+}
+
+/// Every instruction index control can reach other than from the one before
+/// it (lvm.c: `pc` is the next index when an instruction runs); `None` if one
+/// falls outside the code (not understood).
+fn jump_targets(code: &[u32]) -> Option<Vec<bool>> {
+    let mut targets = vec![false; code.len() + 1];
+    for (at, &i) in code.iter().enumerate() {
+        let next = at as i64 + 1;
+        let target = match opcode(i) {
+            OP_JMP => next + arg_sj(i),
+            // A test or a skip: the instruction after next (the next one is
+            // the jump the test takes otherwise, counted above).
+            OP_LFALSESKIP | OP_EQ..=OP_TESTSET => next + 1,
+            OP_FORLOOP | OP_TFORLOOP => next - arg_bx(i),
+            OP_FORPREP => next + arg_bx(i) + 1,
+            OP_TFORPREP => next + arg_bx(i),
+            _ => continue,
+        };
+        *targets.get_mut(usize::try_from(target).ok()?)? = true;
+    }
+    Some(targets)
+}
+
+/// Whether every table store in `code` (one function's instructions) is into
+/// a table this function made: the store's target register was last written
+/// by `NEWTABLE` on the straight-line path to it (no jump target between, so
+/// every way there passes that `NEWTABLE`). Such a store changes no table
+/// that existed before the call. Sound because only this function's own
+/// instructions write its registers (a callee's or a metamethod's frame lies
+/// above them; no instruction writes a register below its `A`), unless a
+/// closure made here captures one: code with `CLOSURE` may store into nothing.
+/// `SETTABUP` (a global or an upvalue's field) is always a store elsewhere.
+fn stores_only_into_own_tables(code: &[u32]) -> bool {
+    if code.iter().any(|&i| opcode(i) >= NUM_OPCODES) {
+        return false;
+    }
+    let Some(targets) = jump_targets(code) else {
+        return false;
+    };
+    let closures = code.iter().any(|&i| opcode(i) == OP_CLOSURE);
+    let mut own = [false; 256];
+    for (at, &i) in code.iter().enumerate() {
+        if targets[at] {
+            own = [false; 256];
+        }
+        let a = arg_a(i);
+        match opcode(i) {
+            OP_SETTABUP => return false,
+            OP_SETTABLE | OP_SETI | OP_SETFIELD | OP_SETLIST => {
+                if closures || !own[a] {
+                    return false;
+                }
+            }
+            OP_NEWTABLE => own[a] = true,
+            // Write no register (an `MMBIN` writes the `A` of the arithmetic
+            // before it, already counted there); `EXTRAARG` and `JMP` have no `A`.
+            OP_SETUPVAL
+            | OP_MMBIN..=OP_MMBINK
+            | OP_CLOSE
+            | OP_TBC
+            | OP_JMP
+            | OP_EQ..=OP_TEST
+            | OP_TAILCALL..=OP_RETURN1
+            | OP_ERRNNIL
+            | OP_VARARGPREP
+            | OP_EXTRAARG => {}
+            // Everything else writes `A`, or registers from `A` up.
+            _ => own[a..].fill(false),
+        }
+    }
+    true
 }
 
 /// The main function's code in a Lua 5.5 dump (ldump.c): the header, the
@@ -431,12 +539,47 @@ mod tests {
             "return function(a) a[1] = 1 end",
             "return function(a) a[1000] = 1 end",
             "return function() shared = 1 end",
-            "return function() return { 1, 2 } end",
-            "return function() return { x = 1 } end",
-            "return function(...) return { ... } end",
             "local t = {} return function(v) t[#t + 1] = v end",
         ] {
             assert!(!own_code_has_no_store(writing), "{writing}");
+        }
+    }
+
+    /// A store into a table the function made on the straight path to it is
+    /// its own; one that may reach any other table is not.
+    #[test]
+    fn stores_into_tables_a_function_made_are_its_own() {
+        for own in [
+            "return function() return { 1, 2 } end",
+            "return function() return { x = 1 } end",
+            "return function(...) return { ... } end",
+            "return function(a) return { ok = true, n = a.step, list = { a.x, 2 } } end",
+            "return function(a) local t = {} t.x = a.x t[1] = 1 t[a.k] = 2 t[1000] = 3 return t end",
+            "return function(a) local t = {} t.n = tostring(a.step) .. 'x' t.m = #a return t.n end",
+            "return function(a) if a.x then return 1 end local t = {} t.x = 1 return t end",
+            "return function(a) local t, u = {}, {} u.x = 1 t.y = u return t end",
+        ] {
+            assert!(own_code_has_no_store(own), "{own}");
+        }
+        for foreign in [
+            "return function(a) for i = 1, 3 do a.n = nil end end",
+            // Made before a loop: the loop's head is a jump target.
+            "return function(a) local t = {} for i = 1, 3 do t[i] = i end return t end",
+            // Replaced on one path, or on a later turn of a loop.
+            "return function(a) local t = {} if a.x then t = a end t.x = 1 end",
+            "return function(a) local t = {} for i = 1, 2 do t.x = 1 t = a end end",
+            "return function(a) local t = {} ::again:: t.x = 1 t = a goto again end",
+            "return function(a) local t = {} local u = t u.x = 1 end",
+            "return function(a) local t = {} t = a.inner t.x = 1 end",
+            "return function(a) local t = {} t, a = a, t t.x = 1 end",
+            "return function(...) local t = {} t = ... t.x = 1 end",
+            "return function(a) local t = {} t = f() t.x = 1 end",
+            // A closure made here could replace the local it captures.
+            "return function(a) local t = {} local function swap() t = a end swap() t.x = 1 end",
+            "return function(a) local t = {} local g = function() end t.x = 1 end",
+            "return function(a) local t = {} t.x = 1 shared = t end",
+        ] {
+            assert!(!own_code_has_no_store(foreign), "{foreign}");
         }
     }
 
@@ -579,12 +722,22 @@ mod tests {
                 "return function() return table.concat(t.list) end",
                 "String(\"a\")",
             ),
+            // Stores into a table the handler made itself.
+            (
+                "return function() local r = { x = t.x } r.y = 2 return r.x + r.y end",
+                "Integer(3)",
+            ),
         ];
         for (body, want) in quiet {
             assert_eq!(watched(prepare, body), (true, want.to_string()), "{body}");
         }
         let writing = [
             ("return function() t.x = 9 return 0 end", "Integer(0)"),
+            // Its own table first, then `t` on the loop's second turn.
+            (
+                "return function() local r = {} for _ = 1, 2 do r.x = 8 r = t end return t.x end",
+                "Integer(8)",
+            ),
             ("return function() edit() return 0 end", "Integer(0)"),
             ("return function() return pcall(edit) end", "Boolean(true)"),
             ("return function() return adder + 1 end", "Integer(1)"),

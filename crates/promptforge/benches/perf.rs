@@ -52,11 +52,17 @@ fn loop_prompt() -> String {
     format!("{HEAD}max_tool_iterations: 60\nmodels:\n  writer: {{}}\n---\n\n# Loop\n\n## Run\n\n```lua\nmodels.use('writer')\nlocal n = 0\ntools.add_local('tick', 'Count one', {{ step = 'integer' }}, function(a)\n  n = n + a.step\n  return 'ok'\nend)\nlocal msgs = messages.new():user('tick fifty times')\nmodels.loop(msgs)\nreturn n\n```\n")
 }
 
-/// The same loop with a handler that also stores into a table of its own,
+/// The same loop with a handler that also stores into a table made outside it,
 /// which its run's proof (pf-engine quiet.rs) cannot tell from a store into
 /// the list: every round then proves the list unchanged by comparing it.
 fn storing_loop_prompt() -> String {
     format!("{HEAD}max_tool_iterations: 60\nmodels:\n  writer: {{}}\n---\n\n# Loop\n\n## Run\n\n```lua\nmodels.use('writer')\nlocal n, steps = 0, {{}}\ntools.add_local('tick', 'Count one', {{ step = 'integer' }}, function(a)\n  n = n + a.step\n  steps[n] = a.step\n  return 'ok'\nend)\nlocal msgs = messages.new():user('tick fifty times')\nmodels.loop(msgs)\nreturn n\n```\n")
+}
+
+/// The same loop with a handler that stores only into tables it makes
+/// itself, which its run's proof accepts (pf-engine quiet.rs).
+fn own_tables_loop_prompt() -> String {
+    format!("{HEAD}max_tool_iterations: 60\nmodels:\n  writer: {{}}\n---\n\n# Loop\n\n## Run\n\n```lua\nmodels.use('writer')\nlocal n = 0\ntools.add_local('tick', 'Count one', {{ step = 'integer' }}, function(a)\n  local r = {{ step = a.step }}\n  r.total = n + r.step\n  n = r.total\n  return 'ok'\nend)\nlocal msgs = messages.new():user('tick fifty times')\nmodels.loop(msgs)\nreturn n\n```\n")
 }
 
 /// `tasks` tasks spawned at once, each parked in one model round (and, with
@@ -409,6 +415,12 @@ fn child(workload: &str) {
         // `openai_loop` with a handler that stores (not quiet).
         "openai_storing_loop" => (
             storing_loop_prompt(),
+            openai_host(bench.dir(), &instant_openai::instant_openai_server()),
+            "50".to_string(),
+        ),
+        // `openai_loop` with a handler that stores into its own tables (quiet).
+        "openai_own_tables_loop" => (
+            own_tables_loop_prompt(),
             openai_host(bench.dir(), &instant_openai::instant_openai_server()),
             "50".to_string(),
         ),

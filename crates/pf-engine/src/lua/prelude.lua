@@ -253,7 +253,7 @@ function H.pcall_values(f, ...)
   return false, r[2]
 end
 --[==[ deferred loop: models.loop's list helpers, a second chunk of this name (vm.rs `Deferred`)
-local H = ... local type, math_type, next, rawequal, rawlen, rawget = H.type, H.math_type, H.next, H.rawequal, H.rawlen, H.rawget
+local H = ... local type, math_type, next, rawequal, rawlen, rawget, rawset, select = H.type, H.math_type, H.next, H.rawequal, H.rawlen, H.rawget, H.rawset, H.select
 -- A message list's shape for models.loop, which reads its whole list every round (walking
 -- it here is far cheaper than key by key from Rust): whether every key and value is a string,
 -- number, boolean or table, with no cycle and at most `max` levels, then its length when its keys are exactly 1..n (else nil).
@@ -442,8 +442,45 @@ function H.list_read(list, max, snaps, known, trusted)
   for i = top + 1, known do snaps[i] = nil end
   return true, count, first
 end
+-- A tool round's records, appended to `list` as the engine's Rust built them
+-- before (the same tables from the same sets in the same order, so the same
+-- layouts): the assistant record `{ role, content, tool_calls }` with a call
+-- `{ id, name, arguments }` per call, then a `{ role, content, tool_call_id }`
+-- per result; `...` is `id, name, arguments, result` per call. Each is also
+-- put in `held` (models_check.rs `ListReader`), which holds them until a read
+-- snapshots them. Raw sets only, on tables made here: no prompt code.
+function H.append_round(list, held, content, ...)
+  local rec = {}
+  rec.role = 'assistant'
+  rec.content = content
+  local calls = {}
+  local n = select('#', ...)
+  for i = 1, n, 4 do
+    local id, name, arguments = select(i, ...)
+    local call = {}
+    call.id = id
+    call.name = name
+    call.arguments = arguments
+    calls[(i + 3) // 4] = call
+  end
+  rec.tool_calls = calls
+  local h = rawlen(held)
+  rawset(list, rawlen(list) + 1, rec)
+  h = h + 1
+  rawset(held, h, rec)
+  for i = 1, n, 4 do
+    local id, _, _, result = select(i, ...)
+    local r = {}
+    r.role = 'tool'
+    r.content = result
+    r.tool_call_id = id
+    rawset(list, rawlen(list) + 1, r)
+    h = h + 1
+    rawset(held, h, r)
+  end
+end
 --]==]
-local function loop_helpers() if not H.loop_helpers_loaded then H.load_loop_helpers() H.loop_helpers_loaded = true end return H end function H.list_shape(...) return loop_helpers().list_shape(...) end function H.list_read(...) return loop_helpers().list_read(...) end local tconcat = table.concat -- (a stand-in kept by a caller stays valid)
+local function loop_helpers() if not H.loop_helpers_loaded then H.load_loop_helpers() H.loop_helpers_loaded = true end return H end function H.list_shape(...) return loop_helpers().list_shape(...) end function H.list_read(...) return loop_helpers().list_read(...) end function H.append_round(...) return loop_helpers().append_round(...) end local tconcat = table.concat -- (a stand-in kept by a caller stays valid)
 --[==[ deferred base: (concat) table.concat honouring __tostring (ch. 05), a second chunk of this name (vm.rs `Deferred`)
 local H = ... local type, error, tostring, tconcat, metafield = H.type, H.error, H.tostring, H.raw_tconcat, H.metafield_lua local function concat(list, sep, i, j)
   sep = sep or ''
