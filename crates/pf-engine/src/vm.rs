@@ -28,8 +28,12 @@ const HELPER_FIELDS: usize = 64;
 
 /// The libraries a section VM opens (with the base library); the prelude
 /// removes by name what they hold beyond the sandbox (a test holds the list).
+/// `math` is the sandbox's too, but opened on first touch (`math_library`),
+/// and `utf8`, which only the ordered `pairs` uses, with the first deferred
+/// part (`part_libraries`): opening them was a twelfth of a pure-Lua entry's
+/// instructions.
 fn vm_libraries() -> StdLib {
-    StdLib::STRING | StdLib::TABLE | StdLib::MATH | StdLib::UTF8
+    StdLib::STRING | StdLib::TABLE
 }
 
 /// A fresh section VM with every host global installed except the shared library
@@ -231,6 +235,7 @@ const LAZY_GLOBALS: &[&str] = &[
     "tools",
     "untrusted",
     "var",
+    "math",
 ];
 
 /// The lazy globals env.lua's `guard_global` guards (the others it returns as they are).
@@ -261,6 +266,7 @@ fn make_lazy_global(lua: &Lua, name: &str) -> mlua::Result<Value> {
         "tasks" => Value::Table(crate::tasks::make_tasks(lua)?),
         "tools" => Value::Table(crate::tools::make_tools(lua)?),
         "untrusted" => Value::Function(make_untrusted(lua)?),
+        "math" => Value::Table(math_library(lua)?),
         "var" => {
             let root = crate::var::make_proxy(lua, Vec::new())?;
             lua.set_named_registry_value("pf.var_root", &root)?;
@@ -272,6 +278,52 @@ fn make_lazy_global(lua: &Lua, name: &str) -> mlua::Result<Value> {
             ))
         }
     })
+}
+
+/// The standard library `lib` (global `name`), opened now, without touching
+/// the prompt's `_G`: Lua's own global write is made raw (`_G[name]` present
+/// first, so no `__newindex` of the prompt's runs) and `_G[name]` is put back
+/// as it was. Opening it again gives the same table (Lua's loaded-modules
+/// table keeps it, and records it there as at the state's creation, where
+/// tracebacks look functions up: `math.floor`). Called with the memory limit
+/// lifted (a build or a part's load).
+fn open_library(lua: &Lua, name: &str, lib: StdLib) -> mlua::Result<Table> {
+    let g = lua.globals();
+    let previous: Value = g.raw_get(name)?;
+    g.raw_set(name, true)?;
+    let opened = lua
+        .load_std_libs(lib)
+        .and_then(|()| g.raw_get::<Table>(name));
+    g.raw_set(name, previous)?;
+    opened
+}
+
+/// The VM's `math` library, opened on its first use: the global's build, or
+/// the first deferred part (`part_libraries`). Until the global is built only
+/// the engine holds the table, so the global built after a part is the
+/// library the part saw, untouched.
+fn math_library(lua: &Lua) -> mlua::Result<Table> {
+    let math = open_library(lua, "math", StdLib::MATH)?;
+    let h = crate::ctx::helpers(lua)?;
+    if h.raw_get::<Value>("math_type")?.is_nil() {
+        h.raw_set("math_type", math.raw_get::<Value>("type")?)?;
+    }
+    Ok(math)
+}
+
+/// What the deferred parts take from libraries no VM opens at its setup:
+/// `H.math_type` and `H.utf8_len` (every part's first line may read them),
+/// from the fresh libraries, before any prompt code can reach them. `utf8`
+/// itself never becomes a global (the sandbox has none).
+fn part_libraries(lua: &Lua, h: &Table) -> mlua::Result<()> {
+    if h.raw_get::<Value>("math_type")?.is_nil() {
+        math_library(lua)?;
+    }
+    if h.raw_get::<Value>("utf8_len")?.is_nil() {
+        let utf8 = open_library(lua, "utf8", StdLib::UTF8)?;
+        h.raw_set("utf8_len", utf8.raw_get::<Value>("len")?)?;
+    }
+    Ok(())
 }
 
 fn make_untrusted(lua: &Lua) -> mlua::Result<mlua::Function> {
@@ -465,6 +517,13 @@ impl Deferred {
         }
     }
 
+    /// Whether its code takes `H.math_type` or `H.utf8_len` (`part_libraries`
+    /// opens their libraries first); env.lua's parts do not, so building a host
+    /// namespace opens neither (a test holds this to the parts' sources).
+    fn reads_libraries(self) -> bool {
+        !matches!(self, Deferred::EnvMeta | Deferred::EnvGlobals)
+    }
+
     /// The parts `H.load_part` loads by tag.
     fn by_tag(tag: &str) -> Option<Deferred> {
         match tag {
@@ -599,10 +658,18 @@ pub(crate) fn deferred_source(file: &str, tag: &str) -> String {
 fn load_deferred(lua: &Lua, h: &Table, part: Deferred) -> mlua::Result<()> {
     // mlua reads a limit of 0 as "no limit".
     let limit = lua.set_memory_limit(0)?;
-    let loaded = crate::ctx::internal_chunk_keyed(lua, part.key(), part.name(), || {
-        deferred_source(part.file(), part.tag()).into()
-    })
-    .and_then(|chunk| chunk.call::<()>(h));
+    let libraries = if part.reads_libraries() {
+        part_libraries(lua, h)
+    } else {
+        Ok(())
+    };
+    let loaded = libraries
+        .and_then(|()| {
+            crate::ctx::internal_chunk_keyed(lua, part.key(), part.name(), || {
+                deferred_source(part.file(), part.tag()).into()
+            })
+        })
+        .and_then(|chunk| chunk.call::<()>(h));
     lua.set_memory_limit(limit)?;
     loaded
 }
@@ -823,6 +890,51 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// A part that takes `H.math_type` or `H.utf8_len` has its libraries
+    /// opened first (`Deferred::reads_libraries`).
+    #[test]
+    fn every_part_reading_a_lazy_library_opens_it_first() {
+        for part in [
+            Deferred::LoopHelpers,
+            Deferred::Argv,
+            Deferred::Strings,
+            Deferred::Tables,
+            Deferred::Concat,
+            Deferred::Iter,
+            Deferred::Pcall,
+            Deferred::EnvMeta,
+            Deferred::GuardsMeta,
+            Deferred::EnvGlobals,
+            Deferred::Errors,
+        ] {
+            let source = deferred_source(part.file(), part.tag());
+            let reads = source.contains("H.math_type") || source.contains("H.utf8_len");
+            assert!(!reads || part.reads_libraries(), "{}", part.tag());
+        }
+        // And the eager chunks take neither.
+        for file in [PRELUDE, ENV] {
+            let eager: String = file
+                .lines()
+                .scan(false, |inside, line| {
+                    if line.starts_with("--[==[ deferred") {
+                        *inside = true;
+                    } else if line.starts_with("--]==]") {
+                        *inside = false;
+                        return Some(String::new());
+                    }
+                    Some(if *inside {
+                        String::new()
+                    } else {
+                        line.to_string()
+                    })
+                })
+                .collect::<Vec<_>>()
+                .join("\n");
+            assert!(!eager.contains("H.math_type = ") && !eager.contains("math.type"));
+            assert!(!eager.contains("utf8.len"));
         }
     }
 

@@ -9,15 +9,15 @@ local H = ...
 local rawget, rawset, rawequal, rawlen, next = rawget, rawset, rawequal, rawlen, next; local GLOBALS = _G
 local type, error, select, tostring, pcall, xpcall = type, error, select, tostring, pcall, xpcall
 local setmetatable, getmetatable = setmetatable, getmetatable
-local rust_metafield, error_place = H.metafield, H.error_place
--- The raw field `name` of v's metatable, past any `__metatable`. A value
--- `getmetatable` gives nil for has no metatable at all, so most calls stay here.
+local error_place = H.error_place local tsort, tpack, tunpack = table.sort, table.pack, table.unpack -- (`H.math_type`: vm.rs `math_library`)
+--[==[ deferred base: (metafield) the raw field `name` of v's metatable, past any `__metatable`; only the part's own functions use it
+local H = ... local getmetatable, rust_metafield = H.getmetatable, H.metafield -- A value `getmetatable` gives nil for has no metatable at all, so most calls stay here.
 local function metafield(v, name)
   if getmetatable(v) == nil then return nil end
   return rust_metafield(v, name)
 end H.metafield_lua = metafield
-local math_type, tsort, tpack, tunpack = math.type, table.sort, table.pack, table.unpack
-local utf8_len = utf8.len
+--]==]
+-- (`H.utf8_len` too, for the ordered `pairs`; no VM opens `utf8` for the prompt)
 local collectgarbage = collectgarbage
 local WEAK_KEYS = { __mode = 'k' } -- (one metatable for every weak-keyed table here)
 --[==[ deferred base: (errors) the error values, a second chunk of this name (vm.rs `Deferred`)
@@ -27,7 +27,7 @@ local WEAK_KEYS = { __mode = 'k' } -- (one metatable for every weak-keyed table 
 -- strip it; a table carrying it, or a genuine value whose fields were edited,
 -- is the prompt's own value and ends a block as a plain Lua error.
 local H = ... local setmetatable, rawget, rawset, next, WEAK_KEYS = H.setmetatable, H.rawget, H.rawset, H.next, H.weak_keys local GENUINE = setmetatable({}, WEAK_KEYS) -- (one metatable for every weak-keyed table here)
-H.genuine = GENUINE
+H.genuine = GENUINE H.run_kinds, H.located, H.born = setmetatable({}, WEAK_KEYS), setmetatable({}, WEAK_KEYS), setmetatable({}, WEAK_KEYS) -- (error.rs's bookkeeping, below)
 local ERR_MT = {}
 ERR_MT.__tostring = function(e) return rawget(e, 'message') end
 -- (The engine gives ERR_MT to exactly the values in GENUINE, and no prompt can
@@ -509,11 +509,11 @@ H.install_lib(H.c_libs.table, 'concat', concat)
 -- The sandbox ---------------------------------------------------------------
 local G = _G
 -- What a fresh state of the VM's libraries has beyond the sandbox's globals (the
--- base library's loaders, printers and raw functions, and `utf8`, whose `len` the
--- prelude keeps above), removed by name: walking `_G` for them was a tenth of the
+-- base library's loaders, printers and raw functions; `utf8` and `math` are opened
+-- only when needed, vm.rs `open_library`), removed by name: walking `_G` was a tenth of the
 -- prelude's run. A test (vm.rs) holds this list to what such a state has.
 G.collectgarbage, G.dofile, G.load, G.loadfile, G.print, G.warn = nil, nil, nil, nil, nil, nil
-G.rawequal, G.rawget, G.rawlen, G.rawset, G.utf8 = nil, nil, nil, nil, nil
+G.rawequal, G.rawget, G.rawlen, G.rawset = nil, nil, nil, nil
 G.pairs = nil -- (built on first touch: vm.rs `LAZY_GLOBALS`)
 G.next = nil -- (built on first touch: vm.rs `LAZY_GLOBALS`)
 G.pcall = nil -- (built on first touch: vm.rs `LAZY_GLOBALS`)
@@ -552,18 +552,18 @@ end
 -- getmetatable / setmetatable see guards through __metatable as usual.
 H.rawget, H.rawset, H.rawequal, H.rawlen = rawget, rawset, rawequal, rawlen
 H.next = next
-H.utf8_len = utf8_len
+--
 H.setmetatable, H.getmetatable = setmetatable, getmetatable
-H.select, H.type, H.tostring, H.math_type, H.error = select, type, tostring, math_type, error
+H.select, H.type, H.tostring, H.error = select, type, tostring, error
 H.tpack, H.tunpack = tpack, tunpack
 H.raw_tconcat, H.tsort, H.collectgarbage, H.base_pcall, H.base_xpcall, H.globals_table, H.weak_keys = tconcat, tsort, collectgarbage, pcall, xpcall, GLOBALS, WEAK_KEYS
 
--- The engine's bookkeeping of error values (error.rs), weakly keyed so values
--- the prompt lets go are collected; made here, not key by key from Rust.
-H.run_kinds = setmetatable({}, WEAK_KEYS)
-H.located = setmetatable({}, WEAK_KEYS)
-H.born = setmetatable({}, WEAK_KEYS)
+-- The engine's bookkeeping of error values (error.rs: `H.run_kinds`, `H.located`,
+-- `H.born`), weakly keyed so values the prompt lets go are collected, is made
+-- with the error values' part (above): the engine reads it only of values that
+-- part made genuine.
+--
 H.suspends = 0
 -- The globals built on first touch (vm.rs `LAZY_GLOBALS`, which a test holds this to), all pending.
-H.lazy_globals = { next = true, pairs = true, pcall = true, xpcall = true, getmetatable = true, setmetatable = true, call = true, compactors = true, fanout = true, input = true, jump = true, list_from_section = true, log = true, messages = true, models = true, store = true, sys = true, tasks = true, tools = true, untrusted = true, var = true }
+H.lazy_globals = { next = true, pairs = true, pcall = true, xpcall = true, getmetatable = true, setmetatable = true, call = true, compactors = true, fanout = true, input = true, jump = true, list_from_section = true, log = true, messages = true, models = true, store = true, sys = true, tasks = true, tools = true, untrusted = true, var = true, math = true }
 return H
