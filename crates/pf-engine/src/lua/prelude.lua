@@ -87,7 +87,7 @@ local H = ... local type, error, rawget, rawequal, rawlen, next, math_type, tsor
   local t = type(k)
   if t == 'boolean' then return 1 end
   if t == 'number' then
-    if k ~= k or k == math.huge or k == -math.huge then return 4 end
+    if k ~= k or k == 1 / 0 or k == -1 / 0 then return 4 end -- (not `math.huge`: the prompt may rebind `math`)
     return 2
   end
   if t == 'string' then
