@@ -898,7 +898,9 @@ async fn park_until(
     // A zero limit waits no time at all: the other chains get a fixed number of
     // turns (each runs to its next suspension), then the answer is read. Counting
     // turns instead of racing a timer keeps the answer independent of how fast
-    // the machine is.
+    // the machine is, for chains that suspend in-process (local tool calls);
+    // a store call finishes on the blocking pool, so how many turns it takes
+    // still depends on the machine's load.
     if limit.is_some_and(|l| l.is_zero()) {
         for _ in 0..ZERO_WAIT_TURNS {
             if done() {
