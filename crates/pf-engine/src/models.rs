@@ -1670,6 +1670,25 @@ return round";
         }
     }
 
+    /// One call of `name` with `arguments` per id, then a closing "done".
+    fn calls_then_done(name: &str, ids: &[&str], arguments: &str) -> Vec<ChatResponse> {
+        ids.iter()
+            .map(|id| tool_call(name, id, arguments))
+            .chain([text("done")])
+            .collect()
+    }
+
+    /// The requests a loop prompt of `body` sent to a recorder answering
+    /// `replies`, once the run completed with `want`.
+    fn loop_requests(body: &str, replies: Vec<ChatResponse>, want: &str) -> Vec<ChatRequest> {
+        let r = recorder(ThinkingSupport::Never, replies);
+        assert_eq!(
+            run_prompt(&loop_source(body), Arc::clone(&r), None),
+            Outcome::Completed(want.into())
+        );
+        seen(&r)
+    }
+
     fn loop_source(body: &str) -> String {
         format!("---\nname: t\ndescription: t\npromptforge: 0\nmodels:\n  w: {{}}\n---\n\n# T\n\n## S\n\n```lua\nmodels.use('w')\n{body}\n```\n")
     }
@@ -1680,11 +1699,7 @@ return round";
     #[test]
     fn edits_to_records_taken_without_a_snapshot_reach_the_next_round() {
         let ids = ["c1", "c2", "c3", "c4", "c5", "c6"];
-        let replies: Vec<ChatResponse> = ids
-            .into_iter()
-            .map(|id| tool_call("route", id, "{\"b\":[1,{}],\"a\":null}"))
-            .chain([text("done")])
-            .collect();
+        let replies = calls_then_done("route", &ids, "{\"b\":[1,{}],\"a\":null}");
         let body = "\
 local msgs = messages.new():user('go')
 local routes = {
@@ -1702,12 +1717,7 @@ tools.add_local('route', 'Route', {}, function()
 end)
 models.loop(msgs)
 return round .. ' ' .. #msgs";
-        let r = recorder(ThinkingSupport::Never, replies);
-        assert_eq!(
-            run_prompt(&loop_source(body), Arc::clone(&r), None),
-            Outcome::Completed("6 14".into())
-        );
-        let seen = seen(&r);
+        let seen = loop_requests(body, replies, "6 14");
         assert_eq!(seen.len(), 7);
         let content = |round: usize, i: usize| seen[round].messages[i - 1].content.clone();
         for (round, request) in seen.iter().enumerate() {
@@ -1743,11 +1753,7 @@ return round .. ' ' .. #msgs";
     /// reaches the next round.
     #[test]
     fn stores_into_a_handlers_own_tables_keep_the_rounds_exact() {
-        let replies: Vec<ChatResponse> = ["c1", "c2", "c3", "c4"]
-            .into_iter()
-            .map(|id| tool_call("own", id, "{\"step\":2}"))
-            .chain([text("done")])
-            .collect();
+        let replies = calls_then_done("own", &["c1", "c2", "c3", "c4"], "{\"step\":2}");
         let body = "\
 local msgs = messages.new():user('go')
 local n = 0
@@ -1763,12 +1769,7 @@ tools.add_local('own', 'Own tables', { step = 'integer' }, function(a)
 end)
 models.loop(msgs)
 return n";
-        let r = recorder(ThinkingSupport::Never, replies);
-        assert_eq!(
-            run_prompt(&loop_source(body), Arc::clone(&r), None),
-            Outcome::Completed("4".into())
-        );
-        let seen = seen(&r);
+        let seen = loop_requests(body, replies, "4");
         assert_eq!(seen.len(), 5);
         let firsts = ["go", "go", "go", "edited 3", "edited 3"];
         for (round, want) in firsts.into_iter().enumerate() {
@@ -1790,11 +1791,7 @@ return n";
     /// handlers churn the collector between rounds.
     #[test]
     fn a_weak_list_keeps_the_records_a_loop_appended() {
-        let replies: Vec<ChatResponse> = ["c1", "c2", "c3", "c4"]
-            .into_iter()
-            .map(|id| tool_call("churn", id, "{}"))
-            .chain([text("done")])
-            .collect();
+        let replies = calls_then_done("churn", &["c1", "c2", "c3", "c4"], "{}");
         let body = "\
 local go = { role = 'user', content = 'go' }
 local msgs = setmetatable({ go }, { __mode = 'v' })
@@ -1808,12 +1805,7 @@ models.loop(msgs)
 local count = 0
 for _ in pairs(msgs) do count = count + 1 end
 return n .. ' ' .. count .. ' ' .. go.content";
-        let r = recorder(ThinkingSupport::Never, replies);
-        assert_eq!(
-            run_prompt(&loop_source(body), Arc::clone(&r), None),
-            Outcome::Completed("4 10 go".into())
-        );
-        let seen = seen(&r);
+        let seen = loop_requests(body, replies, "4 10 go");
         assert_eq!(seen.len(), 5);
         for (round, request) in seen.iter().enumerate() {
             assert_eq!(request.messages.len(), 1 + 2 * round, "round {round}");

@@ -857,23 +857,26 @@ fn make_input(lua: &Lua) -> mlua::Result<Table> {
 mod tests {
     use super::*;
 
+    /// Every deferred part.
+    const EVERY_PART: [Deferred; 11] = [
+        Deferred::LoopHelpers,
+        Deferred::Argv,
+        Deferred::Strings,
+        Deferred::Tables,
+        Deferred::Concat,
+        Deferred::Iter,
+        Deferred::Pcall,
+        Deferred::EnvMeta,
+        Deferred::GuardsMeta,
+        Deferred::EnvGlobals,
+        Deferred::Errors,
+    ];
+
     /// Each deferred part is found, and every line of its chunk is the
     /// file's line of the same number, so its functions keep the file's lines.
     #[test]
     fn deferred_parts_keep_the_lines_of_their_file() {
-        for part in [
-            Deferred::LoopHelpers,
-            Deferred::Argv,
-            Deferred::Strings,
-            Deferred::Tables,
-            Deferred::Concat,
-            Deferred::Iter,
-            Deferred::Pcall,
-            Deferred::EnvMeta,
-            Deferred::GuardsMeta,
-            Deferred::EnvGlobals,
-            Deferred::Errors,
-        ] {
+        for part in EVERY_PART {
             let source = deferred_source(part.file(), part.tag());
             let file: Vec<&str> = part.file().lines().collect();
             let lines: Vec<&str> = source.lines().collect();
@@ -897,19 +900,7 @@ mod tests {
     /// opened first (`Deferred::reads_libraries`).
     #[test]
     fn every_part_reading_a_lazy_library_opens_it_first() {
-        for part in [
-            Deferred::LoopHelpers,
-            Deferred::Argv,
-            Deferred::Strings,
-            Deferred::Tables,
-            Deferred::Concat,
-            Deferred::Iter,
-            Deferred::Pcall,
-            Deferred::EnvMeta,
-            Deferred::GuardsMeta,
-            Deferred::EnvGlobals,
-            Deferred::Errors,
-        ] {
+        for part in EVERY_PART {
             let source = deferred_source(part.file(), part.tag());
             let reads = source.contains("H.math_type") || source.contains("H.utf8_len");
             assert!(!reads || part.reads_libraries(), "{}", part.tag());
