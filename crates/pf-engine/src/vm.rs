@@ -991,32 +991,12 @@ mod tests {
     /// this fails instead of the sandbox growing.
     #[test]
     fn the_prelude_removes_every_global_beyond_the_sandbox() {
-        const SANDBOX: &[&str] = &[
-            "assert",
-            "error",
-            "pcall",
-            "xpcall",
-            "getmetatable",
-            "setmetatable",
-            "ipairs",
-            "pairs",
-            "next",
-            "select",
-            "tonumber",
-            "tostring",
-            "type",
-            "_G",
-            "_VERSION",
-            "string",
-            "table",
-            "math",
-        ];
         let lua = Lua::new_with(vm_libraries(), LuaOptions::default()).expect("state");
         let mut beyond: Vec<String> = lua
             .globals()
             .pairs::<String, Value>()
             .map(|pair| pair.expect("global").0)
-            .filter(|name| !SANDBOX.contains(&name.as_str()))
+            .filter(|name| !pf_syntax::SANDBOX_GLOBALS.contains(&name.as_str()))
             .collect();
         beyond.sort_unstable();
         let mut removed: Vec<String> = PRELUDE

@@ -19,7 +19,7 @@ pub use frontmatter::ROLE_KEYWORDS;
 pub use heading::{heading_of, parse_heading_ref, resolve_heading, HeadingRef};
 pub use names::{
     check_plugin_id, check_tool_path, is_reserved_name, is_valid_name, is_valid_segment,
-    NAME_GRAMMAR, RESERVED_NAMES,
+    HOST_GLOBALS, LUA_KEYWORDS, NAME_GRAMMAR, SANDBOX_GLOBALS,
 };
 
 /// The `Structure` message for a prompt run without a `promptforge:` key

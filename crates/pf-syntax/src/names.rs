@@ -20,11 +20,10 @@ pub fn is_valid_name(name: &str) -> bool {
     }
 }
 
-/// Names a tool alias may not take, because each alias becomes a Lua global of
-/// its own name: the sandbox's base functions and libraries, the host globals,
-/// and Lua's own keywords (a global named by a keyword could never be read).
-pub const RESERVED_NAMES: &[&str] = &[
-    // sandbox libraries and base functions
+/// The sandbox's own globals: its libraries and base functions (and `_ENV`,
+/// which names the environment). The engine's VM holds exactly these beyond
+/// the host globals (a pf-engine test holds its prelude to this list).
+pub const SANDBOX_GLOBALS: &[&str] = &[
     "string",
     "table",
     "math",
@@ -44,7 +43,10 @@ pub const RESERVED_NAMES: &[&str] = &[
     "_G",
     "_VERSION",
     "_ENV",
-    // host globals
+];
+
+/// The host globals the engine installs in every section VM.
+pub const HOST_GLOBALS: &[&str] = &[
     "args",
     "argv",
     "sys",
@@ -66,35 +68,21 @@ pub const RESERVED_NAMES: &[&str] = &[
     "tasks",
     "ui",
     "item",
-    // Lua keywords
-    "and",
-    "break",
-    "do",
-    "else",
-    "elseif",
-    "end",
-    "false",
-    "for",
-    "function",
-    "global",
-    "goto",
-    "if",
-    "in",
-    "local",
-    "nil",
-    "not",
-    "or",
-    "repeat",
-    "return",
-    "then",
-    "true",
-    "until",
-    "while",
 ];
 
-/// Whether `name` is a reserved global name (see [`RESERVED_NAMES`]).
+/// Lua's keywords (a global named by one could never be read).
+pub const LUA_KEYWORDS: &[&str] = &[
+    "and", "break", "do", "else", "elseif", "end", "false", "for", "function", "global", "goto",
+    "if", "in", "local", "nil", "not", "or", "repeat", "return", "then", "true", "until", "while",
+];
+
+/// Whether `name` is a name a tool alias may not take, because each alias
+/// becomes a Lua global of its own name: a sandbox global, a host global or a
+/// Lua keyword.
 pub fn is_reserved_name(name: &str) -> bool {
-    RESERVED_NAMES.contains(&name)
+    [SANDBOX_GLOBALS, HOST_GLOBALS, LUA_KEYWORDS]
+        .iter()
+        .any(|names| names.contains(&name))
 }
 
 /// Whether `segment` is a valid Plugin id / tool path segment: one or more of
