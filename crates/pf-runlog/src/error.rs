@@ -19,6 +19,14 @@ pub enum RunLogError {
         found: i64,
         known: i64,
     },
+    /// A row of the run's events or host work cannot be read back (its
+    /// compressed bytes are damaged).
+    #[error("run log {}: run #{run}: a stored row cannot be read: {detail}", path.display())]
+    BadRow {
+        path: PathBuf,
+        run: i64,
+        detail: String,
+    },
     #[error("run log {}: {detail}", path.display())]
     Sqlite { path: PathBuf, detail: String },
     /// `RUN` names no logged run. `recent` holds the newest executions, as hints.

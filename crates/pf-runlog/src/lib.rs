@@ -12,6 +12,7 @@
 mod buffer;
 mod db;
 mod error;
+mod packed;
 mod paths;
 mod read;
 mod records;
@@ -26,8 +27,8 @@ pub use error::RunLogError;
 pub use paths::{data_dir, default_db_path, DB_FILE_NAME};
 pub use records::{
     ActivationRecord, AnswerRecord, EventRecord, ExchangeDraft, ExchangeHandle, ExchangeParts,
-    ExchangeRecord, Outcome, RunEnd, RunFilter, RunId, RunRecord, RunStart, RunSummary, TokenUsage,
-    ToolCallRecord, RUNNING,
+    ExchangeRecord, Outcome, RunEnd, RunFilter, RunId, RunRecord, RunStart, RunSummary, StoredRow,
+    TokenUsage, ToolCallRecord, RUNNING,
 };
 pub use writer::{RunWriter, WarningSink, WriterOptions, WriterTail};
 

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use rusqlite::types::Type;
+use rusqlite::types::{Type, ValueRef};
 use rusqlite::{params, OptionalExtension, Row};
 use serde_json::Value;
 
@@ -11,9 +11,9 @@ use crate::db::from_sql_int;
 use crate::error::{classify, RunLogError};
 use crate::records::{
     ActivationRecord, AnswerRecord, EventRecord, ExchangeRecord, Outcome, RunEnd, RunFilter, RunId,
-    RunRecord, RunStart, RunSummary, TokenUsage, ToolCallRecord, RUNNING,
+    RunRecord, RunStart, RunSummary, StoredRow, TokenUsage, ToolCallRecord, RUNNING,
 };
-use crate::{work, RunLog};
+use crate::{packed, work, RunLog};
 
 /// A request stored as what it adds to `earlier` (the whole request it
 /// continues), made whole: `earlier`'s messages, then the added ones, with
@@ -340,10 +340,11 @@ impl RunLog {
             .collect::<rusqlite::Result<Vec<_>>>()
             .map_err(|e| self.fail(e))?;
         // ...and a commit's worth per row since version 4 (dense lines since 5).
+        // Since version 6 most rows are packed (`lines` is then empty).
         let mut query = self
             .conn
             .prepare_cached(
-                "SELECT first_ord, lines FROM event_batches WHERE run_id = ?1 AND count > 0
+                "SELECT first_ord, lines, packed FROM event_batches WHERE run_id = ?1 AND count > 0
                  ORDER BY first_ord",
             )
             .map_err(|e| self.fail(e))?;
@@ -353,7 +354,15 @@ impl RunLog {
         let from_rows = events.len();
         while let Some(row) = batches.next().map_err(|e| self.fail(e))? {
             let first: i64 = row.get(0).map_err(|e| self.fail(e))?;
-            let lines: String = row.get(1).map_err(|e| self.fail(e))?;
+            let unpacked = self.unpacked(id, row, 2)?;
+            let plain: String;
+            let lines = match &unpacked {
+                Some(unpacked) => unpacked.lines(),
+                None => {
+                    plain = row.get(1).map_err(|e| self.fail(e))?;
+                    &plain
+                }
+            };
             for (at, line) in (first..).zip(lines.lines()) {
                 let (kind, section, task, seq, fields) = parse_line(line).map_err(|err| {
                     self.fail(rusqlite::Error::FromSqlConversionFailure(
@@ -474,20 +483,28 @@ impl RunLog {
         let mut query = self
             .conn
             .prepare_cached(
-                "SELECT work FROM event_batches WHERE run_id = ?1 AND work IS NOT NULL
+                "SELECT work, packed FROM event_batches
+                 WHERE run_id = ?1 AND (work IS NOT NULL OR packed IS NOT NULL)
                  ORDER BY first_ord, id",
             )
             .map_err(|e| self.fail(e))?;
         let mut rows = query.query([id.0]).map_err(|e| self.fail(e))?;
         while let Some(row) = rows.next().map_err(|e| self.fail(e))? {
-            let text = row.get_ref(0).map_err(|e| self.fail(e))?;
-            let text = text.as_str().map_err(|e| {
-                self.fail(rusqlite::Error::FromSqlConversionFailure(
-                    0,
-                    Type::Text,
-                    Box::new(e),
-                ))
-            })?;
+            let unpacked = self.unpacked(id, row, 1)?;
+            let text = match &unpacked {
+                Some(unpacked) => unpacked.work(),
+                None => row
+                    .get_ref(0)
+                    .map_err(|e| self.fail(e))?
+                    .as_str()
+                    .map_err(|e| {
+                        self.fail(rusqlite::Error::FromSqlConversionFailure(
+                            0,
+                            Type::Text,
+                            Box::new(e),
+                        ))
+                    })?,
+            };
             for line in text.lines().filter(|line| work::is(line, tag)) {
                 each(line).map_err(|err| {
                     self.fail(rusqlite::Error::FromSqlConversionFailure(
@@ -499,6 +516,72 @@ impl RunLog {
             }
         }
         Ok(())
+    }
+
+    /// Column `index` of an `event_batches` row unpacked, `None` when the
+    /// row is not packed (an older build's, or one left as text).
+    fn unpacked(
+        &self,
+        id: RunId,
+        row: &Row<'_>,
+        index: usize,
+    ) -> Result<Option<packed::Unpacked>, RunLogError> {
+        let bytes = row.get_ref(index).map_err(|e| self.fail(e))?;
+        let bytes = match bytes {
+            ValueRef::Null => return Ok(None),
+            ValueRef::Blob(bytes) => bytes,
+            _ => {
+                return Err(self.bad_row(id, "its packed column is not a BLOB".to_owned()));
+            }
+        };
+        packed::unpack(bytes)
+            .map(Some)
+            .map_err(|detail| self.bad_row(id, detail))
+    }
+
+    fn bad_row(&self, id: RunId, detail: String) -> RunLogError {
+        RunLogError::BadRow {
+            path: self.path.clone(),
+            run: id.0,
+            detail,
+        }
+    }
+
+    /// Every `event_batches` row of the log (all runs), its text as stored,
+    /// unpacked: what an audit of the database's content reads (that no
+    /// secret reached the log, say), where the file's bytes are compressed.
+    pub fn stored_rows(&self) -> Result<Vec<StoredRow>, RunLogError> {
+        let mut query = self
+            .conn
+            .prepare("SELECT run_id, first_ord, lines, work, packed FROM event_batches ORDER BY id")
+            .map_err(|e| self.fail(e))?;
+        let mut rows = query.query([]).map_err(|e| self.fail(e))?;
+        let mut out = Vec::new();
+        while let Some(row) = rows.next().map_err(|e| self.fail(e))? {
+            let run = RunId(row.get(0).map_err(|e| self.fail(e))?);
+            let first_ord = row.get(1).map_err(|e| self.fail(e))?;
+            let stored = match self.unpacked(run, row, 4)? {
+                Some(unpacked) => StoredRow {
+                    run,
+                    first_ord,
+                    packed: true,
+                    lines: unpacked.lines().to_owned(),
+                    work: unpacked.work().to_owned(),
+                },
+                None => StoredRow {
+                    run,
+                    first_ord,
+                    packed: false,
+                    lines: row.get(2).map_err(|e| self.fail(e))?,
+                    work: row
+                        .get::<_, Option<String>>(3)
+                        .map_err(|e| self.fail(e))?
+                        .unwrap_or_default(),
+                },
+            };
+            out.push(stored);
+        }
+        Ok(out)
     }
 
     /// The run's tool calls in the order they were logged.

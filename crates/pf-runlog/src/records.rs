@@ -316,3 +316,18 @@ impl ExchangeDraft {
         }
     }
 }
+
+/// One stored row of a run's events and host work, as text
+/// ([`RunLog::stored_rows`](crate::RunLog::stored_rows)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredRow {
+    pub run: RunId,
+    /// The order within the run of the row's first event line.
+    pub first_ord: i64,
+    /// Whether the row is stored compressed (schema 6).
+    pub packed: bool,
+    /// Event lines, one per line.
+    pub lines: String,
+    /// Work lines (`work.rs`), empty when the row has none.
+    pub work: String,
+}

@@ -16,6 +16,7 @@ use sha2::{Digest, Sha256};
 use crate::buffer::{EventBuffer, Taken};
 use crate::db::{connect, retry_busy, to_sql_int, BUSY_RETRIES};
 use crate::error::is_busy;
+use crate::packed::Packer;
 use crate::records::{
     ActivationRecord, AnswerRecord, EventRecord, ExchangeDraft, ExchangeHandle, ExchangeParts,
     ExchangeRecord, Outcome, RunEnd, RunStart, TokenUsage, ToolCallRecord,
@@ -368,6 +369,8 @@ struct Core {
     /// busy database keeps them here for the next try).
     events: Taken,
     spare: Taken,
+    /// Compresses each commit's lines (`packed.rs`).
+    packer: Packer,
     /// The run's end, once handed over and not yet committed.
     end: Option<RunEnd>,
     /// The end is committed.
@@ -486,6 +489,12 @@ impl Core {
         let mut run_id = self.run_id;
         let mut next_ord = self.next_ord;
         let (pending_start, events, end) = (&self.pending_start, &self.events, &self.end);
+        // Packed once, on the committing thread, before any retry.
+        let packed = if events.is_empty() {
+            None
+        } else {
+            self.packer.pack(&events.lines, &events.work)
+        };
         let written = retry_busy(retries, || {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let mut id = self.run_id;
@@ -498,13 +507,25 @@ impl Core {
             if let Some(id) = id {
                 if !events.is_empty() {
                     let work = &events.work;
-                    tx.prepare_cached(INSERT_EVENTS)?.execute(params![
-                        id,
-                        ord,
-                        events.count,
-                        JsonText(&events.lines),
-                        (!work.is_empty()).then_some(JsonText(work))
-                    ])?;
+                    let mut insert = tx.prepare_cached(INSERT_EVENTS)?;
+                    match packed {
+                        Some(packed) => insert.execute(params![
+                            id,
+                            ord,
+                            events.count,
+                            "",
+                            None::<&str>,
+                            packed
+                        ])?,
+                        None => insert.execute(params![
+                            id,
+                            ord,
+                            events.count,
+                            JsonText(&events.lines),
+                            (!work.is_empty()).then_some(JsonText(work)),
+                            None::<&[u8]>
+                        ])?,
+                    };
                     ord += i64::from(events.count);
                 }
                 if let Some(end) = end {
@@ -595,6 +616,7 @@ impl RunWriter {
                 next_ord: 0,
                 events: Taken::reusing(),
                 spare: Taken::default(),
+                packer: Packer::default(),
                 end: None,
                 ended: false,
             }),
@@ -1235,8 +1257,9 @@ impl rusqlite::ToSql for JsonText<'_> {
     }
 }
 
-const INSERT_EVENTS: &str = "INSERT INTO event_batches (run_id, first_ord, count, lines, work)
-     VALUES (?1, ?2, ?3, ?4, ?5)";
+const INSERT_EVENTS: &str =
+    "INSERT INTO event_batches (run_id, first_ord, count, lines, work, packed)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
 
 fn write_end(tx: &Transaction<'_>, run_id: i64, end: &RunEnd) -> rusqlite::Result<()> {
     let (result, error_kind, error_message) = match &end.outcome {
@@ -1354,11 +1377,21 @@ mod tests {
     }
 
     /// A run that logs `events` events of about 4 KB each, ended and settled.
+    /// The text is pseudo-random, so packing leaves it about as long.
     fn settled_run(path: &std::path::Path, id: &str, events: usize) {
         let writer = RunWriter::begin(path, start(id));
-        let mut fields = serde_json::Map::new();
-        fields.insert("text".into(), serde_json::Value::String("x".repeat(4000)));
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
         for _ in 0..events {
+            let text: String = (0..4000)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    char::from(b'a' + (state % 26) as u8)
+                })
+                .collect();
+            let mut fields = serde_json::Map::new();
+            fields.insert("text".into(), serde_json::Value::String(text));
             writer.event_fields("lua", "Run", "0", 0, &fields);
         }
         let (warning, tail) = writer.finish_with_tail(completed());

@@ -529,6 +529,19 @@ fn finish_waits_a_bounded_time_for_a_stuck_database() {
     holder.execute_batch("COMMIT").unwrap();
 }
 
+/// `len` letters that do not compress (xorshift from `seed`).
+fn noise(len: usize, seed: u32) -> String {
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64 ^ u64::from(seed);
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            char::from(b'a' + (state % 26) as u8)
+        })
+        .collect()
+}
+
 #[test]
 fn a_full_database_warns_once_and_keeps_what_fit() {
     let dir = tempfile::tempdir().unwrap();
@@ -542,12 +555,12 @@ fn a_full_database_warns_once_and_keeps_what_fit() {
     let writer = log.begin_with(start("run-full"), options);
     writer.event(event("0", 0, "run_started"));
     assert!(writer.flush());
-    let big = "x".repeat(16 * 1024);
     let mut seq = 1;
     for _ in 0..8 {
         for _ in 0..8 {
             let mut e = event("0", seq, "lua");
-            e.fields = json!({ "message": big });
+            // Pseudo-random, so the packed rows fill the pages too.
+            e.fields = json!({ "message": noise(16 * 1024, seq) });
             writer.event(e);
             seq += 1;
         }
@@ -601,17 +614,10 @@ fn draft(
 
 /// The exchange work lines a database holds, in order, as JSON arrays.
 fn stored_exchanges(path: &std::path::Path) -> Vec<Vec<serde_json::Value>> {
-    let works: Vec<String> = Connection::open(path)
-        .unwrap()
-        .prepare("SELECT work FROM event_batches WHERE work IS NOT NULL ORDER BY first_ord, id")
-        .unwrap()
-        .query_map([], |row| row.get(0))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
-    works
-        .iter()
-        .flat_map(|work| work.lines())
+    let mut rows = RunLog::open(path).unwrap().stored_rows().unwrap();
+    rows.sort_by_key(|row| (row.run, row.first_ord));
+    rows.iter()
+        .flat_map(|row| row.work.lines())
         .filter(|line| line.starts_with("[\"x\""))
         .map(|line| serde_json::from_str(line).unwrap())
         .collect()
@@ -869,4 +875,181 @@ fn a_deferred_finish_on_a_stuck_database_warns_within_its_wait() {
     assert!(warning.contains("still writing"), "{warning}");
     assert_eq!(count.load(Ordering::SeqCst), 1);
     holder.execute_batch("COMMIT").unwrap();
+}
+
+/// A run with every kind of row: events, then host work alone (a row with
+/// no events), then both, over three commits.
+fn log_every_kind(log: &RunLog, execution: &str) -> RunId {
+    let writer = log.begin_with(start(execution), patient());
+    for seq in 0..40 {
+        writer.event(event("0", seq, "store_write_succeeded"));
+    }
+    assert!(writer.flush());
+    writer.exchange(exchange("0", 40));
+    let first = writer.exchange_draft(draft("0", 41, vec![said(0)], None));
+    writer.exchange_draft(draft("0", 42, vec![said(1)], Some(first)));
+    writer.tool_call(tool_call("0.1", 43));
+    assert!(writer.flush());
+    writer.answer(answer("0", 44));
+    writer.activation(ActivationRecord {
+        plugin: "acme/kit".to_owned(),
+        tools: Some(json!([{"path": "acme/kit/echo"}])),
+        error: None,
+    });
+    writer.event(event("0.1", 45, "lua"));
+    assert_eq!(writer.finish(completed("done")), None);
+    log.resolve(execution).unwrap()
+}
+
+/// Everything `RunLog` reads back of a run.
+fn read_back(log: &RunLog, id: RunId) -> serde_json::Value {
+    json!({
+        "run": format!("{:?}", log.run(id).unwrap()),
+        "events": log.events(id).unwrap(),
+        "of_task": log.events_of_task(id, "0.1", Some(10)).unwrap(),
+        "exchanges": log.exchanges(id).unwrap(),
+        "tool_calls": format!("{:?}", log.tool_calls(id).unwrap()),
+        "answers": format!("{:?}", log.answers(id).unwrap()),
+        "activations": format!("{:?}", log.activations(id).unwrap()),
+    })
+}
+
+#[test]
+fn rows_are_stored_packed_and_read_back_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_in(&dir);
+    let log = RunLog::open(&path).unwrap();
+    let id = log_every_kind(&log, "run-5ac6ed");
+    assert_eq!(log.events(id).unwrap().len(), 41);
+    assert_eq!(log.exchanges(id).unwrap().len(), 3);
+    assert_eq!(log.tool_calls(id).unwrap(), [tool_call("0.1", 43)]);
+    assert_eq!(log.answers(id).unwrap(), [answer("0", 44)]);
+    let rows = log.stored_rows().unwrap();
+    assert_eq!(rows.len(), 3);
+    assert!(rows.iter().all(|row| row.packed));
+    assert!(rows[1].lines.is_empty() && rows[1].work.lines().count() == 4);
+    // In the file, the text columns are empty; only the packed bytes hold it.
+    let plain: i64 = Connection::open(&path)
+        .unwrap()
+        .query_row(
+            "SELECT count(*) FROM event_batches WHERE lines != '' OR work IS NOT NULL
+                 OR packed IS NULL",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(plain, 0);
+}
+
+/// Turn a database this build wrote into what the version 5 writer wrote
+/// for the same rows: the text in `lines` and `work` (NULL when the commit
+/// had no work), no `packed` column, `user_version` 5.
+fn as_version_5(path: &std::path::Path, rows: &[pf_runlog::StoredRow]) {
+    let conn = Connection::open(path).unwrap();
+    let ids: Vec<i64> = conn
+        .prepare("SELECT id FROM event_batches ORDER BY id")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(ids.len(), rows.len());
+    for (id, row) in ids.iter().zip(rows) {
+        let work = (!row.work.is_empty()).then_some(row.work.as_str());
+        conn.execute(
+            "UPDATE event_batches SET lines = ?2, work = ?3 WHERE id = ?1",
+            rusqlite::params![id, row.lines, work],
+        )
+        .unwrap();
+    }
+    conn.execute_batch("ALTER TABLE event_batches DROP COLUMN packed; PRAGMA user_version = 5;")
+        .unwrap();
+}
+
+#[test]
+fn a_version_5_database_is_migrated_and_reads_back_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_in(&dir);
+    let (id, before) = {
+        let log = RunLog::open(&path).unwrap();
+        let id = log_every_kind(&log, "run-0ld5");
+        let rows = log.stored_rows().unwrap();
+        let before = read_back(&log, id);
+        drop(log);
+        as_version_5(&path, &rows);
+        (id, before)
+    };
+    let columns: Vec<String> = Connection::open(&path)
+        .unwrap()
+        .prepare("SELECT name FROM pragma_table_info('event_batches')")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert!(!columns.iter().any(|c| c == "packed"), "{columns:?}");
+
+    let log = RunLog::open(&path).unwrap();
+    let version: i64 = Connection::open(&path)
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, SCHEMA_VERSION);
+    let rows = log.stored_rows().unwrap();
+    assert!(rows.iter().all(|row| !row.packed));
+    assert_eq!(read_back(&log, id), before);
+
+    // A new run goes in packed beside the old rows, which stay as they were.
+    let new = log_every_kind(&log, "run-new6");
+    let rows = log.stored_rows().unwrap();
+    assert_eq!(rows.iter().filter(|row| row.packed).count(), 3);
+    assert!(rows
+        .iter()
+        .filter(|row| row.run == id)
+        .all(|row| !row.packed));
+    let mut newer = read_back(&log, new);
+    newer["run"] = before["run"].clone();
+    assert_eq!(read_back(&log, id), before);
+    assert_eq!(newer, before);
+}
+
+#[test]
+fn a_damaged_packed_row_is_an_error_naming_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_in(&dir);
+    let log = RunLog::open(&path).unwrap();
+    let good = log_every_kind(&log, "run-good");
+    let bad = log_every_kind(&log, "run-bad");
+    let before = read_back(&log, good);
+    // The first packed row of `bad`, cut short; its work row, made garbage.
+    let conn = Connection::open(&path).unwrap();
+    conn.execute(
+        "UPDATE event_batches SET packed = substr(packed, 1, length(packed) - 9)
+         WHERE run_id = ?1 AND count > 0",
+        [bad.0],
+    )
+    .unwrap();
+    conn.execute(
+        "UPDATE event_batches SET packed = x'01ffffffff' WHERE run_id = ?1 AND count = 0",
+        [bad.0],
+    )
+    .unwrap();
+    for err in [
+        log.events(bad).unwrap_err(),
+        log.exchanges(bad).unwrap_err(),
+        log.tool_calls(bad).unwrap_err(),
+        log.stored_rows().unwrap_err(),
+    ] {
+        assert!(
+            matches!(err, RunLogError::BadRow { run, .. } if run == bad.0),
+            "{err:?}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("run #{}", bad.0)) && text.contains("cannot be read"),
+            "{text}"
+        );
+    }
+    // The other run reads as before.
+    assert_eq!(read_back(&log, good), before);
 }

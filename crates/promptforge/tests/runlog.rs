@@ -392,6 +392,14 @@ fn openai_host(home: &Home, base: &str, key_env: Option<&str>) -> PathBuf {
     )
 }
 
+/// Every stored row of the home's run log, unpacked, in the order written.
+fn stored_rows(home: &Home) -> Vec<pf_runlog::StoredRow> {
+    let log = pf_runlog::RunLog::open(home.data().join("runs.db")).expect("the run log");
+    let mut rows = log.stored_rows().expect("the stored rows");
+    rows.sort_by_key(|row| (row.run, row.first_ord));
+    rows
+}
+
 #[test]
 fn no_api_key_reaches_the_database_and_tokens_are_summed() {
     let home = Home::new();
@@ -443,6 +451,18 @@ fn no_api_key_reaches_the_database_and_tokens_are_summed() {
     assert!(!bytes.is_empty());
     let found = bytes.windows(marker.len()).any(|w| w == marker.as_bytes());
     assert!(!found, "the API key is in the run log");
+    // The rows are stored compressed, where the file's bytes prove nothing:
+    // the text of every row too, with the request the key went with.
+    let rows = stored_rows(&home);
+    assert!(rows
+        .iter()
+        .any(|row| row.packed && row.work.contains("Name a prime.")));
+    for row in &rows {
+        assert!(
+            !row.lines.contains(&marker) && !row.work.contains(&marker),
+            "the API key is in the run log"
+        );
+    }
     let (_, text, _) = home.text(&["show", "last"]);
     assert!(
         text.contains("tokens    11 in / 4 out / 15 total"),
@@ -876,16 +896,17 @@ fn a_tool_loop_is_logged_as_deltas_and_shown_whole_right_after_the_run() {
             );
         }
     }
-    // In the database, every round after the first holds only what it adds.
-    let out = Command::new("python3")
-        .arg("-c")
-        // Work lines since schema 5: `extends` and the request of each exchange line.
-        .arg("import json, sqlite3, sys\nc = sqlite3.connect(sys.argv[1])\nworks = c.execute('SELECT work FROM event_batches WHERE work IS NOT NULL ORDER BY first_ord, id').fetchall()\nlines = [json.loads(l) for (w,) in works for l in w.splitlines() if l.startswith('[\"x\"')]\nprint(json.dumps([[l[7], json.dumps(l[14])] for l in lines]))\n")
-        .arg(home.data().join("runs.db"))
-        .output()
-        .expect("python3");
-    let stored: Vec<(Option<i64>, String)> =
-        serde_json::from_slice(&out.stdout).expect("the stored requests");
+    // In the database, every round after the first holds only what it adds:
+    // `extends` and the request of each exchange work line (since schema 5).
+    let stored: Vec<(Option<i64>, String)> = stored_rows(&home)
+        .iter()
+        .flat_map(|row| row.work.lines())
+        .filter(|line| line.starts_with("[\"x\""))
+        .map(|line| {
+            let line: Value = serde_json::from_str(line).expect("a work line");
+            (line[7].as_i64(), line[14].to_string())
+        })
+        .collect();
     assert_eq!(stored.len(), 13);
     assert!(stored[0].0.is_none());
     for (extends, json) in &stored[1..] {
