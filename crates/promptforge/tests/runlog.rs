@@ -547,6 +547,46 @@ fn a_corrupt_database_warns_once_and_the_run_goes_on() {
     assert!(w[0].contains("not a run log database"), "{w:?}");
 }
 
+#[test]
+fn a_damaged_stored_row_is_a_clear_error_from_show() {
+    let home = Home::new();
+    let prompt = home.write("simple.md", SIMPLE);
+    assert_eq!(home.run(&prompt, &["one"]).status.code(), Some(0));
+    assert_eq!(home.run(&prompt, &["two"]).status.code(), Some(0));
+    // The second run's packed rows, cut short.
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg("import sqlite3, sys
+c = sqlite3.connect(sys.argv[1])
+n = c.execute('UPDATE event_batches SET packed = substr(packed, 1, length(packed) - 5) WHERE run_id = 2 AND packed IS NOT NULL').rowcount
+c.commit()
+print(n)
+")
+        .arg(home.data().join("runs.db"))
+        .output()
+        .expect("python3");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1");
+    for args in [&["show", "#2"][..], &["show", "#2", "--json"]] {
+        let (code, stdout, stderr) = home.text(args);
+        assert_eq!(code, Some(1), "{args:?}: {stderr}");
+        assert_eq!(stdout, "", "{args:?}");
+        assert!(
+            stderr.starts_with("error: run log ")
+                && stderr.contains("run #2: a stored row cannot be read")
+                && !stderr.contains("panicked"),
+            "{args:?}: {stderr}"
+        );
+    }
+    // The other run, and the listing, read as before.
+    let (code, text, _) = home.text(&["show", "#1"]);
+    assert_eq!(code, Some(0));
+    assert!(text.contains("checkpoint one"), "{text}");
+    assert_eq!(
+        home.json(&["runs", "--json"]).as_array().map(Vec::len),
+        Some(2)
+    );
+}
+
 #[cfg(unix)]
 #[test]
 fn a_read_only_database_warns_once_and_the_run_goes_on() {
