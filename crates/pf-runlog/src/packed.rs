@@ -12,6 +12,8 @@
 /// The layout's first byte: one LZ4 block follows the two lengths.
 const LZ4: u8 = 1;
 
+use std::sync::{Mutex, PoisonError};
+
 const HEADER: usize = 1 + 8 + 8;
 
 /// LZ4 cannot expand a byte of block into more than this many bytes of
@@ -26,7 +28,36 @@ pub(crate) struct Packer {
     packed: Vec<u8>,
 }
 
+/// Packers a finished writer left, so each run does not allocate (and
+/// fault in) its buffers anew; at most this many, each at most this large.
+static SPARE_PACKERS: Mutex<Vec<Packer>> = Mutex::new(Vec::new());
+const PACKERS_KEPT: usize = 2;
+const PACKER_BYTES_MAX: usize = 8 * 1024 * 1024;
+
 impl Packer {
+    /// A packer with the buffers of one a finished writer left.
+    pub(crate) fn reusing() -> Packer {
+        SPARE_PACKERS
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop()
+            .unwrap_or_default()
+    }
+
+    /// Hand the buffers to a later writer.
+    pub(crate) fn recycle(&mut self) {
+        let packer = std::mem::take(self);
+        if packer.joined.capacity() + packer.packed.capacity() > PACKER_BYTES_MAX {
+            return;
+        }
+        let mut spares = SPARE_PACKERS
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if spares.len() < PACKERS_KEPT {
+            spares.push(packer);
+        }
+    }
+
     /// `lines` and `work` packed, or `None` if they cannot be (the row is
     /// then stored as plain text, as version 5 stored it).
     pub(crate) fn pack(&mut self, lines: &[u8], work: &[u8]) -> Option<&[u8]> {

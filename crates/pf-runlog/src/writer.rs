@@ -250,6 +250,7 @@ fn finish_here(shared: &Shared, tidy: bool) -> Here {
         let conn = core.conn.take().filter(|_| keep);
         core.events.recycle();
         core.spare.recycle();
+        core.packer.recycle();
         shared.events.recycle();
         drop(core);
         closed_on(shared, conn);
@@ -616,7 +617,7 @@ impl RunWriter {
                 next_ord: 0,
                 events: Taken::reusing(),
                 spare: Taken::default(),
-                packer: Packer::default(),
+                packer: Packer::reusing(),
                 end: None,
                 ended: false,
             }),
@@ -1180,6 +1181,7 @@ fn background_thread(shared: &Shared, committed: SyncSender<()>) {
     if !core.has_work() {
         core.events.recycle();
         core.spare.recycle();
+        core.packer.recycle();
         shared.events.recycle();
     }
     drop(core);
