@@ -64,16 +64,19 @@ impl Packer {
         self.joined.clear();
         self.joined.extend_from_slice(lines);
         self.joined.extend_from_slice(work);
-        let bound = lz4_flex::block::get_maximum_output_size(self.joined.len());
-        self.packed.clear();
-        self.packed.resize(HEADER + bound, 0);
-        self.packed[0] = LZ4;
-        self.packed[1..9].copy_from_slice(&u64::try_from(lines.len()).ok()?.to_le_bytes());
-        self.packed[9..HEADER].copy_from_slice(&u64::try_from(work.len()).ok()?.to_le_bytes());
-        let written =
-            lz4_flex::block::compress_into(&self.joined, &mut self.packed[HEADER..]).ok()?;
-        self.packed.truncate(HEADER + written);
-        Some(&self.packed)
+        let bound = HEADER + lz4_flex::block::get_maximum_output_size(self.joined.len());
+        // Only ever grown: zeroing the whole bound on every commit was a
+        // third of the packing's instructions (the encoder overwrites what
+        // it uses, and only that part is handed on).
+        if self.packed.len() < bound {
+            self.packed.resize(bound, 0);
+        }
+        let packed = &mut self.packed[..bound];
+        packed[0] = LZ4;
+        packed[1..9].copy_from_slice(&u64::try_from(lines.len()).ok()?.to_le_bytes());
+        packed[9..HEADER].copy_from_slice(&u64::try_from(work.len()).ok()?.to_le_bytes());
+        let written = lz4_flex::block::compress_into(&self.joined, &mut packed[HEADER..]).ok()?;
+        self.packed.get(..HEADER + written)
     }
 }
 
