@@ -412,61 +412,97 @@ static ESCAPE: [u8; 256] = {
     table
 };
 
-/// The eight bytes at `at` as a little-endian word (a check of a word that
-/// is not there says "escape", which only sends the string the slow way).
-fn word_at(bytes: &[u8], at: usize) -> Option<u64> {
+/// The eight bytes at `at`.
+fn word_at(bytes: &[u8], at: usize) -> Option<[u8; 8]> {
     let word = bytes.get(at..at.checked_add(8)?)?;
-    <[u8; 8]>::try_from(word).ok().map(u64::from_le_bytes)
+    <[u8; 8]>::try_from(word).ok()
 }
 
-/// The four bytes at `at` as a little-endian word.
-fn half_word_at(bytes: &[u8], at: usize) -> Option<u32> {
+/// The four bytes at `at`.
+fn half_word_at(bytes: &[u8], at: usize) -> Option<[u8; 4]> {
     let word = bytes.get(at..at.checked_add(4)?)?;
-    <[u8; 4]>::try_from(word).ok().map(u32::from_le_bytes)
-}
-
-/// Whether `bytes` hold anything to escape. No loop over single bytes:
-/// eight at a time, the last word overlapping the one before it; four to
-/// seven bytes as two overlapping halves of one word; up to three by the
-/// table (a byte checked twice is checked the same way). Most strings the
-/// log writes are short names, where a per-byte loop cost most of the time.
-fn any_to_escape(bytes: &[u8]) -> bool {
-    let len = bytes.len();
-    if len >= 8 {
-        let mut at = 0;
-        while at + 8 < len {
-            if word_at(bytes, at).is_none_or(needs_escape) {
-                return true;
-            }
-            at += 8;
-        }
-        return word_at(bytes, len - 8).is_none_or(needs_escape);
-    }
-    if len >= 4 {
-        return match (half_word_at(bytes, 0), half_word_at(bytes, len - 4)) {
-            (Some(first), Some(last)) => needs_escape(u64::from(first) | u64::from(last) << 32),
-            _ => true,
-        };
-    }
-    let escape_at = |at: usize| bytes.get(at).map_or(0, |&byte| ESCAPE[usize::from(byte)]);
-    // The first, middle and last bytes are all of them.
-    len > 0 && (escape_at(0) | escape_at(len / 2) | escape_at(len - 1)) != 0
+    <[u8; 4]>::try_from(word).ok()
 }
 
 /// A JSON string, escaped as serde_json escapes: `\"`, `\\`, the short
 /// forms of backspace, form feed, newline, return and tab, `\u00xx` for the
 /// other control characters; everything else as it is. Most text has
-/// nothing to escape and goes in with one copy.
+/// nothing to escape and goes in as it is.
 pub fn push_str(out: &mut Vec<u8>, text: &str) {
     let bytes = text.as_bytes();
-    out.reserve(bytes.len() + 2);
     out.push(b'"');
-    if any_to_escape(bytes) {
-        push_escaped(out, bytes);
+    if bytes.len() <= 16 {
+        push_short(out, bytes);
     } else {
-        out.extend_from_slice(bytes);
+        push_long(out, bytes);
     }
     out.push(b'"');
+}
+
+/// Up to 16 bytes (names, ids, numbers as text: most strings the log
+/// writes). Checked and copied as two overlapping words of a fixed size
+/// (or three single bytes), with no loop and no copy call: the second word
+/// goes in after the first is cut back to where the second begins (a byte
+/// checked or written twice is the same byte).
+fn push_short(out: &mut Vec<u8>, bytes: &[u8]) {
+    let len = bytes.len();
+    let end = out.len() + len;
+    if len >= 8 {
+        if let (Some(first), Some(last)) = (word_at(bytes, 0), word_at(bytes, len - 8)) {
+            if !needs_escape(u64::from_le_bytes(first)) && !needs_escape(u64::from_le_bytes(last)) {
+                out.extend_from_slice(&first);
+                out.truncate(end - 8);
+                out.extend_from_slice(&last);
+                return;
+            }
+        }
+    } else if len >= 4 {
+        if let (Some(first), Some(last)) = (half_word_at(bytes, 0), half_word_at(bytes, len - 4)) {
+            let word =
+                u64::from(u32::from_le_bytes(first)) | u64::from(u32::from_le_bytes(last)) << 32;
+            if !needs_escape(word) {
+                out.extend_from_slice(&first);
+                out.truncate(end - 4);
+                out.extend_from_slice(&last);
+                return;
+            }
+        }
+    } else if let (Some(&first), Some(&last)) = (bytes.first(), bytes.last()) {
+        // The first, middle and last bytes are all of them.
+        let middle = bytes.get(len / 2).copied().unwrap_or(last);
+        let escape = |byte: u8| ESCAPE[usize::from(byte)];
+        if escape(first) | escape(middle) | escape(last) == 0 {
+            out.extend_from_slice(&[first, middle, last]);
+            out.truncate(end);
+            return;
+        }
+    } else {
+        return;
+    }
+    push_escaped(out, bytes);
+}
+
+/// More than 16 bytes: checked eight at a time (the last word overlapping
+/// the one before it), then copied whole.
+#[inline(never)]
+fn push_long(out: &mut Vec<u8>, bytes: &[u8]) {
+    let len = bytes.len();
+    let mut at = 0;
+    let clean = loop {
+        if at + 8 >= len {
+            break word_at(bytes, len.saturating_sub(8))
+                .is_some_and(|word| !needs_escape(u64::from_le_bytes(word)));
+        }
+        if word_at(bytes, at).is_none_or(|word| needs_escape(u64::from_le_bytes(word))) {
+            break false;
+        }
+        at += 8;
+    };
+    if clean {
+        out.extend_from_slice(bytes);
+    } else {
+        push_escaped(out, bytes);
+    }
 }
 
 /// `bytes` escaped, without the quotes (out of line: the fast path above
@@ -586,12 +622,14 @@ mod tests {
     #[test]
     fn strings_and_numbers_of_every_short_length_are_written_as_serde_writes() {
         // Every length the word checks split differently (up to three
-        // bytes, four to seven, whole and partial words), clean and with
+        // bytes, four to seven, eight to 16, longer in whole and partial
+        // words), clean and with
         // each byte that needs escaping at every position, and with
         // multi-byte UTF-8 around it.
         let mut texts = Vec::new();
-        for len in 0..=25 {
-            let clean: String = "abcdefghijklmnopqrstuvwxyz"[..len].to_string();
+        const PLAIN: &str = "abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGH";
+        for len in 0..=PLAIN.len() {
+            let clean = PLAIN[..len].to_string();
             texts.push(clean.clone());
             texts.push(format!("é{clean}"));
             for at in 0..len {

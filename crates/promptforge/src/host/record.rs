@@ -435,6 +435,27 @@ fn write_calls(out: &mut Vec<u8>, calls: &[ToolCall]) {
     out.push(b']');
 }
 
+/// A round's usage as serde writes [`Usage`] (each counter it left out stays out).
+fn write_usage(out: &mut Vec<u8>, usage: &Option<Usage>) {
+    let Some(usage) = usage else {
+        out.extend_from_slice(b"null");
+        return;
+    };
+    out.extend_from_slice(b"{\"input_tokens\":");
+    json::unsigned(out, usage.input_tokens);
+    out.extend_from_slice(b",\"output_tokens\":");
+    json::unsigned(out, usage.output_tokens);
+    if let Some(cached) = usage.cached_tokens {
+        out.extend_from_slice(b",\"cached_tokens\":");
+        json::unsigned(out, cached);
+    }
+    if let Some(reasoning) = usage.reasoning_tokens {
+        out.extend_from_slice(b",\"reasoning_tokens\":");
+        json::unsigned(out, reasoning);
+    }
+    out.push(b'}');
+}
+
 fn write_text(out: &mut Vec<u8>, text: &Option<String>) {
     match text {
         Some(text) => json::string(out, text),
@@ -451,11 +472,19 @@ impl LoggedResponse<'_> {
         out.extend_from_slice(b",\"finish_reason\":");
         write_text(out, self.finish_reason);
         out.extend_from_slice(b",\"usage\":");
-        json::serialized(out, self.usage);
+        write_usage(out, self.usage);
+        // Rare (a llama.cpp or vLLM server's own metrics): serde's path, but
+        // not for the usual `null`.
         out.extend_from_slice(b",\"llama\":");
-        json::serialized(out, self.llama);
+        match self.llama {
+            Some(llama) => json::serialized(out, llama),
+            None => out.extend_from_slice(b"null"),
+        }
         out.extend_from_slice(b",\"vllm\":");
-        json::serialized(out, self.vllm);
+        match self.vllm {
+            Some(vllm) => json::serialized(out, vllm),
+            None => out.extend_from_slice(b"null"),
+        }
         out.extend_from_slice(b",\"model\":");
         write_text(out, self.model);
         out.extend_from_slice(b",\"reasoning\":");
@@ -914,6 +943,25 @@ mod tests {
             ..ChatResponse::default()
         };
         assert_eq!(response_text(&odd), response_json(&odd).to_string());
+        // Every shape of usage serde writes: with neither, either or both
+        // optional counters, and numbers past one and two digits.
+        for (cached_tokens, reasoning_tokens) in [
+            (None, None),
+            (Some(0), None),
+            (None, Some(99)),
+            (Some(100), Some(u64::MAX)),
+        ] {
+            let counted = ChatResponse {
+                usage: Some(Usage {
+                    input_tokens: 12_345,
+                    output_tokens: 7,
+                    cached_tokens,
+                    reasoning_tokens,
+                }),
+                ..ChatResponse::default()
+            };
+            assert_eq!(response_text(&counted), response_json(&counted).to_string());
+        }
         // Every request field and awkward message content, directly and
         // through serde alike.
         let mut odd_tool = message(
