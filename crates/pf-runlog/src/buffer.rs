@@ -365,6 +365,8 @@ pub(crate) fn push_i64(out: &mut Vec<u8>, n: i64) {
     push_u64(out, n.unsigned_abs());
 }
 
+/// Out of line, so the small numbers' path above saves no registers for it.
+#[inline(never)]
 fn push_u64_digits(out: &mut Vec<u8>, mut n: u64) {
     let mut digits = [0u8; 20];
     let mut at = digits.len();

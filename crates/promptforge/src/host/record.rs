@@ -223,8 +223,8 @@ impl Recorder {
         };
         // A loop offers the same tools every round: the log keeps them once
         // per conversation (comparing is cheaper than encoding them).
-        let same_tools =
-            request.tools.is_some() && continued.is_some_and(|last| last.tools == request.tools);
+        let same_tools = request.tools.is_some()
+            && continued.is_some_and(|last| same_tools(&last.tools, &request.tools));
         RequestPlan {
             extends,
             same_tools,
@@ -272,6 +272,43 @@ impl Recorder {
 
     fn section(&self, work: &WorkId) -> String {
         self.sections.current(&work.task)
+    }
+}
+
+/// `last == now` for two rounds' tools: first in order, which needs no
+/// hashing (a loop builds its tools the same way every round), then as maps
+/// compare (in any key order), so the answer is exactly `==`'s. The
+/// comparison ran every round, and a map's `==` hashes each key to look it
+/// up in the other map.
+fn same_tools(last: &Option<Vec<ToolDecl>>, now: &Option<Vec<ToolDecl>>) -> bool {
+    let in_order = match (last, now) {
+        (Some(last), Some(now)) => {
+            last.len() == now.len()
+                && last.iter().zip(now).all(|(a, b)| {
+                    a.name == b.name
+                        && a.description == b.description
+                        && same_in_order(&a.parameters, &b.parameters)
+                })
+        }
+        (None, None) => true,
+        _ => false,
+    };
+    in_order || last == now
+}
+
+/// Whether two JSON values are equal with every object's keys in the same order.
+fn same_in_order(a: &Json, b: &Json) -> bool {
+    match (a, b) {
+        (Json::Object(a), Json::Object(b)) => {
+            a.len() == b.len()
+                && a.iter()
+                    .zip(b)
+                    .all(|((ka, va), (kb, vb))| ka == kb && same_in_order(va, vb))
+        }
+        (Json::Array(a), Json::Array(b)) => {
+            a.len() == b.len() && a.iter().zip(b).all(|(a, b)| same_in_order(a, b))
+        }
+        _ => a == b,
     }
 }
 
@@ -989,6 +1026,56 @@ mod tests {
             },
         );
         assert_eq!(logged_text(&plan), request_json(&odd_request).to_string());
+    }
+
+    #[test]
+    fn tools_compare_as_equal_exactly_when_they_are_equal() {
+        let decl = |name: &str, description: &str, parameters: Json| ToolDecl {
+            name: name.into(),
+            description: description.into(),
+            parameters,
+        };
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}, "b": [1, {"c": null}]}});
+        let reordered = json!({"properties": {"b": [1, {"c": null}], "a": {"type": "integer"}}, "type": "object"});
+        let tools = |parameters: &Json| {
+            Some(vec![
+                decl("t", "d", json!({})),
+                decl("u", "e", parameters.clone()),
+            ])
+        };
+        let variants = [
+            None,
+            Some(Vec::new()),
+            tools(&schema),
+            tools(&reordered),
+            tools(
+                &json!({"type": "object", "properties": {"a": {"type": "number"}, "b": [1, {"c": null}]}}),
+            ),
+            tools(
+                &json!({"type": "object", "properties": {"a": {"type": "integer"}, "b": [{"c": null}, 1]}}),
+            ),
+            tools(&json!({"type": "object", "properties": {"a": {"type": "integer"}}})),
+            tools(
+                &json!({"type": "object", "properties": {"z": {"type": "integer"}, "b": [1, {"c": null}]}}),
+            ),
+            Some(vec![decl("t", "d", json!({}))]),
+            Some(vec![
+                decl("t", "d2", json!({})),
+                decl("u", "e", schema.clone()),
+            ]),
+            Some(vec![
+                decl("u", "e", schema.clone()),
+                decl("t", "d", json!({})),
+            ]),
+        ];
+        for last in &variants {
+            for now in &variants {
+                assert_eq!(same_tools(last, now), last == now, "{last:?} {now:?}");
+            }
+        }
+        // Keys in another order are equal maps, and so the same tools.
+        assert!(same_tools(&variants[2], &variants[3]));
+        assert!(!same_in_order(&schema, &reordered));
     }
 
     #[test]
