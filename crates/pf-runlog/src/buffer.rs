@@ -307,8 +307,7 @@ pub fn push_value(out: &mut Vec<u8>, value: &serde_json::Value) {
             if let Some(n) = number.as_u64() {
                 push_u64(out, n);
             } else if let Some(n) = number.as_i64() {
-                out.push(b'-');
-                push_u64(out, n.unsigned_abs());
+                push_i64(out, n);
             } else {
                 // Floats as serde_json writes them (a `Number` cannot fail).
                 let _ = serde_json::to_writer(&mut *out, number);
@@ -342,7 +341,33 @@ fn push_object(out: &mut Vec<u8>, map: &serde_json::Map<String, serde_json::Valu
     out.push(b'}');
 }
 
-pub fn push_u64(out: &mut Vec<u8>, mut n: u64) {
+pub fn push_u64(out: &mut Vec<u8>, n: u64) {
+    // Most numbers the log writes (sequence numbers, turns, handles) are
+    // below 100: those go in without the digit loop or a copy call.
+    if n < 10 {
+        // `n` is a digit.
+        out.push(b'0' + n as u8);
+        return;
+    }
+    if n < 100 {
+        // `n / 10` and `n % 10` are digits.
+        out.extend_from_slice(&[b'0' + (n / 10) as u8, b'0' + (n % 10) as u8]);
+        return;
+    }
+    push_u64_digits(out, n);
+}
+
+/// A signed integer as serde_json writes it.
+pub(crate) fn push_i64(out: &mut Vec<u8>, n: i64) {
+    if n < 0 {
+        out.push(b'-');
+    }
+    push_u64(out, n.unsigned_abs());
+}
+
+/// Out of line, so the small numbers' path above saves no registers for it.
+#[inline(never)]
+fn push_u64_digits(out: &mut Vec<u8>, mut n: u64) {
     let mut digits = [0u8; 20];
     let mut at = digits.len();
     loop {
@@ -357,10 +382,11 @@ pub fn push_u64(out: &mut Vec<u8>, mut n: u64) {
     out.extend_from_slice(&digits[at..]);
 }
 
-/// Whether any of the eight bytes is `"`, `\\` or below 0x20.
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGHS: u64 = 0x8080_8080_8080_8080;
+
+/// Whether any of the eight bytes is `"`, `\` or below 0x20.
 fn needs_escape(word: u64) -> bool {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGHS: u64 = 0x8080_8080_8080_8080;
     let zero_byte = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS;
     let below_space = word.wrapping_sub(ONES * 0x20) & !word & HIGHS;
     (below_space
@@ -388,33 +414,105 @@ static ESCAPE: [u8; 256] = {
     table
 };
 
-/// Whether `bytes` hold anything to escape: eight at a time, then the rest.
-fn any_to_escape(bytes: &[u8]) -> bool {
-    let mut words = bytes.chunks_exact(8);
-    for word in &mut words {
-        if <[u8; 8]>::try_from(word).map_or(true, |w| needs_escape(u64::from_le_bytes(w))) {
-            return true;
-        }
-    }
-    words
-        .remainder()
-        .iter()
-        .any(|&byte| ESCAPE[usize::from(byte)] != 0)
+/// The eight bytes at `at`.
+fn word_at(bytes: &[u8], at: usize) -> Option<[u8; 8]> {
+    let word = bytes.get(at..at.checked_add(8)?)?;
+    <[u8; 8]>::try_from(word).ok()
+}
+
+/// The four bytes at `at`.
+fn half_word_at(bytes: &[u8], at: usize) -> Option<[u8; 4]> {
+    let word = bytes.get(at..at.checked_add(4)?)?;
+    <[u8; 4]>::try_from(word).ok()
 }
 
 /// A JSON string, escaped as serde_json escapes: `\"`, `\\`, the short
 /// forms of backspace, form feed, newline, return and tab, `\u00xx` for the
 /// other control characters; everything else as it is. Most text has
-/// nothing to escape and goes in with one copy.
+/// nothing to escape and goes in as it is.
 pub fn push_str(out: &mut Vec<u8>, text: &str) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    out.push(b'"');
     let bytes = text.as_bytes();
-    if !any_to_escape(bytes) {
-        out.extend_from_slice(bytes);
-        out.push(b'"');
+    out.push(b'"');
+    if bytes.len() <= 16 {
+        push_short(out, bytes);
+    } else {
+        push_long(out, bytes);
+    }
+    out.push(b'"');
+}
+
+/// Up to 16 bytes (names, ids, numbers as text: most strings the log
+/// writes). Checked and copied as two overlapping words of a fixed size
+/// (or three single bytes), with no loop and no copy call: the second word
+/// goes in after the first is cut back to where the second begins (a byte
+/// checked or written twice is the same byte).
+fn push_short(out: &mut Vec<u8>, bytes: &[u8]) {
+    let len = bytes.len();
+    let end = out.len() + len;
+    if len >= 8 {
+        if let (Some(first), Some(last)) = (word_at(bytes, 0), word_at(bytes, len - 8)) {
+            if !needs_escape(u64::from_le_bytes(first)) && !needs_escape(u64::from_le_bytes(last)) {
+                out.extend_from_slice(&first);
+                out.truncate(end - 8);
+                out.extend_from_slice(&last);
+                return;
+            }
+        }
+    } else if len >= 4 {
+        if let (Some(first), Some(last)) = (half_word_at(bytes, 0), half_word_at(bytes, len - 4)) {
+            let word =
+                u64::from(u32::from_le_bytes(first)) | u64::from(u32::from_le_bytes(last)) << 32;
+            if !needs_escape(word) {
+                out.extend_from_slice(&first);
+                out.truncate(end - 4);
+                out.extend_from_slice(&last);
+                return;
+            }
+        }
+    } else if let (Some(&first), Some(&last)) = (bytes.first(), bytes.last()) {
+        // The first, middle and last bytes are all of them.
+        let middle = bytes.get(len / 2).copied().unwrap_or(last);
+        let escape = |byte: u8| ESCAPE[usize::from(byte)];
+        if escape(first) | escape(middle) | escape(last) == 0 {
+            out.extend_from_slice(&[first, middle, last]);
+            out.truncate(end);
+            return;
+        }
+    } else {
         return;
     }
+    push_escaped(out, bytes);
+}
+
+/// More than 16 bytes: checked eight at a time (the last word overlapping
+/// the one before it), then copied whole.
+#[inline(never)]
+fn push_long(out: &mut Vec<u8>, bytes: &[u8]) {
+    let len = bytes.len();
+    let mut at = 0;
+    let clean = loop {
+        if at + 8 >= len {
+            break word_at(bytes, len.saturating_sub(8))
+                .is_some_and(|word| !needs_escape(u64::from_le_bytes(word)));
+        }
+        if word_at(bytes, at).is_none_or(|word| needs_escape(u64::from_le_bytes(word))) {
+            break false;
+        }
+        at += 8;
+    };
+    if clean {
+        out.extend_from_slice(bytes);
+    } else {
+        push_escaped(out, bytes);
+    }
+}
+
+/// `bytes` escaped, without the quotes (out of line: the fast path above
+/// then saves no registers for this loop).
+#[cold]
+#[inline(never)]
+fn push_escaped(out: &mut Vec<u8>, bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut clean = 0;
     for (at, &byte) in bytes.iter().enumerate() {
         let escape = ESCAPE[usize::from(byte)];
@@ -432,7 +530,6 @@ pub fn push_str(out: &mut Vec<u8>, text: &str) {
         clean = at + 1;
     }
     out.extend_from_slice(&bytes[clean..]);
-    out.push(b'"');
 }
 
 #[cfg(test)]
@@ -521,6 +618,51 @@ mod tests {
                 assert_eq!(lines.len(), 2);
                 assert_eq!(lines[1], lines[0], "case {n}");
             }
+        }
+    }
+
+    #[test]
+    fn strings_and_numbers_of_every_short_length_are_written_as_serde_writes() {
+        // Every length the word checks split differently (up to three
+        // bytes, four to seven, eight to 16, longer in whole and partial
+        // words), clean and with
+        // each byte that needs escaping at every position, and with
+        // multi-byte UTF-8 around it.
+        let mut texts = Vec::new();
+        const PLAIN: &str = "abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGH";
+        for len in 0..=PLAIN.len() {
+            let clean = PLAIN[..len].to_string();
+            texts.push(clean.clone());
+            texts.push(format!("é{clean}"));
+            for at in 0..len {
+                for escape in [
+                    '"', '\\', '\n', '\u{0}', '\u{1f}', '\u{7f}', '\u{2028}', ' ', '~',
+                ] {
+                    let mut text = clean.clone();
+                    text.replace_range(at..=at, escape.encode_utf8(&mut [0; 4]));
+                    texts.push(text);
+                }
+            }
+        }
+        for text in &texts {
+            let mut written = Vec::new();
+            push_str(&mut written, text);
+            assert_eq!(
+                String::from_utf8(written).unwrap(),
+                serde_json::to_string(text).unwrap(),
+                "{text:?}"
+            );
+        }
+        let mut numbers: Vec<u64> = (0..=1_000).collect();
+        numbers.extend([9_999, 10_000, u64::from(u32::MAX), u64::MAX - 1, u64::MAX]);
+        for n in numbers {
+            let mut written = Vec::new();
+            push_u64(&mut written, n);
+            assert_eq!(written, serde_json::to_vec(&n).unwrap(), "{n}");
+            let signed = i64::try_from(n).map_or(i64::MIN, |n| -n);
+            let mut written = Vec::new();
+            push_i64(&mut written, signed);
+            assert_eq!(written, serde_json::to_vec(&signed).unwrap(), "{signed}");
         }
     }
 

@@ -223,8 +223,8 @@ impl Recorder {
         };
         // A loop offers the same tools every round: the log keeps them once
         // per conversation (comparing is cheaper than encoding them).
-        let same_tools =
-            request.tools.is_some() && continued.is_some_and(|last| last.tools == request.tools);
+        let same_tools = request.tools.is_some()
+            && continued.is_some_and(|last| same_tools(&last.tools, &request.tools));
         RequestPlan {
             extends,
             same_tools,
@@ -272,6 +272,43 @@ impl Recorder {
 
     fn section(&self, work: &WorkId) -> String {
         self.sections.current(&work.task)
+    }
+}
+
+/// `last == now` for two rounds' tools: first in order, which needs no
+/// hashing (a loop builds its tools the same way every round), then as maps
+/// compare (in any key order), so the answer is exactly `==`'s. The
+/// comparison ran every round, and a map's `==` hashes each key to look it
+/// up in the other map.
+fn same_tools(last: &Option<Vec<ToolDecl>>, now: &Option<Vec<ToolDecl>>) -> bool {
+    let in_order = match (last, now) {
+        (Some(last), Some(now)) => {
+            last.len() == now.len()
+                && last.iter().zip(now).all(|(a, b)| {
+                    a.name == b.name
+                        && a.description == b.description
+                        && same_in_order(&a.parameters, &b.parameters)
+                })
+        }
+        (None, None) => true,
+        _ => false,
+    };
+    in_order || last == now
+}
+
+/// Whether two JSON values are equal with every object's keys in the same order.
+fn same_in_order(a: &Json, b: &Json) -> bool {
+    match (a, b) {
+        (Json::Object(a), Json::Object(b)) => {
+            a.len() == b.len()
+                && a.iter()
+                    .zip(b)
+                    .all(|((ka, va), (kb, vb))| ka == kb && same_in_order(va, vb))
+        }
+        (Json::Array(a), Json::Array(b)) => {
+            a.len() == b.len() && a.iter().zip(b).all(|(a, b)| same_in_order(a, b))
+        }
+        _ => a == b,
     }
 }
 
@@ -435,6 +472,27 @@ fn write_calls(out: &mut Vec<u8>, calls: &[ToolCall]) {
     out.push(b']');
 }
 
+/// A round's usage as serde writes [`Usage`] (each counter it left out stays out).
+fn write_usage(out: &mut Vec<u8>, usage: &Option<Usage>) {
+    let Some(usage) = usage else {
+        out.extend_from_slice(b"null");
+        return;
+    };
+    out.extend_from_slice(b"{\"input_tokens\":");
+    json::unsigned(out, usage.input_tokens);
+    out.extend_from_slice(b",\"output_tokens\":");
+    json::unsigned(out, usage.output_tokens);
+    if let Some(cached) = usage.cached_tokens {
+        out.extend_from_slice(b",\"cached_tokens\":");
+        json::unsigned(out, cached);
+    }
+    if let Some(reasoning) = usage.reasoning_tokens {
+        out.extend_from_slice(b",\"reasoning_tokens\":");
+        json::unsigned(out, reasoning);
+    }
+    out.push(b'}');
+}
+
 fn write_text(out: &mut Vec<u8>, text: &Option<String>) {
     match text {
         Some(text) => json::string(out, text),
@@ -451,11 +509,19 @@ impl LoggedResponse<'_> {
         out.extend_from_slice(b",\"finish_reason\":");
         write_text(out, self.finish_reason);
         out.extend_from_slice(b",\"usage\":");
-        json::serialized(out, self.usage);
+        write_usage(out, self.usage);
+        // Rare (a llama.cpp or vLLM server's own metrics): serde's path, but
+        // not for the usual `null`.
         out.extend_from_slice(b",\"llama\":");
-        json::serialized(out, self.llama);
+        match self.llama {
+            Some(llama) => json::serialized(out, llama),
+            None => out.extend_from_slice(b"null"),
+        }
         out.extend_from_slice(b",\"vllm\":");
-        json::serialized(out, self.vllm);
+        match self.vllm {
+            Some(vllm) => json::serialized(out, vllm),
+            None => out.extend_from_slice(b"null"),
+        }
         out.extend_from_slice(b",\"model\":");
         write_text(out, self.model);
         out.extend_from_slice(b",\"reasoning\":");
@@ -914,6 +980,25 @@ mod tests {
             ..ChatResponse::default()
         };
         assert_eq!(response_text(&odd), response_json(&odd).to_string());
+        // Every shape of usage serde writes: with neither, either or both
+        // optional counters, and numbers past one and two digits.
+        for (cached_tokens, reasoning_tokens) in [
+            (None, None),
+            (Some(0), None),
+            (None, Some(99)),
+            (Some(100), Some(u64::MAX)),
+        ] {
+            let counted = ChatResponse {
+                usage: Some(Usage {
+                    input_tokens: 12_345,
+                    output_tokens: 7,
+                    cached_tokens,
+                    reasoning_tokens,
+                }),
+                ..ChatResponse::default()
+            };
+            assert_eq!(response_text(&counted), response_json(&counted).to_string());
+        }
         // Every request field and awkward message content, directly and
         // through serde alike.
         let mut odd_tool = message(
@@ -941,6 +1026,56 @@ mod tests {
             },
         );
         assert_eq!(logged_text(&plan), request_json(&odd_request).to_string());
+    }
+
+    #[test]
+    fn tools_compare_as_equal_exactly_when_they_are_equal() {
+        let decl = |name: &str, description: &str, parameters: Json| ToolDecl {
+            name: name.into(),
+            description: description.into(),
+            parameters,
+        };
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}, "b": [1, {"c": null}]}});
+        let reordered = json!({"properties": {"b": [1, {"c": null}], "a": {"type": "integer"}}, "type": "object"});
+        let tools = |parameters: &Json| {
+            Some(vec![
+                decl("t", "d", json!({})),
+                decl("u", "e", parameters.clone()),
+            ])
+        };
+        let variants = [
+            None,
+            Some(Vec::new()),
+            tools(&schema),
+            tools(&reordered),
+            tools(
+                &json!({"type": "object", "properties": {"a": {"type": "number"}, "b": [1, {"c": null}]}}),
+            ),
+            tools(
+                &json!({"type": "object", "properties": {"a": {"type": "integer"}, "b": [{"c": null}, 1]}}),
+            ),
+            tools(&json!({"type": "object", "properties": {"a": {"type": "integer"}}})),
+            tools(
+                &json!({"type": "object", "properties": {"z": {"type": "integer"}, "b": [1, {"c": null}]}}),
+            ),
+            Some(vec![decl("t", "d", json!({}))]),
+            Some(vec![
+                decl("t", "d2", json!({})),
+                decl("u", "e", schema.clone()),
+            ]),
+            Some(vec![
+                decl("u", "e", schema.clone()),
+                decl("t", "d", json!({})),
+            ]),
+        ];
+        for last in &variants {
+            for now in &variants {
+                assert_eq!(same_tools(last, now), last == now, "{last:?} {now:?}");
+            }
+        }
+        // Keys in another order are equal maps, and so the same tools.
+        assert!(same_tools(&variants[2], &variants[3]));
+        assert!(!same_in_order(&schema, &reordered));
     }
 
     #[test]
