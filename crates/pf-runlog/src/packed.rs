@@ -50,9 +50,7 @@ impl Packer {
         if packer.joined.capacity() + packer.packed.capacity() > PACKER_BYTES_MAX {
             return;
         }
-        let mut spares = SPARE_PACKERS
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut spares = SPARE_PACKERS.lock().unwrap_or_else(PoisonError::into_inner);
         if spares.len() < PACKERS_KEPT {
             spares.push(packer);
         }
