@@ -77,6 +77,42 @@ pub(crate) struct Taken {
     next_exchange: u64,
     /// Set when the writer will write no more: appending is then a no-op.
     closed: bool,
+    /// The appending side's last event place (never swapped on a take).
+    place: EventPlace,
+}
+
+/// The last event's section and task, and the line bytes they became
+/// (`"section","task",`). A run's events come in rows from one task in one
+/// section, so most events reuse those bytes: two comparisons and one copy
+/// instead of two strings checked and written.
+#[derive(Debug, Default)]
+struct EventPlace {
+    section: String,
+    task: String,
+    encoded: Vec<u8>,
+}
+
+impl EventPlace {
+    /// Append `"section","task",` to `out`.
+    fn push(&mut self, out: &mut Vec<u8>, section: &str, task: &str) {
+        // Empty only before the first event (even `"",""` has its quotes).
+        if !self.encoded.is_empty() && self.task == task && self.section == section {
+            out.extend_from_slice(&self.encoded);
+            return;
+        }
+        let start = out.len();
+        push_str(out, section);
+        out.push(b',');
+        push_str(out, task);
+        out.push(b',');
+        self.encoded.clear();
+        self.encoded
+            .extend_from_slice(out.get(start..).unwrap_or_default());
+        self.section.clear();
+        self.section.push_str(section);
+        self.task.clear();
+        self.task.push_str(task);
+    }
 }
 
 impl Taken {
@@ -231,7 +267,8 @@ impl EventBuffer {
     }
 
     /// Append one event whose fields are a JSON object, written by
-    /// [`push_event_line`]: the same bytes as [`push`](EventBuffer::push),
+    /// directly (its section and task as the event before's bytes when they
+    /// are the same, see [`EventPlace`]): the same bytes as [`push`](EventBuffer::push),
     /// without serde's generic machinery (a few hundred events a tool loop,
     /// ten thousand a wide fanout, all on the run's own thread).
     pub fn push_map(
@@ -243,11 +280,17 @@ impl EventBuffer {
         fields: &serde_json::Map<String, serde_json::Value>,
     ) {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let state = &mut *state;
         if state.closed || state.count == u32::MAX {
             return;
         }
-        push_event_line(&mut state.lines, kind, section, task, seq, fields);
-        state.lines.push(b'\n');
+        let out = &mut state.lines;
+        out.push(b'[');
+        push_str(out, kind);
+        out.push(b',');
+        state.place.push(out, section, task);
+        push_event_tail(out, seq, fields);
+        out.push(b'\n');
         state.count += 1;
     }
 
@@ -271,24 +314,12 @@ impl EventBuffer {
     }
 }
 
-/// One dense event line (without its newline), byte for byte what
-/// `serde_json::to_writer` makes of `(kind, section, task, seq, fields)`
-/// with `,{}` cut when `fields` is empty.
-pub(crate) fn push_event_line(
+/// An event line's end, after its place: `seq`, the fields unless empty, `]`.
+fn push_event_tail(
     out: &mut Vec<u8>,
-    kind: &str,
-    section: &str,
-    task: &str,
     seq: u32,
     fields: &serde_json::Map<String, serde_json::Value>,
 ) {
-    out.push(b'[');
-    push_str(out, kind);
-    out.push(b',');
-    push_str(out, section);
-    out.push(b',');
-    push_str(out, task);
-    out.push(b',');
     push_u64(out, u64::from(seq));
     if !fields.is_empty() {
         out.push(b',');
@@ -365,19 +396,43 @@ pub(crate) fn push_i64(out: &mut Vec<u8>, n: i64) {
     push_u64(out, n.unsigned_abs());
 }
 
-/// Out of line, so the small numbers' path above saves no registers for it.
+/// "00" to "99", for writing two digits at a time.
+static DIGIT_PAIRS: [u8; 200] = {
+    let mut table = [0u8; 200];
+    let mut n = 0;
+    while n < 100 {
+        // `n / 10` and `n % 10` are digits.
+        table[2 * n] = b'0' + (n / 10) as u8;
+        table[2 * n + 1] = b'0' + (n % 10) as u8;
+        n += 1;
+    }
+    table
+};
+
+/// A number of any size, two digits a step (a run's `started_ms` has 13):
+/// out of line, so the small numbers' path above saves no registers for it.
 #[inline(never)]
 fn push_u64_digits(out: &mut Vec<u8>, mut n: u64) {
     let mut digits = [0u8; 20];
     let mut at = digits.len();
-    loop {
+    while n >= 100 {
+        // Below 100, so a pair's index.
+        let pair = 2 * (n % 100) as usize;
+        n /= 100;
+        at -= 2;
+        digits[at] = DIGIT_PAIRS[pair];
+        digits[at + 1] = DIGIT_PAIRS[pair + 1];
+    }
+    if n >= 10 {
+        // Below 100, so a pair's index.
+        let pair = 2 * n as usize;
+        at -= 2;
+        digits[at] = DIGIT_PAIRS[pair];
+        digits[at + 1] = DIGIT_PAIRS[pair + 1];
+    } else {
         at -= 1;
-        // `n % 10` is a digit.
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
+        // `n` is a digit.
+        digits[at] = b'0' + n as u8;
     }
     out.extend_from_slice(&digits[at..]);
 }
@@ -622,6 +677,56 @@ mod tests {
     }
 
     #[test]
+    fn events_in_rows_and_switching_places_are_the_lines_serde_writes() {
+        // A place is reused only while both its section and its task stay
+        // the same: runs of one place, then every kind of switch (section
+        // only, task only, both, to a place one string of which is the
+        // other's, back again, to empty strings and back).
+        let places = [
+            ("Run", "0"),
+            ("Run", "0"),
+            ("Run", "0.1"),
+            ("Loop \"x\"", "0.1"),
+            ("Loop \"x\"", "0.1"),
+            ("Run", "0"),
+            ("0", "Run"),
+            ("", ""),
+            ("", ""),
+            ("", "0"),
+            ("0", ""),
+            ("é\n漢字 and a section name past sixteen bytes", "0.12.7"),
+            ("é\n漢字 and a section name past sixteen bytes", "0.12.7"),
+            ("Run", "0"),
+            ("Run", "0"),
+        ];
+        let fields = serde_json::json!({"turn": 3, "alias": "tick"});
+        let fields = fields.as_object().unwrap();
+        let (direct, serde) = (EventBuffer::default(), EventBuffer::default());
+        let mut none = serde_json::Map::new();
+        for (seq, (section, task)) in places.iter().enumerate() {
+            let seq = u32::try_from(seq * 37).unwrap();
+            let fields = if seq % 2 == 0 { fields } else { &none };
+            direct.push_map("tool_result", section, task, seq, fields);
+            serde.push("tool_result", section, task, seq, fields);
+        }
+        none.insert("k".into(), serde_json::Value::Null);
+        // After a take the place is still known, and still right.
+        let (mut taken_direct, mut taken_serde) = (Taken::default(), Taken::default());
+        direct.take(&mut taken_direct);
+        serde.take(&mut taken_serde);
+        assert_eq!(taken_direct.text(), taken_serde.text());
+        assert_eq!(taken_direct.count, 15);
+        direct.push_map("a", "Run", "0", 1, &none);
+        serde.push("a", "Run", "0", 1, &none);
+        direct.push_map("a", "Run", "1", 2, &none);
+        serde.push("a", "Run", "1", 2, &none);
+        direct.take(&mut taken_direct);
+        serde.take(&mut taken_serde);
+        assert_eq!(taken_direct.text(), taken_serde.text());
+        assert_eq!(taken_direct.text().lines().count(), 2);
+    }
+
+    #[test]
     fn strings_and_numbers_of_every_short_length_are_written_as_serde_writes() {
         // Every length the word checks split differently (up to three
         // bytes, four to seven, eight to 16, longer in whole and partial
@@ -655,6 +760,13 @@ mod tests {
         }
         let mut numbers: Vec<u64> = (0..=1_000).collect();
         numbers.extend([9_999, 10_000, u64::from(u32::MAX), u64::MAX - 1, u64::MAX]);
+        // Every digit count, odd and even, with zeros inside and at the end.
+        let mut power = 1u64;
+        while let Some(next) = power.checked_mul(10) {
+            numbers.extend([power, power + 7, next - 1, next / 3, power * 10 - power / 2]);
+            power = next;
+        }
+        numbers.extend([1_733_000_000_123, 1_000_000_000_005, 10_203_040_506_070_809]);
         for n in numbers {
             let mut written = Vec::new();
             push_u64(&mut written, n);
