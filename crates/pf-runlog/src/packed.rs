@@ -63,9 +63,9 @@ impl Packer {
         self.joined.extend_from_slice(lines);
         self.joined.extend_from_slice(work);
         let bound = HEADER + lz4_flex::block::get_maximum_output_size(self.joined.len());
-        // Only ever grown: zeroing the whole bound on every commit was a
-        // third of the packing's instructions (the encoder overwrites what
-        // it uses, and only that part is handed on).
+        // Only ever grown: zeroing the whole bound on every commit was about
+        // a quarter of the packing's instructions (the encoder overwrites
+        // what it uses, and only that part is handed on).
         if self.packed.len() < bound {
             self.packed.resize(bound, 0);
         }
