@@ -6,7 +6,11 @@
 //! `cargo bench -p promptforge --bench perf` prints one table. Memory figures
 //! come from child processes (this same binary re-run with `PF_PERF_CHILD`
 //! set), each reporting its peak RSS (`VmHWM`), so one workload's peak never
-//! hides another's. `PF_PERF_QUICK=1` runs each timing fewer times.
+//! hides another's. `PF_PERF_QUICK=1` runs each timing fewer times. Timed
+//! rows are pairs of samples (which side goes first alternating) and report
+//! the median of the paired ratios with its interquartile range: on this
+//! kind of shared machine one row's times drift by a third between runs,
+//! while the two samples of a pair see the same machine.
 //!
 //! Workloads:
 //! - section entry: 10,000 pure-Lua fanout arms vs a loop creating a fresh
@@ -293,13 +297,6 @@ fn row(name: &str, value: String, baseline: &str, ratio: String) {
 
 fn ratio(a: Duration, b: Duration) -> String {
     format!("{:.2}x", a.as_secs_f64() / b.as_secs_f64())
-}
-
-fn pct(on: Duration, off: Duration) -> String {
-    format!(
-        "{:+.1}%",
-        (on.as_secs_f64() / off.as_secs_f64() - 1.0) * 100.0
-    )
 }
 
 // ---------------------------------------------------------------------------
@@ -621,8 +618,8 @@ fn tool_loop_against_bare(
     let url = format!("{base}/chat/completions");
     // Like for like: the engine's provider (its client and connection) is
     // made per run, so the bare loop makes its client per run too.
-    let (engine, bare) = paired(
-        15,
+    let cost = paired_ratios(
+        41,
         || {
             bench.run(looping, text, openai, true);
             bench.settle();
@@ -632,12 +629,14 @@ fn tool_loop_against_bare(
             assert_eq!(bench.runtime.block_on(bare_http_loop(&client, &url)), 50);
         },
     );
+    let times = |r: f64| format!("{r:.2}x");
     row(
         "50-round tool loop, OpenAI, run log on",
-        ms(engine),
-        &format!("bare reqwest loop {}", ms(bare)),
-        ratio(engine, bare),
+        ms(cost.a),
+        &format!("bare reqwest loop {}; {}", ms(cost.b), cost.spread(times)),
+        times(cost.ratio[1]),
     );
+    let (engine, bare) = (cost.a, cost.b);
     let shared = reqwest::Client::new();
     let (_, kept) = paired(
         5,
@@ -667,15 +666,97 @@ fn tool_loop_against_bare(
 /// runs them, and the sample ends only when the last one's log is settled.
 const BACK_TO_BACK: usize = 4;
 
-/// [`paired`] over samples of [`BACK_TO_BACK`] runs, per run.
-fn paired_per_run(n: usize, a: impl FnMut(), b: impl FnMut()) -> (Duration, Duration) {
-    let (a, b) = paired(n, a, b);
-    let runs = BACK_TO_BACK as u32;
-    (a / runs, b / runs)
+/// Two workloads timed in pairs: the medians of each side and the spread
+/// of the paired ratios.
+struct Paired {
+    a: Duration,
+    b: Duration,
+    /// Quartiles of a/b over the pairs: each pair's two samples run one
+    /// right after the other, so drift between pairs cancels out.
+    ratio: [f64; 3],
+    pairs: usize,
 }
 
-/// (e) run log on vs off, each pair alternating; each sample is
-/// [`BACK_TO_BACK`] runs whose time includes the last one's settle.
+impl Paired {
+    fn per(self, runs: usize) -> Paired {
+        let runs = u32::try_from(runs).expect("runs");
+        Paired {
+            a: self.a / runs,
+            b: self.b / runs,
+            ..self
+        }
+    }
+
+    fn spread(&self, show: impl Fn(f64) -> String) -> String {
+        format!(
+            "IQR {}..{}, {} pairs",
+            show(self.ratio[0]),
+            show(self.ratio[2]),
+            self.pairs
+        )
+    }
+}
+
+/// `n` pairs of samples of `a` and `b`, which of the two goes first
+/// alternating from pair to pair (so neither side always follows the
+/// other's leftovers: a settle's checkpoint, a warm cache).
+fn paired_ratios(n: usize, mut on: impl FnMut(), mut off: impl FnMut()) -> Paired {
+    on();
+    off();
+    let n = if quick() { n.div_ceil(3).max(3) } else { n };
+    fn timed(f: &mut dyn FnMut()) -> Duration {
+        let t = Instant::now();
+        f();
+        t.elapsed()
+    }
+    let mut ons = Vec::with_capacity(n);
+    let mut offs = Vec::with_capacity(n);
+    for pair in 0..n {
+        let (t_on, t_off) = if pair % 2 == 0 {
+            let t_on = timed(&mut on);
+            (t_on, timed(&mut off))
+        } else {
+            let t_off = timed(&mut off);
+            (timed(&mut on), t_off)
+        };
+        ons.push(t_on);
+        offs.push(t_off);
+    }
+    let mut ratios: Vec<f64> = ons
+        .iter()
+        .zip(&offs)
+        .map(|(a, b)| a.as_secs_f64() / b.as_secs_f64())
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    let quartile = |q: usize| ratios[(ratios.len() - 1) * q / 4];
+    ons.sort();
+    offs.sort();
+    Paired {
+        a: ons[n / 2],
+        b: offs[n / 2],
+        ratio: [quartile(1), quartile(2), quartile(3)],
+        pairs: n,
+    }
+}
+
+fn pct(ratio: f64) -> String {
+    format!("{:+.1}%", (ratio - 1.0) * 100.0)
+}
+
+/// A run log row: samples of [`BACK_TO_BACK`] runs, shown per run.
+fn log_row(name: &str, cost: Paired) {
+    let cost = cost.per(BACK_TO_BACK);
+    row(
+        name,
+        ms(cost.a),
+        &format!("log off {}; {}", ms(cost.b), cost.spread(pct)),
+        pct(cost.ratio[1]),
+    );
+}
+
+/// (e) run log on vs off: the median of the paired ratios, with their
+/// quartiles; each sample is [`BACK_TO_BACK`] runs whose time includes the
+/// last one's settle.
 fn run_log_on_off(
     bench: &Bench,
     looping: &Arc<pf_syntax::Prompt>,
@@ -683,8 +764,8 @@ fn run_log_on_off(
     openai: &HostConfig,
     defaults: &HostConfig,
 ) {
-    let (on, off) = paired_per_run(
-        15,
+    let cost = paired_ratios(
+        41,
         || {
             bench.runs(looping, text, openai, true, BACK_TO_BACK);
         },
@@ -692,15 +773,10 @@ fn run_log_on_off(
             bench.runs(looping, text, openai, false, BACK_TO_BACK);
         },
     );
-    row(
-        "50-round tool loop, OpenAI, run log on",
-        ms(on),
-        &format!("run log off {}", ms(off)),
-        pct(on, off),
-    );
+    log_row("50-round tool loop, OpenAI, run log on", cost);
     let scripted = script_host(bench.dir(), 50, 1);
-    let (on, off) = paired_per_run(
-        15,
+    let cost = paired_ratios(
+        61,
         || {
             bench.runs(looping, text, &scripted, true, BACK_TO_BACK);
         },
@@ -708,16 +784,11 @@ fn run_log_on_off(
             bench.runs(looping, text, &scripted, false, BACK_TO_BACK);
         },
     );
-    row(
-        "50-round tool loop, scripted, run log on",
-        ms(on),
-        &format!("run log off {}", ms(off)),
-        pct(on, off),
-    );
+    log_row("50-round tool loop, scripted, run log on", cost);
     let text = pure_fanout_prompt(1000);
     let wide = Arc::new(pf_syntax::parse(text.as_bytes()).expect("parse"));
-    let (on, off) = paired_per_run(
-        9,
+    let cost = paired_ratios(
+        21,
         || {
             bench.runs(&wide, &text, defaults, true, BACK_TO_BACK);
         },
@@ -725,17 +796,12 @@ fn run_log_on_off(
             bench.runs(&wide, &text, defaults, false, BACK_TO_BACK);
         },
     );
-    row(
-        "1,000-arm fanout, run log on",
-        ms(on),
-        &format!("run log off {}", ms(off)),
-        pct(on, off),
-    );
+    log_row("1,000-arm fanout, run log on", cost);
     let text = model_fanout_prompt(1000);
     let wide = Arc::new(pf_syntax::parse(text.as_bytes()).expect("parse"));
     let replies = script_host(bench.dir(), 0, 1000);
-    let (on, off) = paired_per_run(
-        9,
+    let cost = paired_ratios(
+        15,
         || {
             bench.runs(&wide, &text, &replies, true, BACK_TO_BACK);
         },
@@ -743,12 +809,7 @@ fn run_log_on_off(
             bench.runs(&wide, &text, &replies, false, BACK_TO_BACK);
         },
     );
-    row(
-        "1,000 arms x one model round, run log on",
-        ms(on),
-        &format!("run log off {}", ms(off)),
-        pct(on, off),
-    );
+    log_row("1,000 arms x one model round, run log on", cost);
 }
 
 /// (c) and (d): time and memory in child processes.
