@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use pf_engine::{LiveText, LuaTraceback, RunEvent, RunObserver, ToolCallNotice};
+use pf_engine::{EventKind, LiveText, LuaTraceback, RunEvent, RunObserver, ToolCallNotice};
 
 use super::record::RunLogSink;
 use crate::progress::RunProgress;
@@ -155,35 +155,88 @@ pub fn located_traceback(traceback: &str, file: &str) -> String {
 /// Outside any walked section (the H1 pass) the latest event's label holds.
 #[derive(Debug, Default)]
 pub struct SectionTracker {
-    tasks: Mutex<HashMap<String, TaskSections>>,
+    tasks: Mutex<Tasks>,
+}
+
+/// Every task's sections, with the task the last event named looked up
+/// first: a run's events come in long stretches from one task, and a hash
+/// of its id per event was most of what following them cost.
+#[derive(Debug, Default)]
+struct Tasks {
+    at: HashMap<String, usize>,
+    sections: Vec<TaskSections>,
+    last: Option<usize>,
+}
+
+impl Tasks {
+    fn of(&mut self, task: &str) -> &mut TaskSections {
+        let at = match self.last {
+            Some(at) if self.sections.get(at).is_some_and(|t| t.task == task) => at,
+            _ => {
+                let at = match self.at.get(task) {
+                    Some(&at) => at,
+                    None => {
+                        let at = self.sections.len();
+                        self.at.insert(task.to_string(), at);
+                        self.sections.push(TaskSections {
+                            task: task.to_string(),
+                            ..TaskSections::default()
+                        });
+                        at
+                    }
+                };
+                self.last = Some(at);
+                at
+            }
+        };
+        &mut self.sections[at]
+    }
+
+    fn get(&self, task: &str) -> Option<&TaskSections> {
+        match self.last.and_then(|at| self.sections.get(at)) {
+            Some(last) if last.task == task => Some(last),
+            _ => self.at.get(task).and_then(|&at| self.sections.get(at)),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
 struct TaskSections {
+    task: String,
     open: Vec<String>,
     latest: String,
 }
 
+/// What an event does to its task's sections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Boundary {
+    Started,
+    Finished,
+    Inside,
+}
+
 impl SectionTracker {
     fn heard(&self, event: &RunEvent) {
-        self.heard_kind(event.kind.as_str(), &event.section, &event.provenance.task);
+        let boundary = match event.kind {
+            EventKind::SectionStarted => Boundary::Started,
+            EventKind::SectionFinished => Boundary::Finished,
+            _ => Boundary::Inside,
+        };
+        self.heard_at(boundary, &event.section, &event.provenance.task);
     }
 
-    fn heard_kind(&self, kind: &str, section: &str, task: &str) {
+    fn heard_at(&self, boundary: Boundary, section: &str, task: &str) {
         let mut tasks = self.tasks.lock().unwrap_or_else(PoisonError::into_inner);
-        let task = match tasks.get_mut(task) {
-            Some(sections) => sections,
-            None => tasks.entry(task.to_string()).or_default(),
-        };
-        match kind {
-            "section_started" => task.open.push(section.to_string()),
-            "section_finished" if task.open.last().is_some_and(|open| open == section) => {
+        let task = tasks.of(task);
+        match boundary {
+            Boundary::Started => task.open.push(section.to_string()),
+            Boundary::Finished if task.open.last().is_some_and(|open| open == section) => {
                 task.open.pop();
             }
             _ => {}
         }
         if task.latest != section {
-            task.latest = section.to_string();
+            section.clone_into(&mut task.latest);
         }
     }
 
@@ -204,17 +257,39 @@ mod tests {
     #[test]
     fn a_called_section_hands_back_to_its_caller() {
         let tracker = SectionTracker::default();
-        tracker.heard_kind("run_started", "Title", "0");
+        let heard = |kind: EventKind, section: &str, task: &str| {
+            tracker.heard(&RunEvent {
+                kind,
+                section: section.to_string(),
+                provenance: pf_engine::Provenance {
+                    task: task.to_string(),
+                    seq: 0,
+                },
+                fields: serde_json::Map::new(),
+            });
+        };
+        heard(EventKind::RunStarted, "Title", "0");
         assert_eq!(tracker.current("0"), "Title");
-        tracker.heard_kind("section_started", "Outer", "0");
-        tracker.heard_kind("section_started", "Inner", "0");
-        tracker.heard_kind("lua_chunk_started", "Inner", "0");
+        heard(EventKind::SectionStarted, "Outer", "0");
+        heard(EventKind::SectionStarted, "Inner", "0");
+        heard(EventKind::LuaChunkStarted, "Inner", "0");
         assert_eq!(tracker.current("0"), "Inner");
-        tracker.heard_kind("section_finished", "Inner", "0");
+        heard(EventKind::SectionFinished, "Inner", "0");
         assert_eq!(tracker.current("0"), "Outer");
-        tracker.heard_kind("section_started", "Arm", "0.1");
+        heard(EventKind::SectionStarted, "Arm", "0.1");
         assert_eq!(tracker.current("0.1"), "Arm");
         assert_eq!(tracker.current("0"), "Outer");
         assert_eq!(tracker.current("0.7"), "");
+        // Back and forth between tasks: each keeps its own stack.
+        heard(EventKind::SectionStarted, "Deeper", "0.1");
+        heard(EventKind::LuaChunkStarted, "Outer", "0");
+        assert_eq!(tracker.current("0.1"), "Deeper");
+        heard(EventKind::SectionFinished, "Deeper", "0.1");
+        assert_eq!(tracker.current("0.1"), "Arm");
+        assert_eq!(tracker.current("0"), "Outer");
+        heard(EventKind::SectionFinished, "Outer", "0");
+        assert_eq!(tracker.current("0"), "Outer");
+        heard(EventKind::RunSucceeded, "Title", "0");
+        assert_eq!(tracker.current("0"), "Title");
     }
 }
