@@ -636,6 +636,7 @@ fn tool_loop_against_bare(
         &format!("bare reqwest loop {}; {}", ms(cost.b), cost.spread(times)),
         times(cost.ratio[1]),
     );
+    cost.cpu_row("bare loop", times);
     let (engine, bare) = (cost.a, cost.b);
     let shared = reqwest::Client::new();
     let (_, kept) = paired(
@@ -674,6 +675,10 @@ struct Paired {
     /// Quartiles of a/b over the pairs: each pair's two samples run one
     /// right after the other, so drift between pairs cancels out.
     ratio: [f64; 3],
+    /// The same for the CPU time of all the process's threads.
+    cpu_a: Duration,
+    cpu_b: Duration,
+    cpu_ratio: [f64; 3],
     pairs: usize,
 }
 
@@ -683,6 +688,8 @@ impl Paired {
         Paired {
             a: self.a / runs,
             b: self.b / runs,
+            cpu_a: self.cpu_a / runs,
+            cpu_b: self.cpu_b / runs,
             ..self
         }
     }
@@ -695,6 +702,21 @@ impl Paired {
             self.pairs
         )
     }
+
+    /// The row's CPU line: both sides' CPU time and the paired ratios'.
+    fn cpu_row(&self, other: &str, show: impl Fn(f64) -> String) {
+        row(
+            "  CPU time, all threads",
+            ms(self.cpu_a),
+            &format!(
+                "{other} {}; IQR {}..{}",
+                ms(self.cpu_b),
+                show(self.cpu_ratio[0]),
+                show(self.cpu_ratio[2])
+            ),
+            show(self.cpu_ratio[1]),
+        );
+    }
 }
 
 /// `n` pairs of samples of `a` and `b`, which of the two goes first
@@ -704,10 +726,12 @@ fn paired_ratios(n: usize, mut on: impl FnMut(), mut off: impl FnMut()) -> Paire
     on();
     off();
     let n = if quick() { n.div_ceil(3).max(3) } else { n };
-    fn timed(f: &mut dyn FnMut()) -> Duration {
+    // Wall time and the CPU time of every thread of the process.
+    fn timed(f: &mut dyn FnMut()) -> (Duration, Duration) {
+        let cpu = process_cpu();
         let t = Instant::now();
         f();
-        t.elapsed()
+        (t.elapsed(), process_cpu().saturating_sub(cpu))
     }
     let mut ons = Vec::with_capacity(n);
     let mut offs = Vec::with_capacity(n);
@@ -722,21 +746,49 @@ fn paired_ratios(n: usize, mut on: impl FnMut(), mut off: impl FnMut()) -> Paire
         ons.push(t_on);
         offs.push(t_off);
     }
-    let mut ratios: Vec<f64> = ons
-        .iter()
-        .zip(&offs)
-        .map(|(a, b)| a.as_secs_f64() / b.as_secs_f64())
-        .collect();
-    ratios.sort_by(f64::total_cmp);
-    let quartile = |q: usize| ratios[(ratios.len() - 1) * q / 4];
-    ons.sort();
-    offs.sort();
+    let quartiles = |pick: fn(&(Duration, Duration)) -> Duration| {
+        let mut ratios: Vec<f64> = ons
+            .iter()
+            .zip(&offs)
+            .map(|(a, b)| pick(a).as_secs_f64() / pick(b).as_secs_f64())
+            .filter(|r| r.is_finite())
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        let at = |q: usize| ratios.get(ratios.len().saturating_sub(1) * q / 4).copied();
+        [at(1), at(2), at(3)].map(|r| r.unwrap_or(f64::NAN))
+    };
+    let ratio = quartiles(|t| t.0);
+    let cpu_ratio = quartiles(|t| t.1);
+    let median = |side: &[(Duration, Duration)], pick: fn(&(Duration, Duration)) -> Duration| {
+        let mut times: Vec<Duration> = side.iter().map(pick).collect();
+        times.sort();
+        times[times.len() / 2]
+    };
     Paired {
-        a: ons[n / 2],
-        b: offs[n / 2],
-        ratio: [quartile(1), quartile(2), quartile(3)],
+        a: median(&ons, |t| t.0),
+        b: median(&offs, |t| t.0),
+        ratio,
+        cpu_a: median(&ons, |t| t.1),
+        cpu_b: median(&offs, |t| t.1),
+        cpu_ratio,
         pairs: n,
     }
+}
+
+/// CPU time of every live thread of this process (`/proc/self/task/*/schedstat`,
+/// nanoseconds on a CPU): the run's thread, the log's writer threads, the
+/// in-process server's. A thread that exits within a sample takes its share
+/// with it (tokio's and the log's threads outlive a sample).
+fn process_cpu() -> Duration {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Duration::ZERO;
+    };
+    let nanos: u64 = tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
+        .filter_map(|stat| stat.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    Duration::from_nanos(nanos)
 }
 
 fn pct(ratio: f64) -> String {
@@ -752,6 +804,7 @@ fn log_row(name: &str, cost: Paired) {
         &format!("log off {}; {}", ms(cost.b), cost.spread(pct)),
         pct(cost.ratio[1]),
     );
+    cost.cpu_row("log off", pct);
 }
 
 /// (e) run log on vs off: the median of the paired ratios, with their
