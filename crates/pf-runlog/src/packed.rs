@@ -157,6 +157,51 @@ mod tests {
         }
     }
 
+    /// The encoder is lz4_flex's fast one: every length up to a few blocks'
+    /// worth, over text that matches a lot, a little and not at all, comes
+    /// back byte for byte through the safe decoder, with one packer reused
+    /// throughout (its buffer keeps the longest row's bytes past the end).
+    #[test]
+    fn rows_of_every_shape_come_back_through_a_reused_packer() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut noise = |n: usize| -> String {
+            (0..n)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    char::from(b' ' + (seed % 95) as u8)
+                })
+                .collect()
+        };
+        let line = "[\"tool_call_succeeded\",\"Run\",\"0\",14]\n";
+        let mut packer = Packer::default();
+        let mut longest = String::new();
+        for len in (0..300).chain([1_000, 4_095, 4_096, 65_535, 65_536, 70_000, 300_000]) {
+            let repetitive: String = line.repeat(len / line.len() + 1)[..len].to_string();
+            let random = noise(len);
+            let mixed: String = repetitive
+                .chars()
+                .zip(random.chars())
+                .enumerate()
+                .map(|(at, (a, b))| if at % 7 == 0 { b } else { a })
+                .collect();
+            for (lines, work) in [
+                (&repetitive, &random),
+                (&random, &repetitive),
+                (&mixed, &longest),
+            ] {
+                let packed = packer.pack(lines.as_bytes(), work.as_bytes()).unwrap();
+                let back = unpack(packed).unwrap();
+                assert_eq!(back.lines(), lines.as_str(), "lines of length {len}");
+                assert_eq!(back.work(), work.as_str(), "work of length {len}");
+            }
+            if len > longest.len() && len <= 4_096 {
+                longest = mixed;
+            }
+        }
+    }
+
     #[test]
     fn repetitive_lines_pack_small() {
         let lines = "[\"tool_call_started\",\"Loop\",\"0\",12,{\"tool\":\"tick\"}]\n".repeat(300);
