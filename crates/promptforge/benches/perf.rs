@@ -778,8 +778,14 @@ fn paired_ratios(n: usize, mut on: impl FnMut(), mut off: impl FnMut()) -> Paire
 /// CPU time of every live thread of this process (`/proc/self/task/*/schedstat`,
 /// nanoseconds on a CPU): the run's thread, the log's writer threads, the
 /// in-process server's. A thread that exits within a sample takes its share
-/// with it (tokio's and the log's threads outlive a sample).
+/// with it (tokio's and the log's threads outlive a sample). Counts are
+/// exact for threads that are asleep when read, as the run's other threads
+/// are between samples.
 fn process_cpu() -> Duration {
+    // A running thread's count is brought up to date only when it is
+    // switched or ticked (1-4 ms); yielding updates this thread's, which
+    // otherwise lags by up to a tick (a 4-run scripted sample is ~4 ms).
+    std::thread::yield_now();
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
         return Duration::ZERO;
     };
