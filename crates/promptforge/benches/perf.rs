@@ -665,7 +665,15 @@ fn tool_loop_against_bare(
 
 /// Runs per sample in the run log rows: back to back, as `promptforge mcp`
 /// runs them, and the sample ends only when the last one's log is settled.
-const BACK_TO_BACK: usize = 4;
+/// A settle returns once the end is committed; the WAL's checkpoint comes
+/// after it, every ~1 MB of WAL (every ~20 tool loops, every few fanouts),
+/// and falls into whatever sample runs next. So a sample holds enough runs
+/// to hold its share of checkpoints: with 4 runs a sample, most samples had
+/// none and the median left them out (the scripted loop read +17% where 1,000
+/// runs back to back under `perf stat` took +29-58%).
+const OPENAI_RUNS: usize = 16;
+const SCRIPTED_RUNS: usize = 40;
+const FANOUT_RUNS: usize = 8;
 
 /// Two workloads timed in pairs: the medians of each side and the spread
 /// of the paired ratios.
@@ -801,9 +809,9 @@ fn pct(ratio: f64) -> String {
     format!("{:+.1}%", (ratio - 1.0) * 100.0)
 }
 
-/// A run log row: samples of [`BACK_TO_BACK`] runs, shown per run.
-fn log_row(name: &str, cost: Paired) {
-    let cost = cost.per(BACK_TO_BACK);
+/// A run log row: samples of `runs` runs, shown per run.
+fn log_row(name: &str, runs: usize, cost: Paired) {
+    let cost = cost.per(runs);
     row(
         name,
         ms(cost.a),
@@ -814,8 +822,8 @@ fn log_row(name: &str, cost: Paired) {
 }
 
 /// (e) run log on vs off: the median of the paired ratios, with their
-/// quartiles; each sample is [`BACK_TO_BACK`] runs whose time includes the
-/// last one's settle.
+/// quartiles; each sample is a row's runs whose time includes the last
+/// one's settle.
 fn run_log_on_off(
     bench: &Bench,
     looping: &Arc<pf_syntax::Prompt>,
@@ -826,49 +834,57 @@ fn run_log_on_off(
     let cost = paired_ratios(
         41,
         || {
-            bench.runs(looping, text, openai, true, BACK_TO_BACK);
+            bench.runs(looping, text, openai, true, OPENAI_RUNS);
         },
         || {
-            bench.runs(looping, text, openai, false, BACK_TO_BACK);
+            bench.runs(looping, text, openai, false, OPENAI_RUNS);
         },
     );
-    log_row("50-round tool loop, OpenAI, run log on", cost);
+    log_row("50-round tool loop, OpenAI, run log on", OPENAI_RUNS, cost);
     let scripted = script_host(bench.dir(), 50, 1);
     let cost = paired_ratios(
         61,
         || {
-            bench.runs(looping, text, &scripted, true, BACK_TO_BACK);
+            bench.runs(looping, text, &scripted, true, SCRIPTED_RUNS);
         },
         || {
-            bench.runs(looping, text, &scripted, false, BACK_TO_BACK);
+            bench.runs(looping, text, &scripted, false, SCRIPTED_RUNS);
         },
     );
-    log_row("50-round tool loop, scripted, run log on", cost);
+    log_row(
+        "50-round tool loop, scripted, run log on",
+        SCRIPTED_RUNS,
+        cost,
+    );
     let text = pure_fanout_prompt(1000);
     let wide = Arc::new(pf_syntax::parse(text.as_bytes()).expect("parse"));
     let cost = paired_ratios(
         21,
         || {
-            bench.runs(&wide, &text, defaults, true, BACK_TO_BACK);
+            bench.runs(&wide, &text, defaults, true, FANOUT_RUNS);
         },
         || {
-            bench.runs(&wide, &text, defaults, false, BACK_TO_BACK);
+            bench.runs(&wide, &text, defaults, false, FANOUT_RUNS);
         },
     );
-    log_row("1,000-arm fanout, run log on", cost);
+    log_row("1,000-arm fanout, run log on", FANOUT_RUNS, cost);
     let text = model_fanout_prompt(1000);
     let wide = Arc::new(pf_syntax::parse(text.as_bytes()).expect("parse"));
     let replies = script_host(bench.dir(), 0, 1000);
     let cost = paired_ratios(
         15,
         || {
-            bench.runs(&wide, &text, &replies, true, BACK_TO_BACK);
+            bench.runs(&wide, &text, &replies, true, FANOUT_RUNS);
         },
         || {
-            bench.runs(&wide, &text, &replies, false, BACK_TO_BACK);
+            bench.runs(&wide, &text, &replies, false, FANOUT_RUNS);
         },
     );
-    log_row("1,000 arms x one model round, run log on", cost);
+    log_row(
+        "1,000 arms x one model round, run log on",
+        FANOUT_RUNS,
+        cost,
+    );
 }
 
 /// (c) and (d): time and memory in child processes.
