@@ -485,6 +485,7 @@ fn half_word_at(bytes: &[u8], at: usize) -> Option<[u8; 4]> {
 /// forms of backspace, form feed, newline, return and tab, `\u00xx` for the
 /// other control characters; everything else as it is. Most text has
 /// nothing to escape and goes in as it is.
+#[inline]
 pub fn push_str(out: &mut Vec<u8>, text: &str) {
     let bytes = text.as_bytes();
     out.push(b'"');
