@@ -6,8 +6,8 @@
 //! `cargo bench -p promptforge --bench perf` prints one table. Memory figures
 //! come from child processes (this same binary re-run with `PF_PERF_CHILD`
 //! set), each reporting its peak RSS (`VmHWM`), so one workload's peak never
-//! hides another's. `PF_PERF_QUICK=1` runs each timing fewer times. Timed
-//! rows are pairs of samples (which side goes first alternating) and report
+//! hides another's. `PF_PERF_QUICK=1` runs each timing fewer times. The tool
+//! loop and run log rows are pairs of samples (which side goes first alternating) and report
 //! the median of the paired ratios with its interquartile range: on this
 //! kind of shared machine one row's times drift by a third between runs,
 //! while the two samples of a pair see the same machine.
@@ -730,9 +730,9 @@ impl Paired {
 /// `n` pairs of samples of `a` and `b`, which of the two goes first
 /// alternating from pair to pair (so neither side always follows the
 /// other's leftovers: a settle's checkpoint, a warm cache).
-fn paired_ratios(n: usize, mut on: impl FnMut(), mut off: impl FnMut()) -> Paired {
-    on();
-    off();
+fn paired_ratios(n: usize, mut a: impl FnMut(), mut b: impl FnMut()) -> Paired {
+    a();
+    b();
     let n = if quick() { n.div_ceil(3).max(3) } else { n };
     // Wall time and the CPU time of every thread of the process.
     fn timed(f: &mut dyn FnMut()) -> (Duration, Duration) {
@@ -741,24 +741,24 @@ fn paired_ratios(n: usize, mut on: impl FnMut(), mut off: impl FnMut()) -> Paire
         f();
         (t.elapsed(), process_cpu().saturating_sub(cpu))
     }
-    let mut ons = Vec::with_capacity(n);
-    let mut offs = Vec::with_capacity(n);
+    let mut a_times = Vec::with_capacity(n);
+    let mut b_times = Vec::with_capacity(n);
     for pair in 0..n {
-        let (t_on, t_off) = if pair % 2 == 0 {
-            let t_on = timed(&mut on);
-            (t_on, timed(&mut off))
+        let (t_a, t_b) = if pair % 2 == 0 {
+            let t_a = timed(&mut a);
+            (t_a, timed(&mut b))
         } else {
-            let t_off = timed(&mut off);
-            (timed(&mut on), t_off)
+            let t_b = timed(&mut b);
+            (timed(&mut a), t_b)
         };
-        ons.push(t_on);
-        offs.push(t_off);
+        a_times.push(t_a);
+        b_times.push(t_b);
     }
     let quartiles = |pick: fn(&(Duration, Duration)) -> Duration| {
-        let mut ratios: Vec<f64> = ons
+        let mut ratios: Vec<f64> = a_times
             .iter()
-            .zip(&offs)
-            .map(|(a, b)| pick(a).as_secs_f64() / pick(b).as_secs_f64())
+            .zip(&b_times)
+            .map(|(t_a, t_b)| pick(t_a).as_secs_f64() / pick(t_b).as_secs_f64())
             .filter(|r| r.is_finite())
             .collect();
         ratios.sort_by(f64::total_cmp);
@@ -773,11 +773,11 @@ fn paired_ratios(n: usize, mut on: impl FnMut(), mut off: impl FnMut()) -> Paire
         times[times.len() / 2]
     };
     Paired {
-        a: median(&ons, |t| t.0),
-        b: median(&offs, |t| t.0),
+        a: median(&a_times, |t| t.0),
+        b: median(&b_times, |t| t.0),
         ratio,
-        cpu_a: median(&ons, |t| t.1),
-        cpu_b: median(&offs, |t| t.1),
+        cpu_a: median(&a_times, |t| t.1),
+        cpu_b: median(&b_times, |t| t.1),
         cpu_ratio,
         pairs: n,
     }
