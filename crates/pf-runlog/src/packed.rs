@@ -163,15 +163,14 @@ mod tests {
     /// throughout (its buffer keeps the longest row's bytes past the end).
     #[test]
     fn rows_of_every_shape_come_back_through_a_reused_packer() {
-        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        // Printable bytes that barely repeat: the top bits of a
+        // multiplicative hash of each position (a new stream for each call).
+        let mut stream = 0u64;
         let mut noise = |n: usize| -> String {
-            (0..n)
-                .map(|_| {
-                    seed ^= seed << 13;
-                    seed ^= seed >> 7;
-                    seed ^= seed << 17;
-                    char::from(b' ' + (seed % 95) as u8)
-                })
+            stream += 1;
+            let hash = |at: u64| (at ^ stream << 40).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58;
+            (0..n as u64)
+                .map(|at| char::from(b' ' + hash(at) as u8))
                 .collect()
         };
         let line = "[\"tool_call_succeeded\",\"Run\",\"0\",14]\n";
