@@ -169,34 +169,29 @@ struct Tasks {
 }
 
 impl Tasks {
+    /// Where `task`'s sections are kept, the last event's task checked first.
+    fn find(&self, task: &str) -> Option<usize> {
+        match self.last {
+            Some(at) if self.sections.get(at).is_some_and(|t| t.task == task) => Some(at),
+            _ => self.at.get(task).copied(),
+        }
+    }
+
     fn of(&mut self, task: &str) -> &mut TaskSections {
-        let at = match self.last {
-            Some(at) if self.sections.get(at).is_some_and(|t| t.task == task) => at,
-            _ => {
-                let at = match self.at.get(task) {
-                    Some(&at) => at,
-                    None => {
-                        let at = self.sections.len();
-                        self.at.insert(task.to_string(), at);
-                        self.sections.push(TaskSections {
-                            task: task.to_string(),
-                            ..TaskSections::default()
-                        });
-                        at
-                    }
-                };
-                self.last = Some(at);
-                at
-            }
-        };
+        let at = self.find(task).unwrap_or_else(|| {
+            self.at.insert(task.to_string(), self.sections.len());
+            self.sections.push(TaskSections {
+                task: task.to_string(),
+                ..TaskSections::default()
+            });
+            self.sections.len() - 1
+        });
+        self.last = Some(at);
         &mut self.sections[at]
     }
 
     fn get(&self, task: &str) -> Option<&TaskSections> {
-        match self.last.and_then(|at| self.sections.get(at)) {
-            Some(last) if last.task == task => Some(last),
-            _ => self.at.get(task).and_then(|&at| self.sections.get(at)),
-        }
+        self.find(task).and_then(|at| self.sections.get(at))
     }
 }
 
@@ -207,30 +202,14 @@ struct TaskSections {
     latest: String,
 }
 
-/// What an event does to its task's sections.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Boundary {
-    Started,
-    Finished,
-    Inside,
-}
-
 impl SectionTracker {
     fn heard(&self, event: &RunEvent) {
-        let boundary = match event.kind {
-            EventKind::SectionStarted => Boundary::Started,
-            EventKind::SectionFinished => Boundary::Finished,
-            _ => Boundary::Inside,
-        };
-        self.heard_at(boundary, &event.section, &event.provenance.task);
-    }
-
-    fn heard_at(&self, boundary: Boundary, section: &str, task: &str) {
+        let section = event.section.as_str();
         let mut tasks = self.tasks.lock().unwrap_or_else(PoisonError::into_inner);
-        let task = tasks.of(task);
-        match boundary {
-            Boundary::Started => task.open.push(section.to_string()),
-            Boundary::Finished if task.open.last().is_some_and(|open| open == section) => {
+        let task = tasks.of(&event.provenance.task);
+        match event.kind {
+            EventKind::SectionStarted => task.open.push(section.to_string()),
+            EventKind::SectionFinished if task.open.last().is_some_and(|open| open == section) => {
                 task.open.pop();
             }
             _ => {}
