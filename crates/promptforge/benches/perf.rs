@@ -6,8 +6,8 @@
 //! `cargo bench -p promptforge --bench perf` prints one table. Memory figures
 //! come from child processes (this same binary re-run with `PF_PERF_CHILD`
 //! set), each reporting its peak RSS (`VmHWM`), so one workload's peak never
-//! hides another's. `PF_PERF_QUICK=1` runs each timing fewer times. The tool
-//! loop and run log rows are pairs of samples (which side goes first alternating) and report
+//! hides another's. `PF_PERF_QUICK=1` runs each timing fewer times. Timed
+//! rows are pairs of samples (which side goes first alternating) and report
 //! the median of the paired ratios with its interquartile range: on this
 //! kind of shared machine one row's times drift by a third between runs,
 //! while the two samples of a pair see the same machine.
@@ -266,37 +266,12 @@ fn quick() -> bool {
     std::env::var_os("PF_PERF_QUICK").is_some()
 }
 
-/// Two workloads timed in alternation (A, B, A, B, ...) so drift on a noisy
-/// machine hits both alike; the medians of each.
-fn paired(n: usize, mut a: impl FnMut(), mut b: impl FnMut()) -> (Duration, Duration) {
-    a();
-    b();
-    let n = if quick() { n.div_ceil(3).max(1) } else { n };
-    let mut ta = Vec::new();
-    let mut tb = Vec::new();
-    for _ in 0..n {
-        let t = Instant::now();
-        a();
-        ta.push(t.elapsed());
-        let t = Instant::now();
-        b();
-        tb.push(t.elapsed());
-    }
-    ta.sort();
-    tb.sort();
-    (ta[ta.len() / 2], tb[tb.len() / 2])
-}
-
 fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
 }
 
 fn row(name: &str, value: String, baseline: &str, ratio: String) {
     println!("{name:<48} {value:>14}  {baseline:<40} {ratio:>8}");
-}
-
-fn ratio(a: Duration, b: Duration) -> String {
-    format!("{:.2}x", a.as_secs_f64() / b.as_secs_f64())
 }
 
 // ---------------------------------------------------------------------------
@@ -583,7 +558,7 @@ fn section_entry(bench: &Bench, defaults: &HostConfig) {
     let prompt = Arc::new(pf_syntax::parse(text.as_bytes()).expect("parse"));
     let check = bench.run(&prompt, &text, defaults, false);
     assert_eq!(check, Outcome::Completed(arms.to_string()));
-    let (engine, bare) = paired(
+    let cost = paired_ratios(
         5,
         || {
             bench.run(&prompt, &text, defaults, false);
@@ -592,10 +567,11 @@ fn section_entry(bench: &Bench, defaults: &HostConfig) {
     );
     row(
         "10,000 pure-Lua fanout arms",
-        ms(engine),
-        &format!("fresh Lua state x10,000 {}", ms(bare)),
-        ratio(engine, bare),
+        ms(cost.a),
+        &format!("fresh Lua state x10,000 {}", ms(cost.b)),
+        times(cost.ratio[1]),
     );
+    let (engine, bare) = (cost.a, cost.b);
     row(
         "  per section entry",
         format!("{:.1} µs", engine.as_secs_f64() * 1e6 / arms as f64),
@@ -629,7 +605,6 @@ fn tool_loop_against_bare(
             assert_eq!(bench.runtime.block_on(bare_http_loop(&client, &url)), 50);
         },
     );
-    let times = |r: f64| format!("{r:.2}x");
     row(
         "50-round tool loop, OpenAI, run log on",
         ms(cost.a),
@@ -639,18 +614,24 @@ fn tool_loop_against_bare(
     cost.cpu_row("bare loop", times);
     let (engine, bare) = (cost.a, cost.b);
     let shared = reqwest::Client::new();
-    let (_, kept) = paired(
+    let kept = paired_ratios(
         5,
-        || {},
         || {
             assert_eq!(bench.runtime.block_on(bare_http_loop(&shared, &url)), 50);
+        },
+        || {
+            let client = reqwest::Client::new();
+            assert_eq!(bench.runtime.block_on(bare_http_loop(&client, &url)), 50);
         },
     );
     row(
         "  bare loop, one client kept across runs",
-        ms(kept),
-        "(the connection outlives the run)",
-        String::new(),
+        ms(kept.a),
+        &format!(
+            "client per run {} (the connection outlives the run)",
+            ms(kept.b)
+        ),
+        times(kept.ratio[1]),
     );
     row(
         "  engine overhead per round",
@@ -803,6 +784,10 @@ fn process_cpu() -> Duration {
         .filter_map(|stat| stat.split_whitespace().next()?.parse::<u64>().ok())
         .sum();
     Duration::from_nanos(nanos)
+}
+
+fn times(ratio: f64) -> String {
+    format!("{ratio:.2}x")
 }
 
 fn pct(ratio: f64) -> String {
