@@ -431,6 +431,7 @@ fn child(workload: &str) {
                 assert_eq!(bench.runtime.block_on(bare_http_loop(&client, &url)), 50);
             }
             println!("{} {}", t.elapsed().as_micros(), peak_rss_kib());
+            report_run_thread_cpu();
             return;
         }
         // The bare baseline of section entry, for CPU comparisons with
@@ -488,8 +489,13 @@ fn child(workload: &str) {
         "run log finish waits: {} µs in all",
         FINISH_MICROS.load(std::sync::atomic::Ordering::Relaxed)
     );
-    // The run's own thread's CPU time, without the log writer's (which has
-    // the other core on a quiet machine): `/proc/thread-self/schedstat`.
+    report_run_thread_cpu();
+}
+
+/// The run's own thread's CPU time (user and kernel), without the log
+/// writer's or the server's (which have the other core on a quiet machine):
+/// `/proc/thread-self/schedstat`.
+fn report_run_thread_cpu() {
     if let Ok(stat) = std::fs::read_to_string("/proc/thread-self/schedstat") {
         let ns: u64 = stat
             .split_whitespace()
@@ -497,6 +503,14 @@ fn child(workload: &str) {
             .and_then(|n| n.parse().ok())
             .unwrap_or(0);
         eprintln!("run thread cpu: {} µs in all", ns / 1000);
+    }
+    // utime and stime (fields 14 and 15, in clock ticks) split it.
+    if let Ok(stat) = std::fs::read_to_string("/proc/thread-self/stat") {
+        let after_name = stat.rsplit(')').next().unwrap_or_default();
+        let fields: Vec<&str> = after_name.split_whitespace().collect();
+        if let (Some(user), Some(sys)) = (fields.get(11), fields.get(12)) {
+            eprintln!("run thread user/sys ticks: {user}/{sys}");
+        }
     }
 }
 
