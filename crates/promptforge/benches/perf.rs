@@ -496,12 +496,7 @@ fn child(workload: &str) {
 /// writer's or the server's (which have the other core on a quiet machine):
 /// `/proc/thread-self/schedstat`.
 fn report_run_thread_cpu() {
-    if let Ok(stat) = std::fs::read_to_string("/proc/thread-self/schedstat") {
-        let ns: u64 = stat
-            .split_whitespace()
-            .next()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0);
+    if let Some(ns) = schedstat_nanos(std::path::Path::new("/proc/thread-self/schedstat")) {
         eprintln!("run thread cpu: {} µs in all", ns / 1000);
     }
     // utime and stime (fields 14 and 15, in clock ticks) split it.
@@ -794,10 +789,16 @@ fn process_cpu() -> Duration {
     };
     let nanos: u64 = tasks
         .flatten()
-        .filter_map(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
-        .filter_map(|stat| stat.split_whitespace().next()?.parse::<u64>().ok())
+        .filter_map(|task| schedstat_nanos(&task.path().join("schedstat")))
         .sum();
     Duration::from_nanos(nanos)
+}
+
+/// A thread's time on the CPU, user and kernel, in ns: a `schedstat`
+/// file's first field.
+fn schedstat_nanos(path: &Path) -> Option<u64> {
+    let stat = std::fs::read_to_string(path).ok()?;
+    stat.split_whitespace().next()?.parse().ok()
 }
 
 fn times(ratio: f64) -> String {
