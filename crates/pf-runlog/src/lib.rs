@@ -2,8 +2,9 @@
 //! order, and the host work it did (model exchanges, tool calls, operator
 //! answers), so `runs`, `show` and a later replay can read a run back.
 //!
-//! Writing goes through [`RunWriter`]: a channel to a background thread that
-//! commits in small batches, so the run never waits on SQLite, a killed
+//! Writing goes through [`RunWriter`]: a run's buffer that one thread per
+//! database commits in small batches (one transaction for every run writing
+//! there in this process), so the run never waits on SQLite, a killed
 //! process leaves everything committed so far, and many processes can share
 //! one database. Reading goes through [`RunLog`].
 //!

@@ -1,10 +1,11 @@
-//! Writing one run: rows queue up (events and host work, encoded into one
-//! shared buffer by whoever reports them) and are committed in short
-//! transactions, by a background thread while the run goes and by the
-//! caller itself at a flush or a synchronous finish.
+//! Writing runs: each run's rows queue up (events and host work, encoded
+//! into the run's buffer by whoever reports them) and are committed in short
+//! transactions, one for every run writing to the same database in this
+//! process, by that database's thread each window and by a caller itself at
+//! a flush, a synchronous finish or a tail's wait.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::thread;
@@ -28,11 +29,10 @@ pub type WarningSink = Arc<dyn Fn(&str) + Send + Sync>;
 /// How a [`RunWriter`] batches and how long it waits. The defaults suit a CLI run.
 #[derive(Clone)]
 pub struct WriterOptions {
-    /// The background thread commits what is queued once this many rows
-    /// (events aside) are waiting...
+    /// Unused (kept so options written for earlier versions still build).
     pub batch_rows: usize,
-    /// ...or after this long once the run logs; each window that had rows
-    /// to commit doubles the next...
+    /// The database's thread commits what is queued after this long once a
+    /// run begins; each window doubles the next...
     pub batch_window: Duration,
     /// ...up to this: a long run commits a few large batches rather than
     /// many small ones (each commit rewrites the same index pages), and a
@@ -106,7 +106,6 @@ impl Warning {
         true
     }
 }
-
 /// Writes one run into the log. Every method but [`flush`](RunWriter::flush)
 /// and [`finish`](RunWriter::finish) returns at once; rows reach the
 /// database within a few milliseconds, in order. Nothing here fails or
@@ -118,26 +117,23 @@ impl Warning {
 /// queued when the process ends are lost (rows already committed are not).
 pub struct RunWriter {
     shared: Arc<Shared>,
-    /// The background thread, woken at the end (rows wait for its window).
-    thread: Option<thread::Thread>,
-    /// Whether closing wakes the background thread (a deferred finish
+    /// Whether closing wakes the database's thread (a deferred finish
     /// leaves that to whoever waits for it, see `finish_deferred`).
     wake_on_close: bool,
-    /// Ends when the background thread does (behind a lock only to keep the writer `Sync`).
+    /// The run's part of the database thread's work after its end (behind
+    /// a lock only to keep the writer `Sync`).
     tail: Mutex<Option<WriterTail>>,
 }
 
-/// The background thread's last work after a run's end: committing what
-/// [`RunWriter::finish_deferred`] left to it, then tidying the WAL. Wait on
-/// it before the process exits (or before telling anyone the run is logged).
+/// The database thread's last work for a run after its end: committing
+/// what [`RunWriter::finish_deferred`] left to it, then tidying the WAL.
+/// Wait on it before the process exits (or before telling anyone the run
+/// is logged).
 pub struct WriterTail {
     shared: Option<Arc<Shared>>,
-    /// The background thread, woken before any wait (a deferred finish does
-    /// not wake it).
-    thread: Option<thread::Thread>,
     /// Closed once the run's rows and end are committed (or the log gave up).
     committed: Receiver<()>,
-    /// Closed when the background thread ends.
+    /// Closed once the run is done with: committed and the WAL tidied.
     done: Receiver<()>,
 }
 
@@ -153,7 +149,6 @@ impl WriterTail {
         let (_, done) = mpsc::sync_channel(1);
         WriterTail {
             shared: None,
-            thread: None,
             committed,
             done,
         }
@@ -165,37 +160,33 @@ impl WriterTail {
     pub fn wait_committed(&mut self) -> Option<String> {
         let shared = self.shared.clone()?;
         if let Here::Done = finish_here(&shared, false) {
-            // Its thread tidies and hands the connection back.
-            self.wake();
             return shared.warning.get();
         }
-        self.wake();
-        // The thread never sends; dropping the sender is the signal.
+        shared.db.wake();
+        // Nobody sends; dropping the sender is the signal.
         if let Err(mpsc::RecvTimeoutError::Timeout) =
             self.committed.recv_timeout(shared.options.finish_wait)
         {
-            shared.still_writing(shared.in_database.load(Ordering::SeqCst));
+            shared.still_writing(shared.db.in_database.load(Ordering::SeqCst));
         }
         shared.warning.get()
     }
 
     /// Wait as [`wait_committed`](WriterTail::wait_committed) does, then
-    /// until the background thread has tidied and ended, at most `bound` more.
+    /// until the WAL is tidied after it, at most `bound` more.
     pub fn wait(self, bound: Duration) -> Option<String> {
         let shared = self.shared.clone()?;
         if let Here::Done = finish_here(&shared, true) {
-            // Nothing is left for the thread but to end (not waited for).
-            self.wake();
             return shared.warning.get();
         }
-        self.wake();
-        // The thread ends after the commit: waiting for its end alone wakes
+        shared.db.wake();
+        // The run is done after its commit: waiting for that alone wakes
         // the caller once, not twice (each wake takes a core's turn).
         if let Err(mpsc::RecvTimeoutError::Timeout) =
             self.done.recv_timeout(shared.options.finish_wait)
         {
             if let Err(mpsc::TryRecvError::Empty) = self.committed.try_recv() {
-                shared.still_writing(shared.in_database.load(Ordering::SeqCst));
+                shared.still_writing(shared.db.in_database.load(Ordering::SeqCst));
             }
             let _ = self.done.recv_timeout(bound);
         }
@@ -207,138 +198,85 @@ impl WriterTail {
 enum Here {
     /// Everything is committed (and, when asked, tidied).
     Done,
-    /// Left to the background thread: it holds the core, holds no
-    /// connection yet, the log gave up, or the database is locked (the
-    /// thread waits that out with its own timeout and retries, as always).
+    /// Left to the database thread: it holds the connection, or the
+    /// database is locked (the thread waits that out with its own timeout
+    /// and retries, as always).
     Left,
 }
 
-/// Commit a closed writer's rows and end on the waiting thread, when its
-/// background thread holds the connection and is waiting out its window:
-/// waking that thread and then being woken by it are two cross-core wakes
-/// (each tens of µs on a virtual machine, and the thread's caches are cold),
-/// while the waiting thread, idle anyway, has the rows in its own cache.
-/// With `tidy`, also what the thread does after (checkpoint a grown WAL,
-/// recycle the buffers, hand the connection to the next writer), so it has
-/// nothing left to do but end. One try that never waits for a lock: a
-/// locked database leaves everything to the thread, and the wait to its
-/// usual bounds.
-fn finish_here(shared: &Shared, tidy: bool) -> Here {
-    if !shared.closing.load(Ordering::SeqCst) || shared.options.busy_timeout.is_zero() {
+/// Commit a closed writer's rows and end on the waiting thread, when the
+/// database thread is waiting out its window: waking that thread and then
+/// being woken by it are two cross-core wakes (each tens of µs on a virtual
+/// machine, and the thread's caches are cold), while the waiting thread,
+/// idle anyway, has the rows in its own cache. It commits every run's rows
+/// queued there (one transaction, as the thread would). With `tidy`, also
+/// what the thread does after (checkpoint a grown WAL, recycle the run's
+/// buffers). One try that never waits for a lock: a locked database leaves
+/// everything to the thread, and the wait to its usual bounds.
+fn finish_here(shared: &Arc<Shared>, tidy: bool) -> Here {
+    let db = &shared.db;
+    if !shared.closing.load(Ordering::SeqCst) || db.options.busy_timeout.is_zero() {
         return Here::Left;
     }
-    let mut core = match shared.core.try_lock() {
+    let mut core = match db.core.try_lock() {
         Ok(core) => core,
         Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
         Err(TryLockError::WouldBlock) => return Here::Left,
     };
-    if core.disabled || core.conn.is_none() {
-        return Here::Left;
-    }
     // A zero busy timeout, below the options' own: a locked database
     // comes back as `Busy` with the rows kept, never as giving up.
-    if let Committed::Busy = core.commit_queued(shared, Duration::ZERO, 0) {
-        return Here::Left;
-    }
-    if !core.ended {
-        // The log gave up (or the run never ended): the thread tidies up.
+    if let Committed::Busy = core.commit_all(db, Duration::ZERO, 0) {
         return Here::Left;
     }
     if tidy {
-        core.tidy_wal(shared);
-        let keep = !core.disabled && shared.options.max_page_count.is_none();
-        let conn = core.conn.take().filter(|_| keep);
-        core.events.recycle();
-        core.spare.recycle();
-        core.packer.recycle();
-        shared.events.recycle();
-        drop(core);
-        closed_on(shared, conn);
-        // All the thread has left is to end this job: list it now, so a run
-        // that begins before it has ended hands it the next job (waiting in
-        // its channel) instead of spawning another thread.
-        if let Some(me) = lock(&shared.listing).take() {
-            idle_threads().push(me);
+        core.retire(db);
+        if core.holds(shared) {
+            // Not closed when its rows were gathered (it was, see the top).
+            return Here::Left;
         }
+        return Here::Done;
     }
-    Here::Done
+    match core.state_of(shared) {
+        Some(run) if !run.ended && !run.disabled => Here::Left,
+        _ => Here::Done,
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-impl WriterTail {
-    /// Let a closed writer's background thread commit now rather than at
-    /// its window's end (nothing if it is awake already, or was woken).
-    fn wake(&self) {
-        if let Some(thread) = &self.thread {
-            thread.unpark();
-        }
-    }
-}
-
 impl std::fmt::Debug for RunWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RunWriter")
-            .field("path", &self.shared.path)
+            .field("path", &self.shared.db.path)
             .finish_non_exhaustive()
     }
 }
 
-/// What the caller and the background thread share.
+/// What a run's writer shares with whoever commits its rows.
 struct Shared {
-    path: PathBuf,
+    db: Arc<Database>,
+    /// The run's own options: its warning sink and how long it waits.
     options: WriterOptions,
     events: EventBuffer,
-    /// The connection and everything queued but not committed. Whoever
-    /// holds it commits: the background thread each window, the caller at a
-    /// flush or the finish.
-    core: Mutex<Core>,
-    /// The run's end, handed over by `finish` and not yet taken into the core.
+    /// The run's end, handed over by `finish` and not yet taken by a commit.
     end: Mutex<Option<RunEnd>>,
     warning: Warning,
-    /// Whether someone is inside a database call (opening or a commit): a
-    /// wait that runs out then was spent on the database itself.
-    in_database: AtomicBool,
-    /// The run has ended (or the writer was dropped): the background thread
-    /// commits what is left, tidies, and ends.
+    /// The run has ended (or the writer was dropped): its rows are all
+    /// queued, and once they are committed the run is done with.
     closing: AtomicBool,
-    /// The writer thread running this writer's background work, until it
-    /// is listed among the idle ones: by itself when its work ends, or by
-    /// a wait that did that work for it ([`finish_here`]), so the next run
-    /// finds it even before it has ended the last one's job.
-    listing: Mutex<Option<IdleThread>>,
 }
 
 impl Shared {
     fn warn(&self, problem: &str) {
-        let message = warning_text(&self.path, problem);
+        let message = warning_text(&self.db.path, problem);
         if self.warning.set_first(message.clone()) {
             tracing::warn!("{message}");
             if let Some(sink) = &self.options.on_warning {
                 sink(&message);
             }
         }
-    }
-
-    /// The core, waiting at most until `deadline` for whoever holds it.
-    fn core_until(&self, deadline: Instant) -> Option<MutexGuard<'_, Core>> {
-        loop {
-            match self.core.try_lock() {
-                Ok(core) => return Some(core),
-                Err(TryLockError::Poisoned(poisoned)) => return Some(poisoned.into_inner()),
-                Err(TryLockError::WouldBlock) => {}
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            thread::sleep(Duration::from_micros(200));
-        }
-    }
-
-    fn core(&self) -> MutexGuard<'_, Core> {
-        self.core.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn still_writing(&self, on_the_database: bool) {
@@ -355,11 +293,236 @@ impl Shared {
     }
 }
 
-/// The database side: opened by whoever needs it first.
+/// One database this process logs runs into, with the options that shape
+/// its commits: one connection and one thread for every run writing there
+/// at the same time or one after another (`promptforge mcp`, `promptforge
+/// test`, the benches). Each window's commit is one transaction for every
+/// run with rows queued: runs that overlap share its page writes, its
+/// locks and its wake-up, and a run that begins wakes nobody while the
+/// thread is still looking each window.
+struct Database {
+    path: PathBuf,
+    /// The options of the run that opened it (runs with other schedule
+    /// options get a database of their own, see [`Schedule`]).
+    options: WriterOptions,
+    schedule: Schedule,
+    /// The connection and every run's uncommitted rows. Whoever holds it
+    /// commits: the thread each window, a caller at a flush, a finish or a
+    /// tail's wait.
+    core: Mutex<Core>,
+    /// Runs that began and are not in the core yet: a run's start never
+    /// waits for a commit in progress.
+    joining: Mutex<Vec<RunState>>,
+    /// Runs registered and not yet done with (the thread ends at none).
+    active: AtomicUsize,
+    /// Whether someone is inside a database call (opening or a commit): a
+    /// wait that runs out then was spent on the database itself.
+    in_database: AtomicBool,
+    signal: Mutex<Signal>,
+    bell: Condvar,
+}
+
+/// What the database thread is waiting for.
+#[derive(Default)]
+struct Signal {
+    /// Wake now: a tail is waiting, or a run began while the thread was idle.
+    woken: bool,
+    /// The thread waits for a run to begin (no window, no deadline but its end).
+    idle: bool,
+}
+
+/// The options a database's thread and connection follow: runs whose
+/// options differ here write through a database of their own.
+#[derive(Clone, PartialEq, Eq)]
+struct Schedule {
+    batch_window: Duration,
+    batch_window_max: Duration,
+    busy_timeout: Duration,
+    busy_retries: u32,
+    max_page_count: Option<u32>,
+}
+
+impl Schedule {
+    fn of(options: &WriterOptions) -> Schedule {
+        Schedule {
+            batch_window: options.batch_window,
+            batch_window_max: options.batch_window_max,
+            busy_timeout: options.busy_timeout,
+            busy_retries: options.busy_retries,
+            max_page_count: options.max_page_count,
+        }
+    }
+}
+
+/// The databases this process logs into, each while it has a thread.
+static DATABASES: Mutex<Vec<Arc<Database>>> = Mutex::new(Vec::new());
+
+/// How long a database's thread waits for another run before it ends.
+const THREAD_IDLE: Duration = Duration::from_secs(30);
+
+impl Database {
+    /// Register a run on the database at `path` with `options`' schedule,
+    /// starting its thread if it has none. `make` builds the run's shared
+    /// part given the database.
+    fn join(
+        path: PathBuf,
+        options: &WriterOptions,
+        make: impl FnOnce(Arc<Database>) -> Arc<Shared>,
+    ) -> (Arc<Shared>, std::io::Result<()>) {
+        let schedule = Schedule::of(options);
+        let (db, started) = {
+            let mut databases = lock(&DATABASES);
+            let found = databases
+                .iter()
+                .find(|db| db.path == path && db.schedule == schedule)
+                .cloned();
+            match found {
+                Some(db) => {
+                    db.active.fetch_add(1, Ordering::SeqCst);
+                    (db, Ok(()))
+                }
+                None => {
+                    let db = Arc::new(Database {
+                        path: path.clone(),
+                        options: options.clone(),
+                        schedule,
+                        core: Mutex::new(Core::default()),
+                        joining: Mutex::new(Vec::new()),
+                        active: AtomicUsize::new(1),
+                        in_database: AtomicBool::new(false),
+                        signal: Mutex::new(Signal::default()),
+                        bell: Condvar::new(),
+                    });
+                    let for_thread = Arc::clone(&db);
+                    let started = thread::Builder::new()
+                        .name("pf-runlog".into())
+                        .spawn(move || database_thread(&for_thread))
+                        .map(|_| ());
+                    if started.is_ok() {
+                        databases.push(Arc::clone(&db));
+                    }
+                    (db, started)
+                }
+            }
+        };
+        (make(db), started)
+    }
+
+    /// Let the thread commit now rather than at its window's end.
+    fn wake(&self) {
+        lock(&self.signal).woken = true;
+        self.bell.notify_one();
+    }
+
+    /// A run began: wake the thread only if it waits without a window.
+    fn arrived(&self) {
+        let mut signal = lock(&self.signal);
+        if signal.idle {
+            signal.woken = true;
+            drop(signal);
+            self.bell.notify_one();
+        }
+    }
+
+    /// Wait until `due` or a wake, whichever is first; an `idle` wait ends
+    /// only at `due` or when a run begins (a wake meant for a run that is
+    /// done with by now must not end it).
+    fn wait_until(&self, due: Instant, idle: bool) {
+        let mut signal = lock(&self.signal);
+        signal.idle = idle;
+        loop {
+            let begun = self.active.load(Ordering::SeqCst) > 0;
+            if (signal.woken && !idle) || (idle && begun) {
+                break;
+            }
+            let left = due.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            signal = self
+                .bell
+                .wait_timeout(signal, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        signal.woken = false;
+        signal.idle = false;
+    }
+
+    /// The core, waiting at most until `deadline` for whoever holds it.
+    fn core_until(&self, deadline: Instant) -> Option<MutexGuard<'_, Core>> {
+        loop {
+            match self.core.try_lock() {
+                Ok(core) => return Some(core),
+                Err(TryLockError::Poisoned(poisoned)) => return Some(poisoned.into_inner()),
+                Err(TryLockError::WouldBlock) => {}
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
+/// A database's thread: each window, commit every run's queued rows in one
+/// transaction and let go of the runs that are done; with no run left,
+/// wait for the next, and end after [`THREAD_IDLE`] without one.
+fn database_thread(db: &Arc<Database>) {
+    let window = db.schedule.batch_window;
+    let longest = db.schedule.batch_window_max.max(window);
+    let mut wait = window;
+    loop {
+        if db.active.load(Ordering::SeqCst) == 0 {
+            db.wait_until(Instant::now() + THREAD_IDLE, true);
+            if db.active.load(Ordering::SeqCst) == 0 {
+                // A run registers under this lock, so none can slip in.
+                let mut databases = lock(&DATABASES);
+                if db.active.load(Ordering::SeqCst) == 0 {
+                    databases.retain(|other| !Arc::ptr_eq(other, db));
+                    drop(databases);
+                    let mut core = lock(&db.core);
+                    core.packer.recycle();
+                    // Closed without a checkpoint (`SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE`).
+                    core.conn = None;
+                    return;
+                }
+                continue;
+            }
+            // A run began: its rows get a first window.
+            wait = window;
+        }
+        // Runs never wake this thread: it looks each window; a tail's
+        // wait wakes it.
+        db.wait_until(Instant::now() + wait, false);
+        let mut core = lock(&db.core);
+        let _ = core.commit_all(db, db.schedule.busy_timeout, db.schedule.busy_retries);
+        core.retire(db);
+        drop(core);
+        // Each window doubles the next: while runs log, fewer and larger
+        // commits; while they are quiet, fewer wake-ups.
+        wait = (wait * 2).min(longest);
+    }
+}
+
+/// The database side: the connection, opened by whoever commits first, and
+/// every registered run's uncommitted rows.
 struct Core {
     conn: Option<Connection>,
-    /// Whether opening was tried (it is tried once).
+    /// Whether opening was tried since the last run joined (a connection
+    /// that cannot be opened is tried again for the next run, not each window).
     opened: bool,
+    /// Why the last try to open failed.
+    open_problem: Option<String>,
+    /// Compresses each run's lines of a commit (`packed.rs`).
+    packer: Packer,
+    /// In the order the runs began.
+    runs: Vec<RunState>,
+}
+
+/// One run as the core keeps it.
+struct RunState {
+    shared: Arc<Shared>,
     /// Set once a write failed: everything after is dropped.
     disabled: bool,
     pending_start: Option<(RunStart, i64)>,
@@ -370,12 +533,17 @@ struct Core {
     /// busy database keeps them here for the next try).
     events: Taken,
     spare: Taken,
-    /// Compresses each commit's lines (`packed.rs`).
-    packer: Packer,
     /// The run's end, once handed over and not yet committed.
     end: Option<RunEnd>,
     /// The end is committed.
     ended: bool,
+    /// The run was closed when its rows were last gathered: once they are
+    /// committed, the run is done with.
+    closed: bool,
+    /// Dropped once the end is committed or the log gave up.
+    committed: Option<SyncSender<()>>,
+    /// Dropped once the run is done with.
+    done: Option<SyncSender<()>>,
 }
 
 /// How a commit went.
@@ -385,64 +553,19 @@ enum Committed {
     Busy,
 }
 
-impl Core {
-    /// Open the connection if nobody has tried yet.
-    fn ensure_open(&mut self, shared: &Shared) {
-        if self.opened {
-            return;
-        }
-        self.opened = true;
-        let options = &shared.options;
-        if options.max_page_count.is_none() {
-            if let Some(conn) = idle_connection(shared, None) {
-                self.conn = Some(conn);
-                return;
-            }
-        }
-        shared.in_database.store(true, Ordering::SeqCst);
-        match connect(&shared.path, options.busy_timeout, options.busy_retries) {
-            Ok(conn) => {
-                // Closing the last connection would checkpoint the WAL into
-                // the database, fsync both and delete the WAL, which the next
-                // run then recreates (fsyncing the directory): several ms per
-                // run, and a busy database for a run that starts meanwhile.
-                // Committed rows are in the WAL either way; a run's end
-                // checkpoints it once it grew (`tidy_wal`).
-                let _ = conn.set_db_config(
-                    rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
-                    true,
-                );
-                // A checkpoint that empties the WAL lets the next writer start
-                // it over; this truncates it then to what that writer commits,
-                // so its length tells how much a new connection reads back.
-                // (Keeping its length instead made commits overwrite pages
-                // still under writeback, which stalls them for milliseconds.)
-                let _ = conn.pragma_update(None, "journal_size_limit", 0);
-                if let Some(pages) = options.max_page_count {
-                    let _ = conn.pragma_update(None, "max_page_count", pages);
-                }
-                self.conn = Some(conn);
-            }
-            Err(err) => self.give_up(shared, &err.to_string()),
-        }
-        shared.in_database.store(false, Ordering::SeqCst);
-    }
-
+impl RunState {
     /// Move what is queued into the uncommitted batch.
-    fn gather(&mut self, shared: &Shared) {
-        if let Some(end) = shared
-            .end
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
+    fn gather(&mut self) {
+        // Read first: a run closed by now has queued all it will.
+        self.closed = self.shared.closing.load(Ordering::SeqCst);
+        if let Some(end) = lock(&self.shared.end).take() {
             self.end = Some(end);
         }
         if self.events.is_empty() {
-            shared.events.take(&mut self.events);
+            self.shared.events.take(&mut self.events);
         } else {
             // A busy commit left some: append after them.
-            shared.events.take(&mut self.spare);
+            self.shared.events.take(&mut self.spare);
             self.events.append(&self.spare);
         }
     }
@@ -451,135 +574,230 @@ impl Core {
         !self.events.is_empty() || self.end.is_some() || self.pending_start.is_some()
     }
 
-    /// Gather and commit everything queued, trying a busy database `retries`
-    /// more times with `busy_timeout` each.
-    fn commit_queued(
-        &mut self,
-        shared: &Shared,
-        busy_timeout: Duration,
-        retries: u32,
-    ) -> Committed {
-        self.ensure_open(shared);
-        self.gather(shared);
-        if self.disabled || self.conn.is_none() {
-            self.drop_queued(shared);
+    fn give_up(&mut self, path: &std::path::Path, problem: &str) {
+        self.disabled = true;
+        let problem = problem
+            .strip_prefix(&format!("run log {}: ", path.display()))
+            .unwrap_or(problem);
+        self.shared.warn(problem);
+        self.drop_queued();
+    }
+
+    fn drop_queued(&mut self) {
+        self.shared.events.close();
+        self.events.clear();
+        self.end = None;
+        self.pending_start = None;
+        self.committed = None;
+    }
+}
+
+impl Default for Core {
+    fn default() -> Core {
+        Core {
+            conn: None,
+            opened: false,
+            open_problem: None,
+            packer: Packer::reusing(),
+            runs: Vec::new(),
+        }
+    }
+}
+
+impl Core {
+    /// Take the runs that began since the last commit.
+    fn admit(&mut self, db: &Database) {
+        let mut joining = lock(&db.joining);
+        if joining.is_empty() {
+            return;
+        }
+        if self.conn.is_none() {
+            // A new run tries a database that failed to open again.
+            self.opened = false;
+        }
+        self.runs.append(&mut joining);
+    }
+
+    fn state_of(&self, shared: &Arc<Shared>) -> Option<&RunState> {
+        self.runs
+            .iter()
+            .find(|run| Arc::ptr_eq(&run.shared, shared))
+    }
+
+    fn holds(&self, shared: &Arc<Shared>) -> bool {
+        self.state_of(shared).is_some()
+    }
+
+    /// Open the connection if nobody has tried since the last run joined.
+    fn ensure_open(&mut self, db: &Database) {
+        if self.opened {
+            return;
+        }
+        self.opened = true;
+        let options = &db.schedule;
+        db.in_database.store(true, Ordering::SeqCst);
+        match connect(&db.path, options.busy_timeout, options.busy_retries) {
+            Ok(conn) => {
+                // Closing the last connection would checkpoint the WAL into
+                // the database, fsync both and delete the WAL, which the next
+                // process then recreates (fsyncing the directory): several ms,
+                // and a busy database for a run that starts meanwhile.
+                // Committed rows are in the WAL either way; a run's end
+                // checkpoints it once it grew (`tidy_wal`).
+                let _ = conn.set_db_config(
+                    rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+                    true,
+                );
+                // A checkpoint that empties the WAL lets the next commit start
+                // it over; this truncates it then to what that commit writes,
+                // so its length tells how much a new connection reads back.
+                // (Keeping its length instead made commits overwrite pages
+                // still under writeback, which stalls them for milliseconds.)
+                let _ = conn.pragma_update(None, "journal_size_limit", 0);
+                if let Some(pages) = options.max_page_count {
+                    let _ = conn.pragma_update(None, "max_page_count", pages);
+                }
+                self.conn = Some(conn);
+                self.open_problem = None;
+            }
+            Err(err) => self.open_problem = Some(err.to_string()),
+        }
+        db.in_database.store(false, Ordering::SeqCst);
+    }
+
+    /// Gather every run's queued rows and commit them in one transaction,
+    /// trying a busy database `retries` more times with `busy_timeout` each.
+    fn commit_all(&mut self, db: &Database, busy_timeout: Duration, retries: u32) -> Committed {
+        self.admit(db);
+        let mut work = false;
+        for run in &mut self.runs {
+            run.gather();
+            if run.disabled {
+                run.drop_queued();
+            } else {
+                work |= run.has_work();
+            }
+        }
+        if !work {
             return Committed::Done;
         }
-        if !self.has_work() {
+        self.ensure_open(db);
+        if self.conn.is_none() {
+            let problem = self
+                .open_problem
+                .clone()
+                .unwrap_or_else(|| "cannot open the database".to_owned());
+            for run in self.runs.iter_mut().filter(|run| !run.disabled) {
+                if run.has_work() {
+                    run.give_up(&db.path, &problem);
+                }
+            }
             return Committed::Done;
         }
-        shared.in_database.store(true, Ordering::SeqCst);
-        let outcome = self.commit(shared, busy_timeout, retries);
-        shared.in_database.store(false, Ordering::SeqCst);
+        db.in_database.store(true, Ordering::SeqCst);
+        let outcome = self.commit(db, busy_timeout, retries);
+        db.in_database.store(false, Ordering::SeqCst);
         outcome
     }
 
-    fn drop_queued(&mut self, shared: &Shared) {
-        shared.events.close();
-        self.events.clear();
-        self.end = None;
-    }
-
-    /// Write the events, the host work and the end in one transaction:
-    /// one `event_batches` row holds the commit's events and work lines.
-    fn commit(&mut self, shared: &Shared, busy_timeout: Duration, retries: u32) -> Committed {
+    /// Write every run's events, host work and end in one transaction: one
+    /// `event_batches` row a run holds its events and work lines.
+    fn commit(&mut self, db: &Database, busy_timeout: Duration, retries: u32) -> Committed {
         let Some(conn) = self.conn.as_mut() else {
             return Committed::Done;
         };
         let _ = conn.busy_timeout(busy_timeout);
-        let mut run_id = self.run_id;
-        let mut next_ord = self.next_ord;
-        let (pending_start, events, end) = (&self.pending_start, &self.events, &self.end);
-        // Packed once, on the committing thread, before any retry.
-        let packed = if events.is_empty() {
-            None
-        } else {
-            self.packer.pack(&events.lines, &events.work)
-        };
+        let runs = &self.runs;
+        let packer = &mut self.packer;
+        // Each run's row and next event number, as the transaction left them.
+        let mut placed: Vec<(Option<i64>, i64)> = Vec::with_capacity(runs.len());
         let written = retry_busy(retries, || {
+            placed.clear();
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let mut id = self.run_id;
-            let mut ord = self.next_ord;
-            if id.is_none() {
-                if let Some((start, started_at_ms)) = pending_start.as_ref() {
-                    id = Some(insert_run(&tx, start, *started_at_ms)?);
+            for run in runs {
+                let mut id = run.run_id;
+                let mut ord = run.next_ord;
+                if !run.disabled && run.has_work() {
+                    if id.is_none() {
+                        if let Some((start, started_at_ms)) = run.pending_start.as_ref() {
+                            id = Some(insert_run(&tx, start, *started_at_ms)?);
+                        }
+                    }
+                    if let Some(id) = id {
+                        ord = insert_events(&tx, packer, id, ord, &run.events)?;
+                        if let Some(end) = &run.end {
+                            write_end(&tx, id, end)?;
+                        }
+                    }
                 }
-            }
-            if let Some(id) = id {
-                if !events.is_empty() {
-                    let work = &events.work;
-                    let mut insert = tx.prepare_cached(INSERT_EVENTS)?;
-                    match packed {
-                        Some(packed) => insert.execute(params![
-                            id,
-                            ord,
-                            events.count,
-                            "",
-                            None::<&str>,
-                            packed
-                        ])?,
-                        None => insert.execute(params![
-                            id,
-                            ord,
-                            events.count,
-                            JsonText(&events.lines),
-                            (!work.is_empty()).then_some(JsonText(work)),
-                            None::<&[u8]>
-                        ])?,
-                    };
-                    ord += i64::from(events.count);
-                }
-                if let Some(end) = end {
-                    write_end(&tx, id, end)?;
-                }
+                placed.push((id, ord));
             }
             tx.commit()?;
-            run_id = id;
-            next_ord = ord;
             Ok(())
         });
         match written {
             Ok(()) => {
-                self.run_id = run_id;
-                self.next_ord = next_ord;
-                self.pending_start = None;
-                self.events.clear();
-                if self.end.take().is_some() {
-                    self.ended = true;
+                for (run, (id, ord)) in self.runs.iter_mut().zip(placed) {
+                    if run.disabled || !run.has_work() {
+                        continue;
+                    }
+                    run.run_id = id;
+                    run.next_ord = ord;
+                    run.pending_start = None;
+                    run.events.clear();
+                    if run.end.take().is_some() {
+                        run.ended = true;
+                        run.committed = None;
+                    }
                 }
                 Committed::Done
             }
-            Err(err) if is_busy(&err) && busy_timeout < shared.options.busy_timeout => {
-                Committed::Busy
-            }
+            Err(err) if is_busy(&err) && busy_timeout < db.schedule.busy_timeout => Committed::Busy,
             Err(err) => {
-                let problem = crate::error::classify(&shared.path, err).to_string();
-                self.give_up(shared, &problem);
-                self.drop_queued(shared);
+                let problem = crate::error::classify(&db.path, err).to_string();
+                for run in self.runs.iter_mut().filter(|run| !run.disabled) {
+                    if run.has_work() {
+                        run.give_up(&db.path, &problem);
+                    }
+                }
                 Committed::Done
             }
         }
     }
 
-    fn give_up(&mut self, shared: &Shared, problem: &str) {
-        self.disabled = true;
-        let problem = problem
-            .strip_prefix(&format!("run log {}: ", shared.path.display()))
-            .unwrap_or(problem);
-        shared.warn(problem);
+    /// Let go of the runs that were closed when their rows were gathered
+    /// and have nothing left to commit: tidy the WAL if one of them ended,
+    /// recycle their buffers and tell their tails.
+    fn retire(&mut self, db: &Database) {
+        let finished = |run: &RunState| run.closed && (run.disabled || !run.has_work());
+        if !self.runs.iter().any(finished) {
+            return;
+        }
+        let (done, kept): (Vec<RunState>, Vec<RunState>) = std::mem::take(&mut self.runs)
+            .into_iter()
+            .partition(finished);
+        self.runs = kept;
+        if done.iter().any(|run| run.ended) {
+            self.tidy_wal(db);
+        }
+        for mut run in done {
+            run.events.recycle();
+            run.spare.recycle();
+            run.shared.events.recycle();
+            run.committed = None;
+            run.done = None;
+            db.active.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 
-    /// After the run's end is committed: checkpoint the WAL if it has grown,
+    /// After a run's end is committed: checkpoint the WAL if it has grown,
     /// so later connections do not each read it all back (SQLite recovers
     /// the WAL when no other connection has the database open). PASSIVE
     /// never blocks another writer; its fsyncs are paid here, on no run's
     /// path. A busy database skips it; a later run's end tries again.
-    fn tidy_wal(&self, shared: &Shared) {
+    fn tidy_wal(&self, db: &Database) {
         let Some(conn) = &self.conn else { return };
-        if self.disabled || !self.ended {
-            return;
-        }
-        let mut wal = shared.path.clone().into_os_string();
+        let mut wal = db.path.clone().into_os_string();
         wal.push("-wal");
         let long = std::fs::metadata(&wal).is_ok_and(|m| m.len() > WAL_TIDY_BYTES);
         if long {
@@ -589,9 +807,37 @@ impl Core {
     }
 }
 
+/// Insert a run's `events` (and host work) as one `event_batches` row
+/// numbered from `ord`, packed when packing pays; the next number.
+fn insert_events(
+    tx: &Transaction<'_>,
+    packer: &mut Packer,
+    id: i64,
+    ord: i64,
+    events: &Taken,
+) -> rusqlite::Result<i64> {
+    if events.is_empty() {
+        return Ok(ord);
+    }
+    let work = &events.work;
+    let mut insert = tx.prepare_cached(INSERT_EVENTS)?;
+    match packer.pack(&events.lines, work) {
+        Some(packed) => insert.execute(params![id, ord, events.count, "", None::<&str>, packed])?,
+        None => insert.execute(params![
+            id,
+            ord,
+            events.count,
+            JsonText(&events.lines),
+            (!work.is_empty()).then_some(JsonText(work)),
+            None::<&[u8]>
+        ])?,
+    };
+    Ok(ord + i64::from(events.count))
+}
+
 impl RunWriter {
     /// Begin logging a run into the database at `db_path` (created if
-    /// missing). Opening happens on the background thread, so this never
+    /// missing). Opening happens on the database's thread, so this never
     /// fails: an unusable database shows up as the writer's warning.
     pub fn begin(db_path: impl Into<PathBuf>, start: RunStart) -> RunWriter {
         RunWriter::begin_with(db_path, start, WriterOptions::default())
@@ -603,60 +849,57 @@ impl RunWriter {
         start: RunStart,
         options: WriterOptions,
     ) -> RunWriter {
-        let path = db_path.into();
-        let shared = Arc::new(Shared {
-            path,
-            options,
-            events: EventBuffer::reusing(),
-            core: Mutex::new(Core {
-                conn: None,
-                opened: false,
-                disabled: false,
-                pending_start: Some((start, wall_ms())),
-                run_id: None,
-                next_ord: 0,
-                events: Taken::reusing(),
-                spare: Taken::default(),
-                packer: Packer::reusing(),
-                end: None,
-                ended: false,
-            }),
-            end: Mutex::new(None),
-            warning: Warning::default(),
-            in_database: AtomicBool::new(false),
-            closing: AtomicBool::new(false),
-            listing: Mutex::new(None),
-        });
         let (committed_tx, committed_rx) = mpsc::sync_channel(1);
         let (done_tx, done_rx) = mpsc::sync_channel(1);
-        let background = Arc::clone(&shared);
-        let spawned = on_writer_thread(Box::new(move |me| {
-            *lock(&background.listing) = Some(me);
-            background_thread(&background, committed_tx);
-            // Listed already if a wait did the thread's last work.
-            let listed = lock(&background.listing).take().is_none();
-            (done_tx, listed)
-        }));
+        let schedule = options.clone();
+        let (shared, started) = Database::join(db_path.into(), &schedule, |db| {
+            Arc::new(Shared {
+                db,
+                options,
+                events: EventBuffer::reusing(),
+                end: Mutex::new(None),
+                warning: Warning::default(),
+                closing: AtomicBool::new(false),
+            })
+        });
+        let run = RunState {
+            shared: Arc::clone(&shared),
+            disabled: false,
+            pending_start: Some((start, wall_ms())),
+            run_id: None,
+            next_ord: 0,
+            events: Taken::reusing(),
+            spare: Taken::default(),
+            end: None,
+            ended: false,
+            closed: false,
+            committed: Some(committed_tx),
+            done: Some(done_tx),
+        };
         let tail = WriterTail {
             shared: Some(Arc::clone(&shared)),
-            thread: spawned.as_ref().ok().cloned(),
             committed: committed_rx,
             done: done_rx,
         };
-        let writer = RunWriter {
-            thread: spawned.as_ref().ok().cloned(),
-            wake_on_close: true,
-            shared,
-            tail: Mutex::new(Some(tail)),
-        };
-        if let Err(err) = spawned {
-            writer
-                .shared
-                .warn(&format!("cannot start the writer thread: {err}"));
-            writer.shared.core().disabled = true;
-            writer.shared.events.close();
+        if let Err(err) = started {
+            // Never registered: nothing will commit, and the tail's
+            // channels are closed with the run's state.
+            shared.warn(&format!("cannot start the writer thread: {err}"));
+            shared.events.close();
+            drop(run);
+            return RunWriter {
+                shared,
+                wake_on_close: false,
+                tail: Mutex::new(Some(WriterTail::done())),
+            };
         }
-        writer
+        lock(&shared.db.joining).push(run);
+        shared.db.arrived();
+        RunWriter {
+            shared,
+            wake_on_close: true,
+            tail: Mutex::new(Some(tail)),
+        }
     }
 
     /// Append one event.
@@ -803,7 +1046,7 @@ impl RunWriter {
     /// (bounded by the options' `finish_wait`). Returns the warning, if
     /// there was one.
     ///
-    /// The background thread may then tidy the database (a checkpoint when
+    /// The database's thread may then tidy the database (a checkpoint when
     /// the WAL has grown, which costs an fsync or two): the run need not
     /// wait for that, but a process about to exit should, through
     /// [`finish_with_tail`](RunWriter::finish_with_tail).
@@ -811,7 +1054,7 @@ impl RunWriter {
         self.finish_with_tail(end).0
     }
 
-    /// The background thread's tail (a finished one if it was taken already).
+    /// The run's tail (a finished one if it was taken already).
     fn take_tail(&mut self) -> WriterTail {
         self.tail
             .get_mut()
@@ -820,61 +1063,53 @@ impl RunWriter {
             .unwrap_or_else(WriterTail::done)
     }
 
-    /// [`finish`](RunWriter::finish), also handing back the background
-    /// thread's [`WriterTail`] to wait on before the process exits.
+    /// [`finish`](RunWriter::finish), also handing back the run's
+    /// [`WriterTail`] to wait on before the process exits.
     pub fn finish_with_tail(mut self, end: RunEnd) -> (Option<String>, WriterTail) {
         let tail = self.take_tail();
         self.commit_now(Some(end));
         (self.warning(), tail)
     }
 
-    /// Record how the run ended and leave every commit to the background
+    /// Record how the run ended and leave every commit to the database's
     /// thread: returns at once, so the run's end pays nothing for the log,
     /// not even waking that thread (a futex wake that costs a run tens of
-    /// µs on a virtual machine). The thread commits when the tail is
-    /// waited on, when the next writer on the same database in this
-    /// process wants its connection (that writer's thread wakes it), or at
-    /// the end of the window it is in (at most `batch_window_max`), so a
-    /// killed process still loses at most that much. Wait on the returned
-    /// tail before the process exits or before telling anyone the run is
-    /// logged.
-    ///
-    /// The next writer on the same database in this process starts with
-    /// this one's connection once it is done (`promptforge mcp`, benches):
-    /// its background thread waits for it, bounded; the run does not.
+    /// µs on a virtual machine). The thread commits at the end of the
+    /// window it is in (at most `batch_window_max`), with the rows of every
+    /// other run on the same database in this process, or sooner when the
+    /// tail is waited on; so a killed process still loses at most that
+    /// much. Wait on the returned tail before the process exits or before
+    /// telling anyone the run is logged.
     pub fn finish_deferred(mut self, end: RunEnd) -> WriterTail {
         self.wake_on_close = false;
         let tail = self.take_tail();
-        *self
-            .shared
-            .end
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(end);
-        // Dropping `self` closes the writer and wakes the background thread.
+        *lock(&self.shared.end) = Some(end);
+        // Dropping `self` closes the writer.
         tail
     }
 
     /// Commit what is queued (and `end`) here and now; on a database that
-    /// stays busy past `finish_wait`, leave it to the background thread and
+    /// stays busy past `finish_wait`, leave it to the database's thread and
     /// warn. True if everything is committed.
     fn commit_now(&self, end: Option<RunEnd>) -> bool {
         let shared = &self.shared;
+        let db = &shared.db;
         let deadline = Instant::now() + shared.options.finish_wait;
         if let Some(end) = end {
-            // Whoever commits next writes it (the background thread, if the
+            // Whoever commits next writes it (the database's thread, if the
             // wait below runs out).
-            *shared.end.lock().unwrap_or_else(PoisonError::into_inner) = Some(end);
+            *lock(&shared.end) = Some(end);
         }
-        let Some(mut core) = shared.core_until(deadline) else {
-            // The background thread holds the core: inside a database call
-            // (a lock held elsewhere, a stalled disk) or about to be.
-            self.still_writing(shared.in_database.load(Ordering::SeqCst));
+        let Some(mut core) = db.core_until(deadline) else {
+            // The thread holds the core: inside a database call (a lock
+            // held elsewhere, a stalled disk) or about to be.
+            shared.still_writing(db.in_database.load(Ordering::SeqCst));
             return false;
         };
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let busy = left.min(shared.options.busy_timeout);
-            match core.commit_queued(shared, busy, 0) {
+            let busy = left.min(db.schedule.busy_timeout);
+            match core.commit_all(db, busy, 0) {
                 Committed::Done => return true,
                 Committed::Busy if Instant::now() < deadline => {}
                 Committed::Busy => break,
@@ -882,31 +1117,19 @@ impl RunWriter {
         }
         drop(core);
         // The database stayed busy: another process holds its lock.
-        self.still_writing(true);
-        self.wake();
+        shared.still_writing(true);
+        db.wake();
         false
-    }
-
-    fn still_writing(&self, on_the_database: bool) {
-        self.shared.still_writing(on_the_database);
-    }
-
-    fn wake(&self) {
-        if let Some(thread) = &self.thread {
-            thread.unpark();
-        }
     }
 }
 
 impl Drop for RunWriter {
     fn drop(&mut self) {
-        // Finished or not, the background thread commits what is left, tidies and ends.
-        if self.thread.is_some() {
-            closing_on(&self.shared, self.thread.clone());
-        }
+        // Finished or not, the database's thread commits what is left and
+        // lets the run go.
         self.shared.closing.store(true, Ordering::SeqCst);
         if self.wake_on_close {
-            self.wake();
+            self.shared.db.wake();
         }
     }
 }
@@ -922,271 +1145,6 @@ fn warning_text(path: &std::path::Path, problem: &str) -> String {
 /// once it is larger than this: every new connection reads the whole WAL
 /// back, so a long one costs every later run.
 const WAL_TIDY_BYTES: u64 = 1024 * 1024;
-
-/// The connection the last run of this process left, for the next run on
-/// the same database (a process running many runs, like `promptforge mcp`):
-/// opening one costs a schema parse, its statements' preparation and, with
-/// no other connection open, reading the WAL back. Also which databases a
-/// closed writer's background thread is still working on, so the next
-/// writer there can wait for its connection.
-static IDLE: Mutex<Idle> = Mutex::new(Idle {
-    kept: None,
-    closing: Vec::new(),
-    working: Vec::new(),
-});
-
-/// Signalled when a closing writer's background thread ends.
-static IDLE_BACK: Condvar = Condvar::new();
-
-/// The most a new writer's background thread waits for the last writer's
-/// connection before it opens its own.
-const IDLE_WAIT: Duration = Duration::from_secs(1);
-
-struct Idle {
-    kept: Option<(PathBuf, Connection)>,
-    /// One entry per closed writer whose background thread has not ended:
-    /// its database and which writer it is.
-    closing: Vec<(PathBuf, WriterId, Option<thread::Thread>)>,
-    /// Writers whose background thread is past its wait: it holds a
-    /// connection, or is opening one, and hands it back when it ends.
-    working: Vec<WriterId>,
-}
-
-fn idle_lock() -> MutexGuard<'static, Idle> {
-    IDLE.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// A writer, by the address of what it shares with its background thread.
-type WriterId = usize;
-
-fn writer_id(shared: &Shared) -> WriterId {
-    std::ptr::from_ref(shared) as usize
-}
-
-/// The kept connection for `shared`'s database, if there is one; with
-/// `until`, waiting until then while another closed writer there may still
-/// hand one back (never for `shared`'s own writer: a run that ends before
-/// its background thread starts is closed already).
-fn idle_connection(shared: &Shared, until: Option<Instant>) -> Option<Connection> {
-    let path = shared.path.as_path();
-    let me = writer_id(shared);
-    let mut idle = idle_lock();
-    loop {
-        // Only a closed writer whose thread holds a connection will hand
-        // one back soon; threads that are all waiting would wait each other out.
-        let mut others = false;
-        for (_, _, thread) in idle
-            .closing
-            .iter()
-            .filter(|(p, id, _)| p == path && *id != me && idle.working.contains(id))
-        {
-            others = true;
-            // A deferred finish left its thread waiting out its window:
-            // waking it is this thread's job, off the runs' own threads;
-            // even when a kept connection is at hand (a writer whose job
-            // started late may have left one after a later writer's thread
-            // began to wait out its window).
-            if until.is_some() {
-                if let Some(thread) = thread {
-                    thread.unpark();
-                }
-            }
-        }
-        if idle.kept.as_ref().is_some_and(|(kept, _)| kept == path) {
-            return idle.kept.take().map(|(_, conn)| conn);
-        }
-        let left = until?.saturating_duration_since(Instant::now());
-        if left.is_zero() || !others {
-            return None;
-        }
-        idle = IDLE_BACK
-            .wait_timeout(idle, left)
-            .unwrap_or_else(PoisonError::into_inner)
-            .0;
-    }
-}
-
-fn closing_on(shared: &Shared, thread: Option<thread::Thread>) {
-    idle_lock()
-        .closing
-        .push((shared.path.clone(), writer_id(shared), thread));
-}
-
-/// A closed writer's background thread ends, keeping `conn` for the next.
-fn closed_on(shared: &Shared, conn: Option<Connection>) {
-    let path = shared.path.as_path();
-    let me = writer_id(shared);
-    if let Some(conn) = &conn {
-        let _ = conn.busy_timeout(WriterOptions::default().busy_timeout);
-    }
-    let replaced = {
-        let mut idle = idle_lock();
-        if let Some(at) = idle.closing.iter().position(|(_, id, _)| *id == me) {
-            idle.closing.swap_remove(at);
-        }
-        if let Some(at) = idle.working.iter().position(|id| *id == me) {
-            idle.working.swap_remove(at);
-        }
-        conn.and_then(|conn| idle.kept.replace((path.to_owned(), conn)))
-    };
-    IDLE_BACK.notify_all();
-    // Closing a replaced connection (another database's) outside the lock.
-    drop(replaced);
-}
-
-/// Keep `conn` for the next writer on `path`.
-fn keep_idle(path: &std::path::Path, conn: Connection) {
-    let _ = conn.busy_timeout(WriterOptions::default().busy_timeout);
-    let replaced = idle_lock().kept.replace((path.to_owned(), conn));
-    IDLE_BACK.notify_all();
-    // Closing a replaced connection (another database's) outside the lock.
-    drop(replaced);
-}
-
-/// One run's background work, for a writer thread (given the thread's own
-/// listing). What it returns is dropped once the thread is back among the
-/// idle ones (what a [`WriterTail`] waits for), so a run that begins after
-/// that finds it; and whether the thread is listed already.
-type Job = Box<dyn FnOnce(IdleThread) -> (SyncSender<()>, bool) + Send>;
-
-/// A writer thread between runs, and where its next run goes.
-struct IdleThread {
-    thread: thread::Thread,
-    jobs: SyncSender<Job>,
-}
-
-/// Writer threads waiting for a run: a process running many runs
-/// (`promptforge mcp`, `promptforge test`, the benches) spawns none per
-/// run, only one for each run going at the same time.
-static IDLE_THREADS: Mutex<Vec<IdleThread>> = Mutex::new(Vec::new());
-
-/// How long a writer thread waits for another run before it ends.
-const THREAD_IDLE: Duration = Duration::from_secs(30);
-
-fn idle_threads() -> MutexGuard<'static, Vec<IdleThread>> {
-    IDLE_THREADS.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Run `job` on an idle writer thread, or on a new one; the thread it runs on.
-fn on_writer_thread(job: Job) -> std::io::Result<thread::Thread> {
-    let mut job = job;
-    while let Some(idle) = idle_threads().pop() {
-        // A thread taken from the list waits for its job (see `writer_thread`).
-        match idle.jobs.send(job) {
-            Ok(()) => return Ok(idle.thread),
-            Err(mpsc::SendError(back)) => job = back,
-        }
-    }
-    thread::Builder::new()
-        .name("pf-runlog".into())
-        .spawn(move || writer_thread(job))
-        .map(|handle| handle.thread().clone())
-}
-
-/// A writer thread: runs its job, then waits in [`IDLE_THREADS`] for the
-/// next, ending after [`THREAD_IDLE`] without one.
-fn writer_thread(first: Job) {
-    let (jobs, next) = mpsc::sync_channel::<Job>(1);
-    let me = thread::current();
-    let mut job = first;
-    loop {
-        let (done, listed) = job(IdleThread {
-            thread: me.clone(),
-            jobs: jobs.clone(),
-        });
-        if !listed {
-            idle_threads().push(IdleThread {
-                thread: me.clone(),
-                jobs: jobs.clone(),
-            });
-        }
-        drop(done);
-        job = match next.recv_timeout(THREAD_IDLE) {
-            Ok(job) => job,
-            Err(_) => {
-                let mut idle = idle_threads();
-                if let Some(at) = idle.iter().position(|t| t.thread.id() == me.id()) {
-                    idle.swap_remove(at);
-                    return;
-                }
-                drop(idle);
-                // Taken from the list meanwhile: its job is on the way.
-                match next.recv() {
-                    Ok(job) => job,
-                    Err(_) => return,
-                }
-            }
-        };
-    }
-}
-
-/// The background thread: open the database, then commit what is queued
-/// each window until the writer is dropped; then commit the rest (and the
-/// end), close `committed`, tidy and return (the writer thread then closes
-/// the run's `done`, which is what a [`WriterTail`] waits for).
-fn background_thread(shared: &Shared, committed: SyncSender<()>) {
-    // Off the run's path: a writer just closed on this database may still
-    // be committing; its connection saves opening one.
-    let reused = if shared.options.max_page_count.is_none() {
-        idle_connection(shared, Some(Instant::now() + IDLE_WAIT))
-    } else {
-        None
-    };
-    idle_lock().working.push(writer_id(shared));
-    {
-        let mut core = shared.core();
-        if let Some(conn) = reused {
-            if !core.opened {
-                core.opened = true;
-                core.conn = Some(conn);
-            } else {
-                // The run opened one itself meanwhile (a flush): keep this for the next.
-                keep_idle(&shared.path, conn);
-            }
-        }
-        core.ensure_open(shared);
-    }
-    let window = shared.options.batch_window;
-    let longest = shared.options.batch_window_max.max(window);
-    let mut wait = window;
-    let mut core = loop {
-        // Senders never wake this thread: it looks each window; the end
-        // unparks it. The thread serves one run after another, so a wake
-        // meant for an earlier run may still be pending: only the end or
-        // the window's end stop the wait.
-        let due = Instant::now() + wait;
-        while !shared.closing.load(Ordering::SeqCst) {
-            let left = due.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            thread::park_timeout(left);
-        }
-        let closing = shared.closing.load(Ordering::SeqCst);
-        let mut core = shared.core();
-        let busy_timeout = shared.options.busy_timeout;
-        let retries = shared.options.busy_retries;
-        let _ = core.commit_queued(shared, busy_timeout, retries);
-        if closing {
-            break core;
-        }
-        // Each window doubles the next: while the run logs, fewer and
-        // larger commits; while it is quiet, fewer wake-ups.
-        wait = (wait * 2).min(longest);
-    };
-    drop(committed);
-    core.tidy_wal(shared);
-    let keep = !core.disabled && shared.options.max_page_count.is_none();
-    let conn = core.conn.take().filter(|_| keep);
-    if !core.has_work() {
-        core.events.recycle();
-        core.spare.recycle();
-        core.packer.recycle();
-        shared.events.recycle();
-    }
-    drop(core);
-    closed_on(shared, conn);
-}
 
 fn wall_ms() -> i64 {
     SystemTime::now()
@@ -1324,58 +1282,86 @@ mod tests {
         }
     }
 
-    /// The tests that look at the process-wide idle pool (its kept
-    /// connection) take turns.
-    static IDLE_POOL_TESTS: Mutex<()> = Mutex::new(());
-
     /// A writer with hour-long windows that logged one event and was closed
-    /// (deferred) while its thread waits out its window: nobody wakes that
-    /// thread, so only the tail's own commit can end a short wait.
+    /// (deferred) while its database's thread waits out its window: nobody
+    /// wakes that thread, so only the tail's own commit can end a short wait.
     fn closed_while_waiting_out_its_window(
         path: &std::path::Path,
         id: &str,
-    ) -> (WriterTail, thread::Thread, Arc<Shared>) {
+    ) -> (WriterTail, Arc<Shared>) {
         let options = WriterOptions {
             batch_window: Duration::from_secs(3600),
             batch_window_max: Duration::from_secs(3600),
             ..WriterOptions::default()
         };
         let writer = RunWriter::begin_with(path, start(id), options);
+        // Opened and the run's row in: the connection exists before any
+        // lock a test takes.
+        assert!(writer.flush());
         writer.event_fields("lua", "Run", "0", 0, &serde_json::Map::new());
-        // Until its thread holds the connection (bounded far above the
-        // milliseconds it takes), and then until it waits out its window: a
-        // thread that reaches its loop after the close commits at once itself
-        // (microseconds after it opened; this leaves it far more).
-        for _ in 0..6000 {
-            if writer.shared.core().conn.is_some() {
-                break;
-            }
-            thread::sleep(Duration::from_millis(10));
-        }
-        thread::sleep(Duration::from_millis(100));
         let mut tail = writer.finish_deferred(completed());
-        let thread = tail.thread.take().expect("a writer thread");
         let shared = tail.shared.clone().expect("shared");
-        (tail, thread, shared)
+        tail.shared = Some(Arc::clone(&shared));
+        (tail, shared)
     }
 
     #[test]
-    fn a_tail_commits_on_the_waiting_thread_while_the_writer_thread_waits_out_its_window() {
-        let _turn = IDLE_POOL_TESTS
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+    fn a_tail_commits_on_the_waiting_thread_while_the_database_thread_waits_out_its_window() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("runs.db");
-        let (tail, thread, shared) = closed_while_waiting_out_its_window(&path, "run-here");
+        let (tail, shared) = closed_while_waiting_out_its_window(&path, "run-here");
         assert_eq!(tail.wait(Duration::from_millis(10)), None);
-        // Committed, and the connection is back for the next writer.
-        assert!(shared.core().ended);
-        assert!(idle_lock().kept.as_ref().is_some_and(|(p, _)| *p == path));
+        // Committed, and let go of.
+        assert!(!lock(&shared.db.core).holds(&shared));
         let log = RunLog::open(&path).unwrap();
         let id = log.resolve("run-here").unwrap();
         assert_eq!(log.run(id).unwrap().unwrap().end, Some(completed()));
         assert_eq!(log.events(id).unwrap().len(), 1);
-        thread.unpark();
+    }
+
+    #[test]
+    fn runs_on_one_database_share_its_thread_and_a_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("runs.db");
+        let options = WriterOptions {
+            batch_window: Duration::from_secs(3600),
+            batch_window_max: Duration::from_secs(3600),
+            ..WriterOptions::default()
+        };
+        let mut tails = Vec::new();
+        let mut databases = Vec::new();
+        for run in 0..5 {
+            let writer =
+                RunWriter::begin_with(&path, start(&format!("run-{run}")), options.clone());
+            for seq in 0..3 {
+                writer.event_fields("lua", "Run", "0", seq, &serde_json::Map::new());
+            }
+            databases.push(Arc::clone(&writer.shared.db));
+            tails.push(writer.finish_deferred(completed()));
+        }
+        assert!(databases.iter().all(|db| Arc::ptr_eq(db, &databases[0])));
+        // One wait commits every run queued there, in one transaction.
+        let last = tails.pop().unwrap();
+        assert_eq!(last.wait(Duration::from_secs(60)), None);
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        let batches: i64 = conn
+            .query_row("SELECT COUNT(*) FROM event_batches", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(batches, 5);
+        let log = RunLog::open(&path).unwrap();
+        for run in 0..5 {
+            let id = log.resolve(&format!("run-{run}")).unwrap();
+            assert_eq!(log.run(id).unwrap().unwrap().end, Some(completed()));
+            assert_eq!(log.events(id).unwrap().len(), 3);
+        }
+        // Their tails say so at once.
+        for mut tail in tails {
+            assert_eq!(tail.wait_committed(), None);
+        }
+        // Other schedule options: a database of their own.
+        let other = RunWriter::begin(&path, start("run-other"));
+        assert!(!Arc::ptr_eq(&other.shared.db, &databases[0]));
+        assert_eq!(other.finish(completed()), None);
     }
 
     /// A run that logs `events` events of about 4 KB each, ended and settled.
@@ -1426,7 +1412,11 @@ mod tests {
         assert!(file_len(&path, "") > db_small + WAL_TIDY_BYTES);
         // The next commit starts the WAL over and cuts the file to it.
         settled_run(&path, "run-after", 1);
-        assert!(file_len(&path, "-wal") < 64 * 1024);
+        assert!(
+            file_len(&path, "-wal") < 64 * 1024,
+            "{}",
+            file_len(&path, "-wal")
+        );
         let log = RunLog::open(&path).unwrap();
         for (id, events) in [("run-small", 1), ("run-long", 300), ("run-after", 1)] {
             let run = log.resolve(id).unwrap();
@@ -1436,29 +1426,20 @@ mod tests {
     }
 
     #[test]
-    fn a_locked_database_leaves_the_tails_commit_to_the_writer_thread_rows_kept() {
-        let _turn = IDLE_POOL_TESTS
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+    fn a_locked_database_leaves_the_tails_commit_to_the_database_thread_rows_kept() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("runs.db");
-        let (tail, thread, shared) = closed_while_waiting_out_its_window(&path, "run-locked-here");
+        let (tail, shared) = closed_while_waiting_out_its_window(&path, "run-locked-here");
         let holder = rusqlite::Connection::open(&path).unwrap();
         holder.execute_batch("BEGIN IMMEDIATE").unwrap();
         // Another process's write lock: no wait, no giving up, no warning.
-        // (The writer thread may already be at its own try, if it reached its
-        // window's loop after the close: the tail then finds its lock taken
-        // and leaves it too. Neither may commit, nor give up.)
         assert!(matches!(finish_here(&shared, true), Here::Left));
         assert_eq!(shared.warning.get(), None);
         holder.execute_batch("COMMIT").unwrap();
         // Committed by whichever thread gets there, rows kept.
-        thread.unpark();
+        shared.db.wake();
         assert_eq!(tail.wait(Duration::from_secs(60)), None);
-        {
-            let core = shared.core();
-            assert!(core.ended && !core.disabled);
-        }
+        assert!(!lock(&shared.db.core).holds(&shared));
         let log = RunLog::open(&path).unwrap();
         let id = log.resolve("run-locked-here").unwrap();
         assert_eq!(log.run(id).unwrap().unwrap().end, Some(completed()));
