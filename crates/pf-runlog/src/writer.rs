@@ -27,6 +27,9 @@ use crate::records::{
 pub type WarningSink = Arc<dyn Fn(&str) + Send + Sync>;
 
 /// How a [`RunWriter`] batches and how long it waits. The defaults suit a CLI run.
+/// Runs on one database share its thread and connection when their
+/// windows, busy handling and `max_page_count` agree; runs whose options
+/// differ there get a thread and a connection of their own.
 #[derive(Clone)]
 pub struct WriterOptions {
     /// Unused (kept so options written for earlier versions still build).
@@ -56,9 +59,9 @@ impl Default for WriterOptions {
     fn default() -> Self {
         WriterOptions {
             batch_rows: 512,
-            // Longer than a short run (a scripted 50-round loop takes ~5 ms):
-            // such a run commits once, at its end, instead of two or three
-            // times (each commit rewrites page 1 and every touched leaf).
+            // Longer than a short run (a scripted 50-round loop takes 2-5 ms):
+            // runs back to back share a commit instead of paying one each
+            // (each commit rewrites page 1 and every touched leaf).
             batch_window: Duration::from_millis(16),
             batch_window_max: Duration::from_millis(32),
             busy_timeout: Duration::from_secs(5),

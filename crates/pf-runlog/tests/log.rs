@@ -787,8 +787,7 @@ fn a_deferred_finish_is_committed_once_its_tail_says_so() {
     let path = db_in(&dir);
     let log = RunLog::open(&path).unwrap();
     // Back to back on one database, as `promptforge mcp` runs them: each
-    // writer hands its end to its background thread and returns at once;
-    // the next one starts on the last one's connection once it is done.
+    // writer hands its end to the database's thread and returns at once.
     let mut tails = Vec::new();
     for run in 0..20u32 {
         let writer = log.begin_with(start(&format!("run-deferred-{run:02}")), patient());
@@ -812,13 +811,13 @@ fn a_deferred_finish_is_committed_once_its_tail_says_so() {
 }
 
 #[test]
-fn a_deferred_finish_commits_when_the_next_writer_wants_its_connection() {
+fn deferred_finishes_are_all_committed_by_the_last_ones_wait() {
     let dir = tempfile::tempdir().unwrap();
     let path = db_in(&dir);
     let log = RunLog::open(&path).unwrap();
-    // Windows of an hour: a finished writer's thread is not woken by its
-    // run's end, so only the next writer's thread wanting its connection
-    // (or a wait on its tail) makes it commit before then.
+    // Windows of an hour: the database's thread is not woken by a run's
+    // end, so only a wait on a tail makes it (or the waiting thread) commit
+    // before then, and that commit takes every run queued there.
     let options = WriterOptions {
         batch_window: Duration::from_secs(3600),
         batch_window_max: Duration::from_secs(3600),

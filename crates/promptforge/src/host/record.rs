@@ -108,7 +108,7 @@ impl RunLogSink {
         *self.usage.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Record the end; the writer's background thread commits it (and
+    /// Record the end; the run log database's thread commits it (and
     /// whatever is still queued) off the run's path, so the run's end waits
     /// for nothing. Only the first call writes. Before the process exits, or
     /// before anyone is told the run is logged: [`RunLogSink::settle`] or
