@@ -215,10 +215,11 @@ impl Bench {
     }
 
     /// Wait, as `promptforge run` does before it exits, until the last
-    /// logged run is committed and its writer is done. Its work overlaps
-    /// the next run when runs go back to back (`promptforge mcp`), but each
-    /// writer first waits for the last one's connection, so a timing that
-    /// ends with this includes every run's deferred work.
+    /// logged run is committed and its writer is done. The database's one
+    /// writer thread commits the runs that go back to back (`promptforge
+    /// mcp`) together, overlapping the next run; this wait commits what is
+    /// still queued, so a timing that ends with it includes every run's
+    /// deferred work.
     fn settle(&self) {
         if let Some(sink) = self.last_log.borrow_mut().take() {
             sink.settle();
