@@ -35,9 +35,10 @@ fn runs_one_after_another_and_runs_at_once_share_one_writer_thread() {
         let tail = writer.finish_deferred(completed(&format!("r{run}")));
         // Ended before the database's thread may have looked at it.
         assert_eq!(tail.wait(Duration::from_secs(120)), None);
-        // The database's thread outlives the run and takes the next one.
+        // The database's thread outlives the run and takes the next one
+        // (a thread not yet started has not named itself: at most one).
         #[cfg(target_os = "linux")]
-        assert_eq!(writer_threads(), 1, "after run {run}");
+        assert!(writer_threads() <= 1, "after run {run}");
     }
     for run in 0..12u32 {
         let id = log.resolve(&format!("run-thread-{run:02}")).unwrap();
@@ -57,7 +58,7 @@ fn runs_one_after_another_and_runs_at_once_share_one_writer_thread() {
             writer.event(event("0", 0, "lua"));
         }
         #[cfg(target_os = "linux")]
-        assert_eq!(writer_threads(), 1, "round {round}");
+        assert!(writer_threads() <= 1, "round {round}");
         let tails: Vec<_> = writers
             .into_iter()
             .map(|writer| writer.finish_deferred(completed("done")))
@@ -65,6 +66,20 @@ fn runs_one_after_another_and_runs_at_once_share_one_writer_thread() {
         for tail in tails {
             assert_eq!(tail.wait(Duration::from_secs(120)), None);
         }
+    }
+    // By now the database's thread has started and named itself: exactly
+    // one (bounded far above the milliseconds it takes).
+    #[cfg(target_os = "linux")]
+    {
+        let mut threads = writer_threads();
+        for _ in 0..1000 {
+            if threads == 1 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+            threads = writer_threads();
+        }
+        assert_eq!(threads, 1);
     }
     for round in 0..3u32 {
         for n in 0..3u32 {
