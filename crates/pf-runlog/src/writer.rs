@@ -218,7 +218,7 @@ enum Here {
 /// everything to the thread, and the wait to its usual bounds.
 fn finish_here(shared: &Arc<Shared>, tidy: bool) -> Here {
     let db = &shared.db;
-    if !shared.closing.load(Ordering::SeqCst) || db.options.busy_timeout.is_zero() {
+    if !shared.closing.load(Ordering::SeqCst) || db.schedule.busy_timeout.is_zero() {
         return Here::Left;
     }
     let mut core = match db.core.try_lock() {
@@ -305,9 +305,7 @@ impl Shared {
 /// thread is still looking each window.
 struct Database {
     path: PathBuf,
-    /// The options of the run that opened it (runs with other schedule
-    /// options get a database of their own, see [`Schedule`]).
-    options: WriterOptions,
+    /// Runs with other schedule options get a database of their own.
     schedule: Schedule,
     /// The connection and every run's uncommitted rows. Whoever holds it
     /// commits: the thread each window, a caller at a flush, a finish or a
@@ -364,15 +362,14 @@ static DATABASES: Mutex<Vec<Arc<Database>>> = Mutex::new(Vec::new());
 const THREAD_IDLE: Duration = Duration::from_secs(30);
 
 impl Database {
-    /// Register a run on the database at `path` with `options`' schedule,
-    /// starting its thread if it has none. `make` builds the run's shared
-    /// part given the database.
+    /// Register a run on the database at `path` with `schedule`, starting
+    /// its thread if it has none. `make` builds the run's shared part given
+    /// the database.
     fn join(
         path: PathBuf,
-        options: &WriterOptions,
+        schedule: Schedule,
         make: impl FnOnce(Arc<Database>) -> Arc<Shared>,
     ) -> (Arc<Shared>, std::io::Result<()>) {
-        let schedule = Schedule::of(options);
         let (db, started) = {
             let mut databases = lock(&DATABASES);
             let found = databases
@@ -387,7 +384,6 @@ impl Database {
                 None => {
                     let db = Arc::new(Database {
                         path: path.clone(),
-                        options: options.clone(),
                         schedule,
                         core: Mutex::new(Core::default()),
                         joining: Mutex::new(Vec::new()),
@@ -854,8 +850,8 @@ impl RunWriter {
     ) -> RunWriter {
         let (committed_tx, committed_rx) = mpsc::sync_channel(1);
         let (done_tx, done_rx) = mpsc::sync_channel(1);
-        let schedule = options.clone();
-        let (shared, started) = Database::join(db_path.into(), &schedule, |db| {
+        let schedule = Schedule::of(&options);
+        let (shared, started) = Database::join(db_path.into(), schedule, |db| {
             Arc::new(Shared {
                 db,
                 options,
