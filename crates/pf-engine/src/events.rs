@@ -11,7 +11,6 @@
 //! event holds a message, and no event holds prompt text or a credential.
 
 use std::collections::HashMap;
-use std::rc::Rc;
 use std::sync::Arc;
 
 use pf_harness::WorkId;
@@ -276,6 +275,105 @@ pub trait RunObserver: Send + Sync {
     fn lua_traceback(&self, execution: &str, trace: &LuaTraceback<'_>) {
         let _ = (execution, trace);
     }
+
+    /// Whether the observer takes each event again as the run keeps it
+    /// ([`RunObserver::kept`]); asked once, when the run starts.
+    fn wants_kept(&self) -> bool {
+        false
+    }
+
+    /// The event just given to [`RunObserver::event`], as its task's
+    /// history keeps it: shared and never changed, so an observer that
+    /// records it may hold it and read it later on another thread (the run
+    /// log encodes it on its database's thread) rather than copy or encode
+    /// it on the run's. Called only when [`RunObserver::wants_kept`] said so,
+    /// right after `event`, in the same order.
+    fn kept(&self, execution: &str, event: SharedEvent) {
+        let _ = (execution, event);
+    }
+}
+
+/// An event as its task's history keeps it, shared with an observer
+/// ([`RunObserver::kept`]): the same kind, section, task, number and fields
+/// as the [`RunEvent`] the observer heard.
+#[derive(Clone)]
+pub struct SharedEvent {
+    event: Arc<KeptEvent>,
+    task: Arc<str>,
+}
+
+impl std::fmt::Debug for SharedEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedEvent")
+            .field("kind", &self.event.kind)
+            .field("task", &self.task)
+            .field("seq", &self.event.seq)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SharedEvent {
+    pub fn kind(&self) -> EventKind {
+        self.event.kind
+    }
+
+    pub fn section(&self) -> &str {
+        &self.event.section
+    }
+
+    pub fn task(&self) -> &str {
+        &self.task
+    }
+
+    pub fn seq(&self) -> u32 {
+        self.event.seq
+    }
+
+    /// The kind's fields, `None` for a boundary event (no fields). They
+    /// serialize as the [`RunEvent`]'s `fields` map does, byte for byte.
+    pub fn fields(&self) -> Option<KeptFields<'_>> {
+        self.event.fields.as_deref().map(KeptFields)
+    }
+
+    /// The event as a [`RunEvent`] (a copy).
+    pub fn to_event(&self) -> RunEvent {
+        self.event.event(&self.task)
+    }
+}
+
+/// A kept event's fields: a JSON object in the guide's order.
+#[derive(Clone, Copy)]
+pub struct KeptFields<'a>(&'a [(Box<str>, Kept)]);
+
+impl serde::Serialize for KeptFields<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (key, value) in self.0 {
+            map.serialize_entry(&**key, value)?;
+        }
+        map.end()
+    }
+}
+
+impl serde::Serialize for Kept {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        match self {
+            Kept::Null => serializer.serialize_unit(),
+            Kept::Bool(b) => serializer.serialize_bool(*b),
+            Kept::Number(n) => n.serialize(serializer),
+            Kept::String(s) => serializer.serialize_str(s),
+            Kept::Array(items) => {
+                let mut seq = serializer.serialize_seq(Some(items.len()))?;
+                for item in items.iter() {
+                    seq.serialize_element(item)?;
+                }
+                seq.end()
+            }
+            Kept::Object(entries) => KeptFields(entries).serialize(serializer),
+        }
+    }
 }
 
 /// Tell the observer something that is not an event; a panic is caught.
@@ -348,14 +446,29 @@ impl StoreOp {
 pub(crate) struct EventLog {
     tasks: HashMap<String, TaskHistory>,
     observer: Option<Arc<dyn RunObserver>>,
+    /// The observer takes each event again, shared ([`RunObserver::kept`]).
+    observer_keeps: bool,
 }
 
-#[derive(Default)]
 struct TaskHistory {
+    /// The task's id, shared with the events handed to the observer.
+    task: Arc<str>,
     next_seq: u32,
-    events: Vec<KeptEvent>,
+    /// Shared: an observer may hold an event until its own thread reads it.
+    events: Vec<Arc<KeptEvent>>,
     /// The chain that started the task, which may read its history.
     owner: Option<String>,
+}
+
+impl TaskHistory {
+    fn new(task: &str) -> TaskHistory {
+        TaskHistory {
+            task: Arc::from(task),
+            next_seq: 0,
+            events: Vec::new(),
+            owner: None,
+        }
+    }
 }
 
 /// An event as a task's history keeps it until `tasks.events` reads it back:
@@ -369,7 +482,7 @@ struct TaskHistory {
 struct KeptEvent {
     kind: EventKind,
     seq: u32,
-    section: Rc<str>,
+    section: Arc<str>,
     fields: Option<KeptMap>,
 }
 
@@ -430,8 +543,8 @@ fn map_of(entries: &[(Box<str>, Kept)]) -> Map<String, Json> {
 impl KeptEvent {
     fn keep(event: RunEvent, before: Option<&KeptEvent>) -> KeptEvent {
         let section = match before {
-            Some(last) if *last.section == *event.section => Rc::clone(&last.section),
-            _ => Rc::from(event.section),
+            Some(last) if *last.section == *event.section => Arc::clone(&last.section),
+            _ => Arc::from(event.section),
         };
         KeptEvent {
             kind: event.kind,
@@ -456,9 +569,14 @@ impl KeptEvent {
 
 impl EventLog {
     pub(crate) fn new(observer: Option<Arc<dyn RunObserver>>) -> Self {
+        let observer_keeps = observer.as_ref().is_some_and(|o| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| o.wants_kept()))
+                .unwrap_or(false)
+        });
         EventLog {
             tasks: HashMap::new(),
             observer,
+            observer_keeps,
         }
     }
 
@@ -466,7 +584,10 @@ impl EventLog {
     fn take_seq(&mut self, task: &str) -> u32 {
         let history = match self.tasks.get_mut(task) {
             Some(h) => h,
-            None => self.tasks.entry(task.to_string()).or_default(),
+            None => self
+                .tasks
+                .entry(task.to_string())
+                .or_insert_with(|| TaskHistory::new(task)),
         };
         let n = history.next_seq;
         history.next_seq = n.saturating_add(1);
@@ -507,7 +628,19 @@ impl EventLog {
             }
         }
         if let Some(history) = self.tasks.get_mut(task) {
-            let kept = KeptEvent::keep(event, history.events.last());
+            let kept = Arc::new(KeptEvent::keep(event, history.events.last().map(|e| &**e)));
+            if let (true, Some(observer)) = (self.observer_keeps, &self.observer) {
+                let shared = SharedEvent {
+                    event: Arc::clone(&kept),
+                    task: Arc::clone(&history.task),
+                };
+                let heard = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    observer.kept(execution, shared)
+                }));
+                if heard.is_err() {
+                    tracing::warn!("the run observer panicked on a kept event; the run goes on");
+                }
+            }
             history.events.push(kept);
         }
     }
@@ -523,7 +656,10 @@ impl EventLog {
 
     /// Record that the chain `owner` started `task` (so it may read its history).
     pub(crate) fn set_owner(&mut self, task: &str, owner: &str) {
-        self.tasks.entry(task.to_string()).or_default().owner = Some(owner.to_string());
+        self.tasks
+            .entry(task.to_string())
+            .or_insert_with(|| TaskHistory::new(task))
+            .owner = Some(owner.to_string());
     }
 
     /// The chain that started `task`, if a chain did.

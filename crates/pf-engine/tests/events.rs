@@ -46,6 +46,8 @@ type LiveOutput = Box<dyn Fn(LiveText<'_>) -> bool + Send + Sync>;
 /// An observer that keeps every event and passes live text to its listener.
 struct Collect {
     events: Mutex<Vec<RunEvent>>,
+    /// Every event again as the run kept it, shared (what the run log encodes).
+    kept: Mutex<Vec<pf_engine::SharedEvent>>,
     live: Option<LiveOutput>,
 }
 
@@ -60,6 +62,32 @@ impl RunObserver for Collect {
     }
     fn live_text(&self, text: LiveText<'_>) -> bool {
         self.live.as_ref().is_some_and(|live| live(text))
+    }
+    fn wants_kept(&self) -> bool {
+        true
+    }
+    fn kept(&self, _execution: &str, event: pf_engine::SharedEvent) {
+        self.kept
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(event);
+    }
+}
+
+/// Each kept event is the event heard just before it: the same coordinates,
+/// and fields that serialize to the same bytes in the same key order.
+fn assert_kept_as_heard(heard: &[RunEvent], kept: &[pf_engine::SharedEvent]) {
+    assert_eq!(kept.len(), heard.len());
+    for (kept, heard) in kept.iter().zip(heard) {
+        assert_eq!(kept.to_event(), *heard);
+        assert_eq!(kept.kind(), heard.kind);
+        assert_eq!(kept.section(), heard.section);
+        assert_eq!(kept.task(), heard.provenance.task);
+        assert_eq!(kept.seq(), heard.provenance.seq);
+        let fields = kept.fields().map(|f| serde_json::to_string(&f).unwrap());
+        let expected =
+            (!heard.fields.is_empty()).then(|| serde_json::to_string(&heard.fields).unwrap());
+        assert_eq!(fields, expected, "{:?}", heard.kind);
     }
 }
 
@@ -91,6 +119,7 @@ fn run_with(
 ) -> RunReport {
     let observer = Arc::new(Collect {
         events: Mutex::default(),
+        kept: Mutex::default(),
         live,
     });
     let store = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
@@ -114,6 +143,10 @@ fn run_with(
         .unwrap_or_else(|e| panic!("runtime: {e}"));
     let report = rt.block_on(pf_engine::run(prompt, setup));
     let all = std::mem::take(&mut *observer.events.lock().unwrap_or_else(|p| p.into_inner()));
+    assert_kept_as_heard(
+        &all,
+        &observer.kept.lock().unwrap_or_else(|p| p.into_inner()),
+    );
     RunReport {
         outcome: report.outcome,
         execution: report.execution,
@@ -582,6 +615,7 @@ fn a_task_stranded_by_a_cancelled_run_is_abandoned_before_the_run_closes() {
     let store = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
     let observer = Arc::new(Collect {
         events: Mutex::default(),
+        kept: Mutex::default(),
         live: None,
     });
     let cancel = CancellationToken::new();
@@ -656,6 +690,7 @@ fn capture_reports_the_bodies_ahead_of_each_round_only_when_switched_on() {
         let store = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
         let observer = Arc::new(Collect {
             events: Mutex::default(),
+            kept: Mutex::default(),
             live: None,
         });
         let setup = RunSetup {

@@ -56,6 +56,31 @@ pub(crate) fn parse_line(
     }
 }
 
+/// An event whose line is written later, by the thread that takes the
+/// buffer (the database's), from data its reporter shares with the log
+/// rather than lends: the run's thread hands it over in a few instructions
+/// and the encoding happens off its path.
+pub trait LaterEvent: Send + Sync {
+    fn kind(&self) -> &str;
+    fn section(&self) -> &str;
+    fn task(&self) -> &str;
+    fn seq(&self) -> u32;
+    /// Append the fields as one JSON object, the bytes serde writes for
+    /// them; false, having written nothing, when the event has none.
+    fn write_fields(&self, out: &mut Vec<u8>) -> bool;
+}
+
+/// Events handed over to be encoded later, in order, after the lines
+/// already written.
+#[derive(Default)]
+struct Later(Vec<Box<dyn LaterEvent>>);
+
+impl std::fmt::Debug for Later {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} later events", self.0.len())
+    }
+}
+
 /// What a line with no fields ends with before they are cut.
 const NO_FIELDS: &[u8] = b",{}]";
 
@@ -79,6 +104,9 @@ pub(crate) struct Taken {
     closed: bool,
     /// The appending side's last event place (never swapped on a take).
     place: EventPlace,
+    /// Events whose lines come after `lines`, not yet encoded (counted in
+    /// `count`); the taker encodes them.
+    later: Later,
 }
 
 /// The last event's section and task, and the line bytes they became
@@ -126,6 +154,25 @@ impl Taken {
         self.lines.clear();
         self.work.clear();
         self.count = 0;
+        self.later.0.clear();
+    }
+
+    /// Encode the events handed over for later, after the lines written.
+    fn write_later(&mut self) {
+        let out = &mut self.lines;
+        for event in self.later.0.drain(..) {
+            out.push(b'[');
+            push_str(out, event.kind());
+            out.push(b',');
+            self.place.push(out, event.section(), event.task());
+            push_u64(out, u64::from(event.seq()));
+            let before = out.len();
+            out.push(b',');
+            if !event.write_fields(out) {
+                out.truncate(before);
+            }
+            out.extend_from_slice(b"]\n");
+        }
     }
 
     /// Append `more`'s lines after these (a busy commit left these).
@@ -248,6 +295,8 @@ impl EventBuffer {
         if state.closed || state.count == u32::MAX {
             return;
         }
+        // Lines stay in order: what was handed over before this goes first.
+        state.write_later();
         let start = state.lines.len();
         if serde_json::to_writer(&mut state.lines, &(kind, section, task, seq, fields)).is_err() {
             // Fields that are not JSON (never from a `Map`): the event goes
@@ -284,6 +333,7 @@ impl EventBuffer {
         if state.closed || state.count == u32::MAX {
             return;
         }
+        state.write_later();
         let out = &mut state.lines;
         out.push(b'[');
         push_str(out, kind);
@@ -294,14 +344,30 @@ impl EventBuffer {
         state.count += 1;
     }
 
+    /// Append one event to be encoded by whoever takes the buffer.
+    pub fn push_later(&self, event: Box<dyn LaterEvent>) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if state.closed || state.count == u32::MAX {
+            return;
+        }
+        state.later.0.push(event);
+        state.count += 1;
+    }
+
     /// Take everything appended so far into `into`, leaving `into`'s old
     /// (emptied) buffer in its place so the next appends reuse its capacity.
+    /// The events handed over for later are encoded into `into` here, on
+    /// the taking thread, after the buffer is unlocked.
     pub fn take(&self, into: &mut Taken) {
         into.clear();
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        std::mem::swap(&mut state.lines, &mut into.lines);
-        std::mem::swap(&mut state.work, &mut into.work);
-        std::mem::swap(&mut state.count, &mut into.count);
+        {
+            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            std::mem::swap(&mut state.lines, &mut into.lines);
+            std::mem::swap(&mut state.work, &mut into.work);
+            std::mem::swap(&mut state.count, &mut into.count);
+            std::mem::swap(&mut state.later, &mut into.later);
+        }
+        into.write_later();
     }
 
     /// No more lines will be written: drop what is queued and every later one.
@@ -311,6 +377,7 @@ impl EventBuffer {
         state.lines = Vec::new();
         state.work = Vec::new();
         state.count = 0;
+        state.later = Later::default();
     }
 }
 
@@ -725,6 +792,102 @@ mod tests {
         serde.take(&mut taken_serde);
         assert_eq!(taken_direct.text(), taken_serde.text());
         assert_eq!(taken_direct.text().lines().count(), 2);
+    }
+
+    /// An event handed over for later, with its fields as a JSON map.
+    #[derive(Clone)]
+    struct Owned(
+        String,
+        String,
+        String,
+        u32,
+        serde_json::Map<String, serde_json::Value>,
+    );
+
+    impl LaterEvent for Owned {
+        fn kind(&self) -> &str {
+            &self.0
+        }
+        fn section(&self) -> &str {
+            &self.1
+        }
+        fn task(&self) -> &str {
+            &self.2
+        }
+        fn seq(&self) -> u32 {
+            self.3
+        }
+        fn write_fields(&self, out: &mut Vec<u8>) -> bool {
+            if self.4.is_empty() {
+                return false;
+            }
+            serde_json::to_writer(out, &self.4).is_ok()
+        }
+    }
+
+    #[test]
+    fn events_handed_over_for_later_are_the_lines_and_order_of_direct_ones() {
+        // Later events mixed with direct ones, across takes, in every
+        // order: the bytes and their order are those of all-direct pushes.
+        let fields = serde_json::json!({"turn": 3, "text": "quote \" é\n"});
+        let fields = fields.as_object().unwrap().clone();
+        let none = serde_json::Map::new();
+        let events: Vec<Owned> = (0..40u32)
+            .map(|n| {
+                let section = if n % 7 < 3 { "Run" } else { "Loop \"x\"" };
+                let task = if n % 5 == 0 { "0.1" } else { "0" };
+                let f = if n % 3 == 0 {
+                    none.clone()
+                } else {
+                    fields.clone()
+                };
+                Owned(
+                    format!("kind_{n}"),
+                    section.to_string(),
+                    task.to_string(),
+                    n,
+                    f,
+                )
+            })
+            .collect();
+        let (direct, mixed) = (EventBuffer::default(), EventBuffer::default());
+        let (mut taken_direct, mut taken_mixed) = (Taken::default(), Taken::default());
+        let (mut all_direct, mut all_mixed) = (String::new(), String::new());
+        let mut count = 0;
+        for (n, event) in events.iter().enumerate() {
+            let Owned(kind, section, task, seq, f) = event;
+            direct.push_map(kind, section, task, *seq, f);
+            if n % 4 == 1 {
+                mixed.push_map(kind, section, task, *seq, f);
+            } else {
+                mixed.push_later(Box::new(event.clone()));
+            }
+            if n % 9 == 8 {
+                direct.take(&mut taken_direct);
+                mixed.take(&mut taken_mixed);
+                assert_eq!(taken_mixed.count, taken_direct.count);
+                count += taken_mixed.count;
+                all_direct.push_str(taken_direct.text());
+                all_mixed.push_str(taken_mixed.text());
+            }
+        }
+        direct.take(&mut taken_direct);
+        mixed.take(&mut taken_mixed);
+        count += taken_mixed.count;
+        all_direct.push_str(taken_direct.text());
+        all_mixed.push_str(taken_mixed.text());
+        assert_eq!(count, 40);
+        assert_eq!(all_mixed, all_direct);
+        let seqs: Vec<u32> = all_mixed
+            .lines()
+            .map(|l| parse_line(l).unwrap().3)
+            .collect();
+        assert_eq!(seqs, (0..40).collect::<Vec<_>>());
+        // A closed buffer takes no later event either.
+        mixed.close();
+        mixed.push_later(Box::new(Owned("a".into(), "b".into(), "c".into(), 1, none)));
+        mixed.take(&mut taken_mixed);
+        assert!(taken_mixed.is_empty() && taken_mixed.lines.is_empty());
     }
 
     #[test]

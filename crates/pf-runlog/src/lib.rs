@@ -24,6 +24,7 @@ mod writer;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use buffer::LaterEvent;
 pub use error::RunLogError;
 pub use paths::{data_dir, default_db_path, DB_FILE_NAME};
 pub use records::{

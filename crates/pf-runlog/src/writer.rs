@@ -933,6 +933,13 @@ impl RunWriter {
             .push_map(kind, section, task, seq, fields);
     }
 
+    /// Append one event that the database's thread encodes when it takes
+    /// the run's rows (in order with the events appended by the other
+    /// methods), so the calling thread only hands it over.
+    pub fn event_later(&self, event: Box<dyn crate::buffer::LaterEvent>) {
+        self.shared.events.push_later(event);
+    }
+
     /// Append one model exchange (its bodies encoded straight into the
     /// shared buffer, as [`exchange_parts`](RunWriter::exchange_parts) does).
     pub fn exchange(&self, exchange: ExchangeRecord) -> ExchangeHandle {

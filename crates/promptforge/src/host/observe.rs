@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use pf_engine::{EventKind, LiveText, LuaTraceback, RunEvent, RunObserver, ToolCallNotice};
+use pf_engine::{
+    EventKind, LiveText, LuaTraceback, RunEvent, RunObserver, SharedEvent, ToolCallNotice,
+};
 
 use super::record::RunLogSink;
 use crate::progress::RunProgress;
@@ -65,14 +67,22 @@ impl HostObserver {
 impl RunObserver for HostObserver {
     fn event(&self, _execution: &str, event: &RunEvent) {
         self.sections.heard(event);
-        if let Some(log) = &self.log {
-            log.event(event);
-        }
+        // The run log takes the event again, shared, in `kept`.
         if let Some(progress) = &self.live {
             progress.event(event);
         }
         if let Some(trace) = &self.trace {
             trace.event(event);
+        }
+    }
+
+    fn wants_kept(&self) -> bool {
+        self.log.is_some()
+    }
+
+    fn kept(&self, _execution: &str, event: SharedEvent) {
+        if let Some(log) = &self.log {
+            log.kept(event);
         }
     }
 

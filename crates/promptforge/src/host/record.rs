@@ -57,6 +57,39 @@ impl HostWork {
     }
 }
 
+/// An event the run keeps, as the run log encodes it.
+struct LoggedEvent(pf_engine::SharedEvent);
+
+impl pf_runlog::LaterEvent for LoggedEvent {
+    fn kind(&self) -> &str {
+        self.0.kind().as_str()
+    }
+
+    fn section(&self) -> &str {
+        self.0.section()
+    }
+
+    fn task(&self) -> &str {
+        self.0.task()
+    }
+
+    fn seq(&self) -> u32 {
+        self.0.seq()
+    }
+
+    fn write_fields(&self, out: &mut Vec<u8>) -> bool {
+        let Some(fields) = self.0.fields() else {
+            return false;
+        };
+        let start = out.len();
+        if serde_json::to_writer(&mut *out, &fields).is_err() {
+            out.truncate(start);
+            return false;
+        }
+        true
+    }
+}
+
 /// One run's writer, shared by the observer and the decorators. `finish`
 /// takes the writer out, so anything sent after the run ended is dropped.
 pub struct RunLogSink {
@@ -82,18 +115,10 @@ impl RunLogSink {
         }
     }
 
-    /// Log one event of the run: encoded straight into the writer's
-    /// buffer (the event is only lent; a deep copy would cost more).
-    pub fn event(&self, event: &pf_engine::RunEvent) {
-        self.with(|w| {
-            w.event_fields(
-                event.kind.as_str(),
-                &event.section,
-                &event.provenance.task,
-                event.provenance.seq,
-                &event.fields,
-            )
-        });
+    /// Log one event the run keeps: handed to the writer as it is, for the
+    /// database's thread to encode (the run's thread only hands it over).
+    pub fn kept(&self, event: pf_engine::SharedEvent) {
+        self.with(|w| w.event_later(Box::new(LoggedEvent(event))));
     }
 
     fn add_usage(&self, usage: &TokenUsage) {

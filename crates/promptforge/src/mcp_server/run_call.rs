@@ -273,6 +273,19 @@ impl RunObserver for BothObservers {
         self.0.tool_call(execution, call);
     }
 
+    fn wants_kept(&self) -> bool {
+        self.0.wants_kept() || self.1.wants_kept()
+    }
+
+    fn kept(&self, execution: &str, event: pf_engine::SharedEvent) {
+        if self.0.wants_kept() {
+            self.0.kept(execution, event.clone());
+        }
+        if self.1.wants_kept() {
+            self.1.kept(execution, event);
+        }
+    }
+
     fn lua_traceback(&self, execution: &str, trace: &pf_engine::LuaTraceback<'_>) {
         self.0.lua_traceback(execution, trace);
     }
