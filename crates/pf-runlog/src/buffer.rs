@@ -157,14 +157,21 @@ impl Taken {
         self.later.0.clear();
     }
 
+    /// Start an event's line: `["kind","section","task",`.
+    fn push_head(&mut self, kind: &str, section: &str, task: &str) {
+        self.lines.push(b'[');
+        push_str(&mut self.lines, kind);
+        self.lines.push(b',');
+        self.place.push(&mut self.lines, section, task);
+    }
+
     /// Encode the events handed over for later, after the lines written.
     fn write_later(&mut self) {
-        let out = &mut self.lines;
-        for event in self.later.0.drain(..) {
-            out.push(b'[');
-            push_str(out, event.kind());
-            out.push(b',');
-            self.place.push(out, event.section(), event.task());
+        // Taken out (and put back, keeping its room) so `push_head` can borrow self.
+        let mut later = std::mem::take(&mut self.later.0);
+        for event in later.drain(..) {
+            self.push_head(event.kind(), event.section(), event.task());
+            let out = &mut self.lines;
             push_u64(out, u64::from(event.seq()));
             let before = out.len();
             out.push(b',');
@@ -173,6 +180,7 @@ impl Taken {
             }
             out.extend_from_slice(b"]\n");
         }
+        self.later.0 = later;
     }
 
     /// Append `more`'s lines after these (a busy commit left these).
@@ -334,11 +342,8 @@ impl EventBuffer {
             return;
         }
         state.write_later();
+        state.push_head(kind, section, task);
         let out = &mut state.lines;
-        out.push(b'[');
-        push_str(out, kind);
-        out.push(b',');
-        state.place.push(out, section, task);
         push_event_tail(out, seq, fields);
         out.push(b'\n');
         state.count += 1;
