@@ -70,14 +70,76 @@ pub trait LaterEvent: Send + Sync {
     fn write_fields(&self, out: &mut Vec<u8>) -> bool;
 }
 
+/// A boxed event handed over for later is one too (a caller that mixes
+/// kinds of events, or holds them boxed already).
+impl LaterEvent for Box<dyn LaterEvent> {
+    fn kind(&self) -> &str {
+        (**self).kind()
+    }
+
+    fn section(&self) -> &str {
+        (**self).section()
+    }
+
+    fn task(&self) -> &str {
+        (**self).task()
+    }
+
+    fn seq(&self) -> u32 {
+        (**self).seq()
+    }
+
+    fn write_fields(&self, out: &mut Vec<u8>) -> bool {
+        (**self).write_fields(out)
+    }
+}
+
 /// Events handed over to be encoded later, in order, after the lines
-/// already written.
+/// already written: one batch of one type, stored inline. A reporter hands
+/// over hundreds of events a model loop and thousands a wide fanout; a box
+/// each was an allocation on the run's thread and a free on the database's
+/// for every one of them. The batch itself goes back and forth with the
+/// buffer's lines (see [`EventBuffer::take`]), keeping its room.
 #[derive(Default)]
-struct Later(Vec<Box<dyn LaterEvent>>);
+struct Later(Option<Box<dyn LaterBatch>>);
 
 impl std::fmt::Debug for Later {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} later events", self.0.len())
+        let len = self.0.as_ref().map_or(0, |batch| batch.len());
+        write!(f, "{len} later events")
+    }
+}
+
+/// A [`Batch`] of some event type, as [`Later`] holds it.
+trait LaterBatch: Send {
+    fn len(&self) -> usize;
+    /// Encode every event after `taken`'s lines, and empty the batch.
+    fn write_into(&mut self, taken: &mut Taken);
+    /// Drop the events, keeping the room.
+    fn clear(&mut self);
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
+}
+
+/// Events of one type waiting to be encoded, in order.
+struct Batch<E>(Vec<E>);
+
+impl<E: LaterEvent + 'static> LaterBatch for Batch<E> {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn write_into(&mut self, taken: &mut Taken) {
+        for event in self.0.drain(..) {
+            taken.push_later_line(&event);
+        }
+    }
+
+    fn clear(&mut self) {
+        self.0.clear();
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
     }
 }
 
@@ -154,7 +216,9 @@ impl Taken {
         self.lines.clear();
         self.work.clear();
         self.count = 0;
-        self.later.0.clear();
+        if let Some(batch) = self.later.0.as_mut() {
+            batch.clear();
+        }
     }
 
     /// Start an event's line: `["kind","section","task",`.
@@ -167,20 +231,27 @@ impl Taken {
 
     /// Encode the events handed over for later, after the lines written.
     fn write_later(&mut self) {
-        // Taken out (and put back, keeping its room) so `push_head` can borrow self.
-        let mut later = std::mem::take(&mut self.later.0);
-        for event in later.drain(..) {
-            self.push_head(event.kind(), event.section(), event.task());
-            let out = &mut self.lines;
-            push_u64(out, u64::from(event.seq()));
-            let before = out.len();
-            out.push(b',');
-            if !event.write_fields(out) {
-                out.truncate(before);
+        // Taken out (and put back, keeping its room) so the batch can write
+        // into the rest of `self`.
+        if let Some(mut batch) = self.later.0.take() {
+            if batch.len() > 0 {
+                batch.write_into(self);
             }
-            out.extend_from_slice(b"]\n");
+            self.later.0 = Some(batch);
         }
-        self.later.0 = later;
+    }
+
+    /// One handed-over event's line, after the lines written.
+    fn push_later_line(&mut self, event: &impl LaterEvent) {
+        self.push_head(event.kind(), event.section(), event.task());
+        let out = &mut self.lines;
+        push_u64(out, u64::from(event.seq()));
+        let before = out.len();
+        out.push(b',');
+        if !event.write_fields(out) {
+            out.truncate(before);
+        }
+        out.extend_from_slice(b"]\n");
     }
 
     /// Append `more`'s lines after these (a busy commit left these).
@@ -349,13 +420,28 @@ impl EventBuffer {
         state.count += 1;
     }
 
-    /// Append one event to be encoded by whoever takes the buffer.
-    pub fn push_later(&self, event: Box<dyn LaterEvent>) {
+    /// Append one event to be encoded by whoever takes the buffer. Events
+    /// of one type go into one batch inline (no allocation once the batch
+    /// has grown); an event of another type first has the batch encoded.
+    pub fn push_later<E: LaterEvent + 'static>(&self, event: E) {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let state = &mut *state;
         if state.closed || state.count == u32::MAX {
             return;
         }
-        state.later.0.push(event);
+        let batch = state
+            .later
+            .0
+            .as_mut()
+            .and_then(|batch| batch.as_any_mut().downcast_mut::<Batch<E>>());
+        match batch {
+            Some(batch) => batch.0.push(event),
+            None => {
+                // Lines stay in order: a batch of another type goes first.
+                state.write_later();
+                state.later.0 = Some(Box::new(Batch(vec![event])));
+            }
+        }
         state.count += 1;
     }
 
@@ -833,7 +919,9 @@ mod tests {
     #[test]
     fn events_handed_over_for_later_are_the_lines_and_order_of_direct_ones() {
         // Later events mixed with direct ones, across takes, in every
-        // order: the bytes and their order are those of all-direct pushes.
+        // order, and events of two types (each type's batch encoded before
+        // the other's begins): the bytes and their order are those of
+        // all-direct pushes.
         let fields = serde_json::json!({"turn": 3, "text": "quote \" é\n"});
         let fields = fields.as_object().unwrap().clone();
         let none = serde_json::Map::new();
@@ -862,10 +950,10 @@ mod tests {
         for (n, event) in events.iter().enumerate() {
             let Owned(kind, section, task, seq, f) = event;
             direct.push_map(kind, section, task, *seq, f);
-            if n % 4 == 1 {
-                mixed.push_map(kind, section, task, *seq, f);
-            } else {
-                mixed.push_later(Box::new(event.clone()));
+            match n % 4 {
+                1 => mixed.push_map(kind, section, task, *seq, f),
+                3 => mixed.push_later(Box::new(event.clone()) as Box<dyn LaterEvent>),
+                _ => mixed.push_later(event.clone()),
             }
             if n % 9 == 8 {
                 direct.take(&mut taken_direct);
@@ -890,7 +978,7 @@ mod tests {
         assert_eq!(seqs, (0..40).collect::<Vec<_>>());
         // A closed buffer takes no later event either.
         mixed.close();
-        mixed.push_later(Box::new(Owned("a".into(), "b".into(), "c".into(), 1, none)));
+        mixed.push_later(Owned("a".into(), "b".into(), "c".into(), 1, none));
         mixed.take(&mut taken_mixed);
         assert!(taken_mixed.is_empty() && taken_mixed.lines.is_empty());
     }

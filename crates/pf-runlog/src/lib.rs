@@ -32,7 +32,7 @@ pub use records::{
     ExchangeRecord, Outcome, RunEnd, RunFilter, RunId, RunRecord, RunStart, RunSummary, StoredRow,
     TokenUsage, ToolCallRecord, RUNNING,
 };
-pub use writer::{RunWriter, WarningSink, WriterOptions, WriterTail};
+pub use writer::{LaterEvents, RunWriter, WarningSink, WriterOptions, WriterTail};
 
 /// Writing JSON text directly, byte for byte as `serde_json`'s compact
 /// writer does, for callers that encode their bodies themselves

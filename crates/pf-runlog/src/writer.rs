@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rusqlite::{params, Connection, Transaction, TransactionBehavior};
 use sha2::{Digest, Sha256};
 
-use crate::buffer::{EventBuffer, Taken};
+use crate::buffer::{EventBuffer, LaterEvent, Taken};
 use crate::db::{connect, retry_busy, to_sql_int, BUSY_RETRIES};
 use crate::error::is_busy;
 use crate::packed::Packer;
@@ -194,6 +194,30 @@ impl WriterTail {
             let _ = self.done.recv_timeout(bound);
         }
         shared.warning.get()
+    }
+}
+
+/// A run's queue of events encoded later, kept beside its [`RunWriter`]
+/// ([`RunWriter::later_events`]). Once the writer is finished or dropped,
+/// nothing more is queued.
+#[derive(Clone)]
+pub struct LaterEvents {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for LaterEvents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LaterEvents").finish_non_exhaustive()
+    }
+}
+
+impl LaterEvents {
+    /// Hand one event over, in order with the run's other events.
+    pub fn push<E: LaterEvent + 'static>(&self, event: E) {
+        if self.shared.closing.load(Ordering::Relaxed) {
+            return;
+        }
+        self.shared.events.push_later(event);
     }
 }
 
@@ -936,8 +960,18 @@ impl RunWriter {
     /// Append one event that the database's thread encodes when it takes
     /// the run's rows (in order with the events appended by the other
     /// methods), so the calling thread only hands it over.
-    pub fn event_later(&self, event: Box<dyn crate::buffer::LaterEvent>) {
+    pub fn event_later<E: LaterEvent + 'static>(&self, event: E) {
         self.shared.events.push_later(event);
+    }
+
+    /// A handle that hands events over as [`event_later`](RunWriter::event_later)
+    /// does, for a reporter to keep beside the writer: the run's thread
+    /// reports hundreds of events a model loop, and reaching the writer
+    /// through the reporter's own lock each time cost as much as the hand-over.
+    pub fn later_events(&self) -> LaterEvents {
+        LaterEvents {
+            shared: Arc::clone(&self.shared),
+        }
     }
 
     /// Append one model exchange (its bodies encoded straight into the

@@ -94,6 +94,9 @@ impl pf_runlog::LaterEvent for LoggedEvent {
 /// takes the writer out, so anything sent after the run ended is dropped.
 pub struct RunLogSink {
     writer: Mutex<Option<RunWriter>>,
+    /// The writer's event queue, reached without `writer`'s lock (one event
+    /// after another on the run's thread); closed when the writer finishes.
+    events: Option<pf_runlog::LaterEvents>,
     usage: Mutex<TokenUsage>,
     /// The writer thread's work after the end, for [`RunLogSink::settle`].
     tail: Mutex<Option<WriterTail>>,
@@ -102,6 +105,7 @@ pub struct RunLogSink {
 impl RunLogSink {
     pub fn new(writer: RunWriter) -> RunLogSink {
         RunLogSink {
+            events: Some(writer.later_events()),
             writer: Mutex::new(Some(writer)),
             usage: Mutex::new(TokenUsage::default()),
             tail: Mutex::new(None),
@@ -118,7 +122,9 @@ impl RunLogSink {
     /// Log one event the run keeps: handed to the writer as it is, for the
     /// database's thread to encode (the run's thread only hands it over).
     pub fn kept(&self, event: pf_engine::SharedEvent) {
-        self.with(|w| w.event_later(Box::new(LoggedEvent(event))));
+        if let Some(events) = &self.events {
+            events.push(LoggedEvent(event));
+        }
     }
 
     fn add_usage(&self, usage: &TokenUsage) {
@@ -907,6 +913,7 @@ mod tests {
         Recorder::new(
             Arc::new(RunLogSink {
                 writer: Mutex::new(None),
+                events: None,
                 usage: Mutex::new(TokenUsage::default()),
                 tail: Mutex::new(None),
             }),
