@@ -500,6 +500,27 @@ fn report_run_thread_cpu() {
     if let Some(ns) = schedstat_nanos(std::path::Path::new("/proc/thread-self/schedstat")) {
         eprintln!("run thread cpu: {} µs in all", ns / 1000);
     }
+    // Every live thread's CPU by name: the log's writer (`pf-runlog`)
+    // against the rest (the run's own and the in-process server's carry
+    // the binary's name), so a profile can tell the writer's own cost from
+    // what it does to the run's thread. Threads that ended are not counted.
+    let mut by_name: std::collections::BTreeMap<String, u64> = Default::default();
+    for task in std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if let Some(ns) = schedstat_nanos(&task.path().join("schedstat")) {
+            *by_name.entry(name.trim().to_owned()).or_default() += ns;
+        }
+    }
+    for (name, ns) in by_name {
+        eprintln!(
+            "threads named {name} (this one included): {} µs in all",
+            ns / 1000
+        );
+    }
     // utime and stime (fields 14 and 15, in clock ticks) split it.
     if let Ok(stat) = std::fs::read_to_string("/proc/thread-self/stat") {
         let after_name = stat.rsplit(')').next().unwrap_or_default();
