@@ -329,50 +329,16 @@ impl SharedEvent {
         self.event.seq
     }
 
-    /// The kind's fields, `None` for a boundary event (no fields). They
-    /// serialize as the [`RunEvent`]'s `fields` map does, byte for byte.
-    pub fn fields(&self) -> Option<KeptFields<'_>> {
-        self.event.fields.as_deref().map(KeptFields)
+    /// The kind's fields as one compact JSON object, `None` for an event
+    /// with none (a boundary event): the bytes `serde_json` writes for the
+    /// [`RunEvent`]'s `fields` map, in its key order.
+    pub fn fields_json(&self) -> Option<&str> {
+        self.event.fields.as_deref()
     }
 
     /// The event as a [`RunEvent`] (a copy).
     pub fn to_event(&self) -> RunEvent {
         self.event.event(&self.task)
-    }
-}
-
-/// A kept event's fields: a JSON object in the guide's order.
-#[derive(Clone, Copy)]
-pub struct KeptFields<'a>(&'a [(Box<str>, Kept)]);
-
-impl serde::Serialize for KeptFields<'_> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let mut map = serializer.serialize_map(Some(self.0.len()))?;
-        for (key, value) in self.0 {
-            map.serialize_entry(&**key, value)?;
-        }
-        map.end()
-    }
-}
-
-impl serde::Serialize for Kept {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeSeq;
-        match self {
-            Kept::Null => serializer.serialize_unit(),
-            Kept::Bool(b) => serializer.serialize_bool(*b),
-            Kept::Number(n) => n.serialize(serializer),
-            Kept::String(s) => serializer.serialize_str(s),
-            Kept::Array(items) => {
-                let mut seq = serializer.serialize_seq(Some(items.len()))?;
-                for item in items.iter() {
-                    seq.serialize_element(item)?;
-                }
-                seq.end()
-            }
-            Kept::Object(entries) => KeptFields(entries).serialize(serializer),
-        }
     }
 }
 
@@ -479,65 +445,32 @@ impl TaskHistory {
 /// A wide fanout keeps every arm's history for the whole call (its caller may
 /// read any arm's), and as `RunEvent`s those histories were most of the fresh
 /// memory a pure-Lua arm made the kernel zero.
+///
+/// The fields are kept as their JSON text, written once as the event is
+/// recorded: one allocation an event instead of one a key and a string, and
+/// the run log copies the text rather than walking a tree that another
+/// thread built (and then freeing it there). `tasks.events` parses it back
+/// (`serde_json` with `float_roundtrip`: its exact float parser, so a number
+/// always reads back as the same `f64`, not merely a close one).
 struct KeptEvent {
     kind: EventKind,
     seq: u32,
     section: Arc<str>,
-    fields: Option<KeptMap>,
+    fields: Option<Box<str>>,
 }
 
-/// An object's entries, in order.
-type KeptMap = Box<[(Box<str>, Kept)]>;
-
-/// A JSON value as a history keeps it: the same value in a third of the
-/// room (no map's hash index or spare capacity, strings without theirs).
-/// An object keeps its keys in their order, and a number is the same
-/// `Number`, so reading it back gives an equal `Json`.
-enum Kept {
-    Null,
-    Bool(bool),
-    Number(serde_json::Number),
-    String(Box<str>),
-    Array(Box<[Kept]>),
-    Object(KeptMap),
+/// `fields` as compact JSON text (`None` if `serde_json` refuses it, which
+/// a map of JSON values never gives).
+fn fields_text(fields: &Map<String, Json>) -> Option<Box<str>> {
+    serde_json::to_string(fields)
+        .ok()
+        .map(String::into_boxed_str)
 }
 
-impl Kept {
-    fn keep(value: Json) -> Kept {
-        match value {
-            Json::Null => Kept::Null,
-            Json::Bool(b) => Kept::Bool(b),
-            Json::Number(n) => Kept::Number(n),
-            Json::String(s) => Kept::String(s.into_boxed_str()),
-            Json::Array(items) => Kept::Array(items.into_iter().map(Kept::keep).collect()),
-            Json::Object(map) => Kept::Object(keep_map(map)),
-        }
-    }
-
-    fn json(&self) -> Json {
-        match self {
-            Kept::Null => Json::Null,
-            Kept::Bool(b) => Json::Bool(*b),
-            Kept::Number(n) => Json::Number(n.clone()),
-            Kept::String(s) => Json::String(s.to_string()),
-            Kept::Array(items) => Json::Array(items.iter().map(Kept::json).collect()),
-            Kept::Object(entries) => Json::Object(map_of(entries)),
-        }
-    }
-}
-
-fn keep_map(map: Map<String, Json>) -> KeptMap {
-    map.into_iter()
-        .map(|(k, v)| (k.into_boxed_str(), Kept::keep(v)))
-        .collect()
-}
-
-fn map_of(entries: &[(Box<str>, Kept)]) -> Map<String, Json> {
-    let mut map = Map::with_capacity(entries.len());
-    for (k, v) in entries {
-        map.insert(k.to_string(), v.json());
-    }
-    map
+/// Fields kept as text, as a map again (empty if the text is not an
+/// object, which `fields_text` never writes).
+fn fields_of(text: &str) -> Map<String, Json> {
+    serde_json::from_str(text).unwrap_or_default()
 }
 
 impl KeptEvent {
@@ -550,7 +483,11 @@ impl KeptEvent {
             kind: event.kind,
             seq: event.provenance.seq,
             section,
-            fields: (!event.fields.is_empty()).then(|| keep_map(event.fields)),
+            fields: if event.fields.is_empty() {
+                None
+            } else {
+                fields_text(&event.fields)
+            },
         }
     }
 
@@ -562,7 +499,7 @@ impl KeptEvent {
                 task: task.to_string(),
                 seq: self.seq,
             },
-            fields: self.fields.as_deref().map(map_of).unwrap_or_default(),
+            fields: self.fields.as_deref().map(fields_of).unwrap_or_default(),
         }
     }
 }
@@ -819,5 +756,44 @@ mod tests {
         assert_eq!(seqs("0"), vec![0, 2]);
         assert_eq!(seqs("0.0"), vec![0]);
         assert_eq!(log.history("0", Some(0)).len(), 1);
+    }
+
+    /// Fields kept as text read back equal to the map that was recorded:
+    /// floats bit for bit (subnormals, the extremes, -0.0, values that need
+    /// all 17 digits), the extremes of each integer type, escapes and
+    /// non-ASCII text, nested key order and empty containers.
+    #[test]
+    fn fields_kept_as_text_read_back_equal() {
+        let floats = [
+            0.1 + 0.2,
+            1e-300,
+            5e-324,
+            f64::MAX,
+            f64::MIN_POSITIVE,
+            2.225_073_858_507_201_4e-308,
+            9_007_199_254_740_993.0,
+            -0.0,
+            1.0 / 3.0,
+        ];
+        let recorded = fields(json!({
+            "floats": floats,
+            "ints": [i64::MIN, -1, 0, u64::MAX],
+            "text": "tab\t quote\" nul\u{0} é 🦀 \u{2028}",
+            "nested": {"z": {"b": [], "a": {}}, "a": null, "m": [true, false]},
+        }));
+        let mut log = EventLog::new(None);
+        log.set_owner("0", "main");
+        log.record("run-1", "0", "S", EventKind::Lua, recorded.clone());
+        let back = log.history("0", None);
+        assert_eq!(back.len(), 1);
+        assert_eq!(back[0].fields, recorded);
+        assert_eq!(
+            serde_json::to_string(&back[0].fields).unwrap(),
+            serde_json::to_string(&recorded).unwrap()
+        );
+        for (at, float) in floats.iter().enumerate() {
+            let read = back[0].fields["floats"][at].as_f64().unwrap();
+            assert_eq!(read.to_bits(), float.to_bits(), "{float:e}");
+        }
     }
 }

@@ -39,7 +39,7 @@ use rand::{RngCore, SeedableRng};
 pub use ctx::Checkpoint;
 pub use error::{RunError, RunErrorKind};
 pub use events::{
-    EventKind, KeptFields, LiveText, LuaTraceback, Provenance, RunEvent, RunObserver, SharedEvent,
+    EventKind, LiveText, LuaTraceback, Provenance, RunEvent, RunObserver, SharedEvent,
     ToolCallNotice, MAIN_TASK,
 };
 pub use io_files::{collect_output, missing_input, place_input, CollectedOutput};

@@ -78,14 +78,11 @@ impl pf_runlog::LaterEvent for LoggedEvent {
     }
 
     fn write_fields(&self, out: &mut Vec<u8>) -> bool {
-        let Some(fields) = self.0.fields() else {
+        // Kept as its JSON text when the event was recorded: copied.
+        let Some(fields) = self.0.fields_json() else {
             return false;
         };
-        let start = out.len();
-        if serde_json::to_writer(&mut *out, &fields).is_err() {
-            out.truncate(start);
-            return false;
-        }
+        out.extend_from_slice(fields.as_bytes());
         true
     }
 }
