@@ -414,8 +414,6 @@ pub(crate) struct EventLog {
     observer: Option<Arc<dyn RunObserver>>,
     /// The observer takes each event again, shared ([`RunObserver::kept`]).
     observer_keeps: bool,
-    /// Where each event's fields are written as text before they are kept.
-    scratch: Vec<u8>,
 }
 
 struct TaskHistory {
@@ -462,12 +460,11 @@ struct KeptEvent {
 }
 
 /// `fields` as compact JSON text (`None` if `serde_json` refuses it, which
-/// a map of JSON values never gives), written into `scratch` (the log's,
-/// reused from event to event) and then copied once at its exact length.
-fn fields_text(fields: &Map<String, Json>, scratch: &mut Vec<u8>) -> Option<Box<str>> {
-    scratch.clear();
-    serde_json::to_writer(&mut *scratch, fields).ok()?;
-    std::str::from_utf8(scratch).ok().map(Box::from)
+/// a map of JSON values never gives).
+fn fields_text(fields: &Map<String, Json>) -> Option<Box<str>> {
+    serde_json::to_string(fields)
+        .ok()
+        .map(String::into_boxed_str)
 }
 
 /// Fields kept as text, as a map again (empty if the text is not an
@@ -477,7 +474,7 @@ fn fields_of(text: &str) -> Map<String, Json> {
 }
 
 impl KeptEvent {
-    fn keep(event: RunEvent, before: Option<&KeptEvent>, scratch: &mut Vec<u8>) -> KeptEvent {
+    fn keep(event: RunEvent, before: Option<&KeptEvent>) -> KeptEvent {
         let section = match before {
             Some(last) if *last.section == *event.section => Arc::clone(&last.section),
             _ => Arc::from(event.section),
@@ -489,7 +486,7 @@ impl KeptEvent {
             fields: if event.fields.is_empty() {
                 None
             } else {
-                fields_text(&event.fields, scratch)
+                fields_text(&event.fields)
             },
         }
     }
@@ -517,7 +514,6 @@ impl EventLog {
             tasks: HashMap::new(),
             observer,
             observer_keeps,
-            scratch: Vec::new(),
         }
     }
 
@@ -569,8 +565,7 @@ impl EventLog {
             }
         }
         if let Some(history) = self.tasks.get_mut(task) {
-            let before = history.events.last().map(|e| &**e);
-            let kept = Arc::new(KeptEvent::keep(event, before, &mut self.scratch));
+            let kept = Arc::new(KeptEvent::keep(event, history.events.last().map(|e| &**e)));
             if let (true, Some(observer)) = (self.observer_keeps, &self.observer) {
                 let shared = SharedEvent {
                     event: Arc::clone(&kept),

@@ -957,17 +957,12 @@ impl RunWriter {
             .push_map(kind, section, task, seq, fields);
     }
 
-    /// Append one event that the database's thread encodes when it takes
-    /// the run's rows (in order with the events appended by the other
-    /// methods), so the calling thread only hands it over.
-    pub fn event_later<E: LaterEvent + 'static>(&self, event: E) {
-        self.shared.events.push_later(event);
-    }
-
-    /// A handle that hands events over as [`event_later`](RunWriter::event_later)
-    /// does, for a reporter to keep beside the writer: the run's thread
-    /// reports hundreds of events a model loop, and reaching the writer
-    /// through the reporter's own lock each time cost as much as the hand-over.
+    /// A handle that hands events over to be encoded by the database's
+    /// thread when it takes the run's rows (in order with the events
+    /// appended by the other methods), for a reporter to keep beside the
+    /// writer: the run's thread reports hundreds of events a model loop, and
+    /// reaching the writer through the reporter's own lock each time cost as
+    /// much as the hand-over.
     pub fn later_events(&self) -> LaterEvents {
         LaterEvents {
             shared: Arc::clone(&self.shared),

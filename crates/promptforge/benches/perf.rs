@@ -516,10 +516,7 @@ fn report_run_thread_cpu() {
         }
     }
     for (name, ns) in by_name {
-        eprintln!(
-            "threads named {name} (this one included): {} µs in all",
-            ns / 1000
-        );
+        eprintln!("live threads named {name}: {} µs in all", ns / 1000);
     }
     // utime and stime (fields 14 and 15, in clock ticks) split it.
     if let Ok(stat) = std::fs::read_to_string("/proc/thread-self/stat") {
