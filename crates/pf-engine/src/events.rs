@@ -283,11 +283,11 @@ pub trait RunObserver: Send + Sync {
     }
 
     /// The event just given to [`RunObserver::event`], as its task's
-    /// history keeps it: shared and never changed, so an observer that
-    /// records it may hold it and read it later on another thread (the run
-    /// log encodes it on its database's thread) rather than copy or encode
-    /// it on the run's. Called only when [`RunObserver::wants_kept`] said so,
-    /// right after `event`, in the same order.
+    /// history keeps it: shared and never changed, so an observer may hold
+    /// it and read it later on another thread, and its fields are already
+    /// their JSON text (the run log copies that text into its line). Called
+    /// only when [`RunObserver::wants_kept`] said so, right after `event`, in
+    /// the same order.
     fn kept(&self, execution: &str, event: SharedEvent) {
         let _ = (execution, event);
     }

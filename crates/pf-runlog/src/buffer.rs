@@ -56,11 +56,14 @@ pub(crate) fn parse_line(
     }
 }
 
-/// An event whose line is written later, by the thread that takes the
-/// buffer (the database's), from data its reporter shares with the log
-/// rather than lends: the run's thread hands it over in a few instructions
-/// and the encoding happens off its path.
-pub trait LaterEvent: Send + Sync {
+/// An event the log encodes from its parts, on the thread that reports it.
+/// Its fields come as JSON text already (a task's history keeps them so),
+/// so its line is a few copies; the event itself stays with its reporter.
+/// (Handing events over to be encoded on the database's thread kept each one
+/// alive until the next commit and freed it there, away from the allocator
+/// cache of the thread that made it: more CPU on both threads than copying
+/// its text at once.)
+pub trait LogEvent {
     fn kind(&self) -> &str;
     fn section(&self) -> &str;
     fn task(&self) -> &str;
@@ -68,79 +71,6 @@ pub trait LaterEvent: Send + Sync {
     /// Append the fields as one JSON object, the bytes serde writes for
     /// them; false, having written nothing, when the event has none.
     fn write_fields(&self, out: &mut Vec<u8>) -> bool;
-}
-
-/// A boxed event handed over for later is one too (a caller that mixes
-/// kinds of events, or holds them boxed already).
-impl LaterEvent for Box<dyn LaterEvent> {
-    fn kind(&self) -> &str {
-        (**self).kind()
-    }
-
-    fn section(&self) -> &str {
-        (**self).section()
-    }
-
-    fn task(&self) -> &str {
-        (**self).task()
-    }
-
-    fn seq(&self) -> u32 {
-        (**self).seq()
-    }
-
-    fn write_fields(&self, out: &mut Vec<u8>) -> bool {
-        (**self).write_fields(out)
-    }
-}
-
-/// Events handed over to be encoded later, in order, after the lines
-/// already written: one batch of one type, stored inline. A reporter hands
-/// over hundreds of events a model loop and thousands a wide fanout; a box
-/// each was an allocation on the run's thread and a free on the database's
-/// for every one of them. The batch itself goes back and forth with the
-/// buffer's lines (see [`EventBuffer::take`]), keeping its room.
-#[derive(Default)]
-struct Later(Option<Box<dyn LaterBatch>>);
-
-impl std::fmt::Debug for Later {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let len = self.0.as_ref().map_or(0, |batch| batch.len());
-        write!(f, "{len} later events")
-    }
-}
-
-/// A [`Batch`] of some event type, as [`Later`] holds it.
-trait LaterBatch: Send {
-    fn len(&self) -> usize;
-    /// Encode every event after `taken`'s lines, and empty the batch.
-    fn write_into(&mut self, taken: &mut Taken);
-    /// Drop the events, keeping the room.
-    fn clear(&mut self);
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
-}
-
-/// Events of one type waiting to be encoded, in order.
-struct Batch<E>(Vec<E>);
-
-impl<E: LaterEvent + 'static> LaterBatch for Batch<E> {
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    fn write_into(&mut self, taken: &mut Taken) {
-        for event in self.0.drain(..) {
-            taken.push_later_line(&event);
-        }
-    }
-
-    fn clear(&mut self) {
-        self.0.clear();
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
-        self
-    }
 }
 
 /// What a line with no fields ends with before they are cut.
@@ -166,9 +96,6 @@ pub(crate) struct Taken {
     closed: bool,
     /// The appending side's last event place (never swapped on a take).
     place: EventPlace,
-    /// Events whose lines come after `lines`, not yet encoded (counted in
-    /// `count`); the taker encodes them.
-    later: Later,
 }
 
 /// The last event's section and task, and the line bytes they became
@@ -216,9 +143,6 @@ impl Taken {
         self.lines.clear();
         self.work.clear();
         self.count = 0;
-        if let Some(batch) = self.later.0.as_mut() {
-            batch.clear();
-        }
     }
 
     /// Start an event's line: `["kind","section","task",`.
@@ -229,20 +153,8 @@ impl Taken {
         self.place.push(&mut self.lines, section, task);
     }
 
-    /// Encode the events handed over for later, after the lines written.
-    fn write_later(&mut self) {
-        // Taken out (and put back, keeping its room) so the batch can write
-        // into the rest of `self`.
-        if let Some(mut batch) = self.later.0.take() {
-            if batch.len() > 0 {
-                batch.write_into(self);
-            }
-            self.later.0 = Some(batch);
-        }
-    }
-
-    /// One handed-over event's line, after the lines written.
-    fn push_later_line(&mut self, event: &impl LaterEvent) {
+    /// One event's line, from its parts.
+    fn push_event_line(&mut self, event: &(impl LogEvent + ?Sized)) {
         self.push_head(event.kind(), event.section(), event.task());
         let out = &mut self.lines;
         push_u64(out, u64::from(event.seq()));
@@ -374,8 +286,6 @@ impl EventBuffer {
         if state.closed || state.count == u32::MAX {
             return;
         }
-        // Lines stay in order: what was handed over before this goes first.
-        state.write_later();
         let start = state.lines.len();
         if serde_json::to_writer(&mut state.lines, &(kind, section, task, seq, fields)).is_err() {
             // Fields that are not JSON (never from a `Map`): the event goes
@@ -412,7 +322,6 @@ impl EventBuffer {
         if state.closed || state.count == u32::MAX {
             return;
         }
-        state.write_later();
         state.push_head(kind, section, task);
         let out = &mut state.lines;
         push_event_tail(out, seq, fields);
@@ -420,35 +329,18 @@ impl EventBuffer {
         state.count += 1;
     }
 
-    /// Append one event to be encoded by whoever takes the buffer. Events
-    /// of one type go into one batch inline (no allocation once the batch
-    /// has grown); an event of another type first has the batch encoded.
-    pub fn push_later<E: LaterEvent + 'static>(&self, event: E) {
+    /// Append one event, encoded from its parts (its fields already text).
+    pub fn push_event(&self, event: &(impl LogEvent + ?Sized)) {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let state = &mut *state;
         if state.closed || state.count == u32::MAX {
             return;
         }
-        let batch = state
-            .later
-            .0
-            .as_mut()
-            .and_then(|batch| batch.as_any_mut().downcast_mut::<Batch<E>>());
-        match batch {
-            Some(batch) => batch.0.push(event),
-            None => {
-                // Lines stay in order: a batch of another type goes first.
-                state.write_later();
-                state.later.0 = Some(Box::new(Batch(vec![event])));
-            }
-        }
+        state.push_event_line(event);
         state.count += 1;
     }
 
     /// Take everything appended so far into `into`, leaving `into`'s old
     /// (emptied) buffer in its place so the next appends reuse its capacity.
-    /// The events handed over for later are encoded into `into` here, on
-    /// the taking thread, after the buffer is unlocked.
     pub fn take(&self, into: &mut Taken) {
         into.clear();
         {
@@ -456,9 +348,7 @@ impl EventBuffer {
             std::mem::swap(&mut state.lines, &mut into.lines);
             std::mem::swap(&mut state.work, &mut into.work);
             std::mem::swap(&mut state.count, &mut into.count);
-            std::mem::swap(&mut state.later, &mut into.later);
         }
-        into.write_later();
     }
 
     /// No more lines will be written: drop what is queued and every later one.
@@ -468,7 +358,6 @@ impl EventBuffer {
         state.lines = Vec::new();
         state.work = Vec::new();
         state.count = 0;
-        state.later = Later::default();
     }
 }
 
@@ -885,7 +774,7 @@ mod tests {
         assert_eq!(taken_direct.text().lines().count(), 2);
     }
 
-    /// An event handed over for later, with its fields as a JSON map.
+    /// An event encoded from its parts, with its fields as a JSON map.
     #[derive(Clone)]
     struct Owned(
         String,
@@ -895,7 +784,7 @@ mod tests {
         serde_json::Map<String, serde_json::Value>,
     );
 
-    impl LaterEvent for Owned {
+    impl LogEvent for Owned {
         fn kind(&self) -> &str {
             &self.0
         }
@@ -917,11 +806,10 @@ mod tests {
     }
 
     #[test]
-    fn events_handed_over_for_later_are_the_lines_and_order_of_direct_ones() {
-        // Later events mixed with direct ones, across takes, in every
-        // order, and events of two types (each type's batch encoded before
-        // the other's begins): the bytes and their order are those of
-        // all-direct pushes.
+    fn events_from_their_parts_are_the_lines_and_order_of_direct_ones() {
+        // Events from their parts (owned and as trait objects) mixed with
+        // events from a map, across takes, sharing the last place: the
+        // bytes and their order are those of all-map pushes.
         let fields = serde_json::json!({"turn": 3, "text": "quote \" é\n"});
         let fields = fields.as_object().unwrap().clone();
         let none = serde_json::Map::new();
@@ -952,8 +840,8 @@ mod tests {
             direct.push_map(kind, section, task, *seq, f);
             match n % 4 {
                 1 => mixed.push_map(kind, section, task, *seq, f),
-                3 => mixed.push_later(Box::new(event.clone()) as Box<dyn LaterEvent>),
-                _ => mixed.push_later(event.clone()),
+                3 => mixed.push_event(event as &dyn LogEvent),
+                _ => mixed.push_event(event),
             }
             if n % 9 == 8 {
                 direct.take(&mut taken_direct);
@@ -976,9 +864,9 @@ mod tests {
             .map(|l| parse_line(l).unwrap().3)
             .collect();
         assert_eq!(seqs, (0..40).collect::<Vec<_>>());
-        // A closed buffer takes no later event either.
+        // A closed buffer takes no event either.
         mixed.close();
-        mixed.push_later(Owned("a".into(), "b".into(), "c".into(), 1, none));
+        mixed.push_event(&Owned("a".into(), "b".into(), "c".into(), 1, none));
         mixed.take(&mut taken_mixed);
         assert!(taken_mixed.is_empty() && taken_mixed.lines.is_empty());
     }

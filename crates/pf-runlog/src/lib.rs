@@ -24,7 +24,7 @@ mod writer;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use buffer::LaterEvent;
+pub use buffer::LogEvent;
 pub use error::RunLogError;
 pub use paths::{data_dir, default_db_path, DB_FILE_NAME};
 pub use records::{
@@ -32,7 +32,7 @@ pub use records::{
     ExchangeRecord, Outcome, RunEnd, RunFilter, RunId, RunRecord, RunStart, RunSummary, StoredRow,
     TokenUsage, ToolCallRecord, RUNNING,
 };
-pub use writer::{LaterEvents, RunWriter, WarningSink, WriterOptions, WriterTail};
+pub use writer::{EventQueue, RunWriter, WarningSink, WriterOptions, WriterTail};
 
 /// Writing JSON text directly, byte for byte as `serde_json`'s compact
 /// writer does, for callers that encode their bodies themselves

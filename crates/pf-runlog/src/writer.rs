@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rusqlite::{params, Connection, Transaction, TransactionBehavior};
 use sha2::{Digest, Sha256};
 
-use crate::buffer::{EventBuffer, LaterEvent, Taken};
+use crate::buffer::{EventBuffer, LogEvent, Taken};
 use crate::db::{connect, retry_busy, to_sql_int, BUSY_RETRIES};
 use crate::error::is_busy;
 use crate::packed::Packer;
@@ -197,27 +197,28 @@ impl WriterTail {
     }
 }
 
-/// A run's queue of events encoded later, kept beside its [`RunWriter`]
-/// ([`RunWriter::later_events`]). Once the writer is finished or dropped,
-/// nothing more is queued.
+/// A run's event queue, kept beside its [`RunWriter`]
+/// ([`RunWriter::event_queue`]) so events go in without the writer's lock.
+/// Once the writer is finished or dropped, nothing more is queued.
 #[derive(Clone)]
-pub struct LaterEvents {
+pub struct EventQueue {
     shared: Arc<Shared>,
 }
 
-impl std::fmt::Debug for LaterEvents {
+impl std::fmt::Debug for EventQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LaterEvents").finish_non_exhaustive()
+        f.debug_struct("EventQueue").finish_non_exhaustive()
     }
 }
 
-impl LaterEvents {
-    /// Hand one event over, in order with the run's other events.
-    pub fn push<E: LaterEvent + 'static>(&self, event: E) {
+impl EventQueue {
+    /// Append one event, in order with the run's other events: its line is
+    /// written here, on the caller's thread.
+    pub fn push(&self, event: &(impl LogEvent + ?Sized)) {
         if self.shared.closing.load(Ordering::Relaxed) {
             return;
         }
-        self.shared.events.push_later(event);
+        self.shared.events.push_event(event);
     }
 }
 
@@ -957,14 +958,13 @@ impl RunWriter {
             .push_map(kind, section, task, seq, fields);
     }
 
-    /// A handle that hands events over to be encoded by the database's
-    /// thread when it takes the run's rows (in order with the events
-    /// appended by the other methods), for a reporter to keep beside the
-    /// writer: the run's thread reports hundreds of events a model loop, and
-    /// reaching the writer through the reporter's own lock each time cost as
-    /// much as the hand-over.
-    pub fn later_events(&self) -> LaterEvents {
-        LaterEvents {
+    /// A handle that appends events (in order with the events appended by
+    /// the other methods), for a reporter to keep beside the writer: the
+    /// run's thread reports hundreds of events a model loop, and reaching
+    /// the writer through the reporter's own lock each time cost as much as
+    /// writing the event's line.
+    pub fn event_queue(&self) -> EventQueue {
+        EventQueue {
             shared: Arc::clone(&self.shared),
         }
     }

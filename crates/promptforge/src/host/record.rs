@@ -60,7 +60,7 @@ impl HostWork {
 /// An event the run keeps, as the run log encodes it.
 struct LoggedEvent(pf_engine::SharedEvent);
 
-impl pf_runlog::LaterEvent for LoggedEvent {
+impl pf_runlog::LogEvent for LoggedEvent {
     fn kind(&self) -> &str {
         self.0.kind().as_str()
     }
@@ -93,7 +93,7 @@ pub struct RunLogSink {
     writer: Mutex<Option<RunWriter>>,
     /// The writer's event queue, reached without `writer`'s lock (one event
     /// after another on the run's thread); closed when the writer finishes.
-    events: Option<pf_runlog::LaterEvents>,
+    events: Option<pf_runlog::EventQueue>,
     usage: Mutex<TokenUsage>,
     /// The writer thread's work after the end, for [`RunLogSink::settle`].
     tail: Mutex<Option<WriterTail>>,
@@ -102,7 +102,7 @@ pub struct RunLogSink {
 impl RunLogSink {
     pub fn new(writer: RunWriter) -> RunLogSink {
         RunLogSink {
-            events: Some(writer.later_events()),
+            events: Some(writer.event_queue()),
             writer: Mutex::new(Some(writer)),
             usage: Mutex::new(TokenUsage::default()),
             tail: Mutex::new(None),
@@ -116,11 +116,12 @@ impl RunLogSink {
         }
     }
 
-    /// Log one event the run keeps: handed to the writer as it is, for the
-    /// database's thread to encode (the run's thread only hands it over).
+    /// Log one event the run keeps: its line is written now (its fields
+    /// are kept as JSON text, so that is a few copies), and the event stays
+    /// with the run.
     pub fn kept(&self, event: pf_engine::SharedEvent) {
         if let Some(events) = &self.events {
-            events.push(LoggedEvent(event));
+            events.push(&LoggedEvent(event));
         }
     }
 
