@@ -34,7 +34,8 @@ pub(crate) struct BoundTool {
     pub alias: String,
     pub path: String,
     pub description: String,
-    pub parameters: Json,
+    /// Shared with every round's offer (see [`pf_harness::ToolDecl`]).
+    pub parameters: Arc<Json>,
     pub structured: bool,
     pub trusted: bool,
     pub plugin: Arc<dyn ActivePlugin>,
@@ -558,7 +559,8 @@ impl Failure {
 pub(crate) struct LocalTool {
     pub alias: String,
     pub description: String,
-    pub parameters: Json,
+    /// Shared with every round's offer (see [`pf_harness::ToolDecl`]).
+    pub parameters: Arc<Json>,
     pub handler: Function,
 }
 

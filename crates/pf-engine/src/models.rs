@@ -2,6 +2,7 @@
 //! (guide chapters 10 and 11).
 
 use std::rc::Rc;
+use std::sync::Arc;
 
 use mlua::{
     AnyUserData, Function, Lua, MetaMethod, MultiValue, Table, UserData, UserDataFields,
@@ -931,7 +932,7 @@ fn offered_tools(sec: &SectionCtx) -> Result<Vec<ToolDecl>, HostError> {
         out.push(ToolDecl {
             name: alias.clone(),
             description,
-            parameters: b.parameters.clone(),
+            parameters: Arc::clone(&b.parameters),
         });
     }
     // The Engine's own tool names take precedence over a local tool of the same name,
@@ -944,7 +945,7 @@ fn offered_tools(sec: &SectionCtx) -> Result<Vec<ToolDecl>, HostError> {
         out.push(ToolDecl {
             name: l.alias.clone(),
             description: l.description.clone(),
-            parameters: l.parameters.clone(),
+            parameters: Arc::clone(&l.parameters),
         });
     }
     out.extend(crate::tools::task_tool_decls(sec));

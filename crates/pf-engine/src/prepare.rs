@@ -114,7 +114,7 @@ pub(crate) async fn prepare(
                     alias: slot.alias.clone(),
                     path: t.path.clone(),
                     description: t.description.clone(),
-                    parameters: t.parameters.clone(),
+                    parameters: Arc::new(t.parameters.clone()),
                     structured: t.structured,
                     trusted: t.trusted,
                     plugin: Arc::clone(p),

@@ -2,6 +2,7 @@
 //! Tool objects, and the tool-call machinery shared with `models.loop`.
 
 use std::rc::Rc;
+use std::sync::Arc;
 
 use mlua::{
     AnyUserData, Lua, MetaMethod, MultiValue, Table, UserData, UserDataFields, UserDataMethods,
@@ -373,7 +374,7 @@ fn tools_add_local(lua: &Lua, args: MultiValue) -> HostResult<()> {
     sec.add_local(LocalTool {
         alias,
         description,
-        parameters: schema,
+        parameters: Arc::new(schema),
         handler,
     });
     Ok(())
@@ -531,21 +532,21 @@ pub(crate) fn task_tool_decls(sec: &SectionCtx) -> Vec<ToolDecl> {
     } else {
         format!("`target` must be one of: {}", allowed.join(", "))
     };
-    let id_schema = serde_json::json!({
+    let id_schema = Arc::new(serde_json::json!({
         "type": "object",
         "properties": {
             "id": { "type": "string", "description": "The task id exactly as `task` returned it." }
         },
         "required": ["id"],
         "additionalProperties": false
-    });
+    }));
     vec![
         ToolDecl {
             name: "task".to_string(),
             description: format!(
                 "Start a background task that runs one section of this prompt; its result arrives later as a task notice. {targets}"
             ),
-            parameters: serde_json::json!({
+            parameters: Arc::new(serde_json::json!({
                 "type": "object",
                 "properties": {
                     "target": { "type": "string", "description": targets },
@@ -553,12 +554,12 @@ pub(crate) fn task_tool_decls(sec: &SectionCtx) -> Vec<ToolDecl> {
                 },
                 "required": ["target"],
                 "additionalProperties": false
-            }),
+            })),
         },
         ToolDecl {
             name: "task_cancel".to_string(),
             description: "Cancel one of the tasks you started.".to_string(),
-            parameters: id_schema.clone(),
+            parameters: Arc::clone(&id_schema),
         },
         ToolDecl {
             name: "task_status".to_string(),
@@ -568,13 +569,13 @@ pub(crate) fn task_tool_decls(sec: &SectionCtx) -> Vec<ToolDecl> {
         ToolDecl {
             name: "await_tasks".to_string(),
             description: "Wait until one of the tasks you started ends, then return the task notices that arrived, one per line.".to_string(),
-            parameters: serde_json::json!({
+            parameters: Arc::new(serde_json::json!({
                 "type": "object",
                 "properties": {
                     "timeout": { "type": "number", "minimum": 0, "description": "Seconds to wait at most; no limit when left out." }
                 },
                 "additionalProperties": false
-            }),
+            })),
         },
     ]
 }

@@ -279,8 +279,11 @@ pub struct ToolDecl {
     pub name: String,
     /// What the tool does, as the model reads it.
     pub description: String,
-    /// The JSON Schema of the tool's arguments.
-    pub parameters: Json,
+    /// The JSON Schema of the tool's arguments, shared: a loop offers the
+    /// same tools every round, so the Engine hands each round the schema its
+    /// binding holds (no deep copy), and a recorder comparing two rounds'
+    /// tools can tell an unchanged one by its pointer.
+    pub parameters: std::sync::Arc<Json>,
 }
 
 /// One model round: the messages so far, the tools offered and the options.

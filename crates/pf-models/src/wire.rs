@@ -468,12 +468,14 @@ mod tests {
                 name: "tick".into(),
                 description: "Count one".into(),
                 parameters: json!({"type": "object", "properties": {"step": {"type": "integer"}},
-                    "required": ["step"], "additionalProperties": false}),
+                    "required": ["step"], "additionalProperties": false})
+                .into(),
             },
             ToolDecl {
                 name: "look".into(),
                 description: odd.into(),
-                parameters: json!({"type": "object", "properties": {}, "z": 1.5, "a": [null, true, -0.0, 1e300]}),
+                parameters: json!({"type": "object", "properties": {}, "z": 1.5, "a": [null, true, -0.0, 1e300]})
+                    .into(),
             },
         ];
         let mut out = Vec::new();

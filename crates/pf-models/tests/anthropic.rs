@@ -149,7 +149,7 @@ async fn sends_every_field_and_reads_the_reply() {
         tools: Some(vec![ToolDecl {
             name: "fetch".into(),
             description: "Fetch a page".into(),
-            parameters: json!({"type": "object", "properties": {"url": {"type": "string"}}}),
+            parameters: json!({"type": "object", "properties": {"url": {"type": "string"}}}).into(),
         }]),
         temperature: Some(0.5),
         max_tokens: None,

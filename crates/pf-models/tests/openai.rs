@@ -132,7 +132,8 @@ async fn sends_every_field_and_reads_the_reply() {
         tools: Some(vec![ToolDecl {
             name: "fetch".into(),
             description: "Fetch a page".into(),
-            parameters: json!({"type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]}),
+            parameters: json!({"type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]})
+                .into(),
         }]),
         temperature: Some(0.25),
         max_tokens: Some(300),

@@ -51,7 +51,7 @@ async fn each_request_is_one_exact_line() {
         tools: Some(vec![ToolDecl {
             name: "fetch".into(),
             description: "Fetch a page".into(),
-            parameters: json!({"type": "object", "properties": {"url": {"type": "string"}}}),
+            parameters: json!({"type": "object", "properties": {"url": {"type": "string"}}}).into(),
         }]),
         temperature: Some(0.5),
         max_tokens: Some(100),

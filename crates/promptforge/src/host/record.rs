@@ -307,8 +307,9 @@ impl Recorder {
 /// `last == now` for two rounds' tools: first in order, which needs no
 /// hashing (a loop builds its tools the same way every round), then as maps
 /// compare (in any key order), so the answer is exactly `==`'s. The
-/// comparison ran every round, and a map's `==` hashes each key to look it
-/// up in the other map.
+/// comparison runs every round, and a map's `==` hashes each key to look it
+/// up in the other map. A schema the Engine shared with the last round (a
+/// bound or local tool's) is the same one: its pointer tells.
 fn same_tools(last: &Option<Vec<ToolDecl>>, now: &Option<Vec<ToolDecl>>) -> bool {
     let in_order = match (last, now) {
         (Some(last), Some(now)) => {
@@ -316,7 +317,8 @@ fn same_tools(last: &Option<Vec<ToolDecl>>, now: &Option<Vec<ToolDecl>>) -> bool
                 && last.iter().zip(now).all(|(a, b)| {
                     a.name == b.name
                         && a.description == b.description
-                        && same_in_order(&a.parameters, &b.parameters)
+                        && (Arc::ptr_eq(&a.parameters, &b.parameters)
+                            || same_in_order(&a.parameters, &b.parameters))
                 })
         }
         (None, None) => true,
@@ -874,7 +876,8 @@ mod tests {
             tools: Some(vec![ToolDecl {
                 name: "tick".into(),
                 description: "Count \"one\"\n".into(),
-                parameters: json!({"type": "object", "properties": {"step": {"type": "integer"}}}),
+                parameters: json!({"type": "object", "properties": {"step": {"type": "integer"}}})
+                    .into(),
             }]),
             temperature: Some(0.1),
             max_tokens: Some(64),
@@ -1063,7 +1066,7 @@ mod tests {
         let decl = |name: &str, description: &str, parameters: Json| ToolDecl {
             name: name.into(),
             description: description.into(),
-            parameters,
+            parameters: parameters.into(),
         };
         let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}, "b": [1, {"c": null}]}});
         let reordered = json!({"properties": {"b": [1, {"c": null}], "a": {"type": "integer"}}, "type": "object"});
@@ -1106,6 +1109,11 @@ mod tests {
         // Keys in another order are equal maps, and so the same tools.
         assert!(same_tools(&variants[2], &variants[3]));
         assert!(!same_in_order(&schema, &reordered));
+        // A schema shared with the last round (the Engine's binding) is the
+        // same by its pointer; an equal copy is by its content.
+        let shared = variants[2].clone();
+        assert!(same_tools(&variants[2], &shared));
+        assert!(same_tools(&tools(&schema), &variants[2]));
     }
 
     #[test]
