@@ -35,7 +35,12 @@ impl Home {
     }
 
     fn pf(&self) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_promptforge"));
+        self.command(env!("CARGO_BIN_EXE_promptforge"))
+    }
+
+    /// `program` with this home's environment (a wrapper that execs the binary).
+    fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new(program);
         cmd.env("PROMPTFORGE_HOME", self.data())
             .env_remove("PROMPTFORGE_HOST")
             .env_remove("PROMPTFORGE_LOG")
@@ -587,31 +592,135 @@ print(n)
     );
 }
 
+/// The log's files and directory made unwritable: by permissions, or, for
+/// root (whom permissions do not stop), by the immutable attribute. Undone
+/// on drop, so the temporary directory can be removed whatever happens.
+#[cfg(unix)]
+struct ReadOnly {
+    paths: Vec<PathBuf>,
+    immutable: bool,
+}
+
+#[cfg(unix)]
+impl ReadOnly {
+    /// None when this machine gives no way to make them read-only for us.
+    fn make(dir: &Path) -> Option<ReadOnly> {
+        use std::os::unix::fs::PermissionsExt;
+        let mut paths: Vec<PathBuf> = ["runs.db", "runs.db-wal", "runs.db-shm"]
+            .iter()
+            .map(|name| dir.join(name))
+            .filter(|path| path.exists())
+            .collect();
+        paths.push(dir.to_path_buf());
+        for path in &paths {
+            let mode = if path.is_dir() { 0o555 } else { 0o444 };
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        }
+        let mut guard = ReadOnly {
+            paths,
+            immutable: false,
+        };
+        let probe = dir.join("probe");
+        if std::fs::write(&probe, "x").is_err() {
+            return Some(guard);
+        }
+        let _ = std::fs::remove_file(&probe);
+        // Root: `chattr +i` stops root too (where the filesystem has it).
+        let set = Command::new("chattr")
+            .arg("+i")
+            .args(&guard.paths)
+            .status()
+            .is_ok_and(|s| s.success());
+        guard.immutable = set;
+        (set && std::fs::write(&probe, "x").is_err()).then_some(guard)
+    }
+}
+
+#[cfg(unix)]
+impl Drop for ReadOnly {
+    fn drop(&mut self) {
+        use std::os::unix::fs::PermissionsExt;
+        if self.immutable {
+            let _ = Command::new("chattr").arg("-i").args(&self.paths).status();
+        }
+        for path in &self.paths {
+            let mode = if path.is_dir() { 0o700 } else { 0o600 };
+            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode));
+        }
+    }
+}
+
 #[cfg(unix)]
 #[test]
 fn a_read_only_database_warns_once_and_the_run_goes_on() {
-    use std::os::unix::fs::PermissionsExt;
     let home = Home::new();
     let prompt = home.write("simple.md", SIMPLE);
-    home.run(&prompt, &[]);
-    let db = home.data().join("runs.db");
-    let read_only = std::fs::Permissions::from_mode(0o444);
-    std::fs::set_permissions(&db, read_only).expect("chmod");
-    std::fs::set_permissions(home.data(), std::fs::Permissions::from_mode(0o555)).expect("chmod");
-    // Root writes through permissions; there is nothing to test then.
-    let probe = home.data().join("probe");
-    if std::fs::write(&probe, "x").is_ok() {
-        let _ = std::fs::remove_file(&probe);
-        std::fs::set_permissions(home.data(), std::fs::Permissions::from_mode(0o700))
-            .expect("chmod");
+    assert_eq!(home.run(&prompt, &["before"]).status.code(), Some(0));
+    let Some(read_only) = ReadOnly::make(&home.data()) else {
+        eprintln!("skipped: running as root on a filesystem without `chattr +i`");
         return;
-    }
+    };
     let out = home.run(&prompt, &["x"]);
-    std::fs::set_permissions(home.data(), std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    // Reading needs no writing: the earlier run is listed while it is read-only.
+    let listed = home.json(&["runs", "--json"]);
+    drop(read_only);
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "done x\n");
     let w = warnings(&out.stderr);
     assert_eq!(w.len(), 1, "{w:?}");
+    assert!(
+        w[0].contains("readonly") || w[0].contains("read-only"),
+        "{w:?}"
+    );
+    assert!(w[0].ends_with("this run is not fully logged"), "{w:?}");
+    let listed = listed.as_array().expect("runs");
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["outcome"], "completed");
+}
+
+/// A disk that will not take the log's next page never fails the run: it
+/// goes on, one warning names the problem, and what was logged before
+/// stays whole. Here the disk is a file-size limit (`ulimit -f`, with
+/// SIGXFSZ ignored as a full disk sends none), which SQLite meets as a
+/// failed write, as it meets a full disk; the run's own store write (one
+/// byte) fits under it.
+#[cfg(unix)]
+#[test]
+fn a_database_that_cannot_grow_warns_once_and_keeps_what_was_logged() {
+    let home = Home::new();
+    let prompt = home.write("simple.md", SIMPLE);
+    assert_eq!(home.run(&prompt, &["before"]).status.code(), Some(0));
+    let before = home.json(&["show", "last", "--json"]);
+    let out = home
+        .command("sh")
+        .arg("-c")
+        .arg("trap '' XFSZ; ulimit -f 1 || exit 99; exec \"$@\"")
+        .arg("sh")
+        .arg(env!("CARGO_BIN_EXE_promptforge"))
+        .arg("run")
+        .arg(&prompt)
+        .arg("x")
+        .output()
+        .expect("sh");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "done x\n");
+    let w = warnings(&out.stderr);
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(w[0].contains("I/O error") || w[0].contains("full"), "{w:?}");
+    assert!(w[0].ends_with("this run is not fully logged"), "{w:?}");
+    // The earlier run reads back as it did, and is still the only one.
+    let listed = home.json(&["runs", "--json"]);
+    assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed}");
+    assert_eq!(home.json(&["show", "last", "--json"]), before);
+    // With room again, the next run is logged.
+    assert_eq!(home.run(&prompt, &["after"]).status.code(), Some(0));
+    let listed = home.json(&["runs", "--json"]);
+    assert_eq!(listed.as_array().map(Vec::len), Some(2), "{listed}");
 }
 
 fn mcp_fixture() -> PathBuf {
