@@ -303,28 +303,10 @@ fn a_repeated_execution_resolves_to_its_newest_run() {
     assert_eq!(log.list_runs(&RunFilter::default()).unwrap().len(), 2);
 }
 
-/// Version 1 of the schema, written out here by hand (not taken from the
-/// crate) so the test keeps checking what old databases really contain.
-const V1_BY_HAND: &str = "
-CREATE TABLE runs (id INTEGER PRIMARY KEY, execution TEXT NOT NULL, prompt_path TEXT NOT NULL,
-    prompt_text TEXT NOT NULL, prompt_sha256 TEXT NOT NULL, args_json TEXT NOT NULL,
-    seed TEXT NOT NULL, start_rfc3339 TEXT NOT NULL, start_ms INTEGER NOT NULL, host_file TEXT,
-    model TEXT, store_dir TEXT, started_at_ms INTEGER NOT NULL, pid INTEGER, outcome TEXT,
-    result TEXT, error_kind TEXT, error_message TEXT, finished_at_ms INTEGER,
-    duration_ms INTEGER, input_tokens INTEGER, output_tokens INTEGER, total_tokens INTEGER);
-CREATE INDEX runs_by_execution ON runs(execution);
-CREATE INDEX runs_by_start ON runs(started_at_ms, id);
-CREATE TABLE events (id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs(id),
-    ord INTEGER NOT NULL, kind TEXT NOT NULL, section TEXT NOT NULL, task TEXT NOT NULL,
-    seq INTEGER NOT NULL, fields_json TEXT NOT NULL);
-CREATE INDEX events_by_run ON events(run_id, ord);
-INSERT INTO runs VALUES (1, 'run-01d', 'old.md', '# Old', 'x', '{\"a\":1}', '18446744073709551615',
-    '2024-01-01T00:00:00Z', 1704067200000, NULL, 'm', NULL, 1704067200000, 7, 'completed',
-    'old result', NULL, NULL, 1704067201000, 1000, 1, 2, 3);
-INSERT INTO events VALUES (1, 1, 0, 'run_started', 'Old', '0', 0, '{}');
-INSERT INTO events VALUES (2, 1, 1, 'run_succeeded', 'Old', '0', 1, '{}');
-PRAGMA user_version = 1;
-";
+/// Version 1 of the schema, written out by hand (not taken from the crate)
+/// so the test keeps checking what old databases really contain; the CLI's
+/// migration test reads the same file.
+const V1_BY_HAND: &str = include_str!("fixtures/version-1.sql");
 
 #[test]
 fn a_version_1_database_is_migrated_and_keeps_its_runs() {

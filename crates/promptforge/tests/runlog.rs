@@ -723,6 +723,59 @@ fn a_database_that_cannot_grow_warns_once_and_keeps_what_was_logged() {
     assert_eq!(listed.as_array().map(Vec::len), Some(2), "{listed}");
 }
 
+/// A database from the first version of the log, as a user upgrading has
+/// it: `runs` and `show` read its run back after the migration, and new
+/// runs go in beside it.
+#[test]
+fn an_old_database_is_migrated_and_its_runs_read_back() {
+    let home = Home::new();
+    std::fs::create_dir_all(home.data()).expect("data dir");
+    let db = home.data().join("runs.db");
+    let made = Command::new("python3")
+        .arg("-c")
+        .arg("import sqlite3, sys\nc = sqlite3.connect(sys.argv[1])\nc.executescript(sys.stdin.read())\nc.close()\n")
+        .arg(&db)
+        .stdin(Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(include_bytes!("../../pf-runlog/tests/fixtures/version-1.sql"))?;
+            child.wait()
+        })
+        .expect("python3");
+    assert!(made.success());
+
+    let listed = home.json(&["runs", "--json"]);
+    let listed = listed.as_array().expect("runs");
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["execution"], "run-01d");
+    assert_eq!(listed[0]["outcome"], "completed");
+    assert_eq!(listed[0]["tokens"]["total"], 3);
+    let old = home.json(&["show", "run-01d", "--json"]);
+    assert_eq!(old["result"], "old result");
+    assert_eq!(kinds(&old), ["run_started", "run_succeeded"]);
+    let (code, text, _) = home.text(&["show", "run-01"]);
+    assert_eq!(code, Some(0));
+    assert!(text.contains("old result"), "{text}");
+
+    let prompt = home.write("simple.md", SIMPLE);
+    let out = home.run(&prompt, &["new"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(
+        warnings(&out.stderr).is_empty(),
+        "{:?}",
+        warnings(&out.stderr)
+    );
+    let listed = home.json(&["runs", "--json"]);
+    assert_eq!(listed.as_array().map(Vec::len), Some(2), "{listed}");
+    assert_eq!(listed[0]["outcome"], "completed");
+    assert_ne!(listed[0]["execution"], "run-01d");
+    assert_eq!(home.json(&["show", "run-01d", "--json"]), old);
+}
+
 fn mcp_fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mcp_fixture.py")
 }
