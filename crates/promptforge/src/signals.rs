@@ -28,24 +28,35 @@ pub fn before_forced_exit(hook: impl Fn() + Send + Sync + 'static) {
 /// SIGINT, SIGTERM and SIGHUP cancel the run (the engine then stops every
 /// Plugin, MCP servers included, and the run reports `cancelled`). A second
 /// signal kills every MCP server's process group, calls `print_cancelled`
-/// (unless the run's own report is out) and exits with 130 at once. The watcher has a thread of its own because the
-/// run's thread may be busy inside Lua; the engine polls the token from an
-/// instruction hook.
+/// (unless the run's own report is out) and exits with 130 at once. The
+/// watcher has a thread of its own because the run's thread may be busy
+/// inside Lua; the engine polls the token from an instruction hook.
+///
+/// The handlers are installed before this returns, on the calling thread:
+/// installed on the watcher's thread, a signal that came before that thread
+/// got to it (a busy machine, a Ctrl-C at once) still had its default
+/// action and killed the process with no report and no logged end.
 pub fn watch_signals(cancel: CancellationToken, print_cancelled: Box<dyn FnOnce() + Send>) {
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        tracing::warn!("signals will not cancel the run: no runtime for the watcher");
+        return;
+    };
+    // Registering needs the runtime's signal driver; the OS handler is in
+    // place from here on, and the watcher's thread drives the runtime.
+    let registered = {
+        let _in_runtime = rt.enter();
+        Signals::register()
+    };
+    let Some(mut signals) = registered else {
+        return;
+    };
     let spawned = std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                tracing::warn!("signals will not cancel the run: no runtime for the watcher");
-                return;
-            };
             rt.block_on(async {
-                let Some(mut signals) = Signals::register() else {
-                    return;
-                };
                 signals.next().await;
                 cancel.cancel();
                 signals.next().await;
