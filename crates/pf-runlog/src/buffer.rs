@@ -304,11 +304,10 @@ impl EventBuffer {
         state.count += 1;
     }
 
-    /// Append one event whose fields are a JSON object, written by
-    /// directly (its section and task as the event before's bytes when they
-    /// are the same, see [`EventPlace`]): the same bytes as [`push`](EventBuffer::push),
-    /// without serde's generic machinery (a few hundred events a tool loop,
-    /// ten thousand a wide fanout, all on the run's own thread).
+    /// Append one event whose fields are a JSON object, written directly
+    /// (see [`push_object`]): the same bytes as [`push`](EventBuffer::push),
+    /// without serde's generic machinery, through the one line writer every
+    /// event takes ([`push_event`](EventBuffer::push_event)).
     pub fn push_map(
         &self,
         kind: &str,
@@ -317,16 +316,13 @@ impl EventBuffer {
         seq: u32,
         fields: &serde_json::Map<String, serde_json::Value>,
     ) {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let state = &mut *state;
-        if state.closed || state.count == u32::MAX {
-            return;
-        }
-        state.push_head(kind, section, task);
-        let out = &mut state.lines;
-        push_event_tail(out, seq, fields);
-        out.push(b'\n');
-        state.count += 1;
+        self.push_event(&MapEvent {
+            kind,
+            section,
+            task,
+            seq,
+            fields,
+        });
     }
 
     /// Append one event, encoded from its parts (its fields already text).
@@ -362,17 +358,39 @@ impl EventBuffer {
 }
 
 /// An event line's end, after its place: `seq`, the fields unless empty, `]`.
-fn push_event_tail(
-    out: &mut Vec<u8>,
+/// An event whose fields are a JSON map, encoded from its parts.
+struct MapEvent<'a> {
+    kind: &'a str,
+    section: &'a str,
+    task: &'a str,
     seq: u32,
-    fields: &serde_json::Map<String, serde_json::Value>,
-) {
-    push_u64(out, u64::from(seq));
-    if !fields.is_empty() {
-        out.push(b',');
-        push_object(out, fields);
+    fields: &'a serde_json::Map<String, serde_json::Value>,
+}
+
+impl LogEvent for MapEvent<'_> {
+    fn kind(&self) -> &str {
+        self.kind
     }
-    out.push(b']');
+
+    fn section(&self) -> &str {
+        self.section
+    }
+
+    fn task(&self) -> &str {
+        self.task
+    }
+
+    fn seq(&self) -> u32 {
+        self.seq
+    }
+
+    fn write_fields(&self, out: &mut Vec<u8>) -> bool {
+        if self.fields.is_empty() {
+            return false;
+        }
+        push_object(out, self.fields);
+        true
+    }
 }
 
 pub fn push_value(out: &mut Vec<u8>, value: &serde_json::Value) {
