@@ -282,7 +282,18 @@ where
                 self.note_message();
                 let answered = match &message {
                     JsonRpcMessage::Response(response) => Some(response.id.clone()),
-                    JsonRpcMessage::Error(error) => error.id.clone(),
+                    JsonRpcMessage::Error(error) => match &error.id {
+                        Some(answered) => Some(answered.clone()),
+                        None => {
+                            // An error with a null id (a parse error, say) answers no
+                            // request, so no answer can be trusted to match any more.
+                            self.fail_in_flight(format!(
+                                "MCP server {id} reported an error for no request: {}",
+                                super::process::escape_line(error.error.message.as_bytes())
+                            ));
+                            return None;
+                        }
+                    },
                     _ => return Some(message),
                 };
                 match self.judge_answer(answered.as_ref()) {
