@@ -124,7 +124,10 @@ impl ModelProvider for JsonToolsProvider {
 }
 
 fn offers_tools(request: &ChatRequest) -> bool {
-    request.tools.as_ref().is_some_and(|tools| !tools.is_empty())
+    request
+        .tools
+        .as_ref()
+        .is_some_and(|tools| !tools.is_empty())
 }
 
 /// The request as the server sees it: no `tools`, the tools described in the
@@ -204,7 +207,10 @@ fn calls_text(message: &ChatMessage) -> String {
     };
     let calls = match message.tool_calls.as_slice() {
         [one] => call(one),
-        several => format!("[{}]", several.iter().map(call).collect::<Vec<_>>().join(", ")),
+        several => format!(
+            "[{}]",
+            several.iter().map(call).collect::<Vec<_>>().join(", ")
+        ),
     };
     let text = content_text(&message.content);
     if text.trim().is_empty() {
@@ -384,7 +390,10 @@ mod tests {
             [("a", "{}"), ("b", r#"{"n":2}"#)]
         );
         let lines = "{\"name\": \"a\", \"arguments\": {}}\n{\"name\": \"b\", \"arguments\": {}}";
-        assert_eq!(names(&parse_reply(lines).unwrap()), [("a", "{}"), ("b", "{}")]);
+        assert_eq!(
+            names(&parse_reply(lines).unwrap()),
+            [("a", "{}"), ("b", "{}")]
+        );
         let blocks = "```json\n{\"name\": \"a\", \"arguments\": {}}\n```\nthen\n```json\n[{\"name\": \"b\", \"arguments\": {}}]\n```";
         let reply = parse_reply(blocks).unwrap();
         assert_eq!(names(&reply), [("a", "{}"), ("b", "{}")]);
@@ -443,10 +452,15 @@ mod tests {
         assert_eq!(sent.tools, None);
         let system = content_text(&sent.messages[0].content);
         assert!(system.starts_with("Be brief.\n\nYou can call tools."));
-        assert!(system.contains("- add: Adds.\n  JSON Schema of its arguments: {\"type\":\"object\"}"));
+        assert!(
+            system.contains("- add: Adds.\n  JSON Schema of its arguments: {\"type\":\"object\"}")
+        );
         assert_eq!(
             sent.messages[2],
-            ChatMessage::new("assistant", json!(r#"{"name": "add", "arguments": {"a":1}}"#))
+            ChatMessage::new(
+                "assistant",
+                json!(r#"{"name": "add", "arguments": {"a":1}}"#)
+            )
         );
         assert_eq!(
             sent.messages[3],

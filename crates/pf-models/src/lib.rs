@@ -49,15 +49,17 @@ pub use anthropic::{
     AnthropicMessages, AnthropicProvider, DEFAULT_MAX_TOKENS as ANTHROPIC_DEFAULT_MAX_TOKENS,
 };
 pub use http::{is_transient, HttpProviderConfig, HttpSettings, MAX_BODY_BYTES, RECEIVE_TIMEOUT};
+pub use json_tools::{
+    parse_reply, tools_prompt, JsonToolsProvider, ParsedCall, ParsedReply, ToolFormat,
+};
 pub use openai::{ChatCompletions, OpenAiProvider};
 pub use provider::{HttpProvider, StreamStep, WireFormat};
 pub use record::{RecordFile, RecordingProvider};
-pub use json_tools::{parse_reply, tools_prompt, JsonToolsProvider, ParsedCall, ParsedReply, ToolFormat};
+pub use script::{ScriptProvider, ScriptedReply, ScriptedToolCall, ScriptedUsage};
 pub use spawn::{
     kill_spawned_servers, stop_spawned_servers, SpawnSpec, SpawnedProvider, DEFAULT_SPAWN_BASE_URL,
     DEFAULT_SPAWN_TIMEOUT, PORT_PLACEHOLDER,
 };
-pub use script::{ScriptProvider, ScriptedReply, ScriptedToolCall, ScriptedUsage};
 pub use wire::{BodyField, RequestBody};
 
 /// The context window a Host assumes when its configuration gives none.

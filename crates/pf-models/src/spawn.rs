@@ -8,8 +8,8 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{BufRead, BufReader, Read};
-use std::path::PathBuf;
 use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -64,7 +64,8 @@ impl SpawnSpec {
         use std::os::unix::fs::PermissionsExt;
         let program = self.command.first().map(String::as_str).unwrap_or_default();
         let runnable = |path: &std::path::Path| {
-            std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            std::fs::metadata(path)
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         };
         if program.contains('/') {
             let path = self.dir.join(program);
@@ -286,6 +287,9 @@ fn server_root(base_url: &str) -> &str {
     trimmed.strip_suffix("/v1").unwrap_or(trimmed)
 }
 
+/// Makes the provider for a started server's base URL.
+type BuildForUrl = dyn Fn(String) -> Result<Arc<dyn ModelProvider>, String> + Send + Sync;
+
 /// A model whose server the Host starts: the first round starts it (or
 /// finds it started) and builds the HTTP provider for its address; every
 /// round then goes to that provider.
@@ -294,7 +298,7 @@ pub struct SpawnedProvider {
     spawn: SpawnSpec,
     /// `base_url` as the host file gives it, `{port}` not yet replaced.
     base_url: String,
-    build: Box<dyn Fn(String) -> Result<Arc<dyn ModelProvider>, String> + Send + Sync>,
+    build: Box<BuildForUrl>,
     inner: OnceCell<Arc<dyn ModelProvider>>,
 }
 
@@ -321,9 +325,8 @@ impl SpawnedProvider {
     ) -> Result<Arc<dyn ModelProvider>, ProviderError> {
         let start = async {
             let port = self.server().await?;
-            (self.build)(with_port(&self.base_url, port)).map_err(|e| {
-                ProviderError::Failed(format!("model \"{}\": {e}", self.info.id))
-            })
+            (self.build)(with_port(&self.base_url, port))
+                .map_err(|e| ProviderError::Failed(format!("model \"{}\": {e}", self.info.id)))
         };
         tokio::select! {
             provider = self.inner.get_or_try_init(|| start) => provider.cloned(),
@@ -463,14 +466,8 @@ mod tests {
 
     #[test]
     fn port_goes_into_every_word_and_the_root_drops_v1() {
-        assert_eq!(
-            with_port("--port={port}:{port}", 8080),
-            "--port=8080:8080"
-        );
-        assert_eq!(
-            server_root("http://127.0.0.1:9/v1/"),
-            "http://127.0.0.1:9"
-        );
+        assert_eq!(with_port("--port={port}:{port}", 8080), "--port=8080:8080");
+        assert_eq!(server_root("http://127.0.0.1:9/v1/"), "http://127.0.0.1:9");
         assert_eq!(server_root("http://127.0.0.1:9"), "http://127.0.0.1:9");
     }
 

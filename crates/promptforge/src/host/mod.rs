@@ -630,7 +630,11 @@ fn hide_keys(config: &mut HostConfig) {
             ProviderKind::Script { .. } => None,
         };
         if let Some(spawn) = &mut spec.spawn {
-            spawn.hidden_env = keys.iter().filter(|k| Some(*k) != own.as_ref()).cloned().collect();
+            spawn.hidden_env = keys
+                .iter()
+                .filter(|k| Some(*k) != own.as_ref())
+                .cloned()
+                .collect();
         }
     }
 }
@@ -687,6 +691,8 @@ mod tests {
                 description: String::new(),
                 record: Some("/base/q.jsonl".into()),
                 retries: 0,
+                spawn: None,
+                tool_format: pf_models::ToolFormat::Native,
             })
         );
     }
