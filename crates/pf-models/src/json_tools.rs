@@ -145,15 +145,17 @@ pub fn rewrite_request(mut request: ChatRequest) -> ChatRequest {
                 ChatMessage::new("assistant", Json::String(calls_text(message)))
             }
             "tool" => {
+                // No call id here: small models copy what they see, and an
+                // id in the text comes back as a tool name.
                 let id = message.tool_call_id.clone().unwrap_or_default();
                 let name = names
                     .iter()
                     .find(|(known, _)| *known == id)
-                    .map_or("a tool", |(_, name)| name.as_str());
+                    .map_or("The tool", |(_, name)| name.as_str());
                 ChatMessage::new(
                     "user",
                     Json::String(format!(
-                        "Result of tool call {id} ({name}):\n{}",
+                        "{name} returned:\n{}",
                         content_text(&message.content)
                     )),
                 )
@@ -227,7 +229,7 @@ pub fn tools_prompt(tools: &[ToolDecl]) -> String {
          and nothing else:\n\
          {\"name\": \"TOOL_NAME\", \"arguments\": {ARGUMENTS}}\n\
          where ARGUMENTS match the tool's JSON Schema. To call several tools at once, reply \
-         with a JSON array of such objects. The tool results come back in the next message. \
+         with a JSON array of such objects. Each tool's result comes back in the next message, as \"TOOL_NAME returned:\" and the result. \
          To answer without a tool, reply with plain text, not JSON.\n\nTools:",
     );
     for tool in tools {
@@ -464,7 +466,7 @@ mod tests {
         );
         assert_eq!(
             sent.messages[3],
-            ChatMessage::new("user", json!("Result of tool call call_1 (add):\n2"))
+            ChatMessage::new("user", json!("add returned:\n2"))
         );
     }
 }

@@ -101,7 +101,10 @@ fn call(text: &str) -> String {
 #[test]
 fn calls_written_as_text_become_tool_calls_everywhere_a_native_call_goes() {
     let home = Home::new(json!([
-        format!("I will save the first one.\n```json\n{}\n```", call("tides follow the moon")),
+        format!(
+            "I will save the first one.\n```json\n{}\n```",
+            call("tides follow the moon")
+        ),
         format!("[{}, {}]", call("two a day"), call("springs at full moon")),
         // Malformed JSON is text: the loop ends with it.
         "{\"name\": \"save_note\", \"arguments\": {\"text\": \"cut",
@@ -119,23 +122,45 @@ fn calls_written_as_text_become_tool_calls_everywhere_a_native_call_goes() {
     assert_eq!(sent.len(), 3);
     assert!(sent.iter().all(|r| r.get("tools").is_none()), "{sent:?}");
     let system = sent[0]["messages"][0]["content"].as_str().unwrap();
-    assert!(system.starts_with("Be brief.\n\nYou can call tools."), "{system}");
+    assert!(
+        system.starts_with("Be brief.\n\nYou can call tools."),
+        "{system}"
+    );
     assert!(system.contains("{\"name\": \"TOOL_NAME\", \"arguments\": {ARGUMENTS}}"));
-    assert!(system.contains("- save_note: Save one short note"), "{system}");
+    assert!(
+        system.contains("- save_note: Save one short note"),
+        "{system}"
+    );
     let third = sent[2]["messages"].as_array().unwrap();
     let roles: Vec<&str> = third.iter().map(|m| m["role"].as_str().unwrap()).collect();
-    assert_eq!(roles, ["system", "user", "assistant", "user", "assistant", "user", "user"]);
+    assert_eq!(
+        roles,
+        [
+            "system",
+            "user",
+            "assistant",
+            "user",
+            "assistant",
+            "user",
+            "user"
+        ]
+    );
     assert_eq!(
         third[2]["content"],
-        format!("I will save the first one.\n{}", call("tides follow the moon").replace("\"name\":", "\"name\": ").replace(",\"arguments\":", ", \"arguments\": "))
+        format!(
+            "I will save the first one.\n{}",
+            call("tides follow the moon")
+                .replace("\"name\":", "\"name\": ")
+                .replace(",\"arguments\":", ", \"arguments\": ")
+        )
     );
     assert_eq!(
         third[3]["content"],
-        "Result of tool call call_1 (save_note):\nsaved tides follow the moon"
+        "save_note returned:\nsaved tides follow the moon"
     );
     assert_eq!(
         third[6]["content"],
-        "Result of tool call call_3 (save_note):\nsaved springs at full moon"
+        "save_note returned:\nsaved springs at full moon"
     );
 
     // The run log: three rounds, the calls with the ids a scripted model gives.
@@ -143,7 +168,10 @@ fn calls_written_as_text_become_tool_calls_everywhere_a_native_call_goes() {
     let events = shown["events"].as_array().expect("events");
     let kinds: Vec<&str> = events.iter().filter_map(|e| e["kind"].as_str()).collect();
     assert_eq!(
-        kinds.iter().filter(|k| **k == "model_turn_completed").count(),
+        kinds
+            .iter()
+            .filter(|k| **k == "model_turn_completed")
+            .count(),
         3,
         "{kinds:?}"
     );
@@ -161,16 +189,20 @@ fn calls_written_as_text_become_tool_calls_everywhere_a_native_call_goes() {
     // The trace page shows the calls.
     let page = home.path("trace.html");
     let out = home.pf(&["show", "#1", "--html", "-o", page.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let html = std::fs::read_to_string(&page).expect("page");
     assert!(html.contains("save_note") && html.contains("springs at full moon"));
 }
 
 #[test]
 fn a_reply_that_is_not_a_call_is_the_answer_and_no_tools_means_no_reading() {
-    let home = Home::new(json!([
-        "Here is JSON that is not a call: {\"answer\": 42}",
-    ]));
+    let home = Home::new(json!(
+        ["Here is JSON that is not a call: {\"answer\": 42}",]
+    ));
     let report = home.json(&["run", "notes.md", "--json"]);
     assert_eq!(report["outcome"], "completed", "{report}");
     assert_eq!(report["result"], "");
@@ -184,5 +216,8 @@ fn a_reply_that_is_not_a_call_is_the_answer_and_no_tools_means_no_reading() {
     let report = plain.json(&["run", "plain.md", "--json"]);
     assert_eq!(report["result"], call("x"));
     let sent = plain.sent();
-    assert_eq!(sent[0]["messages"], json!([{"role": "user", "content": "hi"}]));
+    assert_eq!(
+        sent[0]["messages"],
+        json!([{"role": "user", "content": "hi"}])
+    );
 }
