@@ -29,6 +29,7 @@
 
 mod anthropic;
 mod http;
+mod limits;
 mod metrics;
 mod openai;
 mod provider;
@@ -47,6 +48,7 @@ pub use anthropic::{
     AnthropicMessages, AnthropicProvider, DEFAULT_MAX_TOKENS as ANTHROPIC_DEFAULT_MAX_TOKENS,
 };
 pub use http::{is_transient, HttpProviderConfig, HttpSettings, MAX_BODY_BYTES, RECEIVE_TIMEOUT};
+pub use limits::{Admission, ModelGate, ModelLimits};
 pub use openai::{ChatCompletions, OpenAiProvider};
 pub use provider::{HttpProvider, StreamStep, WireFormat};
 pub use record::{RecordFile, RecordingProvider};
@@ -83,6 +85,10 @@ pub struct ProviderSpec {
     /// How often a transient failure or a 429 is retried (HTTP providers);
     /// 0 reruns nothing (guide ch. 17).
     pub retries: u32,
+    /// Requests in flight, per minute and tokens per minute, process-wide
+    /// (HTTP providers; every HTTP model gets a gate, so a `Retry-After`
+    /// pauses its queue even without limits).
+    pub limits: ModelLimits,
 }
 
 /// Which provider answers, with what only that provider needs.
@@ -129,7 +135,10 @@ pub fn build_provider(spec: &ProviderSpec) -> Result<Arc<dyn ModelProvider>, Str
     fn recorded<W: WireFormat>(
         provider: HttpProvider<W>,
         record: Option<Arc<RecordFile>>,
+        spec: &ProviderSpec,
     ) -> Arc<dyn ModelProvider> {
+        let gate = ModelGate::shared(&spec.id, provider.endpoint(), spec.limits);
+        let provider = provider.with_gate(gate);
         match record {
             Some(record) => Arc::new(provider.with_record(record)),
             None => Arc::new(provider),
@@ -144,11 +153,15 @@ pub fn build_provider(spec: &ProviderSpec) -> Result<Arc<dyn ModelProvider>, Str
                 None => script,
             }
         }
-        ProviderKind::OpenAi(endpoint) => {
-            recorded(OpenAiProvider::new(info, http_config(endpoint))?, record)
-        }
-        ProviderKind::Anthropic(endpoint) => {
-            recorded(AnthropicProvider::new(info, http_config(endpoint))?, record)
-        }
+        ProviderKind::OpenAi(endpoint) => recorded(
+            OpenAiProvider::new(info, http_config(endpoint))?,
+            record,
+            spec,
+        ),
+        ProviderKind::Anthropic(endpoint) => recorded(
+            AnthropicProvider::new(info, http_config(endpoint))?,
+            record,
+            spec,
+        ),
     })
 }

@@ -151,5 +151,6 @@ fn script_spec(replies: std::path::PathBuf) -> ProviderSpec {
         description: String::new(),
         record: None,
         retries: 0,
+        limits: Default::default(),
     }
 }
