@@ -12,7 +12,7 @@ use crate::cli::{InfoArgs, OutputFormat};
 
 pub fn run(args: InfoArgs) -> ExitCode {
     let file = args.file.as_path();
-    let source = match super::read_prompt(file) {
+    let source = match pf_host::prompt_files::read_prompt(file) {
         Ok(s) => s,
         Err(m) => return super::usage(&m),
     };

@@ -13,16 +13,17 @@ use pf_syntax::{ArgType, Prompt};
 use serde_json::Value as Json;
 
 use crate::cli::{LogArgs, OutputFormat, RunArgs};
-use crate::host::observe::{HostObserver, SectionTracker};
-use crate::host::record::{Recorder, RunLogSink};
-use crate::host::replay::{LoggedWork, ReplayMode, Replayer};
-use crate::host::{HostConfig, HostWork};
 use crate::progress::RunProgress;
-use crate::report::{ReportError, ReportOutcome, ReportOutput, ReportUsage, RunReport};
+use pf_host::observe::{HostObserver, SectionTracker};
+use pf_host::prompt_files::{collect_output, place_input, private_store_dir};
+use pf_host::record::{Recorder, RunLogSink};
+use pf_host::replay::{LoggedWork, ReplayMode, Replayer};
+use pf_host::report::{ReportError, ReportOutcome, ReportUsage, RunReport};
+use pf_host::{HostConfig, HostWork};
 
 pub fn run(args: RunArgs) -> ExitCode {
     let file = args.file.as_path();
-    let source = match super::read_prompt(file) {
+    let source = match pf_host::prompt_files::read_prompt(file) {
         Ok(s) => s,
         Err(m) => return super::usage(&m),
     };
@@ -123,7 +124,7 @@ pub(crate) fn execute(plan: RunPlan) -> ExitCode {
     // `--otlp` wins over the host file's `[telemetry] otlp`.
     let otlp = plan.otlp.clone().or_else(|| host_config.otlp.clone());
     if let Some(url) = &otlp {
-        if let Err(m) = crate::trace::otlp::traces_url(url) {
+        if let Err(m) = pf_trace::otlp::traces_url(url) {
             return super::usage(&format!("--otlp: {m}"));
         }
     }
@@ -138,7 +139,7 @@ pub(crate) fn execute(plan: RunPlan) -> ExitCode {
     let log = RunLog {
         sink: (!plan.log.no_log)
             .then(|| {
-                crate::host::data::begin_run_log(RunStart {
+                pf_host::data::begin_run_log(RunStart {
                     execution: execution.clone(),
                     prompt_path: display_path(file),
                     prompt_text: String::from_utf8_lossy(&source).into_owned(),
@@ -189,7 +190,7 @@ pub(crate) fn execute(plan: RunPlan) -> ExitCode {
     tracing::info!("store directory: {}", store_dir.display());
     place_input(&prompt, file, &store_dir, quiet);
     let trace = otlp.and_then(|url| {
-        let info = crate::trace::otlp::RunInfo {
+        let info = pf_trace::otlp::RunInfo {
             execution: execution.clone(),
             prompt_path: display_path(file),
             prompt_name: prompt.frontmatter.name.clone(),
@@ -198,9 +199,9 @@ pub(crate) fn execute(plan: RunPlan) -> ExitCode {
             provider: current
                 .as_deref()
                 .and_then(|id| host_config.spec(id))
-                .map(|m| crate::trace::otlp::provider_name(&m.kind).to_string()),
+                .map(|m| pf_trace::otlp::provider_name(&m.kind).to_string()),
         };
-        crate::trace::otlp::OtlpTrace::new(&url, info).ok()
+        pf_trace::otlp::OtlpTrace::new(&url, info).ok()
     });
     let prompt = Arc::new(prompt);
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -237,10 +238,16 @@ pub(crate) fn execute(plan: RunPlan) -> ExitCode {
         (None, Some(recorder)) => HostWork::Recorded(recorder),
         (None, None) => HostWork::Direct,
     };
-    let observer = HostObserver::new(log.sink.clone(), progress.clone(), sections)
-        .with_trace(trace.clone())
-        .with_prompt_file(file)
-        .streaming(host_config.stream);
+    let observer = HostObserver::new(
+        log.sink.clone(),
+        progress
+            .clone()
+            .map(|p| p as Arc<dyn pf_engine::RunObserver>),
+        sections,
+    )
+    .with_trace(trace.clone())
+    .with_prompt_file(file)
+    .streaming(host_config.stream);
     let mut usage = None;
     let finished = runtime.block_on(async {
         let host = host_config.assemble_for(current.as_deref(), &work)?;
@@ -307,7 +314,7 @@ pub(crate) fn execute(plan: RunPlan) -> ExitCode {
     }
     // After the report: the export may take up to its timeout, never the run.
     if let Some(trace) = &trace {
-        runtime.block_on(trace.export(&report.outcome));
+        runtime.block_on(trace.export(&report.logged_outcome()));
     }
     // The log's writer commits the end (and may tidy the database, a WAL
     // checkpoint) on its own thread, while the report prints; the process
@@ -336,17 +343,7 @@ struct RunLog {
 
 impl RunLog {
     fn end(&self, report: &RunReport) {
-        let outcome = match &report.outcome {
-            ReportOutcome::Completed { result } => LoggedOutcome::Completed {
-                result: result.clone(),
-            },
-            ReportOutcome::Failed { error } => LoggedOutcome::Failed {
-                kind: error.kind.clone(),
-                message: error.message.clone(),
-            },
-            ReportOutcome::Cancelled => LoggedOutcome::Cancelled,
-        };
-        self.end_with(outcome);
+        self.end_with(report.logged_outcome());
     }
 
     /// Wait (bounded) until the ended run is committed and the writer is done.
@@ -415,7 +412,7 @@ fn print_human(report: &RunReport, file: &Path, quiet: bool, progress: Option<&R
             let color = crate::ui::stderr_color();
             // Error text may carry a model's or server's words: no control
             // characters reach the terminal.
-            let message = crate::report::terminal_safe(&error.message);
+            let message = pf_host::report::terminal_safe(&error.message);
             let (kind, rest) = if color {
                 (
                     format!("\x1b[1;31merror[{}]\x1b[0m", error.kind),
@@ -634,53 +631,6 @@ fn log_host(path: Option<&Path>, config: &HostConfig, current: Option<&str>, pro
     }
 }
 
-/// The data directory: `$PROMPTFORGE_HOME`, else `$XDG_DATA_HOME/promptforge`
-/// (absolute only), else `~/.local/share/promptforge`.
-fn data_dir() -> Option<PathBuf> {
-    let var = |name: &str| std::env::var_os(name);
-    pf_runlog::data_dir(
-        var("PROMPTFORGE_HOME").as_deref(),
-        var("XDG_DATA_HOME").as_deref(),
-        var("HOME").as_deref(),
-    )
-}
-
-/// A fresh, private store directory for a run without `--store`, made like
-/// `mkdtemp`: under `<data dir>/stores`, an unpredictable name, mode 0700, and
-/// never one that already exists (nothing there is reused or followed).
-pub(crate) fn private_store_dir(execution: &str) -> Result<PathBuf, String> {
-    use rand::Rng;
-    let parent = data_dir()
-        .ok_or("no data directory for the default store: set PROMPTFORGE_HOME or pass --store")?
-        .join("stores");
-    let private = |recursive: bool| {
-        let mut builder = std::fs::DirBuilder::new();
-        builder.recursive(recursive);
-        #[cfg(unix)]
-        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
-        builder
-    };
-    private(true)
-        .create(&parent)
-        .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
-    let builder = private(false);
-    let mut last = None;
-    for _ in 0..8 {
-        let tag: u64 = rand::rng().random();
-        let dir = parent.join(format!("{execution}-{tag:016x}"));
-        match builder.create(&dir) {
-            Ok(()) => return Ok(dir),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
-            Err(e) => return Err(format!("cannot create {}: {e}", dir.display())),
-        }
-    }
-    Err(format!(
-        "cannot create a store directory under {}: {}",
-        parent.display(),
-        last.map_or_else(String::new, |e| e.to_string())
-    ))
-}
-
 /// The prompt, or the parse error to report; a file without `promptforge:` in
 /// its frontmatter is not a prompt.
 fn parse_prompt(source: &[u8]) -> Result<Prompt, pf_syntax::ParseError> {
@@ -696,66 +646,6 @@ fn parse_prompt(source: &[u8]) -> Result<Prompt, pf_syntax::ParseError> {
         });
     }
     Ok(prompt)
-}
-
-/// A declared input file is read from the store. When the store lacks it, the
-/// Host copies it in from beside the prompt file (the file the operator wrote
-/// the prompt next to); otherwise a missing input is only a warning, because
-/// the run never checks the declaration (guide ch. 02).
-pub(crate) fn place_input(prompt: &Prompt, prompt_file: &Path, store_dir: &Path, quiet: bool) {
-    if pf_engine::missing_input(prompt, store_dir).is_some() {
-        if let Some(declared) = prompt.frontmatter.input.as_ref() {
-            let beside = prompt_file
-                .parent()
-                .unwrap_or(Path::new("."))
-                .join(&declared.path);
-            if beside.is_file() {
-                if let Err(why) = pf_engine::place_input(prompt, store_dir, &beside) {
-                    eprintln!("warning: {why}");
-                }
-            }
-        }
-    }
-    if let Some(notice) = pf_engine::missing_input(prompt, store_dir).filter(|_| !quiet) {
-        eprintln!(
-            "warning: {notice} (store directory {})",
-            store_dir.display()
-        );
-    }
-}
-
-/// After a completed run, the declared output file stays in the store directory:
-/// the report names it (`"output"`), and a missing one is a warning, never a
-/// failure, because the run never checks the declaration (guide ch. 02).
-pub(crate) fn collect_output(
-    prompt: &Prompt,
-    store_dir: &Path,
-    quiet: bool,
-) -> Option<ReportOutput> {
-    let collected = pf_engine::collect_output(prompt, store_dir)?;
-    Some(match collected {
-        Ok(output) => ReportOutput {
-            path: output.path,
-            file: output.file,
-            error: None,
-        },
-        Err(message) => {
-            if !quiet {
-                eprintln!("warning: {message}");
-            }
-            let declared = prompt
-                .frontmatter
-                .output
-                .as_ref()
-                .map(|o| o.path.clone())
-                .unwrap_or_default();
-            ReportOutput {
-                path: declared,
-                file: None,
-                error: Some(message),
-            }
-        }
-    })
 }
 
 #[cfg(test)]

@@ -12,14 +12,15 @@ use pf_engine::{
 };
 
 use super::record::RunLogSink;
-use crate::progress::RunProgress;
-use crate::trace::otlp::OtlpTrace;
+
+use pf_trace::otlp::OtlpTrace;
 
 /// Fans each event out to whoever listens: the run log (when the run is
-/// logged) and the progress line with its live text (when a person watches stderr).
+/// logged) and a watcher (the terminal's progress line with its live text,
+/// when a person watches stderr).
 pub struct HostObserver {
     log: Option<Arc<RunLogSink>>,
-    live: Option<Arc<RunProgress>>,
+    live: Option<Arc<dyn RunObserver>>,
     sections: Arc<SectionTracker>,
     trace: Option<Arc<OtlpTrace>>,
     /// The host file's `stream = true`: loop rounds stream with no one watching.
@@ -31,7 +32,7 @@ pub struct HostObserver {
 impl HostObserver {
     pub fn new(
         log: Option<Arc<RunLogSink>>,
-        live: Option<Arc<RunProgress>>,
+        live: Option<Arc<dyn RunObserver>>,
         sections: Arc<SectionTracker>,
     ) -> HostObserver {
         HostObserver {
@@ -65,11 +66,11 @@ impl HostObserver {
 }
 
 impl RunObserver for HostObserver {
-    fn event(&self, _execution: &str, event: &RunEvent) {
+    fn event(&self, execution: &str, event: &RunEvent) {
         self.sections.heard(event);
         // The run log takes the event again, shared, in `kept`.
-        if let Some(progress) = &self.live {
-            progress.event(event);
+        if let Some(watcher) = &self.live {
+            watcher.event(execution, event);
         }
         if let Some(trace) = &self.trace {
             trace.event(event);
@@ -87,7 +88,7 @@ impl RunObserver for HostObserver {
     }
 
     fn wants_live_text(&self) -> bool {
-        self.live.is_some() || self.stream
+        self.live.as_ref().is_some_and(|w| w.wants_live_text()) || self.stream
     }
 
     fn live_text(&self, text: LiveText<'_>) -> bool {
@@ -97,10 +98,10 @@ impl RunObserver for HostObserver {
         }
     }
 
-    fn tool_call(&self, _execution: &str, call: &ToolCallNotice<'_>) {
+    fn tool_call(&self, execution: &str, call: &ToolCallNotice<'_>) {
         tracing::debug!(target: TOOL_CALLS_TARGET, "{}", tool_call_json(call));
-        if let Some(progress) = &self.live {
-            progress.tool_started(call.alias, call.arguments);
+        if let Some(watcher) = &self.live {
+            watcher.tool_call(execution, call);
         }
     }
 

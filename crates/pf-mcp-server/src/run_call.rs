@@ -12,8 +12,8 @@ use rmcp::model::{CallToolResult, Content};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::catalog::PromptTool;
-use crate::host::HostConfig;
-use crate::report::{ReportOutcome, RunReport};
+use pf_host::report::{ReportOutcome, RunReport};
+use pf_host::HostConfig;
 
 /// How many runs go at once, and how many calls may wait for a slot.
 pub struct Admission {
@@ -149,7 +149,7 @@ fn run_on_this_thread(tool: &PromptTool, args: String, setup: CallSetup) -> RunR
         Ok(dir) => dir,
         Err(m) => return host_failure(m),
     };
-    crate::commands::run::place_input(&tool.prompt, &tool.file, &store_dir, true);
+    pf_host::prompt_files::place_input(&tool.prompt, &tool.file, &store_dir, true);
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -161,7 +161,7 @@ fn run_on_this_thread(tool: &PromptTool, args: String, setup: CallSetup) -> RunR
     let began = std::time::Instant::now();
     let current = match setup
         .host
-        .current_id(crate::host::chosen_model(None).as_deref())
+        .current_id(pf_host::chosen_model(None).as_deref())
     {
         Ok(id) => id,
         Err(m) => return host_failure(m),
@@ -174,10 +174,10 @@ fn run_on_this_thread(tool: &PromptTool, args: String, setup: CallSetup) -> RunR
             .to_string_lossy()
             .into_owned()
     };
-    let sink = crate::host::data::begin_run_log(pf_runlog::RunStart {
+    let sink = pf_host::data::begin_run_log(pf_runlog::RunStart {
         execution: execution.clone(),
         prompt_path: absolute(&tool.file),
-        prompt_text: crate::commands::read_prompt(&tool.file)
+        prompt_text: pf_host::prompt_files::read_prompt(&tool.file)
             .map(|b| String::from_utf8_lossy(&b).into_owned())
             .unwrap_or_default(),
         args: serde_json::Value::String(args.clone()),
@@ -190,14 +190,16 @@ fn run_on_this_thread(tool: &PromptTool, args: String, setup: CallSetup) -> RunR
         replay_of: None,
         resumed_from: None,
     });
-    let sections = Arc::new(crate::host::observe::SectionTracker::default());
+    let sections = Arc::new(pf_host::observe::SectionTracker::default());
     let work = match &sink {
-        Some(sink) => crate::host::HostWork::Recorded(Arc::new(
-            crate::host::record::Recorder::new(Arc::clone(sink), Arc::clone(&sections), &prompt),
-        )),
-        None => crate::host::HostWork::Direct,
+        Some(sink) => pf_host::HostWork::Recorded(Arc::new(pf_host::record::Recorder::new(
+            Arc::clone(sink),
+            Arc::clone(&sections),
+            &prompt,
+        ))),
+        None => pf_host::HostWork::Direct,
     };
-    let logging = crate::host::observe::HostObserver::new(sink.clone(), None, sections)
+    let logging = pf_host::observe::HostObserver::new(sink.clone(), None, sections)
         .with_prompt_file(&tool.file)
         .streaming(setup.host.stream);
     let observer: Arc<dyn RunObserver> = match setup.observer {
@@ -232,7 +234,7 @@ fn run_on_this_thread(tool: &PromptTool, args: String, setup: CallSetup) -> RunR
         Ok(finished) => {
             let mut report = RunReport::of_run(seed, &finished, &store_dir);
             if matches!(finished.outcome, Outcome::Completed(_)) {
-                report.output = crate::commands::run::collect_output(&prompt, &store_dir, true);
+                report.output = pf_host::prompt_files::collect_output(&prompt, &store_dir, true);
             }
             report
         }
@@ -301,7 +303,7 @@ impl RunObserver for BothObservers {
 pub fn host_failure(message: String) -> RunReport {
     RunReport {
         outcome: ReportOutcome::Failed {
-            error: crate::report::ReportError {
+            error: pf_host::report::ReportError {
                 kind: "Host".to_string(),
                 phase: None,
                 message,
