@@ -20,6 +20,7 @@ pub mod prompt_files;
 pub mod record;
 pub mod replay;
 pub mod report;
+pub mod session;
 pub mod usage;
 
 pub use prompt_files::{read_capped, MAX_INPUT_BYTES};

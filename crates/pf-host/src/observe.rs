@@ -20,7 +20,7 @@ use pf_trace::otlp::OtlpTrace;
 /// when a person watches stderr).
 pub struct HostObserver {
     log: Option<Arc<RunLogSink>>,
-    live: Option<Arc<dyn RunObserver>>,
+    watchers: Vec<Arc<dyn RunObserver>>,
     sections: Arc<SectionTracker>,
     trace: Option<Arc<OtlpTrace>>,
     /// The host file's `stream = true`: loop rounds stream with no one watching.
@@ -32,12 +32,12 @@ pub struct HostObserver {
 impl HostObserver {
     pub fn new(
         log: Option<Arc<RunLogSink>>,
-        live: Option<Arc<dyn RunObserver>>,
+        watchers: Vec<Arc<dyn RunObserver>>,
         sections: Arc<SectionTracker>,
     ) -> HostObserver {
         HostObserver {
             log,
-            live,
+            watchers,
             sections,
             trace: None,
             stream: false,
@@ -69,7 +69,7 @@ impl RunObserver for HostObserver {
     fn event(&self, execution: &str, event: &RunEvent) {
         self.sections.heard(event);
         // The run log takes the event again, shared, in `kept`.
-        if let Some(watcher) = &self.live {
+        for watcher in &self.watchers {
             watcher.event(execution, event);
         }
         if let Some(trace) = &self.trace {
@@ -88,19 +88,20 @@ impl RunObserver for HostObserver {
     }
 
     fn wants_live_text(&self) -> bool {
-        self.live.as_ref().is_some_and(|w| w.wants_live_text()) || self.stream
+        self.watchers.iter().any(|w| w.wants_live_text()) || self.stream
     }
 
     fn live_text(&self, text: LiveText<'_>) -> bool {
-        match &self.live {
-            Some(progress) => progress.live_text(text),
-            None => false,
+        let mut listening = false;
+        for watcher in self.watchers.iter().filter(|w| w.wants_live_text()) {
+            listening |= watcher.live_text(text);
         }
+        listening
     }
 
     fn tool_call(&self, execution: &str, call: &ToolCallNotice<'_>) {
         tracing::debug!(target: TOOL_CALLS_TARGET, "{}", tool_call_json(call));
-        if let Some(watcher) = &self.live {
+        for watcher in &self.watchers {
             watcher.tool_call(execution, call);
         }
     }

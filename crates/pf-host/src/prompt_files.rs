@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use pf_syntax::Prompt;
+use pf_syntax::{ArgType, Prompt};
 
 use crate::report::ReportOutput;
 
@@ -143,4 +143,14 @@ pub fn collect_output(prompt: &Prompt, store_dir: &Path, quiet: bool) -> Option<
             }
         }
     })
+}
+
+/// An `args:` type's name, as `info` and `--arg` messages show it.
+pub fn arg_type_name(ty: ArgType) -> &'static str {
+    match ty {
+        ArgType::String => "string",
+        ArgType::Boolean => "boolean",
+        ArgType::Integer => "integer",
+        ArgType::Number => "number",
+    }
 }

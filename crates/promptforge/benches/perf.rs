@@ -181,7 +181,7 @@ impl Bench {
             ))),
             None => HostWork::Direct,
         };
-        let observer = HostObserver::new(sink.clone(), None, sections);
+        let observer = HostObserver::new(sink.clone(), Vec::new(), sections);
         let report = self.runtime.block_on(async {
             let current = host.current_id(None).expect("current model");
             let host = host.assemble_for(current.as_deref(), &work).expect("host");

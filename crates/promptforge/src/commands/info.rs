@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
-use pf_syntax::{ArgType, Prompt, Section};
+use pf_syntax::{Prompt, Section};
 use serde_json::{json, Value};
 
 use crate::cli::{InfoArgs, OutputFormat};
@@ -44,14 +44,7 @@ pub fn run(args: InfoArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-pub fn arg_type_name(ty: ArgType) -> &'static str {
-    match ty {
-        ArgType::String => "string",
-        ArgType::Boolean => "boolean",
-        ArgType::Integer => "integer",
-        ArgType::Number => "number",
-    }
-}
+pub use pf_host::prompt_files::arg_type_name;
 
 /// The `--json` object.
 pub fn describe(prompt: &Prompt, file: &str) -> Value {

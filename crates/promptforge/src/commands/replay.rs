@@ -7,9 +7,10 @@ use std::process::ExitCode;
 
 use pf_runlog::{RunLogError, RunRecord};
 
-use super::run::{execute, RunPlan};
+use super::run::{execute, TerminalRun};
 use crate::cli::{LogArgs, ReplayArgs};
 use pf_host::replay::{LoggedWork, ReplayMode};
+use pf_host::session::{PlanArgs, RunSettings};
 use pf_host::HostConfig;
 
 /// A logged run: its record and its host work by WorkId.
@@ -95,20 +96,25 @@ pub fn run(args: ReplayArgs) -> ExitCode {
     } else {
         ReplayMode::Strict
     };
-    execute(RunPlan {
+    // The logged model, not --model or the environment's; the host file's OTLP collector.
+    let settings =
+        match RunSettings::with_model(host_path, std::sync::Arc::new(host_config), current, None) {
+            Ok(settings) => settings,
+            Err(m) => return super::usage(&m),
+        };
+    execute(TerminalRun {
         file,
         source,
-        args: logged.args(),
-        arg_pairs: Vec::new(),
+        args: PlanArgs::CommandLine {
+            text: logged.args(),
+            pairs: Vec::new(),
+        },
         seed: start.seed,
         start_ms: start.start_ms,
-        host_path,
-        host_config,
-        current,
+        settings,
         store_dir: None,
         format: args.output.format(),
         quiet: false,
-        otlp: None,
         log: LogArgs {
             no_log: args.no_log,
             capture: false,
