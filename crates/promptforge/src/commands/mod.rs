@@ -14,6 +14,7 @@ pub mod replay;
 pub mod run;
 pub mod runs;
 pub mod show;
+pub mod terminal;
 pub mod test;
 
 use std::process::ExitCode;
