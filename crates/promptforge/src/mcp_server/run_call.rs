@@ -271,6 +271,7 @@ impl RunObserver for BothObservers {
 
     fn tool_call(&self, execution: &str, call: &pf_engine::ToolCallNotice<'_>) {
         self.0.tool_call(execution, call);
+        self.1.tool_call(execution, call);
     }
 
     fn wants_kept(&self) -> bool {
