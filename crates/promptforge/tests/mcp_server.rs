@@ -77,8 +77,13 @@ fn run_client(python: &Path, args: &[&str]) {
 
 /// The client, and so the server it starts, with its run log under `home`.
 fn run_client_in(python: &Path, args: &[&str], home: &Path) {
+    run_script_in(python, "scenarios.py", args, home);
+}
+
+/// One of the client scripts in tests/mcp_client, with the run log under `home`.
+fn run_script_in(python: &Path, script: &str, args: &[&str], home: &Path) {
     let output = Command::new(python)
-        .arg(client_dir().join("scenarios.py"))
+        .arg(client_dir().join(script))
         .args(args)
         .env("PROMPTFORGE_HOME", home)
         .output()
@@ -137,6 +142,37 @@ fn the_python_sdk_drives_the_server_over_stdio() {
     assert!(
         log.contains("spin: cancelled by the client"),
         "cancel reached the run:\n{log}"
+    );
+}
+
+/// The wire and the process, over stdio: ping before initialize, discover,
+/// unknown methods, malformed and oversized lines (the session goes on), and a
+/// client killed mid-call (its run ends cancelled in the log).
+#[test]
+fn stdio_protocol_edges_and_a_killed_client() {
+    let python = venv_python();
+    let prompts = prompts_copy();
+    let home = tempfile::tempdir().expect("tempdir");
+    run_script_in(
+        &python,
+        "protocol.py",
+        &["stdio", BIN, &prompts.path().display().to_string()],
+        home.path(),
+    );
+}
+
+/// The same over HTTP, plus the body limit, the Host and Origin checks,
+/// clients gone mid-call, --call-timeout and SIGTERM under load.
+#[test]
+fn http_protocol_edges_vanished_clients_timeouts_and_sigterm() {
+    let python = venv_python();
+    let prompts = prompts_copy();
+    let home = tempfile::tempdir().expect("tempdir");
+    run_script_in(
+        &python,
+        "protocol.py",
+        &["http", BIN, &prompts.path().display().to_string()],
+        home.path(),
     );
 }
 

@@ -165,6 +165,34 @@ async fn guard(State(guard): State<Arc<Guard>>, mut request: Request, next: Next
         }
     }
     let ending_session = request.method() == axum::http::Method::DELETE;
+    if request.method() == axum::http::Method::POST {
+        // Read here (bounded) so a body that is not JSON gets JSON-RPC's parse
+        // error, as on stdio, and an undeclared length still meets the limit.
+        let (parts, body) = request.into_parts();
+        let bytes = match axum::body::to_bytes(body, guard.max_body).await {
+            Ok(bytes) => bytes,
+            Err(_) => {
+                return refuse(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "request body too large (the server's --max-body)\n",
+                )
+            }
+        };
+        if let Err(error) = serde_json::from_slice::<serde_json::Value>(&bytes) {
+            let answer = serde_json::json!({
+                "jsonrpc": "2.0",
+                "id": null,
+                "error": {"code": -32700, "message": format!("Parse error: {error}")},
+            });
+            return (
+                StatusCode::BAD_REQUEST,
+                [(header::CONTENT_TYPE, "application/json")],
+                answer.to_string(),
+            )
+                .into_response();
+        }
+        request = Request::from_parts(parts, Body::from(bytes));
+    }
     let gone = CancellationToken::new();
     request.extensions_mut().insert(ClientGone(gone.clone()));
     let mut response = next.run(request).await;
@@ -191,7 +219,10 @@ struct WatchedBody {
 impl Stream for WatchedBody {
     type Item = Result<axum::body::Bytes, axum::Error>;
 
-    fn poll_next(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Self::Item>> {
         let polled = self.inner.poll_next_unpin(cx);
         if let Poll::Ready(None) = polled {
             self.gone = None;

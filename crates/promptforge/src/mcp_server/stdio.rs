@@ -57,7 +57,8 @@ impl<R: AsyncRead + Send + Unpin + 'static> StdioServerTransport<R> {
 
     /// Queues an error answer; it goes out in order with everything else.
     fn answer_error(&self, id: Json, code: i64, message: String) {
-        let answer = json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}});
+        let answer =
+            json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}});
         if let (Some(out), Ok(line)) = (&self.out, serde_json::to_vec(&answer)) {
             let _ = out.send(Outgoing {
                 line,
@@ -173,9 +174,12 @@ impl<R: AsyncRead + Send + Unpin + 'static> Transport<RoleServer> for StdioServe
                 written: Some(written),
             })
             .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "stdout is closed"))?;
-            result
-                .await
-                .unwrap_or_else(|_| Err(io::Error::new(io::ErrorKind::BrokenPipe, "stdout is closed")))
+            result.await.unwrap_or_else(|_| {
+                Err(io::Error::new(
+                    io::ErrorKind::BrokenPipe,
+                    "stdout is closed",
+                ))
+            })
         }
     }
 
@@ -192,7 +196,9 @@ impl<R: AsyncRead + Send + Unpin + 'static> Transport<RoleServer> for StdioServe
                 Ok(message) => return Some(message),
                 Err(error) => {
                     let (id, code, message) = rejection(text, &error);
-                    tracing::warn!("answered a line that is not an MCP message with {code}: {message}");
+                    tracing::warn!(
+                        "answered a line that is not an MCP message with {code}: {message}"
+                    );
                     self.answer_error(id, code, message);
                 }
             }
