@@ -9,9 +9,10 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
-echo "== test tools (headless Chromium, Arize Phoenix)"
+echo "== test tools (headless Chromium, Arize Phoenix, the MCP SDK and servers from npm)"
 bash crates/promptforge/tests/tools/setup.sh chromium
 bash crates/promptforge/tests/tools/setup.sh phoenix "${CARGO_TARGET_DIR:-target}/tmp/test-tools"
+bash crates/promptforge/tests/tools/setup.sh node-mcp "${CARGO_TARGET_DIR:-target}/tmp/test-tools"
 echo "== cargo test"
 # Every test's run log and default stores stay out of the user's data directory.
 PROMPTFORGE_HOME="$(mktemp -d)"

@@ -176,6 +176,104 @@ fn http_protocol_edges_vanished_clients_timeouts_and_sigterm() {
     );
 }
 
+/// The MCP TypeScript SDK from npm (tests/tools/setup.sh node-mcp; test.sh
+/// runs it first), installed once under the target directory.
+fn node_mcp_dir() -> PathBuf {
+    static ONCE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = ONCE.lock().unwrap_or_else(|p| p.into_inner());
+    let tools = Path::new(env!("CARGO_TARGET_TMPDIR")).join("test-tools");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools/setup.sh");
+    let status = Command::new("bash")
+        .arg(&script)
+        .arg("node-mcp")
+        .arg(&tools)
+        .status()
+        .expect("run tests/tools/setup.sh");
+    assert!(
+        status.success(),
+        "tests/tools/setup.sh node-mcp failed: the TypeScript SDK tests need Node >= 18 and npm (see test.sh)"
+    );
+    tools.join("node-mcp")
+}
+
+fn run_ts_client(args: &[&str], home: &Path) {
+    let node_dir = node_mcp_dir();
+    let output = Command::new("node")
+        .arg(client_dir().join("ts_client.mjs"))
+        .arg(&node_dir)
+        .args(args)
+        .env("PROMPTFORGE_HOME", home)
+        .output()
+        .expect("node must be installed to run the TypeScript SDK tests");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "TypeScript client {args:?} failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    );
+    for scenario in [
+        "list",
+        "call_and_progress",
+        "seeds",
+        "unknown_method",
+        "cancel",
+    ] {
+        assert!(stdout.contains(&format!("ok {scenario}\n")), "{stdout}");
+    }
+}
+
+/// The TypeScript SDK's client over stdio: list, call with progress, seeds
+/// exact as JavaScript numbers, an unknown method, and an abort that frees
+/// the one run slot.
+#[test]
+fn the_typescript_sdk_drives_the_server_over_stdio() {
+    let prompts = prompts_copy();
+    let home = tempfile::tempdir().expect("tempdir");
+    run_ts_client(
+        &["stdio", BIN, &prompts.path().display().to_string()],
+        home.path(),
+    );
+}
+
+/// The same over streamable HTTP.
+#[test]
+fn the_typescript_sdk_drives_the_server_over_streamable_http() {
+    let prompts = prompts_copy();
+    let home = tempfile::tempdir().expect("tempdir");
+    let mut child = Command::new(BIN)
+        .arg("mcp")
+        .arg(prompts.path())
+        .args([
+            "--http",
+            "127.0.0.1:0",
+            "--max-concurrent",
+            "1",
+            "--queue",
+            "4",
+        ])
+        .env("PROMPTFORGE_HOME", home.path())
+        .env("PROMPTFORGE_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the server");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut lines = BufReader::new(stderr).lines();
+    let url = loop {
+        let line = lines
+            .next()
+            .expect("the server printed its address")
+            .expect("read");
+        if let Some(rest) = line.strip_prefix("promptforge mcp: listening on ") {
+            break rest.trim().to_string();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    let server = HttpServer { child, url };
+    run_ts_client(&["http", &server.url], home.path());
+}
+
 /// A server on `127.0.0.1:0`, and the URL it printed.
 struct HttpServer {
     child: Child,
