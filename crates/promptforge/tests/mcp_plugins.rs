@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! MCP servers as Plugins, against the reference servers from npm
 //! (`@modelcontextprotocol/server-everything` and `server-filesystem`,
 //! installed by tests/tools/setup.sh node-mcp; test.sh runs it first):

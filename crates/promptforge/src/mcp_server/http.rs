@@ -266,7 +266,7 @@ fn host_allowed(request: &Request, allowed: &[String]) -> bool {
         Some(url::Host::Ipv6(ip)) => ip.to_string(),
         None => return false,
     };
-    allowed.iter().any(|a| *a == host)
+    allowed.contains(&host)
 }
 
 /// A refusal sent before the request's body is read. The server closes such a
