@@ -682,3 +682,9 @@ mod tests {
         assert_eq!(runtime_error_line("no location"), None);
     }
 }
+
+/// A random run seed below 2^53, so JSON readers that hold numbers as
+/// doubles (JavaScript MCP clients among them) keep it exact.
+pub fn random_seed() -> u64 {
+    rand::random::<u64>() >> 11
+}
