@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 38's benchmark: `promptforge test` on N one-round cases against a
-# local OpenAI-compatible mock at -j J, for each binary given, in one sitting,
+# local OpenAI-compatible mock (a Rust one, so the mock is not what is measured) at -j J, for each binary given, in one sitting,
 # beside the bare baseline (the mock alone, driven by J client threads).
 #
 #   bench/test_command.sh N J BIN...
@@ -11,10 +11,13 @@ set -euo pipefail
 n="$1"; jobs="$2"; shift 2
 here="$(cd "$(dirname "$0")" && pwd)"
 work="$(mktemp -d)"
+# The mock (crates/pf-cases/examples/mock_openai.rs), built once.
+cargo build -q -p pf-cases --example mock_openai --manifest-path "$here/../Cargo.toml"
+mock="$here/../target/debug/examples/mock_openai"
 mock_pid=""
 cleanup() { [ -n "$mock_pid" ] && kill "$mock_pid" 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
-python3 "$here/mock_openai.py" > "$work/port" &
+"$mock" > "$work/port" &
 mock_pid=$!
 for _ in $(seq 50); do [ -s "$work/port" ] && break; sleep 0.1; done
 port="$(head -1 "$work/port")"
@@ -49,7 +52,7 @@ MD
     printf '  - name: case %s\n    model: mock\n    expect:\n      result: pong\n' "$i"
   done
 } > "$work/ping.test.yaml"
-python3 "$here/mock_openai.py" --load "$n" "$jobs" "$url"
+"$mock" --load "$n" "$jobs" "$url"
 export PROMPTFORGE_HOME="$work/home"
 for bin in "$@"; do
   began=$(date +%s.%N)
