@@ -131,11 +131,6 @@ pub fn run_case(settings: &Settings, loaded: &Loaded, case: &TestCase) -> Result
         }
         host.insert("plugins".into(), Value::Table(plugins));
     }
-    if let Some(extra) = &case.host_extra {
-        let extra: Table =
-            toml::from_str(&web(extra)).map_err(|e| format!("the case's host: {e}"))?;
-        session::merge(&mut host, extra)?;
-    }
     let store = work.0.join("store");
     for (path, text) in &case.store {
         let file = store.join(path);
@@ -151,6 +146,7 @@ pub fn run_case(settings: &Settings, loaded: &Loaded, case: &TestCase) -> Result
     let ran = session::run(session::CaseRun {
         prompt_file: &prompt_file,
         host,
+        host_extra: case.host_extra.as_ref().map(|extra| web(extra)),
         host_dir: &work.0,
         args: case.args.as_ref().map(|a| web(&args_text(a))),
         seed: case.seed.unwrap_or(7),

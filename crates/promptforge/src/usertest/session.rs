@@ -30,6 +30,8 @@ pub struct CaseRun<'a> {
     pub prompt_file: &'a Path,
     /// The case's host file, as tables.
     pub host: Table,
+    /// The case's own host-file text (`host:`), merged into `host`.
+    pub host_extra: Option<String>,
     /// The folder relative paths in `host` are read against.
     pub host_dir: &'a Path,
     pub args: Option<String>,
@@ -49,18 +51,91 @@ pub struct CaseRunEnd {
 }
 
 /// Run the case's prompt in place against its host tables, on the calling
-/// thread's own current-thread runtime (a run is `!Send`).
+/// thread's own current-thread runtime (a run is `!Send`). A host file or
+/// command line `promptforge run` would refuse (exit 2) is a failed report of
+/// kind `Usage`, as `run --json` reports it.
 pub fn run(case: CaseRun<'_>) -> Result<CaseRunEnd, String> {
-    let file: HostFile = Value::Table(case.host)
+    let began = Instant::now();
+    match run_checked(case) {
+        Err(Refused::Usage(message)) => Ok(CaseRunEnd {
+            report: usage_report(message),
+            events: Vec::new(),
+            calls: Vec::new(),
+            elapsed: began.elapsed(),
+        }),
+        Err(Refused::CannotRun(message)) => Err(message),
+        Ok(end) => Ok(end),
+    }
+}
+
+/// Why a case gave no run.
+enum Refused {
+    /// What `promptforge run` reports as a usage error.
+    Usage(String),
+    /// The case itself could not be set up.
+    CannotRun(String),
+}
+
+/// The report `run --json` prints for a usage error.
+fn usage_report(message: String) -> RunReport {
+    RunReport {
+        outcome: pf_host::report::ReportOutcome::Failed {
+            error: pf_host::report::ReportError {
+                kind: "Usage".to_string(),
+                phase: None,
+                message,
+                line: None,
+                column: None,
+            },
+        },
+        seed: None,
+        execution: None,
+        store: None,
+        output: None,
+        usage: None,
+    }
+}
+
+fn run_checked(case: CaseRun<'_>) -> Result<CaseRunEnd, Refused> {
+    let mut host = case.host;
+    if let Some(extra) = &case.host_extra {
+        let extra: Table =
+            toml::from_str(extra).map_err(|e| Refused::Usage(format!("host file: {e}")))?;
+        merge(&mut host, extra).map_err(Refused::Usage)?;
+    }
+    let file: HostFile = Value::Table(host)
         .try_into()
-        .map_err(|e| format!("the case's host file: {e}"))?;
-    let config = HostConfig::from_file(&file, case.host_dir)?;
-    let settings = RunSettings::with_host(None, Arc::new(config), &SettingsFlags::default())?;
+        .map_err(|e| Refused::Usage(format!("host file: {e}")))?;
+    let config = HostConfig::from_file(&file, case.host_dir).map_err(Refused::Usage)?;
+    let settings = RunSettings::with_host(None, Arc::new(config), &SettingsFlags::default())
+        .map_err(Refused::Usage)?;
+    run_session(
+        case.prompt_file,
+        settings,
+        case.args,
+        case.seed,
+        case.start,
+        case.store,
+    )
+    .map_err(Refused::CannotRun)?
+    .map_err(Refused::Usage)
+}
+
+/// The run itself: `Err` the case cannot run, `Ok(Err)` a usage error.
+fn run_session(
+    prompt_file: &Path,
+    settings: RunSettings,
+    args: Option<String>,
+    seed: u64,
+    start: &str,
+    store: &Path,
+) -> Result<Result<CaseRunEnd, String>, String> {
+    let case_start = start;
     let start =
-        time::OffsetDateTime::parse(case.start, &time::format_description::well_known::Rfc3339)
-            .map_err(|e| format!("start {:?} is not an RFC 3339 instant: {e}", case.start))?;
+        time::OffsetDateTime::parse(case_start, &time::format_description::well_known::Rfc3339)
+            .map_err(|e| format!("start {case_start:?} is not an RFC 3339 instant: {e}"))?;
     let start_ms = (start.unix_timestamp_nanos() / 1_000_000) as i64;
-    let source = pf_host::prompt_files::read_prompt(case.prompt_file)?;
+    let source = pf_host::prompt_files::read_prompt(prompt_file)?;
     let collector = Arc::new(Collector::default());
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -68,15 +143,15 @@ pub fn run(case: CaseRun<'_>) -> Result<CaseRunEnd, String> {
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
     let began = Instant::now();
     let session = RunSession::begin(RunPlan {
-        file: case.prompt_file.to_path_buf(),
+        file: prompt_file.to_path_buf(),
         source,
         parsed: None,
         // As a child with no stdin read ARGS `-`: empty.
-        args: PlanArgs::Exact(case.args.filter(|a| a != "-").unwrap_or_default()),
-        seed: case.seed,
+        args: PlanArgs::Exact(args.filter(|a| a != "-").unwrap_or_default()),
+        seed,
         start_ms,
         settings,
-        store_dir: Some(case.store.to_path_buf()),
+        store_dir: Some(store.to_path_buf()),
         no_log: true,
         capture: false,
         quiet: true,
@@ -87,9 +162,15 @@ pub fn run(case: CaseRun<'_>) -> Result<CaseRunEnd, String> {
         watchers: vec![Arc::clone(&collector) as Arc<dyn RunObserver>],
         input_broker: Some(Arc::new(NoOperator)),
         after_engine: None,
-    })
-    .map_err(|e| e.0)?;
-    let finished = runtime.block_on(session.run()).map_err(|e| e.0)?;
+    });
+    let finished = match session {
+        Ok(session) => runtime.block_on(session.run()),
+        Err(e) => Err(e),
+    };
+    let finished = match finished {
+        Ok(finished) => finished,
+        Err(e) => return Ok(Err(e.0)),
+    };
     let elapsed = began.elapsed();
     let heard = std::mem::take(
         &mut *collector
@@ -97,12 +178,12 @@ pub fn run(case: CaseRun<'_>) -> Result<CaseRunEnd, String> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner),
     );
-    Ok(CaseRunEnd {
+    Ok(Ok(CaseRunEnd {
         report: finished.report,
         events: heard.events,
         calls: heard.calls,
         elapsed,
-    })
+    }))
 }
 
 /// What a case's run reported, in order.
@@ -167,7 +248,7 @@ pub fn merge(host: &mut Table, extra: Table) -> Result<(), String> {
     for (key, value) in extra {
         match (host.get_mut(&key), value) {
             (Some(Value::Table(mine)), Value::Table(theirs)) => merge(mine, theirs)?,
-            (Some(_), _) => return Err(format!("the case's host: `{key}` is given twice")),
+            (Some(_), _) => return Err(format!("host file: `{key}` is given twice")),
             (None, value) => {
                 host.insert(key, value);
             }
@@ -263,9 +344,6 @@ mod tests {
             &mut host,
             toml::from_str("[model]\nmodel = \"n\"\n").unwrap(),
         );
-        assert_eq!(
-            twice,
-            Err("the case's host: `model` is given twice".to_string())
-        );
+        assert_eq!(twice, Err("host file: `model` is given twice".to_string()));
     }
 }
