@@ -7,6 +7,8 @@ command -v cargo >/dev/null || { echo "test.sh: cargo is required (rustup.rs)" >
 command -v python3 >/dev/null || { echo "test.sh: python3 is required (conformance runner, MCP test fixture)" >&2; exit 1; }
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
+echo "== no import circles between modules (issue 38)"
+python3 .ci/import_circles.py crates/pf-host/src crates/pf-trace/src crates/pf-mcp-server/src crates/promptforge/src
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== test tools (headless Chromium, Arize Phoenix, llama.cpp with SmolLM2, the MCP SDK and servers from npm)"
