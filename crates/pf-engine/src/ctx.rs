@@ -1038,6 +1038,12 @@ pub(crate) fn raise_values(lua: &Lua, raise: Raise) -> mlua::Result<MultiValue> 
     let value = match raise {
         Raise::Host(e) => Value::Table(error_table(lua, &h, &e)?),
         Raise::Value(v) => v,
+        // Host memory refused on the prompt's behalf (`memory::headroom`,
+        // `memory::hold`) is Lua's own memory error: the shim raises it
+        // without a position, as Lua raises a refused allocation.
+        Raise::Mlua(e) if crate::memory::is_memory_error(&e) => {
+            Value::String(lua.create_string(crate::memory::MEMORY_ERROR)?)
+        }
         Raise::Mlua(e) => {
             let e = HostError::lua(mlua_message(&e));
             Value::Table(error_table(lua, &h, &e)?)
