@@ -634,8 +634,7 @@ pub(crate) struct SectionCtx {
     log_bytes: Cell<u64>,
     /// The entry's `var`: the chain's at entry, handed back at its end.
     var: RefCell<Json>,
-    /// What the entry's VM pays for `var` ([`crate::memory::hold`]): the
-    /// chain's copy at entry and the entry's own, as they grow.
+    /// What the entry's VM pays for `var` ([`crate::memory::hold`]), as it grows.
     var_held: Cell<usize>,
     /// A `jump` requested by the running block.
     jump: RefCell<Option<String>>,
@@ -652,8 +651,11 @@ impl SectionCtx {
     /// A fresh entry of `chain` at `place`: it starts from the chain's `var`, and
     /// takes the chain's arm seed (it belongs to the first section the chain enters).
     pub fn new(run: Rc<RunCtx>, chain: Rc<Chain>, place: EntryPlace) -> Self {
-        let var = chain.var.borrow().clone();
-        let var_held = 2 * crate::json::held_size(&var);
+        // Moved, not copied: nothing reads a chain's `var` while one of its
+        // entries runs (a chain runs one entry at a time), and `end_entry`
+        // hands it back, so the host holds one `var` per chain, not two.
+        let var = std::mem::take(&mut *chain.var.borrow_mut());
+        let var_held = crate::json::held_size(&var);
         let arm = chain.seed.borrow_mut().take();
         SectionCtx {
             run,

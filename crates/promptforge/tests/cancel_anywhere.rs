@@ -168,7 +168,11 @@ fn a_long_literal_run_in_a_pattern_is_cancelled() {
     cancels_after(setup, "s:find(lit .. 'b?c')", "TERM");
     cancels_after(setup, "for w in s:gmatch(lit .. 'b') do end", "INT");
     cancels_after(setup, "s:gsub(lit .. 'c', 'x')", "TERM");
-    cancels_after(setup, "s:gsub('(' .. lit .. ')b', function(w) return w end)", "INT");
+    cancels_after(
+        setup,
+        "s:gsub('(' .. lit .. ')b', function(w) return w end)",
+        "INT",
+    );
     // A long set compared per subject byte, and a back-reference compared as a block.
     cancels_after(
         "local s = string.rep('a', 2e5)\nlocal set = '[' .. string.rep('b', 1e5) .. 'a]'",
@@ -245,7 +249,12 @@ fn string_rep_with_a_huge_count_returns_at_once() {
     }
     let out = child.wait_with_output().expect("wait");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let fields: Vec<&str> = stdout.trim_end().split(',').collect();
     assert_eq!(fields[..4], ["0", "0", "0", "0"], "{stdout}");
     for refused in &fields[4..] {

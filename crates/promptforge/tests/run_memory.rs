@@ -291,3 +291,26 @@ fn a_long_event_history_stays_out_of_memory() {
         );
     }
 }
+
+/// The store keeps files on disk, but a read, an append or a replace loads
+/// the whole file into the host: appends grow a file past what any VM could
+/// hold, and the operations that would load it are refused with the memory
+/// error (and report their failed event), not loaded.
+#[test]
+fn store_files_too_big_for_the_vm_are_not_loaded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let prompt = "---\nname: store\ndescription: grows a file\npromptforge: 0\n---\n\n# Store\n\n## Grow\n\n```lua\nlocal chunk = string.rep('s', 4 * 1024 * 1024)\nlocal n = 0\nlocal ok, e = pcall(function() for i = 1, 100 do store.append('big.txt', chunk) n = i end end)\nchunk = nil\nvar.grow = tostring(ok) .. ' ' .. e.message .. ' ' .. tostring(n > 3 and n < 100)\n```\n\n## Load\n\n```lua\nlocal hold = string.rep('h', 40 * 1024 * 1024)\nlocal out = { var.grow }\nfor _, call in ipairs({ function() return store.read('big.txt') end, function() return store.read_numbered('big.txt', 1, 1) end, function() return store.str_replace('big.txt', 'q', 'r') end, function() return store.append('big.txt', 'more') end }) do\n  local ok, e = pcall(call)\n  out[#out + 1] = ok and 'loaded' or e.message\nend\nlocal failed = 0\nfor _, ev in ipairs(tasks.events(sys.taskid)) do\n  if ev.kind:match('^store_.*_failed$') and ev.section == 'Load' then failed = failed + 1 end\nend\nreturn table.concat(out, ',') .. ',' .. failed .. ',' .. #hold\n```\n";
+    let (out, peak) = run_measured(dir.path(), prompt, Some(BUDGET_64), &[]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let refused = "not enough memory";
+    assert_eq!(
+        text.trim(),
+        format!(
+            "false {refused} true,{refused},{refused},{refused},{refused},4,{}",
+            40 * 1024 * 1024
+        ),
+    );
+    eprintln!("store: peak {peak} KiB");
+    assert!(peak < 512 * 1024, "peak {peak} KiB");
+}
