@@ -187,7 +187,7 @@ fn the_corpus_and_its_seeded_mutations_parse_or_fail_cleanly() {
         .and_then(|v| v.parse().ok());
     let started = std::time::Instant::now();
     let mut parsed_whole = 0;
-    for (index, (path, bytes)) in corpus.iter().enumerate() {
+    for (path, bytes) in &corpus {
         check(bytes, &|| format!("corpus file {}", path.display()));
         if pf_syntax::parse(bytes).is_ok() {
             parsed_whole += 1;

@@ -157,7 +157,7 @@ fn rust_half(
         }),
         "sort_plain" => shim_function(lua, move |lua, args| sort_plain(lua, &args, &*poll)),
         "rep" => shim_function(lua, move |lua, args| rep(lua, &args, memory_limit, &*poll)),
-        "shift_plan" => shim_function(lua, |lua, args| shift_plan(lua, args)),
+        "shift_plan" => shim_function(lua, shift_plan),
         "move_plan" => shim_function(lua, |lua, args| move_plan(lua, &args)),
         "c_subject_limit" => lua.create_function(move |_, pattern: mlua::String| {
             Ok(if fast {
