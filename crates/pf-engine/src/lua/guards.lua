@@ -127,7 +127,9 @@ end H.install_lib(S, 'find', find) H.install_lib(S, 'match', match) H.install_li
 --[==[ deferred guards: (tables) the guarded `table` functions, a second chunk of this name (vm.rs `Deferred`); table.move over chunks of the C function: between two chunks Lua runs
 -- instructions again, so the count hook fires even for table.move({}, 1, 1e15, 2).
 local H = ... local error, rawequal, C, make_raw, T = H.error, H.rawequal, H.c_libs, H.guard_raw.make, H.c_libs.table local c_move = C.move
-local CHUNK = 4096
+-- (small enough that the hook, every 10 000 instructions, comes within a few
+-- hundred thousand element moves: 4096 let a cancel wait over a second)
+local CHUNK = 256
 local move_plan = nil
 local move = function(...)
   if not move_plan then move_plan = make_raw('move_plan') end local ok, a1, f, e, t, dest, given = move_plan(...)
