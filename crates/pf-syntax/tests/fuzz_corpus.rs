@@ -193,14 +193,22 @@ fn the_corpus_and_its_seeded_mutations_parse_or_fail_cleanly() {
             parsed_whole += 1;
         }
     }
+    let deadline = seconds.map(|s| started + std::time::Duration::from_secs(s));
+    let past = || deadline.is_some_and(|d| std::time::Instant::now() >= d);
     let mut cases = 0u64;
     for pass in 0u64.. {
-        if pass > 0
-            && seconds.is_none_or(|s| started.elapsed() >= std::time::Duration::from_secs(s))
-        {
+        // Without a time: one pass. With one: passes until it is up.
+        if (pass > 0 && deadline.is_none()) || past() {
             break;
         }
-        one_pass(&corpus, seed ^ (pass << 48), iterations, pass, &mut cases);
+        one_pass(
+            &corpus,
+            seed ^ (pass << 48),
+            iterations,
+            pass,
+            &mut cases,
+            &past,
+        );
     }
     eprintln!(
         "{cases} mutated inputs in {:.1} s (PF_FUZZ_SEED={seed})",
@@ -214,15 +222,20 @@ fn the_corpus_and_its_seeded_mutations_parse_or_fail_cleanly() {
     );
 }
 
-/// One pass over the corpus: `iterations` seeded mutations of each file.
+/// One pass over the corpus: `iterations` seeded mutations of each file
+/// (cut short once `past()`, the fixed time of a timed run, says so).
 fn one_pass(
     corpus: &[(PathBuf, Vec<u8>)],
     seed: u64,
     iterations: usize,
     pass: u64,
     cases: &mut u64,
+    past: &dyn Fn() -> bool,
 ) {
     for (index, (path, bytes)) in corpus.iter().enumerate() {
+        if past() {
+            return;
+        }
         for iteration in 0..iterations {
             *cases += 1;
             let case_seed = seed ^ ((index as u64) << 32) ^ iteration as u64;
