@@ -28,6 +28,8 @@ PROMPTFORGE_HOME="$(mktemp -d)"
 export PROMPTFORGE_HOME
 trap 'rm -rf "$PROMPTFORGE_HOME"' EXIT
 cargo test --workspace
+echo "== fuzzing (fixed time, corpora in the repository)"
+bash scripts/fuzz.sh
 echo "== promptforge test examples"
 cargo run -q -p promptforge -- test examples
 echo "== the user guide (mdBook)"
