@@ -158,8 +158,20 @@ impl RunReport {
 
     /// Print the report: JSON on stdout, or the result on stdout and the rest
     /// on stderr. `prompt_file` names the prompt in parse-error lines.
+    /// A result printed for a person on a terminal has its control
+    /// characters escaped ([`crate::ui::stdout_text`]); to a pipe or a file
+    /// it stays byte-exact.
     pub fn print(&self, format: OutputFormat, prompt_file: &Path) {
         let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
+        if let (OutputFormat::Human, ReportOutcome::Completed { result }) = (format, &self.outcome)
+        {
+            if let std::borrow::Cow::Owned(escaped) = crate::ui::stdout_text(result) {
+                let mut shown = self.clone();
+                shown.outcome = ReportOutcome::Completed { result: escaped };
+                let _ = shown.write(format, prompt_file, &mut out, &mut err);
+                return;
+            }
+        }
         let _ = self.write(format, prompt_file, &mut out, &mut err);
     }
 

@@ -711,16 +711,16 @@ pub(crate) fn place_input(prompt: &Prompt, prompt_file: &Path, store_dir: &Path,
                 .join(&declared.path);
             if beside.is_file() {
                 if let Err(why) = pf_engine::place_input(prompt, store_dir, &beside) {
-                    eprintln!("warning: {why}");
+                    crate::ui::warn(&why.to_string());
                 }
             }
         }
     }
     if let Some(notice) = pf_engine::missing_input(prompt, store_dir).filter(|_| !quiet) {
-        eprintln!(
-            "warning: {notice} (store directory {})",
+        crate::ui::warn(&format!(
+            "{notice} (store directory {})",
             store_dir.display()
-        );
+        ));
     }
 }
 
@@ -741,7 +741,7 @@ pub(crate) fn collect_output(
         },
         Err(message) => {
             if !quiet {
-                eprintln!("warning: {message}");
+                crate::ui::warn(&message);
             }
             let declared = prompt
                 .frontmatter

@@ -60,6 +60,9 @@ pub struct HostConfig {
     /// `stream = true`: every `models.loop` round is streamed, also with no one
     /// watching, so the client measures `ttft_ms` and `mean_itl_ms` (guide ch. 16).
     pub stream: bool,
+    /// The catalog was rebuilt from a logged run for a strict replay: its
+    /// models are answered from the log and never built as providers.
+    pub answered_from_log: bool,
 }
 
 /// What a command runs against: the models, the Harness (Plugins and services)
@@ -189,7 +192,51 @@ impl HostConfig {
             otlp,
             limits: run_limits(file.limits.as_ref()),
             stream: file.stream.unwrap_or(false),
+            answered_from_log: false,
         })
+    }
+
+    /// The host a strict replay runs against when no host file is named:
+    /// nothing but the logged models, by id, answered from the log. Their
+    /// context is unbounded here (the logged run already passed its
+    /// precheck), their description empty.
+    pub fn answered_from_log(model_ids: impl Iterator<Item = String>) -> HostConfig {
+        let mut ids: Vec<String> = model_ids.collect();
+        ids.sort();
+        ids.dedup();
+        let catalog = ids
+            .into_iter()
+            .map(|id| ProviderSpec {
+                kind: pf_models::ProviderKind::Script {
+                    replies: PathBuf::new(),
+                },
+                model: id.clone(),
+                id,
+                context: u64::from(u32::MAX),
+                thinking: pf_harness::ThinkingSupport::Switchable,
+                description: String::new(),
+                record: None,
+                retries: 0,
+            })
+            .collect();
+        HostConfig {
+            catalog,
+            default_model: None,
+            ui: None,
+            web: WebConfig {
+                search: SearchBackend::Gateway,
+                search_url: None,
+                search_api_key_env: None,
+                allow_loopback: false,
+            },
+            plugins: Vec::new(),
+            answers: None,
+            mcp_token_env: None,
+            otlp: None,
+            limits: run_limits(None),
+            stream: false,
+            answered_from_log: true,
+        }
     }
 
     /// The catalog entry with this id.
@@ -299,8 +346,17 @@ impl HostConfig {
         // provider, then the replay's answers, then metering (replayed usage
         // counts), then recording (the replayed run is logged too).
         let build = |spec: &ProviderSpec| -> Result<Arc<dyn ModelProvider>, String> {
-            let provider = pf_models::build_provider(spec)
-                .map_err(|e| format!("host file: model \"{}\": {e}", spec.id))?;
+            let provider: Arc<dyn ModelProvider> = if self.answered_from_log {
+                Arc::new(replay::LoggedOnlyModel::new(pf_harness::ModelInfo {
+                    id: spec.id.clone(),
+                    context: spec.context,
+                    thinking: spec.thinking,
+                    description: spec.description.clone(),
+                }))
+            } else {
+                pf_models::build_provider(spec)
+                    .map_err(|e| format!("host file: model \"{}\": {e}", spec.id))?
+            };
             let provider: Arc<dyn ModelProvider> = match work.replayer() {
                 None => provider,
                 Some(r) => Arc::new(ReplayModel::new(provider, Arc::clone(r))),
@@ -438,12 +494,35 @@ fn mcp_config(id: &str, table: &PluginTable) -> Result<McpConfig, String> {
                 )
             })?,
     };
+    let env = table.env.clone().unwrap_or_default();
+    if !env.is_empty() && matches!(transport, McpTransport::Http { .. }) {
+        return Err(format!(
+            "host file: [plugins.\"{id}\"] `env` passes variables to a server the Host starts; \
+             it needs `command`, not `url`"
+        ));
+    }
+    if let Some(bad) = env.iter().find(|name| !is_env_name(name)) {
+        return Err(format!(
+            "host file: [plugins.\"{id}\"] `env`: {bad:?} is not an environment variable name \
+             (letters, digits and `_`, not starting with a digit)"
+        ));
+    }
     Ok(McpConfig {
         transport,
         trusted: table.trusted.unwrap_or(false),
         conflicts: table.conflicts.clone().unwrap_or_default(),
         timeout,
+        env,
     })
+}
+
+/// A name `env = [...]` can pass: `[A-Za-z_][A-Za-z0-9_]*`.
+fn is_env_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// `[model]` (`id` `None`) or `[models.ID]` with its defaults: a missing
@@ -705,6 +784,7 @@ mod tests {
                     trusted: true,
                     conflicts: Vec::new(),
                     timeout: std::time::Duration::from_secs(60),
+                    env: Vec::new(),
                 }
             )]
         );

@@ -157,10 +157,10 @@ impl OtlpTrace {
             &spans,
         );
         if let Err(problem) = self.send(body).await {
-            eprintln!(
-                "warning: OpenTelemetry export to {} failed: {problem} (the run is not affected)",
+            crate::ui::warn(&format!(
+                "OpenTelemetry export to {} failed: {problem} (the run is not affected)",
                 self.endpoint
-            );
+            ));
         }
     }
 
