@@ -34,7 +34,6 @@ mod openai;
 mod provider;
 mod record;
 mod script;
-mod scrub;
 mod sse;
 mod wire;
 
@@ -48,7 +47,7 @@ pub use anthropic::{
 };
 pub use http::{is_transient, HttpProviderConfig, HttpSettings, MAX_BODY_BYTES, RECEIVE_TIMEOUT};
 pub use openai::{ChatCompletions, OpenAiProvider};
-pub use provider::{HttpProvider, StreamStep, WireFormat};
+pub use provider::{scrub_reply, HttpProvider, StreamStep, WireFormat};
 pub use record::{RecordFile, RecordingProvider};
 pub use script::{ScriptProvider, ScriptedReply, ScriptedToolCall, ScriptedUsage};
 pub use wire::{BodyField, RequestBody};

@@ -18,6 +18,7 @@ pub mod file;
 pub mod observe;
 pub mod record;
 pub mod replay;
+pub mod scrub;
 pub mod usage;
 
 use std::path::{Path, PathBuf};
@@ -115,12 +116,42 @@ pub fn chosen_model(flag: Option<&str>) -> Option<String> {
 impl HostConfig {
     /// Read and check the host file at `path`; no file means the defaults
     /// (no model, the web Plugin with its defaults, answers from stdin).
+    ///
+    /// The keys the host file names are registered with the process's
+    /// scrubbing layer ([`pf_secrets::register`]) as soon as it is read, so
+    /// the debug log is scrubbed of them from then on.
     pub fn load(path: Option<&Path>) -> Result<HostConfig, String> {
         let Some(path) = path else {
             return HostConfig::from_file(&HostFile::default(), Path::new("."));
         };
         let base_dir = path.parent().unwrap_or(Path::new("."));
-        HostConfig::from_file(&file::read(path)?, base_dir)
+        let config = HostConfig::from_file(&file::read(path)?, base_dir)?;
+        pf_secrets::register(&config.secrets());
+        Ok(config)
+    }
+
+    /// The names of every environment variable the host file says holds a
+    /// key: each model's `api_key_env`, `[web] search_api_key_env`, each MCP
+    /// Plugin's `env`, `[mcp_server] token_env`.
+    pub fn key_names(&self) -> Vec<String> {
+        let models = self.catalog.iter().filter_map(|spec| match &spec.kind {
+            ProviderKind::OpenAi(endpoint) | ProviderKind::Anthropic(endpoint) => {
+                endpoint.api_key_env.clone()
+            }
+            ProviderKind::Script { .. } => None,
+        });
+        let plugins = self.plugins.iter().flat_map(|(_, c)| c.env.iter().cloned());
+        models
+            .chain(self.web.search_api_key_env.clone())
+            .chain(plugins)
+            .chain(self.mcp_token_env.clone())
+            .collect()
+    }
+
+    /// The values of [`HostConfig::key_names`] now set: what every piece of
+    /// text from outside is scrubbed of.
+    pub fn secrets(&self) -> pf_secrets::Secrets {
+        pf_secrets::Secrets::from_env(self.key_names())
     }
 
     /// Check a parsed host file; relative paths resolve against `base_dir`.
@@ -298,9 +329,18 @@ impl HostConfig {
     /// command that runs prompts.
     pub fn assemble_for(&self, current: Option<&str>, work: &HostWork) -> Result<Host, String> {
         let mut harness = Harness::new();
-        let mut plugins: Vec<Arc<dyn Plugin>> = vec![Arc::new(WebPlugin::new(self.web.clone()))];
+        // Innermost, around each real part: everything from outside is scrubbed
+        // before any recorder, replayer or the Engine sees it.
+        let secrets = Arc::new(self.secrets());
+        let mut plugins: Vec<Arc<dyn Plugin>> = vec![scrub::ScrubbingPlugin::wrap(
+            Arc::new(WebPlugin::new(self.web.clone())),
+            &secrets,
+        )];
         for (id, config) in &self.plugins {
-            plugins.push(Arc::new(McpPlugin::new(id.clone(), config.clone())));
+            plugins.push(scrub::ScrubbingPlugin::wrap(
+                Arc::new(McpPlugin::new(id.clone(), config.clone())),
+                &secrets,
+            ));
         }
         if let Some(replayer) = work.replayer() {
             // The logged catalog answers; the real Plugin only goes live. A
@@ -354,8 +394,11 @@ impl HostConfig {
                     description: spec.description.clone(),
                 }))
             } else {
-                pf_models::build_provider(spec)
-                    .map_err(|e| format!("host file: model \"{}\": {e}", spec.id))?
+                scrub::ScrubbingModel::wrap(
+                    pf_models::build_provider(spec)
+                        .map_err(|e| format!("host file: model \"{}\": {e}", spec.id))?,
+                    &secrets,
+                )
             };
             let provider: Arc<dyn ModelProvider> = match work.replayer() {
                 None => provider,
