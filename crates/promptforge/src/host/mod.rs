@@ -254,6 +254,8 @@ impl HostConfig {
                 // The log holds the rounds as the Engine saw them: the
                 // format they travelled in no longer matters.
                 tool_format: pf_models::ToolFormat::default(),
+                // Never called: nothing to pace.
+                limits: pf_models::ModelLimits::default(),
             })
             .collect();
         HostConfig {
@@ -679,6 +681,11 @@ fn provider_spec(
         description: table.description.clone().unwrap_or_default(),
         record: table.record.as_ref().map(|r| resolve(base_dir, r)),
         retries: table.retries.unwrap_or(0),
+        limits: pf_models::ModelLimits {
+            concurrency: table.concurrency.map(file::Limit::requests),
+            requests_per_minute: table.requests_per_minute.map(file::Limit::requests),
+            tokens_per_minute: table.tokens_per_minute.map(|n| n.0),
+        },
     })
 }
 
@@ -819,6 +826,7 @@ mod tests {
                 retries: 0,
                 spawn: None,
                 tool_format: pf_models::ToolFormat::Native,
+                limits: Default::default(),
             })
         );
     }
