@@ -12,14 +12,15 @@ use pf_engine::{
 };
 
 use super::record::RunLogSink;
-use crate::progress::RunProgress;
-use crate::trace::otlp::OtlpTrace;
+
+use pf_trace::otlp::OtlpTrace;
 
 /// Fans each event out to whoever listens: the run log (when the run is
-/// logged) and the progress line with its live text (when a person watches stderr).
+/// logged) and a watcher (the terminal's progress line with its live text,
+/// when a person watches stderr).
 pub struct HostObserver {
     log: Option<Arc<RunLogSink>>,
-    live: Option<Arc<RunProgress>>,
+    watchers: Vec<Arc<dyn RunObserver>>,
     sections: Arc<SectionTracker>,
     trace: Option<Arc<OtlpTrace>>,
     /// The host file's `stream = true`: loop rounds stream with no one watching.
@@ -31,12 +32,12 @@ pub struct HostObserver {
 impl HostObserver {
     pub fn new(
         log: Option<Arc<RunLogSink>>,
-        live: Option<Arc<RunProgress>>,
+        watchers: Vec<Arc<dyn RunObserver>>,
         sections: Arc<SectionTracker>,
     ) -> HostObserver {
         HostObserver {
             log,
-            live,
+            watchers,
             sections,
             trace: None,
             stream: false,
@@ -65,11 +66,11 @@ impl HostObserver {
 }
 
 impl RunObserver for HostObserver {
-    fn event(&self, _execution: &str, event: &RunEvent) {
+    fn event(&self, execution: &str, event: &RunEvent) {
         self.sections.heard(event);
         // The run log takes the event again, shared, in `kept`.
-        if let Some(progress) = &self.live {
-            progress.event(event);
+        for watcher in &self.watchers {
+            watcher.event(execution, event);
         }
         if let Some(trace) = &self.trace {
             trace.event(event);
@@ -87,20 +88,21 @@ impl RunObserver for HostObserver {
     }
 
     fn wants_live_text(&self) -> bool {
-        self.live.is_some() || self.stream
+        self.watchers.iter().any(|w| w.wants_live_text()) || self.stream
     }
 
     fn live_text(&self, text: LiveText<'_>) -> bool {
-        match &self.live {
-            Some(progress) => progress.live_text(text),
-            None => false,
+        let mut listening = false;
+        for watcher in self.watchers.iter().filter(|w| w.wants_live_text()) {
+            listening |= watcher.live_text(text);
         }
+        listening
     }
 
-    fn tool_call(&self, _execution: &str, call: &ToolCallNotice<'_>) {
+    fn tool_call(&self, execution: &str, call: &ToolCallNotice<'_>) {
         tracing::debug!(target: TOOL_CALLS_TARGET, "{}", tool_call_json(call));
-        if let Some(progress) = &self.live {
-            progress.tool_started(call.alias, call.arguments);
+        for watcher in &self.watchers {
+            watcher.tool_call(execution, call);
         }
     }
 

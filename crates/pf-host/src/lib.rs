@@ -16,9 +16,14 @@
 pub mod data;
 pub mod file;
 pub mod observe;
+pub mod prompt_files;
 pub mod record;
 pub mod replay;
+pub mod report;
+pub mod session;
 pub mod usage;
+
+pub use prompt_files::{read_capped, MAX_INPUT_BYTES};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -175,7 +180,7 @@ impl HostConfig {
         };
         let otlp = file.telemetry.as_ref().and_then(|t| t.otlp.clone());
         if let Some(url) = &otlp {
-            crate::trace::otlp::traces_url(url)
+            pf_trace::otlp::traces_url(url)
                 .map_err(|e| format!("host file: [telemetry] otlp: {e}"))?;
         }
         Ok(HostConfig {
