@@ -162,6 +162,8 @@ pub struct RunPlan {
     pub quiet: bool,
     pub replay_of: Option<String>,
     pub resumed_from: Option<String>,
+    /// The `promptforge batch` the run belongs to (its id, logged with the run).
+    pub batch: Option<String>,
     /// Host work answered from a logged run, and how.
     pub replay: Option<(LoggedWork, ReplayMode)>,
     /// Cancels the run (a signal, a client's cancel).
@@ -224,6 +226,7 @@ impl RunSession {
                     store_dir: Some(display_path(&store_dir)),
                     replay_of: plan.replay_of.clone(),
                     resumed_from: plan.resumed_from.clone(),
+                    batch: plan.batch.clone(),
                 })
             })
             .flatten();
@@ -594,7 +597,9 @@ fn argument_string(
             return Err(format!("--arg {name} given twice"));
         }
         let typed = decl.ty.value_of_text(value).ok_or_else(|| match decl.ty {
-            ArgType::Boolean => format!("--arg {name}={value}: `{name}` is a boolean (true or false)"),
+            ArgType::Boolean => {
+                format!("--arg {name}={value}: `{name}` is a boolean (true or false)")
+            }
             ArgType::Integer => format!("--arg {name}={value}: `{name}` is an integer"),
             ty => format!("--arg {name}={value}: `{name}` is a {}", ty.name()),
         })?;
