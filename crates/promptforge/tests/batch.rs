@@ -526,3 +526,93 @@ fn sigint_then_resume_over_2000_inputs_pays_for_nothing_twice() {
         server.requests()
     );
 }
+
+/// The batch's peak RSS in KiB (`VmHWM`), polled until it exits.
+fn wait_with_peak_rss(mut child: std::process::Child) -> (std::process::ExitStatus, u64) {
+    let status_file = format!("/proc/{}/status", child.id());
+    let mut peak = 0;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(&status_file) {
+            if let Some(kib) = text
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            {
+                peak = peak.max(kib);
+            }
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            return (status, peak);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_large_input_file_streams_in_flat_memory() {
+    const LINE_BYTES: usize = 64 * 1024;
+    const LINES: usize = 2560; // 160 MiB
+    let server = MockModel::start(Behaviour::default());
+    let home = Home::new();
+    home.setup(&server, "");
+    let inputs = home.path("big.jsonl");
+    {
+        let mut file = std::io::BufWriter::new(std::fs::File::create(&inputs).unwrap());
+        let filler = "x".repeat(LINE_BYTES);
+        for i in 0..LINES {
+            writeln!(file, "{{\"topic\":\"{i}{filler}\"}}").unwrap();
+        }
+        // A bad line at the very end: the check reads the whole file first.
+        writeln!(file, "{{\"topic\":7}}").unwrap();
+    }
+    let out = home.path("out.jsonl");
+    let prompt = home.path("ask.md");
+    let host = home.path("host.toml");
+    let child = home
+        .command()
+        .args([
+            "batch",
+            prompt.to_str().unwrap(),
+            inputs.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+            "--host",
+            host.to_str().unwrap(),
+            "--limit",
+            "3",
+            "--skip-bad",
+            "-j",
+            "1",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut child = child;
+    let mut err = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut err, &mut text).unwrap();
+        text
+    });
+    let (status, peak_kib) = wait_with_peak_rss(child);
+    let err = reader.join().unwrap();
+    // The bad line lies past --limit: reported by the check, not counted.
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert!(
+        err.contains(&format!(
+            "big.jsonl:{}: `topic` is a string, got 7",
+            LINES + 1
+        )),
+        "{err}"
+    );
+    assert_eq!(lines(&out).len(), 3);
+    assert_eq!(server.requests(), 3);
+    let file_mib = (LINES * LINE_BYTES) as u64 / (1024 * 1024);
+    assert!(
+        peak_kib / 1024 < file_mib / 2,
+        "peak RSS {} MiB for a {file_mib} MiB input: the input is not streamed",
+        peak_kib / 1024
+    );
+}
