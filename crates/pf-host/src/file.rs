@@ -191,12 +191,12 @@ impl<'de> Deserialize<'de> for RunMemoryMib {
 pub fn read(path: &Path) -> Result<HostFile, String> {
     let cannot = |e: String| format!("cannot read host file {}: {e}", path.display());
     let bytes = std::fs::File::open(path)
-        .and_then(crate::read_capped)
+        .and_then(crate::prompt_files::read_capped)
         .map_err(|e| cannot(e.to_string()))?
         .ok_or_else(|| {
             cannot(format!(
                 "larger than {} MiB",
-                crate::MAX_INPUT_BYTES / (1024 * 1024)
+                crate::prompt_files::MAX_INPUT_BYTES / (1024 * 1024)
             ))
         })?;
     let text = String::from_utf8(bytes)

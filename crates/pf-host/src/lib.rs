@@ -15,11 +15,13 @@
 
 pub mod data;
 pub mod file;
+pub mod logged_json;
 pub mod observe;
 pub mod prompt_files;
 pub mod record;
 pub mod replay;
 pub mod report;
+pub mod sections;
 pub mod session;
 pub mod usage;
 

@@ -15,6 +15,7 @@ pub mod replay;
 pub mod run;
 pub mod runs;
 pub mod show;
+pub mod terminal;
 pub mod test;
 
 use std::process::ExitCode;

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use pf_runlog::{RunLogError, RunRecord};
 
-use super::run::{execute, TerminalRun};
+use super::terminal::{execute, TerminalRun};
 use crate::cli::{LogArgs, ReplayArgs};
 use pf_host::replay::{LoggedWork, ReplayMode};
 use pf_host::session::{PlanArgs, RunSettings};
