@@ -122,6 +122,8 @@ fn bench_openai(c: &mut Criterion) {
         description: String::new(),
         record: None,
         retries: 0,
+        spawn: None,
+        tool_format: pf_models::ToolFormat::Native,
         limits: Default::default(),
     };
     let provider = pf_models::build_provider(&spec).expect("provider");
