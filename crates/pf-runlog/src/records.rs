@@ -40,6 +40,8 @@ pub struct RunStart {
     pub replay_of: Option<String>,
     /// The run this one resumes, by execution id.
     pub resumed_from: Option<String>,
+    /// The `promptforge batch` this run belongs to, by batch id.
+    pub batch: Option<String>,
 }
 
 /// How a run ended.
@@ -218,6 +220,8 @@ pub struct RunSummary {
     pub outcome: String,
     pub duration_ms: Option<u64>,
     pub usage: Option<TokenUsage>,
+    /// The batch the run belongs to.
+    pub batch: Option<String>,
 }
 
 /// Which runs [`RunLog::list_runs`](crate::RunLog::list_runs) returns.
@@ -229,6 +233,8 @@ pub struct RunFilter {
     pub prompt: Option<String>,
     /// Only runs with this outcome label (`running` for unfinished ones).
     pub outcome: Option<String>,
+    /// Only the runs of this batch.
+    pub batch: Option<String>,
 }
 
 /// Names one model exchange a [`RunWriter`](crate::RunWriter) was handed, so
