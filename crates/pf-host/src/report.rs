@@ -271,6 +271,25 @@ pub fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// A warning on stderr, its text escaped for a terminal: messages quote
+/// paths, prompt text and server words, any of which may carry control
+/// sequences.
+pub fn warn(message: &str) {
+    eprintln!("warning: {}", terminal_safe(message));
+}
+
+/// Text from outside (a run's result, a model's or a page's words) as it may
+/// go to stdout: escaped when stdout is a terminal, so an OSC, CSI or DCS
+/// sequence cannot drive it; byte-exact to a pipe or a file.
+pub fn stdout_text(text: &str) -> std::borrow::Cow<'_, str> {
+    use std::io::IsTerminal;
+    if std::io::stdout().is_terminal() {
+        terminal_safe(text)
+    } else {
+        std::borrow::Cow::Borrowed(text)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -355,24 +374,5 @@ mod tests {
         let report: RunReport = serde_json::from_str(line).expect("reads");
         assert_eq!(report.outcome, ReportOutcome::Cancelled);
         assert_eq!(report.to_json_line(), line);
-    }
-}
-
-/// A warning on stderr, its text escaped for a terminal: messages quote
-/// paths, prompt text and server words, any of which may carry control
-/// sequences.
-pub fn warn(message: &str) {
-    eprintln!("warning: {}", terminal_safe(message));
-}
-
-/// Text from outside (a run's result, a model's or a page's words) as it may
-/// go to stdout: escaped when stdout is a terminal, so an OSC, CSI or DCS
-/// sequence cannot drive it; byte-exact to a pipe or a file.
-pub fn stdout_text(text: &str) -> std::borrow::Cow<'_, str> {
-    use std::io::IsTerminal;
-    if std::io::stdout().is_terminal() {
-        terminal_safe(text)
-    } else {
-        std::borrow::Cow::Borrowed(text)
     }
 }

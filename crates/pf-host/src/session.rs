@@ -683,6 +683,12 @@ fn log_host(path: Option<&Path>, config: &HostConfig, current: Option<&str>, pro
     }
 }
 
+/// A random run seed below 2^53, so JSON readers that hold numbers as
+/// doubles (JavaScript MCP clients among them) keep it exact.
+pub fn random_seed() -> u64 {
+    rand::random::<u64>() >> 11
+}
+
 #[cfg(test)]
 mod tests {
     use super::runtime_error_line;
@@ -698,10 +704,4 @@ mod tests {
         );
         assert_eq!(runtime_error_line("no location"), None);
     }
-}
-
-/// A random run seed below 2^53, so JSON readers that hold numbers as
-/// doubles (JavaScript MCP clients among them) keep it exact.
-pub fn random_seed() -> u64 {
-    rand::random::<u64>() >> 11
 }
