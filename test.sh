@@ -9,9 +9,10 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
-echo "== test tools (headless Chromium, Arize Phoenix)"
+echo "== test tools (headless Chromium, Arize Phoenix, the filesystem MCP server)"
 bash crates/promptforge/tests/tools/setup.sh chromium
 bash crates/promptforge/tests/tools/setup.sh phoenix "${CARGO_TARGET_DIR:-target}/tmp/test-tools"
+bash crates/promptforge/tests/tools/setup.sh mcp-filesystem "${CARGO_TARGET_DIR:-target}/tmp/test-tools"
 echo "== cargo test"
 # Every test's run log and default stores stay out of the user's data directory.
 PROMPTFORGE_HOME="$(mktemp -d)"
@@ -21,6 +22,8 @@ cargo test --workspace
 echo "== promptforge test examples"
 cargo run -q -p promptforge -- test examples
 echo "== the user guide (mdBook)"
+python3 ../shared/guide/coverage.py docs \
+  || { echo "test.sh: the guide misses quick-reference terms (listed above)" >&2; exit 1; }
 mdbook_version="0.4.52"
 mdbook="$(command -v mdbook || true)"
 if [ -z "$mdbook" ] || ! "$mdbook" --version | grep -q "v$mdbook_version"; then
