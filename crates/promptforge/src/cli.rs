@@ -86,7 +86,11 @@ else $XDG_DATA_HOME/promptforge, else ~/.local/share/promptforge.
 Examples:
   promptforge runs                       the 20 newest runs
   promptforge runs -n 5 --outcome failed the 5 newest failed runs
-  promptforge runs --prompt notes --json runs of prompts whose path contains `notes`, as JSON";
+  promptforge runs --prompt notes --json runs of prompts whose path contains `notes`, as JSON
+  promptforge runs --search \"refund invoice\" --outcome failed
+                                         failed runs whose prompt, args, result or error
+                                         mention both words
+  promptforge runs prune --older-than 30d   delete runs older than 30 days";
 
 const SHOW_EXAMPLES: &str = "\
 RUN is an execution id (run-3f2a...), a unique prefix of one (3f2a), `last`
@@ -126,6 +130,10 @@ pub struct RunArgs {
     pub log: LogArgs,
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
+    /// Run again whenever the prompt, its input file, the host file or its
+    /// replies files change, until Ctrl-C.
+    #[arg(long, conflicts_with = "resume")]
+    pub watch: bool,
     /// Run again a logged run that failed or was cancelled: the answers it
     /// logged are reused (its seed, start and args too unless given), the
     /// rest goes live. RUN as for `show`.
@@ -178,7 +186,14 @@ pub struct ModelsArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct RunsArgs {
+    #[command(subcommand)]
+    pub action: Option<RunsAction>,
+    /// Only runs whose prompt path, args, result or error contain every word
+    /// of TEXT (case-insensitive; words match as prefixes).
+    #[arg(long, value_name = "TEXT")]
+    pub search: Option<String>,
     /// Show at most N runs.
     #[arg(short = 'n', long = "limit", value_name = "N", default_value_t = 20)]
     pub limit: usize,
@@ -190,6 +205,75 @@ pub struct RunsArgs {
     pub outcome: Option<OutcomeFilter>,
     #[command(flatten)]
     pub output: OutputArgs,
+}
+
+/// What `runs` can do besides listing.
+#[derive(Debug, Subcommand)]
+pub enum RunsAction {
+    /// Delete finished runs from the run log, with their events and host
+    /// work, and the default store directories of the runs deleted.
+    #[command(after_help = PRUNE_EXAMPLES)]
+    Prune(PruneArgs),
+}
+
+const PRUNE_EXAMPLES: &str = "\
+A run still running is never pruned. Store directories given with --store
+are yours and are left alone; only the default ones under the data
+directory's stores/ are deleted with their runs.
+
+Examples:
+  promptforge runs prune --older-than 30d --dry-run   what would go
+  promptforge runs prune --older-than 12h
+  promptforge runs prune --keep 100 --json";
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["older_than", "keep"])))]
+pub struct PruneArgs {
+    /// Delete runs that started longer ago than DURATION: a number and a
+    /// unit (s, m, h, d, w), or several, as 1d12h.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub older_than: Option<std::time::Duration>,
+    /// Keep the newest N runs and delete the rest.
+    #[arg(long, value_name = "N")]
+    pub keep: Option<usize>,
+    /// Only report what would be deleted.
+    #[arg(long)]
+    pub dry_run: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// `--older-than`'s value: `<n><unit>` groups, units s, m, h, d, w.
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let bad = || {
+        format!("invalid duration `{text}`: expected a number and a unit (s, m, h, d, w), as 30d or 1d12h")
+    };
+    let mut total: u64 = 0;
+    let mut digits = String::new();
+    for c in text.trim().chars() {
+        if c.is_ascii_digit() {
+            digits.push(c);
+            continue;
+        }
+        let unit: u64 = match c {
+            's' => 1,
+            'm' => 60,
+            'h' => 3600,
+            'd' => 86_400,
+            'w' => 604_800,
+            _ => return Err(bad()),
+        };
+        let n: u64 = digits.parse().map_err(|_| bad())?;
+        total = n
+            .checked_mul(unit)
+            .and_then(|s| total.checked_add(s))
+            .ok_or_else(bad)?;
+        digits.clear();
+    }
+    if !digits.is_empty() || text.trim().is_empty() {
+        return Err(bad());
+    }
+    Ok(std::time::Duration::from_secs(total))
 }
 
 /// Which catalog model is the run's current model.
@@ -330,6 +414,10 @@ pub struct TestArgs {
     /// Cases running at once. Default: the number of CPUs.
     #[arg(long, short = 'j')]
     pub jobs: Option<usize>,
+    /// Run again whenever a test file, a tested prompt, the host file or a
+    /// test file added under a searched folder changes, until Ctrl-C.
+    #[arg(long, conflicts_with = "update")]
+    pub watch: bool,
     #[command(flatten)]
     pub host: HostArgs,
     #[command(flatten)]

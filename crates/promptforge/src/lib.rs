@@ -18,6 +18,7 @@ pub mod signals;
 pub mod trace;
 pub mod ui;
 pub mod usertest;
+pub mod watch;
 
 /// The run failed, or `check` found a problem.
 /// The most any input the CLI reads whole may hold (a prompt file, ARGS from

@@ -21,6 +21,14 @@ use crate::progress::RunProgress;
 use crate::report::{ReportError, ReportOutcome, ReportOutput, ReportUsage, RunReport};
 
 pub fn run(args: RunArgs) -> ExitCode {
+    if args.watch {
+        if args.args.as_deref() == Some("-") {
+            return super::usage(
+                "--watch cannot read ARGS from stdin (`-`): it runs the prompt many times",
+            );
+        }
+        return crate::watch::rerun_on_change(|| crate::watch::run_inputs(&args));
+    }
     let file = args.file.as_path();
     let source = match super::read_prompt(file) {
         Ok(s) => s,
@@ -127,10 +135,10 @@ pub(crate) fn execute(plan: RunPlan) -> ExitCode {
             return super::usage(&format!("--otlp: {m}"));
         }
     }
-    let store_dir = match plan.store_dir.clone() {
-        Some(dir) => dir,
+    let (store_dir, _default_store) = match plan.store_dir.clone() {
+        Some(dir) => (dir, None),
         None => match private_store_dir(&execution) {
-            Ok(dir) => dir,
+            Ok(dir) => (dir.clone(), Some(RemoveIfEmpty(dir))),
             Err(m) => return super::usage(&m),
         },
     };
@@ -636,13 +644,25 @@ fn log_host(path: Option<&Path>, config: &HostConfig, current: Option<&str>, pro
 
 /// The data directory: `$PROMPTFORGE_HOME`, else `$XDG_DATA_HOME/promptforge`
 /// (absolute only), else `~/.local/share/promptforge`.
-fn data_dir() -> Option<PathBuf> {
+pub(crate) fn data_dir() -> Option<PathBuf> {
     let var = |name: &str| std::env::var_os(name);
     pf_runlog::data_dir(
         var("PROMPTFORGE_HOME").as_deref(),
         var("XDG_DATA_HOME").as_deref(),
         var("HOME").as_deref(),
     )
+}
+
+/// A run's default store directory, removed when the run is over if the run
+/// left nothing in it (most runs write no file), on every way out of
+/// [`execute`]: `remove_dir` removes only an empty directory, so a file
+/// written at any moment is never lost.
+pub(crate) struct RemoveIfEmpty(pub PathBuf);
+
+impl Drop for RemoveIfEmpty {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
 }
 
 /// A fresh, private store directory for a run without `--store`, made like
