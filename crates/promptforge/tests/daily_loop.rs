@@ -306,10 +306,7 @@ fn runs_search_finds_text_in_prompt_args_result_and_error_with_other_filters() {
     // The table names the match.
     let (code, table, _) = home.out(&["runs", "--search", "lakes"]);
     assert_eq!(code, Some(0));
-    assert!(
-        table.contains(lakes) && !table.contains(oceans),
-        "{table}"
-    );
+    assert!(table.contains(lakes) && !table.contains(oceans), "{table}");
 }
 
 /// The first version of the run log, as a user upgrading has it, is migrated
@@ -466,4 +463,68 @@ fn runs_prune_needs_a_selection_and_a_valid_duration() {
     assert!(stderr.contains("invalid duration `3 days`"), "{stderr}");
     let (code, _, stderr) = home.out(&["runs", "prune", "--keep", "1", "--older-than", "1d"]);
     assert_eq!(code, Some(2), "{stderr}");
+}
+
+/// On a terminal the watch clears the screen before each run. The terminal
+/// is a real pseudo-terminal made by util-linux's `script`.
+#[test]
+fn run_watch_clears_the_screen_between_runs_on_a_terminal() {
+    if Command::new("script").arg("--version").output().is_err() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "`script` (util-linux) is needed to give the watch a terminal"
+        );
+        eprintln!("skipped: no `script` to make a terminal");
+        return;
+    }
+    let home = Home::new();
+    let file = home.write("p.md", &prompt("return 'first run'"));
+    let line = format!(
+        "{} run {} --watch --quiet",
+        env!("CARGO_BIN_EXE_promptforge"),
+        file.display()
+    );
+    let mut child = Command::new("script")
+        .current_dir(home.path())
+        .env("PROMPTFORGE_HOME", home.data())
+        .env("TERM", "xterm")
+        .env_remove("PROMPTFORGE_HOST")
+        .env_remove("PROMPTFORGE_LOG")
+        .args(["-qfc", &line, "/dev/null"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("script");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let (tx, chunks) = channel::<Vec<u8>>();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = std::io::Read::read(&mut stdout, &mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = String::new();
+    let mut wait_for = |want: &str| {
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while !seen.contains(want) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match chunks.recv_timeout(left) {
+                Ok(chunk) => seen.push_str(&String::from_utf8_lossy(&chunk)),
+                Err(e) => panic!("no {want:?} on the terminal ({e}): {seen:?}"),
+            }
+        }
+        seen.clone()
+    };
+    let first = wait_for("first run");
+    assert!(first.starts_with("\x1b[2J\x1b[H"), "{first:?}");
+    settle();
+    home.write("p.md", &prompt("return 'second run'"));
+    let both = wait_for("second run");
+    let second = &both[both.find("first run").unwrap()..];
+    assert!(second.contains("\x1b[2J\x1b[H"), "{second:?}");
+    let _ = child.kill();
+    let _ = child.wait();
 }
