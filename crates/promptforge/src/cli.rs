@@ -76,21 +76,21 @@ host file's real models, Plugins and operator instead.
 
 Examples:
   promptforge replay last
-  promptforge replay 3f2a --json
-  promptforge replay last --prompt edited.md --live";
+  promptforge replay '#1' --json
+  promptforge replay last --prompt examples/hello.md --live";
 
 const RUNS_EXAMPLES: &str = "\
 The run log is one SQLite database in the data directory: $PROMPTFORGE_HOME,
 else $XDG_DATA_HOME/promptforge, else ~/.local/share/promptforge.
 
 Examples:
-  promptforge runs                       the 20 newest runs
-  promptforge runs -n 5 --outcome failed the 5 newest failed runs
-  promptforge runs --prompt notes --json runs of prompts whose path contains `notes`, as JSON
-  promptforge runs --search \"refund invoice\" --outcome failed
-                                         failed runs whose prompt, args, result or error
-                                         mention both words
-  promptforge runs prune --older-than 30d   delete runs older than 30 days";
+  promptforge runs                           # the 20 newest runs
+  promptforge runs -n 5 --outcome failed     # the 5 newest failed runs
+  promptforge runs --prompt notes --json     # runs of prompts whose path contains `notes`
+  promptforge runs --search 'refund invoice' --outcome failed
+                                             # failed runs whose prompt path, args, result
+                                             # or error hold both words
+  promptforge runs prune --older-than 30d    # delete runs older than 30 days";
 
 const SHOW_EXAMPLES: &str = "\
 RUN is an execution id (run-3f2a...), a unique prefix of one (3f2a), `last`
@@ -99,10 +99,10 @@ matches no run, or several, is a usage error (exit 2) listing candidates.
 
 Examples:
   promptforge show last
-  promptforge show 3f2a --json
-  promptforge show last --all            every event, the section VM's too
-  promptforge show last --html -o run.html   the run as a self-contained trace page
-  promptforge show last --open           write the page and open it in the browser";
+  promptforge show '#1' --json
+  promptforge show last --all                # every event, the section VM's too
+  promptforge show last --html -o run.html   # the run as a self-contained trace page
+  promptforge show last --open               # write the page and open it in the browser";
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -222,7 +222,7 @@ are yours and are left alone; only the default ones under the data
 directory's stores/ are deleted with their runs.
 
 Examples:
-  promptforge runs prune --older-than 30d --dry-run   what would go
+  promptforge runs prune --older-than 30d --dry-run   # what would go
   promptforge runs prune --older-than 12h
   promptforge runs prune --keep 100 --json";
 
@@ -461,27 +461,29 @@ const MAIN_EXAMPLES: &str = "Examples:
   promptforge run examples/hello.md reader
   promptforge run examples/notes.md 'The tide rises twice a day.' --host examples/notes.host.toml
   promptforge check examples
-  promptforge info examples/typed-args.md
+  promptforge info examples/greet.md
+  promptforge test examples
   promptforge init triage
 
 Docs: docs/ (mdBook); `promptforge <COMMAND> --help` for each command.";
 
 const RUN_EXAMPLES: &str = "Examples:
-  promptforge run hello.md reader
-  promptforge run greet.md --arg name=Ada --arg times=3
-  echo '{\"name\":\"Ada\"}' | promptforge run greet.md -
-  promptforge run notes.md 'text' --host notes.host.toml --store /tmp/s --json
-  promptforge run p.md --seed 7 --start 2026-01-02T03:04:05Z   # repeat a run exactly";
+  promptforge run examples/hello.md reader
+  promptforge run examples/greet.md --arg name=Ada --arg times=3
+  echo '{\"name\":\"Ada\"}' | promptforge run examples/greet.md -
+  promptforge run examples/notes.md 'a note' --host examples/notes.host.toml --store notes --json
+  promptforge run examples/hello.md --seed 7 --start 2026-01-02T03:04:05Z   # repeat a run exactly
+  promptforge run examples/hello.md reader --watch   # run again on every save, until Ctrl-C";
 
 const CHECK_EXAMPLES: &str = "Examples:
-  promptforge check prompt.md
-  promptforge check examples prompts/ --json
-  promptforge check agent.md --host host.toml   # also: tools, roles, jump targets, output path
+  promptforge check examples/hello.md
+  promptforge check examples --json
+  promptforge check examples/research.md --host examples/research.host.toml   # also: tools, roles, jump targets, output path
 Exit status: 0 no errors (warnings allowed), 1 an error, 2 a usage error.";
 
 const INFO_EXAMPLES: &str = "Examples:
-  promptforge info prompt.md
-  promptforge info prompt.md --json";
+  promptforge info examples/greet.md
+  promptforge info examples/research.md --json";
 
 const INIT_EXAMPLES: &str = "Examples:
   promptforge init triage        # triage.md, triage.host.toml, triage.test.yaml
