@@ -21,7 +21,11 @@ fn main() -> ExitCode {
     match Cli::try_parse() {
         Ok(cli) => {
             promptforge::ui::set_color_choice(cli.color);
-            promptforge::commands::dispatch(cli.command)
+            let code = promptforge::commands::dispatch(cli.command);
+            // Model servers the catalog spawned end with the process, on every
+            // way out of a command (the forced exit of a second signal kills them).
+            pf_models::stop_spawned_servers();
+            code
         }
         Err(e) => {
             if !e.use_stderr() {
