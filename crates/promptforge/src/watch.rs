@@ -59,11 +59,16 @@ impl Watched {
         if self.files.iter().any(|f| absolute(f) == path) {
             return true;
         }
+        if !self.trees.iter().any(|t| path.starts_with(absolute(t))) {
+            return false;
+        }
+        // A new folder counts too: files made in it before the watch on it
+        // is in place would be missed, and the rerun finds them.
         let watched_kind = path
             .extension()
             .and_then(|e| e.to_str())
             .is_some_and(|e| matches!(e, "md" | "yaml" | "yml" | "toml" | "json"));
-        watched_kind && self.trees.iter().any(|t| path.starts_with(absolute(t)))
+        watched_kind || path.is_dir()
     }
 }
 
