@@ -288,7 +288,7 @@ pub struct ModelArgs {
 impl ModelArgs {
     /// `--model`, else `$PROMPTFORGE_MODEL`.
     pub fn chosen(&self) -> Option<String> {
-        crate::host::chosen_model(self.model.as_deref())
+        pf_host::chosen_model(self.model.as_deref())
     }
 }
 
@@ -531,7 +531,7 @@ pub struct HostArgs {
 impl HostArgs {
     /// The host file to read: `--host`, else the default location (if any).
     pub fn path(&self) -> Option<PathBuf> {
-        self.host.clone().or_else(crate::host::default_host_path)
+        self.host.clone().or_else(pf_host::default_host_path)
     }
 }
 
@@ -593,12 +593,7 @@ pub struct OutputArgs {
     pub json: bool,
 }
 
-/// Whether output is for a person or for a program.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OutputFormat {
-    Human,
-    Json,
-}
+pub use pf_host::report::OutputFormat;
 
 impl OutputArgs {
     pub fn format(&self) -> OutputFormat {

@@ -5,34 +5,18 @@
 //! Architecture invariant: only this crate knows the host file, the command
 //! line, the process exit codes and the JSON report.
 
-pub mod cases;
 pub mod cli;
 pub mod commands;
-pub mod host;
 pub mod live;
-pub mod logview;
-pub mod mcp_server;
 pub mod progress;
-pub mod report;
 pub mod signals;
-pub mod trace;
 pub mod ui;
 pub mod usertest;
 pub mod watch;
 
+pub use pf_host::{read_capped, MAX_INPUT_BYTES};
+
 /// The run failed, or `check` found a problem.
-/// The most any input the CLI reads whole may hold (a prompt file, ARGS from
-/// stdin, a host file), so `/dev/zero` or an endless pipe cannot grow without bound.
-pub const MAX_INPUT_BYTES: u64 = 16 * 1024 * 1024;
-
-/// All of `reader`, or `Ok(None)` when it holds more than [`MAX_INPUT_BYTES`].
-pub fn read_capped(reader: impl std::io::Read) -> std::io::Result<Option<Vec<u8>>> {
-    use std::io::Read;
-    let mut bytes = Vec::new();
-    reader.take(MAX_INPUT_BYTES + 1).read_to_end(&mut bytes)?;
-    Ok((bytes.len() as u64 <= MAX_INPUT_BYTES).then_some(bytes))
-}
-
 pub const EXIT_FAILED: u8 = 1;
 /// The command line, the host file or the environment was unusable.
 pub const EXIT_USAGE: u8 = 2;

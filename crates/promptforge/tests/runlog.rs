@@ -927,8 +927,8 @@ fn host_work_is_recorded_with_its_work_ids() {
 const TWO_ROUNDS: &str = "---\nname: rounds\ndescription: two model rounds\npromptforge: 0\nmodels:\n  w: {}\n---\n\n# Rounds\n\n## Ask\n\n```lua\nmodels.use('w')\nmodels.infer('one')\nreturn models.infer('two')\n```\n";
 
 /// A canned JSON answer for the case runner's model server.
-fn canned(body: Value) -> promptforge::cases::case::Page {
-    promptforge::cases::case::Page {
+fn canned(body: Value) -> pf_cases::case::Page {
+    pf_cases::case::Page {
         status: 200,
         content_type: Some("application/json".into()),
         headers: Default::default(),
@@ -943,7 +943,7 @@ fn metrics_and_degraded_metadata_read_back_from_the_run_log() {
     let timings = json!({"prompt_n": 12, "prompt_ms": 30.5, "prompt_per_second": 393.4,
         "predicted_n": 8, "predicted_ms": 80.0, "predicted_per_second": 100.0,
         "draft_n": 16, "draft_n_accepted": 12});
-    let server = promptforge::cases::ModelServer::start(vec![
+    let server = pf_cases::ModelServer::start(vec![
         canned(
             json!({"model": "llama-1b", "choices": choice, "timings": timings,
             "usage": {"prompt_tokens": 12, "completion_tokens": 8, "total_tokens": 20,

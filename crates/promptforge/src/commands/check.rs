@@ -12,7 +12,7 @@ use pf_syntax::Severity;
 
 use super::prepare_checks::{self, Problem};
 use crate::cli::{CheckArgs, CheckFormat, OutputFormat};
-use crate::host::HostConfig;
+use pf_host::HostConfig;
 
 pub fn run(args: CheckArgs) -> ExitCode {
     let mut files = Vec::new();
@@ -52,7 +52,7 @@ pub fn run(args: CheckArgs) -> ExitCode {
     };
     let mut reports = Vec::new();
     for file in &files {
-        let source = match super::read_prompt(file) {
+        let source = match pf_host::prompt_files::read_prompt(file) {
             Ok(s) => s,
             Err(m) => return super::usage(&m),
         };
@@ -198,12 +198,12 @@ impl FileReport {
             .any(|c| c.is_control() && c != '\n' && c != '\t' && c != '\r');
         for problem in &self.problems {
             let line = problem.one_line(&name);
-            let risky = unsafe_source || crate::report::terminal_safe(&line) != line;
+            let risky = unsafe_source || pf_host::report::terminal_safe(&line) != line;
             if rich {
                 let text = problem.render(&name, &self.source, color && !risky);
-                writeln!(out, "{}", crate::report::terminal_safe(&text))?;
+                writeln!(out, "{}", pf_host::report::terminal_safe(&text))?;
             } else {
-                writeln!(out, "{}", crate::report::terminal_safe(&line))?;
+                writeln!(out, "{}", pf_host::report::terminal_safe(&line))?;
             }
         }
         Ok(())

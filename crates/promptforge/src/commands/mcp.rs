@@ -8,9 +8,9 @@ use std::sync::Arc;
 use rmcp::ServiceExt;
 
 use crate::cli::McpArgs;
-use crate::host::HostConfig;
-use crate::mcp_server::run_call::StorePlace;
-use crate::mcp_server::{http, PromptServer, ServeOptions, ServerState};
+use pf_host::HostConfig;
+use pf_mcp_server::run_call::StorePlace;
+use pf_mcp_server::{http, PromptServer, ServeOptions, ServerState};
 
 pub fn run(args: McpArgs) -> ExitCode {
     let host = match HostConfig::load(args.host.path().as_deref()) {
@@ -36,7 +36,7 @@ pub fn run(args: McpArgs) -> ExitCode {
         // The per-call stores live in one private directory made like the
         // default run store (mkdtemp-like under the data directory), never a
         // predictable name in the shared temp directory.
-        None => match super::run::private_store_dir("mcp") {
+        None => match pf_host::prompt_files::private_store_dir("mcp") {
             Ok(root) => StorePlace::FreshUnder(root),
             Err(m) => return super::usage(&m),
         },

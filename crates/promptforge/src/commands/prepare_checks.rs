@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use pf_harness::{ActivationContext, CancellationToken};
 use pf_syntax::{Block, Diagnostic, LuaBlock, Prompt, Section, Severity};
 
-use crate::host::HostConfig;
+use pf_host::HostConfig;
 
 /// One problem `check` reports: a parser diagnostic, or one found here.
 #[derive(Debug, Clone)]
@@ -585,7 +585,7 @@ pub async fn offered_tools(
     };
     let mut wanted: BTreeMap<String, Option<serde_json::Value>> = BTreeMap::new();
     for file in files {
-        let Ok(source) = super::read_prompt(file) else {
+        let Ok(source) = pf_host::prompt_files::read_prompt(file) else {
             continue;
         };
         let Ok(prompt) = pf_syntax::parse(&source) else {
@@ -696,7 +696,7 @@ pub fn host_problems(
         );
     }
     let current = host
-        .current_id(crate::host::chosen_model(None).as_deref())
+        .current_id(pf_host::chosen_model(None).as_deref())
         .ok()
         .flatten();
     if let Some(model) = current.as_deref().and_then(|id| host.spec(id)) {

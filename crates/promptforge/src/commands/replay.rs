@@ -7,10 +7,11 @@ use std::process::ExitCode;
 
 use pf_runlog::{RunLogError, RunRecord};
 
-use super::run::{execute, RunPlan};
+use super::terminal::{execute, TerminalRun};
 use crate::cli::{LogArgs, ReplayArgs};
-use crate::host::replay::{LoggedWork, ReplayMode};
-use crate::host::HostConfig;
+use pf_host::replay::{LoggedWork, ReplayMode};
+use pf_host::session::{PlanArgs, RunSettings};
+use pf_host::HostConfig;
 
 /// A logged run: its record and its host work by WorkId.
 pub(crate) struct LoggedRun {
@@ -33,7 +34,7 @@ impl LoggedRun {
 /// Resolve `run` in the run log and read it with its host work; the error
 /// is a usage message.
 pub(crate) fn read_logged_run(run: &str) -> Result<LoggedRun, String> {
-    let log = crate::host::data::open_run_log()?
+    let log = pf_host::data::open_run_log()?
         .ok_or_else(|| format!("no logged run matches `{run}`: no run has been logged yet"))?;
     let id = log.resolve(run).map_err(|e| match e {
         e @ (RunLogError::Unknown { .. } | RunLogError::Ambiguous { .. }) => {
@@ -57,7 +58,7 @@ pub fn run(args: ReplayArgs) -> ExitCode {
     let start = &logged.record.start;
     // An edited prompt (`--prompt`) replays until its first different request.
     let (file, source) = match &args.prompt {
-        Some(path) => match super::read_prompt(path) {
+        Some(path) => match pf_host::prompt_files::read_prompt(path) {
             Ok(source) => (path.clone(), source),
             Err(m) => return super::usage(&m),
         },
@@ -74,7 +75,7 @@ pub fn run(args: ReplayArgs) -> ExitCode {
             .as_ref()
             .map(PathBuf::from)
             .filter(|p| p.is_file())
-            .or_else(crate::host::default_host_path)
+            .or_else(pf_host::default_host_path)
     });
     let host_config = match HostConfig::load(host_path.as_deref()) {
         Ok(h) => h,
@@ -95,20 +96,25 @@ pub fn run(args: ReplayArgs) -> ExitCode {
     } else {
         ReplayMode::Strict
     };
-    execute(RunPlan {
+    // The logged model, not --model or the environment's; the host file's OTLP collector.
+    let settings =
+        match RunSettings::with_model(host_path, std::sync::Arc::new(host_config), current, None) {
+            Ok(settings) => settings,
+            Err(m) => return super::usage(&m),
+        };
+    execute(TerminalRun {
         file,
         source,
-        args: logged.args(),
-        arg_pairs: Vec::new(),
+        args: PlanArgs::CommandLine {
+            text: logged.args(),
+            pairs: Vec::new(),
+        },
         seed: start.seed,
         start_ms: start.start_ms,
-        host_path,
-        host_config,
-        current,
+        settings,
         store_dir: None,
         format: args.output.format(),
         quiet: false,
-        otlp: None,
         log: LogArgs {
             no_log: args.no_log,
             capture: false,

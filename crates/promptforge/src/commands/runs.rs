@@ -7,13 +7,13 @@ use pf_runlog::{PruneReport, PruneSelection, RunFilter, RunSummary};
 use serde_json::{json, Value as Json};
 
 use crate::cli::{OutputFormat, PruneArgs, RunsAction, RunsArgs};
-use crate::logview::{duration_text, printable, short, when_rfc3339, when_text};
+use pf_trace::logview::{duration_text, printable, short, when_rfc3339, when_text};
 
 pub fn run(args: RunsArgs) -> ExitCode {
     if let Some(RunsAction::Prune(prune_args)) = args.action {
         return prune(prune_args);
     }
-    let log = match crate::host::data::open_run_log() {
+    let log = match pf_host::data::open_run_log() {
         Ok(log) => log,
         Err(m) => return super::usage(&m),
     };
@@ -134,7 +134,7 @@ fn prompt_name(path: &str) -> String {
 /// `runs prune`: delete finished runs (or, with `--dry-run`, say which would
 /// go), then the default store directories of the runs deleted.
 fn prune(args: PruneArgs) -> ExitCode {
-    let log = match crate::host::data::open_run_log() {
+    let log = match pf_host::data::open_run_log() {
         Ok(log) => log,
         Err(m) => return super::usage(&m),
     };
@@ -158,7 +158,7 @@ fn prune(args: PruneArgs) -> ExitCode {
             return ExitCode::from(crate::EXIT_FAILED);
         }
     };
-    let stores_root = super::run::data_dir().map(|d| d.join("stores"));
+    let stores_root = pf_host::prompt_files::data_dir().map(|d| d.join("stores"));
     let mut stores = Vec::new();
     for run in &report.runs {
         let Some(dir) = run.store_dir.as_deref().map(std::path::Path::new) else {

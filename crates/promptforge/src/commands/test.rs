@@ -6,9 +6,9 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use crate::cases::{Runner, WorkDir};
 use crate::cli::{OutputFormat, TestArgs};
 use crate::usertest::{self, catalog, run::Settings, CaseOutcome, Options};
+use pf_cases::{Runner, WorkDir};
 
 /// The stdio MCP server behind `mcp:` fixtures, shipped inside the binary.
 const MCP_FIXTURE: &str = include_str!("../../tests/fixtures/mcp_fixture.py");

@@ -9,7 +9,7 @@ use serde_json::Value as Json;
 
 use super::format::{Expect, Matchers, Offered, TextMatch, ToolCallExpect};
 use super::run::{Observed, NO_WEB};
-use crate::report::ReportOutcome;
+use pf_host::report::ReportOutcome;
 
 /// One expectation that did not hold.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -139,7 +139,7 @@ pub fn calls_made(stderr: &str) -> Vec<CallMade> {
             }
             continue;
         }
-        for event in crate::cases::parse_events(line) {
+        for event in pf_cases::parse_events(line) {
             if event["kind"] != "assistant_tool_calls" {
                 continue;
             }

@@ -1,12 +1,12 @@
 //! `promptforge test`: prompt tests for users. A YAML test file ([`format`])
 //! holds cases (args, seed, fixtures) and their expectations; each case runs
 //! through the real binary with the language tests' machinery ([`run`], over
-//! [`crate::cases`]), is checked ([`assert`], [`judge`]), and reported as a
+//! [`pf_cases`]), is checked ([`assert`], [`judge`]), and reported as a
 //! line, JSON or JUnit ([`junit`]); `--update` writes the current results
 //! back as expectations ([`update`]). docs/testing.md is the user guide.
 //!
 //! Events come from the run's `promptforge::events` debug lines today
-//! ([`crate::cases::parse_events`]); when the run log lands, the same event
+//! ([`pf_cases::parse_events`]); when the run log lands, the same event
 //! objects can come from it instead, and the assertions stay as they are.
 
 pub mod assert;

@@ -10,8 +10,8 @@ use serde_json::Value as Json;
 
 use super::catalog::{self, CatalogModel};
 use super::format::{Loaded, ModelChoice, TestCase};
-use crate::cases::{self, case, Invocation, Runner, WebServer, WorkDir};
-use crate::report::RunReport;
+use pf_cases::{self, case, Invocation, Runner, WebServer, WorkDir};
+use pf_host::report::RunReport;
 
 /// What `{{WEB}}` stands for when a case has no web fixture (a closed port).
 pub const NO_WEB: &str = "http://127.0.0.1:9";
@@ -130,7 +130,7 @@ pub fn run_case(settings: &Settings, loaded: &Loaded, case: &TestCase) -> Result
     Ok(Observed {
         report: invoked.report,
         requests: invoked.requests,
-        events: cases::parse_events(&invoked.stderr),
+        events: pf_cases::parse_events(&invoked.stderr),
         calls: super::assert::calls_made(&invoked.stderr),
         store,
         wall: invoked.elapsed,

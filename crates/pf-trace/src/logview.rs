@@ -6,7 +6,19 @@ use std::collections::{BTreeMap, VecDeque};
 use pf_runlog::{AnswerRecord, EventRecord, ExchangeRecord, ToolCallRecord};
 use serde_json::Value as Json;
 
-pub use crate::live::printable;
+/// Model text with control characters made harmless, so a reply cannot move the
+/// cursor or rewrite the terminal; line breaks and tabs stay.
+pub fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() && c != '\n' && c != '\t' {
+                '\u{FFFD}'
+            } else {
+                c
+            }
+        })
+        .collect()
+}
 
 /// Wall-clock milliseconds as RFC 3339 UTC with milliseconds.
 pub fn when_rfc3339(ms: i64) -> String {

@@ -15,10 +15,17 @@
 
 pub mod data;
 pub mod file;
+pub mod logged_json;
 pub mod observe;
+pub mod prompt_files;
 pub mod record;
 pub mod replay;
+pub mod report;
+pub mod sections;
+pub mod session;
 pub mod usage;
+
+pub use prompt_files::{read_capped, MAX_INPUT_BYTES};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -175,7 +182,7 @@ impl HostConfig {
         };
         let otlp = file.telemetry.as_ref().and_then(|t| t.otlp.clone());
         if let Some(url) = &otlp {
-            crate::trace::otlp::traces_url(url)
+            pf_trace::otlp::traces_url(url)
                 .map_err(|e| format!("host file: [telemetry] otlp: {e}"))?;
         }
         let mut config = HostConfig {
@@ -553,6 +560,11 @@ fn provider_spec(
         description: table.description.clone().unwrap_or_default(),
         record: table.record.as_ref().map(|r| resolve(base_dir, r)),
         retries: table.retries.unwrap_or(0),
+        limits: pf_models::ModelLimits {
+            concurrency: table.concurrency.map(file::Limit::requests),
+            requests_per_minute: table.requests_per_minute.map(file::Limit::requests),
+            tokens_per_minute: table.tokens_per_minute.map(|n| n.0),
+        },
     })
 }
 
@@ -693,6 +705,7 @@ mod tests {
                 retries: 0,
                 spawn: None,
                 tool_format: pf_models::ToolFormat::Native,
+                limits: Default::default(),
             })
         );
     }

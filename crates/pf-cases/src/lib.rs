@@ -19,8 +19,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::Value as Json;
 
-use crate::report::{ReportOutcome, RunReport};
 use case::{Case, Expect};
+use pf_host::report::{ReportOutcome, RunReport};
 pub use web::{ModelServer, WebServer};
 
 /// What `{{WEB}}` stands for when a case has no web fixture (a closed port).
@@ -117,10 +117,10 @@ pub struct Actual {
 }
 
 /// A scratch directory removed when dropped.
-pub(crate) struct WorkDir(pub(crate) PathBuf);
+pub struct WorkDir(pub PathBuf);
 
 impl WorkDir {
-    pub(crate) fn new() -> Result<WorkDir, String> {
+    pub fn new() -> Result<WorkDir, String> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let n = NEXT.fetch_add(1, Ordering::SeqCst);
         let path =

@@ -26,7 +26,7 @@ use catalog::Catalog;
 use client_io::{ElicitationBroker, ProgressObserver};
 use run_call::{Admission, CallSetup, Refused, StorePlace};
 
-use crate::host::HostConfig;
+use pf_host::HostConfig;
 
 /// How often the served paths are looked at for added, changed or removed prompts.
 const WATCH_INTERVAL: Duration = Duration::from_secs(1);
@@ -284,10 +284,10 @@ impl ServerHandler for PromptServer {
             "call {}: {name}: {}",
             context.id,
             match &report.outcome {
-                crate::report::ReportOutcome::Completed { .. } => "completed".to_string(),
-                crate::report::ReportOutcome::Failed { error } =>
+                pf_host::report::ReportOutcome::Completed { .. } => "completed".to_string(),
+                pf_host::report::ReportOutcome::Failed { error } =>
                     format!("failed ({})", error.kind),
-                crate::report::ReportOutcome::Cancelled => "cancelled".to_string(),
+                pf_host::report::ReportOutcome::Cancelled => "cancelled".to_string(),
             }
         );
         Ok(run_call::call_result(&report).into())

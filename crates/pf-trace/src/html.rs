@@ -14,8 +14,8 @@ use serde_json::Value as Json;
 
 use super::sections::{is_task_end, Place, Sections};
 use super::{ordered, Item};
-use crate::commands::show::LoggedRun;
 use crate::logview::{duration_text, short, when_text};
+use crate::LoggedRun;
 
 /// The most text one box shows; the rest is in `show --json`.
 const TEXT_CAP: usize = 64 * 1024;

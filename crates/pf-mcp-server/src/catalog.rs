@@ -136,7 +136,7 @@ pub fn scan(paths: &[PathBuf]) -> Catalog {
     let mut problems = Vec::new();
     for file in candidate_files(paths) {
         let explicit = named.contains(&&file);
-        let source = match crate::commands::read_prompt(&file) {
+        let source = match pf_host::prompt_files::read_prompt(&file) {
             Ok(s) => s,
             Err(e) => {
                 problems.push(e);

@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use crate::cli::PageArgs;
-use crate::commands::show::LoggedRun;
+use pf_trace::LoggedRun;
 
 /// Render the page and put it where `args` says.
 pub fn show(run: &LoggedRun, args: &PageArgs) -> ExitCode {
-    let page = super::html::render(run);
+    let page = pf_trace::html::render(run);
     if args.open {
         return open(run, &page, args.output.as_deref());
     }
@@ -42,9 +42,9 @@ fn write_file(path: &Path, page: &str) -> Result<(), String> {
 /// directory (private, like the log it is drawn from), else the temp folder.
 fn default_page_path(run: &LoggedRun) -> PathBuf {
     let name = format!("{}-{}.html", run.record.start.execution, run.record.id.0);
-    let in_data_dir = crate::host::data::run_log_path()
+    let in_data_dir = pf_host::data::run_log_path()
         .and_then(|db| db.parent().map(|dir| dir.join("pages")))
-        .filter(|dir| crate::host::data::create_private_dir(dir).is_ok());
+        .filter(|dir| pf_host::data::create_private_dir(dir).is_ok());
     in_data_dir.unwrap_or_else(std::env::temp_dir).join(name)
 }
 

@@ -32,7 +32,7 @@ use serde_json::{Map, Value as Json};
 
 use super::protobuf::{self, AnyValue, KeyValue, Span, SpanEvent, SpanKind, StatusCode};
 use super::sections::{is_task_end, Place, Sections};
-use crate::report::ReportOutcome;
+use pf_runlog::Outcome;
 
 /// How long the export may take in all, after the run has ended.
 pub const EXPORT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -145,7 +145,7 @@ impl OtlpTrace {
 
     /// Build the spans and send them; at most [`EXPORT_TIMEOUT`], and any
     /// failure is one warning on stderr.
-    pub async fn export(&self, outcome: &ReportOutcome) {
+    pub async fn export(&self, outcome: &Outcome) {
         let spans = self.spans(outcome, now_ns());
         let body = protobuf::export_request(
             &[
@@ -194,7 +194,7 @@ impl OtlpTrace {
     }
 
     /// The run's spans, the run ending at `end_ns`.
-    pub fn spans(&self, outcome: &ReportOutcome, end_ns: u64) -> Vec<Span> {
+    pub fn spans(&self, outcome: &Outcome, end_ns: u64) -> Vec<Span> {
         let heard = self
             .heard
             .lock()
@@ -396,7 +396,7 @@ impl<'a> SpanBuilder<'a> {
         span
     }
 
-    fn build(mut self, heard: &[Heard], outcome: &ReportOutcome) -> Vec<Span> {
+    fn build(mut self, heard: &[Heard], outcome: &Outcome) -> Vec<Span> {
         let mut sections = Sections::default();
         for h in heard {
             let place = sections.place(&h.task, &h.section, Some(&h.kind));
@@ -413,7 +413,7 @@ impl<'a> SpanBuilder<'a> {
             self.heard(h, here, previous);
             self.last_at.insert(h.task.clone(), h.at_ns);
         }
-        if matches!(outcome, ReportOutcome::Failed { .. }) {
+        if matches!(outcome, Outcome::Failed { .. }) {
             for index in sections.unfinished() {
                 if let Some(&span) = self.entry_span.get(index) {
                     self.fail(span, "the section did not finish");
@@ -426,12 +426,12 @@ impl<'a> SpanBuilder<'a> {
         }
         self.attr(0, "promptforge.outcome", outcome_label(outcome));
         match outcome {
-            ReportOutcome::Completed { .. } => self.spans[0].status = StatusCode::Ok,
-            ReportOutcome::Failed { error } => {
-                self.attr(0, "error.type", error.kind.clone());
-                self.fail(0, &format!("{}: {}", error.kind, error.message));
+            Outcome::Completed { .. } => self.spans[0].status = StatusCode::Ok,
+            Outcome::Failed { kind, message } => {
+                self.attr(0, "error.type", kind.clone());
+                self.fail(0, &format!("{kind}: {message}"));
             }
-            ReportOutcome::Cancelled => self.attr(0, "error.type", "cancelled"),
+            Outcome::Cancelled => self.attr(0, "error.type", "cancelled"),
         }
         self.spans
     }
@@ -633,11 +633,11 @@ fn str_field_of(value: &Json, name: &str) -> String {
         .to_string()
 }
 
-fn outcome_label(outcome: &ReportOutcome) -> &'static str {
+fn outcome_label(outcome: &Outcome) -> &'static str {
     match outcome {
-        ReportOutcome::Completed { .. } => "completed",
-        ReportOutcome::Failed { .. } => "failed",
-        ReportOutcome::Cancelled => "cancelled",
+        Outcome::Completed { .. } => "completed",
+        Outcome::Failed { .. } => "failed",
+        Outcome::Cancelled => "cancelled",
     }
 }
 
@@ -706,7 +706,7 @@ mod tests {
         );
         hear("store_write_succeeded", "Ask", "0", json!({}));
         let spans = trace.spans(
-            &ReportOutcome::Completed {
+            &Outcome::Completed {
                 result: "42".into(),
             },
             u64::MAX / 2,

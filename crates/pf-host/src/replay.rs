@@ -25,7 +25,8 @@ use pf_harness::{
 use pf_runlog::{ActivationRecord, AnswerRecord, ExchangeRecord, RunId, RunLog, ToolCallRecord};
 use serde_json::{json, Value as Json};
 
-use super::record::request_json;
+use crate::logged_json::request_json;
+pub use crate::logged_json::tool_spec_json;
 
 /// What a lookup does when the request is not the logged one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -485,17 +486,6 @@ impl ModelProvider for ReplayModel {
 // ---------------------------------------------------------------------------
 // Plugins and tool calls
 // ---------------------------------------------------------------------------
-
-/// A tool spec as the run log keeps it.
-pub fn tool_spec_json(spec: &ToolSpec) -> Json {
-    json!({
-        "path": spec.path,
-        "description": spec.description,
-        "parameters": spec.parameters,
-        "structured": spec.structured,
-        "trusted": spec.trusted,
-    })
-}
 
 fn tool_spec_of(value: &Json) -> Option<ToolSpec> {
     Some(ToolSpec {

@@ -6,14 +6,15 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use pf_engine::{Outcome, RunObserver, RunSetup};
+use pf_engine::RunObserver;
 use pf_harness::{CancellationToken, InputBroker};
 use rmcp::model::{CallToolResult, ContentBlock};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::catalog::PromptTool;
-use crate::host::HostConfig;
-use crate::report::{ReportOutcome, RunReport};
+use pf_host::report::{ReportOutcome, RunReport};
+use pf_host::session::{PlanArgs, RunPlan, RunSession, RunSettings, SettingsFlags, UsageError};
+use pf_host::HostConfig;
 
 /// How many runs go at once, and how many calls may wait for a slot.
 pub struct Admission {
@@ -149,7 +150,6 @@ fn run_on_this_thread(tool: &PromptTool, args: String, setup: CallSetup) -> RunR
         Ok(dir) => dir,
         Err(m) => return host_failure(m),
     };
-    crate::commands::run::place_input(&tool.prompt, &tool.file, &store_dir, true);
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -157,142 +157,46 @@ fn run_on_this_thread(tool: &PromptTool, args: String, setup: CallSetup) -> RunR
         Ok(r) => r,
         Err(e) => return host_failure(format!("cannot start the async runtime: {e}")),
     };
-    let prompt = Arc::clone(&tool.prompt);
-    let began = std::time::Instant::now();
-    let current = match setup
-        .host
-        .current_id(crate::host::chosen_model(None).as_deref())
-    {
-        Ok(id) => id,
+    // The model `PROMPTFORGE_MODEL` or the host file chooses; the host file's
+    // `[telemetry] otlp` exports every call's run, as `promptforge run` does.
+    let settings = match RunSettings::with_host(None, setup.host, &SettingsFlags::default()) {
+        Ok(settings) => settings,
         Err(m) => return host_failure(m),
     };
     // Every call is a run of its own in the run log, like `promptforge run`.
-    let start_ms = now_ms();
-    let absolute = |path: &std::path::Path| {
-        std::path::absolute(path)
-            .unwrap_or_else(|_| path.to_path_buf())
-            .to_string_lossy()
-            .into_owned()
-    };
-    let sink = crate::host::data::begin_run_log(pf_runlog::RunStart {
-        execution: execution.clone(),
-        prompt_path: absolute(&tool.file),
-        prompt_text: crate::commands::read_prompt(&tool.file)
-            .map(|b| String::from_utf8_lossy(&b).into_owned())
-            .unwrap_or_default(),
-        args: serde_json::Value::String(args.clone()),
+    let session = RunSession::begin(RunPlan {
+        file: tool.file.clone(),
+        source: pf_host::prompt_files::read_prompt(&tool.file).unwrap_or_default(),
+        parsed: Some(Arc::clone(&tool.prompt)),
+        args: PlanArgs::Exact(args),
         seed,
-        start_rfc3339: pf_engine::format_when(start_ms),
-        start_ms,
-        host_file: None,
-        model: current.clone(),
-        store_dir: Some(absolute(&store_dir)),
+        start_ms: now_ms(),
+        settings,
+        store_dir: Some(store_dir),
+        no_log: false,
+        capture: false,
+        quiet: true,
         replay_of: None,
         resumed_from: None,
-    });
-    let sections = Arc::new(crate::host::observe::SectionTracker::default());
-    let work = match &sink {
-        Some(sink) => crate::host::HostWork::Recorded(Arc::new(
-            crate::host::record::Recorder::new(Arc::clone(sink), Arc::clone(&sections), &prompt),
-        )),
-        None => crate::host::HostWork::Direct,
-    };
-    let logging = crate::host::observe::HostObserver::new(sink.clone(), None, sections)
-        .with_prompt_file(&tool.file)
-        .streaming(setup.host.stream);
-    let observer: Arc<dyn RunObserver> = match setup.observer {
-        Some(progress) => Arc::new(BothObservers(Arc::new(logging), progress)),
-        None => Arc::new(logging),
-    };
-    let finished = runtime.block_on(async {
-        let mut host = setup.host.assemble_for(current.as_deref(), &work)?;
+        replay: None,
+        cancel: setup.cancel,
+        watchers: setup.observer.into_iter().collect(),
         // Stdin is the MCP transport (or nobody's): the operator is the client.
-        if setup.host.answers.is_none() {
-            host.harness.services.input_broker = Some(setup.broker);
-        }
-        let run_setup = RunSetup {
-            seed,
-            start_ms,
-            args,
-            store_dir: store_dir.clone(),
-            harness: host.harness,
-            model: host.model,
-            catalog: host.catalog,
-            cancel: setup.cancel,
-            ui: host.ui,
-            observer: Some(observer),
-            capture: false,
-            limits: host.limits,
-        };
-        Ok::<_, String>(pf_engine::run(Arc::clone(&prompt), run_setup).await)
+        input_broker: Some(setup.broker),
+        after_engine: None,
     });
-    drop(work);
-    let duration = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
-    let report = match finished {
-        Ok(finished) => {
-            let mut report = RunReport::of_run(seed, &finished, &store_dir);
-            if matches!(finished.outcome, Outcome::Completed(_)) {
-                report.output = crate::commands::run::collect_output(&prompt, &store_dir, true);
-            }
-            report
-        }
-        Err(m) => host_failure(m),
+    let finished = match session {
+        Ok(session) => runtime.block_on(session.run()),
+        Err(e) => Err(e),
     };
-    if let Some(sink) = &sink {
-        sink.finish(logged_outcome(&report), duration);
-        // The client may read the run log as soon as it has the report.
-        sink.committed();
-    }
-    report
-}
-
-/// The run log's outcome for a call's report.
-fn logged_outcome(report: &RunReport) -> pf_runlog::Outcome {
-    match &report.outcome {
-        ReportOutcome::Completed { result } => pf_runlog::Outcome::Completed {
-            result: result.clone(),
-        },
-        ReportOutcome::Failed { error } => pf_runlog::Outcome::Failed {
-            kind: error.kind.clone(),
-            message: error.message.clone(),
-        },
-        ReportOutcome::Cancelled => pf_runlog::Outcome::Cancelled,
-    }
-}
-
-/// A call's run is observed twice: by the run log and by the client's progress.
-struct BothObservers(Arc<dyn RunObserver>, Arc<dyn RunObserver>);
-
-impl RunObserver for BothObservers {
-    fn event(&self, execution: &str, event: &pf_engine::RunEvent) {
-        self.0.event(execution, event);
-        self.1.event(execution, event);
-    }
-
-    fn tool_call(&self, execution: &str, call: &pf_engine::ToolCallNotice<'_>) {
-        self.0.tool_call(execution, call);
-    }
-
-    fn wants_kept(&self) -> bool {
-        self.0.wants_kept() || self.1.wants_kept()
-    }
-
-    fn kept(&self, execution: &str, event: pf_engine::SharedEvent) {
-        if self.0.wants_kept() {
-            self.0.kept(execution, event.clone());
+    match finished {
+        Ok(finished) => {
+            // The client may read the run log as soon as it has the report.
+            finished.committed();
+            runtime.block_on(finished.export());
+            finished.report
         }
-        if self.1.wants_kept() {
-            self.1.kept(execution, event);
-        }
-    }
-
-    fn lua_traceback(&self, execution: &str, trace: &pf_engine::LuaTraceback<'_>) {
-        self.0.lua_traceback(execution, trace);
-    }
-
-    // The host file's `stream = true` reaches the Engine through the log's observer.
-    fn wants_live_text(&self) -> bool {
-        self.0.wants_live_text() || self.1.wants_live_text()
+        Err(UsageError(m)) => host_failure(m),
     }
 }
 
@@ -301,7 +205,7 @@ impl RunObserver for BothObservers {
 pub fn host_failure(message: String) -> RunReport {
     RunReport {
         outcome: ReportOutcome::Failed {
-            error: crate::report::ReportError {
+            error: pf_host::report::ReportError {
                 kind: "Host".to_string(),
                 phase: None,
                 message,

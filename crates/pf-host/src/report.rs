@@ -8,7 +8,12 @@ use std::path::{Path, PathBuf};
 use pf_engine::Outcome;
 use serde::{Deserialize, Serialize};
 
-use crate::cli::OutputFormat;
+/// Whether output is for a person or for a program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputFormat {
+    Human,
+    Json,
+}
 
 /// One run's report. A run that never started (the prompt did not parse) has
 /// only its outcome.
@@ -141,6 +146,20 @@ impl RunReport {
         }
     }
 
+    /// The outcome as the run log (and the OTLP export) records it.
+    pub fn logged_outcome(&self) -> pf_runlog::Outcome {
+        match &self.outcome {
+            ReportOutcome::Completed { result } => pf_runlog::Outcome::Completed {
+                result: result.clone(),
+            },
+            ReportOutcome::Failed { error } => pf_runlog::Outcome::Failed {
+                kind: error.kind.clone(),
+                message: error.message.clone(),
+            },
+            ReportOutcome::Cancelled => pf_runlog::Outcome::Cancelled,
+        }
+    }
+
     /// The report as one line of JSON.
     pub fn to_json_line(&self) -> String {
         // Serializing plain strings, numbers and UTF-8 paths cannot fail; a
@@ -224,7 +243,7 @@ impl RunReport {
 /// Error text made safe to print on a terminal: control characters other than
 /// newline and tab (escape sequences, carriage returns, C1 controls) are shown
 /// escaped, so a message a prompt or server chose cannot drive the terminal.
-pub(crate) fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
+pub fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
     let unsafe_char = |c: char| c.is_control() && c != '\n' && c != '\t';
     if !text.chars().any(unsafe_char) {
         return std::borrow::Cow::Borrowed(text);

@@ -67,7 +67,7 @@ pub fn begin_run_log(start: RunStart) -> Option<Arc<RunLogSink>> {
     ))))
 }
 
-pub(crate) fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     if dir.is_dir() {
         return Ok(());
     }

@@ -25,7 +25,8 @@ use pf_runlog::{
 use serde::Serialize;
 use serde_json::{json, Value as Json};
 
-use super::observe::SectionTracker;
+pub use crate::logged_json::request_json;
+use crate::sections::SectionTracker;
 
 /// How the Host does its work for a run: directly, directly while
 /// recording every piece into the run log, or answered from a logged run
@@ -568,25 +569,6 @@ impl LoggedResponse<'_> {
     }
 }
 
-/// The request as the log keeps it: the Harness request's own fields.
-pub fn request_json(request: &ChatRequest) -> Json {
-    let mut body = serde_json::Map::new();
-    body.insert("messages".into(), json!(request.messages));
-    if let Some(tools) = &request.tools {
-        body.insert("tools".into(), json!(tools));
-    }
-    if let Some(t) = request.temperature {
-        body.insert("temperature".into(), json!(t));
-    }
-    if let Some(m) = request.max_tokens {
-        body.insert("max_tokens".into(), json!(m));
-    }
-    if let Some(t) = request.thinking {
-        body.insert("thinking".into(), json!(t));
-    }
-    Json::Object(body)
-}
-
 /// The response as the log keeps it: the Harness response's own fields
 /// (the debug capture's raw bodies stay in the `request`/`response` events).
 pub fn response_json(response: &ChatResponse) -> Json {
@@ -756,7 +738,7 @@ impl Plugin for RecordingPlugin {
                     active
                         .tools()
                         .iter()
-                        .map(super::replay::tool_spec_json)
+                        .map(crate::logged_json::tool_spec_json)
                         .collect(),
                 )
             }),

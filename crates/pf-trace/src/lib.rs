@@ -1,18 +1,47 @@
 //! Seeing a run (issue 18): the self-contained trace page of `show --html`
-//! ([`html`], written or opened by [`page`]) and the OpenTelemetry export of
+//! ([`html`]) and the OpenTelemetry export of
 //! `run --otlp` ([`otlp`], encoded by [`protobuf`]). Both read a run as
 //! section entries ([`sections`]); the page from the run log's records, the
 //! export from the events the Host's observer hears.
 
 pub mod html;
+pub mod logview;
 pub mod otlp;
-pub mod page;
 pub mod protobuf;
 pub mod sections;
 
 use std::collections::{BTreeMap, VecDeque};
 
-use pf_runlog::{AnswerRecord, EventRecord, ExchangeRecord, ToolCallRecord};
+use pf_runlog::{
+    AnswerRecord, EventRecord, ExchangeRecord, RunLogError, RunRecord, ToolCallRecord,
+};
+
+/// One logged run read back whole: what every rendering of `show` draws on
+/// (text and JSON here; the self-contained HTML page is to come, issue 18).
+#[derive(Debug, Clone)]
+pub struct LoggedRun {
+    pub record: RunRecord,
+    pub events: Vec<EventRecord>,
+    pub exchanges: Vec<ExchangeRecord>,
+    pub tool_calls: Vec<ToolCallRecord>,
+    pub answers: Vec<AnswerRecord>,
+}
+
+/// Resolve `run` and read everything logged about it.
+pub fn load(log: &pf_runlog::RunLog, run: &str) -> Result<LoggedRun, RunLogError> {
+    let id = log.resolve(run)?;
+    let record = log.run(id)?.ok_or_else(|| RunLogError::Unknown {
+        run: run.to_string(),
+        recent: Vec::new(),
+    })?;
+    Ok(LoggedRun {
+        record,
+        events: log.events(id)?,
+        exchanges: log.exchanges(id)?,
+        tool_calls: log.tool_calls(id)?,
+        answers: log.answers(id)?,
+    })
+}
 
 /// One thing a logged run did: an event, or a piece of host work recorded
 /// beside the events.
