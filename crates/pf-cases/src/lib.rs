@@ -11,17 +11,16 @@
 //! `requests`, the seed checks) are never rewritten.
 
 pub mod case;
-mod web;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::Value as Json;
 
 use case::{Case, Expect};
 use pf_host::report::{ReportOutcome, RunReport};
-pub use web::{ModelServer, WebServer};
+pub use promptforge::usertest::fixtures::WorkDir;
+pub use promptforge::usertest::web::{ModelServer, WebServer};
 
 /// What `{{WEB}}` stands for when a case has no web fixture (a closed port).
 const NO_WEB: &str = "http://127.0.0.1:9";
@@ -114,28 +113,6 @@ pub struct Actual {
     pub store: PathBuf,
     /// The run's events rendered by [`render_events`], one line each.
     pub events: Vec<String>,
-}
-
-/// A scratch directory removed when dropped.
-pub struct WorkDir(pub PathBuf);
-
-impl WorkDir {
-    pub fn new() -> Result<WorkDir, String> {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let n = NEXT.fetch_add(1, Ordering::SeqCst);
-        let path =
-            std::env::temp_dir().join(format!("promptforge-case-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path)
-            .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-        Ok(WorkDir(path))
-    }
-}
-
-impl Drop for WorkDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 impl Runner {

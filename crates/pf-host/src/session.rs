@@ -597,12 +597,24 @@ fn argument_string(
             ArgType::Boolean => {
                 format!("--arg {name}={value}: `{name}` is a boolean (true or false)")
             }
-            ArgType::Integer => format!("--arg {name}={value}: `{name}` is an integer"),
-            ty => format!("--arg {name}={value}: `{name}` is a {}", ty.name()),
+            ty => format!(
+                "--arg {name}={value}: `{name}` is {} {}",
+                article(ty),
+                ty.name()
+            ),
         })?;
         object.insert(name.to_string(), typed);
     }
     Ok(serde_json::Value::Object(object).to_string())
+}
+
+/// "an" before "integer", else "a".
+fn article(ty: ArgType) -> &'static str {
+    if ty == ArgType::Integer {
+        "an"
+    } else {
+        "a"
+    }
 }
 
 /// ARGS `-`: all of stdin, less the one line ending a shell or `echo` adds.
@@ -681,4 +693,10 @@ mod tests {
         );
         assert_eq!(runtime_error_line("no location"), None);
     }
+}
+
+/// A random run seed below 2^53, so JSON readers that hold numbers as
+/// doubles (JavaScript MCP clients among them) keep it exact.
+pub fn random_seed() -> u64 {
+    rand::random::<u64>() >> 11
 }

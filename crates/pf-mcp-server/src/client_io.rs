@@ -1,10 +1,11 @@
 //! What a run says back to the MCP client while it runs: progress
 //! notifications from its events, and operator questions as elicitation.
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use pf_engine::{EventKind, RunEvent, RunObserver};
+use pf_engine::{EventKind, RunEvent, RunObserver, ToolCallNotice};
 use pf_harness::{CancellationToken, InputBroker, WorkId};
 use rmcp::model::{
     ElicitRequestParams, ElicitationAction, ElicitationSchema, ProgressNotificationParam,
@@ -15,8 +16,9 @@ use serde_json::json;
 use tokio::sync::mpsc::UnboundedSender;
 
 /// The progress line an event makes, if it is one a caller wants to see:
-/// entering a section, a model round, a tool call, a `log` line, a question.
-pub fn progress_message(event: &RunEvent, section_changed: bool) -> Option<String> {
+/// entering a section, a model round, a tool call's end (`tool` is its name,
+/// from the call's notice), a `log` line, a question.
+pub fn progress_message(event: &RunEvent, tool: Option<&str>) -> Option<String> {
     let section = &event.section;
     let text = |name: &str| {
         event
@@ -25,36 +27,32 @@ pub fn progress_message(event: &RunEvent, section_changed: bool) -> Option<Strin
             .map(str::to_string)
     };
     let what = match event.kind {
-        EventKind::ModelTurnCompleted => Some(match event.turn() {
+        EventKind::SectionStarted => return Some(format!("section {section}")),
+        EventKind::ModelTurnCompleted => match event.turn() {
             Some(turn) => format!("model round {turn} completed"),
             None => "model round completed".to_string(),
-        }),
-        EventKind::ModelTurnFailed => Some("model round failed".to_string()),
-        EventKind::ModelTurnTruncated => Some("model round cut short".to_string()),
+        },
+        EventKind::ModelTurnFailed => "model round failed".to_string(),
+        EventKind::ModelTurnTruncated => "model round cut short".to_string(),
         EventKind::ToolCallSucceeded | EventKind::ToolCallFailed => {
             let outcome = if event.kind == EventKind::ToolCallSucceeded {
                 "succeeded"
             } else {
                 "failed"
             };
-            Some(match text("tool").or_else(|| text("name")) {
-                Some(tool) => format!("tool call {tool} {outcome}"),
+            match tool {
+                Some(tool) => format!("tool {tool} {outcome}"),
                 None => format!("tool call {outcome}"),
-            })
+            }
         }
-        EventKind::Lua => Some(match text("message") {
+        EventKind::Lua => match text("message") {
             Some(message) => format!("log: {message}"),
             None => "log".to_string(),
-        }),
-        EventKind::UserInputWaitStarted => Some("waiting for operator input".to_string()),
-        _ => None,
+        },
+        EventKind::UserInputWaitStarted => "waiting for operator input".to_string(),
+        _ => return None,
     };
-    let what = what?;
-    Some(if section_changed {
-        format!("section {section}: {what}")
-    } else {
-        format!("{section}: {what}")
-    })
+    Some(format!("{section}: {what}"))
 }
 
 /// Turns a run's events into `notifications/progress` for one call. It only
@@ -69,7 +67,9 @@ pub struct ProgressObserver {
 #[derive(Default)]
 struct ProgressState {
     count: u32,
-    section: Option<String>,
+    /// Tool calls begun and not yet ended, by section: the end event names
+    /// no tool, the call's notice does.
+    calling: HashMap<String, VecDeque<String>>,
 }
 
 impl ProgressObserver {
@@ -85,23 +85,29 @@ impl ProgressObserver {
 impl RunObserver for ProgressObserver {
     fn event(&self, _execution: &str, event: &RunEvent) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        // A walked section is announced with the first progress it makes, so
-        // sections that do nothing a caller would see stay quiet.
-        if event.kind == EventKind::SectionStarted {
-            state.section = Some(event.section.clone());
-            return;
-        }
-        let entering = state.section.as_deref() == Some(event.section.as_str());
-        let Some(message) = progress_message(event, entering) else {
+        let tool = match event.kind {
+            EventKind::ToolCallSucceeded | EventKind::ToolCallFailed => state
+                .calling
+                .get_mut(&event.section)
+                .and_then(VecDeque::pop_front),
+            _ => None,
+        };
+        let Some(message) = progress_message(event, tool.as_deref()) else {
             return;
         };
-        if entering {
-            state.section = None;
-        }
         state.count += 1;
         let mut param = ProgressNotificationParam::new(self.token.clone(), f64::from(state.count));
         param.message = Some(message);
         let _ = self.sender.send(param);
+    }
+
+    fn tool_call(&self, _execution: &str, call: &ToolCallNotice<'_>) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state
+            .calling
+            .entry(call.section.to_string())
+            .or_default()
+            .push_back(call.alias.to_string());
     }
 }
 

@@ -9,6 +9,7 @@ pub mod catalog;
 pub mod client_io;
 pub mod http;
 pub mod run_call;
+pub mod stdio;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
@@ -31,6 +32,16 @@ use pf_host::HostConfig;
 /// How often the served paths are looked at for added, changed or removed prompts.
 const WATCH_INTERVAL: Duration = Duration::from_secs(1);
 
+/// How long a stop waits for the cancelled runs to end (and log their end)
+/// before the process goes anyway: well within 10 s of SIGTERM.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(6);
+
+/// `--call-timeout`'s default: an hour, for prompts that loop over many model rounds.
+pub const DEFAULT_CALL_TIMEOUT_SECS: u64 = 3600;
+
+/// `--max-body`'s default: 4 MiB, far above any call's arguments.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+
 /// What every session of the server shares.
 pub struct ServerState {
     paths: Vec<PathBuf>,
@@ -44,6 +55,10 @@ pub struct ServerState {
     shutdown: CancellationToken,
     /// The connected clients, told when the tool list changes.
     peers: Mutex<Vec<Peer<RoleServer>>>,
+    /// A call still running after this long is cancelled and fails.
+    call_timeout: Duration,
+    /// The largest request (HTTP body, stdio line) read.
+    max_body: usize,
 }
 
 /// What `promptforge mcp` was asked to serve, and how.
@@ -53,6 +68,8 @@ pub struct ServeOptions {
     pub store: StorePlace,
     pub max_concurrent: usize,
     pub queue: usize,
+    pub call_timeout: Duration,
+    pub max_body: usize,
 }
 
 impl ServerState {
@@ -71,6 +88,8 @@ impl ServerState {
             admission: Admission::new(options.max_concurrent, options.queue),
             shutdown: CancellationToken::new(),
             peers: Mutex::new(Vec::new()),
+            call_timeout: options.call_timeout,
+            max_body: options.max_body,
         })
     }
 
@@ -130,7 +149,12 @@ impl ServerState {
     /// so no Plugin server they started outlives the process.
     pub async fn shut_down(&self) {
         self.shutdown.cancel();
-        let _ = tokio::time::timeout(Duration::from_secs(10), self.admission.drain()).await;
+        let _ = tokio::time::timeout(SHUTDOWN_GRACE, self.admission.drain()).await;
+    }
+
+    /// The largest request read, in bytes.
+    pub fn max_body(&self) -> usize {
+        self.max_body
     }
 }
 
@@ -268,10 +292,30 @@ impl ServerHandler for PromptServer {
         tracing::info!("call {}: {name}", context.id);
         let run = run_call::run_prompt(tool, args, setup, permit);
         tokio::pin!(run);
+        // Over HTTP: cancelled when the client dropped the call's response stream.
+        let client_gone = context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<http::ClientGone>())
+            .map(|gone| gone.0.clone())
+            .unwrap_or_default();
+        let call_timeout = self.state.call_timeout;
+        let mut timed_out = false;
         let report = tokio::select! {
             report = &mut run => report,
             _ = context.ct.cancelled() => {
                 tracing::info!("call {}: {name}: cancelled by the client", context.id);
+                cancel.cancel();
+                run.await
+            }
+            _ = client_gone.cancelled() => {
+                tracing::info!("call {}: {name}: cancelled, the client is gone", context.id);
+                cancel.cancel();
+                run.await
+            }
+            _ = tokio::time::sleep(call_timeout) => {
+                tracing::info!("call {}: {name}: cancelled after --call-timeout {} s", context.id, call_timeout.as_secs());
+                timed_out = true;
                 cancel.cancel();
                 run.await
             }
@@ -290,6 +334,13 @@ impl ServerHandler for PromptServer {
                 pf_host::report::ReportOutcome::Cancelled => "cancelled".to_string(),
             }
         );
-        Ok(run_call::call_result(&report).into())
+        let mut result = run_call::call_result(&report);
+        if timed_out && matches!(report.outcome, pf_host::report::ReportOutcome::Cancelled) {
+            result.content = vec![rmcp::model::ContentBlock::text(format!(
+                "cancelled: the call ran longer than the server's --call-timeout of {} s",
+                call_timeout.as_secs()
+            ))];
+        }
+        Ok(result.into())
     }
 }

@@ -144,7 +144,7 @@ pub async fn run_prompt(
 }
 
 fn run_on_this_thread(tool: &PromptTool, args: String, setup: CallSetup) -> RunReport {
-    let seed: u64 = rand::random();
+    let seed = pf_host::session::random_seed();
     let (execution, _) = pf_engine::seeded_names(seed);
     let store_dir = match setup.store.for_call(&execution) {
         Ok(dir) => dir,

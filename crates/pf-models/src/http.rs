@@ -93,8 +93,10 @@ pub fn is_transient(error: &ProviderError) -> bool {
     {
         return true;
     }
+    // The status is the digits after the prefix; a 429 may go on with the server's text.
     message
         .strip_prefix(BACKEND_STATUS)
+        .map(|rest| rest.split(':').next().unwrap_or(rest))
         .and_then(|status| status.parse::<u16>().ok())
         .is_some_and(|status| status >= 500 || status == 429)
 }
@@ -172,6 +174,30 @@ pub(crate) fn stream_malformed(url: &str, detail: &str) -> ProviderError {
 /// The failure for a final non-success status: the number only, never the body.
 pub(crate) fn status_failure(status: StatusCode) -> ProviderError {
     ProviderError::Failed(format!("{BACKEND_STATUS}{}", status.as_u16()))
+}
+
+/// Longest server text a status failure keeps, in characters.
+const SERVER_TEXT_KEPT: usize = 200;
+
+/// The failure for a final status with the server's own words after it
+/// (`non-success backend status 429: "…"`), made safe as in the log: the key
+/// scrubbed, control characters escaped inside quotes, cut short.
+pub(crate) fn status_failure_saying(
+    status: StatusCode,
+    server_text: &str,
+    key: Option<&str>,
+) -> ProviderError {
+    let short: String = server_text.chars().take(SERVER_TEXT_KEPT).collect();
+    let cut = if short.len() < server_text.len() {
+        "…"
+    } else {
+        ""
+    };
+    ProviderError::Failed(format!(
+        "{BACKEND_STATUS}{}: {}{cut}",
+        status.as_u16(),
+        log_safe(&short, key)
+    ))
 }
 
 /// The failure for an error reply whose body broke off while arriving.
@@ -684,11 +710,13 @@ mod tests {
             status_failure(StatusCode::INTERNAL_SERVER_ERROR),
             status_failure(StatusCode::SERVICE_UNAVAILABLE),
             status_failure(StatusCode::TOO_MANY_REQUESTS),
+            status_failure_saying(StatusCode::TOO_MANY_REQUESTS, "slow: 3 of 3 used", None),
         ];
         assert!(transient.iter().all(is_transient));
         let lasting = [
             status_failure(StatusCode::BAD_REQUEST),
             status_failure(StatusCode::UNAUTHORIZED),
+            status_failure_saying(StatusCode::BAD_REQUEST, "500: no", None),
             ProviderError::Failed("missing environment variable: K".into()),
             ProviderError::ContextOverflow("too long".into()),
             ProviderError::Cancelled,

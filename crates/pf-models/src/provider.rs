@@ -509,6 +509,11 @@ impl<W: WireFormat> HttpProvider<W> {
             server_message = %log_safe(&message, key),
             "model request failed with a non-success status"
         );
+        // A rate limit's text says which limit and for how long: the one
+        // server text a message keeps, quoted, escaped, key-scrubbed and cut short.
+        if reply.status == StatusCode::TOO_MANY_REQUESTS && !message.trim().is_empty() {
+            return crate::http::status_failure_saying(reply.status, &message, key);
+        }
         status_failure(reply.status)
     }
 

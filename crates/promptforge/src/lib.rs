@@ -71,6 +71,13 @@ pub fn log_filter(spec: &str) -> tracing_subscriber::EnvFilter {
             filter = filter.add_directive(directive);
         }
     }
+    // rmcp's own errors name its Rust types; every one that matters is
+    // restated by the Plugin or the server in a line of its own.
+    if !spec.contains("rmcp") {
+        if let Ok(directive) = "rmcp=off".parse() {
+            filter = filter.add_directive(directive);
+        }
+    }
     if !spec.contains("trace") {
         for target in NOISY_TARGETS {
             if spec.contains(target) {

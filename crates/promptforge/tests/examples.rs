@@ -250,7 +250,7 @@ fn every_example_has_tests_and_they_pass() {
 }
 
 /// The real `@modelcontextprotocol/server-filesystem` (installed by
-/// `tests/tools/setup.sh mcp-filesystem DIR`, which test.sh runs), or `None`
+/// `tests/tools/setup.sh node-mcp DIR`, which test.sh runs), or `None`
 /// outside CI when it is absent. Under CI=true its absence fails the test.
 fn filesystem_server() -> Option<PathBuf> {
     let from_env = std::env::var_os("PROMPTFORGE_MCP_FILESYSTEM").map(PathBuf::from);
@@ -258,15 +258,15 @@ fn filesystem_server() -> Option<PathBuf> {
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
     let installed =
-        target.join("tmp/test-tools/mcp-filesystem/node_modules/.bin/mcp-server-filesystem");
+        target.join("tmp/test-tools/node-mcp/node_modules/.bin/mcp-server-filesystem");
     let found = from_env.or(Some(installed)).filter(|p| p.is_file());
     if found.is_none() {
         assert!(
             std::env::var("CI").as_deref() != Ok("true"),
             "the filesystem MCP server is not installed: run \
-             crates/promptforge/tests/tools/setup.sh mcp-filesystem target/tmp/test-tools"
+             crates/promptforge/tests/tools/setup.sh node-mcp target/tmp/test-tools"
         );
-        eprintln!("skipped: the filesystem MCP server is not installed (setup.sh mcp-filesystem)");
+        eprintln!("skipped: the filesystem MCP server is not installed (setup.sh node-mcp)");
     }
     found
 }

@@ -55,7 +55,10 @@ function H.make_error(...) H.load_part('base') return H.make_error(...) end -- (
 -- pcall sees exactly the value the host built.
 local function check(ok, ...)
   if ok then return ... end
-  error((...), 2)
+  local e = ...
+  -- Host memory refused for the prompt is Lua's memory error, raised as Lua raises it: no position.
+  if e == 'not enough memory' then error(e, 0) end
+  error(e, 2)
 end
 -- (The closures below have the shape the one-off `H.wrap(raw)` gave each host
 -- function before the dispatchers: `function(...) return check(raw(...)) end`.)

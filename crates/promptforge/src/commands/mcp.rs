@@ -59,6 +59,8 @@ pub fn run(args: McpArgs) -> ExitCode {
         store,
         max_concurrent: args.max_concurrent as usize,
         queue: args.queue as usize,
+        call_timeout: std::time::Duration::from_secs(args.call_timeout),
+        max_body: args.max_body,
     };
     let served = runtime.block_on(async move {
         let state = ServerState::new(options);
@@ -98,8 +100,13 @@ fn bearer_token(flag: Option<&str>, host_file: Option<&str>) -> Result<Option<St
 }
 
 async fn serve_stdio(state: Arc<ServerState>) -> Result<(), String> {
+    let transport = pf_mcp_server::stdio::StdioServerTransport::new(
+        tokio::io::stdin(),
+        tokio::io::stdout(),
+        state.max_body(),
+    );
     let running = PromptServer::new(state)
-        .serve(rmcp::transport::stdio())
+        .serve(transport)
         .await
         .map_err(|e| format!("MCP over stdio did not start: {e}"))?;
     tokio::select! {

@@ -77,12 +77,17 @@ impl Problem {
     /// `FILE:LINE:COL: warning: Kind: message`.
     pub fn one_line(&self, file: &str) -> String {
         let (line, column) = (self.line.unwrap_or(1), self.column.unwrap_or(1));
-        match self.severity {
+        let base = match self.severity {
             Severity::Error => format!("{file}:{line}:{column}: {}: {}", self.kind, self.message),
             Severity::Warning => format!(
                 "{file}:{line}:{column}: warning: {}: {}",
                 self.kind, self.message
             ),
+        };
+        // The suggestion is the fix: it stays on the one line too.
+        match &self.help {
+            Some(help) => format!("{base} ({help})"),
+            None => base,
         }
     }
 

@@ -7,8 +7,8 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use crate::cli::{OutputFormat, TestArgs};
+use crate::usertest::fixtures::WorkDir;
 use crate::usertest::{self, catalog, run::Settings, CaseOutcome, Options};
-use pf_cases::{Runner, WorkDir};
 
 /// The stdio MCP server behind `mcp:` fixtures, shipped inside the binary.
 const MCP_FIXTURE: &str = include_str!("../../tests/fixtures/mcp_fixture.py");
@@ -54,10 +54,6 @@ pub fn run(args: TestArgs) -> ExitCode {
         },
         None => None,
     };
-    let bin = match std::env::current_exe() {
-        Ok(b) => b,
-        Err(e) => return super::usage(&format!("cannot find the promptforge binary: {e}")),
-    };
     let scratch = match WorkDir::new() {
         Ok(w) => w,
         Err(e) => return super::usage(&e),
@@ -67,7 +63,8 @@ pub fn run(args: TestArgs) -> ExitCode {
         return super::usage(&format!("cannot write {}: {e}", fixture.display()));
     }
     let settings = Settings {
-        runner: Runner::new(bin, fixture),
+        mcp_fixture: fixture,
+        python: "python3".to_string(),
         host,
         live,
     };

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use serde_json::Value as Json;
 
-use super::case::{Page, WebFixture};
+use super::fixtures::{Page, WebFixture};
 
 /// A running fixture server; dropping it stops the server.
 pub struct WebServer {
