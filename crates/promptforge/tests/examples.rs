@@ -257,8 +257,7 @@ fn filesystem_server() -> Option<PathBuf> {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
-    let installed =
-        target.join("tmp/test-tools/node-mcp/node_modules/.bin/mcp-server-filesystem");
+    let installed = target.join("tmp/test-tools/node-mcp/node_modules/.bin/mcp-server-filesystem");
     let found = from_env.or(Some(installed)).filter(|p| p.is_file());
     if found.is_none() {
         assert!(
