@@ -20,16 +20,27 @@ pub fn run_log_path() -> Option<PathBuf> {
 
 /// The run log database, its directory created if missing. The directory is
 /// private (0700): the log holds whole prompts, model replies and operator
-/// answers. A directory that already exists keeps its permissions.
+/// answers. One that already exists and others can read is tightened when
+/// this user owns it, else warned about once.
 pub fn prepare_run_log() -> Result<PathBuf, String> {
     let db = run_log_path().ok_or(
         "no data directory: set PROMPTFORGE_HOME (or XDG_DATA_HOME or HOME) to keep a run log",
     )?;
-    if let Some(dir) = db.parent() {
-        create_private_dir(dir)
+    if let Some(dir) = db.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+        let warning = pf_runlog::secure_data_dir(dir)
             .map_err(|e| format!("cannot create the data directory {}: {e}", dir.display()))?;
+        warn_once_about(warning);
     }
     Ok(db)
+}
+
+/// A data directory others can read and this user cannot tighten is said once
+/// a process, however many times the log is opened.
+fn warn_once_about(warning: Option<String>) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    if let Some(warning) = warning {
+        SAID.call_once(|| crate::report::warn(&warning));
+    }
 }
 
 /// The run log to read, when there is one: `Ok(None)` when no run was ever
@@ -40,6 +51,9 @@ pub fn open_run_log() -> Result<Option<pf_runlog::RunLog>, String> {
     )?;
     if !db.is_file() {
         return Ok(None);
+    }
+    if let Some(dir) = db.parent().filter(|dir| dir.is_dir()) {
+        warn_once_about(pf_runlog::secure_data_dir(dir).ok().flatten());
     }
     pf_runlog::RunLog::open(&db)
         .map(Some)
@@ -54,12 +68,12 @@ pub fn begin_run_log(start: RunStart) -> Option<Arc<RunLogSink>> {
     let db = match prepare_run_log() {
         Ok(db) => db,
         Err(problem) => {
-            eprintln!("warning: {problem}; this run is not logged");
+            crate::report::warn(&format!("{problem}; this run is not logged"));
             return None;
         }
     };
     let options = WriterOptions {
-        on_warning: Some(Arc::new(|message: &str| eprintln!("warning: {message}"))),
+        on_warning: Some(Arc::new(|message: &str| crate::report::warn(message))),
         ..WriterOptions::default()
     };
     Some(Arc::new(RunLogSink::new(RunWriter::begin_with(

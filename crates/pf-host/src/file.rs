@@ -140,6 +140,9 @@ pub struct PluginTable {
     pub conflicts: Option<Vec<String>>,
     /// How long one tool call may take, in seconds (whole or fractional).
     pub timeout: Option<f64>,
+    /// Environment variables a stdio server receives, by name, beyond PATH,
+    /// HOME and the locale (nothing else of the Host's environment reaches it).
+    pub env: Option<Vec<String>>,
 }
 
 /// `[input]`.

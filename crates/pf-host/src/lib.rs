@@ -21,6 +21,7 @@ pub mod prompt_files;
 pub mod record;
 pub mod replay;
 pub mod report;
+pub mod scrub;
 pub mod sections;
 pub mod session;
 pub mod usage;
@@ -67,6 +68,9 @@ pub struct HostConfig {
     /// `stream = true`: every `models.loop` round is streamed, also with no one
     /// watching, so the client measures `ttft_ms` and `mean_itl_ms` (guide ch. 16).
     pub stream: bool,
+    /// The catalog was rebuilt from a logged run for a strict replay: its
+    /// models are answered from the log and never built as providers.
+    pub answered_from_log: bool,
 }
 
 /// What a command runs against: the models, the Harness (Plugins and services)
@@ -119,12 +123,42 @@ pub fn chosen_model(flag: Option<&str>) -> Option<String> {
 impl HostConfig {
     /// Read and check the host file at `path`; no file means the defaults
     /// (no model, the web Plugin with its defaults, answers from stdin).
+    ///
+    /// The keys the host file names are registered with the process's
+    /// scrubbing layer ([`pf_secrets::register`]) as soon as it is read, so
+    /// the debug log is scrubbed of them from then on.
     pub fn load(path: Option<&Path>) -> Result<HostConfig, String> {
         let Some(path) = path else {
             return HostConfig::from_file(&HostFile::default(), Path::new("."));
         };
         let base_dir = path.parent().unwrap_or(Path::new("."));
-        HostConfig::from_file(&file::read(path)?, base_dir)
+        let config = HostConfig::from_file(&file::read(path)?, base_dir)?;
+        pf_secrets::register(&config.secrets());
+        Ok(config)
+    }
+
+    /// The names of every environment variable the host file says holds a
+    /// key: each model's `api_key_env`, `[web] search_api_key_env`, each MCP
+    /// Plugin's `env`, `[mcp_server] token_env`.
+    pub fn key_names(&self) -> Vec<String> {
+        let models = self.catalog.iter().filter_map(|spec| match &spec.kind {
+            ProviderKind::OpenAi(endpoint) | ProviderKind::Anthropic(endpoint) => {
+                endpoint.api_key_env.clone()
+            }
+            ProviderKind::Script { .. } => None,
+        });
+        let plugins = self.plugins.iter().flat_map(|(_, c)| c.env.iter().cloned());
+        models
+            .chain(self.web.search_api_key_env.clone())
+            .chain(plugins)
+            .chain(self.mcp_token_env.clone())
+            .collect()
+    }
+
+    /// The values of [`HostConfig::key_names`] now set: what every piece of
+    /// text from outside is scrubbed of.
+    pub fn secrets(&self) -> pf_secrets::Secrets {
+        pf_secrets::Secrets::from_env(self.key_names())
     }
 
     /// Check a parsed host file; relative paths resolve against `base_dir`.
@@ -196,9 +230,59 @@ impl HostConfig {
             otlp,
             limits: run_limits(file.limits.as_ref()),
             stream: file.stream.unwrap_or(false),
+            answered_from_log: false,
         };
         hide_keys(&mut config);
         Ok(config)
+    }
+
+    /// The host a strict replay runs against when no host file is named:
+    /// nothing but the logged models, by id, answered from the log. Their
+    /// context is unbounded here (the logged run already passed its
+    /// precheck), their description empty.
+    pub fn answered_from_log(model_ids: impl Iterator<Item = String>) -> HostConfig {
+        let mut ids: Vec<String> = model_ids.collect();
+        ids.sort();
+        ids.dedup();
+        let catalog = ids
+            .into_iter()
+            .map(|id| ProviderSpec {
+                kind: pf_models::ProviderKind::Script {
+                    replies: PathBuf::new(),
+                },
+                model: id.clone(),
+                id,
+                context: u64::from(u32::MAX),
+                thinking: pf_harness::ThinkingSupport::Switchable,
+                description: String::new(),
+                record: None,
+                retries: 0,
+                spawn: None,
+                // The log holds the rounds as the Engine saw them: the
+                // format they travelled in no longer matters.
+                tool_format: pf_models::ToolFormat::default(),
+                // Never called: nothing to pace.
+                limits: pf_models::ModelLimits::default(),
+            })
+            .collect();
+        HostConfig {
+            catalog,
+            default_model: None,
+            ui: None,
+            web: WebConfig {
+                search: SearchBackend::Gateway,
+                search_url: None,
+                search_api_key_env: None,
+                allow_loopback: false,
+            },
+            plugins: Vec::new(),
+            answers: None,
+            mcp_token_env: None,
+            otlp: None,
+            limits: run_limits(None),
+            stream: false,
+            answered_from_log: true,
+        }
     }
 
     /// The catalog entry with this id.
@@ -260,9 +344,18 @@ impl HostConfig {
     /// command that runs prompts.
     pub fn assemble_for(&self, current: Option<&str>, work: &HostWork) -> Result<Host, String> {
         let mut harness = Harness::new();
-        let mut plugins: Vec<Arc<dyn Plugin>> = vec![Arc::new(WebPlugin::new(self.web.clone()))];
+        // Innermost, around each real part: everything from outside is scrubbed
+        // before any recorder, replayer or the Engine sees it.
+        let secrets = Arc::new(self.secrets());
+        let mut plugins: Vec<Arc<dyn Plugin>> = vec![scrub::ScrubbingPlugin::wrap(
+            Arc::new(WebPlugin::new(self.web.clone())),
+            &secrets,
+        )];
         for (id, config) in &self.plugins {
-            plugins.push(Arc::new(McpPlugin::new(id.clone(), config.clone())));
+            plugins.push(scrub::ScrubbingPlugin::wrap(
+                Arc::new(McpPlugin::new(id.clone(), config.clone())),
+                &secrets,
+            ));
         }
         if let Some(replayer) = work.replayer() {
             // The logged catalog answers; the real Plugin only goes live. A
@@ -308,8 +401,20 @@ impl HostConfig {
         // provider, then the replay's answers, then metering (replayed usage
         // counts), then recording (the replayed run is logged too).
         let build = |spec: &ProviderSpec| -> Result<Arc<dyn ModelProvider>, String> {
-            let provider = pf_models::build_provider(spec)
-                .map_err(|e| format!("host file: model \"{}\": {e}", spec.id))?;
+            let provider: Arc<dyn ModelProvider> = if self.answered_from_log {
+                Arc::new(replay::LoggedOnlyModel::new(pf_harness::ModelInfo {
+                    id: spec.id.clone(),
+                    context: spec.context,
+                    thinking: spec.thinking,
+                    description: spec.description.clone(),
+                }))
+            } else {
+                scrub::ScrubbingModel::wrap(
+                    pf_models::build_provider(spec)
+                        .map_err(|e| format!("host file: model \"{}\": {e}", spec.id))?,
+                    &secrets,
+                )
+            };
             let provider: Arc<dyn ModelProvider> = match work.replayer() {
                 None => provider,
                 Some(r) => Arc::new(ReplayModel::new(provider, Arc::clone(r))),
@@ -447,12 +552,35 @@ fn mcp_config(id: &str, table: &PluginTable) -> Result<McpConfig, String> {
                 )
             })?,
     };
+    let env = table.env.clone().unwrap_or_default();
+    if !env.is_empty() && matches!(transport, McpTransport::Http { .. }) {
+        return Err(format!(
+            "host file: [plugins.\"{id}\"] `env` passes variables to a server the Host starts; \
+             it needs `command`, not `url`"
+        ));
+    }
+    if let Some(bad) = env.iter().find(|name| !is_env_name(name)) {
+        return Err(format!(
+            "host file: [plugins.\"{id}\"] `env`: {bad:?} is not an environment variable name \
+             (letters, digits and `_`, not starting with a digit)"
+        ));
+    }
     Ok(McpConfig {
         transport,
         trusted: table.trusted.unwrap_or(false),
         conflicts: table.conflicts.clone().unwrap_or_default(),
         timeout,
+        env,
     })
+}
+
+/// A name `env = [...]` can pass: `[A-Za-z_][A-Za-z0-9_]*`.
+fn is_env_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// `[model]` (`id` `None`) or `[models.ID]` with its defaults: a missing
@@ -829,6 +957,7 @@ mod tests {
                     trusted: true,
                     conflicts: Vec::new(),
                     timeout: std::time::Duration::from_secs(60),
+                    env: Vec::new(),
                 }
             )]
         );

@@ -102,16 +102,16 @@ pub fn place_input(prompt: &Prompt, prompt_file: &Path, store_dir: &Path, quiet:
                 .join(&declared.path);
             if beside.is_file() {
                 if let Err(why) = pf_engine::place_input(prompt, store_dir, &beside) {
-                    eprintln!("warning: {why}");
+                    crate::report::warn(&why.to_string());
                 }
             }
         }
     }
     if let Some(notice) = pf_engine::missing_input(prompt, store_dir).filter(|_| !quiet) {
-        eprintln!(
-            "warning: {notice} (store directory {})",
+        crate::report::warn(&format!(
+            "{notice} (store directory {})",
             store_dir.display()
-        );
+        ));
     }
 }
 
@@ -128,7 +128,7 @@ pub fn collect_output(prompt: &Prompt, store_dir: &Path, quiet: bool) -> Option<
         },
         Err(message) => {
             if !quiet {
-                eprintln!("warning: {message}");
+                crate::report::warn(&message);
             }
             let declared = prompt
                 .frontmatter

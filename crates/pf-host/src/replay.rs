@@ -71,6 +71,13 @@ impl LoggedWork {
         Ok(work)
     }
 
+    /// The catalog ids of the models the logged run asked, each once.
+    pub fn model_ids(&self) -> impl Iterator<Item = String> {
+        let ids: std::collections::BTreeSet<String> =
+            self.exchanges.values().map(|x| x.model.clone()).collect();
+        ids.into_iter()
+    }
+
     /// The Plugin ids the logged run activated (or tried to).
     pub fn plugin_ids(&self) -> impl Iterator<Item = &str> {
         self.activations.keys().map(String::as_str)
@@ -480,6 +487,53 @@ impl ModelProvider for ReplayModel {
             }
             Decision::Stop => Err(ProviderError::Cancelled),
         }
+    }
+}
+
+/// A model a strict replay knows only from the log (no host file named): it
+/// never answers, since every round the log holds is answered before it
+/// and a round the log lacks stops the replay.
+pub struct LoggedOnlyModel {
+    info: ModelInfo,
+}
+
+impl LoggedOnlyModel {
+    pub fn new(info: ModelInfo) -> LoggedOnlyModel {
+        LoggedOnlyModel { info }
+    }
+
+    fn refusal() -> ProviderError {
+        ProviderError::Failed(
+            "the run log holds no answer for this round, and no host file was named \
+             (give --host FILE and --live to ask a real model)"
+                .to_string(),
+        )
+    }
+}
+
+#[async_trait]
+impl ModelProvider for LoggedOnlyModel {
+    fn info(&self) -> ModelInfo {
+        self.info.clone()
+    }
+
+    async fn complete(
+        &self,
+        _request: ChatRequest,
+        _work: &WorkId,
+        _cancel: CancellationToken,
+    ) -> Result<ChatResponse, ProviderError> {
+        Err(Self::refusal())
+    }
+
+    async fn complete_streaming(
+        &self,
+        _request: ChatRequest,
+        _work: &WorkId,
+        _cancel: CancellationToken,
+        _on_text: &mut OnText<'_>,
+    ) -> Result<ChatResponse, ProviderError> {
+        Err(Self::refusal())
     }
 }
 

@@ -177,8 +177,20 @@ impl RunReport {
 
     /// Print the report: JSON on stdout, or the result on stdout and the rest
     /// on stderr. `prompt_file` names the prompt in parse-error lines.
+    /// A result printed for a person on a terminal has its control
+    /// characters escaped ([`crate::report::stdout_text`]); to a pipe or a file
+    /// it stays byte-exact.
     pub fn print(&self, format: OutputFormat, prompt_file: &Path) {
         let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
+        if let (OutputFormat::Human, ReportOutcome::Completed { result }) = (format, &self.outcome)
+        {
+            if let std::borrow::Cow::Owned(escaped) = crate::report::stdout_text(result) {
+                let mut shown = self.clone();
+                shown.outcome = ReportOutcome::Completed { result: escaped };
+                let _ = shown.write(format, prompt_file, &mut out, &mut err);
+                return;
+            }
+        }
         let _ = self.write(format, prompt_file, &mut out, &mut err);
     }
 
@@ -257,6 +269,25 @@ pub fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
         }
     }
     std::borrow::Cow::Owned(out)
+}
+
+/// A warning on stderr, its text escaped for a terminal: messages quote
+/// paths, prompt text and server words, any of which may carry control
+/// sequences.
+pub fn warn(message: &str) {
+    eprintln!("warning: {}", terminal_safe(message));
+}
+
+/// Text from outside (a run's result, a model's or a page's words) as it may
+/// go to stdout: escaped when stdout is a terminal, so an OSC, CSI or DCS
+/// sequence cannot drive it; byte-exact to a pipe or a file.
+pub fn stdout_text(text: &str) -> std::borrow::Cow<'_, str> {
+    use std::io::IsTerminal;
+    if std::io::stdout().is_terminal() {
+        terminal_safe(text)
+    } else {
+        std::borrow::Cow::Borrowed(text)
+    }
 }
 
 #[cfg(test)]

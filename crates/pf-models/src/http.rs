@@ -9,8 +9,8 @@ use std::time::Duration;
 use pf_harness::{CancellationToken, ProviderError};
 use rand::Rng;
 
-use crate::scrub::KeyScrubber;
 use crate::sse;
+use pf_secrets::Secrets;
 use reqwest::header::{HeaderMap, HeaderValue, ACCEPT, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::StatusCode;
 
@@ -131,9 +131,10 @@ pub(crate) fn secret_header(value: &str, variable: &str) -> Result<HeaderValue, 
 
 /// Replace every form of the key in an error's text, in case a server echoed it.
 pub(crate) fn scrub_key(error: ProviderError, key: Option<&str>) -> ProviderError {
-    let Some(scrubber) = KeyScrubber::new(key) else {
+    let scrubber = Secrets::new(key);
+    if scrubber.is_empty() {
         return error;
-    };
+    }
     match error {
         ProviderError::Failed(message) => ProviderError::Failed(scrubber.scrub(&message)),
         ProviderError::ContextOverflow(message) => {
@@ -146,10 +147,7 @@ pub(crate) fn scrub_key(error: ProviderError, key: Option<&str>) -> ProviderErro
 /// Text a server sent, made fit for a log line: every form of the key
 /// replaced, and quoted with escapes so a hostile payload cannot forge log lines.
 pub(crate) fn log_safe(text: &str, key: Option<&str>) -> String {
-    let scrubbed = match KeyScrubber::new(key) {
-        Some(scrubber) => scrubber.scrub(text),
-        None => text.to_string(),
-    };
+    let scrubbed = Secrets::new(key).scrub(text);
     format!("{scrubbed:?}")
 }
 

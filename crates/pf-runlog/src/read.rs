@@ -107,7 +107,7 @@ fn outcome_columns(row: &Row<'_>, index: usize) -> rusqlite::Result<Option<Outco
 const RUN_COLUMNS: &str = "id, execution, prompt_path, prompt_text, prompt_sha256, args_json, seed,
     start_rfc3339, start_ms, host_file, model, store_dir, replay_of, resumed_from,
     started_at_ms, finished_at_ms, outcome, result, error_kind, error_message, duration_ms,
-    input_tokens, output_tokens, total_tokens";
+    input_tokens, output_tokens, total_tokens, batch";
 
 fn run_record(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
     let seed_text: String = row.get(6)?;
@@ -127,6 +127,7 @@ fn run_record(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
         store_dir: row.get(11)?,
         replay_of: row.get(12)?,
         resumed_from: row.get(13)?,
+        batch: row.get(24)?,
     };
     let end = outcome_columns(row, 16)?.map(|outcome| -> rusqlite::Result<RunEnd> {
         Ok(RunEnd {
@@ -161,11 +162,12 @@ impl RunLog {
             .prepare_cached(
                 "SELECT id, execution, prompt_path, start_rfc3339, started_at_ms, model,
                     coalesce(outcome, ?4), duration_ms,
-                    input_tokens, output_tokens, total_tokens
+                    input_tokens, output_tokens, total_tokens, batch
                  FROM runs
                  WHERE (?1 IS NULL OR instr(prompt_path, ?1) > 0)
                    AND (?2 IS NULL OR coalesce(outcome, ?4) = ?2)
                    AND (?5 IS NULL OR id IN (SELECT rowid FROM runs_text WHERE runs_text MATCH ?5))
+                   AND (?6 IS NULL OR batch = ?6)
                  ORDER BY started_at_ms DESC, id DESC
                  LIMIT ?3",
             )
@@ -177,7 +179,7 @@ impl RunLog {
         }
         let rows = query
             .query_map(
-                params![filter.prompt, outcome, limit, RUNNING, search],
+                params![filter.prompt, outcome, limit, RUNNING, search, filter.batch],
                 |row| {
                     Ok(RunSummary {
                         id: RunId(row.get(0)?),
@@ -189,6 +191,7 @@ impl RunLog {
                         outcome: row.get(6)?,
                         duration_ms: optional_u64_column(row, 7)?,
                         usage: usage_columns(row, 8)?,
+                        batch: row.get(11)?,
                     })
                 },
             )

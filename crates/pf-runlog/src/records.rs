@@ -40,6 +40,8 @@ pub struct RunStart {
     pub replay_of: Option<String>,
     /// The run this one resumes, by execution id.
     pub resumed_from: Option<String>,
+    /// The `promptforge batch` this run belongs to, by batch id.
+    pub batch: Option<String>,
 }
 
 /// How a run ended.
@@ -193,6 +195,12 @@ pub struct RunRecord {
 }
 
 impl RunRecord {
+    /// Whether `start.prompt_text` still hashes to the `prompt_sha256` it was
+    /// logged with: false for a log row edited (or damaged) since.
+    pub fn prompt_text_intact(&self) -> bool {
+        crate::writer::sha256_hex(&self.start.prompt_text) == self.prompt_sha256
+    }
+
     /// `completed`, `failed`, `cancelled` or `running`.
     pub fn outcome_label(&self) -> &'static str {
         self.end.as_ref().map_or(RUNNING, |end| end.outcome.label())
@@ -212,6 +220,8 @@ pub struct RunSummary {
     pub outcome: String,
     pub duration_ms: Option<u64>,
     pub usage: Option<TokenUsage>,
+    /// The batch the run belongs to.
+    pub batch: Option<String>,
 }
 
 /// Which runs [`RunLog::list_runs`](crate::RunLog::list_runs) returns.
@@ -226,6 +236,8 @@ pub struct RunFilter {
     /// Only runs whose prompt path, arguments, result or error hold every
     /// word of this text (case-insensitive; a word matches as a prefix).
     pub search: Option<String>,
+    /// Only the runs of this batch.
+    pub batch: Option<String>,
 }
 
 /// Which finished runs [`RunLog::prune`](crate::RunLog::prune) deletes. A

@@ -168,12 +168,18 @@ const V6: &str = "
 ALTER TABLE event_batches ADD COLUMN packed BLOB;
 ";
 
-/// Version 7, `runs --search`: a full-text index (FTS5) over each run's
+/// Version 7: the `promptforge batch` a run belongs to (`runs --batch ID`).
+const V7: &str = "
+ALTER TABLE runs ADD COLUMN batch TEXT;
+CREATE INDEX runs_by_batch ON runs(batch) WHERE batch IS NOT NULL;
+";
+
+/// Version 8, `runs --search`: a full-text index (FTS5) over each run's
 /// prompt path, arguments, result and error, kept by triggers as runs are
 /// inserted, finished and pruned. It indexes the `runs` table's own columns
 /// (external content), so it adds no second copy of the text; `rebuild`
 /// indexes the runs an older build logged.
-const V7: &str = "
+const V8: &str = "
 CREATE VIRTUAL TABLE runs_text USING fts5(
     prompt_path, args_json, result, error_kind, error_message,
     content = 'runs', content_rowid = 'id'
@@ -197,7 +203,7 @@ INSERT INTO runs_text(runs_text) VALUES ('rebuild');
 ";
 
 /// Every migration in order; entry `i` takes the database to version `i + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8];
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

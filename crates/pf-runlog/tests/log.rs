@@ -12,7 +12,7 @@ use common::*;
 use pf_runlog::schema::SCHEMA_VERSION;
 use pf_runlog::{
     ActivationRecord, EventRecord, ExchangeDraft, ExchangeHandle, Outcome, RunEnd, RunFilter,
-    RunId, RunLog, RunLogError, RunWriter, TokenUsage, WriterOptions,
+    RunId, RunLog, RunLogError, RunStart, RunWriter, TokenUsage, WriterOptions,
 };
 use rusqlite::Connection;
 use serde_json::json;
@@ -944,8 +944,96 @@ fn as_version_5(path: &std::path::Path, rows: &[pf_runlog::StoredRow]) {
         .unwrap();
     }
     conn.execute_batch(WITHOUT_SEARCH_INDEX).unwrap();
-    conn.execute_batch("ALTER TABLE event_batches DROP COLUMN packed; PRAGMA user_version = 5;")
+    conn.execute_batch(
+        "ALTER TABLE event_batches DROP COLUMN packed;
+         DROP INDEX runs_by_batch; ALTER TABLE runs DROP COLUMN batch;
+         PRAGMA user_version = 5;",
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_version_6_database_gains_batch_ids_and_its_runs_read_back_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_in(&dir);
+    let (old, before) = {
+        let log = RunLog::open(&path).unwrap();
+        let old = log_every_kind(&log, "run-0ld6");
+        let before = read_back(&log, old);
+        drop(log);
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(WITHOUT_SEARCH_INDEX).unwrap();
+        conn.execute_batch(
+            "DROP INDEX runs_by_batch; ALTER TABLE runs DROP COLUMN batch;
+             PRAGMA user_version = 6;",
+        )
         .unwrap();
+        (old, before)
+    };
+    let log = RunLog::open(&path).unwrap();
+    let version: i64 = Connection::open(&path)
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, SCHEMA_VERSION);
+    assert_eq!(read_back(&log, old), before);
+    assert_eq!(log.run(old).unwrap().unwrap().start.batch, None);
+
+    // Runs of a batch go in beside it, and the filter finds exactly them.
+    for (execution, batch) in [
+        ("run-b1", Some("batch-1")),
+        ("run-b2", Some("batch-1")),
+        ("run-c", None),
+    ] {
+        let writer = log.begin_with(
+            RunStart {
+                batch: batch.map(str::to_owned),
+                ..start(execution)
+            },
+            patient(),
+        );
+        assert!(writer.flush());
+    }
+    let batch = log
+        .list_runs(&RunFilter {
+            batch: Some("batch-1".to_owned()),
+            ..RunFilter::default()
+        })
+        .unwrap();
+    let mut names: Vec<&str> = batch.iter().map(|r| r.execution.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["run-b1", "run-b2"]);
+    assert!(batch.iter().all(|r| r.batch.as_deref() == Some("batch-1")));
+    let id = log.resolve("run-b1").unwrap();
+    assert_eq!(
+        log.run(id).unwrap().unwrap().start.batch.as_deref(),
+        Some("batch-1")
+    );
+    assert_eq!(log.list_runs(&RunFilter::default()).unwrap().len(), 4);
+
+    // Version 8's search index covers the old run too, and `search` and
+    // `batch` narrow together.
+    let mut found = search(&log, "review");
+    found.sort_unstable();
+    assert_eq!(found, ["run-0ld6", "run-b1", "run-b2", "run-c"]);
+    let both = log
+        .list_runs(&RunFilter {
+            batch: Some("batch-1".to_owned()),
+            search: Some("review".to_owned()),
+            ..RunFilter::default()
+        })
+        .unwrap();
+    let mut names: Vec<&str> = both.iter().map(|r| r.execution.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["run-b1", "run-b2"]);
+    assert!(log
+        .list_runs(&RunFilter {
+            batch: Some("batch-1".to_owned()),
+            search: Some("nowhere".to_owned()),
+            ..RunFilter::default()
+        })
+        .unwrap()
+        .is_empty());
 }
 
 #[test]
@@ -1036,7 +1124,7 @@ fn a_damaged_packed_row_is_an_error_naming_the_run() {
     assert_eq!(read_back(&log, good), before);
 }
 
-/// Version 7's search index taken away, leaving version 6's schema.
+/// Version 8's search index taken away, leaving version 7's schema.
 const WITHOUT_SEARCH_INDEX: &str = "DROP TRIGGER runs_text_insert; DROP TRIGGER runs_text_delete;
      DROP TRIGGER runs_text_update; DROP TABLE runs_text;";
 
@@ -1095,7 +1183,7 @@ fn search_finds_runs_by_prompt_args_result_and_error() {
 }
 
 #[test]
-fn a_version_6_database_gains_the_search_index_over_its_old_runs() {
+fn a_version_7_database_gains_the_search_index_over_its_old_runs() {
     let dir = tempfile::tempdir().unwrap();
     let path = db_in(&dir);
     let log = RunLog::open(&path).unwrap();
@@ -1106,10 +1194,10 @@ fn a_version_6_database_gains_the_search_index_over_its_old_runs() {
         Some(completed("an answer about herons")),
     );
     drop(log);
-    // Version 6 was version 7 without the index: take it away again.
+    // Version 7 was version 8 without the index: take it away again.
     let conn = Connection::open(&path).unwrap();
     conn.execute_batch(WITHOUT_SEARCH_INDEX).unwrap();
-    conn.execute_batch("PRAGMA user_version = 6;").unwrap();
+    conn.execute_batch("PRAGMA user_version = 7;").unwrap();
     drop(conn);
     let log = RunLog::open(&path).unwrap();
     assert_eq!(search(&log, "herons"), ["run-old"]);

@@ -157,10 +157,22 @@ impl OtlpTrace {
             &spans,
         );
         if let Err(problem) = self.send(body).await {
-            eprintln!(
-                "warning: OpenTelemetry export to {} failed: {problem} (the run is not affected)",
+            // The collector's words may carry control sequences: escaped for a terminal.
+            let text = format!(
+                "OpenTelemetry export to {} failed: {problem} (the run is not affected)",
                 self.endpoint
             );
+            let safe: String = text
+                .chars()
+                .map(|c| {
+                    if c.is_control() {
+                        c.escape_default().to_string()
+                    } else {
+                        c.to_string()
+                    }
+                })
+                .collect();
+            eprintln!("warning: {safe}");
         }
     }
 

@@ -51,13 +51,52 @@ pub fn init_logging_with_default(default_level: &str) {
         .unwrap_or_else(|| default_level.to_string());
     tracing_subscriber::fmt()
         .with_env_filter(log_filter(&spec))
-        .with_writer(std::io::stderr)
+        // Every line is scrubbed of the keys the host file names: a debug
+        // line may quote a server's words.
+        .with_writer(ScrubbedStderr)
         // Colour only on a terminal, and never under NO_COLOR (`--color` is read later).
         .with_ansi(ui::stderr_color())
         .with_target(false)
         // No colour codes into a pipe or a file, nor with NO_COLOR.
         .with_ansi(crate::ui::stderr_color())
         .init();
+}
+
+/// stderr for log lines, each scrubbed of every registered key
+/// ([`pf_secrets::global`]). The formatter hands over one whole line per write.
+struct ScrubbedStderr;
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for ScrubbedStderr {
+    type Writer = ScrubbedLine;
+
+    fn make_writer(&'a self) -> ScrubbedLine {
+        ScrubbedLine(Vec::new())
+    }
+}
+
+/// One log line, written to stderr scrubbed when dropped.
+struct ScrubbedLine(Vec<u8>);
+
+impl std::io::Write for ScrubbedLine {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for ScrubbedLine {
+    fn drop(&mut self) {
+        if self.0.is_empty() {
+            return;
+        }
+        let text = String::from_utf8_lossy(&self.0);
+        let line = pf_secrets::global().scrub(&text);
+        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+    }
 }
 
 /// The filter for a `PROMPTFORGE_LOG` spec, with dependency noise turned down.

@@ -42,18 +42,41 @@ pub struct McpConfig {
     /// file's `timeout = SECONDS`, default [`DEFAULT_CALL_TIMEOUT`]. Starting and
     /// initializing have their own bound, [`DEFAULT_START_TIMEOUT`].
     pub timeout: Duration,
+    /// Environment variables a stdio server receives by name (the host file's
+    /// `env = ["NAME"]`), beyond [`BASE_ENV`]. Nothing else of the Host's
+    /// environment reaches it: no provider or search key it was not given.
+    pub env: Vec<String>,
 }
 
 impl McpConfig {
-    /// An untrusted server that conflicts with nothing.
+    /// An untrusted server that conflicts with nothing and gets only [`BASE_ENV`].
     pub fn new(transport: McpTransport) -> Self {
         McpConfig {
             transport,
             trusted: false,
             conflicts: Vec::new(),
             timeout: DEFAULT_CALL_TIMEOUT,
+            env: Vec::new(),
         }
     }
+}
+
+/// What every stdio server gets of the Host's environment: where programs
+/// are, the home directory, and the locale (`LANG`, `LANGUAGE`, every `LC_*`).
+pub const BASE_ENV: [&str; 3] = ["PATH", "HOME", "LANG"];
+
+/// The environment a stdio server starts with: [`BASE_ENV`], the locale, and
+/// the variables `passed` names, each only when set.
+fn server_environment(passed: &[String]) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+    let wanted = |name: &str| {
+        BASE_ENV.contains(&name)
+            || name == "LANGUAGE"
+            || name.starts_with("LC_")
+            || passed.iter().any(|p| p == name)
+    };
+    std::env::vars_os()
+        .filter(|(name, _)| name.to_str().is_some_and(wanted))
+        .collect()
 }
 
 /// How the server is reached: exactly one of the two, so the choice is made
@@ -138,6 +161,8 @@ impl McpPlugin {
         };
         let child = Command::new(program)
             .args(arguments)
+            .env_clear()
+            .envs(server_environment(&self.config.env))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

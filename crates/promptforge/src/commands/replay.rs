@@ -46,6 +46,15 @@ pub(crate) fn read_logged_run(run: &str) -> Result<LoggedRun, String> {
         .run(id)
         .map_err(|e| e.to_string())?
         .ok_or_else(|| format!("no logged run matches `{run}`"))?;
+    // The log is read, not trusted: a prompt text that no longer matches its
+    // hash was changed after the run, and is never run in its name.
+    if !record.prompt_text_intact() {
+        return Err(format!(
+            "logged run {}: its prompt text does not match the prompt_sha256 it was logged with \
+             (the run log was edited or damaged since); refusing to use it",
+            record.start.execution
+        ));
+    }
     let work = LoggedWork::read(&log, id)?;
     Ok(LoggedRun { record, work })
 }
@@ -67,19 +76,22 @@ pub fn run(args: ReplayArgs) -> ExitCode {
             start.prompt_text.clone().into_bytes(),
         ),
     };
-    // The host file gives the models' descriptions (and, with --live, the
-    // real providers and Plugins): --host, else the logged one, else the default.
-    let host_path = args.host.host.clone().or_else(|| {
-        start
-            .host_file
-            .as_ref()
-            .map(PathBuf::from)
-            .filter(|p| p.is_file())
-            .or_else(pf_host::default_host_path)
-    });
-    let host_config = match HostConfig::load(host_path.as_deref()) {
-        Ok(h) => h,
-        Err(m) => return super::usage(&m),
+    // A path the log names (its host file) is never opened: the log is data,
+    // and whoever can write it would choose what the replay reads. A strict
+    // replay answers from the log alone, its models described by it; the
+    // host file is read only when named (--host), or, for --live (real
+    // providers and Plugins), from the usual places.
+    let host_path = match (&args.host.host, args.live) {
+        (Some(path), _) => Some(path.clone()),
+        (None, true) => pf_host::default_host_path(),
+        (None, false) => None,
+    };
+    let host_config = match &host_path {
+        Some(path) => match HostConfig::load(Some(path)) {
+            Ok(h) => h,
+            Err(m) => return super::usage(&m),
+        },
+        None => HostConfig::answered_from_log(logged.work.model_ids().chain(start.model.clone())),
     };
     let current = match &start.model {
         Some(id) if host_config.spec(id).is_some() => Some(id.clone()),

@@ -22,6 +22,7 @@ pub fn run(args: RunsArgs) -> ExitCode {
         prompt: args.prompt.clone(),
         outcome: args.outcome.map(|o| o.label().to_string()),
         search: args.search.clone(),
+        batch: args.batch.clone(),
     };
     let runs = match log.as_ref().map(|log| log.list_runs(&filter)) {
         None => Vec::new(),
@@ -58,11 +59,12 @@ pub fn run_json(run: &RunSummary) -> Json {
         "model": run.model,
         "duration_ms": run.duration_ms,
         "tokens": run.usage.map(|u| json!({"input": u.input, "output": u.output, "total": u.total})),
+        "batch": run.batch,
     })
 }
 
 fn write_table(out: &mut impl Write, runs: &[RunSummary]) -> std::io::Result<()> {
-    let rows: Vec<[String; 7]> = runs
+    let rows: Vec<[String; 8]> = runs
         .iter()
         .map(|run| {
             [
@@ -73,6 +75,7 @@ fn write_table(out: &mut impl Write, runs: &[RunSummary]) -> std::io::Result<()>
                 run.outcome.clone(),
                 run.duration_ms.map_or("-".into(), duration_text),
                 run.usage.map_or("-".into(), |u| u.total.to_string()),
+                run.batch.as_deref().map_or("-".into(), printable),
             ]
         })
         .collect();
@@ -84,6 +87,7 @@ fn write_table(out: &mut impl Write, runs: &[RunSummary]) -> std::io::Result<()>
         "OUTCOME",
         "DURATION",
         "TOKENS",
+        "BATCH",
     ];
     let mut widths = header.map(str::len);
     for row in &rows {
@@ -91,7 +95,7 @@ fn write_table(out: &mut impl Write, runs: &[RunSummary]) -> std::io::Result<()>
             *width = (*width).max(cell.chars().count());
         }
     }
-    let line = |cells: [&str; 7]| {
+    let line = |cells: [&str; 8]| {
         let mut text = String::new();
         for (i, (cell, width)) in cells.iter().zip(widths).enumerate() {
             let right = matches!(i, 0 | 5 | 6);

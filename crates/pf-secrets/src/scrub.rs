@@ -9,7 +9,7 @@
 //! from; a match in a decoded view redacts that whole original span.
 
 /// What stands in for the key.
-pub(crate) const REDACTED: &str = "[redacted]";
+pub const REDACTED: &str = "[redacted]";
 /// Layers of escaping undone (`%5Cu0073` is two).
 const DECODE_PASSES: usize = 3;
 /// A base64 needle shorter than this would redact chance text; not searched.
@@ -53,25 +53,9 @@ impl KeyScrubber {
     }
 
     /// `text` with every found form of the key replaced by [`REDACTED`].
+    #[cfg(test)]
     pub(crate) fn scrub(&self, text: &str) -> String {
-        if text.len() <= WHOLE_TEXT_LIMIT {
-            let spans = self.find(text);
-            return redact(text, &spans);
-        }
-        let mut stream = StreamScrub::new(self.clone());
-        let mut out = String::with_capacity(text.len());
-        let mut rest = text;
-        while !rest.is_empty() {
-            let mut at = rest.len().min(64 * 1024);
-            while !rest.is_char_boundary(at) {
-                at += 1;
-            }
-            let (piece, tail) = rest.split_at(at);
-            out.push_str(&stream.push(piece));
-            rest = tail;
-        }
-        out.push_str(&stream.finish());
-        out
+        scrub_all(std::slice::from_ref(self), text)
     }
 
     /// Sorted, merged byte spans of `text` that hold a form of the key.
@@ -98,6 +82,38 @@ impl KeyScrubber {
             }
         }
         merge(spans)
+    }
+}
+
+/// `text` with every found form of every key replaced by [`REDACTED`].
+pub(crate) fn scrub_all(scrubbers: &[KeyScrubber], text: &str) -> String {
+    if scrubbers.is_empty() {
+        return text.to_string();
+    }
+    if text.len() <= WHOLE_TEXT_LIMIT {
+        return redact(text, &find_all(scrubbers, text));
+    }
+    let mut stream = StreamScrub::new(scrubbers.to_vec());
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while !rest.is_empty() {
+        let mut at = rest.len().min(64 * 1024);
+        while !rest.is_char_boundary(at) {
+            at += 1;
+        }
+        let (piece, tail) = rest.split_at(at);
+        out.push_str(&stream.push(piece));
+        rest = tail;
+    }
+    out.push_str(&stream.finish());
+    out
+}
+
+/// The spans of every key's forms, merged.
+fn find_all(scrubbers: &[KeyScrubber], text: &str) -> Vec<(usize, usize)> {
+    match scrubbers {
+        [one] => one.find(text),
+        many => merge(many.iter().flat_map(|s| s.find(text)).collect()),
     }
 }
 
@@ -228,27 +244,34 @@ fn redact(text: &str, spans: &[(usize, usize)]) -> String {
 
 /// Scrubs text that arrives piece by piece: a tail that could be the start of
 /// a key is held back until more arrives or the stream ends.
-pub(crate) struct StreamScrub {
-    scrubber: KeyScrubber,
+#[derive(Debug)]
+pub struct StreamScrub {
+    scrubbers: Vec<KeyScrubber>,
+    /// Longest original span any key's match may cover.
+    hold: usize,
     pending: String,
 }
 
 impl StreamScrub {
-    pub(crate) fn new(scrubber: KeyScrubber) -> StreamScrub {
+    pub(crate) fn new(scrubbers: Vec<KeyScrubber>) -> StreamScrub {
         StreamScrub {
-            scrubber,
+            hold: scrubbers.iter().map(|s| s.hold).max().unwrap_or(0),
+            scrubbers,
             pending: String::new(),
         }
     }
 
     /// Takes in one piece; returns the scrubbed text now safe to pass on.
-    pub(crate) fn push(&mut self, piece: &str) -> String {
+    pub fn push(&mut self, piece: &str) -> String {
+        if self.scrubbers.is_empty() {
+            return piece.to_string();
+        }
         self.pending.push_str(piece);
-        if self.pending.len() <= self.scrubber.hold {
+        if self.pending.len() <= self.hold {
             return String::new();
         }
-        let spans = self.scrubber.find(&self.pending);
-        let mut cut = self.pending.len() - self.scrubber.hold;
+        let spans = find_all(&self.scrubbers, &self.pending);
+        let mut cut = self.pending.len() - self.hold;
         while !self.pending.is_char_boundary(cut) {
             cut -= 1;
         }
@@ -265,8 +288,8 @@ impl StreamScrub {
     }
 
     /// The held tail, scrubbed, at the end of the stream.
-    pub(crate) fn finish(self) -> String {
-        let spans = self.scrubber.find(&self.pending);
+    pub fn finish(self) -> String {
+        let spans = find_all(&self.scrubbers, &self.pending);
         redact(&self.pending, &spans)
     }
 }
@@ -439,7 +462,7 @@ mod tests {
                 "y".repeat(700)
             );
             for size in [1, 2, 3, 7, 64, 1000] {
-                let mut stream = StreamScrub::new(s.clone());
+                let mut stream = StreamScrub::new(vec![s.clone()]);
                 let mut out = String::new();
                 let chars: Vec<char> = text.chars().collect();
                 for piece in chars.chunks(size) {
