@@ -33,6 +33,8 @@ bash scripts/fuzz.sh
 echo "== promptforge test examples"
 cargo run -q -p promptforge -- test examples
 echo "== the user guide (mdBook)"
+python3 ../shared/guide/coverage.py docs \
+  || { echo "test.sh: the guide misses quick-reference terms (listed above)" >&2; exit 1; }
 mdbook_version="0.4.52"
 mdbook="$(command -v mdbook || true)"
 if [ -z "$mdbook" ] || ! "$mdbook" --version | grep -q "v$mdbook_version"; then

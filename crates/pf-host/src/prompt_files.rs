@@ -44,7 +44,7 @@ pub fn read_prompt(file: &Path) -> Result<Vec<u8>, String> {
 }
 /// The data directory: `$PROMPTFORGE_HOME`, else `$XDG_DATA_HOME/promptforge`
 /// (absolute only), else `~/.local/share/promptforge`.
-fn data_dir() -> Option<PathBuf> {
+pub fn data_dir() -> Option<PathBuf> {
     let var = |name: &str| std::env::var_os(name);
     pf_runlog::data_dir(
         var("PROMPTFORGE_HOME").as_deref(),

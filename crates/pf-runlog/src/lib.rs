@@ -31,8 +31,8 @@ pub use paths::{data_dir, default_db_path, DB_FILE_NAME};
 pub use private::secure_data_dir;
 pub use records::{
     ActivationRecord, AnswerRecord, EventRecord, ExchangeDraft, ExchangeHandle, ExchangeParts,
-    ExchangeRecord, Outcome, RunEnd, RunFilter, RunId, RunRecord, RunStart, RunSummary, StoredRow,
-    TokenUsage, ToolCallRecord, RUNNING,
+    ExchangeRecord, Outcome, PruneReport, PruneSelection, PrunedRun, RunEnd, RunFilter, RunId,
+    RunRecord, RunStart, RunSummary, StoredRow, TokenUsage, ToolCallRecord, RUNNING,
 };
 pub use writer::{EventQueue, RunWriter, WarningSink, WriterOptions, WriterTail};
 

@@ -10,8 +10,9 @@ use crate::buffer::parse_line;
 use crate::db::from_sql_int;
 use crate::error::{classify, RunLogError};
 use crate::records::{
-    ActivationRecord, AnswerRecord, EventRecord, ExchangeRecord, Outcome, RunEnd, RunFilter, RunId,
-    RunRecord, RunStart, RunSummary, StoredRow, TokenUsage, ToolCallRecord, RUNNING,
+    ActivationRecord, AnswerRecord, EventRecord, ExchangeRecord, Outcome, PruneReport,
+    PruneSelection, PrunedRun, RunEnd, RunFilter, RunId, RunRecord, RunStart, RunSummary,
+    StoredRow, TokenUsage, ToolCallRecord, RUNNING,
 };
 use crate::{packed, work, RunLog};
 
@@ -165,14 +166,20 @@ impl RunLog {
                  FROM runs
                  WHERE (?1 IS NULL OR instr(prompt_path, ?1) > 0)
                    AND (?2 IS NULL OR coalesce(outcome, ?4) = ?2)
-                   AND (?5 IS NULL OR batch = ?5)
+                   AND (?5 IS NULL OR id IN (SELECT rowid FROM runs_text WHERE runs_text MATCH ?5))
+                   AND (?6 IS NULL OR batch = ?6)
                  ORDER BY started_at_ms DESC, id DESC
                  LIMIT ?3",
             )
             .map_err(|e| self.fail(e))?;
+        let search = filter.search.as_deref().and_then(match_query);
+        if filter.search.is_some() && search.is_none() {
+            // Only spaces and punctuation: nothing to look for, nothing found.
+            return Ok(Vec::new());
+        }
         let rows = query
             .query_map(
-                params![filter.prompt, outcome, limit, RUNNING, filter.batch],
+                params![filter.prompt, outcome, limit, RUNNING, search, filter.batch],
                 |row| {
                     Ok(RunSummary {
                         id: RunId(row.get(0)?),
@@ -682,5 +689,108 @@ impl RunLog {
             Ok(())
         })?;
         Ok(activations)
+    }
+}
+
+/// The FTS5 query for `runs --search TEXT`: every whitespace-separated word
+/// must appear, each matched as a prefix of a token. Each word is quoted, so
+/// the user's text is never FTS5 syntax (`AND`, `-`, `"`, `:` are just
+/// text); a word the tokenizer splits (`hello.md`) matches as a phrase.
+/// `None` when the text has no letter or digit at all.
+fn match_query(text: &str) -> Option<String> {
+    let words: Vec<String> = text
+        .split_whitespace()
+        .filter(|w| w.chars().any(char::is_alphanumeric))
+        .map(|w| format!("\"{}\"*", w.replace('"', "\"\"")))
+        .collect();
+    (!words.is_empty()).then(|| words.join(" "))
+}
+
+/// The tables holding a run's rows besides `runs`, each with a `run_id`.
+const RUN_TABLES: &[&str] = &[
+    "events",
+    "event_batches",
+    "exchanges",
+    "tool_calls",
+    "answers",
+    "activations",
+];
+
+impl RunLog {
+    /// Delete the finished runs `selection` names, with every row of theirs,
+    /// in one transaction; with `dry_run`, only report what would go. Runs
+    /// still running (no logged end) are never selected. Newest first.
+    pub fn prune(
+        &mut self,
+        selection: PruneSelection,
+        dry_run: bool,
+    ) -> Result<PruneReport, RunLogError> {
+        let path = self.path.clone();
+        let fail = |e| classify(&path, e);
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(fail)?;
+        let runs = {
+            let (sql, value) = match selection {
+                PruneSelection::StartedBefore(cutoff) => (
+                    "SELECT id, execution, prompt_path, started_at_ms, store_dir FROM runs
+                     WHERE outcome IS NOT NULL AND started_at_ms < ?1
+                     ORDER BY started_at_ms DESC, id DESC",
+                    cutoff,
+                ),
+                PruneSelection::KeepNewest(keep) => (
+                    "SELECT id, execution, prompt_path, started_at_ms, store_dir FROM runs
+                     WHERE outcome IS NOT NULL AND id NOT IN
+                       (SELECT id FROM runs ORDER BY started_at_ms DESC, id DESC LIMIT ?1)
+                     ORDER BY started_at_ms DESC, id DESC",
+                    i64::try_from(keep).unwrap_or(i64::MAX),
+                ),
+            };
+            let mut query = tx.prepare(sql).map_err(fail)?;
+            let rows = query
+                .query_map(params![value], |row| {
+                    Ok(PrunedRun {
+                        id: RunId(row.get(0)?),
+                        execution: row.get(1)?,
+                        prompt_path: row.get(2)?,
+                        started_at_ms: row.get(3)?,
+                        store_dir: row.get(4)?,
+                    })
+                })
+                .map_err(fail)?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(fail)?
+        };
+        let mut rows = 0u64;
+        for run in &runs {
+            for table in RUN_TABLES {
+                let count: i64 = tx
+                    .query_row(
+                        &format!("SELECT count(*) FROM {table} WHERE run_id = ?1"),
+                        params![run.id.0],
+                        |row| row.get(0),
+                    )
+                    .map_err(fail)?;
+                rows += from_sql_int(count);
+                if !dry_run && count > 0 {
+                    tx.execute(
+                        &format!("DELETE FROM {table} WHERE run_id = ?1"),
+                        params![run.id.0],
+                    )
+                    .map_err(fail)?;
+                }
+            }
+            rows += 1;
+            if !dry_run {
+                tx.execute("DELETE FROM runs WHERE id = ?1", params![run.id.0])
+                    .map_err(fail)?;
+            }
+        }
+        if dry_run {
+            tx.rollback().map_err(fail)?;
+        } else {
+            tx.commit().map_err(fail)?;
+        }
+        Ok(PruneReport { runs, rows })
     }
 }

@@ -233,8 +233,41 @@ pub struct RunFilter {
     pub prompt: Option<String>,
     /// Only runs with this outcome label (`running` for unfinished ones).
     pub outcome: Option<String>,
+    /// Only runs whose prompt path, arguments, result or error hold every
+    /// word of this text (case-insensitive; a word matches as a prefix).
+    pub search: Option<String>,
     /// Only the runs of this batch.
     pub batch: Option<String>,
+}
+
+/// Which finished runs [`RunLog::prune`](crate::RunLog::prune) deletes. A
+/// run still running is never pruned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PruneSelection {
+    /// Runs that started before this instant (Unix milliseconds).
+    StartedBefore(i64),
+    /// All but the newest this many runs.
+    KeepNewest(usize),
+}
+
+/// One run a prune deleted (or, in a dry run, would delete).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrunedRun {
+    pub id: RunId,
+    pub execution: String,
+    pub prompt_path: String,
+    pub started_at_ms: i64,
+    /// The run's store directory as logged.
+    pub store_dir: Option<String>,
+}
+
+/// What a prune deleted: the runs, and how many rows of theirs in all.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PruneReport {
+    pub runs: Vec<PrunedRun>,
+    /// Rows deleted (or that a dry run would delete): the runs' own rows,
+    /// their event and work batches, and any older per-item rows.
+    pub rows: u64,
 }
 
 /// Names one model exchange a [`RunWriter`](crate::RunWriter) was handed, so

@@ -174,8 +174,36 @@ ALTER TABLE runs ADD COLUMN batch TEXT;
 CREATE INDEX runs_by_batch ON runs(batch) WHERE batch IS NOT NULL;
 ";
 
+/// Version 8, `runs --search`: a full-text index (FTS5) over each run's
+/// prompt path, arguments, result and error, kept by triggers as runs are
+/// inserted, finished and pruned. It indexes the `runs` table's own columns
+/// (external content), so it adds no second copy of the text; `rebuild`
+/// indexes the runs an older build logged.
+const V8: &str = "
+CREATE VIRTUAL TABLE runs_text USING fts5(
+    prompt_path, args_json, result, error_kind, error_message,
+    content = 'runs', content_rowid = 'id'
+);
+CREATE TRIGGER runs_text_insert AFTER INSERT ON runs BEGIN
+    INSERT INTO runs_text(rowid, prompt_path, args_json, result, error_kind, error_message)
+    VALUES (new.id, new.prompt_path, new.args_json, new.result, new.error_kind, new.error_message);
+END;
+CREATE TRIGGER runs_text_delete AFTER DELETE ON runs BEGIN
+    INSERT INTO runs_text(runs_text, rowid, prompt_path, args_json, result, error_kind, error_message)
+    VALUES ('delete', old.id, old.prompt_path, old.args_json, old.result, old.error_kind, old.error_message);
+END;
+CREATE TRIGGER runs_text_update
+AFTER UPDATE OF prompt_path, args_json, result, error_kind, error_message ON runs BEGIN
+    INSERT INTO runs_text(runs_text, rowid, prompt_path, args_json, result, error_kind, error_message)
+    VALUES ('delete', old.id, old.prompt_path, old.args_json, old.result, old.error_kind, old.error_message);
+    INSERT INTO runs_text(rowid, prompt_path, args_json, result, error_kind, error_message)
+    VALUES (new.id, new.prompt_path, new.args_json, new.result, new.error_kind, new.error_message);
+END;
+INSERT INTO runs_text(runs_text) VALUES ('rebuild');
+";
+
 /// Every migration in order; entry `i` takes the database to version `i + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8];
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

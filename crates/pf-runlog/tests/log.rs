@@ -943,6 +943,7 @@ fn as_version_5(path: &std::path::Path, rows: &[pf_runlog::StoredRow]) {
         )
         .unwrap();
     }
+    conn.execute_batch(WITHOUT_SEARCH_INDEX).unwrap();
     conn.execute_batch(
         "ALTER TABLE event_batches DROP COLUMN packed;
          DROP INDEX runs_by_batch; ALTER TABLE runs DROP COLUMN batch;
@@ -960,13 +961,13 @@ fn a_version_6_database_gains_batch_ids_and_its_runs_read_back_the_same() {
         let old = log_every_kind(&log, "run-0ld6");
         let before = read_back(&log, old);
         drop(log);
-        Connection::open(&path)
-            .unwrap()
-            .execute_batch(
-                "DROP INDEX runs_by_batch; ALTER TABLE runs DROP COLUMN batch;
-                 PRAGMA user_version = 6;",
-            )
-            .unwrap();
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(WITHOUT_SEARCH_INDEX).unwrap();
+        conn.execute_batch(
+            "DROP INDEX runs_by_batch; ALTER TABLE runs DROP COLUMN batch;
+             PRAGMA user_version = 6;",
+        )
+        .unwrap();
         (old, before)
     };
     let log = RunLog::open(&path).unwrap();
@@ -1009,6 +1010,30 @@ fn a_version_6_database_gains_batch_ids_and_its_runs_read_back_the_same() {
         Some("batch-1")
     );
     assert_eq!(log.list_runs(&RunFilter::default()).unwrap().len(), 4);
+
+    // Version 8's search index covers the old run too, and `search` and
+    // `batch` narrow together.
+    let mut found = search(&log, "review");
+    found.sort_unstable();
+    assert_eq!(found, ["run-0ld6", "run-b1", "run-b2", "run-c"]);
+    let both = log
+        .list_runs(&RunFilter {
+            batch: Some("batch-1".to_owned()),
+            search: Some("review".to_owned()),
+            ..RunFilter::default()
+        })
+        .unwrap();
+    let mut names: Vec<&str> = both.iter().map(|r| r.execution.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["run-b1", "run-b2"]);
+    assert!(log
+        .list_runs(&RunFilter {
+            batch: Some("batch-1".to_owned()),
+            search: Some("nowhere".to_owned()),
+            ..RunFilter::default()
+        })
+        .unwrap()
+        .is_empty());
 }
 
 #[test]
@@ -1097,4 +1122,154 @@ fn a_damaged_packed_row_is_an_error_naming_the_run() {
     }
     // The other run reads as before.
     assert_eq!(read_back(&log, good), before);
+}
+
+/// Version 8's search index taken away, leaving version 7's schema.
+const WITHOUT_SEARCH_INDEX: &str = "DROP TRIGGER runs_text_insert; DROP TRIGGER runs_text_delete;
+     DROP TRIGGER runs_text_update; DROP TABLE runs_text;";
+
+fn search(log: &RunLog, text: &str) -> Vec<String> {
+    log.list_runs(&RunFilter {
+        search: Some(text.to_owned()),
+        ..RunFilter::default()
+    })
+    .unwrap()
+    .into_iter()
+    .map(|r| r.execution)
+    .collect()
+}
+
+#[test]
+fn search_finds_runs_by_prompt_args_result_and_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = RunLog::open(db_in(&dir)).unwrap();
+    let mut tides = start("run-tides");
+    tides.prompt_path = "notes/tides.md".to_owned();
+    tides.args = json!({ "question": "Why does the sea rise?" });
+    let writer = log.begin_with(tides, patient());
+    assert_eq!(writer.finish(completed("The Moon pulls the oceans")), None);
+    let failed = RunEnd {
+        outcome: Outcome::Failed {
+            kind: "Tool".to_owned(),
+            message: "tool \"browse\" is not in this section's scope".to_owned(),
+        },
+        duration_ms: 1,
+        usage: TokenUsage::default(),
+    };
+    log_run(&log, "run-failed", 0, Some(failed));
+    log_run(&log, "run-live", 0, None);
+
+    assert_eq!(search(&log, "tides.md"), ["run-tides"]); // prompt path
+    assert_eq!(search(&log, "SEA rise"), ["run-tides"]); // args, any case, every word
+    assert_eq!(search(&log, "moon"), ["run-tides"]); // result
+    assert_eq!(search(&log, "ocean"), ["run-tides"]); // a word's prefix
+    assert_eq!(search(&log, "browse scope"), ["run-failed"]); // error message
+    assert_eq!(search(&log, "tool"), ["run-failed"]); // error kind
+    assert_eq!(search(&log, "review"), ["run-live", "run-failed"]); // still running too
+    assert!(search(&log, "moon browse").is_empty());
+    // FTS5 syntax in the text is only text: no error, no match.
+    assert!(search(&log, "\"moon\" OR NEAR(x -y:").is_empty());
+    assert!(search(&log, " - ").is_empty());
+    // Combined with the other filters.
+    let found = log
+        .list_runs(&RunFilter {
+            search: Some("review".to_owned()),
+            outcome: Some("failed".to_owned()),
+            ..RunFilter::default()
+        })
+        .unwrap();
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].execution, "run-failed");
+}
+
+#[test]
+fn a_version_7_database_gains_the_search_index_over_its_old_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_in(&dir);
+    let log = RunLog::open(&path).unwrap();
+    log_run(
+        &log,
+        "run-old",
+        2,
+        Some(completed("an answer about herons")),
+    );
+    drop(log);
+    // Version 7 was version 8 without the index: take it away again.
+    let conn = Connection::open(&path).unwrap();
+    conn.execute_batch(WITHOUT_SEARCH_INDEX).unwrap();
+    conn.execute_batch("PRAGMA user_version = 7;").unwrap();
+    drop(conn);
+    let log = RunLog::open(&path).unwrap();
+    assert_eq!(search(&log, "herons"), ["run-old"]);
+    log_run(&log, "run-new", 0, Some(completed("an answer about owls")));
+    assert_eq!(search(&log, "answer"), ["run-new", "run-old"]);
+    assert_eq!(
+        log.events(log.resolve("run-old").unwrap()).unwrap().len(),
+        2
+    );
+}
+
+#[test]
+fn prune_deletes_finished_runs_with_every_row_and_spares_running_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_in(&dir);
+    let mut log = RunLog::open(&path).unwrap();
+    let writer = log.begin_with(start("run-1"), patient());
+    for seq in 0..5 {
+        writer.event(event("0", seq, "lua"));
+    }
+    writer.exchange(exchange("0", 9));
+    writer.tool_call(tool_call("0", 10));
+    assert_eq!(writer.finish(completed("first")), None);
+    log_run(&log, "run-2", 3, Some(completed("second")));
+    log_run(&log, "run-live", 1, None);
+    log_run(&log, "run-4", 0, Some(completed("fourth")));
+
+    // Keep the newest two: run-4 and the live run; run-1 and run-2 go.
+    let dry = log
+        .prune(pf_runlog::PruneSelection::KeepNewest(2), true)
+        .unwrap();
+    let names: Vec<_> = dry.runs.iter().map(|r| r.execution.as_str()).collect();
+    assert_eq!(names, ["run-2", "run-1"]);
+    assert!(dry.rows > 2);
+    assert_eq!(log.list_runs(&RunFilter::default()).unwrap().len(), 4);
+
+    let done = log
+        .prune(pf_runlog::PruneSelection::KeepNewest(2), false)
+        .unwrap();
+    assert_eq!(done, dry);
+    let left: Vec<_> = log
+        .list_runs(&RunFilter::default())
+        .unwrap()
+        .into_iter()
+        .map(|r| r.execution)
+        .collect();
+    assert_eq!(left, ["run-4", "run-live"]);
+    assert!(search(&log, "first").is_empty());
+    let conn = Connection::open(&path).unwrap();
+    for table in ["event_batches", "exchanges", "tool_calls", "events"] {
+        let orphans: i64 = conn
+            .query_row(
+                &format!("SELECT count(*) FROM {table} WHERE run_id NOT IN (SELECT id FROM runs)"),
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(orphans, 0, "{table}");
+    }
+    // Keeping none still spares the run that has not ended.
+    let last = log
+        .prune(pf_runlog::PruneSelection::KeepNewest(0), false)
+        .unwrap();
+    assert_eq!(last.runs.len(), 1);
+    assert_eq!(last.runs[0].execution, "run-4");
+    let left = log.list_runs(&RunFilter::default()).unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].execution, "run-live");
+    // By age: nothing started before 1970.
+    assert!(log
+        .prune(pf_runlog::PruneSelection::StartedBefore(0), false)
+        .unwrap()
+        .runs
+        .is_empty());
 }

@@ -84,10 +84,10 @@ completed line and resumes failed or cancelled runs from the log, reusing
 their logged model answers.
 
 Examples:
-  promptforge batch summarise.md tickets.jsonl -o summaries.jsonl -j 16
-  promptforge batch classify.md docs.csv -o labels.csv --format csv
-  promptforge batch summarise.md tickets.jsonl -o summaries.jsonl --resume
-  cat inputs.jsonl | promptforge batch p.md - -o out.jsonl --seed 7 --repeat 3";
+  promptforge batch examples/label-ticket.md examples/tickets.csv -o labels.jsonl -j 16 --host examples/label-ticket.host.toml
+  promptforge batch examples/label-ticket.md examples/tickets.csv -o labels.csv --format csv --host examples/label-ticket.host.toml
+  promptforge batch examples/label-ticket.md examples/tickets.csv -o labels.jsonl --resume --host examples/label-ticket.host.toml
+  printf '\"tides\"\\n\"moon\"\\n' | promptforge batch examples/hello.md - -o greetings.jsonl --seed 7 --repeat 3";
 
 const REPLAY_EXAMPLES: &str = "\
 The prompt text, args, seed and start come from the log; so does every
@@ -101,17 +101,21 @@ host file's real models, Plugins and operator instead.
 
 Examples:
   promptforge replay last
-  promptforge replay 3f2a --json
-  promptforge replay last --prompt edited.md --live";
+  promptforge replay '#1' --json
+  promptforge replay last --prompt examples/hello.md --live";
 
 const RUNS_EXAMPLES: &str = "\
 The run log is one SQLite database in the data directory: $PROMPTFORGE_HOME,
 else $XDG_DATA_HOME/promptforge, else ~/.local/share/promptforge.
 
 Examples:
-  promptforge runs                       the 20 newest runs
-  promptforge runs -n 5 --outcome failed the 5 newest failed runs
-  promptforge runs --prompt notes --json runs of prompts whose path contains `notes`, as JSON";
+  promptforge runs                           # the 20 newest runs
+  promptforge runs -n 5 --outcome failed     # the 5 newest failed runs
+  promptforge runs --prompt notes --json     # runs of prompts whose path contains `notes`
+  promptforge runs --search 'refund invoice' --outcome failed
+                                             # failed runs whose prompt path, args, result
+                                             # or error hold both words
+  promptforge runs prune --older-than 30d    # delete runs older than 30 days";
 
 const SHOW_EXAMPLES: &str = "\
 RUN is an execution id (run-3f2a...), a unique prefix of one (3f2a), `last`
@@ -120,10 +124,10 @@ matches no run, or several, is a usage error (exit 2) listing candidates.
 
 Examples:
   promptforge show last
-  promptforge show 3f2a --json
-  promptforge show last --all            every event, the section VM's too
-  promptforge show last --html -o run.html   the run as a self-contained trace page
-  promptforge show last --open           write the page and open it in the browser";
+  promptforge show '#1' --json
+  promptforge show last --all                # every event, the section VM's too
+  promptforge show last --html -o run.html   # the run as a self-contained trace page
+  promptforge show last --open               # write the page and open it in the browser";
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -151,6 +155,10 @@ pub struct RunArgs {
     pub log: LogArgs,
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
+    /// Run again whenever the prompt, its input file, the host file or its
+    /// replies files change, until Ctrl-C.
+    #[arg(long, conflicts_with = "resume")]
+    pub watch: bool,
     /// Run again a logged run that failed or was cancelled: the answers it
     /// logged are reused (its seed, start and args too unless given), the
     /// rest goes live. RUN as for `show`.
@@ -260,7 +268,14 @@ pub enum BatchFormat {
 }
 
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct RunsArgs {
+    #[command(subcommand)]
+    pub action: Option<RunsAction>,
+    /// Only runs whose prompt path, args, result or error contain every word
+    /// of TEXT (case-insensitive; words match as prefixes).
+    #[arg(long, value_name = "TEXT")]
+    pub search: Option<String>,
     /// Show at most N runs.
     #[arg(short = 'n', long = "limit", value_name = "N", default_value_t = 20)]
     pub limit: usize,
@@ -275,6 +290,75 @@ pub struct RunsArgs {
     pub batch: Option<String>,
     #[command(flatten)]
     pub output: OutputArgs,
+}
+
+/// What `runs` can do besides listing.
+#[derive(Debug, Subcommand)]
+pub enum RunsAction {
+    /// Delete finished runs from the run log, with their events and host
+    /// work, and the default store directories of the runs deleted.
+    #[command(after_help = PRUNE_EXAMPLES)]
+    Prune(PruneArgs),
+}
+
+const PRUNE_EXAMPLES: &str = "\
+A run still running is never pruned. Store directories given with --store
+are yours and are left alone; only the default ones under the data
+directory's stores/ are deleted with their runs.
+
+Examples:
+  promptforge runs prune --older-than 30d --dry-run   # what would go
+  promptforge runs prune --older-than 12h
+  promptforge runs prune --keep 100 --json";
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["older_than", "keep"])))]
+pub struct PruneArgs {
+    /// Delete runs that started longer ago than DURATION: a number and a
+    /// unit (s, m, h, d, w), or several, as 1d12h.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub older_than: Option<std::time::Duration>,
+    /// Keep the newest N runs and delete the rest.
+    #[arg(long, value_name = "N")]
+    pub keep: Option<usize>,
+    /// Only report what would be deleted.
+    #[arg(long)]
+    pub dry_run: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// `--older-than`'s value: `<n><unit>` groups, units s, m, h, d, w.
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let bad = || {
+        format!("invalid duration `{text}`: expected a number and a unit (s, m, h, d, w), as 30d or 1d12h")
+    };
+    let mut total: u64 = 0;
+    let mut digits = String::new();
+    for c in text.trim().chars() {
+        if c.is_ascii_digit() {
+            digits.push(c);
+            continue;
+        }
+        let unit: u64 = match c {
+            's' => 1,
+            'm' => 60,
+            'h' => 3600,
+            'd' => 86_400,
+            'w' => 604_800,
+            _ => return Err(bad()),
+        };
+        let n: u64 = digits.parse().map_err(|_| bad())?;
+        total = n
+            .checked_mul(unit)
+            .and_then(|s| total.checked_add(s))
+            .ok_or_else(bad)?;
+        digits.clear();
+    }
+    if !digits.is_empty() || text.trim().is_empty() {
+        return Err(bad());
+    }
+    Ok(std::time::Duration::from_secs(total))
 }
 
 /// Which catalog model is the run's current model.
@@ -415,6 +499,10 @@ pub struct TestArgs {
     /// Cases running at once. Default: the number of CPUs.
     #[arg(long, short = 'j')]
     pub jobs: Option<usize>,
+    /// Run again whenever a test file, a tested prompt, the host file or a
+    /// test file added under a searched folder changes, until Ctrl-C.
+    #[arg(long, conflicts_with = "update")]
+    pub watch: bool,
     #[command(flatten)]
     pub host: HostArgs,
     #[command(flatten)]
@@ -458,27 +546,29 @@ const MAIN_EXAMPLES: &str = "Examples:
   promptforge run examples/hello.md reader
   promptforge run examples/notes.md 'The tide rises twice a day.' --host examples/notes.host.toml
   promptforge check examples
-  promptforge info examples/typed-args.md
+  promptforge info examples/greet.md
+  promptforge test examples
   promptforge init triage
 
 Docs: docs/ (mdBook); `promptforge <COMMAND> --help` for each command.";
 
 const RUN_EXAMPLES: &str = "Examples:
-  promptforge run hello.md reader
-  promptforge run greet.md --arg name=Ada --arg times=3
-  echo '{\"name\":\"Ada\"}' | promptforge run greet.md -
-  promptforge run notes.md 'text' --host notes.host.toml --store /tmp/s --json
-  promptforge run p.md --seed 7 --start 2026-01-02T03:04:05Z   # repeat a run exactly";
+  promptforge run examples/hello.md reader
+  promptforge run examples/greet.md --arg name=Ada --arg times=3
+  echo '{\"name\":\"Ada\"}' | promptforge run examples/greet.md -
+  promptforge run examples/notes.md 'a note' --host examples/notes.host.toml --store notes --json
+  promptforge run examples/hello.md --seed 7 --start 2026-01-02T03:04:05Z   # repeat a run exactly
+  promptforge run examples/hello.md reader --watch   # run again on every save, until Ctrl-C";
 
 const CHECK_EXAMPLES: &str = "Examples:
-  promptforge check prompt.md
-  promptforge check examples prompts/ --json
-  promptforge check agent.md --host host.toml   # also: tools, roles, jump targets, output path
+  promptforge check examples/hello.md
+  promptforge check examples --json
+  promptforge check examples/research.md --host examples/research.host.toml   # also: tools, roles, jump targets, output path
 Exit status: 0 no errors (warnings allowed), 1 an error, 2 a usage error.";
 
 const INFO_EXAMPLES: &str = "Examples:
-  promptforge info prompt.md
-  promptforge info prompt.md --json";
+  promptforge info examples/greet.md
+  promptforge info examples/research.md --json";
 
 const INIT_EXAMPLES: &str = "Examples:
   promptforge init triage        # triage.md, triage.host.toml, triage.test.yaml

@@ -12,6 +12,7 @@ pub mod progress;
 pub mod signals;
 pub mod ui;
 pub mod usertest;
+pub mod watch;
 
 pub use pf_host::{read_capped, MAX_INPUT_BYTES};
 

@@ -586,7 +586,7 @@ fn completions_and_the_man_page_come_from_the_clap_definitions() {
 fn help_shows_examples() {
     let out = bin().args(["run", "--help"]).output().expect("help");
     assert_eq!(out.status.code(), Some(0));
-    assert!(text(&out.stdout).contains("Examples:\n  promptforge run hello.md reader"));
+    assert!(text(&out.stdout).contains("Examples:\n  promptforge run examples/hello.md reader"));
 }
 
 #[test]

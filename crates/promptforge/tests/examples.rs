@@ -248,3 +248,168 @@ fn every_example_has_tests_and_they_pass() {
         );
     }
 }
+
+/// The real `@modelcontextprotocol/server-filesystem` (installed by
+/// `tests/tools/setup.sh node-mcp DIR`, which test.sh runs), or `None`
+/// outside CI when it is absent. Under CI=true its absence fails the test.
+fn filesystem_server() -> Option<PathBuf> {
+    let from_env = std::env::var_os("PROMPTFORGE_MCP_FILESYSTEM").map(PathBuf::from);
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
+    let installed = target.join("tmp/test-tools/node-mcp/node_modules/.bin/mcp-server-filesystem");
+    let found = from_env.or(Some(installed)).filter(|p| p.is_file());
+    if found.is_none() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "the filesystem MCP server is not installed: run \
+             crates/promptforge/tests/tools/setup.sh node-mcp target/tmp/test-tools"
+        );
+        eprintln!("skipped: the filesystem MCP server is not installed (setup.sh node-mcp)");
+    }
+    found
+}
+
+#[test]
+fn the_folder_summary_reads_notes_through_the_real_filesystem_server() {
+    let Some(server) = filesystem_server() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let notes = tmp.path().join("notes");
+    std::fs::create_dir(&notes).expect("notes");
+    std::fs::write(notes.join("release.md"), "The release moves to Friday.\n").expect("write");
+    std::fs::write(notes.join("team.md"), "Two hires start Monday.\n").expect("write");
+    std::fs::write(notes.join("photo.png"), "not a note").expect("write");
+    let host = tmp.path().join("host.toml");
+    let requests = tmp.path().join("requests.jsonl");
+    std::fs::write(
+        &host,
+        format!(
+            "[model]\nprovider = \"script\"\nreplies = {:?}\nrecord = {:?}\n\n\
+             [plugins.\"local/files\"]\ncommand = [{:?}, {:?}]\ntrusted = true\n",
+            examples().join("folder-summary.replies.json"),
+            requests,
+            server,
+            notes
+        ),
+    )
+    .expect("host");
+    let store = tmp.path().join("store");
+    let report = run(
+        "folder-summary.md",
+        &[
+            &notes.display().to_string(),
+            "--host",
+            &host.display().to_string(),
+            "--store",
+            &store.display().to_string(),
+        ],
+    );
+    assert!(completed(&report).contains("release.md"), "{report}");
+    // The model was shown both notes as the real server read them, wrapped.
+    let sent = std::fs::read_to_string(&requests).expect("requests");
+    assert!(sent.contains("The release moves to Friday."), "{sent}");
+    assert!(sent.contains("Two hires start Monday."), "{sent}");
+    assert!(!sent.contains("not a note"), "{sent}");
+    assert!(sent.contains("untrusted_input_"), "{sent}");
+    let summary = std::fs::read_to_string(store.join("summary.md")).expect("summary.md");
+    assert!(summary.contains("Friday"), "{summary}");
+}
+
+#[test]
+fn the_eval_runs_against_a_catalog_model_repeatedly_with_a_judge() {
+    let home = tempfile::tempdir().expect("home");
+    let eval = |host: &Path| {
+        let out = Command::new(env!("CARGO_BIN_EXE_promptforge"))
+            .arg("test")
+            .arg(examples().join("explain.eval.yaml"))
+            .arg("--host")
+            .arg(host)
+            .args(["--model", "stand-in", "--repeat", "3", "--json"])
+            .env("PROMPTFORGE_HOME", home.path())
+            .env_remove("PROMPTFORGE_HOST")
+            .output()
+            .expect("promptforge test");
+        let report: Value = serde_json::from_slice(&out.stdout).expect("json");
+        (out.status.code(), report)
+    };
+    let (code, report) = eval(&examples().join("explain.host.toml"));
+    assert_eq!(code, Some(0), "{report:#}");
+    assert_eq!(report["cases"][0]["runs"], 3, "{report:#}");
+    assert_eq!(report["cases"][0]["passes"], 3, "{report:#}");
+    // A judge that says FAIL fails the case: the judge is really asked.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        tmp.path().join("fail.json"),
+        r#"["FAIL\nIt never names the Moon."]"#,
+    )
+    .expect("write");
+    let host = tmp.path().join("host.toml");
+    std::fs::write(
+        &host,
+        format!(
+            "[models.stand-in]\nprovider = \"script\"\nreplies = {:?}\n\n\
+             [models.judge]\nprovider = \"script\"\nreplies = {:?}\n",
+            examples().join("explain.replies.json"),
+            tmp.path().join("fail.json")
+        ),
+    )
+    .expect("host");
+    let (code, report) = eval(&host);
+    assert_eq!(code, Some(1), "{report:#}");
+    let failures = report["cases"][0]["failures"].to_string();
+    assert!(failures.contains("It never names the Moon."), "{failures}");
+}
+
+#[test]
+fn a_prompt_served_over_mcp_answers_a_client_tool_call() {
+    use std::io::{BufRead, BufReader, Write};
+    let home = tempfile::tempdir().expect("home");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_promptforge"))
+        .arg("mcp")
+        .arg(examples().join("explain.md"))
+        .arg("--host")
+        .arg(examples().join("explain.host.toml"))
+        .env("PROMPTFORGE_HOME", home.path())
+        .env_remove("PROMPTFORGE_HOST")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("promptforge mcp");
+    let mut stdin = child.stdin.take().expect("stdin");
+    for line in [
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"cookbook","version":"1"}}}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+        r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"explain","arguments":{"prose":"tide"}}}"#,
+    ] {
+        writeln!(stdin, "{line}").expect("write");
+    }
+    let mut answers = std::collections::BTreeMap::new();
+    for line in BufReader::new(child.stdout.take().expect("stdout")).lines() {
+        let message: Value = serde_json::from_str(&line.expect("line")).expect("json");
+        if let Some(id) = message["id"].as_i64() {
+            answers.insert(id, message);
+            if answers.contains_key(&3) {
+                break;
+            }
+        }
+    }
+    drop(stdin);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(
+        answers[&2]["result"]["tools"][0]["name"], "explain",
+        "{answers:?}"
+    );
+    let call = &answers[&3]["result"];
+    assert_eq!(call["isError"], false, "{call}");
+    assert!(
+        call["content"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("rise and fall of the sea")),
+        "{call}"
+    );
+}

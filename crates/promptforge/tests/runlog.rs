@@ -570,7 +570,13 @@ print(n)
         .arg(home.data().join("runs.db"))
         .output()
         .expect("python3");
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1");
+    // A run's events are committed in as many rows as the writer's windows
+    // took (one or more, by timing); every one of them is cut.
+    let cut: u32 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("a count");
+    assert!(cut >= 1, "no packed row of run #2 to damage");
     for args in [&["show", "#2"][..], &["show", "#2", "--json"]] {
         let (code, stdout, stderr) = home.text(args);
         assert_eq!(code, Some(1), "{args:?}: {stderr}");

@@ -10,6 +10,14 @@ use super::terminal::{execute, TerminalRun};
 use crate::cli::RunArgs;
 
 pub fn run(args: RunArgs) -> ExitCode {
+    if args.watch {
+        if args.args.as_deref() == Some("-") {
+            return super::usage(
+                "--watch cannot read ARGS from stdin (`-`): it runs the prompt many times",
+            );
+        }
+        return crate::watch::rerun_on_change(|| crate::watch::run_inputs(&args));
+    }
     let file = args.file.as_path();
     let source = match pf_host::prompt_files::read_prompt(file) {
         Ok(s) => s,

@@ -14,6 +14,9 @@ use crate::usertest::{self, catalog, run::Settings, CaseOutcome, Options};
 const MCP_FIXTURE: &str = include_str!("../../tests/fixtures/mcp_fixture.py");
 
 pub fn run(args: TestArgs) -> ExitCode {
+    if args.watch {
+        return crate::watch::rerun_on_change(|| crate::watch::test_inputs(&args));
+    }
     if args.update && (args.model.is_some() || args.repeat > 1) {
         return super::usage(
             "--update writes scripted results; it takes neither --model nor --repeat",
