@@ -52,18 +52,14 @@ pub(crate) async fn prepare(
     // Activation: every Plugin starts at once (an MCP server can take seconds
     // to start), and the outcomes are taken in declaration order, so the
     // catalog, the warnings and the notice read as if one followed another.
-    let mut starting = Vec::new();
+    // A Plugin the Harness lacks is an outcome too, taken in its place.
+    let mut starting: Vec<futures::future::LocalBoxFuture<'_, _>> = Vec::new();
     for (i, d) in decls.iter().enumerate() {
         if in_conflict[i] {
             continue;
         }
         let Some(plugin) = harness.get(&d.id) else {
-            if d.optional {
-                tracing::warn!(plugin = %d.id, "optional Plugin is not registered with the Harness; skipped");
-            } else {
-                tracing::warn!(plugin = %d.id, "required Plugin is not registered with the Harness");
-                push_once(&mut missing, &d.id);
-            }
+            starting.push(Box::pin(async move { (d, None) }));
             continue;
         };
         let ctx = ActivationContext {
@@ -72,13 +68,21 @@ pub(crate) async fn prepare(
             services: harness.services.clone(),
             config: d.config.clone(),
         };
-        starting.push(async move { (d, plugin.activate(ctx).await) });
+        starting.push(Box::pin(async move { (d, Some(plugin.activate(ctx).await)) }));
     }
     let mut active: Vec<(String, Arc<dyn ActivePlugin>)> = Vec::new();
     for (d, activated) in futures::future::join_all(starting).await {
         match activated {
-            Ok(a) => active.push((d.id.clone(), a)),
-            Err(why) => {
+            None => {
+                if d.optional {
+                    tracing::warn!(plugin = %d.id, "optional Plugin is not registered with the Harness; skipped");
+                } else {
+                    tracing::warn!(plugin = %d.id, "required Plugin is not registered with the Harness");
+                    push_once(&mut missing, &d.id);
+                }
+            }
+            Some(Ok(a)) => active.push((d.id.clone(), a)),
+            Some(Err(why)) => {
                 if d.optional {
                     tracing::warn!(plugin = %d.id, "optional Plugin failed to activate and was skipped: {why}");
                 } else {
