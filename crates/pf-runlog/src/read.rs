@@ -160,7 +160,7 @@ impl RunLog {
             .prepare_cached(
                 "SELECT id, execution, prompt_path, start_rfc3339, started_at_ms, model,
                     coalesce(outcome, ?4), duration_ms,
-                    input_tokens, output_tokens, total_tokens
+                    input_tokens, output_tokens, total_tokens, replay_of, resumed_from
                  FROM runs
                  WHERE (?1 IS NULL OR instr(prompt_path, ?1) > 0)
                    AND (?2 IS NULL OR coalesce(outcome, ?4) = ?2)
@@ -180,6 +180,8 @@ impl RunLog {
                     outcome: row.get(6)?,
                     duration_ms: optional_u64_column(row, 7)?,
                     usage: usage_columns(row, 8)?,
+                    replay_of: row.get(11)?,
+                    resumed_from: row.get(12)?,
                 })
             })
             .map_err(|e| self.fail(e))?;

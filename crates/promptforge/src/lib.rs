@@ -66,11 +66,11 @@ pub fn init_logging_with_default(default_level: &str) {
         .unwrap_or_else(|| default_level.to_string());
     tracing_subscriber::fmt()
         .with_env_filter(log_filter(&spec))
-        .with_writer(std::io::stderr)
-        // Colour only on a terminal, and never under NO_COLOR (`--color` is read later).
-        .with_ansi(ui::stderr_color())
+        // Log lines go above the progress spinner, never onto its line.
+        .with_writer(|| progress::AboveSpinner)
         .with_target(false)
-        // No colour codes into a pipe or a file, nor with NO_COLOR.
+        // Colour only on a terminal, never under NO_COLOR or `--color never`
+        // (read before logging starts).
         .with_ansi(crate::ui::stderr_color())
         .init();
 }

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use pf_runlog::{RunLogError, RunRecord};
 
-use super::run::{execute, RunPlan};
+use super::run::{execute, ArgsInput, RunPlan};
 use crate::cli::{LogArgs, ReplayArgs};
 use crate::host::replay::{LoggedWork, ReplayMode};
 use crate::host::HostConfig;
@@ -19,13 +19,12 @@ pub(crate) struct LoggedRun {
 }
 
 impl LoggedRun {
-    /// The run's argument string as it was given (`None` when it was empty).
-    pub fn args(&self) -> Option<String> {
+    /// The argument string the run received (empty when it had none).
+    pub fn args(&self) -> String {
         match &self.record.start.args {
-            serde_json::Value::String(s) if s.is_empty() => None,
-            serde_json::Value::String(s) => Some(s.clone()),
-            serde_json::Value::Null => None,
-            other => Some(other.to_string()),
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Null => String::new(),
+            other => other.to_string(),
         }
     }
 }
@@ -98,8 +97,7 @@ pub fn run(args: ReplayArgs) -> ExitCode {
     execute(RunPlan {
         file,
         source,
-        args: logged.args(),
-        arg_pairs: Vec::new(),
+        args: ArgsInput::Exact(logged.args()),
         seed: start.seed,
         start_ms: start.start_ms,
         host_path,

@@ -44,14 +44,20 @@ pub fn run(args: RunArgs) -> ExitCode {
         _ => args.seed.seed_or_random(),
     };
     let run_args = match (&args.args, &resumed) {
-        (None, Some(logged)) if args.arg.is_empty() => logged.args(),
-        _ => args.args.clone(),
+        (None, Some(logged)) if args.arg.is_empty() => ArgsInput::Exact(logged.args()),
+        _ => ArgsInput::CommandLine {
+            positional: args.args.clone(),
+            pairs: args.arg.clone(),
+        },
     };
     let host_path = args.host.path();
-    let host_config = match HostConfig::load(host_path.as_deref()) {
+    let mut host_config = match HostConfig::load(host_path.as_deref()) {
         Ok(h) => h,
         Err(m) => return super::usage(&m),
     };
+    if args.no_stream {
+        host_config.stream = Some(false);
+    }
     let current = match host_config.current_id(args.model.chosen().as_deref()) {
         Ok(id) => id,
         Err(m) => return super::usage(&m),
@@ -63,7 +69,6 @@ pub fn run(args: RunArgs) -> ExitCode {
         file: file.to_path_buf(),
         source,
         args: run_args,
-        arg_pairs: args.arg.clone(),
         seed,
         start_ms,
         host_path,
@@ -86,10 +91,8 @@ pub(crate) struct RunPlan {
     /// The prompt file the report names and input files are placed from.
     pub file: PathBuf,
     pub source: Vec<u8>,
-    /// ARGS as given (`-` reads stdin).
-    pub args: Option<String>,
-    /// `--arg NAME=VALUE` pairs, typed by the prompt's `args:`.
-    pub arg_pairs: Vec<String>,
+    /// Where the run's argument string comes from.
+    pub args: ArgsInput,
     pub seed: u64,
     pub start_ms: i64,
     pub host_path: Option<PathBuf>,
@@ -108,6 +111,31 @@ pub(crate) struct RunPlan {
     pub replay: Option<(LoggedWork, ReplayMode)>,
 }
 
+/// Where a run's argument string comes from.
+pub(crate) enum ArgsInput {
+    /// The command line: ARGS (`-` reads stdin) and `--arg NAME=VALUE` pairs,
+    /// typed by the prompt's `args:`.
+    CommandLine {
+        positional: Option<String>,
+        pairs: Vec<String>,
+    },
+    /// The exact string a logged run received (a replay or a resume).
+    Exact(String),
+}
+
+impl ArgsInput {
+    /// The text the run log keeps when the string could not be built (a
+    /// prompt that does not parse, a bad `--arg`): what was given.
+    fn as_given(&self) -> String {
+        match self {
+            ArgsInput::CommandLine { positional, pairs } => {
+                positional.clone().unwrap_or_else(|| pairs.join(" "))
+            }
+            ArgsInput::Exact(text) => text.clone(),
+        }
+    }
+}
+
 /// Run a plan against the Host and report.
 pub(crate) fn execute(plan: RunPlan) -> ExitCode {
     let began = Instant::now();
@@ -120,6 +148,13 @@ pub(crate) fn execute(plan: RunPlan) -> ExitCode {
     let host_config = plan.host_config;
     let current = plan.current;
     let (execution, _) = pf_engine::seeded_names(seed);
+    // The run itself keeps the seed's execution id (a replay is byte for byte
+    // its original), but the log and the report name a replay by its own id,
+    // linked to the original by `replay_of`, so `show` can tell them apart.
+    let logged_execution = match &plan.replay_of {
+        Some(_) => replay_execution(&execution),
+        None => execution.clone(),
+    };
     // `--otlp` wins over the host file's `[telemetry] otlp`.
     let otlp = plan.otlp.clone().or_else(|| host_config.otlp.clone());
     if let Some(url) = &otlp {
@@ -134,19 +169,32 @@ pub(crate) fn execute(plan: RunPlan) -> ExitCode {
             Err(m) => return super::usage(&m),
         },
     };
+    // The argument string is built (stdin read, `--arg` typed) before the
+    // log begins, so the log keeps the string the run received and a replay
+    // or resume reproduces it.
+    let parsed = parse_prompt(&source);
+    let run_args = match &parsed {
+        Ok(prompt) => Some(match &plan.args {
+            ArgsInput::CommandLine { positional, pairs } => {
+                argument_string(prompt, positional.as_deref(), pairs)
+            }
+            ArgsInput::Exact(text) => Ok(text.clone()),
+        }),
+        Err(_) => None,
+    };
+    let logged_args = match &run_args {
+        Some(Ok(text)) => text.clone(),
+        _ => plan.args.as_given(),
+    };
     // From here on the run has begun: every way out goes through `log.end`.
     let log = RunLog {
         sink: (!plan.log.no_log)
             .then(|| {
                 crate::host::data::begin_run_log(RunStart {
-                    execution: execution.clone(),
+                    execution: logged_execution.clone(),
                     prompt_path: display_path(file),
                     prompt_text: String::from_utf8_lossy(&source).into_owned(),
-                    args: Json::String(
-                        plan.args
-                            .clone()
-                            .unwrap_or_else(|| plan.arg_pairs.join(" ")),
-                    ),
+                    args: Json::String(logged_args),
                     seed,
                     start_rfc3339: pf_engine::format_when(start_ms),
                     start_ms,
@@ -167,7 +215,7 @@ pub(crate) fn execute(plan: RunPlan) -> ExitCode {
         on_exit.end_with(LoggedOutcome::Cancelled);
         on_exit.committed();
     });
-    let prompt = match parse_prompt(&source) {
+    let prompt = match parsed {
         Ok(p) => p,
         Err(e) => {
             let report = report_parse_failure(&e, &source, format, file);
@@ -176,10 +224,22 @@ pub(crate) fn execute(plan: RunPlan) -> ExitCode {
             return ExitCode::from(crate::EXIT_FAILED);
         }
     };
-    let run_args = match argument_string(&prompt, plan.args.as_deref(), &plan.arg_pairs) {
-        Ok(a) => a,
-        Err(m) => return log.usage(&m),
+    let run_args = match run_args {
+        Some(Ok(a)) => a,
+        Some(Err(m)) => return log.usage(&m),
+        None => String::new(),
     };
+    // A prompt with model roles binds them to the current model: its key is
+    // looked for now, not at the first round after earlier sections ran.
+    if !prompt.frontmatter.models.is_empty() && plan.replay.is_none() {
+        if let Some(m) = current
+            .as_deref()
+            .and_then(|id| host_config.spec(id))
+            .and_then(|spec| missing_key(spec, host_path.as_deref()))
+        {
+            return log.usage(&m);
+        }
+    }
     log_host(
         host_path.as_deref(),
         &host_config,
@@ -190,7 +250,7 @@ pub(crate) fn execute(plan: RunPlan) -> ExitCode {
     place_input(&prompt, file, &store_dir, quiet);
     let trace = otlp.and_then(|url| {
         let info = crate::trace::otlp::RunInfo {
-            execution: execution.clone(),
+            execution: logged_execution.clone(),
             prompt_path: display_path(file),
             prompt_name: prompt.frontmatter.name.clone(),
             seed,
@@ -211,7 +271,7 @@ pub(crate) fn execute(plan: RunPlan) -> ExitCode {
         Err(e) => return log.usage(&format!("cannot start the async runtime: {e}")),
     };
     let cancel = CancellationToken::new();
-    let cancelled_report = RunReport::of_cancelled(seed, &execution, &store_dir);
+    let cancelled_report = RunReport::of_cancelled(seed, &logged_execution, &store_dir);
     let report_file = file.to_path_buf();
     crate::signals::watch_signals(
         cancel.clone(),
@@ -270,6 +330,7 @@ pub(crate) fn execute(plan: RunPlan) -> ExitCode {
         Err(m) => return log.usage(&m),
     };
     let mut report = RunReport::of_run(seed, &finished, &store_dir);
+    report.execution = Some(logged_execution.clone());
     report.usage = usage
         .and_then(|u| u.totals())
         .map(|(input_tokens, output_tokens)| ReportUsage {
@@ -298,11 +359,18 @@ pub(crate) fn execute(plan: RunPlan) -> ExitCode {
         }
     }
     log.end(&report);
+    let no_model_hint = matches!(report.outcome, ReportOutcome::Failed { .. })
+        && host_path.is_none()
+        && current.is_none()
+        && !prompt.frontmatter.models.is_empty();
     if crate::signals::claim_report() {
         if format == OutputFormat::Json {
             report.print(format, file);
         } else {
             print_human(&report, file, quiet, progress.as_deref());
+        }
+        if no_model_hint {
+            eprintln!("{}", crate::report::terminal_safe(&no_host_file_note()));
         }
     }
     // After the report: the export may take up to its timeout, never the run.
@@ -321,6 +389,58 @@ pub(crate) fn execute(plan: RunPlan) -> ExitCode {
         Outcome::Failed(_) => ExitCode::from(crate::EXIT_FAILED),
         Outcome::Cancelled => ExitCode::from(crate::EXIT_CANCELLED),
     }
+}
+
+/// The complaint about `spec`'s API key variable when it is unset or blank,
+/// naming the model and the host file (never a value).
+fn missing_key(spec: &pf_models::ProviderSpec, host_path: Option<&Path>) -> Option<String> {
+    let variable = match &spec.kind {
+        pf_models::ProviderKind::OpenAi(endpoint)
+        | pf_models::ProviderKind::Anthropic(endpoint) => endpoint.api_key_env.as_deref()?,
+        pf_models::ProviderKind::Script { .. } => return None,
+    };
+    let set = std::env::var(variable).is_ok_and(|v| !v.trim().is_empty());
+    if set {
+        return None;
+    }
+    let host = host_path.map_or_else(|| "the host file".to_string(), |p| p.display().to_string());
+    Some(format!(
+        "model \"{}\" reads its API key from ${variable}, which is not set \
+         (api_key_env in {host}): export {variable}=... or choose another model with --model",
+        spec.id
+    ))
+}
+
+/// Why a prompt with model roles found no model: no host file, and where one
+/// was looked for.
+fn no_host_file_note() -> String {
+    let mut places = vec!["--host FILE".to_string(), "$PROMPTFORGE_HOST".to_string()];
+    if let Some(dir) = std::env::var_os("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .filter(|d| d.is_absolute())
+    {
+        places.push(dir.join("promptforge/host.toml").display().to_string());
+    }
+    if let Some(home) = std::env::var_os("HOME") {
+        places.push(
+            Path::new(&home)
+                .join(".config/promptforge/host.toml")
+                .display()
+                .to_string(),
+        );
+    }
+    format!(
+        "note: no host file was found, so no model is configured for this prompt's roles \
+         (looked at {}); pass --host FILE (`promptforge init NAME` writes one)",
+        places.join(", ")
+    )
+}
+
+/// A replay's own execution id: its original's with a random `-replay-` tag.
+fn replay_execution(original: &str) -> String {
+    use rand::Rng;
+    let tag: u32 = rand::rng().random();
+    format!("{original}-replay-{tag:08x}")
 }
 
 /// The error kind of a replay stopped by a request the log does not hold.
@@ -709,7 +829,19 @@ pub(crate) fn place_input(prompt: &Prompt, prompt_file: &Path, store_dir: &Path,
                 .parent()
                 .unwrap_or(Path::new("."))
                 .join(&declared.path);
-            if beside.is_file() {
+            let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+                (Ok(a), Ok(b)) => a == b,
+                _ => false,
+            };
+            if beside.is_file() && same(&beside, prompt_file) {
+                // The prompt is never its own input: copying it would hand the
+                // run its own text as if the operator had written the input.
+                eprintln!(
+                    "warning: the declared input file {} is the prompt file itself; not copied \
+                     (rename the input, or place it in the store directory)",
+                    crate::report::terminal_safe(&declared.path)
+                );
+            } else if beside.is_file() {
                 if let Err(why) = pf_engine::place_input(prompt, store_dir, &beside) {
                     eprintln!("warning: {why}");
                 }

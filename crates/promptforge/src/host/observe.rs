@@ -22,8 +22,9 @@ pub struct HostObserver {
     live: Option<Arc<RunProgress>>,
     sections: Arc<SectionTracker>,
     trace: Option<Arc<OtlpTrace>>,
-    /// The host file's `stream = true`: loop rounds stream with no one watching.
-    stream: bool,
+    /// The host file's `stream` (or `--no-stream`): `Some(true)` loop rounds
+    /// stream with no one watching, `Some(false)` never, `None` for live output.
+    stream: Option<bool>,
     /// The prompt file, as the debug log names it in Lua tracebacks.
     prompt_file: Option<PathBuf>,
 }
@@ -39,14 +40,15 @@ impl HostObserver {
             live,
             sections,
             trace: None,
-            stream: false,
+            stream: None,
             prompt_file: None,
         }
     }
 
-    /// Ask for every loop round streamed, whether or not anyone watches, so
-    /// the round's `metrics.client` times its first and later fragments.
-    pub fn streaming(mut self, stream: bool) -> HostObserver {
+    /// `Some(true)`: ask for every loop round streamed, whether or not anyone
+    /// watches, so the round's `metrics.client` times its first and later
+    /// fragments; `Some(false)`: never (a server without streaming).
+    pub fn streaming(mut self, stream: Option<bool>) -> HostObserver {
         self.stream = stream;
         self
     }
@@ -87,7 +89,7 @@ impl RunObserver for HostObserver {
     }
 
     fn wants_live_text(&self) -> bool {
-        self.live.is_some() || self.stream
+        self.stream.unwrap_or(self.live.is_some())
     }
 
     fn live_text(&self, text: LiveText<'_>) -> bool {
