@@ -14,7 +14,7 @@ use clap::{Args, Parser, Subcommand};
     after_help = MAIN_EXAMPLES
 )]
 pub struct Cli {
-    /// When to colour diagnostics: auto (stderr is a terminal and NO_COLOR is unset), always, never.
+    /// When to colour output and log lines: auto (where the text goes is a terminal and NO_COLOR is unset), always, never.
     #[arg(long, global = true, value_enum, default_value_t = ColorChoice::Auto)]
     pub color: ColorChoice,
     #[command(subcommand)]

@@ -385,7 +385,7 @@ fn a_failing_server_is_asked_once_by_default_and_n_plus_one_times_with_retries()
         let (report, _) = run_http(&http_host("openai", &base, None));
         assert_eq!(
             report["error"]["message"],
-            format!("non-success backend status {status}"),
+            format!("non-success backend status {status}: no"),
             "{report}"
         );
         assert_eq!(
