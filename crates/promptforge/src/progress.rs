@@ -112,6 +112,10 @@ impl RunProgress {
                 }
             }
             "tool_call_failed" => self.tool_failed(),
+            // The operator's question gets a clean line: no spinner redrawn
+            // over it while they type.
+            "user_input_wait_started" => self.pause(),
+            "user_input" => self.resume(),
             _ => {}
         }
     }
@@ -195,6 +199,24 @@ impl RunProgress {
         let _ = self.print(&bytes);
         state.failed_tool = Some(alias);
         self.update(&state);
+    }
+
+    fn pause(&self) {
+        if let Some(bar) = &self.bar {
+            bar.disable_steady_tick();
+            bar.set_draw_target(ProgressDrawTarget::hidden());
+            // The hidden bar no longer owns its line: clear what it drew there.
+            let _ = write_stderr(b"\r\x1b[2K");
+        }
+    }
+
+    fn resume(&self) {
+        if let Some(bar) = &self.bar {
+            if bar.is_hidden() {
+                bar.set_draw_target(ProgressDrawTarget::stderr());
+                bar.enable_steady_tick(Duration::from_millis(120));
+            }
+        }
     }
 
     fn update(&self, state: &State) {

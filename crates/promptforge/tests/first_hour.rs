@@ -744,3 +744,197 @@ fn a_catalog_timeout_ends_a_silent_server_and_a_missing_key_stops_before_the_run
     assert!(stderr.contains(&host_arg), "{stderr}");
     assert!(counted.bodies().is_empty(), "no request was sent");
 }
+
+// 14. The README's commands work as written, with `promptforge` on PATH as
+// its set-up puts it there (`cargo install` itself and `./test.sh` are not
+// run here; an example run id like `3f2a` stands for one of the reader's).
+#[test]
+fn the_readme_commands_work_as_written() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README");
+    assert!(readme.contains("cargo install --path crates/promptforge"));
+    assert!(readme.contains("apt-get") && readme.contains("850 MB") && readme.contains("mdbook"));
+    let world = World::new();
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_promptforge"))
+        .parent()
+        .expect("bin dir")
+        .to_path_buf();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let store = world.path().join("notes-store").display().to_string();
+    let mut commands = Vec::new();
+    let mut in_sh = false;
+    let mut pending = String::new();
+    for line in readme.lines() {
+        if line.trim_start().starts_with("```") {
+            in_sh = !in_sh && line.trim() == "```sh";
+            continue;
+        }
+        if !in_sh {
+            continue;
+        }
+        let code = line.split(" #").next().unwrap_or(line).trim_end();
+        if let Some(head) = code.strip_suffix('\\') {
+            pending.push_str(head);
+            continue;
+        }
+        pending.push_str(code);
+        let command = std::mem::take(&mut pending).trim().to_string();
+        let user_command = command.starts_with("promptforge ") || command.starts_with("cat ");
+        if user_command && !command.contains("3f2a") {
+            commands.push(command.replace("/tmp/notes-store", &store));
+        }
+    }
+    assert!(commands.len() >= 5, "{commands:?}");
+    for command in &commands {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(command)
+            .current_dir(&root)
+            .env("PATH", &path)
+            .env("PROMPTFORGE_HOME", world.path().join("data"))
+            .env("HOME", world.path().join("home"))
+            .env_remove("PROMPTFORGE_HOST")
+            .env_remove("XDG_CONFIG_HOME")
+            .stdin(Stdio::null())
+            .output()
+            .expect("sh");
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{command}: {}{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+    }
+}
+
+// 12 (spinner): an operator question gets a line of its own: the spinner is
+// cleared before it and not redrawn while the operator types.
+#[test]
+fn the_spinner_clears_for_an_operator_question() {
+    let world = World::new();
+    world.write(
+        "ask.md",
+        "---\nname: ask\ndescription: asks the operator\npromptforge: 0\n---\n\n# Ask\n\n## Question\n\n```lua\nlocal name = input.ask('Your name?')\nreturn 'hi ' .. tostring(name)\n```\n",
+    );
+    const SPAWN: &str = "import os, pty, sys, time\n\
+        pid, fd = pty.fork()\n\
+        if pid == 0:\n\
+        \x20   os.execv(sys.argv[1], sys.argv[1:])\n\
+        out = b''\n\
+        answered = False\n\
+        while True:\n\
+        \x20   try:\n\
+        \x20       chunk = os.read(fd, 4096)\n\
+        \x20   except OSError:\n\
+        \x20       break\n\
+        \x20   if not chunk:\n\
+        \x20       break\n\
+        \x20   out += chunk\n\
+        \x20   if not answered and b'> ' in out:\n\
+        \x20       time.sleep(0.5)\n\
+        \x20       os.write(fd, b'Ada\\n')\n\
+        \x20       answered = True\n\
+        sys.stdout.buffer.write(out)\n\
+        sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n";
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(SPAWN)
+        .arg(env!("CARGO_BIN_EXE_promptforge"))
+        .args(["run", "ask.md"])
+        .current_dir(world.path())
+        .env_remove("PROMPTFORGE_HOST")
+        .env_remove("NO_COLOR")
+        .env("PROMPTFORGE_HOME", world.path().join("data"))
+        .env("HOME", world.path().join("home"))
+        .env("TERM", "xterm-256color")
+        .output()
+        .expect("python3");
+    let out = text(&out.stdout);
+    let asked = out.find("Your name?").expect("the question was asked");
+    let line_start = out[..asked].rfind(['\r', '\n']).map_or(0, |i| i + 1);
+    let before = &out[line_start..asked];
+    assert!(
+        !before.contains("Question") && !before.contains("preparing"),
+        "the question shares the spinner's line: {out:?}"
+    );
+    let answered = out[asked..].find("Ada").map(|i| asked + i).expect("echo");
+    // Half a second of waiting for the answer: several spinner ticks, none drawn.
+    assert!(
+        !out[asked..answered].contains("Question"),
+        "the spinner was redrawn over the question: {out:?}"
+    );
+    assert!(out.contains("hi Ada"), "{out:?}");
+}
+
+// 12 (`test --update`): an `events: {}` filled from a run lists what the
+// prompt did, not the engine's routine boundaries.
+#[test]
+fn test_update_fills_events_without_routine_boundaries() {
+    let world = World::new();
+    world.write(
+        "note.md",
+        "---\nname: note\ndescription: writes a note\npromptforge: 0\n---\n\n# Note\n\n## Write\n\n```lua\nstore.write('note.md', 'tide')\nreturn 'saved'\n```\n",
+    );
+    world.write(
+        "note.test.yaml",
+        "cases:\n  - name: saves\n    expect:\n      result: saved\n      events: {}\n",
+    );
+    let out = world.run(&["test", "--update", "note.test.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    let updated = std::fs::read_to_string(world.path().join("note.test.yaml")).expect("file");
+    assert!(updated.contains("store_write_succeeded: 1"), "{updated}");
+    assert!(updated.contains("run_succeeded: 1"), "{updated}");
+    for routine in [
+        "section_started",
+        "lua_chunk_started",
+        "parse_succeeded",
+        "lua_teardown",
+    ] {
+        assert!(!updated.contains(routine), "{routine} in {updated}");
+    }
+    let out = world.run(&["test", "note.test.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+}
+
+// 6. A Lua error in a local tool's handler names the handler's line, once,
+// and says that it ends the loop.
+#[test]
+fn a_handler_error_names_the_handlers_line_once() {
+    let world = World::new();
+    world.write(
+        "tooly.md",
+        "---\nname: tooly\ndescription: a failing handler\npromptforge: 0\nmodels:\n  agent:\n    description: a\n---\n\n# Tooly\n\n## Ask\n\n```lua\nmodels.use('agent')\ntools.add_local('lookup', 'Look up', { number = 'string' }, function(a)\n  local t = nil\n  return t.field\nend)\nlocal msgs = messages.new():user('q')\nmodels.loop(msgs)\nreturn msgs[#msgs].content\n```\n",
+    );
+    world.write(
+        "tooly.replies.json",
+        r#"[{"tool_calls": [{"name": "lookup", "arguments": {"number": "7"}}]}, "done"]"#,
+    );
+    world.write(
+        "tooly.host.toml",
+        "[model]\nprovider = \"script\"\nreplies = \"tooly.replies.json\"\n",
+    );
+    let report = world.json(&["run", "tooly.md", "--host", "tooly.host.toml", "--json"]);
+    let message = report["error"]["message"].as_str().expect("message");
+    assert_eq!(report["error"]["kind"], "Lua", "{report}");
+    assert_eq!(report["error"]["line"], 18, "{report}");
+    assert!(
+        message.contains("local tool `lookup` raised an error, which ends models.loop"),
+        "{message}"
+    );
+    assert_eq!(message.matches("[string").count(), 1, "{message}");
+    assert!(
+        message.ends_with(":18: attempt to index a nil value (local 't')"),
+        "{message}"
+    );
+    let out = world.run(&["run", "tooly.md", "--host", "tooly.host.toml"]);
+    assert!(
+        text(&out.stderr).contains("tooly.md:18"),
+        "{}",
+        text(&out.stderr)
+    );
+}

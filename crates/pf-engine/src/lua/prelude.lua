@@ -52,10 +52,12 @@ end
 --]==]
 function H.make_error(...) H.load_part('base') return H.make_error(...) end -- (until the part is in)
 -- Host calls return (true, ...) or (false, err): raise the error value here so
--- pcall sees exactly the value the host built.
+-- pcall sees exactly the value the host built. Level 0: a string here is an
+-- error Lua code raised (a local tool's handler) that already says where it
+-- happened; another position would name this call's line in front of it.
 local function check(ok, ...)
   if ok then return ... end
-  error((...), 2)
+  error((...), 0)
 end
 -- (The closures below have the shape the one-off `H.wrap(raw)` gave each host
 -- function before the dispatchers: `function(...) return check(raw(...)) end`.)
