@@ -9,10 +9,12 @@
 //! Guarantees:
 //! - a path is validated before anything is touched, and no accepted path can
 //!   reach outside the store: no `..`, no absolute paths, no NUL or control
-//!   bytes, and no symlink inside the store is ever followed (each component is
-//!   checked with `symlink_metadata`, and files are opened with `O_NOFOLLOW`;
-//!   a symlink swapped into a parent by another process between that check
-//!   and the open is the one residual race, and prompts cannot make symlinks);
+//!   bytes, and no symlink inside the store is ever followed: every operation
+//!   starts from a handle of the root opened once, and walks one name at a
+//!   time relative to the directory handle before it (`openat` with
+//!   `O_NOFOLLOW`; `renameat`, `unlinkat`, `mkdirat` the same way), so a
+//!   directory swapped for a symlink by a concurrent process (an MCP server, a
+//!   second run) fails the walk instead of leading outside;
 //! - names longer than a filesystem allows (a single name may fill all 1024
 //!   bytes) are stored as a chain of continuation directories ending in `.`,
 //!   a spelling no valid store name can have, so they stay distinct;

@@ -1,10 +1,22 @@
-//! The run's store, backed by a directory.
+//! The run's store, backed by a directory it holds open.
+//!
+//! Every operation works relative to an open handle of the store root and
+//! walks one name at a time (`openat` with `O_NOFOLLOW | O_DIRECTORY`), each
+//! step relative to the handle of the directory before it; nothing is ever
+//! resolved again by a full path. A symlink anywhere (even one a concurrent
+//! process swaps in for a checked directory between two steps) ends the walk
+//! with `ELOOP`/`ENOTDIR` instead of leading outside the root. Names are single
+//! path components (no `/`, `.` or `..`: [`check_path`] refuses them before
+//! any I/O), so a step can only ever reach an entry of the directory it holds.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 
 use crate::error::{messages, StoreError, StoreErrorKind};
 use crate::fault::{self, FaultPoint};
@@ -24,25 +36,49 @@ static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 ///
 /// Every method validates its path first and touches nothing when the path is
 /// refused. Calls are synchronous; the Engine runs them on a blocking thread.
-/// Clones share the directory and the lock that serializes changes, so an
-/// `append` or `str_replace` never loses a concurrent change made through
+/// Clones share the directory handle and the lock that serializes changes, so
+/// an `append` or `str_replace` never loses a concurrent change made through
 /// another clone.
 #[derive(Debug, Clone)]
 pub struct Store {
     root: PathBuf,
+    /// The root, opened once; every operation starts from this handle.
+    root_dir: Arc<OwnedFd>,
     mutation: Arc<Mutex<()>>,
 }
 
-/// What a logical path currently is in the store directory.
+/// What a logical path currently is in the store directory. Found entries
+/// come with the open handle of their directory and their name in it.
 enum Probe {
     /// Absent; `under_file` when a parent component is a file.
     Missing {
         under_file: bool,
     },
-    File(PathBuf),
-    Dir(PathBuf),
+    File(Entry),
+    Dir(Entry),
     /// A FIFO, socket or device: never something the store made.
     Other,
+}
+
+/// An entry as its directory's open handle and its name there.
+struct Entry {
+    parent: Handle,
+    name: String,
+}
+
+/// A directory handle: the shared root or one opened on the way down.
+enum Handle {
+    Root(Arc<OwnedFd>),
+    Opened(OwnedFd),
+}
+
+impl AsFd for Handle {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Handle::Root(fd) => fd.as_fd(),
+            Handle::Opened(fd) => fd.as_fd(),
+        }
+    }
 }
 
 impl Store {
@@ -59,21 +95,24 @@ impl Store {
                 kind: StoreErrorKind::Backend,
             }
         };
-        fs::create_dir_all(root).map_err(|e| open_failure(&e))?;
+        std::fs::create_dir_all(root).map_err(|e| open_failure(&e))?;
         // The host chose the root, so symlinks above it are trusted and resolved
         // once here; only components inside the store are refused.
-        let root = fs::canonicalize(root).map_err(|e| open_failure(&e))?;
-        let metadata = fs::metadata(&root).map_err(|e| open_failure(&e))?;
-        if !metadata.is_dir() {
-            return Err(open_failure(&"the store root is not a directory"));
-        }
+        let root = std::fs::canonicalize(root).map_err(|e| open_failure(&e))?;
+        let root_dir = rustix::fs::open(
+            &root,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| open_failure(&io::Error::from(e)))?;
         Ok(Store {
             root,
+            root_dir: Arc::new(root_dir),
             mutation: Arc::default(),
         })
     }
 
-    /// The store directory (canonical).
+    /// The store directory (canonical), as it was named when opened.
     pub fn root(&self) -> &Path {
         &self.root
     }
@@ -154,8 +193,8 @@ impl Store {
         let _guard = self.lock();
         let names = physical_names(path);
         let mut combined = match self.probe(&names, "append")? {
-            Probe::File(full) => {
-                read_regular_file(&full).map_err(|e| StoreError::backend("append", &e))?
+            Probe::File(entry) => {
+                read_regular_file(&entry).map_err(|e| StoreError::backend("append", &e))?
             }
             Probe::Missing { under_file: false } => Vec::new(),
             Probe::Missing { under_file: true } | Probe::Dir(_) | Probe::Other => {
@@ -196,12 +235,16 @@ impl Store {
         let names = physical_names(path);
         match self.probe(&names, "delete")? {
             Probe::Missing { .. } => return Ok(()),
-            Probe::File(full) => {
-                fs::remove_file(&full).map_err(|e| StoreError::backend("delete", &e))?;
+            Probe::File(entry) => {
+                rustix::fs::unlinkat(&entry.parent, entry.name.as_str(), AtFlags::empty())
+                    .map_err(|e| StoreError::backend("delete", &io::Error::from(e)))?;
             }
-            Probe::Dir(full) => {
-                remove_leftover_temps(&full);
-                fs::remove_dir(&full).map_err(|e| StoreError::backend("delete", &e))?;
+            Probe::Dir(entry) => {
+                if let Ok(directory) = open_directory(&entry.parent, &entry.name) {
+                    remove_leftover_temps(&directory);
+                }
+                rustix::fs::unlinkat(&entry.parent, entry.name.as_str(), AtFlags::REMOVEDIR)
+                    .map_err(|e| StoreError::backend("delete", &io::Error::from(e)))?;
             }
             Probe::Other => return Err(StoreError::backend("delete", &"not a file or directory")),
         }
@@ -228,17 +271,19 @@ impl Store {
             found: Vec::new(),
         };
         if prefix.is_empty() {
-            walk.visit(&self.root, "", "", &mut Vec::new(), 0)?;
+            walk.visit(self.root_dir.as_fd(), "", "", &mut Vec::new(), 0)?;
         } else {
             if check_path(&prefix).is_err() {
                 // No stored file lies under a directory no valid path can name.
                 return Ok(Vec::new());
             }
             let names = physical_names(&prefix);
-            if let Probe::Dir(full) = self.probe(&names, "glob")? {
+            if let Probe::Dir(entry) = self.probe(&names, "glob")? {
+                let directory = open_directory(&entry.parent, &entry.name)
+                    .map_err(|e| StoreError::backend("glob", &e))?;
                 let mut physical: Vec<String> = names.into_iter().map(|n| n.name).collect();
                 let depth = prefix.split('/').count();
-                walk.visit(&full, &prefix, "", &mut physical, depth)?;
+                walk.visit(directory.as_fd(), &prefix, "", &mut physical, depth)?;
             }
         }
         let mut found = walk.found;
@@ -253,7 +298,7 @@ impl Store {
     /// `cannot read input file {host_path}: {detail}`.
     pub fn copy_in(&self, from_file: &Path, store_path: &str) -> Result<(), StoreError> {
         validate_path(store_path)?;
-        let bytes = fs::read(from_file).map_err(|e| {
+        let bytes = std::fs::read(from_file).map_err(|e| {
             StoreError::host(messages::input_file_unreadable(
                 &from_file.display().to_string(),
                 &e.to_string(),
@@ -278,52 +323,56 @@ impl Store {
         self.mutation.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Walks the components from the root without following any symlink: a
-    /// symlink anywhere on the way is refused as a backend failure.
+    fn root_handle(&self) -> Handle {
+        Handle::Root(Arc::clone(&self.root_dir))
+    }
+
+    /// Walks the components from the root handle, one name at a time, each
+    /// relative to the directory opened before it and never following a
+    /// symlink: a symlink anywhere on the way, or one swapped in meanwhile,
+    /// is refused as a backend failure.
     fn probe(&self, names: &[PhysicalName], operation: &str) -> Result<Probe, StoreError> {
-        let mut current = self.root.clone();
-        let last = names.len().saturating_sub(1);
-        for (index, name) in names.iter().enumerate() {
-            current.push(&name.name);
-            let metadata = match fs::symlink_metadata(&current) {
-                Ok(metadata) => metadata,
-                Err(error) if error.kind() == io::ErrorKind::NotFound => {
-                    return Ok(Probe::Missing { under_file: false })
-                }
+        let Some((last, parents)) = names.split_last() else {
+            return Ok(Probe::Dir(Entry {
+                parent: self.root_handle(),
+                name: ".".to_owned(),
+            }));
+        };
+        let mut current = self.root_handle();
+        for name in parents {
+            match entry_type(&current, &name.name) {
+                Ok(None) => return Ok(Probe::Missing { under_file: false }),
+                Ok(Some(FileType::Directory)) => {}
+                Ok(Some(FileType::RegularFile)) => return Ok(Probe::Missing { under_file: true }),
+                Ok(Some(FileType::Symlink)) => return Err(refused_symlink(operation, &name.name)),
+                Ok(Some(_)) => return Ok(Probe::Other),
                 Err(error) => return Err(StoreError::backend(operation, &error)),
-            };
-            let file_type = metadata.file_type();
-            if file_type.is_symlink() {
-                return Err(StoreError::backend(
-                    operation,
-                    &format!("refusing to follow the symlink {}", current.display()),
-                ));
             }
-            if index < last {
-                if file_type.is_dir() {
-                    continue;
-                }
-                if file_type.is_file() {
-                    return Ok(Probe::Missing { under_file: true });
-                }
-                return Ok(Probe::Other);
-            }
-            return Ok(if file_type.is_dir() {
-                Probe::Dir(current)
-            } else if file_type.is_file() {
-                Probe::File(current)
-            } else {
-                Probe::Other
-            });
+            current = Handle::Opened(
+                open_directory(&current, &name.name)
+                    .map_err(|e| StoreError::backend(operation, &e))?,
+            );
         }
-        Ok(Probe::Dir(current))
+        let kind =
+            entry_type(&current, &last.name).map_err(|e| StoreError::backend(operation, &e))?;
+        let entry = Entry {
+            parent: current,
+            name: last.name.clone(),
+        };
+        Ok(match kind {
+            None => Probe::Missing { under_file: false },
+            Some(FileType::Symlink) => return Err(refused_symlink(operation, &last.name)),
+            Some(FileType::Directory) => Probe::Dir(entry),
+            Some(FileType::RegularFile) => Probe::File(entry),
+            Some(_) => Probe::Other,
+        })
     }
 
     /// The file's bytes, `None` when it does not exist.
     fn load(&self, path: &str, operation: &str) -> Result<Option<Vec<u8>>, StoreError> {
         match self.probe(&physical_names(path), operation)? {
             Probe::Missing { .. } => Ok(None),
-            Probe::File(full) => read_regular_file(&full)
+            Probe::File(entry) => read_regular_file(&entry)
                 .map(Some)
                 .map_err(|e| StoreError::backend(operation, &e)),
             // A directory used as a file is a backend failure, not "not found".
@@ -372,35 +421,39 @@ impl Store {
     }
 
     /// Makes every component a real directory (never a symlink), creating the
-    /// missing ones, and returns the innermost.
+    /// missing ones, and returns the innermost, open.
     fn ensure_directories(
         &self,
         names: &[PhysicalName],
         operation: &str,
-    ) -> Result<PathBuf, StoreError> {
-        let mut current = self.root.clone();
+    ) -> Result<Handle, StoreError> {
+        let mut current = self.root_handle();
         for name in names {
-            current.push(&name.name);
-            match fs::symlink_metadata(&current) {
-                Ok(metadata) if metadata.file_type().is_dir() => continue,
-                Ok(_) => {
+            match entry_type(&current, &name.name) {
+                Ok(Some(FileType::Directory)) => {}
+                Ok(Some(_)) => {
                     return Err(StoreError::backend(
                         operation,
                         &"a parent is not a directory",
                     ))
                 }
-                Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+                Ok(None) => {
+                    if let Err(error) =
+                        rustix::fs::mkdirat(&current, name.name.as_str(), Mode::from(0o777))
+                    {
+                        // Someone may have made it meanwhile; the open below
+                        // accepts only a real directory.
+                        if error != rustix::io::Errno::EXIST {
+                            return Err(StoreError::backend(operation, &io::Error::from(error)));
+                        }
+                    }
+                }
                 Err(error) => return Err(StoreError::backend(operation, &error)),
             }
-            if let Err(error) = fs::create_dir(&current) {
-                // Someone may have made it meanwhile; accept only a real directory.
-                let is_directory = fs::symlink_metadata(&current)
-                    .map(|metadata| metadata.file_type().is_dir())
-                    .unwrap_or(false);
-                if error.kind() != io::ErrorKind::AlreadyExists || !is_directory {
-                    return Err(StoreError::backend(operation, &error));
-                }
-            }
+            current = Handle::Opened(
+                open_directory(&current, &name.name)
+                    .map_err(|e| StoreError::backend(operation, &e))?,
+            );
         }
         Ok(current)
     }
@@ -413,12 +466,22 @@ impl Store {
         };
         let trailing = parents.iter().rev().take_while(|n| n.continuation).count();
         let keep = parents.len() - trailing;
-        for depth in (keep..parents.len()).rev() {
-            let mut directory = self.root.clone();
-            for name in parents.iter().take(depth + 1) {
-                directory.push(&name.name);
+        // The open handles down to the deepest continuation's parent.
+        let mut handles = vec![self.root_handle()];
+        for name in parents.iter().take(parents.len().saturating_sub(1)) {
+            let Some(current) = handles.last() else {
+                return;
+            };
+            match open_directory(current, &name.name) {
+                Ok(next) => handles.push(Handle::Opened(next)),
+                Err(_) => return,
             }
-            if fs::remove_dir(&directory).is_err() {
+        }
+        for depth in (keep..parents.len()).rev() {
+            let (Some(parent), Some(name)) = (handles.get(depth), parents.get(depth)) else {
+                break;
+            };
+            if rustix::fs::unlinkat(parent, name.name.as_str(), AtFlags::REMOVEDIR).is_err() {
                 break;
             }
         }
@@ -429,19 +492,49 @@ fn range_error(path: &str, rejection: LineRangeRejection) -> StoreError {
     StoreError::user(messages::invalid_line_range(path, rejection.reason()))
 }
 
-/// Open flags that refuse a symlink as the final component and never block
-/// on a FIFO planted in the store.
-fn no_follow(options: &mut OpenOptions) -> &mut OpenOptions {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
-    }
-    options
+fn refused_symlink(operation: &str, name: &str) -> StoreError {
+    StoreError::backend(
+        operation,
+        &format!("refusing to follow the symlink {name:?}"),
+    )
 }
 
-fn read_regular_file(path: &Path) -> io::Result<Vec<u8>> {
-    let mut file = no_follow(OpenOptions::new().read(true)).open(path)?;
+/// The type of `name` in `directory`, the entry itself (never a symlink's
+/// target); `None` when absent.
+fn entry_type(directory: &impl AsFd, name: &str) -> io::Result<Option<FileType>> {
+    match rustix::fs::statat(directory, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(stat) => Ok(Some(FileType::from_raw_mode(stat.st_mode))),
+        Err(rustix::io::Errno::NOENT) => Ok(None),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Opens the directory `name` inside `parent`: one name, no symlink followed
+/// (`O_NOFOLLOW` fails with `ELOOP` on one, `O_DIRECTORY` with `ENOTDIR` on a
+/// file), whatever was checked before.
+fn open_directory(parent: &impl AsFd, name: &str) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::openat(
+        parent,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+/// Opens a file by one name inside `parent`: no symlink followed, and never
+/// blocking on a FIFO planted in the store.
+fn open_file_at(parent: &impl AsFd, name: &str, flags: OFlags, mode: Mode) -> io::Result<File> {
+    let fd = rustix::fs::openat(
+        parent,
+        name,
+        flags | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        mode,
+    )?;
+    Ok(File::from(fd))
+}
+
+fn read_regular_file(entry: &Entry) -> io::Result<Vec<u8>> {
+    let mut file = open_file_at(&entry.parent, &entry.name, OFlags::RDONLY, Mode::empty())?;
     if !file.metadata()?.is_file() {
         return Err(io::Error::other("not a regular file"));
     }
@@ -451,34 +544,42 @@ fn read_regular_file(path: &Path) -> io::Result<Vec<u8>> {
 }
 
 /// Writes `contents` to a fresh temporary file in `directory`, syncs it, and
-/// renames it over `file_name`: readers and crashes see the old file or the
-/// new one, never a mix. On failure the temporary file is removed.
-fn atomic_replace(directory: &Path, file_name: &str, contents: &[u8]) -> io::Result<()> {
+/// renames it over `file_name`, both names relative to the directory's open
+/// handle: readers and crashes see the old file or the new one, never a mix.
+/// On failure the temporary file is removed.
+fn atomic_replace(directory: &Handle, file_name: &str, contents: &[u8]) -> io::Result<()> {
     let temp_name = format!(
         "{TEMP_PREFIX}{}-{}{CONTINUATION_MARK}",
         std::process::id(),
         TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
     );
-    let temp_path = directory.join(temp_name);
-    let result = write_synced(&temp_path, contents).and_then(|()| {
+    let result = write_synced(directory, &temp_name, contents).and_then(|()| {
         fault::hit(FaultPoint::BeforeRename)?;
-        fs::rename(&temp_path, directory.join(file_name))
+        Ok(rustix::fs::renameat(
+            directory,
+            temp_name.as_str(),
+            directory,
+            file_name,
+        )?)
     });
     if result.is_err() {
         // Best effort: the temporary name is invisible to every store call anyway.
-        let _ = fs::remove_file(&temp_path);
+        let _ = rustix::fs::unlinkat(directory, temp_name.as_str(), AtFlags::empty());
         return result;
     }
     // Persist the rename itself; some filesystems cannot sync a directory,
     // and the data is already safe in the renamed file, so this is best effort.
-    if let Ok(handle) = File::open(directory) {
-        let _ = handle.sync_all();
-    }
+    let _ = rustix::fs::fsync(directory);
     Ok(())
 }
 
-fn write_synced(temp_path: &Path, contents: &[u8]) -> io::Result<()> {
-    let mut file = no_follow(OpenOptions::new().write(true).create_new(true)).open(temp_path)?;
+fn write_synced(directory: &Handle, temp_name: &str, contents: &[u8]) -> io::Result<()> {
+    let mut file = open_file_at(
+        directory,
+        temp_name,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL,
+        Mode::from(0o666),
+    )?;
     let (head, tail) = contents.split_at(contents.len() / 2);
     file.write_all(head)?;
     fault::hit(FaultPoint::MidWrite)?;
@@ -486,20 +587,44 @@ fn write_synced(temp_path: &Path, contents: &[u8]) -> io::Result<()> {
     file.sync_all()
 }
 
+/// The entries of an open directory: name and type (never following a
+/// symlink), skipping `.` and `..`.
+fn list_directory(directory: BorrowedFd<'_>) -> io::Result<Vec<(std::ffi::OsString, FileType)>> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut entries = Vec::new();
+    for entry in rustix::fs::Dir::read_from(directory)? {
+        let entry = entry?;
+        let bytes = entry.file_name().to_bytes();
+        if bytes == b"." || bytes == b".." {
+            continue;
+        }
+        let name = std::ffi::OsStr::from_bytes(bytes).to_owned();
+        let mut kind = entry.file_type();
+        if kind == FileType::Unknown {
+            // Some filesystems do not say in the listing; ask the entry itself.
+            kind = match rustix::fs::statat(directory, entry.file_name(), AtFlags::SYMLINK_NOFOLLOW)
+            {
+                Ok(stat) => FileType::from_raw_mode(stat.st_mode),
+                Err(_) => continue,
+            };
+        }
+        entries.push((name, kind));
+    }
+    Ok(entries)
+}
+
 /// Removes temporary files a killed writer left behind in `directory`, so an
 /// otherwise empty directory can be deleted. Called with the store lock held.
-fn remove_leftover_temps(directory: &Path) {
-    let Ok(entries) = fs::read_dir(directory) else {
+fn remove_leftover_temps(directory: &OwnedFd) {
+    let Ok(entries) = list_directory(directory.as_fd()) else {
         return;
     };
-    for entry in entries.flatten() {
-        let is_file = entry.file_type().map(|t| t.is_file()).unwrap_or(false);
-        let name = entry.file_name();
+    for (name, kind) in entries {
         let is_temp = name
             .to_str()
             .is_some_and(|n| n.starts_with(TEMP_PREFIX) && n.ends_with(CONTINUATION_MARK));
-        if is_file && is_temp {
-            let _ = fs::remove_file(entry.path());
+        if kind == FileType::RegularFile && is_temp {
+            let _ = rustix::fs::unlinkat(directory, name.as_os_str(), AtFlags::empty());
         }
     }
 }
@@ -512,38 +637,35 @@ struct Walk<'a> {
 }
 
 impl Walk<'_> {
-    /// Visits `directory`, whose logical path is `logical_dir` (`depth`
-    /// segments). `partial` is the part of an over-long segment gathered from
-    /// continuation directories so far; `physical` the names walked from the root.
+    /// Visits the open `directory`, whose logical path is `logical_dir`
+    /// (`depth` segments). `partial` is the part of an over-long segment
+    /// gathered from continuation directories so far; `physical` the names
+    /// walked from the root.
     fn visit(
         &mut self,
-        directory: &Path,
+        directory: BorrowedFd<'_>,
         logical_dir: &str,
         partial: &str,
         physical: &mut Vec<String>,
         depth: usize,
     ) -> Result<(), StoreError> {
-        let entries = fs::read_dir(directory).map_err(|e| StoreError::backend("glob", &e))?;
-        for entry in entries {
-            let entry = entry.map_err(|e| StoreError::backend("glob", &e))?;
-            let file_type = entry
-                .file_type()
-                .map_err(|e| StoreError::backend("glob", &e))?;
-            if file_type.is_symlink() {
+        let entries = list_directory(directory).map_err(|e| StoreError::backend("glob", &e))?;
+        for (os_name, file_type) in entries {
+            if file_type == FileType::Symlink {
                 continue;
             }
-            let os_name = entry.file_name();
             let Some(name) = os_name.to_str() else {
                 continue; // Not UTF-8: no store path can name it.
             };
+            let is_dir = file_type == FileType::Directory;
             if let Some(chunk) = name.strip_suffix(CONTINUATION_MARK) {
                 // A continuation directory, or a temporary file: never a file of its own.
-                if file_type.is_dir()
-                    && logical_dir.len() + 1 + partial.len() + chunk.len() <= MAX_PATH_BYTES
-                {
+                if is_dir && logical_dir.len() + 1 + partial.len() + chunk.len() <= MAX_PATH_BYTES {
+                    let inner = open_directory(&directory, name)
+                        .map_err(|e| StoreError::backend("glob", &e))?;
                     physical.push(name.to_owned());
                     let gathered = format!("{partial}{chunk}");
-                    let result = self.visit(&entry.path(), logical_dir, &gathered, physical, depth);
+                    let result = self.visit(inner.as_fd(), logical_dir, &gathered, physical, depth);
                     physical.pop();
                     result?;
                 }
@@ -558,15 +680,19 @@ impl Walk<'_> {
             if logical.len() > MAX_PATH_BYTES {
                 continue;
             }
-            if file_type.is_dir() {
+            if is_dir {
                 let deeper_can_match = self.max_depth.is_none_or(|max| depth + 2 <= max);
                 if deeper_can_match {
+                    let inner = open_directory(&directory, name)
+                        .map_err(|e| StoreError::backend("glob", &e))?;
                     physical.push(name.to_owned());
-                    let result = self.visit(&entry.path(), &logical, "", physical, depth + 1);
+                    let result = self.visit(inner.as_fd(), &logical, "", physical, depth + 1);
                     physical.pop();
                     result?;
                 }
-            } else if file_type.is_file() && self.is_listable(&logical, physical, name) {
+            } else if file_type == FileType::RegularFile
+                && self.is_listable(&logical, physical, name)
+            {
                 self.found.push(logical);
             }
         }
@@ -599,7 +725,7 @@ mod tests {
     }
 
     fn entries(directory: &Path) -> Vec<String> {
-        let mut names: Vec<String> = fs::read_dir(directory)
+        let mut names: Vec<String> = std::fs::read_dir(directory)
             .unwrap_or_else(|e| panic!("read_dir: {e}"))
             .filter_map(|entry| entry.ok())
             .map(|entry| entry.file_name().to_string_lossy().into_owned())
@@ -672,7 +798,7 @@ mod tests {
         assert_eq!(store.write("d/a.txt", "x"), Ok(()));
         // What a writer killed before its rename leaves behind.
         let leftover = store.root().join("d").join(".pf-tmp-1-1.");
-        fs::write(&leftover, "partial").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&leftover, "partial").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(store.glob("**"), Ok(vec!["d/a.txt".to_owned()]));
         assert_eq!(store.delete("d/a.txt"), Ok(()));
         assert_eq!(store.delete("d"), Ok(()));

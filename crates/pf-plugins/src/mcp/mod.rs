@@ -16,9 +16,9 @@ use pf_harness::{
     ActivationContext, ActivePlugin, CancellationToken, Plugin, ToolFailure, ToolSpec, WorkId,
 };
 use rmcp::model::{
-    CallToolRequest, CallToolRequestParam, CallToolResult, CancelledNotificationParam, ClientInfo,
-    ClientRequest, Implementation, ListToolsRequest, PaginatedRequestParam, RawContent,
-    ResourceContents, ServerResult, Tool,
+    CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotificationParam,
+    ClientCapabilities, ClientConfig, ClientRequest, ContentBlock, Implementation,
+    ListToolsRequest, PaginatedRequestParams, ResourceContents, ServerResult, Tool,
 };
 use rmcp::service::{Peer, PeerRequestOptions, RunningService, ServiceError};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -118,15 +118,11 @@ impl McpPlugin {
         self
     }
 
-    fn client_info() -> ClientInfo {
-        ClientInfo {
-            client_info: Implementation {
-                name: "promptforge".into(),
-                version: env!("CARGO_PKG_VERSION").into(),
-                ..Implementation::default()
-            },
-            ..ClientInfo::default()
-        }
+    fn client_info() -> ClientConfig {
+        ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new("promptforge", env!("CARGO_PKG_VERSION")),
+        )
     }
 
     /// Spawns the stdio server (leader of its own process group, so the stop
@@ -211,12 +207,7 @@ impl McpPlugin {
         cancel: &CancellationToken,
     ) -> Result<Connection, String> {
         let id = &self.id;
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .build()
-            .map_err(|e| format!("MCP server {id}: cannot build an HTTP client: {e}"))?;
-        let transport = StreamableHttpClientTransport::with_client(
-            client,
+        let transport = StreamableHttpClientTransport::from_config(
             StreamableHttpClientTransportConfig::with_uri(url),
         );
         let serving = Self::client_info().serve(transport);
@@ -272,9 +263,7 @@ impl McpPlugin {
         let mut cursor = None;
         for _ in 0..MAX_TOOL_PAGES {
             let request = ClientRequest::ListToolsRequest(ListToolsRequest {
-                params: Some(PaginatedRequestParam {
-                    cursor: cursor.clone(),
-                }),
+                params: Some(PaginatedRequestParams::default().with_cursor(cursor.clone())),
                 ..Default::default()
             });
             let answer = bounded_request(peer, request, self.call_timeout, cancel).await?;
@@ -300,7 +289,7 @@ impl McpPlugin {
     }
 }
 
-type Service = RunningService<RoleClient, ClientInfo>;
+type Service = RunningService<RoleClient, ClientConfig>;
 
 /// Why starting a server ended without a session.
 enum StartError {
@@ -377,10 +366,7 @@ async fn bounded_request(
         },
         _ = cancel.cancelled() => RequestError::Cancelled,
     };
-    let notice = CancelledNotificationParam {
-        request_id,
-        reason: Some(outcome.to_string()),
-    };
+    let notice = CancelledNotificationParam::new(Some(request_id), Some(outcome.to_string()));
     let _ = tokio::time::timeout(Duration::from_secs(1), peer.notify_cancelled(notice)).await;
     Err(outcome)
 }
@@ -552,17 +538,19 @@ impl ActiveMcp {
         let parts: Vec<String> = result
             .content
             .iter()
-            .map(|content| match &content.raw {
-                RawContent::Text(text) => text.text.clone(),
-                RawContent::Resource(embedded) => match &embedded.resource {
+            .map(|content| match content {
+                ContentBlock::Text(text) => text.text.clone(),
+                ContentBlock::Resource(embedded) => match &embedded.resource {
                     ResourceContents::TextResourceContents { text, .. } => text.clone(),
                     ResourceContents::BlobResourceContents { uri, .. } => {
                         format!("[binary resource {uri} omitted]")
                     }
+                    _ => "[resource omitted]".to_string(),
                 },
-                RawContent::Image(image) => format!("[{} image omitted]", image.mime_type),
-                RawContent::Audio(audio) => format!("[{} audio omitted]", audio.mime_type),
-                RawContent::ResourceLink(link) => format!("[resource link {}]", link.uri),
+                ContentBlock::Image(image) => format!("[{} image omitted]", image.mime_type),
+                ContentBlock::Audio(audio) => format!("[{} audio omitted]", audio.mime_type),
+                ContentBlock::ResourceLink(link) => format!("[resource link {}]", link.uri),
+                _ => "[unsupported content omitted]".to_string(),
             })
             .collect();
         parts.join("\n")
@@ -615,10 +603,9 @@ impl ActivePlugin for ActiveMcp {
         if self.peer.is_transport_closed() {
             return Err(self.connection_lost());
         }
-        let request = ClientRequest::CallToolRequest(CallToolRequest::new(CallToolRequestParam {
-            name: entry.name.clone().into(),
-            arguments,
-        }));
+        let mut params = CallToolRequestParams::new(entry.name.clone());
+        params.arguments = arguments;
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
         match bounded_request(&self.peer, request, self.call_timeout, &cancel).await {
             Ok(ServerResult::CallToolResult(result)) => self.render(entry, result),
             Ok(_) => Err(ToolFailure(format!(

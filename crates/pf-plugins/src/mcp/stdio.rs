@@ -177,7 +177,9 @@ impl<R, W> StdioTransport<R, W> {
                 if let ClientNotification::CancelledNotification(cancelled) =
                     &notification.notification
                 {
-                    let id = &cancelled.params.request_id;
+                    let Some(id) = &cancelled.params.request_id else {
+                        return;
+                    };
                     if self.in_flight.remove(id) {
                         if self.abandoned.len() == ABANDONED_KEPT {
                             self.abandoned.pop_front();
@@ -280,7 +282,18 @@ where
                 self.note_message();
                 let answered = match &message {
                     JsonRpcMessage::Response(response) => Some(response.id.clone()),
-                    JsonRpcMessage::Error(error) => Some(error.id.clone()),
+                    JsonRpcMessage::Error(error) => match &error.id {
+                        Some(answered) => Some(answered.clone()),
+                        None => {
+                            // An error with a null id (a parse error, say) answers no
+                            // request, so no answer can be trusted to match any more.
+                            self.fail_in_flight(format!(
+                                "MCP server {id} reported an error for no request: {}",
+                                super::process::escape_line(error.error.message.as_bytes())
+                            ));
+                            return None;
+                        }
+                    },
                     _ => return Some(message),
                 };
                 match self.judge_answer(answered.as_ref()) {
@@ -344,7 +357,7 @@ enum AnswerFate {
 fn error_for(id: RequestId, message: String) -> RxJsonRpcMessage<RoleClient> {
     JsonRpcMessage::Error(JsonRpcError {
         jsonrpc: JsonRpcVersion2_0,
-        id,
+        id: Some(id),
         error: ErrorData::internal_error(message, None),
     })
 }
@@ -426,7 +439,7 @@ where
         let message = self.next_message().await?;
         let answered = match &message {
             JsonRpcMessage::Response(response) => Some(&response.id),
-            JsonRpcMessage::Error(error) => Some(&error.id),
+            JsonRpcMessage::Error(error) => error.id.as_ref(),
             _ => None,
         };
         if answered.is_some() && answered == self.initialize_id.as_ref() {

@@ -7,10 +7,10 @@ use async_trait::async_trait;
 use pf_engine::{EventKind, RunEvent, RunObserver};
 use pf_harness::{CancellationToken, InputBroker, WorkId};
 use rmcp::model::{
-    CreateElicitationRequestParam, ElicitationAction, ElicitationSchema, ProgressNotificationParam,
-    ProgressToken,
+    ElicitRequestParams, ElicitationAction, ElicitationSchema,
+    ProgressNotificationParam, ProgressToken,
 };
-use rmcp::service::{Peer, RoleServer};
+use rmcp::service::{ElicitationMode, Peer, RoleServer};
 use serde_json::json;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -99,12 +99,9 @@ impl RunObserver for ProgressObserver {
             state.section = None;
         }
         state.count += 1;
-        let _ = self.sender.send(ProgressNotificationParam {
-            progress_token: self.token.clone(),
-            progress: f64::from(state.count),
-            total: None,
-            message: Some(message),
-        });
+        let mut param = ProgressNotificationParam::new(self.token.clone(), f64::from(state.count));
+        param.message = Some(message);
+        let _ = self.sender.send(param);
     }
 }
 
@@ -142,7 +139,16 @@ impl InputBroker for ElicitationBroker {
         _work: &WorkId,
         cancel: CancellationToken,
     ) -> Result<Option<String>, String> {
-        if !self.peer.supports_elicitation() {
+        // A 2026-07-28 client has no session to ask on (rmcp refuses the
+        // request), and one without the capability cannot answer.
+        if !self
+            .peer
+            .supported_elicitation_modes()
+            .contains(&ElicitationMode::Form)
+            || self.peer.peer_info().is_some_and(|info| {
+                info.protocol_version >= rmcp::model::ProtocolVersion::V_2026_07_28
+            })
+        {
             return Ok(None);
         }
         let schema = json!({
@@ -160,10 +166,13 @@ impl InputBroker for ElicitationBroker {
         } else {
             question.to_string()
         };
-        let request = self.peer.create_elicitation(CreateElicitationRequestParam {
-            message,
-            requested_schema: schema,
-        });
+        let request = self
+            .peer
+            .create_elicitation(ElicitRequestParams::FormElicitationParams {
+                meta: None,
+                message,
+                requested_schema: schema,
+            });
         let answer = tokio::select! {
             _ = cancel.cancelled() => return Ok(None),
             answer = request => answer.map_err(|e| format!("the MCP client did not answer: {e}"))?,

@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use pf_harness::CancellationToken;
 use rmcp::model::{
-    CallToolRequestParam, CallToolResult, Implementation, ListToolsResult, PaginatedRequestParam,
-    ProtocolVersion, ServerCapabilities, ServerInfo, Tool,
+    CallToolRequestParams, CallToolResponse, Implementation, ListToolsResult,
+    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{NotificationContext, Peer, RequestContext, RoleServer};
 use rmcp::{ErrorData, ServerHandler};
@@ -166,37 +166,28 @@ fn tool_of(
     tool: &catalog::PromptTool,
     output_schema: &Arc<serde_json::Map<String, serde_json::Value>>,
 ) -> Tool {
-    Tool {
-        name: tool.name.clone().into(),
-        title: None,
-        description: Some(tool.description.clone().into()),
-        input_schema: Arc::new(tool.input_schema.clone()),
-        output_schema: Some(Arc::clone(output_schema)),
-        annotations: None,
-        icons: None,
-    }
+    Tool::new(
+        tool.name.clone(),
+        tool.description.clone(),
+        Arc::new(tool.input_schema.clone()),
+    )
+    .with_raw_output_schema(Arc::clone(output_schema))
 }
 
 impl ServerHandler for PromptServer {
-    fn get_info(&self) -> ServerInfo {
-        ServerInfo {
-            // rmcp still defaults to 2025-03-26; structured results, output
-            // schemas and elicitation are 2025-06-18.
-            protocol_version: ProtocolVersion::V_2025_06_18,
-            capabilities: ServerCapabilities::builder()
+    fn get_info(&self) -> ServerConfig {
+        // rmcp's default protocol version is the newest (2026-07-28, stateless
+        // discovery); clients of earlier revisions negotiate theirs in initialize.
+        ServerConfig::new(
+            ServerCapabilities::builder()
                 .enable_tools()
                 .enable_tool_list_changed()
                 .build(),
-            server_info: Implementation {
-                name: "promptforge".into(),
-                version: env!("CARGO_PKG_VERSION").into(),
-                ..Implementation::from_build_env()
-            },
-            instructions: Some(
-                "Each tool runs one promptforge prompt file; the result is the run's result."
-                    .into(),
-            ),
-        }
+        )
+        .with_server_info(Implementation::new("promptforge", env!("CARGO_PKG_VERSION")))
+        .with_instructions(
+            "Each tool runs one promptforge prompt file; the result is the run's result.",
+        )
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
@@ -209,7 +200,7 @@ impl ServerHandler for PromptServer {
 
     async fn list_tools(
         &self,
-        _request: Option<PaginatedRequestParam>,
+        _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         let output_schema = Arc::new(catalog::output_schema());
@@ -220,17 +211,14 @@ impl ServerHandler for PromptServer {
             .values()
             .map(|t| tool_of(t, &output_schema))
             .collect();
-        Ok(ListToolsResult {
-            tools,
-            next_cursor: None,
-        })
+        Ok(ListToolsResult::with_all_items(tools))
     }
 
     async fn call_tool(
         &self,
-        request: CallToolRequestParam,
+        request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
-    ) -> Result<CallToolResult, ErrorData> {
+    ) -> Result<CallToolResponse, ErrorData> {
         let Some(tool) = self
             .state
             .catalog()
@@ -248,9 +236,10 @@ impl ServerHandler for PromptServer {
             Err(Refused::QueueFull { running, queue }) => {
                 return Ok(run_call::refusal(format!(
                     "busy: {running} runs are going and {queue} calls already wait; try again later"
-                )))
+                ))
+                .into())
             }
-            Err(Refused::Cancelled) => return Ok(run_call::refusal("cancelled".into())),
+            Err(Refused::Cancelled) => return Ok(run_call::refusal("cancelled".into()).into()),
         };
         let args = tool.args_string(request.arguments.as_ref());
         let cancel = self.state.shutdown.child_token();
@@ -298,6 +287,6 @@ impl ServerHandler for PromptServer {
                 crate::report::ReportOutcome::Cancelled => "cancelled".to_string(),
             }
         );
-        Ok(run_call::call_result(&report))
+        Ok(run_call::call_result(&report).into())
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use pf_engine::{Outcome, RunObserver, RunSetup};
 use pf_harness::{CancellationToken, InputBroker};
-use rmcp::model::{CallToolResult, Content};
+use rmcp::model::{CallToolResult, ContentBlock};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::catalog::PromptTool;
@@ -328,22 +328,18 @@ pub fn call_result(report: &RunReport) -> CallToolResult {
         }
         ReportOutcome::Cancelled => ("cancelled".to_string(), true),
     };
-    CallToolResult {
-        content: vec![Content::text(text)],
-        structured_content: structured,
-        is_error: Some(is_error),
-        meta: None,
-    }
+    let mut result = if is_error {
+        CallToolResult::error(vec![ContentBlock::text(text)])
+    } else {
+        CallToolResult::success(vec![ContentBlock::text(text)])
+    };
+    result.structured_content = structured;
+    result
 }
 
 /// An error result that is not a run (unknown tool, full queue).
 pub fn refusal(text: String) -> CallToolResult {
-    CallToolResult {
-        content: vec![Content::text(text)],
-        structured_content: None,
-        is_error: Some(true),
-        meta: None,
-    }
+    CallToolResult::error(vec![ContentBlock::text(text)])
 }
 
 fn now_ms() -> i64 {
