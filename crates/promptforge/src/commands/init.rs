@@ -80,7 +80,7 @@ pub fn scaffold(stem: &str) -> Vec<(String, String)> {
     // The `promptforge test` format (docs/testing.md): the replies are
     // scripted in the case, so the test needs no host file.
     let test = format!(
-        "# Tests for {stem}.md: run with `promptforge test {stem}.test.yaml`.\ncases:\n  - name: answers in one paragraph\n    args: a first request\n    replies:\n      - Here is a short answer to your request.\n    expect:\n      outcome: completed\n      result: Here is a short answer to your request.\n      events:\n        model_turn_completed: 1\n"
+        "# Tests for {stem}.md: run with `promptforge test {stem}.test.yaml`.\ncases:\n  - name: answers in one paragraph\n    args: a first request\n    replies:\n      - Here is a short answer to your request.\n    expect:\n      outcome: completed\n      result: Here is a short answer to your request.\n      # What the model was sent: the section's instruction, then the request.\n      offered:\n        - request: 0\n          messages:\n            contains: [Answer the request below, \"Request: a first request\"]\n      events:\n        model_turn_completed: 1\n"
     );
     vec![
         (format!("{stem}.md"), prompt),

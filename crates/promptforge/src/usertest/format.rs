@@ -373,6 +373,8 @@ pub struct Offered {
     /// Tool descriptions by tool name.
     #[serde(default)]
     pub descriptions: BTreeMap<String, String>,
+    /// The request's messages as text: each `ROLE: CONTENT`, blank lines between.
+    pub messages: Option<TextMatch>,
 }
 
 /// `budget:`: upper bounds, each inclusive.
