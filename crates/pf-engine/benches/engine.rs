@@ -123,6 +123,8 @@ fn bench_openai(c: &mut Criterion) {
         description: String::new(),
         record: None,
         retries: 0,
+        spawn: None,
+        tool_format: pf_models::ToolFormat::Native,
     };
     let provider = pf_models::build_provider(&spec).expect("provider");
     let looping = Arc::new(pf_syntax::parse(loop_prompt().as_bytes()).expect("parses"));

@@ -32,12 +32,14 @@
 
 mod anthropic;
 mod http;
+mod json_tools;
 mod metrics;
 mod openai;
 mod provider;
 mod record;
 mod script;
 mod scrub;
+mod spawn;
 mod sse;
 mod wire;
 
@@ -50,10 +52,17 @@ pub use anthropic::{
     AnthropicMessages, AnthropicProvider, DEFAULT_MAX_TOKENS as ANTHROPIC_DEFAULT_MAX_TOKENS,
 };
 pub use http::{is_transient, HttpProviderConfig, HttpSettings, MAX_BODY_BYTES, RECEIVE_TIMEOUT};
+pub use json_tools::{
+    parse_reply, tools_prompt, JsonToolsProvider, ParsedCall, ParsedReply, ToolFormat,
+};
 pub use openai::{ChatCompletions, OpenAiProvider};
 pub use provider::{HttpProvider, StreamStep, WireFormat};
 pub use record::{RecordFile, RecordingProvider};
 pub use script::{ScriptProvider, ScriptedReply, ScriptedToolCall, ScriptedUsage};
+pub use spawn::{
+    kill_spawned_servers, stop_spawned_servers, SpawnSpec, SpawnedProvider, DEFAULT_SPAWN_BASE_URL,
+    DEFAULT_SPAWN_TIMEOUT, PORT_PLACEHOLDER,
+};
 pub use wire::{BodyField, RequestBody};
 
 /// The context window a Host assumes when its configuration gives none.
@@ -86,6 +95,11 @@ pub struct ProviderSpec {
     /// How often a transient failure or a 429 is retried (HTTP providers);
     /// 0 reruns nothing (guide ch. 17).
     pub retries: u32,
+    /// Start the model's own server on first use (`spawn`; OpenAI-compatible
+    /// only, its endpoint's `base_url` holding `{port}`).
+    pub spawn: Option<SpawnSpec>,
+    /// How tool calls travel: the server's own, or JSON in the text.
+    pub tool_format: ToolFormat,
 }
 
 /// Which provider answers, with what only that provider needs.
@@ -114,14 +128,52 @@ pub struct HttpEndpoint {
 /// Build the provider `spec` describes, recording to its record file when it
 /// names one (an HTTP provider records each attempt, a script each call).
 /// Errors are the constructors' own (an unreadable replies file, an HTTP client
-/// that cannot start).
+/// that cannot start). A spawned model's server starts on its first round; a
+/// `tool_format = "json"` model is wrapped so tools travel as text.
 pub fn build_provider(spec: &ProviderSpec) -> Result<Arc<dyn ModelProvider>, String> {
-    let info = ModelInfo {
+    let provider = match (&spec.spawn, &spec.kind) {
+        (Some(spawn), ProviderKind::OpenAi(endpoint)) => {
+            let for_server = spec.clone();
+            let endpoint = endpoint.clone();
+            Arc::new(SpawnedProvider::new(
+                model_info(spec),
+                spawn.clone(),
+                endpoint.base_url.clone(),
+                move |base_url| {
+                    let mut started = for_server.clone();
+                    started.spawn = None;
+                    started.kind = ProviderKind::OpenAi(HttpEndpoint {
+                        base_url,
+                        api_key_env: endpoint.api_key_env.clone(),
+                        receive_timeout: endpoint.receive_timeout,
+                    });
+                    build_direct(&started)
+                },
+            ))
+        }
+        (Some(_), _) => {
+            return Err("`spawn` needs provider \"openai\" (an OpenAI-compatible server)".into())
+        }
+        (None, _) => build_direct(spec)?,
+    };
+    Ok(match spec.tool_format {
+        ToolFormat::Native => provider,
+        ToolFormat::Json => Arc::new(JsonToolsProvider::new(provider)),
+    })
+}
+
+fn model_info(spec: &ProviderSpec) -> ModelInfo {
+    ModelInfo {
         id: spec.id.clone(),
         context: spec.context,
         thinking: spec.thinking,
         description: spec.description.clone(),
-    };
+    }
+}
+
+/// The provider itself, recording when asked.
+fn build_direct(spec: &ProviderSpec) -> Result<Arc<dyn ModelProvider>, String> {
+    let info = model_info(spec);
     let http_config = |endpoint: &HttpEndpoint| HttpProviderConfig {
         base_url: endpoint.base_url.clone(),
         model: spec.model.clone(),

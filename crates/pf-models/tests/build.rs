@@ -153,5 +153,7 @@ fn script_spec(replies: std::path::PathBuf) -> ProviderSpec {
         description: String::new(),
         record: None,
         retries: 0,
+        spawn: None,
+        tool_format: pf_models::ToolFormat::Native,
     }
 }

@@ -22,7 +22,11 @@ fn main() -> ExitCode {
             } else {
                 promptforge::init_logging();
             }
-            promptforge::commands::dispatch(cli.command)
+            let code = promptforge::commands::dispatch(cli.command);
+            // Model servers the catalog spawned end with the process, on every
+            // way out of a command (the forced exit of a second signal kills them).
+            pf_models::stop_spawned_servers();
+            code
         }
         Err(e) => {
             if !e.use_stderr() {

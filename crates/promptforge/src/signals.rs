@@ -65,6 +65,7 @@ pub fn watch_signals(cancel: CancellationToken, print_cancelled: Box<dyn FnOnce(
                 }
                 // No destructor runs on this way out: stop the MCP servers here.
                 pf_plugins::kill_live_mcp_servers();
+                pf_models::kill_spawned_servers();
                 if claim_report() {
                     print_cancelled();
                 }

@@ -224,7 +224,7 @@ fn the_models_command_lists_the_catalog() {
         v["models"][2],
         json!({"id": "remote", "provider": "openai", "model": "gpt-x", "base_url": "http://127.0.0.1:9/v1",
                "context": 128000, "thinking": "Never", "description": "", "key_env": "PF_CATALOG_TEST_KEY",
-               "key_set": true, "retries": 0, "current": false})
+               "key_set": true, "retries": 0, "tool_format": "native", "current": false})
     );
     assert_eq!(v["models"][1]["key_set"], false);
     assert_eq!(v["models"][3]["key_set"], Value::Null);

@@ -378,8 +378,14 @@ fn the_init_scaffold_sends_its_instruction_and_its_test_passes() {
     // instruction in the H1 body, where the section's `prose` never sees it.
     let text_now = std::fs::read_to_string(&prompt).expect("prompt");
     let misplaced = text_now
-        .replace("## Answer\n\nAnswer the request below in three words.\n", "## Answer\n")
-        .replace("# Demo\n", "# Demo\n\nAnswer the request below in three words.\n");
+        .replace(
+            "## Answer\n\nAnswer the request below in three words.\n",
+            "## Answer\n",
+        )
+        .replace(
+            "# Demo\n",
+            "# Demo\n\nAnswer the request below in three words.\n",
+        );
     assert_ne!(misplaced, text_now);
     std::fs::write(&prompt, misplaced).expect("misplace");
     let tested = world.run(&["test", "demo.test.yaml"]);

@@ -547,7 +547,10 @@ mod tests {
 
     fn error_text(message: Option<RxJsonRpcMessage<RoleClient>>) -> (NumberOrString, String) {
         match message {
-            Some(JsonRpcMessage::Error(error)) => (error.id, error.error.message.to_string()),
+            Some(JsonRpcMessage::Error(error)) => (
+                error.id.expect("an error answer names its id"),
+                error.error.message.to_string(),
+            ),
             other => panic!("unexpected {other:?}"),
         }
     }

@@ -36,6 +36,12 @@ pub fn run(args: CheckArgs) -> ExitCode {
         },
         None => None,
     };
+    // A model whose server the Host would start needs that server's command.
+    for spec in host.iter().flat_map(|h| &h.catalog) {
+        if let Some(Err(why)) = spec.spawn.as_ref().map(pf_models::SpawnSpec::find_program) {
+            return super::usage(&format!("host file: model \"{}\": `spawn`: {why}", spec.id));
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

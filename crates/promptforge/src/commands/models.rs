@@ -36,6 +36,11 @@ struct Entry {
     /// Whether that variable is set and non-empty; `null` without a key variable.
     key_set: Option<bool>,
     retries: u32,
+    /// The command that starts the model's own server, if the Host starts one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    spawn: Option<Vec<String>>,
+    /// `"native"` or `"json"`.
+    tool_format: &'static str,
     current: bool,
 }
 
@@ -102,6 +107,11 @@ fn entry(spec: &ProviderSpec, current: bool) -> Entry {
         key_env,
         key_set,
         retries: spec.retries,
+        spawn: spec.spawn.as_ref().map(|s| s.command.clone()),
+        tool_format: match spec.tool_format {
+            pf_models::ToolFormat::Native => "native",
+            pf_models::ToolFormat::Json => "json",
+        },
         current,
     }
 }
@@ -152,6 +162,21 @@ fn text(catalog: &Catalog) -> String {
             .collect();
         out.push_str(cells.join("  ").trim_end());
         out.push('\n');
+    }
+    for m in &catalog.models {
+        if let Some(command) = &m.spawn {
+            out.push_str(&format!(
+                "{}: started by promptforge on first use: {}\n",
+                m.id,
+                command.join(" ").escape_debug()
+            ));
+        }
+        if m.tool_format == "json" {
+            out.push_str(&format!(
+                "{}: tool calls as JSON in the reply text (tool_format = \"json\")\n",
+                m.id
+            ));
+        }
     }
     if catalog.current.is_none() {
         out.push_str("no current model: set default_model, or choose with --model ID\n");

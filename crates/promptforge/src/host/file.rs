@@ -53,6 +53,21 @@ pub struct ModelTable {
     /// Seconds to wait for a reply's first byte, then for each next chunk
     /// (HTTP providers; default 120).
     pub timeout: Option<f64>,
+    /// Start the model's own server on first use: the command and its
+    /// arguments, `{port}` replaced by a free port.
+    pub spawn: Option<Vec<String>>,
+    /// How long a spawned server may take to answer, in seconds (default 120).
+    pub spawn_timeout: Option<f64>,
+    /// `"native"` (the default) or `"json"`: tool calls as JSON in the text.
+    pub tool_format: Option<ToolFormatKey>,
+}
+
+/// `tool_format = "native" | "json"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolFormatKey {
+    Native,
+    Json,
 }
 
 /// `thinking = "Never" | "Always" | "Switchable"`.

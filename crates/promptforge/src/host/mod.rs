@@ -180,7 +180,7 @@ impl HostConfig {
             crate::trace::otlp::traces_url(url)
                 .map_err(|e| format!("host file: [telemetry] otlp: {e}"))?;
         }
-        Ok(HostConfig {
+        let mut config = HostConfig {
             catalog,
             default_model: file.default_model.clone(),
             ui,
@@ -191,7 +191,9 @@ impl HostConfig {
             otlp,
             limits: run_limits(file.limits.as_ref()),
             stream: file.stream,
-        })
+        };
+        hide_keys(&mut config);
+        Ok(config)
     }
 
     /// The catalog entry with this id.
@@ -533,7 +535,31 @@ fn provider_spec(
         ))
         }
     };
+    let spawn = match &table.spawn {
+        None => {
+            if table.spawn_timeout.is_some() {
+                return Err(format!("{name} `spawn_timeout` applies only with `spawn`"));
+            }
+            None
+        }
+        Some(command) => Some(spawn_spec(&name, provider, command, table, base_dir)?),
+    };
+    let kind = match (kind, &spawn) {
+        // A spawned server's address is known once it starts: `{port}` stays.
+        (ProviderKind::OpenAi(endpoint), Some(_)) if table.base_url.is_none() => {
+            ProviderKind::OpenAi(HttpEndpoint {
+                base_url: pf_models::DEFAULT_SPAWN_BASE_URL.to_string(),
+                ..endpoint
+            })
+        }
+        (kind, _) => kind,
+    };
     Ok(ProviderSpec {
+        spawn,
+        tool_format: match table.tool_format {
+            None | Some(file::ToolFormatKey::Native) => pf_models::ToolFormat::Native,
+            Some(file::ToolFormatKey::Json) => pf_models::ToolFormat::Json,
+        },
         kind,
         id: id.map(str::to_string).unwrap_or_else(|| model.clone()),
         model,
@@ -547,6 +573,89 @@ fn provider_spec(
         record: table.record.as_ref().map(|r| resolve(base_dir, r)),
         retries: table.retries.unwrap_or(0),
     })
+}
+
+/// `spawn = [...]` checked: an OpenAI-compatible provider, a command, a
+/// usable timeout; a command given as a path resolves against the host
+/// file's folder, where the server also starts.
+fn spawn_spec(
+    name: &str,
+    provider: &str,
+    command: &[String],
+    table: &ModelTable,
+    base_dir: &Path,
+) -> Result<pf_models::SpawnSpec, String> {
+    if provider != "openai" {
+        return Err(format!(
+            "{name} `spawn` needs provider \"openai\" (the spawned server must speak the OpenAI API), not \"{provider}\""
+        ));
+    }
+    let Some(program) = command.first().filter(|p| !p.trim().is_empty()) else {
+        return Err(format!(
+            "{name} `spawn` must name a command, as in spawn = [\"llama-server\", \"--port\", \"{{port}}\"]"
+        ));
+    };
+    if let Some(url) = &table.base_url {
+        if !url.contains(pf_models::PORT_PLACEHOLDER) {
+            return Err(format!(
+                "{name} `base_url` of a spawned model must hold {{port}} (the port its server gets), or be left out for {}",
+                pf_models::DEFAULT_SPAWN_BASE_URL
+            ));
+        }
+    }
+    let timeout = match table.spawn_timeout {
+        None => pf_models::DEFAULT_SPAWN_TIMEOUT,
+        Some(seconds) if seconds.is_finite() && seconds > 0.0 && seconds <= 86_400.0 => {
+            std::time::Duration::from_secs_f64(seconds)
+        }
+        Some(seconds) => {
+            return Err(format!(
+                "{name} `spawn_timeout` must be a number of seconds above 0 and at most 86400, got {seconds}"
+            ))
+        }
+    };
+    let mut words = command.to_vec();
+    if program.contains('/') {
+        words[0] = resolve(base_dir, Path::new(program))
+            .to_string_lossy()
+            .into_owned();
+    }
+    Ok(pf_models::SpawnSpec {
+        command: words,
+        dir: std::path::absolute(base_dir).unwrap_or_else(|_| base_dir.to_path_buf()),
+        timeout,
+        hidden_env: Vec::new(),
+    })
+}
+
+/// Every key variable the host file names, hidden from each spawned server
+/// but its own model's.
+fn hide_keys(config: &mut HostConfig) {
+    let mut keys: Vec<String> = config
+        .catalog
+        .iter()
+        .filter_map(|spec| match &spec.kind {
+            ProviderKind::OpenAi(e) | ProviderKind::Anthropic(e) => e.api_key_env.clone(),
+            ProviderKind::Script { .. } => None,
+        })
+        .chain(config.web.search_api_key_env.clone())
+        .chain(config.mcp_token_env.clone())
+        .collect();
+    keys.sort();
+    keys.dedup();
+    for spec in &mut config.catalog {
+        let own = match &spec.kind {
+            ProviderKind::OpenAi(e) | ProviderKind::Anthropic(e) => e.api_key_env.clone(),
+            ProviderKind::Script { .. } => None,
+        };
+        if let Some(spawn) = &mut spec.spawn {
+            spawn.hidden_env = keys
+                .iter()
+                .filter(|k| Some(*k) != own.as_ref())
+                .cloned()
+                .collect();
+        }
+    }
 }
 
 /// A table key as TOML writes it: bare when it can be, else quoted.
@@ -601,6 +710,8 @@ mod tests {
                 description: String::new(),
                 record: Some("/base/q.jsonl".into()),
                 retries: 0,
+                spawn: None,
+                tool_format: pf_models::ToolFormat::Native,
             })
         );
     }
@@ -672,7 +783,7 @@ mod tests {
             unknown.as_deref().is_some_and(|e| e.contains(
                 "unknown field `temperature`, expected one of `provider`, `base_url`, `model`, \
                  `api_key_env`, `context`, `thinking`, `description`, `replies`, `record`, \
-                 `retries`, `timeout`"
+                 `retries`, `timeout`, `spawn`, `spawn_timeout`, `tool_format`"
             )),
             "{unknown:?}"
         );

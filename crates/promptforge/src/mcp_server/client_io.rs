@@ -7,8 +7,8 @@ use async_trait::async_trait;
 use pf_engine::{EventKind, RunEvent, RunObserver};
 use pf_harness::{CancellationToken, InputBroker, WorkId};
 use rmcp::model::{
-    ElicitRequestParams, ElicitationAction, ElicitationSchema,
-    ProgressNotificationParam, ProgressToken,
+    ElicitRequestParams, ElicitationAction, ElicitationSchema, ProgressNotificationParam,
+    ProgressToken,
 };
 use rmcp::service::{ElicitationMode, Peer, RoleServer};
 use serde_json::json;

@@ -184,7 +184,10 @@ impl ServerHandler for PromptServer {
                 .enable_tool_list_changed()
                 .build(),
         )
-        .with_server_info(Implementation::new("promptforge", env!("CARGO_PKG_VERSION")))
+        .with_server_info(Implementation::new(
+            "promptforge",
+            env!("CARGO_PKG_VERSION"),
+        ))
         .with_instructions(
             "Each tool runs one promptforge prompt file; the result is the run's result.",
         )

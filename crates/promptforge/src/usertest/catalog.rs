@@ -77,6 +77,17 @@ pub fn lookup(host: Option<&Path>, id: &str) -> Result<CatalogModel, String> {
             toml::Value::String(absolute.to_string_lossy().into_owned()),
         );
     }
+    // The run's host file is written elsewhere: a spawned server's command
+    // given as a path stays the host file's.
+    if let Some(toml::Value::Array(words)) = table.get_mut("spawn") {
+        if let Some(toml::Value::String(program)) = words.first_mut() {
+            if program.contains('/') {
+                let joined = base.join(&*program);
+                let absolute = std::path::absolute(&joined).unwrap_or(joined);
+                *program = absolute.to_string_lossy().into_owned();
+            }
+        }
+    }
     Ok(CatalogModel {
         id: id.to_string(),
         spec: ProviderSpec {

