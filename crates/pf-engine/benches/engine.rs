@@ -125,6 +125,7 @@ fn bench_openai(c: &mut Criterion) {
         retries: 0,
         spawn: None,
         tool_format: pf_models::ToolFormat::Native,
+        limits: Default::default(),
     };
     let provider = pf_models::build_provider(&spec).expect("provider");
     let looping = Arc::new(pf_syntax::parse(loop_prompt().as_bytes()).expect("parses"));

@@ -272,13 +272,48 @@ pub(crate) struct HttpClient {
 }
 
 impl HttpClient {
+    /// A client for `settings`. Providers built within one runtime share one
+    /// `reqwest::Client` per connect timeout, so the runs of a batch (each of
+    /// which assembles its Host) reuse its TLS setup and its pooled
+    /// connections. Only within one runtime: a pooled connection belongs to
+    /// the runtime that opened it, and is gone with it.
     pub(crate) fn new(settings: HttpSettings) -> Result<Self, String> {
-        let client = reqwest::Client::builder()
-            .connect_timeout(settings.receive_timeout)
-            // A redirect could carry the key header to another host; model APIs never redirect a POST.
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|error| format!("cannot set up the HTTP client: {error}"))?;
+        type Shared = Vec<(tokio::runtime::Id, Duration, reqwest::Client)>;
+        thread_local! {
+            static CLIENTS: std::cell::RefCell<Shared> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        let timeout = settings.receive_timeout;
+        let runtime = tokio::runtime::Handle::try_current().ok().map(|h| h.id());
+        let shared = runtime.and_then(|runtime| {
+            CLIENTS.with(|clients| {
+                let mut clients = clients.borrow_mut();
+                // Clients of runtimes this thread no longer drives go.
+                clients.retain(|(r, _, _)| *r == runtime);
+                clients
+                    .iter()
+                    .find(|(_, t, _)| *t == timeout)
+                    .map(|(_, _, client)| client.clone())
+            })
+        });
+        let client = match shared {
+            Some(client) => client,
+            None => {
+                let client = reqwest::Client::builder()
+                    .connect_timeout(timeout)
+                    // A redirect could carry the key header to another host; model APIs never redirect a POST.
+                    .redirect(reqwest::redirect::Policy::none())
+                    .build()
+                    .map_err(|error| format!("cannot set up the HTTP client: {error}"))?;
+                if let Some(runtime) = runtime {
+                    CLIENTS.with(|clients| {
+                        clients
+                            .borrow_mut()
+                            .push((runtime, timeout, client.clone()))
+                    });
+                }
+                client
+            }
+        };
         Ok(HttpClient { client, settings })
     }
 

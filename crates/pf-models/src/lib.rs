@@ -33,6 +33,7 @@
 mod anthropic;
 mod http;
 mod json_tools;
+mod limits;
 mod metrics;
 mod openai;
 mod provider;
@@ -55,6 +56,7 @@ pub use http::{is_transient, HttpProviderConfig, HttpSettings, MAX_BODY_BYTES, R
 pub use json_tools::{
     parse_reply, tools_prompt, JsonToolsProvider, ParsedCall, ParsedReply, ToolFormat,
 };
+pub use limits::{Admission, ModelGate, ModelLimits};
 pub use openai::{ChatCompletions, OpenAiProvider};
 pub use provider::{HttpProvider, StreamStep, WireFormat};
 pub use record::{RecordFile, RecordingProvider};
@@ -100,6 +102,10 @@ pub struct ProviderSpec {
     pub spawn: Option<SpawnSpec>,
     /// How tool calls travel: the server's own, or JSON in the text.
     pub tool_format: ToolFormat,
+    /// Requests in flight, per minute and tokens per minute, process-wide
+    /// (HTTP providers; every HTTP model gets a gate, so a `Retry-After`
+    /// pauses its queue even without limits).
+    pub limits: ModelLimits,
 }
 
 /// Which provider answers, with what only that provider needs.
@@ -188,7 +194,10 @@ fn build_direct(spec: &ProviderSpec) -> Result<Arc<dyn ModelProvider>, String> {
     fn recorded<W: WireFormat>(
         provider: HttpProvider<W>,
         record: Option<Arc<RecordFile>>,
+        spec: &ProviderSpec,
     ) -> Arc<dyn ModelProvider> {
+        let gate = ModelGate::shared(&spec.id, provider.endpoint(), spec.limits);
+        let provider = provider.with_gate(gate);
         match record {
             Some(record) => Arc::new(provider.with_record(record)),
             None => Arc::new(provider),
@@ -203,11 +212,15 @@ fn build_direct(spec: &ProviderSpec) -> Result<Arc<dyn ModelProvider>, String> {
                 None => script,
             }
         }
-        ProviderKind::OpenAi(endpoint) => {
-            recorded(OpenAiProvider::new(info, http_config(endpoint))?, record)
-        }
-        ProviderKind::Anthropic(endpoint) => {
-            recorded(AnthropicProvider::new(info, http_config(endpoint))?, record)
-        }
+        ProviderKind::OpenAi(endpoint) => recorded(
+            OpenAiProvider::new(info, http_config(endpoint))?,
+            record,
+            spec,
+        ),
+        ProviderKind::Anthropic(endpoint) => recorded(
+            AnthropicProvider::new(info, http_config(endpoint))?,
+            record,
+            spec,
+        ),
     })
 }

@@ -22,6 +22,7 @@ use crate::http::{
     status_failure, stream_malformed, Endpoint, EventStream, HttpClient, HttpProviderConfig,
     HttpReply, Streamed,
 };
+use crate::limits::{Admission, ModelGate};
 use crate::record::RecordFile;
 use crate::scrub::{KeyScrubber, StreamScrub};
 use crate::wire::{self, EncodedMessages, RequestBody};
@@ -67,6 +68,13 @@ fn scrub_reply(mut reply: ChatResponse, scrubber: Option<&KeyScrubber>) -> ChatR
         call.arguments = scrubber.scrub(&call.arguments);
     }
     reply
+}
+
+/// Charge an admitted attempt what the server counted, and free its slot.
+fn settle(admission: Option<Admission>, response: &ChatResponse) {
+    if let (Some(admission), Some(usage)) = (admission.as_ref(), &response.usage) {
+        admission.settle(usage.input_tokens.saturating_add(usage.output_tokens));
+    }
 }
 
 /// When a streamed attempt's text fragments arrived, from the request on.
@@ -205,6 +213,9 @@ pub struct HttpProvider<W> {
     kept_messages: Mutex<EncodedMessages>,
     /// `config`'s endpoint for `W::PATH`, joined once (the config never changes).
     url: Endpoint,
+    /// The model's queue, shared by every run in the process: each attempt
+    /// waits here for a slot, room in the minute's windows and any pause.
+    gate: Option<Arc<ModelGate>>,
 }
 
 impl<W: WireFormat> HttpProvider<W> {
@@ -220,7 +231,32 @@ impl<W: WireFormat> HttpProvider<W> {
             record: None,
             last_body_len: AtomicUsize::new(0),
             kept_messages: Mutex::default(),
+            gate: None,
         })
+    }
+
+    /// Send every attempt through `gate` (the model's limits and pauses).
+    pub fn with_gate(mut self, gate: Arc<ModelGate>) -> Self {
+        self.gate = Some(gate);
+        self
+    }
+
+    /// The endpoint this provider posts to.
+    pub fn endpoint(&self) -> &str {
+        self.url.as_str()
+    }
+
+    /// Wait at the model's gate for one attempt whose body is `body_len`
+    /// bytes (about four bytes a token, until the server says).
+    async fn admit(
+        &self,
+        body_len: usize,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Admission>, ProviderError> {
+        match &self.gate {
+            Some(gate) => Ok(Some(gate.admit((body_len / 4) as u64, cancel).await?)),
+            None => Ok(None),
+        }
     }
 
     /// Append every attempt's request to `record` (a retried call shows each one).
@@ -257,6 +293,10 @@ impl<W: WireFormat> HttpProvider<W> {
                 Err(failure) => failure,
             };
             let error = scrub_key(failure.error, key);
+            // The server asked everyone to wait, not only this call.
+            if let (Some(gate), Some(wanted)) = (&self.gate, failure.retry_after) {
+                gate.pause(wanted.min(settings.max_retry_after));
+            }
             if !is_transient(&error) || showed_text || attempts > settings.max_retries {
                 if attempts > 1 {
                     tracing::warn!(model = %self.info.id, attempts, "model call failed after {attempts} attempts: {error}");
@@ -312,6 +352,7 @@ impl<W: WireFormat> HttpProvider<W> {
         let sent = request
             .capture
             .then(|| String::from_utf8_lossy(&body).into_owned());
+        let admission = self.admit(body.len(), cancel).await?;
         let reply = self
             .http
             .post_json(&self.url, self.headers(key)?, body, cancel)
@@ -322,6 +363,7 @@ impl<W: WireFormat> HttpProvider<W> {
                 error,
                 retry_after: reply.retry_after,
             })?;
+        settle(admission, &response);
         if let Some(sent) = sent {
             response.capture = Some(WireCapture {
                 request: sent,
@@ -358,6 +400,7 @@ impl<W: WireFormat> HttpProvider<W> {
             on_text(text)
         };
         let on_text: &mut OnText<'_> = &mut on_text;
+        let admission = self.admit(body.len(), cancel).await?;
         let mut stream = match self
             .http
             .post_stream(&self.url, self.headers(key)?, body, cancel)
@@ -387,6 +430,7 @@ impl<W: WireFormat> HttpProvider<W> {
                             error,
                             retry_after: reply.retry_after,
                         })?;
+                settle(admission, &response);
                 if let Some(sent) = sent {
                     response.capture = Some(WireCapture {
                         request: sent,
@@ -405,6 +449,7 @@ impl<W: WireFormat> HttpProvider<W> {
             .read_stream(url, key, &mut stream, cancel, on_text, received.as_mut())
             .await?;
         let mut response = self.wire.finish_stream(reply);
+        settle(admission, &response);
         response.stream_timing = Some(clock.timing());
         // A streamed reply's captured body is its events' data, one per line.
         response.capture = sent

@@ -155,5 +155,6 @@ fn script_spec(replies: std::path::PathBuf) -> ProviderSpec {
         retries: 0,
         spawn: None,
         tool_format: pf_models::ToolFormat::Native,
+        limits: Default::default(),
     }
 }

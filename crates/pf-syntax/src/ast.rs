@@ -143,6 +143,54 @@ pub enum ArgType {
     Number,
 }
 
+impl ArgType {
+    /// The value a text names for an arg of this type, as a command line or a
+    /// CSV cell gives it: a string as is; an integer or a number as JSON
+    /// writes it (surrounding space ignored; `3` stays an integer for a
+    /// number); a boolean as `true` or `false`. `None` when it is not one.
+    pub fn value_of_text(self, text: &str) -> Option<Json> {
+        let trimmed = text.trim();
+        match self {
+            ArgType::String => Some(Json::String(text.to_string())),
+            ArgType::Integer => trimmed.parse::<i64>().ok().map(Json::from),
+            ArgType::Number => serde_json::from_str::<serde_json::Number>(trimmed)
+                .ok()
+                .or_else(|| {
+                    trimmed
+                        .parse::<f64>()
+                        .ok()
+                        .and_then(serde_json::Number::from_f64)
+                })
+                .map(Json::Number),
+            ArgType::Boolean => match trimmed {
+                "true" => Some(Json::Bool(true)),
+                "false" => Some(Json::Bool(false)),
+                _ => None,
+            },
+        }
+    }
+
+    /// Whether a JSON value is of this type (a whole number is also a number).
+    pub fn admits(self, value: &Json) -> bool {
+        match self {
+            ArgType::String => value.is_string(),
+            ArgType::Boolean => value.is_boolean(),
+            ArgType::Integer => value.is_i64() || value.is_u64(),
+            ArgType::Number => value.is_number(),
+        }
+    }
+
+    /// The type's name as `args:` writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ArgType::String => "string",
+            ArgType::Boolean => "boolean",
+            ArgType::Integer => "integer",
+            ArgType::Number => "number",
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct ArgDecl {
     pub name: String,

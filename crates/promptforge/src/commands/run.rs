@@ -659,38 +659,28 @@ fn argument_string(
         if object.contains_key(name) {
             return Err(format!("--arg {name} given twice"));
         }
-        let typed = match decl.ty {
-            ArgType::String => serde_json::Value::String(value.to_string()),
-            ArgType::Integer => value
-                .trim()
-                .parse::<i64>()
-                .map(serde_json::Value::from)
-                .map_err(|_| format!("--arg {name}={value}: `{name}` is an integer"))?,
-            // As the same number written in JSON ARGS reads: `3` stays an integer.
-            ArgType::Number => serde_json::from_str::<serde_json::Number>(value.trim())
-                .ok()
-                .or_else(|| {
-                    value
-                        .trim()
-                        .parse::<f64>()
-                        .ok()
-                        .and_then(serde_json::Number::from_f64)
-                })
-                .map(serde_json::Value::Number)
-                .ok_or_else(|| format!("--arg {name}={value}: `{name}` is a number"))?,
-            ArgType::Boolean => match value.trim() {
-                "true" => serde_json::Value::Bool(true),
-                "false" => serde_json::Value::Bool(false),
-                _ => {
-                    return Err(format!(
-                        "--arg {name}={value}: `{name}` is a boolean (true or false)"
-                    ))
-                }
-            },
-        };
+        let typed = decl.ty.value_of_text(value).ok_or_else(|| match decl.ty {
+            ArgType::Boolean => {
+                format!("--arg {name}={value}: `{name}` is a boolean (true or false)")
+            }
+            ty => format!(
+                "--arg {name}={value}: `{name}` is {} {}",
+                article(ty),
+                ty.name()
+            ),
+        })?;
         object.insert(name.to_string(), typed);
     }
     Ok(serde_json::Value::Object(object).to_string())
+}
+
+/// "an" before "integer", else "a".
+fn article(ty: ArgType) -> &'static str {
+    if ty == ArgType::Integer {
+        "an"
+    } else {
+        "a"
+    }
 }
 
 /// ARGS `-`: all of stdin, less the one line ending a shell or `echo` adds.

@@ -3,6 +3,7 @@
 //! cross-key rules are applied in [`super::HostConfig::from_file`].
 
 use std::collections::BTreeMap;
+use std::num::NonZeroU64;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -60,6 +61,39 @@ pub struct ModelTable {
     pub spawn_timeout: Option<f64>,
     /// `"native"` (the default) or `"json"`: tool calls as JSON in the text.
     pub tool_format: Option<ToolFormatKey>,
+    /// Requests in flight to this model at once, across the process.
+    pub concurrency: Option<Limit>,
+    /// Requests started in any 60 seconds, across the process.
+    pub requests_per_minute: Option<Limit>,
+    /// Tokens (request and reply) in any 60 seconds, across the process.
+    pub tokens_per_minute: Option<Limit>,
+}
+
+/// A per-model limit: a whole number from 1 up. Checked while the file is
+/// parsed, so the error carries the file, line and key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limit(pub NonZeroU64);
+
+impl Limit {
+    /// The limit as a count of requests (a limit past `u32::MAX` is no limit in practice).
+    pub fn requests(self) -> std::num::NonZeroU32 {
+        std::num::NonZeroU32::try_from(self.0).unwrap_or(std::num::NonZeroU32::MAX)
+    }
+}
+
+impl<'de> Deserialize<'de> for Limit {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = toml::Value::deserialize(d)?;
+        raw.as_integer()
+            .and_then(|n| u64::try_from(n).ok())
+            .and_then(NonZeroU64::new)
+            .map(Limit)
+            .ok_or_else(|| {
+                serde::de::Error::custom(format!(
+                    "must be a whole number from 1 up (leave the key out for no limit), got {raw}"
+                ))
+            })
+    }
 }
 
 /// `tool_format = "native" | "json"`.

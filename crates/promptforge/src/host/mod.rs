@@ -572,6 +572,11 @@ fn provider_spec(
         description: table.description.clone().unwrap_or_default(),
         record: table.record.as_ref().map(|r| resolve(base_dir, r)),
         retries: table.retries.unwrap_or(0),
+        limits: pf_models::ModelLimits {
+            concurrency: table.concurrency.map(file::Limit::requests),
+            requests_per_minute: table.requests_per_minute.map(file::Limit::requests),
+            tokens_per_minute: table.tokens_per_minute.map(|n| n.0),
+        },
     })
 }
 
@@ -712,6 +717,7 @@ mod tests {
                 retries: 0,
                 spawn: None,
                 tool_format: pf_models::ToolFormat::Native,
+                limits: Default::default(),
             })
         );
     }
