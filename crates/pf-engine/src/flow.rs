@@ -104,6 +104,6 @@ pub(crate) fn read_prose(lua: &Lua) -> Result<String, Raise> {
         if let Err(m) = crate::var::check_var_global(lua) {
             return Err(HostError::lua(m).into());
         }
-        Ok(crate::subst::render(lua, &sec, raw)?)
+        crate::subst::render(lua, &sec, raw)
     })
 }

@@ -240,6 +240,24 @@ pub(crate) fn compact_sorted(value: &Json) -> String {
     serde_json::to_string(&sort(value)).unwrap_or_default()
 }
 
+/// About how many bytes `value` takes in the host's memory (its strings and
+/// keys plus a fixed cost a node): what a run's budget counts for JSON data
+/// the host keeps on a prompt's behalf (`var`).
+pub(crate) fn held_size(value: &Json) -> usize {
+    const NODE: usize = 32;
+    match value {
+        Json::String(s) => NODE + s.len(),
+        Json::Array(items) => NODE + items.iter().map(held_size).sum::<usize>(),
+        Json::Object(map) => {
+            NODE + map
+                .iter()
+                .map(|(k, v)| NODE + k.len() + held_size(v))
+                .sum::<usize>()
+        }
+        _ => NODE,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

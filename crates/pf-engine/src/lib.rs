@@ -100,11 +100,16 @@ pub enum Outcome {
     Cancelled,
 }
 
+/// How many checkpoints a [`RunReport`] keeps, the first ones (each is an
+/// event of kind `lua` as well, which the run log keeps however many).
+pub const REPORTED_CHECKPOINTS: usize = 4096;
+
 /// The outcome with what the run recorded.
 #[derive(Debug, Clone)]
 pub struct RunReport {
     pub outcome: Outcome,
     pub execution: String,
+    /// The run's first [`REPORTED_CHECKPOINTS`] checkpoints.
     pub checkpoints: Vec<Checkpoint>,
 }
 

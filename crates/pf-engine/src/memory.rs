@@ -47,7 +47,18 @@ struct State {
 
 struct Reservation {
     lua: WeakLua,
+    /// The reservation: the VM's Lua heap plus `host`.
     limit: usize,
+    /// Host-side data the VM's entry holds and its reservation pays for
+    /// (its `var`, [`hold`]); the VM's mlua limit is `limit - host`.
+    host: usize,
+}
+
+impl Reservation {
+    /// The mlua limit this reservation leaves the VM's heap (never 0, which mlua reads as none).
+    fn heap_limit(&self) -> usize {
+        self.limit.saturating_sub(self.host).max(1)
+    }
 }
 
 /// Kept in each VM's app data: ends the VM's reservation when the VM goes.
@@ -86,6 +97,7 @@ impl MemoryAccount {
         self.state.borrow_mut().vms.push(Reservation {
             lua: weak.clone(),
             limit: 0,
+            host: 0,
         });
         lua.set_app_data(Member {
             account: Rc::clone(self),
@@ -115,7 +127,7 @@ impl MemoryAccount {
     }
 
     /// Give `lua` headroom up to its ceiling, as far as the budget allows;
-    /// its limit now (`usize::MAX` for a VM outside the account).
+    /// its heap's limit now (`usize::MAX` for a VM outside the account).
     fn claim_for(&self, lua: &Lua) -> mlua::Result<usize> {
         let me = lua.weak();
         // Upgraded handles of the other VMs live past the borrow, so dropping
@@ -128,7 +140,7 @@ impl MemoryAccount {
             };
             let current = state.vms[mine].limit;
             if current >= self.ceiling {
-                return Ok(current);
+                return Ok(state.vms[mine].heap_limit());
             }
             let need = self.ceiling - current;
             if self.budget.saturating_sub(state.reserved) < need {
@@ -140,11 +152,14 @@ impl MemoryAccount {
                     let Some(handle) = other.lua.try_upgrade() else {
                         continue;
                     };
-                    let keep = handle.used_memory().saturating_add(PARKED_SLACK);
+                    let keep = handle
+                        .used_memory()
+                        .saturating_add(PARKED_SLACK)
+                        .saturating_add(other.host);
                     if keep < other.limit {
                         *reserved -= other.limit - keep;
                         other.limit = keep;
-                        handle.set_memory_limit(keep)?;
+                        handle.set_memory_limit(other.heap_limit())?;
                     }
                     others.push(handle);
                 }
@@ -152,13 +167,34 @@ impl MemoryAccount {
             let grant = need.min(self.budget.saturating_sub(state.reserved));
             state.reserved += grant;
             state.vms[mine].limit = current + grant;
-            current + grant
+            state.vms[mine].heap_limit()
         };
-        // mlua reads a limit of 0 as "no limit".
-        let limit = limit.max(1);
         lua.set_memory_limit(limit)?;
         drop(others);
         Ok(limit)
+    }
+
+    /// Make the VM `lua`'s reservation pay for `bytes` of host-side data
+    /// (replacing what it paid for before): its heap's limit shrinks by as
+    /// much. Refused with the memory error, and nothing changed, when the
+    /// heap already uses more than the smaller limit would leave it.
+    fn hold_for(&self, lua: &Lua, bytes: usize) -> mlua::Result<()> {
+        self.claim_for(lua)?;
+        let me = lua.weak();
+        let limit = {
+            let mut state = self.state.borrow_mut();
+            let Some(mine) = state.vms.iter().position(|r| r.lua == me) else {
+                return Ok(());
+            };
+            let r = &mut state.vms[mine];
+            if r.limit.saturating_sub(bytes) <= lua.used_memory() && bytes > r.host {
+                return Err(mlua::Error::MemoryError(MEMORY_ERROR.to_string()));
+            }
+            r.host = bytes;
+            r.heap_limit()
+        };
+        lua.set_memory_limit(limit)?;
+        Ok(())
     }
 }
 
@@ -170,6 +206,34 @@ pub(crate) fn claim(lua: &Lua) -> mlua::Result<()> {
         None => return Ok(()),
     };
     account.claim_for(lua).map(|_| ())
+}
+
+/// Have the VM `lua`'s reservation pay for `bytes` of host-side data its
+/// entry holds (the entry's `var`), in place of what it paid for before: the
+/// VM's heap may use that much less. The memory error when the heap already
+/// uses more than that leaves it. A no-op for a Lua state outside any account.
+pub(crate) fn hold(lua: &Lua, bytes: usize) -> mlua::Result<()> {
+    let account = match lua.app_data_ref::<Member>() {
+        Some(member) => Rc::clone(&member.account),
+        None => return Ok(()),
+    };
+    account.hold_for(lua, bytes)
+}
+
+/// What the VM `lua` may still allocate: its limit (its reservation, claimed
+/// anew first) less what it uses; `usize::MAX` for a Lua state outside any
+/// account. Text the host builds for a VM, or on a prompt's behalf, must fit
+/// here: it ends in the VM's heap or stands for what the VM could have held,
+/// so a prompt cannot make the host hold what its VM could not.
+pub(crate) fn headroom(lua: &Lua) -> usize {
+    let account = match lua.app_data_ref::<Member>() {
+        Some(member) => Rc::clone(&member.account),
+        None => return usize::MAX,
+    };
+    match account.claim_for(lua) {
+        Ok(limit) => limit.saturating_sub(lua.used_memory()),
+        Err(_) => 0,
+    }
 }
 
 /// `fut`, claiming headroom for `lua` at every poll: whatever ran while it
@@ -244,6 +308,21 @@ mod tests {
         drop(b);
         assert_eq!(account.state.borrow().reserved, 0);
         assert!(account.state.borrow().vms.is_empty());
+    }
+
+    #[test]
+    fn host_data_a_vm_holds_comes_out_of_its_heap() {
+        let account = MemoryAccount::new(16 << 20, 8 << 20);
+        let a = vm(&account);
+        hold(&a, 5 << 20).unwrap();
+        assert!(headroom(&a) < 3 << 20, "{}", headroom(&a));
+        assert!(grow(&a, 4).is_err(), "5 MiB held leaves less than 4 MiB");
+        grow(&a, 2).unwrap();
+        assert!(hold(&a, 7 << 20).is_err(), "the heap already uses 2 MiB");
+        hold(&a, 1 << 20).unwrap();
+        a.load("KEEP = nil").exec().unwrap();
+        a.gc_collect().unwrap();
+        grow(&a, 6).unwrap();
     }
 
     #[test]

@@ -49,8 +49,10 @@ pub(crate) async fn prepare(
         }
     }
 
-    // Activation in declaration order.
-    let mut active: Vec<(String, Arc<dyn ActivePlugin>)> = Vec::new();
+    // Activation: every Plugin starts at once (an MCP server can take seconds
+    // to start), and the outcomes are taken in declaration order, so the
+    // catalog, the warnings and the notice read as if one followed another.
+    let mut starting = Vec::new();
     for (i, d) in decls.iter().enumerate() {
         if in_conflict[i] {
             continue;
@@ -70,7 +72,11 @@ pub(crate) async fn prepare(
             services: harness.services.clone(),
             config: d.config.clone(),
         };
-        match plugin.activate(ctx).await {
+        starting.push(async move { (d, plugin.activate(ctx).await) });
+    }
+    let mut active: Vec<(String, Arc<dyn ActivePlugin>)> = Vec::new();
+    for (d, activated) in futures::future::join_all(starting).await {
+        match activated {
             Ok(a) => active.push((d.id.clone(), a)),
             Err(why) => {
                 if d.optional {
@@ -108,18 +114,30 @@ pub(crate) async fn prepare(
             continue;
         }
         match catalog.iter().find(|(t, _)| t.path == slot.path) {
-            Some((t, p)) => bound_by_alias.push((
-                slot.alias.clone(),
-                BoundTool {
-                    alias: slot.alias.clone(),
-                    path: t.path.clone(),
-                    description: t.description.clone(),
-                    parameters: Arc::new(t.parameters.clone()),
-                    structured: t.structured,
-                    trusted: t.trusted,
-                    plugin: Arc::clone(p),
-                },
-            )),
+            Some((t, p)) => {
+                if t.structured && !t.trusted {
+                    tracing::warn!(
+                        alias = %slot.alias,
+                        "tool slot `{}` binds {}, a structured tool (it declares an outputSchema) of the untrusted Plugin {pid}: \
+                         its output reaches Lua wrapped as untrusted text, so tools.call fails with \"returned invalid JSON\"; \
+                         structured output needs a trusted Plugin (`trusted = true` for {pid} in the host file)",
+                        slot.alias,
+                        t.path
+                    );
+                }
+                bound_by_alias.push((
+                    slot.alias.clone(),
+                    BoundTool {
+                        alias: slot.alias.clone(),
+                        path: t.path.clone(),
+                        description: t.description.clone(),
+                        parameters: Arc::new(t.parameters.clone()),
+                        structured: t.structured,
+                        trusted: t.trusted,
+                        plugin: Arc::clone(p),
+                    },
+                ));
+            }
             None => {
                 tracing::warn!(alias = %slot.alias, path = %slot.path, "tool slot stays unbound: its Plugin contributed no tool at that path")
             }

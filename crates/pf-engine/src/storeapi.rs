@@ -140,6 +140,28 @@ async fn with_store<T: Send + 'static>(
     Ok(done?)
 }
 
+/// Refuses, with Lua's memory error, an operation that would load the whole
+/// file at `path` (and `extra` bytes more) into the host when the calling VM
+/// could not hold as much (`memory::headroom`): appends grow a file without
+/// bound, and each read, append or replace loads all of it. The refusal is
+/// the operation's failed event, as any failure of it.
+fn check_load(lua: &Lua, op: StoreOp, path: &str, extra: usize) -> HostResult<()> {
+    let sec = section(lua)?;
+    let Ok(Some(size)) = sec.run.fixed.store.file_size(path) else {
+        return Ok(());
+    };
+    let size = usize::try_from(size)
+        .unwrap_or(usize::MAX)
+        .saturating_add(extra);
+    if size > crate::memory::headroom(lua) {
+        report(&sec, Some(op), false);
+        return Err(crate::error::Raise::Mlua(mlua::Error::MemoryError(
+            crate::memory::MEMORY_ERROR.to_string(),
+        )));
+    }
+    Ok(())
+}
+
 /// `store.glob`: the read claims go on the files it matched, so they are taken
 /// once the listing is in, and a conflict returns none of it.
 async fn glob_with_claims(lua: &Lua, pattern: String) -> HostResult<Vec<String>> {
@@ -194,6 +216,7 @@ pub(crate) fn make_store(lua: &Lua) -> mlua::Result<Table> {
             let path = site.text(&lua, &args, 0, "path")?;
             let start = site.bound(&lua, &args, 1, "start")?;
             let end = site.bound(&lua, &args, 2, "end")?;
+            check_load(&lua, StoreOp::Read, &path, 0)?;
             with_store(
                 &lua,
                 Some(StoreOp::Read),
@@ -211,6 +234,8 @@ pub(crate) fn make_store(lua: &Lua) -> mlua::Result<Table> {
             let path = site.text(&lua, &args, 0, "path")?;
             let start = site.bound(&lua, &args, 1, "start")?;
             let end = site.bound(&lua, &args, 2, "end")?;
+            // (numbered: each line gains its number, a few bytes)
+            check_load(&lua, StoreOp::ReadNumbered, &path, 0)?;
             with_store(
                 &lua,
                 Some(StoreOp::ReadNumbered),
@@ -244,6 +269,7 @@ pub(crate) fn make_store(lua: &Lua) -> mlua::Result<Table> {
             let site = CallSite::of(&lua)?;
             let path = site.text(&lua, &args, 0, "path")?;
             let contents = site.text(&lua, &args, 1, "contents")?;
+            check_load(&lua, StoreOp::Append, &path, contents.len())?;
             with_store(
                 &lua,
                 Some(StoreOp::Append),
@@ -262,6 +288,7 @@ pub(crate) fn make_store(lua: &Lua) -> mlua::Result<Table> {
             let path = site.text(&lua, &args, 0, "path")?;
             let old = site.text(&lua, &args, 1, "old")?;
             let new = site.text(&lua, &args, 2, "new")?;
+            check_load(&lua, StoreOp::Replace, &path, new.len())?;
             with_store(
                 &lua,
                 Some(StoreOp::Replace),

@@ -5,7 +5,7 @@ use mlua::{Lua, Value};
 use serde_json::Value as Json;
 
 use crate::ctx::SectionCtx;
-use crate::error::HostError;
+use crate::error::{HostError, Raise};
 use crate::json::{compact_sorted, lua_to_json};
 use crate::text::float_text;
 
@@ -43,7 +43,21 @@ fn shown(path: &str) -> String {
 }
 
 /// Render prose text against the section's state.
-pub(crate) fn render(lua: &Lua, sec: &SectionCtx, raw: &str) -> Result<String, HostError> {
+///
+/// The text is built in the host and becomes a Lua string of the section's
+/// VM, so it must fit in what that VM may still allocate: past that it is
+/// refused with the memory error as it grows, before it is held (a thousand
+/// placeholders of a 4 MB value would otherwise build 4 GB first).
+pub(crate) fn render(lua: &Lua, sec: &SectionCtx, raw: &str) -> Result<String, Raise> {
+    let room = crate::memory::headroom(lua);
+    let too_big = || {
+        Raise::Mlua(mlua::Error::MemoryError(
+            crate::memory::MEMORY_ERROR.to_string(),
+        ))
+    };
+    if raw.len() > room {
+        return Err(too_big());
+    }
     let mut out = String::with_capacity(raw.len());
     let mut i = 0;
     let mut literal_start = 0;
@@ -65,11 +79,15 @@ pub(crate) fn render(lua: &Lua, sec: &SectionCtx, raw: &str) -> Result<String, H
             let fail_at =
                 |f: Failure| HostError::lua(format!("{} [{} at byte {i}]", f.message, f.kind));
             let Some(close) = inner.find("}}") else {
-                return Err(fail_at(failure("Unclosed", "unclosed '{{' in prose")));
+                return Err(fail_at(failure("Unclosed", "unclosed '{{' in prose")).into());
             };
             out.push_str(&raw[literal_start..i]);
             let path = inner[..close].trim();
-            out.push_str(&resolve(lua, sec, path).map_err(fail_at)?);
+            let value = resolve(lua, sec, path).map_err(fail_at)?;
+            if out.len() + value.len() > room {
+                return Err(too_big());
+            }
+            out.push_str(&value);
             i += 2 + close + 2;
             literal_start = i;
             continue;
@@ -120,6 +138,7 @@ fn sys_object(sec: &SectionCtx) -> Json {
     Json::Object(m)
 }
 
+/// The text of one placeholder.
 fn resolve(lua: &Lua, sec: &SectionCtx, path: &str) -> Result<String, Failure> {
     let segments: Vec<&str> = path.split('.').collect();
     if path.is_empty()
@@ -141,7 +160,6 @@ fn resolve(lua: &Lua, sec: &SectionCtx, path: &str) -> Result<String, Failure> {
             ))
         }
     };
-    let missing = || failure("MissingKey", format!("missing {{{{ {} }}}}", shown(path)));
     let value: Json = match root {
         "args" | "item" if !keys.is_empty() => {
             return Err(failure(
@@ -174,7 +192,9 @@ fn resolve(lua: &Lua, sec: &SectionCtx, path: &str) -> Result<String, Failure> {
                 ))
             }
         },
-        "var" => sec.var(),
+        // Read in place: a copy of the whole `var` for each placeholder was
+        // the most a run's prose cost (a placeholder of a small field of a large `var`).
+        "var" => return sec.read_var(|var| pick(var, keys, path)),
         "sys" => sys_object(sec),
         "prose" => {
             return Err(failure(
@@ -211,7 +231,13 @@ fn resolve(lua: &Lua, sec: &SectionCtx, path: &str) -> Result<String, Failure> {
             })?
         }
     };
-    let mut node = &value;
+    pick(&value, keys, path)
+}
+
+/// The text of the value at `keys` under `value`, for the placeholder `path`.
+fn pick(value: &Json, keys: &[&str], path: &str) -> Result<String, Failure> {
+    let missing = || failure("MissingKey", format!("missing {{{{ {} }}}}", shown(path)));
+    let mut node = value;
     for key in keys {
         node = match node {
             Json::Object(m) => m.get(*key).ok_or_else(missing)?,

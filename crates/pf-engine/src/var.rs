@@ -174,7 +174,16 @@ pub(crate) fn make_proxy(lua: &Lua, path: Vec<Key>) -> mlua::Result<Table> {
                 v => Some(var_json(&v, &path_text(&full))?),
             };
             let sec = section(lua)?;
-            sec.update_var(|var| {
+            // The host keeps `var`: its growth is paid for by this VM's
+            // memory, refused with the memory error like a Lua allocation.
+            let old = sec.read_var(|var| lookup(var, &full).map_or(0, crate::json::held_size));
+            let new = json.as_ref().map_or(0, crate::json::held_size);
+            let held_before = sec.var_held();
+            let held = held_before.saturating_sub(old).saturating_add(new);
+            if held > held_before {
+                crate::memory::hold(lua, held)?;
+            }
+            let done = sec.update_var(|var| {
                 if !var.is_object() && !var.is_array() {
                     *var = Json::Object(Map::new());
                 }
@@ -189,7 +198,20 @@ pub(crate) fn make_proxy(lua: &Lua, path: Vec<Key>) -> mlua::Result<Table> {
                     ))
                     .into()),
                 }
-            })
+            });
+            match done {
+                Ok(()) => {
+                    if held < held_before {
+                        crate::memory::hold(lua, held)?;
+                    }
+                    sec.set_var_held(held);
+                    Ok(())
+                }
+                Err(e) => {
+                    crate::memory::hold(lua, held_before)?;
+                    Err(e)
+                }
+            }
         })?,
     )?;
     mt.raw_set(

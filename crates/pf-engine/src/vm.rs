@@ -140,6 +140,8 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     install_cancel_poll(&lua, &sec)?;
     // The run-wide budget may leave this VM less than the ceiling.
     sec.run.fixed.memory.enter(&lua)?;
+    // The entry's `var` lives in the host, paid for by this VM.
+    crate::memory::hold(&lua, sec.var_held())?;
     Ok(lua)
 }
 
@@ -1028,8 +1030,9 @@ mod tests {
                           weak_keys = { __mode = 'k' },
                           guard_raw = { make = function() end, c_step_budget = 1 },
                           c_libs = { find = string.find, match = string.match, gmatch = string.gmatch,
-                                     gsub = string.gsub, sub = string.sub, move = table.move,
-                                     sort = table.sort, string = string, table = table },
+                                     gsub = string.gsub, sub = string.sub, rep = string.rep,
+                                     move = table.move, sort = table.sort, insert = table.insert,
+                                     remove = table.remove, string = string, table = table },
                           installed = installed,
                           install_lib = function(t, k, v) installed[k] = v end }",
             )
@@ -1054,8 +1057,11 @@ mod tests {
         }
         // The library parts install their fields through `H.install_lib`.
         for (part, installs) in [
-            (Deferred::Strings, &["find", "match", "gmatch", "gsub"][..]),
-            (Deferred::Tables, &["move", "sort"][..]),
+            (
+                Deferred::Strings,
+                &["find", "match", "gmatch", "gsub", "rep"][..],
+            ),
+            (Deferred::Tables, &["move", "sort", "insert", "remove"][..]),
             (Deferred::Concat, &["concat"][..]),
         ] {
             let source = deferred_source(part.file(), part.tag());

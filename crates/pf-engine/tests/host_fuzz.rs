@@ -14,7 +14,9 @@
 //!
 //! `PF_HOSTFUZZ_RUNS` (default 24), `PF_HOSTFUZZ_CALLS` (random calls per run,
 //! default 250) and `PF_HOSTFUZZ_SEED` (the first seed, default 1) lengthen or
-//! vary it; a failure names its seed, so it replays.
+//! vary it; `PF_HOSTFUZZ_SECONDS` runs seed after seed for that long instead
+//! (CI's fixed-time fuzz step, `scripts/fuzz.sh`). A failure names its seed,
+//! so it replays.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::Path;
@@ -234,8 +236,19 @@ fn host_functions_survive_odd_arguments() {
     let runs = env_number("PF_HOSTFUZZ_RUNS", 24);
     let calls = env_number("PF_HOSTFUZZ_CALLS", 250);
     let first = env_number("PF_HOSTFUZZ_SEED", 1);
+    let seconds = std::env::var("PF_HOSTFUZZ_SECONDS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok());
+    let started = std::time::Instant::now();
     let mut failures = Vec::new();
-    for seed in first..first.saturating_add(runs) {
+    for seed in first.. {
+        let done = match seconds {
+            Some(s) => seed > first && started.elapsed() >= Duration::from_secs(s),
+            None => seed >= first.saturating_add(runs),
+        };
+        if done {
+            break;
+        }
         match fuzz_once(Arc::clone(&prompt), seed, calls) {
             Ok(summary) => eprintln!("seed {seed}: {summary}"),
             Err(e) => failures.push(e),

@@ -9,8 +9,8 @@ use std::time::Duration;
 use pf_harness::{CancellationToken, ProviderError};
 use rand::Rng;
 
-use crate::scrub::KeyScrubber;
 use crate::sse;
+use pf_secrets::Secrets;
 use reqwest::header::{HeaderMap, HeaderValue, ACCEPT, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::StatusCode;
 
@@ -93,6 +93,7 @@ pub fn is_transient(error: &ProviderError) -> bool {
     {
         return true;
     }
+    // The status is the digits after the prefix; a 429 may go on with the server's text.
     message
         .strip_prefix(BACKEND_STATUS)
         .and_then(|rest| {
@@ -134,9 +135,10 @@ pub(crate) fn secret_header(value: &str, variable: &str) -> Result<HeaderValue, 
 
 /// Replace every form of the key in an error's text, in case a server echoed it.
 pub(crate) fn scrub_key(error: ProviderError, key: Option<&str>) -> ProviderError {
-    let Some(scrubber) = KeyScrubber::new(key) else {
+    let scrubber = Secrets::new(key);
+    if scrubber.is_empty() {
         return error;
-    };
+    }
     match error {
         ProviderError::Failed(message) => ProviderError::Failed(scrubber.scrub(&message)),
         ProviderError::ContextOverflow(message) => {
@@ -149,10 +151,7 @@ pub(crate) fn scrub_key(error: ProviderError, key: Option<&str>) -> ProviderErro
 /// Text a server sent, made fit for a log line: every form of the key
 /// replaced, and quoted with escapes so a hostile payload cannot forge log lines.
 pub(crate) fn log_safe(text: &str, key: Option<&str>) -> String {
-    let scrubbed = match KeyScrubber::new(key) {
-        Some(scrubber) => scrubber.scrub(text),
-        None => text.to_string(),
-    };
+    let scrubbed = Secrets::new(key).scrub(text);
     format!("{scrubbed:?}")
 }
 
@@ -187,10 +186,7 @@ pub(crate) fn status_failure(
     server_message: &str,
     key: Option<&str>,
 ) -> ProviderError {
-    let scrubbed = match KeyScrubber::new(key) {
-        Some(scrubber) => scrubber.scrub(server_message),
-        None => server_message.to_string(),
-    };
+    let scrubbed = Secrets::new(key).scrub(server_message);
     let one_line: String = scrubbed
         .split(|c: char| c.is_control() || c.is_whitespace())
         .filter(|w| !w.is_empty())
@@ -204,6 +200,30 @@ pub(crate) fn status_failure(
         said.push('…');
     }
     ProviderError::Failed(format!("{BACKEND_STATUS}{}: {said}", status.as_u16()))
+}
+
+/// Longest server text a status failure keeps, in characters.
+const SERVER_TEXT_KEPT: usize = 200;
+
+/// The failure for a final status with the server's own words after it
+/// (`non-success backend status 429: "…"`), made safe as in the log: the key
+/// scrubbed, control characters escaped inside quotes, cut short.
+pub(crate) fn status_failure_saying(
+    status: StatusCode,
+    server_text: &str,
+    key: Option<&str>,
+) -> ProviderError {
+    let short: String = server_text.chars().take(SERVER_TEXT_KEPT).collect();
+    let cut = if short.len() < server_text.len() {
+        "…"
+    } else {
+        ""
+    };
+    ProviderError::Failed(format!(
+        "{BACKEND_STATUS}{}: {}{cut}",
+        status.as_u16(),
+        log_safe(&short, key)
+    ))
 }
 
 /// The failure for an error reply whose body broke off while arriving.
@@ -739,11 +759,13 @@ mod tests {
             status_failure(StatusCode::INTERNAL_SERVER_ERROR, "", None),
             status_failure(StatusCode::SERVICE_UNAVAILABLE, "overloaded", None),
             status_failure(StatusCode::TOO_MANY_REQUESTS, "slow down", None),
+            status_failure_saying(StatusCode::TOO_MANY_REQUESTS, "slow: 3 of 3 used", None),
         ];
         assert!(transient.iter().all(is_transient));
         let lasting = [
             status_failure(StatusCode::BAD_REQUEST, "", None),
             status_failure(StatusCode::UNAUTHORIZED, "bad key 500", None),
+            status_failure_saying(StatusCode::BAD_REQUEST, "500: no", None),
             ProviderError::Failed("missing environment variable: K".into()),
             ProviderError::ContextOverflow("too long".into()),
             ProviderError::Cancelled,

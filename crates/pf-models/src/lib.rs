@@ -39,7 +39,6 @@ mod openai;
 mod provider;
 mod record;
 mod script;
-mod scrub;
 mod spawn;
 mod sse;
 mod wire;
@@ -58,7 +57,7 @@ pub use json_tools::{
 };
 pub use limits::{Admission, ModelGate, ModelLimits};
 pub use openai::{ChatCompletions, OpenAiProvider};
-pub use provider::{HttpProvider, StreamStep, WireFormat};
+pub use provider::{scrub_reply, HttpProvider, StreamStep, WireFormat};
 pub use record::{RecordFile, RecordingProvider};
 pub use script::{ScriptProvider, ScriptedReply, ScriptedToolCall, ScriptedUsage};
 pub use spawn::{

@@ -24,8 +24,8 @@ use crate::http::{
 };
 use crate::limits::{Admission, ModelGate};
 use crate::record::RecordFile;
-use crate::scrub::{KeyScrubber, StreamScrub};
 use crate::wire::{self, EncodedMessages, RequestBody};
+use pf_secrets::{Secrets, StreamScrub};
 
 /// A request body's bytes, as sent (and captured). A conversation's bodies
 /// grow round by round, so the buffer starts at the last body's size, and
@@ -49,23 +49,39 @@ fn encode(
     Ok(bytes)
 }
 
-/// A reply with every form of the key taken out of the server's text: it goes
-/// on into the conversation, the run log and the recorded requests.
-fn scrub_reply(mut reply: ChatResponse, scrubber: Option<&KeyScrubber>) -> ChatResponse {
-    let Some(scrubber) = scrubber else {
+/// A reply with every form of every key in `secrets` taken out of the
+/// server's text, captured bodies included: it goes on into the
+/// conversation, the run log, the recorded requests and `--capture`. The one
+/// scrub of a reply, for the provider's own key here and for every key the
+/// host file names at the Host's boundary.
+pub fn scrub_reply(mut reply: ChatResponse, secrets: &Secrets) -> ChatResponse {
+    if secrets.is_empty() {
         return reply;
-    };
-    reply.content = reply.content.map(|text| scrubber.scrub(&text));
-    reply.model = reply.model.map(|text| scrubber.scrub(&text));
-    reply.finish_reason = reply.finish_reason.map(|text| scrubber.scrub(&text));
-    // A decoder's reason quotes the server's value.
-    for message in &mut reply.degraded {
-        *message = scrubber.scrub(message);
     }
+    let scrub = |text: &mut String| secrets.scrub_in_place(text);
+    for text in [
+        reply.content.as_mut(),
+        reply.model.as_mut(),
+        reply.finish_reason.as_mut(),
+        reply.reasoning.as_mut(),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        scrub(text);
+    }
+    // A decoder's reason quotes the server's value.
+    reply.degraded.iter_mut().for_each(scrub);
     for call in &mut reply.tool_calls {
-        call.id = scrubber.scrub(&call.id);
-        call.name = scrubber.scrub(&call.name);
-        call.arguments = scrubber.scrub(&call.arguments);
+        scrub(&mut call.id);
+        scrub(&mut call.name);
+        scrub(&mut call.arguments);
+    }
+    if let Some(capture) = reply.capture.as_mut() {
+        // The request body is ours (no key: keys travel in headers), the
+        // response body the server's, `usage`, `id` and all.
+        scrub(&mut capture.request);
+        scrub(&mut capture.response);
     }
     reply
 }
@@ -542,6 +558,12 @@ impl<W: WireFormat> HttpProvider<W> {
             server_message = %log_safe(&message, key),
             "model request failed with a non-success status"
         );
+        // A rate limit's text says which limit and for how long: quoted,
+        // escaped, key-scrubbed and cut short. Any other status keeps the
+        // server's error message on one line, key-scrubbed and cut short.
+        if reply.status == StatusCode::TOO_MANY_REQUESTS && !message.trim().is_empty() {
+            return crate::http::status_failure_saying(reply.status, &message, key);
+        }
         status_failure(reply.status, &message, key)
     }
 
@@ -583,12 +605,12 @@ impl<W: WireFormat> ModelProvider for HttpProvider<W> {
         }
         let key = read_api_key(self.config.api_key_env.as_deref())?;
         let key = key.as_deref();
-        let scrubber = KeyScrubber::new(key);
+        let scrubber = Secrets::new(key);
         self.with_retries(&request, key, &cancel, || async {
             (self.send(&request, key, &cancel).await, false)
         })
         .await
-        .map(|reply| scrub_reply(reply, scrubber.as_ref()))
+        .map(|reply| scrub_reply(reply, &scrubber))
     }
 
     async fn complete_streaming(
@@ -603,10 +625,10 @@ impl<W: WireFormat> ModelProvider for HttpProvider<W> {
         }
         let key = read_api_key(self.config.api_key_env.as_deref())?;
         let key = key.as_deref();
-        let scrubber = KeyScrubber::new(key);
+        let scrubber = Secrets::new(key);
         // Fragments pass through a scrubber that holds back a tail that could be
         // the start of the key, so a key split across fragments is caught.
-        let stream = std::sync::Mutex::new(scrubber.clone().map(StreamScrub::new));
+        let stream = std::sync::Mutex::new(Some(scrubber.stream()));
         // One `on_text` serves every attempt; the flag says whether text was shown.
         let on_text = tokio::sync::Mutex::new(on_text);
         let showed = std::sync::atomic::AtomicBool::new(false);
@@ -642,6 +664,6 @@ impl<W: WireFormat> ModelProvider for HttpProvider<W> {
             let mut on_text = on_text.lock().await;
             (**on_text)(&rest);
         }
-        outcome.map(|reply| scrub_reply(reply, scrubber.as_ref()))
+        outcome.map(|reply| scrub_reply(reply, &scrubber))
     }
 }

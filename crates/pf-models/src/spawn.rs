@@ -86,8 +86,17 @@ impl SpawnSpec {
 /// A started server: its process group and the tail of its output.
 struct Running {
     child: Mutex<Child>,
-    group: Option<Pid>,
+    /// The process group, until it has been killed (so it is signalled once).
+    group: Mutex<Option<Pid>>,
     port: u16,
+}
+
+impl Drop for Running {
+    /// A server whose start was abandoned (the run cancelled while it was
+    /// loading) is dropped, not kept: it must not outlive that.
+    fn drop(&mut self) {
+        self.kill();
+    }
 }
 
 /// One model's server in the process-wide table: started once, on first use.
@@ -149,7 +158,8 @@ impl Running {
     /// Signals the group while its leader is unreaped, so the id is still ours.
     fn signal(&self, signal: Signal) {
         let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
-        if let (Some(group), Ok(None)) = (self.group, child.try_wait()) {
+        let group = *self.group.lock().unwrap_or_else(|e| e.into_inner());
+        if let (Some(group), Ok(None)) = (group, child.try_wait()) {
             let _ = killpg(group, signal);
         }
     }
@@ -162,8 +172,9 @@ impl Running {
     /// SIGKILL to the whole group (helpers the server started too), then reap.
     fn kill(&self) {
         let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(group) = self.group {
-            // The group may outlive its reaped leader (a helper still in it).
+        if let Some(group) = self.group.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            // The group may outlive its reaped leader (a helper still in it);
+            // its id is not reused while a member lives.
             let _ = killpg(group, Signal::SIGKILL);
         }
         let _ = child.kill();
@@ -381,7 +392,7 @@ impl SpawnedProvider {
         let group = i32::try_from(child.id()).ok().map(Pid::from_raw);
         let running = Arc::new(Running {
             child: Mutex::new(child),
-            group,
+            group: Mutex::new(group),
             port,
         });
         tracing::info!(model = %id, port, "started the model's server: {shown}");

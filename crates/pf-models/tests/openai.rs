@@ -701,6 +701,27 @@ async fn by_default_nothing_is_retried() {
 }
 
 #[tokio::test]
+async fn a_final_429_keeps_the_servers_words_safely() {
+    let server = TestServer::start(|_, _| {
+        Reply::json(
+            429,
+            json!({"error": {"message": "Rate limit reached for requests per min\nINFO forged line"}}),
+        )
+    })
+    .await;
+    let provider = provider_with(
+        &server.base_url,
+        None,
+        ThinkingSupport::Never,
+        HttpSettings::default(),
+    );
+    assert_eq!(
+        failure(&provider).await,
+        "non-success backend status 429: \"Rate limit reached for requests per min\\nINFO forged line\""
+    );
+}
+
+#[tokio::test]
 async fn retries_are_bounded() {
     let server =
         TestServer::start(|_, _| Reply::json(500, json!({"error": {"message": "always broken"}})))

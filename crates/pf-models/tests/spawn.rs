@@ -16,8 +16,19 @@ const SERVER: &str = concat!(
     "/../promptforge/tests/fixtures/spawn_server.py"
 );
 
+/// Stops this process's servers however the test ends: a test binary has
+/// no `main` to do it, and a failed assertion must not leave one running.
+struct StopServers;
+
+impl Drop for StopServers {
+    fn drop(&mut self) {
+        pf_models::stop_spawned_servers();
+    }
+}
+
 #[tokio::test]
 async fn providers_of_one_model_share_one_server_until_it_is_stopped() {
+    let _stop = StopServers;
     let dir = tempfile::tempdir().expect("tempdir");
     let starts = dir.path().join("starts.txt");
     let spec = ProviderSpec {

@@ -678,9 +678,9 @@ async fn an_unreachable_http_server_fails_activation() {
         .await
         .err()
         .expect("fails");
-    assert!(
-        error.starts_with("MCP server acme/remote failed to initialize: "),
-        "{error}"
+    assert_eq!(
+        error,
+        format!("MCP server acme/remote: cannot connect to http://{address}/mcp: Connection refused (os error 111)")
     );
 }
 

@@ -9,6 +9,7 @@ SPEC.json: {"fail_start": false,          # exit 3 before reading anything
             "page_size": 0,               # paginate tools/list with this many tools per page
             "ignore_term": false,         # ignore SIGTERM too (only SIGKILL ends us)
             "helper_pid_file": "path",    # start a helper process in our group, write its pid here
+            "env_file": "path",           # write our environment here as JSON at start
             "stderr_lines": ["..."],      # written to stderr at start
             "list": "ok" | "silent",      # how to answer tools/list
             "init": "ok" | "silent" | "garbage" | "garbage_forever" | "wrong_id",
@@ -16,18 +17,22 @@ SPEC.json: {"fail_start": false,          # exit 3 before reading anything
                        "outputSchema": {...},                       # optional
                        "result": {"texts": ["a", "b"]}              # several text parts
                                | {"structured": {...}, "text": "..."}   # structuredContent (+ text)
+                               # a text's {{ARGS}} is the call's arguments, {{ENV:NAME}} a variable's value
                                | {"error": "text"}                  # isError result
                                | {"rpc_error": "message"}           # JSON-RPC error
                                | {"behaviour": "exit" | "silent" | "huge" | "malformed" | "garbage_then_text"
                                              | "wrong_id" | "garbage_only" | "null_id_error" | "no_result",
                                   "size": 100000, "text": "..."}}]}
 """
-import json, os, signal, subprocess, sys, time
+import json, os, re, signal, subprocess, sys, time
 
 spec = json.load(open(sys.argv[1]))
 if spec.get("pid_file"):
     with open(spec["pid_file"], "w") as f:
         f.write(str(os.getpid()))
+if spec.get("env_file"):
+    with open(spec["env_file"], "w") as f:
+        json.dump(dict(os.environ), f)
 if spec.get("ignore_term"):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 if spec.get("helper_pid_file"):
@@ -110,7 +115,8 @@ def call(i, params):
         content = [{"type": "text", "text": r.get("text", json.dumps(r["structured"]))}]
         reply(i, {"content": content, "structuredContent": r["structured"]})
     else:
-        texts = [x.replace("{{ARGS}}", args) for x in r.get("texts", [])]
+        texts = [re.sub(r"\{\{ENV:(\w+)\}\}", lambda m: os.environ.get(m.group(1), ""),
+                        x.replace("{{ARGS}}", args)) for x in r.get("texts", [])]
         reply(i, {"content": [{"type": "text", "text": x} for x in texts]})
 
 
@@ -165,4 +171,9 @@ def main():
             time.sleep(1)
 
 
-main()
+try:
+    main()
+except BrokenPipeError:
+    # The client closed our stdout (gave up on us): that is the end, as on
+    # stdin's end. On a loaded machine it can come before our first write.
+    os._exit(0)

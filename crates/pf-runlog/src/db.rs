@@ -44,6 +44,7 @@ pub(crate) fn connect(
             detail: format!("cannot create {}: {err}", parent.display()),
         })?;
     }
+    crate::private::secure_database(path);
     let fail = |err| classify(path, err);
     let mut conn = Connection::open(path).map_err(fail)?;
     conn.busy_timeout(busy_timeout).map_err(fail)?;

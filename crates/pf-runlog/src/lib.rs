@@ -15,6 +15,7 @@ mod db;
 mod error;
 mod packed;
 mod paths;
+mod private;
 mod read;
 mod records;
 pub mod schema;
@@ -27,6 +28,7 @@ use std::time::Duration;
 pub use buffer::LogEvent;
 pub use error::RunLogError;
 pub use paths::{data_dir, default_db_path, DB_FILE_NAME};
+pub use private::secure_data_dir;
 pub use records::{
     ActivationRecord, AnswerRecord, EventRecord, ExchangeDraft, ExchangeHandle, ExchangeParts,
     ExchangeRecord, Outcome, RunEnd, RunFilter, RunId, RunRecord, RunStart, RunSummary, StoredRow,

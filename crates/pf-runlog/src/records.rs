@@ -193,6 +193,12 @@ pub struct RunRecord {
 }
 
 impl RunRecord {
+    /// Whether `start.prompt_text` still hashes to the `prompt_sha256` it was
+    /// logged with: false for a log row edited (or damaged) since.
+    pub fn prompt_text_intact(&self) -> bool {
+        crate::writer::sha256_hex(&self.start.prompt_text) == self.prompt_sha256
+    }
+
     /// `completed`, `failed`, `cancelled` or `running`.
     pub fn outcome_label(&self) -> &'static str {
         self.end.as_ref().map_or(RUNNING, |end| end.outcome.label())

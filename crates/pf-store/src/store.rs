@@ -123,6 +123,27 @@ impl Store {
         self.load_text(path, "read")
     }
 
+    /// The size in bytes of the regular file at `path`, `None` when there is
+    /// none (or the path is not one a store operation accepts): what an
+    /// operation that loads the whole file (a read, an append, a replace)
+    /// holds in memory, so a caller can refuse one it could not hold.
+    pub fn file_size(&self, path: &str) -> Result<Option<u64>, StoreError> {
+        if validate_path(path).is_err() {
+            return Ok(None);
+        }
+        match self.probe(&physical_names(path), "read")? {
+            Probe::File(entry) => {
+                let file = open_file_at(&entry.parent, &entry.name, OFlags::RDONLY, Mode::empty())
+                    .map_err(|e| StoreError::backend("read", &e))?;
+                let metadata = file
+                    .metadata()
+                    .map_err(|e| StoreError::backend("read", &e))?;
+                Ok(metadata.is_file().then_some(metadata.len()))
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// `store.read(path, start, end)`: lines `start..=end` (1-based, `end`
     /// optional), joined with `\n`, no trailing newline.
     pub fn read_range(

@@ -5,8 +5,11 @@
 //! `parse_detailed` must agree.
 //!
 //! `PF_FUZZ_ITERATIONS` (mutations per corpus file, default 400, a few seconds) and
-//! `PF_FUZZ_SEED` lengthen or vary a run; a failure prints the seed and file so
+//! `PF_FUZZ_SEED` lengthen or vary a run; `PF_FUZZ_SECONDS` keeps going, pass
+//! after pass over the corpus with new seeds, for that long (CI's fixed-time
+//! fuzz step, `scripts/fuzz.sh`). A failure prints the seed, pass and file so
 //! it replays. Inputs that once broke the parser belong in the corpus.
+//! `diagnose`'s first error must be `parse`'s error, as the `fuzz/` target checks.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
@@ -152,6 +155,19 @@ fn check(input: &[u8], context: &dyn Fn() -> String) {
         "parse and parse_detailed disagree: {}",
         context()
     );
+    let diagnostics = pf_syntax::diagnose(input);
+    if let Err(error) = first {
+        let diagnosed = diagnostics.first_error().and_then(|d| d.to_parse_error());
+        assert_eq!(
+            diagnosed,
+            Some(error),
+            "diagnose's first error is not parse's: {}",
+            context()
+        );
+    }
+    for diagnostic in &diagnostics {
+        let _ = pf_syntax::render_diagnostic("fuzz.md", input, diagnostic, true);
+    }
 }
 
 #[test]
@@ -166,20 +182,69 @@ fn the_corpus_and_its_seeded_mutations_parse_or_fail_cleanly() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0x5EED_CAFE);
+    let seconds: Option<u64> = std::env::var("PF_FUZZ_SECONDS")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let started = std::time::Instant::now();
     let mut parsed_whole = 0;
-    for (index, (path, bytes)) in corpus.iter().enumerate() {
+    for (path, bytes) in &corpus {
         check(bytes, &|| format!("corpus file {}", path.display()));
         if pf_syntax::parse(bytes).is_ok() {
             parsed_whole += 1;
         }
+    }
+    let deadline = seconds.map(|s| started + std::time::Duration::from_secs(s));
+    let past = || deadline.is_some_and(|d| std::time::Instant::now() >= d);
+    let mut cases = 0u64;
+    for pass in 0u64.. {
+        // Without a time: one pass. With one: passes until it is up.
+        if (pass > 0 && deadline.is_none()) || past() {
+            break;
+        }
+        one_pass(
+            &corpus,
+            seed ^ (pass << 48),
+            iterations,
+            pass,
+            &mut cases,
+            &past,
+        );
+    }
+    eprintln!(
+        "{cases} mutated inputs in {:.1} s (PF_FUZZ_SEED={seed})",
+        started.elapsed().as_secs_f64()
+    );
+    // The corpus is mostly valid prompts, so mutations start from deep inside the grammar.
+    assert!(
+        parsed_whole * 2 > corpus.len(),
+        "{parsed_whole} of {}",
+        corpus.len()
+    );
+}
+
+/// One pass over the corpus: `iterations` seeded mutations of each file
+/// (cut short once `past()`, the fixed time of a timed run, says so).
+fn one_pass(
+    corpus: &[(PathBuf, Vec<u8>)],
+    seed: u64,
+    iterations: usize,
+    pass: u64,
+    cases: &mut u64,
+    past: &dyn Fn() -> bool,
+) {
+    for (index, (path, bytes)) in corpus.iter().enumerate() {
+        if past() {
+            return;
+        }
         for iteration in 0..iterations {
+            *cases += 1;
             let case_seed = seed ^ ((index as u64) << 32) ^ iteration as u64;
             let mut rng = Rng(case_seed);
             let mut input = bytes.clone();
-            mutate(&mut rng, &mut input, &corpus);
+            mutate(&mut rng, &mut input, corpus);
             check(&input, &|| {
                 format!(
-                    "PF_FUZZ_SEED={seed} file {} iteration {iteration} ({} bytes: {:?})",
+                    "pass {pass} (seed {seed}) file {} iteration {iteration} ({} bytes: {:?})",
                     path.display(),
                     input.len(),
                     String::from_utf8_lossy(&input[..input.len().min(200)])
@@ -187,10 +252,4 @@ fn the_corpus_and_its_seeded_mutations_parse_or_fail_cleanly() {
             });
         }
     }
-    // The corpus is mostly valid prompts, so mutations start from deep inside the grammar.
-    assert!(
-        parsed_whole * 2 > corpus.len(),
-        "{parsed_whole} of {}",
-        corpus.len()
-    );
 }

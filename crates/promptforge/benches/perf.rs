@@ -30,11 +30,11 @@ use pf_engine::{Outcome, RunSetup};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use pf_harness::CancellationToken;
+use pf_host::file::HostFile;
+use pf_host::observe::{HostObserver, SectionTracker};
+use pf_host::record::{Recorder, RunLogSink};
+use pf_host::{HostConfig, HostWork};
 use pf_runlog::{RunStart, RunWriter};
-use promptforge::host::file::HostFile;
-use promptforge::host::observe::{HostObserver, SectionTracker};
-use promptforge::host::record::{Recorder, RunLogSink};
-use promptforge::host::{HostConfig, HostWork};
 
 // ---------------------------------------------------------------------------
 // Prompts
@@ -181,7 +181,7 @@ impl Bench {
             ))),
             None => HostWork::Direct,
         };
-        let observer = HostObserver::new(sink.clone(), None, sections);
+        let observer = HostObserver::new(sink.clone(), Vec::new(), sections);
         let report = self.runtime.block_on(async {
             let current = host.current_id(None).expect("current model");
             let host = host.assemble_for(current.as_deref(), &work).expect("host");

@@ -208,7 +208,7 @@ pub struct ModelArgs {
 impl ModelArgs {
     /// `--model`, else `$PROMPTFORGE_MODEL`.
     pub fn chosen(&self) -> Option<String> {
-        crate::host::chosen_model(self.model.as_deref())
+        pf_host::chosen_model(self.model.as_deref())
     }
 }
 
@@ -431,6 +431,15 @@ pub struct McpArgs {
     /// How many calls may wait for a run; beyond that a call gets an error result.
     #[arg(long, default_value_t = 16)]
     pub queue: u32,
+    /// A call still running after SECONDS is cancelled and fails with a message saying so.
+    #[arg(long, value_name = "SECONDS", default_value_t = pf_mcp_server::DEFAULT_CALL_TIMEOUT_SECS,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub call_timeout: u64,
+    /// The largest request read, in bytes: a larger HTTP body is refused with 413
+    /// before it is read, a longer stdio line with a JSON-RPC error.
+    #[arg(long, value_name = "BYTES", default_value_t = pf_mcp_server::DEFAULT_MAX_BODY_BYTES,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1024..))]
+    pub max_body: usize,
 }
 
 /// Which host file configures the Host.
@@ -445,9 +454,11 @@ pub struct HostArgs {
 impl HostArgs {
     /// The host file to read: `--host`, else the default location (if any).
     pub fn path(&self) -> Option<PathBuf> {
-        self.host.clone().or_else(crate::host::default_host_path)
+        self.host.clone().or_else(pf_host::default_host_path)
     }
 }
+
+pub use pf_host::session::random_seed;
 
 /// What fixes a run's randomness and clock, so it can be repeated.
 #[derive(Debug, Clone, Args)]
@@ -464,7 +475,7 @@ impl SeedArgs {
     /// The given seed, else a random one below 2^53, so JSON tools that read
     /// numbers as doubles keep it exact.
     pub fn seed_or_random(&self) -> u64 {
-        self.seed.unwrap_or_else(|| rand::random::<u64>() >> 11)
+        self.seed.unwrap_or_else(random_seed)
     }
 
     /// The start instant in milliseconds since the epoch: `--start`, else now.
@@ -507,12 +518,7 @@ pub struct OutputArgs {
     pub json: bool,
 }
 
-/// Whether output is for a person or for a program.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OutputFormat {
-    Human,
-    Json,
-}
+pub use pf_host::report::OutputFormat;
 
 impl OutputArgs {
     pub fn format(&self) -> OutputFormat {

@@ -5,33 +5,17 @@
 //! Architecture invariant: only this crate knows the host file, the command
 //! line, the process exit codes and the JSON report.
 
-pub mod cases;
 pub mod cli;
 pub mod commands;
-pub mod host;
 pub mod live;
-pub mod logview;
-pub mod mcp_server;
 pub mod progress;
-pub mod report;
 pub mod signals;
-pub mod trace;
 pub mod ui;
 pub mod usertest;
 
+pub use pf_host::{read_capped, MAX_INPUT_BYTES};
+
 /// The run failed, or `check` found a problem.
-/// The most any input the CLI reads whole may hold (a prompt file, ARGS from
-/// stdin, a host file), so `/dev/zero` or an endless pipe cannot grow without bound.
-pub const MAX_INPUT_BYTES: u64 = 16 * 1024 * 1024;
-
-/// All of `reader`, or `Ok(None)` when it holds more than [`MAX_INPUT_BYTES`].
-pub fn read_capped(reader: impl std::io::Read) -> std::io::Result<Option<Vec<u8>>> {
-    use std::io::Read;
-    let mut bytes = Vec::new();
-    reader.take(MAX_INPUT_BYTES + 1).read_to_end(&mut bytes)?;
-    Ok((bytes.len() as u64 <= MAX_INPUT_BYTES).then_some(bytes))
-}
-
 pub const EXIT_FAILED: u8 = 1;
 /// The command line, the host file or the environment was unusable.
 pub const EXIT_USAGE: u8 = 2;
@@ -66,13 +50,52 @@ pub fn init_logging_with_default(default_level: &str) {
         .unwrap_or_else(|| default_level.to_string());
     tracing_subscriber::fmt()
         .with_env_filter(log_filter(&spec))
-        // Log lines go above the progress spinner, never onto its line.
-        .with_writer(|| progress::AboveSpinner)
+        // Every line is scrubbed of the keys the host file names (a debug
+        // line may quote a server's words), and goes above the progress
+        // spinner, never onto its line.
+        .with_writer(ScrubbedStderr)
         .with_target(false)
         // Colour only on a terminal, never under NO_COLOR or `--color never`
         // (read before logging starts).
         .with_ansi(crate::ui::stderr_color())
         .init();
+}
+
+/// stderr for log lines, each scrubbed of every registered key
+/// ([`pf_secrets::global`]). The formatter hands over one whole line per write.
+struct ScrubbedStderr;
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for ScrubbedStderr {
+    type Writer = ScrubbedLine;
+
+    fn make_writer(&'a self) -> ScrubbedLine {
+        ScrubbedLine(Vec::new())
+    }
+}
+
+/// One log line, written to stderr scrubbed when dropped (above the spinner).
+struct ScrubbedLine(Vec<u8>);
+
+impl std::io::Write for ScrubbedLine {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for ScrubbedLine {
+    fn drop(&mut self) {
+        if self.0.is_empty() {
+            return;
+        }
+        let text = String::from_utf8_lossy(&self.0);
+        let line = pf_secrets::global().scrub(&text);
+        let _ = std::io::Write::write_all(&mut progress::AboveSpinner, line.as_bytes());
+    }
 }
 
 /// The filter for a `PROMPTFORGE_LOG` spec, with dependency noise turned down.
@@ -83,6 +106,13 @@ pub fn log_filter(spec: &str) -> tracing_subscriber::EnvFilter {
     // (`host::data::begin_run_log`), so its tracing copy stays quiet by default.
     if !spec.contains("pf_runlog") {
         if let Ok(directive) = "pf_runlog=error".parse() {
+            filter = filter.add_directive(directive);
+        }
+    }
+    // rmcp's own errors name its Rust types; every one that matters is
+    // restated by the Plugin or the server in a line of its own.
+    if !spec.contains("rmcp") {
+        if let Ok(directive) = "rmcp=off".parse() {
             filter = filter.add_directive(directive);
         }
     }

@@ -40,19 +40,7 @@ impl LivePrinter {
     }
 }
 
-/// Model text with control characters made harmless, so a reply cannot move the
-/// cursor or rewrite the terminal; line breaks and tabs stay.
-pub fn printable(text: &str) -> String {
-    text.chars()
-        .map(|c| {
-            if c.is_control() && c != '\n' && c != '\t' {
-                '\u{FFFD}'
-            } else {
-                c
-            }
-        })
-        .collect()
-}
+pub use pf_trace::logview::printable;
 
 #[cfg(test)]
 mod tests {

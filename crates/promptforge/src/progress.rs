@@ -307,3 +307,21 @@ pub fn tool_line(alias: &str, arguments: &serde_json::Value) -> String {
     };
     format!("{} {shown}{cut}", printable(alias).replace('\n', " "))
 }
+/// The progress line watches a run through the Host's observer, as its watcher.
+impl pf_engine::RunObserver for RunProgress {
+    fn event(&self, _execution: &str, event: &RunEvent) {
+        RunProgress::event(self, event);
+    }
+
+    fn wants_live_text(&self) -> bool {
+        true
+    }
+
+    fn live_text(&self, text: LiveText<'_>) -> bool {
+        RunProgress::live_text(self, text)
+    }
+
+    fn tool_call(&self, _execution: &str, call: &pf_engine::ToolCallNotice<'_>) {
+        self.tool_started(call.alias, call.arguments);
+    }
+}

@@ -61,6 +61,24 @@ pub fn usage_error_json(message: &str) -> String {
     .to_string()
 }
 
+/// A `warning:` line on stderr. Warnings may carry a server's or a file's
+/// words, so control characters are shown escaped, as in error text.
+pub fn warn(message: &str) {
+    eprintln!("warning: {}", pf_host::report::terminal_safe(message));
+}
+
+/// Text from outside (a run's result, a model's or a page's words) as it may
+/// go to stdout: escaped when stdout is a terminal, so an OSC, CSI or DCS
+/// sequence cannot drive it (retitle the window, write the clipboard, clear
+/// the screen); byte-exact to a pipe or a file.
+pub fn stdout_text(text: &str) -> std::borrow::Cow<'_, str> {
+    if std::io::stdout().is_terminal() {
+        pf_host::report::terminal_safe(text)
+    } else {
+        std::borrow::Cow::Borrowed(text)
+    }
+}
+
 /// Write `text` to stdout, ignoring a closed stdout (`| head`): output that
 /// nobody reads is not an error, and `print!` would panic on it.
 pub fn print_stdout(text: &str) {

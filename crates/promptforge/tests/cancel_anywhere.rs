@@ -116,8 +116,15 @@ fn cancels_run(run: Run, long_call: &str, signal_name: &str) {
     wait_for(&run.dir.path().join("store/marker.txt"));
     // Give the block time to enter the long call itself.
     std::thread::sleep(Duration::from_millis(200));
+    let signalled = Instant::now();
     signal(&run.child, signal_name);
     let (code, reports) = finish(run);
+    // Reported, never asserted (the machine may be busy): how long the run
+    // took to end after the signal.
+    eprintln!(
+        "{signal_name} ended the run {} ms after the signal: {long_call}",
+        signalled.elapsed().as_millis()
+    );
     assert_eq!(reports.len(), 1, "{reports:?}");
     assert_eq!(
         reports[0]["outcome"], "cancelled",
@@ -150,6 +157,113 @@ fn a_backtracking_match_gmatch_and_gsub_are_cancelled() {
         r#"string.gsub(string.rep("a", 30000), ".-.-.-.-b", function() return "x" end)"#,
         "INT",
     );
+}
+
+/// The matcher counts the bytes a long literal run compares, not only the
+/// match steps it enters (one step compared a megabyte between two polls).
+#[test]
+fn a_long_literal_run_in_a_pattern_is_cancelled() {
+    let setup = "local s = string.rep('a', 2e6)\nlocal lit = string.rep('a', 1e6)";
+    cancels_after(setup, "s:match(lit .. 'b')", "INT");
+    cancels_after(setup, "s:find(lit .. 'b?c')", "TERM");
+    cancels_after(setup, "for w in s:gmatch(lit .. 'b') do end", "INT");
+    cancels_after(setup, "s:gsub(lit .. 'c', 'x')", "TERM");
+    cancels_after(
+        setup,
+        "s:gsub('(' .. lit .. ')b', function(w) return w end)",
+        "INT",
+    );
+    // A long set compared per subject byte, and a back-reference compared as a block.
+    cancels_after(
+        "local s = string.rep('a', 2e5)\nlocal set = '[' .. string.rep('b', 1e5) .. 'a]'",
+        "s:match(set .. '*' .. set .. '*c')",
+        "INT",
+    );
+    cancels_after(
+        "local s = string.rep('a', 4e5)",
+        "s:match('(a*)%1%1b')",
+        "TERM",
+    );
+}
+
+/// An anchored pattern with optional items has 2^k branches, each comparing
+/// the rest: the cost estimate holds it to the budget, so it never goes to C.
+#[test]
+fn an_anchored_pattern_with_optional_items_is_cancelled() {
+    let setup = "local s = string.rep('a', 100020)\nlocal p = '^' .. string.rep('a?', 20) .. string.rep('a', 100000) .. 'b'";
+    cancels_after(setup, "s:match(p)", "INT");
+    cancels_after(setup, "s:find(p)", "TERM");
+    cancels_after(setup, "s:gsub(p, 'x')", "INT");
+    cancels_after(
+        "local s = string.rep('a', 100020)\nlocal p = '^' .. string.rep('(a?)', 20) .. string.rep('a', 100000) .. '$'",
+        "s:match(p .. 'b')",
+        "TERM",
+    );
+}
+
+/// `table.insert`/`table.remove` shift up to the length `__len` gives: over
+/// such a table they shift in Lua, where the hook fires.
+#[test]
+fn an_insert_or_remove_over_a_huge_len_is_cancelled() {
+    let huge = "local t = setmetatable({}, { __len = function() return math.maxinteger - 1 end })";
+    cancels_after(huge, "table.insert(t, 1, 'x')", "INT");
+    cancels_after(huge, "table.remove(t, 1)", "TERM");
+    cancels_after(huge, "local remove = table.remove\nremove(t, 2)", "INT");
+    cancels_after(
+        "local t = setmetatable({}, { __len = function() return 2^62 end, __newindex = rawset })",
+        "table.insert(t, 5, 'x')",
+        "TERM",
+    );
+}
+
+/// What C would loop on for ever in `string.rep` (an empty piece and
+/// separator, a huge count) returns at once, and a count past the VM's
+/// memory fails with the memory error at once, not after copying.
+#[test]
+fn string_rep_with_a_huge_count_returns_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let prompt = dir.path().join("prompt.md");
+    std::fs::write(
+        &prompt,
+        "---\nname: rep\ndescription: d\npromptforge: 0\n---\n\n# Rep\n\n## Main\n\n```lua\nlocal n = math.maxinteger\nlocal lengths = { #string.rep('', n), #string.rep('', n, ''), #(''):rep(2^53), #string.rep('', 1e15, '') }\nfor _, call in ipairs({ function() return string.rep('a', n) end, function() return string.rep('ab', 2^40) end, function() return string.rep('', n, 'x') end, function() return ('xy'):rep(1e12, '') end }) do\n  local ok, e = pcall(call)\n  lengths[#lengths + 1] = ok and 'ok' or (type(e) == 'table' and e.message or tostring(e))\nend\nreturn table.concat(lengths, ',')\n```\n",
+    )
+    .expect("prompt");
+    let home = dir.path().join("home");
+    std::fs::create_dir(&home).expect("home");
+    let mut child = bin(&home)
+        .arg("run")
+        .arg(&prompt)
+        .args(["--no-log", "--store"])
+        .arg(dir.path().join("store"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let deadline = Instant::now() + HANG_GUARD;
+    while child.try_wait().expect("poll").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("string.rep with a huge count did not return");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = child.wait_with_output().expect("wait");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let fields: Vec<&str> = stdout.trim_end().split(',').collect();
+    assert_eq!(fields[..4], ["0", "0", "0", "0"], "{stdout}");
+    for refused in &fields[4..] {
+        assert!(
+            refused.contains("not enough memory") || refused.contains("resulting string too large"),
+            "{stdout}"
+        );
+    }
+    assert_eq!(fields.len(), 8, "{stdout}");
 }
 
 #[test]

@@ -661,7 +661,7 @@ fn info_logs_say_what_the_host_is() {
 
 #[test]
 fn dependency_logs_stay_out_below_trace() {
-    use promptforge::cases::case::{Page, WebFixture};
+    use pf_cases::case::{Page, WebFixture};
     let dir = tempfile::tempdir().expect("tempdir");
     let mut fixture = WebFixture::default();
     fixture.pages.insert(
@@ -673,7 +673,7 @@ fn dependency_logs_stay_out_below_trace() {
             body: serde_json::json!("a page"),
         },
     );
-    let server = promptforge::cases::WebServer::start(fixture).expect("web fixture");
+    let server = pf_cases::WebServer::start(fixture).expect("web fixture");
     let p = write(
         dir.path(),
         "fetch.md",

@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use promptforge::cases::case::WebFixture;
-use promptforge::cases::WebServer;
+use pf_cases::case::WebFixture;
+use pf_cases::WebServer;
 use serde_json::Value;
 
 fn examples() -> PathBuf {

@@ -1,11 +1,11 @@
 //! The language tests are data: every folder under `tests/data/` holding a
 //! `prompt.md` and a `case.json` is one case, run through the real binary by
-//! [`promptforge::cases`]. `UPDATE_EXPECT=1` rewrites the cases' snapshots.
+//! [`pf_cases`]. `UPDATE_EXPECT=1` rewrites the cases' snapshots.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::Path;
 
-use promptforge::cases::{Mode, Runner};
+use pf_cases::{Mode, Runner};
 
 #[test]
 fn every_data_case_holds() {

@@ -77,8 +77,13 @@ fn run_client(python: &Path, args: &[&str]) {
 
 /// The client, and so the server it starts, with its run log under `home`.
 fn run_client_in(python: &Path, args: &[&str], home: &Path) {
+    run_script_in(python, "scenarios.py", args, home);
+}
+
+/// One of the client scripts in tests/mcp_client, with the run log under `home`.
+fn run_script_in(python: &Path, script: &str, args: &[&str], home: &Path) {
     let output = Command::new(python)
-        .arg(client_dir().join("scenarios.py"))
+        .arg(client_dir().join(script))
         .args(args)
         .env("PROMPTFORGE_HOME", home)
         .output()
@@ -138,6 +143,135 @@ fn the_python_sdk_drives_the_server_over_stdio() {
         log.contains("spin: cancelled by the client"),
         "cancel reached the run:\n{log}"
     );
+}
+
+/// The wire and the process, over stdio: ping before initialize, discover,
+/// unknown methods, malformed and oversized lines (the session goes on), and a
+/// client killed mid-call (its run ends cancelled in the log).
+#[test]
+fn stdio_protocol_edges_and_a_killed_client() {
+    let python = venv_python();
+    let prompts = prompts_copy();
+    let home = tempfile::tempdir().expect("tempdir");
+    run_script_in(
+        &python,
+        "protocol.py",
+        &["stdio", BIN, &prompts.path().display().to_string()],
+        home.path(),
+    );
+}
+
+/// The same over HTTP, plus the body limit, the Host and Origin checks,
+/// clients gone mid-call, --call-timeout and SIGTERM under load.
+#[test]
+fn http_protocol_edges_vanished_clients_timeouts_and_sigterm() {
+    let python = venv_python();
+    let prompts = prompts_copy();
+    let home = tempfile::tempdir().expect("tempdir");
+    run_script_in(
+        &python,
+        "protocol.py",
+        &["http", BIN, &prompts.path().display().to_string()],
+        home.path(),
+    );
+}
+
+/// The MCP TypeScript SDK from npm (tests/tools/setup.sh node-mcp; test.sh
+/// runs it first), installed once under the target directory.
+fn node_mcp_dir() -> PathBuf {
+    static ONCE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = ONCE.lock().unwrap_or_else(|p| p.into_inner());
+    let tools = Path::new(env!("CARGO_TARGET_TMPDIR")).join("test-tools");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools/setup.sh");
+    let status = Command::new("bash")
+        .arg(&script)
+        .arg("node-mcp")
+        .arg(&tools)
+        .status()
+        .expect("run tests/tools/setup.sh");
+    assert!(
+        status.success(),
+        "tests/tools/setup.sh node-mcp failed: the TypeScript SDK tests need Node >= 18 and npm (see test.sh)"
+    );
+    tools.join("node-mcp")
+}
+
+fn run_ts_client(args: &[&str], home: &Path) {
+    let node_dir = node_mcp_dir();
+    let output = Command::new("node")
+        .arg(client_dir().join("ts_client.mjs"))
+        .arg(&node_dir)
+        .args(args)
+        .env("PROMPTFORGE_HOME", home)
+        .output()
+        .expect("node must be installed to run the TypeScript SDK tests");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "TypeScript client {args:?} failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    );
+    for scenario in [
+        "list",
+        "call_and_progress",
+        "seeds",
+        "unknown_method",
+        "cancel",
+    ] {
+        assert!(stdout.contains(&format!("ok {scenario}\n")), "{stdout}");
+    }
+}
+
+/// The TypeScript SDK's client over stdio: list, call with progress, seeds
+/// exact as JavaScript numbers, an unknown method, and an abort that frees
+/// the one run slot.
+#[test]
+fn the_typescript_sdk_drives_the_server_over_stdio() {
+    let prompts = prompts_copy();
+    let home = tempfile::tempdir().expect("tempdir");
+    run_ts_client(
+        &["stdio", BIN, &prompts.path().display().to_string()],
+        home.path(),
+    );
+}
+
+/// The same over streamable HTTP.
+#[test]
+fn the_typescript_sdk_drives_the_server_over_streamable_http() {
+    let prompts = prompts_copy();
+    let home = tempfile::tempdir().expect("tempdir");
+    let mut child = Command::new(BIN)
+        .arg("mcp")
+        .arg(prompts.path())
+        .args([
+            "--http",
+            "127.0.0.1:0",
+            "--max-concurrent",
+            "1",
+            "--queue",
+            "4",
+        ])
+        .env("PROMPTFORGE_HOME", home.path())
+        .env("PROMPTFORGE_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the server");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut lines = BufReader::new(stderr).lines();
+    let url = loop {
+        let line = lines
+            .next()
+            .expect("the server printed its address")
+            .expect("read");
+        if let Some(rest) = line.strip_prefix("promptforge mcp: listening on ") {
+            break rest.trim().to_string();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    let server = HttpServer { child, url };
+    run_ts_client(&["http", &server.url], home.path());
 }
 
 /// A server on `127.0.0.1:0`, and the URL it printed.

@@ -219,7 +219,7 @@ fn a_terminal_sees_the_real_reply_stream() {
     let local = Local::smollm2();
     let result = local.path("result.txt");
     let command = format!(
-        "{} run {} --host {} --no-log > {}",
+        "{} run {} --host {} > {}",
         env!("CARGO_BIN_EXE_promptforge"),
         here("sea.md").display(),
         local.path("host.toml").display(),
@@ -239,6 +239,26 @@ fn a_terminal_sees_the_real_reply_stream() {
     // The streamed text is the result, shown as it came.
     let first_words: String = answer.trim().chars().take(12).collect();
     assert!(screen.contains(&first_words), "{screen:?} vs {answer:?}");
+    // A streamed round: llama.cpp's timings from the stream's last chunk, and
+    // the client's own clock of the fragments.
+    let shown = local.show("last");
+    let metrics = &replies(&shown)[0]["metrics"];
+    assert!(
+        metrics["llama"]["predicted_n"].as_u64().unwrap_or(0) > 0,
+        "{metrics}"
+    );
+    assert!(
+        metrics["usage"]["completion_tokens"].as_u64().unwrap_or(0) > 0,
+        "{metrics}"
+    );
+    assert!(
+        metrics["client"]["ttft_ms"].as_f64().unwrap_or(0.0) > 0.0,
+        "{metrics}"
+    );
+    assert!(
+        metrics["client"]["mean_itl_ms"].as_f64().unwrap_or(0.0) > 0.0,
+        "{metrics}"
+    );
 }
 
 #[test]

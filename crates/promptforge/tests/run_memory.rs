@@ -98,3 +98,219 @@ fn unknown_limits_keys_are_named() {
         "the known key is listed: {message}"
     );
 }
+
+/// Runs `promptforge run` on `prompt` (with `host`, if any, and `args`),
+/// polling the child's peak resident memory (`VmHWM`) while it runs; a run
+/// that passes `KILL_PAST_KIB` is killed, so a broken bound cannot take the
+/// machine down. Returns the output and the peak in KiB.
+fn run_measured(dir: &Path, prompt: &str, host: Option<&str>, args: &[&str]) -> (Output, u64) {
+    const KILL_PAST_KIB: u64 = 2 * 1024 * 1024;
+    let prompt = write(dir, "prompt.md", prompt);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_promptforge"));
+    cmd.arg("run")
+        .arg(&prompt)
+        .arg("--store")
+        .arg(dir.join("store"))
+        .args(args)
+        .env_remove("PROMPTFORGE_HOST")
+        .env("PROMPTFORGE_HOME", dir.join("home"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    if let Some(text) = host {
+        cmd.arg("--host").arg(write(dir, "host.toml", text));
+    }
+    let mut child = cmd.spawn().expect("run the binary");
+    let status_file = format!("/proc/{}/status", child.id());
+    let mut peak = 0u64;
+    // The pipes are drained by threads, so a chatty run never blocks on them.
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let out_reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        std::io::Read::read_to_end(&mut stdout, &mut buf).map(|_| buf)
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        std::io::Read::read_to_end(&mut stderr, &mut buf).map(|_| buf)
+    });
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Ok(text) = std::fs::read_to_string(&status_file) {
+            let hwm = text
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
+            if let Some(kib) = hwm {
+                peak = peak.max(kib);
+            }
+        }
+        if peak > KILL_PAST_KIB || started.elapsed() > std::time::Duration::from_secs(300) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the run passed {peak} KiB of memory (or 300 s); killed");
+        }
+        if let Some(status) = child.try_wait().expect("poll") {
+            break status;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    let stdout = out_reader.join().expect("stdout thread").expect("stdout");
+    let stderr = err_reader.join().expect("stderr thread").expect("stderr");
+    (
+        Output {
+            status,
+            stdout,
+            stderr,
+        },
+        peak,
+    )
+}
+
+const BUDGET_64: &str = "[limits]\nrun_memory_mib = 64\n";
+
+/// A prompt whose `## Use` section's prose holds `count` placeholders
+/// `{{ placeholder }}` after `setup` (a block of `## Make`), and whose block
+/// runs `before` and then returns the prose's length.
+fn prose_prompt(setup: &str, before: &str, placeholder: &str, count: usize) -> String {
+    let prose = format!("{{{{ {placeholder} }}}} ").repeat(count);
+    format!(
+        "---\nname: prose\ndescription: big prose\npromptforge: 0\n---\n\n# Prose\n\n## Make\n\n```lua\n{setup}\n```\n\n## Use\n\n{prose}\n\n```lua\n{before}\nreturn #prose\n```\n"
+    )
+}
+
+/// Prose substitution builds its text in the host: it must fit in what the
+/// section's VM may still use. A thousand placeholders of a 4 MB value under
+/// a 64 MiB budget fail with the memory error (they built a 4 GB string
+/// first), whatever the value is: a `var` field, a nested one, a global.
+#[test]
+fn prose_substitution_is_built_within_the_budget() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let four_mb = "string.rep('x', 4 * 1024 * 1024)";
+    let cases = [
+        (format!("var.big = {four_mb}"), String::new(), "var.big"),
+        (
+            format!("var.t = {{ inner = {{ s = {four_mb} }} }}"),
+            String::new(),
+            "var.t.inner.s",
+        ),
+        (String::new(), format!("big = {four_mb}"), "big"),
+    ];
+    let mut peaks = Vec::new();
+    for (setup, before, placeholder) in &cases {
+        let prompt = prose_prompt(setup, before, placeholder, 1000);
+        let (out, peak) = run_measured(dir.path(), &prompt, Some(BUDGET_64), &["--json"]);
+        assert_eq!(out.status.code(), Some(1), "{placeholder}: {out:?}");
+        let report: Value = serde_json::from_slice(&out.stdout).expect("one JSON report");
+        assert_eq!(report["outcome"], "failed", "{placeholder}");
+        assert_eq!(report["error"]["kind"], "Lua", "{placeholder}: {report}");
+        assert_eq!(
+            report["error"]["message"], "not enough memory",
+            "{placeholder}: {report}"
+        );
+        peaks.push((placeholder.to_string(), peak));
+        // Far below the 4 GB the text would have been (7.9 GB peak before).
+        assert!(peak < 512 * 1024, "{placeholder}: peak {peak} KiB");
+    }
+    eprintln!("peak resident memory (KiB) of the refused runs: {peaks:?}");
+    // What fits is built: three placeholders of 4 MB under the same budget.
+    let prompt = prose_prompt(&format!("var.big = {four_mb}"), "", "var.big", 3);
+    let (out, _) = run_measured(dir.path(), &prompt, Some(BUDGET_64), &[]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        (3 * (4 * 1024 * 1024 + 1)).to_string()
+    );
+}
+
+/// `var` lives in the host: what it holds is paid for by the VM of the entry
+/// that holds it, so copies of one string stored under many keys fail with
+/// the memory error instead of growing the host without bound.
+#[test]
+fn var_is_counted_against_the_budget() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (what, body) in [
+        ("keys", "local s = string.rep('v', 4 * 1024 * 1024)\nfor i = 1, 1000 do var['k' .. i] = s end\nreturn 'all kept'"),
+        ("an array", "local s = string.rep('v', 4 * 1024 * 1024)\nvar.list = {}\nfor i = 1, 1000 do var.list[i] = s end\nreturn 'all kept'"),
+        ("nested tables", "local s = string.rep('v', 1024 * 1024)\nfor i = 1, 1000 do var['k' .. i] = { a = s, b = { s, s } } end\nreturn 'all kept'"),
+    ] {
+        let prompt = format!("---\nname: var\ndescription: grows var\npromptforge: 0\n---\n\n# Var\n\n## Grow\n\n```lua\n{body}\n```\n");
+        let (out, peak) = run_measured(dir.path(), &prompt, Some(BUDGET_64), &["--json"]);
+        assert_eq!(out.status.code(), Some(1), "{what}: {out:?}");
+        let report: Value = serde_json::from_slice(&out.stdout).expect("one JSON report");
+        assert_eq!(report["error"]["message"], "not enough memory", "{what}: {report}");
+        assert!(peak < 512 * 1024, "{what}: peak {peak} KiB");
+        eprintln!("{what}: peak {peak} KiB");
+    }
+    // Caught, it is the ordinary memory error value, what was kept stays, and
+    // what `var` lets go is the VM's to use again.
+    let prompt = "---\nname: var\ndescription: grows var\npromptforge: 0\n---\n\n# Var\n\n## Grow\n\n```lua\nlocal s = string.rep('v', 1024 * 1024)\nlocal n = 0\nlocal ok, e = pcall(function() for i = 1, 1000 do var['k' .. i] = s n = i end end)\nfor i = 1, n - 1 do var['k' .. i] = nil end\nlocal kept = n > 10 and #var['k' .. n] == #s\nlocal again = string.rep('w', 16 * 1024 * 1024)\nreturn tostring(ok) .. ' ' .. e.kind .. ' ' .. e.message .. ' ' .. tostring(kept) .. ' ' .. #again\n```\n";
+    let (out, _) = run_measured(dir.path(), prompt, Some(BUDGET_64), &[]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("false lua not enough memory true {}", 16 * 1024 * 1024)
+    );
+}
+
+/// A prompt that logs `entries` section entries (`call`s) of 1024 `log`
+/// lines each (after a child task logged 1024 numbered lines), then reads the
+/// child's history back and tries to read its own.
+fn history_prompt(entries: u32) -> String {
+    format!(
+        "---\nname: history\ndescription: logs a lot\npromptforge: 0\n---\n\n# History\n\n## Start\n\n```lua\nlocal t = tasks.spawn('### Child')\ntasks.when_all({{ t }})\nvar.child = t.task\n```\n\n### Child\n\n```lua\nfor i = 1, 1024 do log('child ' .. i) end\nreturn 'done'\n```\n\n## Spam\n\n```lua\nfor _ = 1, {entries} do call('### Burst') end\n```\n\n### Burst\n\n```lua\nlocal line = string.rep('l', 240)\nfor i = 1, 1024 do log(line) end\n```\n\n## Read\n\n```lua\nlocal seen = {{}}\nfor _, e in ipairs(tasks.events(var.child)) do\n  if e.kind == 'lua' then seen[#seen + 1] = e.message end\nend\nlocal ordered = #seen == 1024\nfor i = 1, #seen do ordered = ordered and seen[i] == 'child ' .. i end\nlocal ok, e = pcall(tasks.events, sys.taskid)\nreturn #seen .. ' ' .. tostring(ordered) .. ' ' .. (ok and ('all ' .. #e) or e.message)\n```\n"
+    )
+}
+
+/// The run's event history is bounded in memory, with the run log or
+/// without: past its window it moves to a temporary file, and `tasks.events`
+/// reads back from there (a child task's history, after the main walk logged
+/// a hundred thousand lines). A history too large for the reading VM fails
+/// that read with the memory error; the host never holds a second copy.
+#[test]
+fn a_long_event_history_stays_out_of_memory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for args in [&["--no-log"][..], &[][..]] {
+        let host = Some("[limits]\nrun_memory_mib = 32\n");
+        let (small, base_peak) = run_measured(dir.path(), &history_prompt(1), host, args);
+        assert_eq!(small.status.code(), Some(0), "{small:?}");
+        let text = String::from_utf8_lossy(&small.stdout);
+        assert!(text.starts_with("1024 true all "), "{text}");
+        let (out, peak) = run_measured(dir.path(), &history_prompt(150), host, args);
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "1024 true not enough memory"
+        );
+        eprintln!("{args:?}: peak {peak} KiB after 150 entries, {base_peak} KiB after 1");
+        // The big run's reading VM fills its 32 MiB before its read is
+        // refused; beyond that, 150 entries of 1024 lines kept about 100 MB
+        // more before (the history and the checkpoints): the window is 4 MiB.
+        assert!(
+            peak < base_peak + 64 * 1024,
+            "{args:?}: peak {peak} KiB, one entry's {base_peak} KiB"
+        );
+    }
+}
+
+/// The store keeps files on disk, but a read, an append or a replace loads
+/// the whole file into the host: appends grow a file past what any VM could
+/// hold, and the operations that would load it are refused with the memory
+/// error (and report their failed event), not loaded.
+#[test]
+fn store_files_too_big_for_the_vm_are_not_loaded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let prompt = "---\nname: store\ndescription: grows a file\npromptforge: 0\n---\n\n# Store\n\n## Grow\n\n```lua\nlocal chunk = string.rep('s', 4 * 1024 * 1024)\nlocal n = 0\nlocal ok, e = pcall(function() for i = 1, 100 do store.append('big.txt', chunk) n = i end end)\nchunk = nil\nvar.grow = tostring(ok) .. ' ' .. e.message .. ' ' .. tostring(n > 3 and n < 100)\n```\n\n## Load\n\n```lua\nlocal hold = string.rep('h', 40 * 1024 * 1024)\nlocal out = { var.grow }\nfor _, call in ipairs({ function() return store.read('big.txt') end, function() return store.read_numbered('big.txt', 1, 1) end, function() return store.str_replace('big.txt', 'q', 'r') end, function() return store.append('big.txt', 'more') end }) do\n  local ok, e = pcall(call)\n  out[#out + 1] = ok and 'loaded' or e.message\nend\nlocal failed = 0\nfor _, ev in ipairs(tasks.events(sys.taskid)) do\n  if ev.kind:match('^store_.*_failed$') and ev.section == 'Load' then failed = failed + 1 end\nend\nreturn table.concat(out, ',') .. ',' .. failed .. ',' .. #hold\n```\n";
+    let (out, peak) = run_measured(dir.path(), prompt, Some(BUDGET_64), &[]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let refused = "not enough memory";
+    assert_eq!(
+        text.trim(),
+        format!(
+            "false {refused} true,{refused},{refused},{refused},{refused},4,{}",
+            40 * 1024 * 1024
+        ),
+    );
+    eprintln!("store: peak {peak} KiB");
+    assert!(peak < 512 * 1024, "peak {peak} KiB");
+}

@@ -921,8 +921,8 @@ fn host_work_is_recorded_with_its_work_ids() {
 const TWO_ROUNDS: &str = "---\nname: rounds\ndescription: two model rounds\npromptforge: 0\nmodels:\n  w: {}\n---\n\n# Rounds\n\n## Ask\n\n```lua\nmodels.use('w')\nmodels.infer('one')\nreturn models.infer('two')\n```\n";
 
 /// A canned JSON answer for the case runner's model server.
-fn canned(body: Value) -> promptforge::cases::case::Page {
-    promptforge::cases::case::Page {
+fn canned(body: Value) -> pf_cases::case::Page {
+    pf_cases::case::Page {
         status: 200,
         content_type: Some("application/json".into()),
         headers: Default::default(),
@@ -937,7 +937,7 @@ fn metrics_and_degraded_metadata_read_back_from_the_run_log() {
     let timings = json!({"prompt_n": 12, "prompt_ms": 30.5, "prompt_per_second": 393.4,
         "predicted_n": 8, "predicted_ms": 80.0, "predicted_per_second": 100.0,
         "draft_n": 16, "draft_n_accepted": 12});
-    let server = promptforge::cases::ModelServer::start(vec![
+    let server = pf_cases::ModelServer::start(vec![
         canned(
             json!({"model": "llama-1b", "choices": choice, "timings": timings,
             "usage": {"prompt_tokens": 12, "completion_tokens": 8, "total_tokens": 20,
@@ -1114,4 +1114,136 @@ fn a_tool_loop_is_logged_as_deltas_and_shown_whole_right_after_the_run() {
         let request: Value = serde_json::from_str(json).expect("json");
         assert_eq!(request["messages"].as_array().map(Vec::len), Some(2));
     }
+}
+
+const ASK_ONCE: &str = "---\nname: ask\ndescription: one model round\npromptforge: 0\nmodels:\n  w: {}\n---\n\n# Ask\n\n## Only\n\n```lua\nmodels.use('w')\nreturn models.infer('hello')\n```\n";
+
+/// A collector on 127.0.0.1 that answers every POST and hands its path and
+/// body over (the OTLP/HTTP export, protobuf).
+fn collector() -> (u16, std::sync::mpsc::Receiver<(String, Vec<u8>)>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a collector");
+    let port = listener.local_addr().expect("addr").port();
+    let (sender, received) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+            let mut request_line = String::new();
+            reader.read_line(&mut request_line).expect("request line");
+            let mut length = 0usize;
+            loop {
+                let mut line = String::new();
+                reader.read_line(&mut line).expect("header");
+                if line.trim().is_empty() {
+                    break;
+                }
+                if let Some((name, value)) = line.split_once(':') {
+                    if name.eq_ignore_ascii_case("content-length") {
+                        length = value.trim().parse().expect("content-length");
+                    }
+                }
+            }
+            let mut body = vec![0; length];
+            reader.read_exact(&mut body).expect("body");
+            let _ = stream.write_all(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n",
+            );
+            let path = request_line.split(' ').nth(1).unwrap_or("").to_string();
+            let _ = sender.send((path, body));
+        }
+    });
+    (port, received)
+}
+
+/// Issue 38: a run served over MCP goes through the same run session as
+/// `promptforge run`: its report carries the token usage, `runs` and `show`
+/// list its tokens, and the host file's `[telemetry] otlp` gets its spans.
+#[test]
+fn a_run_served_over_mcp_reports_usage_and_exports_its_spans() {
+    let home = Home::new();
+    let choice = json!([{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi there"}}]);
+    let server =
+        pf_cases::ModelServer::start(vec![canned(json!({"model": "m-1", "choices": choice,
+        "usage": {"prompt_tokens": 11, "completion_tokens": 4, "total_tokens": 15}}))])
+        .expect("model server");
+    let (port, exported) = collector();
+    let host = home.write(
+        "host.toml",
+        &format!(
+            "[model]\nprovider = \"openai\"\nbase_url = \"{}\"\nmodel = \"m-1\"\n\n[telemetry]\notlp = \"http://127.0.0.1:{port}\"\n",
+            server.base()
+        ),
+    );
+    let prompts = home.path("prompts");
+    std::fs::create_dir_all(&prompts).expect("prompts dir");
+    std::fs::write(prompts.join("ask.md"), ASK_ONCE).expect("prompt");
+    let mut child = home
+        .pf()
+        .arg("mcp")
+        .arg(&prompts)
+        .arg("--host")
+        .arg(&host)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promptforge mcp");
+    let mut input = child.stdin.take().expect("stdin");
+    let mut output = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut send = |message: Value| {
+        writeln!(input, "{message}").expect("write to the server");
+        input.flush().expect("flush");
+    };
+    let mut answer = |id: u64| -> Value {
+        loop {
+            let mut line = String::new();
+            assert!(
+                output.read_line(&mut line).expect("read") > 0,
+                "the server closed stdout"
+            );
+            let message: Value = serde_json::from_str(&line).expect("a JSON-RPC line");
+            if message["id"] == json!(id) {
+                return message;
+            }
+        }
+    };
+    send(
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "runlog-test", "version": "1"}}}),
+    );
+    let initialized = answer(1);
+    assert!(initialized.get("result").is_some(), "{initialized}");
+    send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    send(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "ask", "arguments": {}}}));
+    let called = answer(2);
+    let report = &called["result"]["structuredContent"];
+    assert_eq!(report["outcome"], "completed", "{called}");
+    assert_eq!(report["result"], "hi there", "{called}");
+    assert_eq!(
+        report["usage"],
+        json!({"input_tokens": 11, "output_tokens": 4}),
+        "{called}"
+    );
+    drop(input);
+    let _ = child.kill();
+    let _ = child.wait();
+    // The run log has the call as a run with its tokens, for `runs` and `show`.
+    let runs = home.json(&["runs", "--json"]);
+    assert_eq!(
+        runs[0]["tokens"],
+        json!({"input": 11, "output": 4, "total": 15}),
+        "{runs}"
+    );
+    let shown = home.json(&["show", "last", "--json"]);
+    assert_eq!(shown["outcome"], "completed", "{shown}");
+    // The spans reached the collector: the agent span and the model round.
+    let (path, body) = exported
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("an OTLP export from the MCP-served run");
+    assert_eq!(path, "/v1/traces");
+    let text = String::from_utf8_lossy(&body);
+    assert!(text.contains("invoke_agent ask"), "{text}");
+    assert!(text.contains("chat m-1"), "{text}");
 }

@@ -204,13 +204,14 @@ fn a_server_ignoring_sigterm_is_killed_with_its_process_group() {
     assert_all_gone(&pids);
 }
 
-#[test]
-fn sigterm_mid_round_cancels_the_run_and_stops_the_server() {
-    let f = Fixture::new("slow", "");
+/// SIGTERM to promptforge while `mode`'s server starts or answers: the run
+/// ends cancelled (130) and the server is gone.
+fn sigterm_while(mode: &str, extra: &str) {
+    let f = Fixture::new(mode, extra);
     let child = f
         .command(&["run"])
         .arg(f.path("p.md"))
-        .args(["--seed", "1", "--json", "--store"])
+        .args(["--model", "local", "--seed", "1", "--json", "--store"])
         .arg(f.path("store"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -232,6 +233,16 @@ fn sigterm_mid_round_cancels_the_run_and_stops_the_server() {
     let report: Value = serde_json::from_slice(&out.stdout).expect("report");
     assert_eq!(report["outcome"], "cancelled", "{report}");
     assert_all_gone(&f.pids());
+}
+
+#[test]
+fn sigterm_mid_round_cancels_the_run_and_stops_the_server() {
+    sigterm_while("slow", "");
+}
+
+#[test]
+fn sigterm_while_the_server_starts_cancels_the_run_and_kills_the_server() {
+    sigterm_while("silent", "spawn_timeout = 60\n");
 }
 
 /// `promptforge test` runs each case in a process of its own (for now), so

@@ -156,11 +156,11 @@ local next_raw = next
 -- (vm.rs `fill_lazy_globals`). Method calls on strings reach `string` through its own
 -- `__index`, and so this one.
 local S, T = string, table
-local LIB_LAZY = { [S] = { find = 'guards', match = 'guards', gmatch = 'guards', gsub = 'guards' },
-  [T] = { concat = 'base', move = 'guards', sort = 'guards' } }
+local LIB_LAZY = { [S] = { find = 'guards', match = 'guards', gmatch = 'guards', gsub = 'guards', rep = 'guards' },
+  [T] = { concat = 'base', move = 'guards', sort = 'guards', insert = 'guards', remove = 'guards' } }
 H.lib_lazy = LIB_LAZY
-H.c_libs = { find = S.find, match = S.match, gmatch = S.gmatch, gsub = S.gsub, sub = S.sub,
-  move = T.move, sort = T.sort, string = S, table = T }
+H.c_libs = { find = S.find, match = S.match, gmatch = S.gmatch, gsub = S.gsub, sub = S.sub, rep = S.rep,
+  move = T.move, sort = T.sort, insert = T.insert, remove = T.remove, string = S, table = T }
 local function settle(t, pending)
   if next_raw(pending) == nil then
     LIB_LAZY[t] = nil
@@ -198,6 +198,6 @@ function H.fill_lib(t)
   if pending == nil then return end
   for _, part in next_raw, pending do H.load_part(part) end
 end
-S.find, S.match, S.gmatch, S.gsub, T.concat, T.move, T.sort = nil, nil, nil, nil, nil, nil, nil
+S.find, S.match, S.gmatch, S.gsub, S.rep, T.concat, T.move, T.sort, T.insert, T.remove = nil, nil, nil, nil, nil, nil, nil, nil, nil, nil
 base_setmetatable(S, LIB_MT)
 base_setmetatable(T, LIB_MT)

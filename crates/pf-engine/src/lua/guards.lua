@@ -109,12 +109,27 @@ local gsub = function(...)
   if not changed then return s, n end
   np = np + 1; parts[np] = ssub(s, pos)
   return raw_concat(parts), n
-end H.install_lib(S, 'find', find) H.install_lib(S, 'match', match) H.install_lib(S, 'gmatch', gmatch) H.install_lib(S, 'gsub', gsub)
+end
+-- string.rep: C's loop runs once per count whatever the piece's length, so
+-- `string.rep('', math.maxinteger)` never returns and a short piece's time
+-- follows the count. C only where both the count and the bytes are small; the
+-- Rust half builds the rest by doubling, polling the cancel, within the VM's memory.
+local c_rep, raw_rep, REP_C_COUNT, REP_C_BYTES = C.rep, nil, 1 << 16, 1 << 22
+local rep = function(...)
+  local s, n, sep = ...
+  if type(s) == 'string' and math_type(n) == 'integer' and (sep == nil or type(sep) == 'string')
+    and n <= REP_C_COUNT and (#s + (sep and #sep or 0)) * n <= REP_C_BYTES then
+    if n <= 0 or #s + (sep and #sep or 0) > 0 then return c_rep(s, n, sep) end
+  end
+  if not raw_rep then raw_rep = make_raw('rep') end return ck(raw_rep(...))
+end H.install_lib(S, 'find', find) H.install_lib(S, 'match', match) H.install_lib(S, 'gmatch', gmatch) H.install_lib(S, 'gsub', gsub) H.install_lib(S, 'rep', rep)
 --]==]
 --[==[ deferred guards: (tables) the guarded `table` functions, a second chunk of this name (vm.rs `Deferred`); table.move over chunks of the C function: between two chunks Lua runs
 -- instructions again, so the count hook fires even for table.move({}, 1, 1e15, 2).
 local H = ... local error, rawequal, C, make_raw, T = H.error, H.rawequal, H.c_libs, H.guard_raw.make, H.c_libs.table local c_move = C.move
-local CHUNK = 4096
+-- (small enough that the hook, every 10 000 instructions, comes within a few
+-- hundred thousand element moves: 4096 let a cancel wait over a second)
+local CHUNK = 256
 local move_plan = nil
 local move = function(...)
   if not move_plan then move_plan = make_raw('move_plan') end local ok, a1, f, e, t, dest, given = move_plan(...)
@@ -163,7 +178,52 @@ local sort = function(...)
   if done then return end
   if rawequal(e, INVALID_ORDER) then error(e, 2) end
   error(e, 0)
-end H.install_lib(T, 'move', move) H.install_lib(T, 'sort', sort)
+end
+
+-- table.insert / table.remove shift every element between the position and
+-- the length, in C, and a `__len` metamethod decides that length: with
+-- `__len = function() return math.maxinteger end` C would shift for ever
+-- without running an instruction. Such tables shift here, in Lua (reading and
+-- writing through the same metamethods, `t[i]` as `lua_geti`/`lua_seti`),
+-- where the count hook fires. Every other call is C's, whose work a real
+-- length bounds: straight away when C cannot raise (a table without a
+-- metatable, a valid position), else after the Rust half checked the
+-- arguments as ltablib does (so a message names the prompt's call, not this one).
+local c_insert, c_remove, type, select, math_type, base_getmetatable, shift_plan = C.insert, C.remove, H.type, H.select, H.math_type, H.getmetatable, nil
+-- (the Rust half is called from the function the prompt called: its
+-- messages take the name the prompt called it by from there)
+local insert = function(...)
+  local t, pos = ...
+  local nargs = select('#', ...)
+  if type(t) == 'table' and base_getmetatable(t) == nil and (nargs == 2
+    or (nargs == 3 and math_type(pos) == 'integer' and pos >= 1 and pos <= #t + 1)) then
+    return c_insert(...)
+  end
+  if not shift_plan then shift_plan = make_raw('shift_plan') end
+  local ok, e, at = shift_plan('insert', type(t) == 'table' and #t or nil, ...)
+  if not ok then error(e, at) end
+  if e == 'c' then return c_insert(...) end
+  for i = e, at + 1, -1 do t[i] = t[i - 1] end
+  t[at] = (select(nargs, ...))
+end
+local remove = function(...)
+  local t, pos = ...
+  if type(t) == 'table' and base_getmetatable(t) == nil and (pos == nil
+    or (math_type(pos) == 'integer' and pos >= 1 and pos <= #t + 1)) then
+    return c_remove(...)
+  end
+  if not shift_plan then shift_plan = make_raw('shift_plan') end
+  local ok, size, at = shift_plan('remove', type(t) == 'table' and #t or nil, ...)
+  if not ok then error(size, at) end
+  if size == 'c' then return c_remove(...) end
+  local result = t[at]
+  while at < size do
+    t[at] = t[at + 1]
+    at = at + 1
+  end
+  t[at] = nil
+  return result
+end H.install_lib(T, 'move', move) H.install_lib(T, 'sort', sort) H.install_lib(T, 'insert', insert) H.install_lib(T, 'remove', remove)
 --]==]
 -- No finalizers: Lua runs `__gc` with hooks off, so a looping one could never
 -- be cancelled. Lua marks a table for finalization only when its metatable has

@@ -57,6 +57,8 @@ function H.make_error(...) H.load_part('base') return H.make_error(...) end -- (
 -- happened; another position would name this call's line in front of it.
 local function check(ok, ...)
   if ok then return ... end
+  -- (Host memory refused for the prompt is Lua's memory error, raised as Lua
+  -- raises it: no position, as every error here.)
   error((...), 0)
 end
 -- (The closures below have the shape the one-off `H.wrap(raw)` gave each host

@@ -2,6 +2,12 @@
 //! run's cancel every few thousand steps. The C matcher never runs a VM
 //! instruction, so the count hook cannot stop a pattern that backtracks for
 //! hours; this one returns [`MatchError::Interrupted`] instead.
+//!
+//! Every unit of work counts, not only entering a match step: each subject
+//! byte a pattern item consumes (a long literal run is compared byte by byte
+//! inside one step), and work whose cost grows with the pattern or the
+//! subject (a long `[set]` scanned per byte, a back-reference compared as a
+//! block) counts in proportion to its length ([`Matcher::tick_by`]).
 
 /// Lua's `MAXCCALLS` for `match`: the recursion depth before "pattern too complex".
 const MAX_DEPTH: usize = 200;
@@ -9,8 +15,10 @@ const MAX_DEPTH: usize = 200;
 const MAX_CAPTURES: usize = 32;
 const CAP_UNFINISHED: isize = -1;
 const CAP_POSITION: isize = -2;
-/// Steps between two polls of the cancel flag (a power of two).
+/// Steps between two polls of the cancel flag.
 const POLL_EVERY: u32 = 1 << 12;
+/// Bytes of a block comparison or a set scan that count as one step.
+const BYTES_PER_STEP: usize = 64;
 const L_ESC: u8 = b'%';
 const SPECIALS: &[u8] = b"^$*+?.([%-";
 
@@ -46,7 +54,8 @@ pub(crate) struct Matcher<'a> {
     depth: usize,
     level: usize,
     capture: [(usize, isize); MAX_CAPTURES],
-    steps: u32,
+    /// Steps left before the next poll of the cancel.
+    until_poll: u32,
     interrupted: &'a dyn Fn() -> bool,
 }
 
@@ -59,7 +68,7 @@ impl<'a> Matcher<'a> {
             depth: MAX_DEPTH,
             level: 0,
             capture: [(0, 0); MAX_CAPTURES],
-            steps: 0,
+            until_poll: POLL_EVERY,
             interrupted,
         }
     }
@@ -67,11 +76,38 @@ impl<'a> Matcher<'a> {
     /// Count one step; every `POLL_EVERY` steps, ask whether the run was cancelled.
     #[inline]
     pub(crate) fn tick(&mut self) -> Step<()> {
-        self.steps = self.steps.wrapping_add(1);
-        if self.steps & (POLL_EVERY - 1) == 0 && (self.interrupted)() {
+        self.tick_by(1)
+    }
+
+    /// Count `steps` steps at once (work whose cost grows with a length).
+    #[inline]
+    fn tick_by(&mut self, steps: u32) -> Step<()> {
+        if steps < self.until_poll {
+            self.until_poll -= steps;
+            return Ok(());
+        }
+        self.until_poll = POLL_EVERY;
+        if (self.interrupted)() {
             return Err(MatchError::Interrupted);
         }
         Ok(())
+    }
+
+    /// The steps `bytes` bytes of block work count as.
+    fn bytes_cost(bytes: usize) -> u32 {
+        u32::try_from(bytes / BYTES_PER_STEP).unwrap_or(u32::MAX)
+    }
+
+    /// [`Self::single_match`], counted: one step, plus the set's length for a `[set]`.
+    #[inline]
+    fn single_match_counted(&mut self, s: usize, p: usize, ep: usize) -> Step<bool> {
+        let cost = if self.p(p) == b'[' {
+            1 + Self::bytes_cost(ep - p)
+        } else {
+            1
+        };
+        self.tick_by(cost)?;
+        Ok(self.single_match(s, p, ep))
     }
 
     /// The pattern byte at `i`, `0` past the end (C reads the terminating NUL there).
@@ -195,9 +231,8 @@ impl<'a> Matcher<'a> {
 
     fn max_expand(&mut self, s: usize, p: usize, ep: usize) -> Step<Option<usize>> {
         let mut i = 0usize;
-        while self.single_match(s + i, p, ep) {
+        while self.single_match_counted(s + i, p, ep)? {
             i += 1;
-            self.tick()?;
         }
         loop {
             if let Some(res) = self.do_match(s + i, ep + 1)? {
@@ -215,7 +250,7 @@ impl<'a> Matcher<'a> {
             if let Some(res) = self.do_match(s, ep + 1)? {
                 return Ok(Some(res));
             }
-            if self.single_match(s, p, ep) {
+            if self.single_match_counted(s, p, ep)? {
                 s += 1;
             } else {
                 return Ok(None);
@@ -259,12 +294,13 @@ impl<'a> Matcher<'a> {
         Ok(l as usize)
     }
 
-    fn match_capture(&self, s: usize, c: u8) -> Step<Option<usize>> {
+    fn match_capture(&mut self, s: usize, c: u8) -> Step<Option<usize>> {
         let l = self.check_capture(c)?;
         let (init, len) = self.capture[l];
         let Ok(len) = usize::try_from(len) else {
             return Ok(None);
         };
+        self.tick_by(Self::bytes_cost(len))?;
         if self.src.len() - s >= len && self.src[init..init + len] == self.src[s..s + len] {
             Ok(Some(s + len))
         } else {
@@ -305,6 +341,7 @@ impl<'a> Matcher<'a> {
                         return fail("missing '[' after '%f' in pattern");
                     }
                     let ep = self.classend(p)?;
+                    self.tick_by(1 + Self::bytes_cost(ep - p))?;
                     let previous = if s == 0 { 0 } else { self.src[s - 1] };
                     if !self.bracket_class(previous, p, ep - 1)
                         && self.bracket_class(self.s(s), p, ep - 1)
@@ -326,7 +363,9 @@ impl<'a> Matcher<'a> {
                 _ => {
                     let ep = self.classend(p)?;
                     let suffix = self.p(ep);
-                    if !self.single_match(s, p, ep) {
+                    // Counted per item, not per step: a literal run of any
+                    // length is compared inside one step.
+                    if !self.single_match_counted(s, p, ep)? {
                         if matches!(suffix, b'*' | b'?' | b'-') {
                             p = ep + 1;
                             continue;
@@ -484,10 +523,13 @@ pub(crate) fn c_subject_limit(pattern: &[u8]) -> i64 {
     }
     let exponent = repeats + u32::from(!anchored);
     let per_step = (pat.len() as f64 + 1.0) * f64::from(1u32 << optionals);
-    if exponent == 0 {
-        return i64::MAX;
-    }
     let room = C_STEP_BUDGET / per_step;
+    if exponent == 0 {
+        // An anchored pattern without repeats does the same work on any
+        // subject: its own length times the optional items' branches, which
+        // may still be far past the budget (`^a?a?...a?b`).
+        return if room >= 1.0 { i64::MAX } else { -1 };
+    }
     if room < 1.0 {
         return -1;
     }
@@ -552,6 +594,10 @@ mod tests {
         assert!(c_subject_limit(b".-.-.-.-b") < 100);
         assert!(c_subject_limit(b"%w+") > 1000);
         assert_eq!(c_subject_limit(b"^abc"), i64::MAX);
+        // Anchored, no repeats, but 2^20 branches of optional items: never C.
+        let optionals = format!("^{}b", "a?".repeat(20));
+        assert_eq!(c_subject_limit(optionals.as_bytes()), -1);
+        assert_eq!(c_subject_limit(b"^a?a?b"), i64::MAX);
         for wild in [
             &b"x%"[..],
             b"[a",
@@ -571,6 +617,33 @@ mod tests {
             );
         }
         assert!(c_subject_limit(b"(a)%1") > 0 && c_subject_limit(b"%b()") > 0);
+    }
+
+    /// One match step that compares a long literal run (or a long set, or a
+    /// back-reference) polls inside it, not only when the step begins.
+    #[test]
+    fn long_literals_sets_and_back_references_poll_within_a_step() {
+        let polls = std::cell::Cell::new(0u32);
+        let count = || {
+            polls.set(polls.get() + 1);
+            false
+        };
+        let subject = "a".repeat(1 << 20);
+        let literal = "a".repeat(1 << 20);
+        let m = &mut Matcher::new(subject.as_bytes(), literal.as_bytes(), &count);
+        assert_eq!(m.match_at(0), Ok(Some(1 << 20)));
+        assert!(polls.get() >= 200, "a literal run: {} polls", polls.get());
+
+        polls.set(0);
+        let set = format!("[{}a]*$", "b".repeat(1 << 16));
+        let m = &mut Matcher::new(&subject.as_bytes()[..1 << 12], set.as_bytes(), &count);
+        assert_eq!(m.match_at(0), Ok(Some(1 << 12)));
+        assert!(polls.get() >= 200, "a long set: {} polls", polls.get());
+
+        polls.set(0);
+        let m = &mut Matcher::new(subject.as_bytes(), b"(.*)%1", &count);
+        assert_eq!(m.match_at(0), Ok(Some(1 << 20)));
+        assert!(polls.get() >= 1, "a back-reference: {} polls", polls.get());
     }
 
     #[test]

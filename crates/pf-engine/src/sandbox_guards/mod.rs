@@ -156,6 +156,8 @@ fn rust_half(
             gsub(lua, &args, memory_limit, Rc::clone(&poll))
         }),
         "sort_plain" => shim_function(lua, move |lua, args| sort_plain(lua, &args, &*poll)),
+        "rep" => shim_function(lua, move |lua, args| rep(lua, &args, memory_limit, &*poll)),
+        "shift_plan" => shim_function(lua, shift_plan),
         "move_plan" => shim_function(lua, |lua, args| move_plan(lua, &args)),
         "c_subject_limit" => lua.create_function(move |_, pattern: mlua::String| {
             Ok(if fast {
@@ -227,10 +229,12 @@ pub(crate) fn guard_library(lua: &Lua, interrupted: Interrupted) -> mlua::Result
             "return { rawget = rawget, rawequal = rawequal, select = select, error = error,
                       type = type, math_type = math.type, sandbox_pcall = pcall,
                       env_setmetatable = setmetatable, env_getmetatable = getmetatable,
+                      getmetatable = getmetatable,
                       tpack = table.pack, tunpack = table.unpack, raw_tconcat = table.concat,
                       c_libs = { find = string.find, match = string.match, gmatch = string.gmatch,
-                                 gsub = string.gsub, sub = string.sub, move = table.move,
-                                 sort = table.sort, string = string, table = table },
+                                 gsub = string.gsub, sub = string.sub, rep = string.rep,
+                                 move = table.move, sort = table.sort, insert = table.insert,
+                                 remove = table.remove, string = string, table = table },
                       install_lib = rawset }",
         )
         .eval()?;
@@ -615,7 +619,7 @@ fn gsub(
         ]));
     };
     // The result is built outside Lua's heap: bound it by what the VM may still use.
-    let budget = memory_limit.saturating_sub(lua.used_memory());
+    let budget = vm_headroom(lua, memory_limit);
     let src = subject.as_bytes();
     let repl = repl_text.as_bytes();
     let pat_bytes = pattern.as_bytes();
@@ -697,6 +701,163 @@ fn add_replacement(
         }
     }
     Ok(())
+}
+
+/// What a guard may build outside Lua's heap for the VM `lua`: what the VM
+/// may still allocate (its reservation under the run's budget, and never
+/// past its ceiling `memory_limit`).
+fn vm_headroom(lua: &Lua, memory_limit: usize) -> usize {
+    crate::memory::headroom(lua).min(memory_limit.saturating_sub(lua.used_memory()))
+}
+
+// string.rep -------------------------------------------------------------------
+
+/// Copies between two polls of the cancel while `string.rep` builds its result.
+const REP_POLL_BYTES: usize = 1 << 24;
+
+/// `string.rep` where C's loop would be long: it copies the piece once per
+/// count, so with an empty string and separator it loops `n` times doing
+/// nothing (`string.rep("", math.maxinteger)` never returns), and with a short
+/// piece its time follows the count, not the bytes. Here the result is built
+/// by doubling (a few large copies), polling the cancel between them, and
+/// refused with the memory error before any copy when the VM could not hold
+/// it. Same results and messages as lstrlib's `str_rep`.
+fn rep(
+    lua: &Lua,
+    values: &MultiValue,
+    memory_limit: usize,
+    poll: &dyn Fn() -> bool,
+) -> Guarded<MultiValue> {
+    let args = Args {
+        lua,
+        values,
+        qualified: "string.rep",
+    };
+    let s = args.string(0)?;
+    let n = args.integer(1)?;
+    let sep = if args.absent_or_nil(2) {
+        None
+    } else {
+        Some(args.string(2)?)
+    };
+    let empty = || {
+        Ok(MultiValue::from_iter([Value::String(
+            lua.create_string("")?,
+        )]))
+    };
+    if n <= 0 {
+        return empty();
+    }
+    let (s_bytes, sep_bytes) = (s.as_bytes(), sep.as_ref().map(|t| t.as_bytes()));
+    let s: &[u8] = &s_bytes;
+    let sep: &[u8] = sep_bytes.as_deref().unwrap_or(b"");
+    let (l, lsep) = (s.len(), sep.len());
+    if l + lsep == 0 {
+        return empty();
+    }
+    // lstrlib's MAXSIZE: the smaller of size_t's and lua_Integer's range.
+    let max_size = usize::try_from(i64::MAX).unwrap_or(usize::MAX);
+    let n_usize = usize::try_from(n).unwrap_or(usize::MAX);
+    if l.checked_add(lsep)
+        .is_none_or(|piece| piece > max_size / n_usize)
+    {
+        return Err(Raised::at_caller("resulting string too large"));
+    }
+    let total = n_usize * l + (n_usize - 1) * lsep;
+    if total > vm_headroom(lua, memory_limit) {
+        return Err(Raised::memory());
+    }
+    let mut out: Vec<u8> = Vec::new();
+    if out.try_reserve_exact(total).is_err() {
+        return Err(Raised::memory());
+    }
+    out.extend_from_slice(s);
+    out.extend_from_slice(sep);
+    // `out` holds whole pieces (`s .. sep`) and grows by copies of its own
+    // start: each copy but the last is whole pieces, so the text stays
+    // periodic; the last stops at the result's length (no separator after
+    // the last `s`).
+    let piece = l + lsep;
+    let most = (REP_POLL_BYTES / piece * piece).max(piece);
+    while out.len() < total {
+        let take = out.len().min(most).min(total - out.len());
+        out.extend_from_within(..take);
+        if poll() {
+            return Err(Raised(INTERRUPTED.into(), 0));
+        }
+    }
+    out.truncate(total);
+    Ok(MultiValue::from_iter([Value::String(
+        lua.create_string(&out)?,
+    )]))
+}
+
+// table.insert / table.remove over a `__len` ------------------------------------
+
+/// Checks `table.insert`'s or `table.remove`'s arguments as ltablib does
+/// (the Lua half took the length `#t`, as `luaL_len` does, for a table) and
+/// returns `("c")` when C's own function may run (no `__len`: its length is
+/// real, its errors already raised here), or where the Lua half's shifting
+/// loop runs: `(e, pos)` for insert (the first empty slot and the position;
+/// the value is the last argument), `(size, pos)` for remove.
+fn shift_plan(lua: &Lua, mut values: MultiValue) -> Guarded<MultiValue> {
+    let kind = values.pop_front();
+    let length = values.pop_front().unwrap_or(Value::Nil);
+    let is_insert = matches!(&kind, Some(Value::String(k)) if k.as_bytes().as_ref() == b"insert");
+    let args = Args {
+        lua,
+        values: &values,
+        qualified: if is_insert {
+            "table.insert"
+        } else {
+            "table.remove"
+        },
+    };
+    let to_c = || {
+        Ok(MultiValue::from_iter([Value::String(
+            lua.create_string("c")?,
+        )]))
+    };
+    let counted = match args.get(0) {
+        Some(Value::Table(t)) => match t.metatable() {
+            Some(mt) => !mt.raw_get::<Value>("__len")?.is_nil(),
+            None => false,
+        },
+        // Userdata may have the metamethods ltablib accepts.
+        Some(Value::UserData(_)) => return to_c(),
+        _ => return Err(args.type_error(0, "table")),
+    };
+    // luaL_len: the length must be an integer (or convert to one).
+    let Ok(Some(n)) = lua.coerce_integer(length) else {
+        return Err(Raised::at_caller("object length is not an integer"));
+    };
+    let (first, pos) = if is_insert {
+        let e = n.wrapping_add(1);
+        match values.len() {
+            2 => (e, e),
+            3 => {
+                let pos = args.integer(1)?;
+                if (pos as u64).wrapping_sub(1) >= e as u64 {
+                    return Err(args.arg_error(2, "position out of bounds"));
+                }
+                (e, pos)
+            }
+            _ => return Err(Raised::at_caller("wrong number of arguments to 'insert'")),
+        }
+    } else {
+        let pos = args.opt_integer(1, n)?;
+        if pos != n && (pos as u64).wrapping_sub(1) > n as u64 {
+            return Err(args.arg_error(2, "position out of bounds"));
+        }
+        (n, pos)
+    };
+    if !counted {
+        return to_c();
+    }
+    Ok(MultiValue::from_iter([
+        Value::Integer(first),
+        Value::Integer(pos),
+    ]))
 }
 
 // table.move -----------------------------------------------------------------

@@ -159,6 +159,54 @@ rec(table.sort, 'abc')
 rec(table.sort, {3, 2, 1}, 5)
 rec(table.sort, {1}, 5)
 rec(function() local r = table.sort({ 2, 1 }, {}) return r end)
+-- string.rep, C's fast path and the Rust half (a count past the fast path's)
+for _, n in ipairs({-1, 0, 1, 2, 3, 70000, 100003}) do
+  for _, sep in ipairs({false, '', ',', '<->'}) do
+    for _, piece in ipairs({'', 'a', 'xy', 'a\0b'}) do
+      rec(function()
+        local r = sep and string.rep(piece, n, sep) or string.rep(piece, n)
+        return #r, r:sub(1, 9), r:sub(-9)
+      end)
+    end
+  end
+end
+rec(function() local r = string.rep('ab', math.maxinteger) return r end)
+rec(function() local r = string.rep() return r end)
+rec(function() local r = string.rep('a') return r end)
+rec(function() local r = string.rep('a', 1.5) return r end)
+rec(function() local r = string.rep('a', 100000, {}) return r end)
+rec(function() local r = ('x'):rep(100000, 7) return #r end)
+rec(function() local r = string.rep(12, 100000) return #r end)
+rec(function() local r = string.rep('a', '100000') return #r end)
+-- table.insert / table.remove, plain and over a `__len`
+local function dump(t, n) local p = {} for i = 0, n do p[#p + 1] = tostring(rawget(t, i)) end return table.concat(p, ',') end
+local function lenof(n) return function() return n end end
+local function counted(n) local t = {1, 2, 3, 4, 5} return setmetatable(t, { __len = lenof(n) }) end
+for _, len in ipairs({0, 3, 5, 7, 2.0, 'x', 1.5, '4'}) do
+  rec(function() local t = counted(len) table.insert(t, 'v') return dump(t, 9) end)
+  for _, pos in ipairs({0, 1, 2, 5, 6, 8, -1, 2.0, '3', 'x', 1.5}) do
+    rec(function() local t = counted(len) table.insert(t, pos, 'v') return dump(t, 9) end)
+    rec(function() local t = counted(len) local r = table.remove(t, pos) return tostring(r) .. ':' .. dump(t, 9) end)
+    rec(function() local t = {1, 2, 3} table.insert(t, pos, 'v') return dump(t, 5) end)
+    rec(function() local t = {1, 2, 3} local r = table.remove(t, pos) return tostring(r) .. ':' .. dump(t, 5) end)
+  end
+  rec(function() local t = counted(len) local r = table.remove(t) return tostring(r) .. ':' .. dump(t, 9) end)
+  rec(function() local t = counted(len) table.insert(t, 1, 2, 3) return dump(t, 9) end)
+  rec(function() local t = counted(len) table.insert(t) return dump(t, 9) end)
+end
+rec(function() local t = setmetatable({}, { __len = lenof(math.maxinteger) }) table.insert(t, 'v') return dump(t, 3) end)
+rec(function() local t = setmetatable({}, { __len = lenof(math.mininteger) }) table.insert(t, 1, 'v') return dump(t, 3) end)
+rec(function()
+  local log = {}
+  local t = setmetatable({}, { __len = lenof(4), __index = function(_, k) return 'i' .. k end,
+    __newindex = function(t, k, v) log[#log + 1] = k .. '=' .. tostring(v) rawset(t, k, v) end })
+  table.insert(t, 2, 'v')
+  local r = table.remove(t, 1)
+  return r .. ':' .. table.concat(log, ' ')
+end)
+rec(table.insert, nil, 1)
+rec(table.remove, 'abc')
+rec(function() local r = table.insert(counted(3), {}, 'v') return r end)
 return table.concat(out, '\1')
 "#
     );
@@ -210,10 +258,35 @@ fn long_calls_stop_when_interrupted() {
         r#"return string.rep("a", 30000):gsub(".-.-.-.-b", "")"#,
         r#"for _ in string.rep("a", 30000):gmatch(".-.-.-.-b") do end"#,
         r#"return string.rep("a", 30000):gsub(".-.-.-.-b", function() end)"#,
+        // A long literal run, compared inside one match step.
+        r#"local s = string.rep("a", 1e6) return s:find(string.rep("a", 5e5) .. "b?c")"#,
+        // Anchored with optional items: 2^20 branches, never handed to C.
+        r#"return string.rep("a", 30):match("^" .. string.rep("a?", 20) .. string.rep("a", 30))"#,
+        r#"return #string.rep("ab", 1e7)"#,
+        r#"return #string.rep("", 1e7, "-")"#,
     ] {
         let err = lua.load(call).exec().unwrap_err().to_string();
         assert!(err.contains("interrupted by Ctrl-C"), "{call}: {err}");
     }
+}
+
+/// What C's `string.rep` would loop on for ever (an empty piece, a huge
+/// count) returns at once; a short piece repeated many times is built by
+/// doubling.
+#[test]
+fn rep_of_an_empty_piece_returns_at_once() {
+    let lua = guarded(never());
+    let lengths: Vec<i64> = lua
+        .load(
+            "return #string.rep('', math.maxinteger), #string.rep('', math.maxinteger, ''),
+                    #('').rep('', 2^53), #string.rep('ab', 3e6, ''), #string.rep('', 3e6, 'xyz')",
+        )
+        .eval::<mlua::MultiValue>()
+        .unwrap()
+        .into_iter()
+        .map(|v| v.as_integer().unwrap())
+        .collect();
+    assert_eq!(lengths, vec![0, 0, 0, 6_000_000, 8_999_997]);
 }
 
 #[test]

@@ -785,9 +785,13 @@ fn events(lua: &Lua, args: MultiValue) -> HostResult<Table> {
         return Err(not_owned(&key).into());
     }
     let out = lua.create_table()?;
-    for (n, event) in run.history(&id, after).iter().enumerate() {
-        out.raw_set(n + 1, event_table(lua, &run.fixed.execution, event)?)?;
-    }
+    // Each event goes into the table as it is read: the copy is the VM's,
+    // under its memory limit, never a second one in the host.
+    let mut n = 0usize;
+    run.for_each_event(&id, after, &mut |event| {
+        n += 1;
+        out.raw_set(n, event_table(lua, &run.fixed.execution, &event)?)
+    })?;
     Ok(out)
 }
 

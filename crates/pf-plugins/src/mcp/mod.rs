@@ -42,18 +42,41 @@ pub struct McpConfig {
     /// file's `timeout = SECONDS`, default [`DEFAULT_CALL_TIMEOUT`]. Starting and
     /// initializing have their own bound, [`DEFAULT_START_TIMEOUT`].
     pub timeout: Duration,
+    /// Environment variables a stdio server receives by name (the host file's
+    /// `env = ["NAME"]`), beyond [`BASE_ENV`]. Nothing else of the Host's
+    /// environment reaches it: no provider or search key it was not given.
+    pub env: Vec<String>,
 }
 
 impl McpConfig {
-    /// An untrusted server that conflicts with nothing.
+    /// An untrusted server that conflicts with nothing and gets only [`BASE_ENV`].
     pub fn new(transport: McpTransport) -> Self {
         McpConfig {
             transport,
             trusted: false,
             conflicts: Vec::new(),
             timeout: DEFAULT_CALL_TIMEOUT,
+            env: Vec::new(),
         }
     }
+}
+
+/// What every stdio server gets of the Host's environment: where programs
+/// are, the home directory, and the locale (`LANG`, `LANGUAGE`, every `LC_*`).
+pub const BASE_ENV: [&str; 3] = ["PATH", "HOME", "LANG"];
+
+/// The environment a stdio server starts with: [`BASE_ENV`], the locale, and
+/// the variables `passed` names, each only when set.
+fn server_environment(passed: &[String]) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+    let wanted = |name: &str| {
+        BASE_ENV.contains(&name)
+            || name == "LANGUAGE"
+            || name.starts_with("LC_")
+            || passed.iter().any(|p| p == name)
+    };
+    std::env::vars_os()
+        .filter(|(name, _)| name.to_str().is_some_and(wanted))
+        .collect()
 }
 
 /// How the server is reached: exactly one of the two, so the choice is made
@@ -138,6 +161,8 @@ impl McpPlugin {
         };
         let child = Command::new(program)
             .args(arguments)
+            .env_clear()
+            .envs(server_environment(&self.config.env))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -218,7 +243,16 @@ impl McpPlugin {
                 return Err(format!("MCP server {id}: {ACTIVATION_CANCELLED}"))
             }
             Err(StartError::Failed(reason)) => {
-                return Err(format!("MCP server {id} failed to initialize: {reason}"))
+                // rmcp's transport error keeps no source chain: whether the
+                // server could be reached at all is asked directly.
+                if let Err(unreachable) = reachable(url).await {
+                    return Err(format!(
+                        "MCP server {id}: cannot connect to {url}: {unreachable}"
+                    ));
+                }
+                return Err(format!(
+                    "MCP server {id} at {url} failed to initialize: {reason}"
+                ));
             }
         };
         Ok(Connection {
@@ -302,6 +336,27 @@ struct Connection {
     process: Option<ServerProcess>,
     oversize: Arc<AtomicBool>,
     noise: Noise,
+}
+
+/// Whether a TCP connection to the URL's host and port can be made (within
+/// a few seconds); the system's reason when not.
+async fn reachable(url: &str) -> Result<(), String> {
+    let parsed = url::Url::parse(url).map_err(|e| format!("not a URL: {e}"))?;
+    let host = parsed.host_str().ok_or("the URL names no host")?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let port = parsed
+        .port_or_known_default()
+        .ok_or("the URL names no port")?;
+    match tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::net::TcpStream::connect((host, port)),
+    )
+    .await
+    {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("no connection within 5 s".to_string()),
+    }
 }
 
 /// Keeps error texts from a misbehaving server to one short line.
@@ -430,14 +485,11 @@ impl Plugin for McpPlugin {
         };
         let mut tools = Vec::new();
         let mut entries = HashMap::new();
+        let mut left_out = Vec::new();
         for tool in listed {
             let name = tool.name.to_string();
             if !pf_syntax::is_valid_segment(&name) {
-                tracing::warn!(
-                    plugin = %id,
-                    "MCP tool {:?} left out: a tool name may contain only a-z, 0-9, '-', '_', '.'",
-                    short(&name)
-                );
+                left_out.push(name);
                 continue;
             }
             let path = format!("{id}/{name}");
@@ -454,6 +506,18 @@ impl Plugin for McpPlugin {
                 trusted: self.config.trusted,
             });
             entries.insert(path, ToolEntry { name, structured });
+        }
+        if !left_out.is_empty() {
+            let names: Vec<String> = left_out.iter().map(|n| short(n)).collect();
+            tracing::warn!(
+                plugin = %id,
+                "MCP server {id}: {} tool{} left out, {} cannot be a tool path segment \
+                 (only lowercase a-z, 0-9, '-', '_', '.'; camelCase is not allowed): {}",
+                names.len(),
+                if names.len() == 1 { "" } else { "s" },
+                if names.len() == 1 { "its name" } else { "their names" },
+                names.join(", ")
+            );
         }
         Ok(Arc::new(ActiveMcp {
             id: id.clone(),

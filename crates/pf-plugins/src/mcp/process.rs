@@ -1,6 +1,16 @@
 //! A stdio MCP server's process: its own process group (so signals reach any
 //! helpers it starts), the tail of its stderr for failure texts, and the stop
-//! sequence: stdin closed (by the caller), a short wait, SIGTERM, SIGKILL.
+//! sequence: stdin closed (by the caller), a short wait, SIGTERM, SIGKILL,
+//! and then SIGKILL to whatever is left of its group, so no helper the server
+//! started outlives the run, however the server itself ended.
+//!
+//! Children die with the Host, too. `PR_SET_PDEATHSIG` would need a
+//! `pre_exec` hook, which is unsafe code (forbidden in this workspace), and
+//! reaches only the direct child anyway. Instead each server gets a guard: a
+//! `sh` in its own process group, reading a pipe only the Host holds. The
+//! Host writes `done` to it when it stops the server itself; if the Host dies
+//! any other way (SIGKILL, a crash), the pipe reaches end of file and the
+//! guard kills the server's whole group.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -8,7 +18,8 @@ use std::time::Duration;
 
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
-use tokio::process::{Child, ChildStderr};
+use tokio::io::AsyncWriteExt;
+use tokio::process::{Child, ChildStderr, ChildStdin, Command};
 
 use super::stdio;
 
@@ -123,11 +134,54 @@ pub fn kill_live_servers() {
     }
 }
 
+/// What the guard runs: wait for a line on stdin; unless it is `done` (the
+/// Host stopped the server itself), SIGKILL the group named by `$1`
+/// (`kill -9 -PGID`: dash's `kill` takes no `--`).
+const GUARD_SCRIPT: &str = "read -r line; [ \"$line\" = done ] || kill -9 \"-$1\" 2>/dev/null";
+
+/// The guard of one server's process group (see the module docs).
+struct Guard {
+    child: Child,
+    stdin: Option<ChildStdin>,
+}
+
+impl Guard {
+    /// `None` when no `sh` can be started: the server still runs, and every
+    /// end the Host itself reaches still stops its group.
+    fn start(group: Pid) -> Option<Guard> {
+        let mut child = Command::new("/bin/sh")
+            .args(["-c", GUARD_SCRIPT, "promptforge-mcp-guard"])
+            .arg(group.as_raw().to_string())
+            .env_clear()
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            // Its own group: a Ctrl-C at the terminal must not end the guard
+            // before the Host has stopped the server.
+            .process_group(0)
+            .spawn()
+            .map_err(|e| tracing::debug!("cannot start the MCP server guard: {e}"))
+            .ok()?;
+        let stdin = child.stdin.take();
+        Some(Guard { child, stdin })
+    }
+
+    /// The Host stopped the server itself: the guard ends without a signal.
+    async fn release(&mut self) {
+        if let Some(mut stdin) = self.stdin.take() {
+            let _ = stdin.write_all(b"done\n").await;
+            let _ = stdin.shutdown().await;
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.child.wait()).await;
+    }
+}
+
 /// The server's child process; its whole process group is killed on drop
 /// when it was never stopped.
 pub(crate) struct ServerProcess {
     child: Child,
     group: Option<Pid>,
+    guard: Option<Guard>,
     pub(crate) stderr: StderrTail,
     stderr_task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -142,6 +196,7 @@ impl ServerProcess {
         if let Some(group) = group {
             track(group);
         }
+        let guard = group.and_then(Guard::start);
         let stderr = StderrTail::default();
         let stderr_task = child
             .stderr
@@ -150,6 +205,7 @@ impl ServerProcess {
         ServerProcess {
             child,
             group,
+            guard,
             stderr,
             stderr_task,
         }
@@ -166,6 +222,14 @@ impl ServerProcess {
         }
     }
 
+    /// Signals the group whatever the leader's state (its helpers may outlive
+    /// it); only while the group is still ours (not yet forgotten).
+    fn signal_group(&self, signal: Signal) {
+        if let Some(group) = self.group {
+            let _ = killpg(group, signal);
+        }
+    }
+
     async fn exited_within(&mut self, within: Duration) -> bool {
         tokio::time::timeout(within, self.child.wait())
             .await
@@ -173,7 +237,8 @@ impl ServerProcess {
     }
 
     /// The stop sequence once stdin is closed: a short wait, SIGTERM, a short
-    /// wait, SIGKILL; the process is reaped either way.
+    /// wait, SIGKILL; the process is reaped either way, and whatever else is
+    /// left in its group is killed.
     pub(crate) async fn stop(&mut self) {
         if !self.exited_within(EXIT_GRACE).await {
             self.signal(Signal::SIGTERM);
@@ -182,19 +247,33 @@ impl ServerProcess {
                 let _ = self.child.kill().await;
             }
         }
-        self.forget_group();
+        self.end_group().await;
     }
 
     /// SIGKILL to the group at once (a cancelled run does not wait), then reap.
     pub(crate) async fn kill(&mut self) {
         self.signal(Signal::SIGKILL);
         let _ = self.child.kill().await;
+        self.end_group().await;
+    }
+
+    /// The leader is reaped: the helpers it started may still run in its
+    /// group. SIGKILL the group now, at once after the reap: while any member
+    /// lives the id cannot be handed out again, and an empty group answers
+    /// `ESRCH`. Then release the guard and forget the group, so no later
+    /// forced exit signals an id that may be reused.
+    async fn end_group(&mut self) {
+        if let Some(group) = self.group {
+            let _ = killpg(group, Signal::SIGKILL);
+        }
+        if let Some(mut guard) = self.guard.take() {
+            guard.release().await;
+        }
         self.forget_group();
     }
 
-    /// The leader is reaped: its group id may be reused, so no forced exit signals it.
     fn forget_group(&mut self) {
-        if let Some(group) = self.group {
+        if let Some(group) = self.group.take() {
             untrack(group);
         }
     }
@@ -220,6 +299,17 @@ impl Drop for ServerProcess {
     fn drop(&mut self) {
         // The backstop when no stop ran; `kill_on_drop` covers the leader alone.
         self.signal(Signal::SIGKILL);
+        self.signal_group(Signal::SIGKILL);
+        if let Some(guard) = self.guard.as_mut() {
+            // Dropping its stdin unsent makes the guard kill the (now empty)
+            // group; tell it the Host is done instead.
+            if let Some(stdin) = guard.stdin.take() {
+                if let Ok(std_stdin) = stdin.into_owned_fd() {
+                    let mut file = std::fs::File::from(std_stdin);
+                    let _ = std::io::Write::write_all(&mut file, b"done\n");
+                }
+            }
+        }
         self.forget_group();
     }
 }

@@ -12,7 +12,7 @@ use pf_syntax::Severity;
 
 use super::prepare_checks::{self, Problem};
 use crate::cli::{CheckArgs, CheckFormat, OutputFormat};
-use crate::host::HostConfig;
+use pf_host::HostConfig;
 
 pub fn run(args: CheckArgs) -> ExitCode {
     let mut files = Vec::new();
@@ -25,7 +25,7 @@ pub fn run(args: CheckArgs) -> ExitCode {
             // A folder with no prompt in it: say so, rather than pass in silence.
             eprintln!(
                 "warning: no prompt files in {} (a prompt is a `.md` file whose first line is `---`)",
-                crate::report::terminal_safe(&path.display().to_string())
+                pf_host::report::terminal_safe(&path.display().to_string())
             );
         }
     }
@@ -59,7 +59,7 @@ pub fn run(args: CheckArgs) -> ExitCode {
     };
     let mut reports = Vec::new();
     for file in &files {
-        let source = match super::read_prompt(file) {
+        let source = match pf_host::prompt_files::read_prompt(file) {
             Ok(s) => s,
             Err(m) => return super::usage(&m),
         };
@@ -207,11 +207,11 @@ impl FileReport {
         for problem in &self.problems {
             if !rich {
                 let line = problem.one_line(&name);
-                writeln!(out, "{}", crate::report::terminal_safe(&line))?;
+                writeln!(out, "{}", pf_host::report::terminal_safe(&line))?;
                 continue;
             }
             let plain = problem.render(&name, &self.source, false);
-            let safe = crate::report::terminal_safe(&plain);
+            let safe = pf_host::report::terminal_safe(&plain);
             if color && !unsafe_source && matches!(safe, std::borrow::Cow::Borrowed(_)) {
                 writeln!(out, "{}", problem.render(&name, &self.source, true))?;
             } else {

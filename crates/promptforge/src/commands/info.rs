@@ -5,14 +5,14 @@
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
-use pf_syntax::{ArgType, Prompt, Section};
+use pf_syntax::{Prompt, Section};
 use serde_json::{json, Value};
 
 use crate::cli::{InfoArgs, OutputFormat};
 
 pub fn run(args: InfoArgs) -> ExitCode {
     let file = args.file.as_path();
-    let source = match super::read_prompt(file) {
+    let source = match pf_host::prompt_files::read_prompt(file) {
         Ok(s) => s,
         Err(m) => return super::usage(&m),
     };
@@ -44,14 +44,7 @@ pub fn run(args: InfoArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-pub fn arg_type_name(ty: ArgType) -> &'static str {
-    match ty {
-        ArgType::String => "string",
-        ArgType::Boolean => "boolean",
-        ArgType::Integer => "integer",
-        ArgType::Number => "number",
-    }
-}
+pub use pf_host::prompt_files::arg_type_name;
 
 /// The `--json` object.
 pub fn describe(prompt: &Prompt, file: &str) -> Value {

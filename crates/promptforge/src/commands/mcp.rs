@@ -8,9 +8,9 @@ use std::sync::Arc;
 use rmcp::ServiceExt;
 
 use crate::cli::McpArgs;
-use crate::host::HostConfig;
-use crate::mcp_server::run_call::StorePlace;
-use crate::mcp_server::{http, PromptServer, ServeOptions, ServerState};
+use pf_host::HostConfig;
+use pf_mcp_server::run_call::StorePlace;
+use pf_mcp_server::{http, PromptServer, ServeOptions, ServerState};
 
 pub fn run(args: McpArgs) -> ExitCode {
     let host = match HostConfig::load(args.host.path().as_deref()) {
@@ -36,7 +36,7 @@ pub fn run(args: McpArgs) -> ExitCode {
         // The per-call stores live in one private directory made like the
         // default run store (mkdtemp-like under the data directory), never a
         // predictable name in the shared temp directory.
-        None => match super::run::private_store_dir("mcp") {
+        None => match pf_host::prompt_files::private_store_dir("mcp") {
             Ok(root) => StorePlace::FreshUnder(root),
             Err(m) => return super::usage(&m),
         },
@@ -59,6 +59,8 @@ pub fn run(args: McpArgs) -> ExitCode {
         store,
         max_concurrent: args.max_concurrent as usize,
         queue: args.queue as usize,
+        call_timeout: std::time::Duration::from_secs(args.call_timeout),
+        max_body: args.max_body,
     };
     let served = runtime.block_on(async move {
         let state = ServerState::new(options);
@@ -98,8 +100,13 @@ fn bearer_token(flag: Option<&str>, host_file: Option<&str>) -> Result<Option<St
 }
 
 async fn serve_stdio(state: Arc<ServerState>) -> Result<(), String> {
+    let transport = pf_mcp_server::stdio::StdioServerTransport::new(
+        tokio::io::stdin(),
+        tokio::io::stdout(),
+        state.max_body(),
+    );
     let running = PromptServer::new(state)
-        .serve(rmcp::transport::stdio())
+        .serve(transport)
         .await
         .map_err(|e| format!("MCP over stdio did not start: {e}"))?;
     tokio::select! {

@@ -9,7 +9,7 @@ use pf_models::{ProviderKind, ProviderSpec};
 use serde::Serialize;
 
 use crate::cli::{ModelsArgs, OutputFormat};
-use crate::host::HostConfig;
+use pf_host::HostConfig;
 
 /// `models --json`: one object.
 #[derive(Debug, Serialize)]

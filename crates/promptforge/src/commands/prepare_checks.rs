@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use pf_harness::{ActivationContext, CancellationToken};
 use pf_syntax::{Block, Diagnostic, LuaBlock, Prompt, Section, Severity};
 
-use crate::host::HostConfig;
+use pf_host::HostConfig;
 
 /// One problem `check` reports: a parser diagnostic, or one found here.
 #[derive(Debug, Clone)]
@@ -77,12 +77,17 @@ impl Problem {
     /// `FILE:LINE:COL: warning: Kind: message`.
     pub fn one_line(&self, file: &str) -> String {
         let (line, column) = (self.line.unwrap_or(1), self.column.unwrap_or(1));
-        match self.severity {
+        let base = match self.severity {
             Severity::Error => format!("{file}:{line}:{column}: {}: {}", self.kind, self.message),
             Severity::Warning => format!(
                 "{file}:{line}:{column}: warning: {}: {}",
                 self.kind, self.message
             ),
+        };
+        // The suggestion is the fix: it stays on the one line too.
+        match &self.help {
+            Some(help) => format!("{base} ({help})"),
+            None => base,
         }
     }
 
@@ -585,7 +590,7 @@ pub async fn offered_tools(
     };
     let mut wanted: BTreeMap<String, Option<serde_json::Value>> = BTreeMap::new();
     for file in files {
-        let Ok(source) = super::read_prompt(file) else {
+        let Ok(source) = pf_host::prompt_files::read_prompt(file) else {
             continue;
         };
         let Ok(prompt) = pf_syntax::parse(&source) else {
@@ -696,7 +701,7 @@ pub fn host_problems(
         );
     }
     let current = host
-        .current_id(crate::host::chosen_model(None).as_deref())
+        .current_id(pf_host::chosen_model(None).as_deref())
         .ok()
         .flatten();
     if let Some(model) = current.as_deref().and_then(|id| host.spec(id)) {

@@ -7,10 +7,11 @@ use std::process::ExitCode;
 
 use pf_runlog::{RunLogError, RunRecord};
 
-use super::run::{execute, ArgsInput, RunPlan};
+use super::terminal::{execute, TerminalRun};
 use crate::cli::{LogArgs, ReplayArgs};
-use crate::host::replay::{LoggedWork, ReplayMode};
-use crate::host::HostConfig;
+use pf_host::replay::{LoggedWork, ReplayMode};
+use pf_host::session::{PlanArgs, RunSettings};
+use pf_host::HostConfig;
 
 /// A logged run: its record and its host work by WorkId.
 pub(crate) struct LoggedRun {
@@ -32,7 +33,7 @@ impl LoggedRun {
 /// Resolve `run` in the run log and read it with its host work; the error
 /// is a usage message.
 pub(crate) fn read_logged_run(run: &str) -> Result<LoggedRun, String> {
-    let log = crate::host::data::open_run_log()?
+    let log = pf_host::data::open_run_log()?
         .ok_or_else(|| format!("no logged run matches `{run}`: no run has been logged yet"))?;
     let id = log.resolve(run).map_err(|e| match e {
         e @ (RunLogError::Unknown { .. } | RunLogError::Ambiguous { .. }) => {
@@ -44,6 +45,15 @@ pub(crate) fn read_logged_run(run: &str) -> Result<LoggedRun, String> {
         .run(id)
         .map_err(|e| e.to_string())?
         .ok_or_else(|| format!("no logged run matches `{run}`"))?;
+    // The log is read, not trusted: a prompt text that no longer matches its
+    // hash was changed after the run, and is never run in its name.
+    if !record.prompt_text_intact() {
+        return Err(format!(
+            "logged run {}: its prompt text does not match the prompt_sha256 it was logged with \
+             (the run log was edited or damaged since); refusing to use it",
+            record.start.execution
+        ));
+    }
     let work = LoggedWork::read(&log, id)?;
     Ok(LoggedRun { record, work })
 }
@@ -56,7 +66,7 @@ pub fn run(args: ReplayArgs) -> ExitCode {
     let start = &logged.record.start;
     // An edited prompt (`--prompt`) replays until its first different request.
     let (file, source) = match &args.prompt {
-        Some(path) => match super::read_prompt(path) {
+        Some(path) => match pf_host::prompt_files::read_prompt(path) {
             Ok(source) => (path.clone(), source),
             Err(m) => return super::usage(&m),
         },
@@ -65,19 +75,22 @@ pub fn run(args: ReplayArgs) -> ExitCode {
             start.prompt_text.clone().into_bytes(),
         ),
     };
-    // The host file gives the models' descriptions (and, with --live, the
-    // real providers and Plugins): --host, else the logged one, else the default.
-    let host_path = args.host.host.clone().or_else(|| {
-        start
-            .host_file
-            .as_ref()
-            .map(PathBuf::from)
-            .filter(|p| p.is_file())
-            .or_else(crate::host::default_host_path)
-    });
-    let host_config = match HostConfig::load(host_path.as_deref()) {
-        Ok(h) => h,
-        Err(m) => return super::usage(&m),
+    // A path the log names (its host file) is never opened: the log is data,
+    // and whoever can write it would choose what the replay reads. A strict
+    // replay answers from the log alone, its models described by it; the
+    // host file is read only when named (--host), or, for --live (real
+    // providers and Plugins), from the usual places.
+    let host_path = match (&args.host.host, args.live) {
+        (Some(path), _) => Some(path.clone()),
+        (None, true) => pf_host::default_host_path(),
+        (None, false) => None,
+    };
+    let host_config = match &host_path {
+        Some(path) => match HostConfig::load(Some(path)) {
+            Ok(h) => h,
+            Err(m) => return super::usage(&m),
+        },
+        None => HostConfig::answered_from_log(logged.work.model_ids().chain(start.model.clone())),
     };
     let current = match &start.model {
         Some(id) if host_config.spec(id).is_some() => Some(id.clone()),
@@ -94,19 +107,22 @@ pub fn run(args: ReplayArgs) -> ExitCode {
     } else {
         ReplayMode::Strict
     };
-    execute(RunPlan {
+    // The logged model, not --model or the environment's; the host file's OTLP collector.
+    let settings =
+        match RunSettings::with_model(host_path, std::sync::Arc::new(host_config), current, None) {
+            Ok(settings) => settings,
+            Err(m) => return super::usage(&m),
+        };
+    execute(TerminalRun {
         file,
         source,
-        args: ArgsInput::Exact(logged.args()),
+        args: PlanArgs::Exact(logged.args()),
         seed: start.seed,
         start_ms: start.start_ms,
-        host_path,
-        host_config,
-        current,
+        settings,
         store_dir: None,
         format: args.output.format(),
         quiet: false,
-        otlp: None,
         log: LogArgs {
             no_log: args.no_log,
             capture: false,

@@ -7,10 +7,10 @@ use pf_runlog::{RunFilter, RunSummary};
 use serde_json::{json, Value as Json};
 
 use crate::cli::{OutputFormat, RunsArgs};
-use crate::logview::{duration_text, printable, short, when_rfc3339, when_text};
+use pf_trace::logview::{duration_text, printable, short, when_rfc3339, when_text};
 
 pub fn run(args: RunsArgs) -> ExitCode {
-    let log = match crate::host::data::open_run_log() {
+    let log = match pf_host::data::open_run_log() {
         Ok(log) => log,
         Err(m) => return super::usage(&m),
     };

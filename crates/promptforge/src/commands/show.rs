@@ -7,27 +7,15 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use pf_runlog::{
-    AnswerRecord, EventRecord, ExchangeRecord, Outcome, RunLogError, RunRecord, ToolCallRecord,
-};
+use pf_runlog::{Outcome, RunLogError};
 use serde_json::{json, Value as Json};
 
 use crate::cli::{OutputFormat, ShowArgs};
-use crate::logview::{duration_text, printable, short, timeline, when_rfc3339, when_text};
-
-/// One logged run read back whole: what every rendering of `show` draws on
-/// (text and JSON here; the self-contained HTML page is to come, issue 18).
-#[derive(Debug, Clone)]
-pub struct LoggedRun {
-    pub record: RunRecord,
-    pub events: Vec<EventRecord>,
-    pub exchanges: Vec<ExchangeRecord>,
-    pub tool_calls: Vec<ToolCallRecord>,
-    pub answers: Vec<AnswerRecord>,
-}
+use pf_trace::logview::{duration_text, printable, short, timeline, when_rfc3339, when_text};
+pub use pf_trace::{load, LoggedRun};
 
 pub fn run(args: ShowArgs) -> ExitCode {
-    let log = match crate::host::data::open_run_log() {
+    let log = match pf_host::data::open_run_log() {
         Ok(Some(log)) => log,
         Ok(None) => {
             return super::usage(&format!(
@@ -48,7 +36,7 @@ pub fn run(args: ShowArgs) -> ExitCode {
         }
     };
     if args.page.wanted() {
-        return crate::trace::page::show(&logged, &args.page);
+        return super::page::show(&logged, &args.page);
     }
     let mut out = std::io::stdout().lock();
     let written = match args.output.format() {
@@ -56,22 +44,6 @@ pub fn run(args: ShowArgs) -> ExitCode {
         OutputFormat::Human => write_text(&mut out, &logged, args.all),
     };
     crate::ui::written(written)
-}
-
-/// Resolve `run` and read everything logged about it.
-pub fn load(log: &pf_runlog::RunLog, run: &str) -> Result<LoggedRun, RunLogError> {
-    let id = log.resolve(run)?;
-    let record = log.run(id)?.ok_or_else(|| RunLogError::Unknown {
-        run: run.to_string(),
-        recent: Vec::new(),
-    })?;
-    Ok(LoggedRun {
-        record,
-        events: log.events(id)?,
-        exchanges: log.exchanges(id)?,
-        tool_calls: log.tool_calls(id)?,
-        answers: log.answers(id)?,
-    })
 }
 
 /// An unknown or ambiguous RUN, with the candidates to pick from.

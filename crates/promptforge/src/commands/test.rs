@@ -6,8 +6,8 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use crate::cases::{Runner, WorkDir};
 use crate::cli::{OutputFormat, TestArgs};
+use crate::usertest::fixtures::WorkDir;
 use crate::usertest::{self, catalog, run::Settings, CaseOutcome, Options};
 
 /// The stdio MCP server behind `mcp:` fixtures, shipped inside the binary.
@@ -51,10 +51,6 @@ pub fn run(args: TestArgs) -> ExitCode {
         },
         None => None,
     };
-    let bin = match std::env::current_exe() {
-        Ok(b) => b,
-        Err(e) => return super::usage(&format!("cannot find the promptforge binary: {e}")),
-    };
     let scratch = match WorkDir::new() {
         Ok(w) => w,
         Err(e) => return super::usage(&e),
@@ -64,7 +60,8 @@ pub fn run(args: TestArgs) -> ExitCode {
         return super::usage(&format!("cannot write {}: {e}", fixture.display()));
     }
     let settings = Settings {
-        runner: Runner::new(bin, fixture),
+        mcp_fixture: fixture,
+        python: "python3".to_string(),
         host,
         live,
     };

@@ -9,7 +9,8 @@ use serde_json::Value as Json;
 
 use super::format::{Expect, Matchers, Offered, TextMatch, ToolCallExpect};
 use super::run::{Observed, NO_WEB};
-use crate::report::ReportOutcome;
+pub use super::session::CallMade;
+use pf_host::report::ReportOutcome;
 
 /// One expectation that did not hold.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -110,48 +111,6 @@ pub fn line_diff(expected: &str, actual: &str) -> String {
         }
     }
     out
-}
-
-/// A tool call the run made: by the model (with its arguments) or by a script.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CallMade {
-    pub alias: String,
-    pub arguments: Option<Json>,
-}
-
-/// The run's tool calls, in order, from its debug log (`stderr`): each call
-/// the model asked for (its `assistant_tool_calls` event, with arguments) and
-/// each `tools.call` a script made (the Host's `promptforge::tools` line for
-/// a dispatched call without a model call id, with arguments).
-pub fn calls_made(stderr: &str) -> Vec<CallMade> {
-    let mut calls = Vec::new();
-    for line in stderr.lines() {
-        if let Some(at) = line.find("{\"tool_call\":") {
-            let Ok(notice) = serde_json::from_str::<Json>(&line[at..]) else {
-                continue;
-            };
-            let call = &notice["tool_call"];
-            if call["call_id"].is_null() {
-                calls.push(CallMade {
-                    alias: call["alias"].as_str().unwrap_or_default().to_string(),
-                    arguments: Some(call["arguments"].clone()),
-                });
-            }
-            continue;
-        }
-        for event in crate::cases::parse_events(line) {
-            if event["kind"] != "assistant_tool_calls" {
-                continue;
-            }
-            for call in event["calls"].as_array().into_iter().flatten() {
-                calls.push(CallMade {
-                    alias: call["name"].as_str().unwrap_or_default().to_string(),
-                    arguments: Some(call["arguments"].clone()),
-                });
-            }
-        }
-    }
-    calls
 }
 
 /// How many events of each kind the run reported.
@@ -580,27 +539,7 @@ mod tests {
     }
 
     #[test]
-    fn calls_come_from_model_batches_and_script_notices() {
-        let stderr = [
-            r#"DEBUG {"kind":"assistant_tool_calls","calls":[{"id":"call_1","name":"save","arguments":{"t":1}}]}"#,
-            r#"DEBUG {"tool_call":{"alias":"save","arguments":{"t":1},"call_id":"call_1"}}"#,
-            r#"DEBUG {"kind":"tool_result","tool_call_id":"call_1","alias":"save"}"#,
-            r#"DEBUG {"tool_call":{"alias":"fetch","arguments":{"url":"u"},"call_id":null}}"#,
-        ]
-        .join("\n");
-        assert_eq!(
-            calls_made(&stderr),
-            vec![
-                CallMade {
-                    alias: "save".into(),
-                    arguments: Some(json!({"t": 1}))
-                },
-                CallMade {
-                    alias: "fetch".into(),
-                    arguments: Some(json!({"url": "u"}))
-                },
-            ]
-        );
+    fn no_events_used_no_tokens() {
         assert_eq!(tokens_used(&[]), None);
     }
 }

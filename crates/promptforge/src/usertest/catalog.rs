@@ -2,7 +2,7 @@
 //! `--model ID` or a case's `model: ID`, and the judge models.
 //!
 //! The host file's catalog (`[models.ID]`, or `[model]` as a catalog of one)
-//! is read through the Host's own [`HostConfig`](crate::host::HostConfig), so
+//! is read through the Host's own [`HostConfig`](pf_host::HostConfig), so
 //! ids mean here what they mean to `run --model`.
 
 use std::path::Path;
@@ -39,7 +39,7 @@ pub fn lookup(host: Option<&Path>, id: &str) -> Result<CatalogModel, String> {
             "model {id:?} needs a host file with that model (--host FILE)"
         ));
     };
-    let config = crate::host::HostConfig::load(Some(host))?;
+    let config = pf_host::HostConfig::load(Some(host))?;
     let text = std::fs::read_to_string(host)
         .map_err(|e| format!("cannot read host file {}: {e}", host.display()))?;
     let doc: toml::Table =

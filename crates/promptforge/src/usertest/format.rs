@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_json::Value as Json;
 
-use crate::cases::case::{ExpectedOutcome, McpFixture, Page};
+use super::fixtures::{ExpectedOutcome, McpFixture, Page};
 
 /// One test file: which prompt it tests, and its cases in order.
 #[derive(Debug, Clone, Deserialize)]

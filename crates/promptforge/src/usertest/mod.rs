@@ -1,21 +1,23 @@
 //! `promptforge test`: prompt tests for users. A YAML test file ([`format`])
 //! holds cases (args, seed, fixtures) and their expectations; each case runs
-//! through the real binary with the language tests' machinery ([`run`], over
-//! [`crate::cases`]), is checked ([`assert`], [`judge`]), and reported as a
-//! line, JSON or JUnit ([`junit`]); `--update` writes the current results
-//! back as expectations ([`update`]). docs/testing.md is the user guide.
+//! in this process through a `RunSession` ([`run`], [`session`]), `-j` at a
+//! time, is checked ([`assert`], [`judge`]), and reported as a line, JSON or
+//! JUnit ([`junit`]); `--update` writes the current results back as
+//! expectations ([`update`]). docs/testing.md is the user guide.
 //!
-//! Events come from the run's `promptforge::events` debug lines today
-//! ([`crate::cases::parse_events`]); when the run log lands, the same event
-//! objects can come from it instead, and the assertions stay as they are.
+//! Events and tool calls come from the run itself: a collecting observer
+//! ([`session::Collector`]) hears them as the engine reports them.
 
 pub mod assert;
 pub mod catalog;
+pub mod fixtures;
 pub mod format;
 pub mod judge;
 pub mod junit;
 pub mod run;
+pub mod session;
 pub mod update;
+pub mod web;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

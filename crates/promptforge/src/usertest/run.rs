@@ -1,17 +1,20 @@
-//! One run of one case: the case's fixtures become a [`cases::case::Case`]
-//! (so the host file, the web server, MCP servers and scripted replies are
-//! the language tests' own machinery), the store is seeded, and the real
-//! binary runs the prompt in place through [`cases::Runner::invoke`].
+//! One run of one case: the case's fixtures (a web server on 127.0.0.1, MCP
+//! fixture servers, scripted replies or a catalog model) become the run's
+//! host file, the store is seeded, and the prompt runs in place, in this
+//! process ([`super::session`]).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value as Json;
 
 use super::catalog::{self, CatalogModel};
+use super::fixtures::{self as case, WorkDir};
 use super::format::{Loaded, ModelChoice, TestCase};
-use crate::cases::{self, case, Invocation, Runner, WebServer, WorkDir};
-use crate::report::RunReport;
+use super::session;
+use super::web::WebServer;
+use pf_host::report::RunReport;
+use toml::{Table, Value};
 
 /// What `{{WEB}}` stands for when a case has no web fixture (a closed port).
 pub const NO_WEB: &str = "http://127.0.0.1:9";
@@ -19,7 +22,9 @@ pub const NO_WEB: &str = "http://127.0.0.1:9";
 /// How every case of one `promptforge test` runs.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    pub runner: Runner,
+    /// The MCP fixture server (`mcp:` fixtures), run by `python`.
+    pub mcp_fixture: PathBuf,
+    pub python: String,
     /// The host file: the catalog for live and judge models.
     pub host: Option<PathBuf>,
     /// `--model ID`: every case runs against this model, ignoring its replies.
@@ -34,7 +39,7 @@ pub struct Observed {
     /// The run's events as the engine writes them, in order.
     pub events: Vec<Json>,
     /// The tool calls made, model and script, in order.
-    pub calls: Vec<super::assert::CallMade>,
+    pub calls: Vec<session::CallMade>,
     /// The store directory after the run.
     pub store: PathBuf,
     pub wall: Duration,
@@ -60,7 +65,7 @@ pub fn run_case(settings: &Settings, loaded: &Loaded, case: &TestCase) -> Result
     let base = server.as_ref().map_or(NO_WEB.to_string(), WebServer::base);
     let web = |s: &str| s.replace("{{WEB}}", &base);
     let work = WorkDir::new()?;
-    let record = Runner::record_path(&work.0);
+    let record = session::record_path(&work.0);
     let catalog_model = match (&settings.live, &case.model) {
         (Some(live), _) => Some(live.clone()),
         (None, Some(ModelChoice::Catalog(id))) => {
@@ -68,43 +73,64 @@ pub fn run_case(settings: &Settings, loaded: &Loaded, case: &TestCase) -> Result
         }
         _ => None,
     };
-    let mut host_extra = Vec::new();
-    let model = match &catalog_model {
+    let mut host = Table::new();
+    match &catalog_model {
         Some(m) => {
-            host_extra.push(m.host_table(&record));
-            None
+            let mut table = m.table.clone();
+            table.insert("record".into(), session::path(&record));
+            host.insert("model".into(), Value::Table(table));
         }
-        None => scripted(case, &web),
-    };
-    if let Some(extra) = &case.host_extra {
-        host_extra.push(web(extra));
+        None => {
+            if let Some(model) = scripted(case, &web) {
+                host.insert(
+                    "model".into(),
+                    Value::Table(scripted_table(&model, &work.0, &record)?),
+                );
+            }
+        }
     }
-    let fixture = case::Case {
-        args: case.args.as_ref().map(|a| web(&args_text(a))),
-        seed: case.seed.unwrap_or(7),
-        start: case
-            .start
-            .clone()
-            .unwrap_or_else(|| "2026-01-02T03:04:05Z".to_string()),
-        model,
-        web: server.as_ref().map(|_| case::WebFixture::default()),
-        input: case
-            .answers
-            .as_ref()
-            .map(|a| a.iter().map(|s| web(s)).collect()),
-        mcp: case
-            .mcp
-            .iter()
-            .map(|(id, m)| {
-                let mut m = m.clone();
-                m.tools = m.tools.iter().map(|t| substitute(t, &base)).collect();
-                (id.clone(), m)
-            })
-            .collect(),
-        host_extra: (!host_extra.is_empty()).then(|| host_extra.join("\n")),
-        timeout: None,
-        expect: case::Expect::default(),
-    };
+    if let Some(answers) = &case.answers {
+        let answers = answers.iter().map(|a| session::string(web(a))).collect();
+        let mut input = Table::new();
+        input.insert("answers".into(), Value::Array(answers));
+        host.insert("input".into(), Value::Table(input));
+    }
+    if server.is_some() {
+        let mut web_table = Table::new();
+        web_table.insert("allow_loopback".into(), Value::Boolean(true));
+        web_table.insert("search".into(), session::string("gateway"));
+        web_table.insert(
+            "search_url".into(),
+            session::string(format!("{base}/search")),
+        );
+        host.insert("web".into(), Value::Table(web_table));
+    }
+    if !case.mcp.is_empty() {
+        let mut plugins = Table::new();
+        for (id, m) in &case.mcp {
+            let tools: Vec<Json> = m.tools.iter().map(|t| substitute(t, &base)).collect();
+            let tools_file = work.0.join(format!("mcp-{}.json", id.replace('/', "_")));
+            let spec = serde_json::json!({"fail_start": m.fail_start, "tools": tools});
+            std::fs::write(&tools_file, spec.to_string())
+                .map_err(|e| format!("cannot write {}: {e}", tools_file.display()))?;
+            let mut plugin = Table::new();
+            plugin.insert(
+                "command".into(),
+                Value::Array(vec![
+                    session::string(settings.python.clone()),
+                    session::path(&settings.mcp_fixture),
+                    session::path(&tools_file),
+                ]),
+            );
+            plugin.insert("trusted".into(), Value::Boolean(m.trusted));
+            plugin.insert(
+                "conflicts".into(),
+                Value::Array(m.conflicts.iter().map(session::string).collect()),
+            );
+            plugins.insert(id.clone(), Value::Table(plugin));
+        }
+        host.insert("plugins".into(), Value::Table(plugins));
+    }
     let store = work.0.join("store");
     for (path, text) in &case.store {
         let file = store.join(path);
@@ -117,26 +143,56 @@ pub fn run_case(settings: &Settings, loaded: &Loaded, case: &TestCase) -> Result
     }
     std::fs::create_dir_all(&store).map_err(|e| format!("cannot create the store: {e}"))?;
     let prompt_file = std::path::absolute(&loaded.prompt).unwrap_or(loaded.prompt.clone());
-    let invoked = settings.runner.invoke(&Invocation {
+    let ran = session::run(session::CaseRun {
         prompt_file: &prompt_file,
-        case: &fixture,
-        work: &work.0,
-        seed: fixture.seed,
-        base: &base,
+        host,
+        host_extra: case.host_extra.as_ref().map(|extra| web(extra)),
+        host_dir: &work.0,
+        args: case.args.as_ref().map(|a| web(&args_text(a))),
+        seed: case.seed.unwrap_or(7),
+        start: case.start.as_deref().unwrap_or("2026-01-02T03:04:05Z"),
         store: &store,
-        capture_events: true,
     })?;
     drop(server);
+    let requests = std::fs::read_to_string(&record)
+        .map(|t| {
+            t.lines()
+                .filter(|l| !l.trim().is_empty())
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect()
+        })
+        .unwrap_or_default();
     Ok(Observed {
-        report: invoked.report,
-        requests: invoked.requests,
-        events: cases::parse_events(&invoked.stderr),
-        calls: super::assert::calls_made(&invoked.stderr),
+        report: ran.report,
+        requests,
+        events: ran.events,
+        calls: ran.calls,
         store,
-        wall: invoked.elapsed,
+        wall: ran.elapsed,
         base,
         _work: work,
     })
+}
+
+/// The `[model]` table of a scripted model: its replies written beside the run.
+fn scripted_table(model: &case::ModelFixture, work: &Path, record: &Path) -> Result<Table, String> {
+    let replies = work.join("replies.json");
+    std::fs::write(&replies, model.replies.to_string())
+        .map_err(|e| format!("cannot write {}: {e}", replies.display()))?;
+    let mut table = Table::new();
+    table.insert("provider".into(), session::string("script"));
+    table.insert("replies".into(), session::path(&replies));
+    table.insert("model".into(), session::string(model.id.clone()));
+    table.insert(
+        "context".into(),
+        Value::Integer(i64::try_from(model.context).unwrap_or(i64::MAX)),
+    );
+    table.insert("thinking".into(), session::string(model.thinking.clone()));
+    table.insert("record".into(), session::path(record));
+    if let Some(d) = &model.description {
+        table.insert("description".into(), session::string(d.clone()));
+    }
+    Ok(table)
 }
 
 /// The scripted model, when the case has replies or scripted settings.

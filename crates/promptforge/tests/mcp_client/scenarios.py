@@ -17,7 +17,7 @@ import sys
 import anyio
 import httpx2
 import mcp.types as types
-from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp import Client, ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
@@ -59,6 +59,18 @@ class Connection:
             )
             await session.initialize()
             yield session
+
+    def transport(self, stack_errlog=None):
+        """A transport for the SDK's high-level `Client` (which does its own handshake)."""
+        if self.mode == "stdio":
+            bin_path, prompts_dir = self.target
+            return StdioServerParameters(
+                command=bin_path,
+                args=["mcp", prompts_dir, "--max-concurrent", "2", "--queue", "1"],
+                env=dict(os.environ, PROMPTFORGE_LOG="warn"),
+            )
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
+        return streamable_http_client(self.target, http_client=create_mcp_http_client(headers=headers))
 
 
 def check(condition, what):
@@ -133,9 +145,54 @@ async def progress(conn, prompts_dir):
         result = await s.call_tool("echo", {"prose": "x"}, progress_callback=on_progress)
         check(not result.is_error, text_of(result))
     messages = [m for _, m in seen]
-    check(messages == ["section Echo Prose: log: first", "section Second: log: second"], repr(messages))
-    check([v for v, _ in seen] == [1.0, 2.0], repr(seen))
+    check(
+        messages == ["section Echo Prose", "Echo Prose: log: first", "section Second", "Second: log: second"],
+        repr(messages),
+    )
+    check([v for v, _ in seen] == [1.0, 2.0, 3.0, 4.0], repr(seen))
+
+    # A tool call's progress names the tool.
+    seen.clear()
+    async with conn.session() as s:
+        result = await s.call_tool("notes", {}, progress_callback=on_progress)
+        check(text_of(result) == "got hi", text_of(result))
+    messages = [m for _, m in seen]
+    check("Take notes: tool grab succeeded" in messages, repr(messages))
     print("ok progress")
+
+
+async def every_client_mode(conn, prompts_dir):
+    """The SDK's default `Client` (mode "auto": server/discover first, the
+    2026-07-28 revision), the pinned modern revision, and the legacy handshake
+    all connect, list, call and see progress."""
+    for mode, version in [("auto", "2026-07-28"), ("2026-07-28", "2026-07-28"), ("legacy", None)]:
+        seen = []
+
+        async def on_progress(value, total, message):
+            seen.append(message)
+
+        async with Client(conn.transport(), mode=mode) as client:
+            if version is not None:
+                check(client.protocol_version == version, f"{mode}: {client.protocol_version}")
+            tools = {t.name for t in (await client.list_tools()).tools}
+            check("echo" in tools, f"{mode}: {sorted(tools)}")
+            result = await client.call_tool("echo", {"prose": mode}, progress_callback=on_progress)
+            check(text_of(result) == f"echo: {mode}", f"{mode}: {text_of(result)}")
+            check("Second: log: second" in seen, f"{mode}: progress {seen!r}")
+            failed = await client.call_tool("fails", {})
+            check(failed.is_error, f"{mode}: a failed run is isError")
+    print("ok every_client_mode")
+
+
+async def seeds(conn, prompts_dir):
+    """Seeds in structuredContent stay exact in a double (JavaScript clients)."""
+    async with conn.session() as s:
+        for _ in range(8):
+            report = (await s.call_tool("echo", {"prose": "x"})).structured_content
+            seed = report["seed"]
+            check(isinstance(seed, int) and 0 <= seed < 2**53, repr(seed))
+            check(int(float(seed)) == seed, repr(seed))
+    print("ok seeds")
 
 
 async def elicitation(conn, prompts_dir):
@@ -298,7 +355,16 @@ async def auth(url, token):
     print("ok auth")
 
 
-SCENARIOS = [tools_and_schemas, call_and_fail, progress, elicitation, cancel_and_concurrency, list_changed]
+SCENARIOS = [
+    tools_and_schemas,
+    call_and_fail,
+    progress,
+    every_client_mode,
+    seeds,
+    elicitation,
+    cancel_and_concurrency,
+    list_changed,
+]
 
 
 async def main(argv):

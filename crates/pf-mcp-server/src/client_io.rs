@@ -1,0 +1,198 @@
+//! What a run says back to the MCP client while it runs: progress
+//! notifications from its events, and operator questions as elicitation.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use pf_engine::{EventKind, RunEvent, RunObserver, ToolCallNotice};
+use pf_harness::{CancellationToken, InputBroker, WorkId};
+use rmcp::model::{
+    ElicitRequestParams, ElicitationAction, ElicitationSchema, ProgressNotificationParam,
+    ProgressToken,
+};
+use rmcp::service::{ElicitationMode, Peer, RoleServer};
+use serde_json::json;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// The progress line an event makes, if it is one a caller wants to see:
+/// entering a section, a model round, a tool call's end (`tool` is its name,
+/// from the call's notice), a `log` line, a question.
+pub fn progress_message(event: &RunEvent, tool: Option<&str>) -> Option<String> {
+    let section = &event.section;
+    let text = |name: &str| {
+        event
+            .field(name)
+            .and_then(|v| v.as_str())
+            .map(str::to_string)
+    };
+    let what = match event.kind {
+        EventKind::SectionStarted => return Some(format!("section {section}")),
+        EventKind::ModelTurnCompleted => match event.turn() {
+            Some(turn) => format!("model round {turn} completed"),
+            None => "model round completed".to_string(),
+        },
+        EventKind::ModelTurnFailed => "model round failed".to_string(),
+        EventKind::ModelTurnTruncated => "model round cut short".to_string(),
+        EventKind::ToolCallSucceeded | EventKind::ToolCallFailed => {
+            let outcome = if event.kind == EventKind::ToolCallSucceeded {
+                "succeeded"
+            } else {
+                "failed"
+            };
+            match tool {
+                Some(tool) => format!("tool {tool} {outcome}"),
+                None => format!("tool call {outcome}"),
+            }
+        }
+        EventKind::Lua => match text("message") {
+            Some(message) => format!("log: {message}"),
+            None => "log".to_string(),
+        },
+        EventKind::UserInputWaitStarted => "waiting for operator input".to_string(),
+        _ => return None,
+    };
+    Some(format!("{section}: {what}"))
+}
+
+/// Turns a run's events into `notifications/progress` for one call. It only
+/// queues: a forwarding task sends them in order, so the run never waits on
+/// the client.
+pub struct ProgressObserver {
+    token: ProgressToken,
+    sender: UnboundedSender<ProgressNotificationParam>,
+    state: Mutex<ProgressState>,
+}
+
+#[derive(Default)]
+struct ProgressState {
+    count: u32,
+    /// Tool calls begun and not yet ended, by section: the end event names
+    /// no tool, the call's notice does.
+    calling: HashMap<String, VecDeque<String>>,
+}
+
+impl ProgressObserver {
+    pub fn new(token: ProgressToken, sender: UnboundedSender<ProgressNotificationParam>) -> Self {
+        ProgressObserver {
+            token,
+            sender,
+            state: Mutex::new(ProgressState::default()),
+        }
+    }
+}
+
+impl RunObserver for ProgressObserver {
+    fn event(&self, _execution: &str, event: &RunEvent) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let tool = match event.kind {
+            EventKind::ToolCallSucceeded | EventKind::ToolCallFailed => state
+                .calling
+                .get_mut(&event.section)
+                .and_then(VecDeque::pop_front),
+            _ => None,
+        };
+        let Some(message) = progress_message(event, tool.as_deref()) else {
+            return;
+        };
+        state.count += 1;
+        let mut param = ProgressNotificationParam::new(self.token.clone(), f64::from(state.count));
+        param.message = Some(message);
+        let _ = self.sender.send(param);
+    }
+
+    fn tool_call(&self, _execution: &str, call: &ToolCallNotice<'_>) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state
+            .calling
+            .entry(call.section.to_string())
+            .or_default()
+            .push_back(call.alias.to_string());
+    }
+}
+
+/// Forward queued progress to the client until the run's observer is gone.
+pub async fn forward_progress(
+    peer: Peer<RoleServer>,
+    mut receiver: tokio::sync::mpsc::UnboundedReceiver<ProgressNotificationParam>,
+) {
+    while let Some(param) = receiver.recv().await {
+        if peer.notify_progress(param).await.is_err() {
+            break;
+        }
+    }
+}
+
+/// `input.ask` through MCP elicitation: the question becomes an elicitation
+/// request for one string. A client without the capability, or one that
+/// declines or cancels, means no input is available (guide ch. 05: the run
+/// goes on with the "unavailable" text).
+pub struct ElicitationBroker {
+    peer: Peer<RoleServer>,
+}
+
+impl ElicitationBroker {
+    pub fn new(peer: Peer<RoleServer>) -> Self {
+        ElicitationBroker { peer }
+    }
+}
+
+#[async_trait]
+impl InputBroker for ElicitationBroker {
+    async fn ask(
+        &self,
+        question: &str,
+        _work: &WorkId,
+        cancel: CancellationToken,
+    ) -> Result<Option<String>, String> {
+        // A 2026-07-28 client has no session to ask on (rmcp refuses the
+        // request), and one without the capability cannot answer.
+        if !self
+            .peer
+            .supported_elicitation_modes()
+            .contains(&ElicitationMode::Form)
+            || self.peer.peer_info().is_some_and(|info| {
+                info.protocol_version >= rmcp::model::ProtocolVersion::V_2026_07_28
+            })
+        {
+            return Ok(None);
+        }
+        let schema = json!({
+            "type": "object",
+            "properties": {"answer": {"type": "string", "description": "Your answer"}},
+            "required": ["answer"]
+        });
+        let schema = match schema {
+            serde_json::Value::Object(map) => ElicitationSchema::from_json_schema(map)
+                .map_err(|e| format!("cannot build the question: {e}"))?,
+            _ => return Err("cannot build the question".to_string()),
+        };
+        let message = if question.is_empty() {
+            "The prompt asks for your input.".to_string()
+        } else {
+            question.to_string()
+        };
+        let request = self
+            .peer
+            .create_elicitation(ElicitRequestParams::FormElicitationParams {
+                meta: None,
+                message,
+                requested_schema: schema,
+            });
+        let answer = tokio::select! {
+            _ = cancel.cancelled() => return Ok(None),
+            answer = request => answer.map_err(|e| format!("the MCP client did not answer: {e}"))?,
+        };
+        if answer.action != ElicitationAction::Accept {
+            return Ok(None);
+        }
+        Ok(answer.content.and_then(|content| match content {
+            serde_json::Value::Object(map) => match map.get("answer") {
+                Some(serde_json::Value::String(text)) => Some(text.clone()),
+                _ => None,
+            },
+            serde_json::Value::String(text) => Some(text),
+            _ => None,
+        }))
+    }
+}

@@ -1,0 +1,349 @@
+//! One case run in this process: its fixtures become a host file's tables
+//! (typed TOML values, never text put together by hand), checked by the
+//! Host's own [`HostConfig::from_file`], and the prompt runs through a
+//! [`RunSession`] with a [`Collector`] watching: the events and tool calls
+//! the assertions read come from the run itself, not from a log.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use pf_engine::{RunEvent, RunObserver, ToolCallNotice};
+use pf_harness::{CancellationToken, InputBroker, WorkId};
+use pf_host::file::HostFile;
+use pf_host::report::RunReport;
+use pf_host::session::{PlanArgs, RunPlan, RunSession, RunSettings, SettingsFlags};
+use pf_host::HostConfig;
+use serde_json::Value as Json;
+use toml::{Table, Value};
+
+/// A tool call the run made: by the model (with its arguments) or by a script.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallMade {
+    pub alias: String,
+    pub arguments: Option<Json>,
+}
+
+/// Everything one in-process run of a case needs.
+pub struct CaseRun<'a> {
+    pub prompt_file: &'a Path,
+    /// The case's host file, as tables.
+    pub host: Table,
+    /// The case's own host-file text (`host:`), merged into `host`.
+    pub host_extra: Option<String>,
+    /// The folder relative paths in `host` are read against.
+    pub host_dir: &'a Path,
+    pub args: Option<String>,
+    pub seed: u64,
+    /// RFC 3339.
+    pub start: &'a str,
+    pub store: &'a Path,
+}
+
+/// What the run did, as the assertions see it.
+pub struct CaseRunEnd {
+    pub report: RunReport,
+    /// The run's events as the engine reports them (`RunEvent::to_json`), in order.
+    pub events: Vec<Json>,
+    pub calls: Vec<CallMade>,
+    pub elapsed: Duration,
+}
+
+/// Run the case's prompt in place against its host tables, on the calling
+/// thread's own current-thread runtime (a run is `!Send`). A host file or
+/// command line `promptforge run` would refuse (exit 2) is a failed report of
+/// kind `Usage`, as `run --json` reports it.
+pub fn run(case: CaseRun<'_>) -> Result<CaseRunEnd, String> {
+    let began = Instant::now();
+    match run_checked(case) {
+        Err(Refused::Usage(message)) => Ok(CaseRunEnd {
+            report: usage_report(message),
+            events: Vec::new(),
+            calls: Vec::new(),
+            elapsed: began.elapsed(),
+        }),
+        Err(Refused::CannotRun(message)) => Err(message),
+        Ok(end) => Ok(end),
+    }
+}
+
+/// Why a case gave no run.
+enum Refused {
+    /// What `promptforge run` reports as a usage error.
+    Usage(String),
+    /// The case itself could not be set up.
+    CannotRun(String),
+}
+
+/// The report `run --json` prints for a usage error.
+fn usage_report(message: String) -> RunReport {
+    RunReport {
+        outcome: pf_host::report::ReportOutcome::Failed {
+            error: pf_host::report::ReportError {
+                kind: "Usage".to_string(),
+                phase: None,
+                message,
+                line: None,
+                column: None,
+            },
+        },
+        seed: None,
+        execution: None,
+        store: None,
+        output: None,
+        usage: None,
+    }
+}
+
+fn run_checked(case: CaseRun<'_>) -> Result<CaseRunEnd, Refused> {
+    let mut host = case.host;
+    if let Some(extra) = &case.host_extra {
+        let extra: Table =
+            toml::from_str(extra).map_err(|e| Refused::Usage(format!("host file: {e}")))?;
+        merge(&mut host, extra).map_err(Refused::Usage)?;
+    }
+    let file: HostFile = Value::Table(host)
+        .try_into()
+        .map_err(|e| Refused::Usage(format!("host file: {e}")))?;
+    let config = HostConfig::from_file(&file, case.host_dir).map_err(Refused::Usage)?;
+    let settings = RunSettings::with_host(None, Arc::new(config), &SettingsFlags::default())
+        .map_err(Refused::Usage)?;
+    run_session(
+        case.prompt_file,
+        settings,
+        case.args,
+        case.seed,
+        case.start,
+        case.store,
+    )
+    .map_err(Refused::CannotRun)?
+    .map_err(Refused::Usage)
+}
+
+/// The run itself: `Err` the case cannot run, `Ok(Err)` a usage error.
+fn run_session(
+    prompt_file: &Path,
+    settings: RunSettings,
+    args: Option<String>,
+    seed: u64,
+    start: &str,
+    store: &Path,
+) -> Result<Result<CaseRunEnd, String>, String> {
+    let case_start = start;
+    let start =
+        time::OffsetDateTime::parse(case_start, &time::format_description::well_known::Rfc3339)
+            .map_err(|e| format!("start {case_start:?} is not an RFC 3339 instant: {e}"))?;
+    let start_ms = (start.unix_timestamp_nanos() / 1_000_000) as i64;
+    let source = pf_host::prompt_files::read_prompt(prompt_file)?;
+    let collector = Arc::new(Collector::default());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    let began = Instant::now();
+    let session = RunSession::begin(RunPlan {
+        file: prompt_file.to_path_buf(),
+        source,
+        parsed: None,
+        // As a child with no stdin read ARGS `-`: empty.
+        args: PlanArgs::Exact(args.filter(|a| a != "-").unwrap_or_default()),
+        seed,
+        start_ms,
+        settings,
+        store_dir: Some(store.to_path_buf()),
+        no_log: true,
+        capture: false,
+        quiet: true,
+        replay_of: None,
+        resumed_from: None,
+        replay: None,
+        cancel: CancellationToken::new(),
+        watchers: vec![Arc::clone(&collector) as Arc<dyn RunObserver>],
+        input_broker: Some(Arc::new(NoOperator)),
+        after_engine: None,
+    });
+    let finished = match session {
+        Ok(session) => runtime.block_on(session.run()),
+        Err(e) => Err(e),
+    };
+    let finished = match finished {
+        Ok(finished) => finished,
+        Err(e) => return Ok(Err(e.0)),
+    };
+    let elapsed = began.elapsed();
+    let heard = std::mem::take(
+        &mut *collector
+            .heard
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner),
+    );
+    Ok(Ok(CaseRunEnd {
+        report: finished.report,
+        events: heard.events,
+        calls: heard.calls,
+        elapsed,
+    }))
+}
+
+/// What a case's run reported, in order.
+#[derive(Default)]
+struct Heard {
+    events: Vec<Json>,
+    calls: Vec<CallMade>,
+}
+
+/// Collects a run's events and tool calls for the assertions: each call the
+/// model asked for (its `assistant_tool_calls` event, with arguments) and
+/// each `tools.call` a script made (a dispatched call without a model call id).
+#[derive(Default)]
+pub struct Collector {
+    heard: Mutex<Heard>,
+}
+
+impl RunObserver for Collector {
+    fn event(&self, execution: &str, event: &RunEvent) {
+        let json = event.to_json(execution);
+        let mut heard = self.heard.lock().unwrap_or_else(PoisonError::into_inner);
+        if json["kind"] == "assistant_tool_calls" {
+            for call in json["calls"].as_array().into_iter().flatten() {
+                heard.calls.push(CallMade {
+                    alias: call["name"].as_str().unwrap_or_default().to_string(),
+                    arguments: Some(call["arguments"].clone()),
+                });
+            }
+        }
+        heard.events.push(json);
+    }
+
+    fn tool_call(&self, _execution: &str, call: &ToolCallNotice<'_>) {
+        if call.call_id.is_none() {
+            let mut heard = self.heard.lock().unwrap_or_else(PoisonError::into_inner);
+            heard.calls.push(CallMade {
+                alias: call.alias.to_string(),
+                arguments: Some(call.arguments.clone()),
+            });
+        }
+    }
+}
+
+/// No operator: `input.ask` gets no answer, as from a closed stdin.
+struct NoOperator;
+
+#[async_trait]
+impl InputBroker for NoOperator {
+    async fn ask(
+        &self,
+        _question: &str,
+        _work: &WorkId,
+        _cancel: CancellationToken,
+    ) -> Result<Option<String>, String> {
+        Ok(None)
+    }
+}
+
+/// `extra` (a case's own host-file text) merged into `host`: tables merge,
+/// a key given twice is an error, as it is in one TOML file.
+pub fn merge(host: &mut Table, extra: Table) -> Result<(), String> {
+    for (key, value) in extra {
+        match (host.get_mut(&key), value) {
+            (Some(Value::Table(mine)), Value::Table(theirs)) => merge(mine, theirs)?,
+            (Some(_), _) => return Err(format!("host file: `{key}` is given twice")),
+            (None, value) => {
+                host.insert(key, value);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A string value.
+pub fn string(text: impl Into<String>) -> Value {
+    Value::String(text.into())
+}
+
+/// A path as a string value.
+pub fn path(path: &Path) -> Value {
+    Value::String(path.to_string_lossy().into_owned())
+}
+
+/// Where a run's recorded model requests go in its scratch folder.
+pub fn record_path(work: &Path) -> PathBuf {
+    work.join("requests.jsonl")
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn calls_come_from_model_batches_and_script_notices() {
+        let collector = Collector::default();
+        let mut fields = serde_json::Map::new();
+        fields.insert(
+            "calls".into(),
+            json!([{"id": "call_1", "name": "save", "arguments": {"t": 1}}]),
+        );
+        collector.event(
+            "x",
+            &RunEvent {
+                kind: pf_engine::EventKind::AssistantToolCalls,
+                section: "Ask".into(),
+                provenance: pf_engine::Provenance {
+                    task: "0".into(),
+                    seq: 3,
+                },
+                fields,
+            },
+        );
+        let (model_args, script_args) = (json!({"t": 1}), json!({"url": "u"}));
+        let notice = |alias, arguments, call_id| ToolCallNotice {
+            task: "0",
+            section: "Ask",
+            alias,
+            arguments,
+            call_id,
+        };
+        collector.tool_call("x", &notice("save", &model_args, Some("call_1")));
+        collector.tool_call("x", &notice("fetch", &script_args, None));
+        let heard = collector.heard.lock().unwrap();
+        assert_eq!(
+            heard.calls,
+            vec![
+                CallMade {
+                    alias: "save".into(),
+                    arguments: Some(json!({"t": 1}))
+                },
+                CallMade {
+                    alias: "fetch".into(),
+                    arguments: Some(json!({"url": "u"}))
+                },
+            ]
+        );
+        assert_eq!(heard.events.len(), 1);
+        assert_eq!(heard.events[0]["kind"], "assistant_tool_calls");
+        assert_eq!(
+            heard.events[0]["provenance"],
+            json!({"task": "0", "seq": 3})
+        );
+    }
+
+    #[test]
+    fn a_case_host_merges_tables_and_refuses_a_key_twice() {
+        let mut host: Table =
+            toml::from_str("[model]\nmodel = \"m\"\n[plugins.a]\ntrusted = true\n").unwrap();
+        merge(
+            &mut host,
+            toml::from_str("[plugins.b]\ntrusted = false\n[web]\nallow_loopback = true\n").unwrap(),
+        )
+        .unwrap();
+        assert!(host["plugins"].get("a").is_some() && host["plugins"].get("b").is_some());
+        let twice = merge(
+            &mut host,
+            toml::from_str("[model]\nmodel = \"n\"\n").unwrap(),
+        );
+        assert_eq!(twice, Err("host file: `model` is given twice".to_string()));
+    }
+}
