@@ -283,6 +283,7 @@ mod tests {
         OutputLine {
             index: job.input.index,
             repeat: job.repeat,
+            batch: None,
             execution: format!("run-{}-{:?}", job.input.index, job.repeat),
             seed: job.seed,
             outcome,

@@ -65,6 +65,9 @@ pub struct OutputLine {
     /// Which repetition (`--repeat N`), from 0; absent without `--repeat`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repeat: Option<u32>,
+    /// The batch id the run is logged under (`runs --batch ID`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<String>,
     /// The run's execution id (its run log entry).
     pub execution: String,
     pub seed: u64,
@@ -88,9 +91,10 @@ impl OutputLine {
 }
 
 /// The CSV columns, in order.
-const CSV_COLUMNS: [&str; 12] = [
+const CSV_COLUMNS: [&str; 13] = [
     "index",
     "repeat",
+    "batch",
     "execution",
     "seed",
     "outcome",
@@ -136,6 +140,9 @@ pub struct Previous {
     pub unreadable: u64,
     /// Bytes of a torn last line that were cut off.
     pub torn_bytes: u64,
+    /// The batch id of the file's first line that names one: a resumed
+    /// batch logs its runs under the same id.
+    pub batch: Option<String>,
 }
 
 /// Appends finished inputs to the output file.
@@ -246,11 +253,12 @@ impl OutputWriter {
     }
 }
 
-fn csv_record(line: &OutputLine) -> [String; 12] {
+fn csv_record(line: &OutputLine) -> [String; 13] {
     let text = |v: &Option<String>| v.clone().unwrap_or_default();
     [
         line.index.to_string(),
         line.repeat.map(|r| r.to_string()).unwrap_or_default(),
+        text(&line.batch),
         line.execution.clone(),
         line.seed.to_string(),
         line.outcome.as_str().to_string(),
@@ -323,6 +331,8 @@ fn read_jsonl(file: &File, previous: &mut Previous) -> io::Result<()> {
         index: u64,
         #[serde(default)]
         repeat: Option<u32>,
+        #[serde(default)]
+        batch: Option<String>,
         execution: String,
         outcome: RunOutcome,
     }
@@ -337,12 +347,17 @@ fn read_jsonl(file: &File, previous: &mut Previous) -> io::Result<()> {
             continue;
         }
         match serde_json::from_slice::<Done>(&line) {
-            Ok(done) => note(
-                previous,
-                (done.index, done.repeat.unwrap_or(0)),
-                done.outcome,
-                done.execution,
-            ),
+            Ok(done) => {
+                if previous.batch.is_none() {
+                    previous.batch = done.batch;
+                }
+                note(
+                    previous,
+                    (done.index, done.repeat.unwrap_or(0)),
+                    done.outcome,
+                    done.execution,
+                )
+            }
             Err(_) => previous.unreadable += 1,
         }
     }
@@ -355,6 +370,7 @@ fn read_csv(file: &File, previous: &mut Previous) -> io::Result<()> {
         .from_reader(BufReader::new(file));
     let headers = reader.headers().map_err(io::Error::other)?.clone();
     let column = |name: &str| headers.iter().position(|h| h == name);
+    let batch = column("batch");
     let (Some(index), Some(repeat), Some(execution), Some(outcome)) = (
         column("index"),
         column("repeat"),
@@ -384,6 +400,12 @@ fn read_csv(file: &File, previous: &mut Previous) -> io::Result<()> {
             };
             Some(((i, r), o, row.get(execution)?.to_string()))
         })();
+        if previous.batch.is_none() {
+            previous.batch = batch
+                .and_then(|b| row.get(b))
+                .filter(|b| !b.is_empty())
+                .map(str::to_string);
+        }
         match parsed {
             Some((key, o, e)) => note(previous, key, o, e),
             None => previous.unreadable += 1,
@@ -400,6 +422,7 @@ mod tests {
         OutputLine {
             index,
             repeat: None,
+            batch: None,
             execution: format!("run-{index}"),
             seed: 7,
             outcome,

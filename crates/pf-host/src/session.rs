@@ -23,9 +23,11 @@
 //! the run log's [`pf_runlog::Database`] (one writer thread and connection per
 //! database file, opened once by [`crate::data`]), the HTTP clients inside the
 //! providers a [`HostConfig`] builds, and the [`HostConfig`] itself (an `Arc`).
-//! A model limiter belongs in front of the providers as one more
-//! `ModelProvider` decorator, added in [`HostConfig::assemble_for`] beside
-//! metering, so every session of the process shares it.
+//! The per-model limits (`concurrency`, `requests_per_minute`,
+//! `tokens_per_minute`, a `Retry-After` pause) are kept by
+//! `pf_models::ModelGate`, one per model in a process-wide registry, which
+//! every attempt of an HTTP provider waits at: every session of the process
+//! shares it, however many Hosts it assembles.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -168,6 +170,8 @@ pub struct RunPlan {
     pub quiet: bool,
     pub replay_of: Option<String>,
     pub resumed_from: Option<String>,
+    /// The `promptforge batch` the run belongs to (its id, logged with the run).
+    pub batch: Option<String>,
     /// Host work answered from a logged run, and how.
     pub replay: Option<(LoggedWork, ReplayMode)>,
     /// Cancels the run (a signal, a client's cancel).
@@ -265,6 +269,7 @@ impl RunSession {
                     store_dir: Some(display_path(&store_dir)),
                     replay_of: plan.replay_of.clone(),
                     resumed_from: plan.resumed_from.clone(),
+                    batch: plan.batch.clone(),
                 })
             })
             .flatten();

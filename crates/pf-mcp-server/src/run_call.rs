@@ -178,6 +178,7 @@ fn run_on_this_thread(tool: &PromptTool, args: String, setup: CallSetup) -> RunR
         quiet: true,
         replay_of: None,
         resumed_from: None,
+        batch: None,
         replay: None,
         cancel: setup.cancel,
         watchers: setup.observer.into_iter().collect(),

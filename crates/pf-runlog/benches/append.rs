@@ -36,6 +36,7 @@ fn start() -> RunStart {
         store_dir: None,
         replay_of: None,
         resumed_from: None,
+        batch: None,
     }
 }
 

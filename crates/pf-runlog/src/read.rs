@@ -106,7 +106,7 @@ fn outcome_columns(row: &Row<'_>, index: usize) -> rusqlite::Result<Option<Outco
 const RUN_COLUMNS: &str = "id, execution, prompt_path, prompt_text, prompt_sha256, args_json, seed,
     start_rfc3339, start_ms, host_file, model, store_dir, replay_of, resumed_from,
     started_at_ms, finished_at_ms, outcome, result, error_kind, error_message, duration_ms,
-    input_tokens, output_tokens, total_tokens";
+    input_tokens, output_tokens, total_tokens, batch";
 
 fn run_record(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
     let seed_text: String = row.get(6)?;
@@ -126,6 +126,7 @@ fn run_record(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
         store_dir: row.get(11)?,
         replay_of: row.get(12)?,
         resumed_from: row.get(13)?,
+        batch: row.get(24)?,
     };
     let end = outcome_columns(row, 16)?.map(|outcome| -> rusqlite::Result<RunEnd> {
         Ok(RunEnd {
@@ -160,30 +161,35 @@ impl RunLog {
             .prepare_cached(
                 "SELECT id, execution, prompt_path, start_rfc3339, started_at_ms, model,
                     coalesce(outcome, ?4), duration_ms,
-                    input_tokens, output_tokens, total_tokens, replay_of, resumed_from
+                    input_tokens, output_tokens, total_tokens, replay_of, resumed_from, batch
                  FROM runs
                  WHERE (?1 IS NULL OR instr(prompt_path, ?1) > 0)
                    AND (?2 IS NULL OR coalesce(outcome, ?4) = ?2)
+                   AND (?5 IS NULL OR batch = ?5)
                  ORDER BY started_at_ms DESC, id DESC
                  LIMIT ?3",
             )
             .map_err(|e| self.fail(e))?;
         let rows = query
-            .query_map(params![filter.prompt, outcome, limit, RUNNING], |row| {
-                Ok(RunSummary {
-                    id: RunId(row.get(0)?),
-                    execution: row.get(1)?,
-                    prompt_path: row.get(2)?,
-                    start_rfc3339: row.get(3)?,
-                    started_at_ms: row.get(4)?,
-                    model: row.get(5)?,
-                    outcome: row.get(6)?,
-                    duration_ms: optional_u64_column(row, 7)?,
-                    usage: usage_columns(row, 8)?,
-                    replay_of: row.get(11)?,
-                    resumed_from: row.get(12)?,
-                })
-            })
+            .query_map(
+                params![filter.prompt, outcome, limit, RUNNING, filter.batch],
+                |row| {
+                    Ok(RunSummary {
+                        id: RunId(row.get(0)?),
+                        execution: row.get(1)?,
+                        prompt_path: row.get(2)?,
+                        start_rfc3339: row.get(3)?,
+                        started_at_ms: row.get(4)?,
+                        model: row.get(5)?,
+                        outcome: row.get(6)?,
+                        duration_ms: optional_u64_column(row, 7)?,
+                        usage: usage_columns(row, 8)?,
+                        replay_of: row.get(11)?,
+                        resumed_from: row.get(12)?,
+                        batch: row.get(13)?,
+                    })
+                },
+            )
             .map_err(|e| self.fail(e))?;
         rows.collect::<rusqlite::Result<Vec<_>>>()
             .map_err(|e| self.fail(e))

@@ -40,6 +40,8 @@ pub struct RunStart {
     pub replay_of: Option<String>,
     /// The run this one resumes, by execution id.
     pub resumed_from: Option<String>,
+    /// The `promptforge batch` this run belongs to, by batch id.
+    pub batch: Option<String>,
 }
 
 /// How a run ended.
@@ -222,6 +224,8 @@ pub struct RunSummary {
     pub replay_of: Option<String>,
     /// The execution id of the run this one resumed.
     pub resumed_from: Option<String>,
+    /// The batch the run belongs to.
+    pub batch: Option<String>,
 }
 
 /// Which runs [`RunLog::list_runs`](crate::RunLog::list_runs) returns.
@@ -233,6 +237,8 @@ pub struct RunFilter {
     pub prompt: Option<String>,
     /// Only runs with this outcome label (`running` for unfinished ones).
     pub outcome: Option<String>,
+    /// Only the runs of this batch.
+    pub batch: Option<String>,
 }
 
 /// Names one model exchange a [`RunWriter`](crate::RunWriter) was handed, so

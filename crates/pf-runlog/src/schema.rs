@@ -168,8 +168,14 @@ const V6: &str = "
 ALTER TABLE event_batches ADD COLUMN packed BLOB;
 ";
 
+/// Version 7: the `promptforge batch` a run belongs to (`runs --batch ID`).
+const V7: &str = "
+ALTER TABLE runs ADD COLUMN batch TEXT;
+CREATE INDEX runs_by_batch ON runs(batch) WHERE batch IS NOT NULL;
+";
+
 /// Every migration in order; entry `i` takes the database to version `i + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7];
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

@@ -1205,8 +1205,8 @@ fn insert_run(tx: &Transaction<'_>, start: &RunStart, started_at_ms: i64) -> rus
     tx.prepare_cached(
         "INSERT INTO runs (execution, prompt_path, prompt_text, prompt_sha256, args_json, seed,
              start_rfc3339, start_ms, host_file, model, store_dir, started_at_ms, pid,
-             replay_of, resumed_from)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+             replay_of, resumed_from, batch)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
     )?
     .execute(params![
         start.execution,
@@ -1224,6 +1224,7 @@ fn insert_run(tx: &Transaction<'_>, start: &RunStart, started_at_ms: i64) -> rus
         std::process::id(),
         start.replay_of,
         start.resumed_from,
+        start.batch,
     ])?;
     Ok(tx.last_insert_rowid())
 }
@@ -1304,6 +1305,7 @@ mod tests {
             store_dir: None,
             replay_of: None,
             resumed_from: None,
+            batch: None,
         }
     }
 

@@ -12,7 +12,7 @@ use common::*;
 use pf_runlog::schema::SCHEMA_VERSION;
 use pf_runlog::{
     ActivationRecord, EventRecord, ExchangeDraft, ExchangeHandle, Outcome, RunEnd, RunFilter,
-    RunId, RunLog, RunLogError, RunWriter, TokenUsage, WriterOptions,
+    RunId, RunLog, RunLogError, RunStart, RunWriter, TokenUsage, WriterOptions,
 };
 use rusqlite::Connection;
 use serde_json::json;
@@ -943,8 +943,72 @@ fn as_version_5(path: &std::path::Path, rows: &[pf_runlog::StoredRow]) {
         )
         .unwrap();
     }
-    conn.execute_batch("ALTER TABLE event_batches DROP COLUMN packed; PRAGMA user_version = 5;")
+    conn.execute_batch(
+        "ALTER TABLE event_batches DROP COLUMN packed;
+         DROP INDEX runs_by_batch; ALTER TABLE runs DROP COLUMN batch;
+         PRAGMA user_version = 5;",
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_version_6_database_gains_batch_ids_and_its_runs_read_back_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_in(&dir);
+    let (old, before) = {
+        let log = RunLog::open(&path).unwrap();
+        let old = log_every_kind(&log, "run-0ld6");
+        let before = read_back(&log, old);
+        drop(log);
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch(
+                "DROP INDEX runs_by_batch; ALTER TABLE runs DROP COLUMN batch;
+                 PRAGMA user_version = 6;",
+            )
+            .unwrap();
+        (old, before)
+    };
+    let log = RunLog::open(&path).unwrap();
+    let version: i64 = Connection::open(&path)
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
+    assert_eq!(version, SCHEMA_VERSION);
+    assert_eq!(read_back(&log, old), before);
+    assert_eq!(log.run(old).unwrap().unwrap().start.batch, None);
+
+    // Runs of a batch go in beside it, and the filter finds exactly them.
+    for (execution, batch) in [
+        ("run-b1", Some("batch-1")),
+        ("run-b2", Some("batch-1")),
+        ("run-c", None),
+    ] {
+        let writer = log.begin_with(
+            RunStart {
+                batch: batch.map(str::to_owned),
+                ..start(execution)
+            },
+            patient(),
+        );
+        assert!(writer.flush());
+    }
+    let batch = log
+        .list_runs(&RunFilter {
+            batch: Some("batch-1".to_owned()),
+            ..RunFilter::default()
+        })
+        .unwrap();
+    let mut names: Vec<&str> = batch.iter().map(|r| r.execution.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["run-b1", "run-b2"]);
+    assert!(batch.iter().all(|r| r.batch.as_deref() == Some("batch-1")));
+    let id = log.resolve("run-b1").unwrap();
+    assert_eq!(
+        log.run(id).unwrap().unwrap().start.batch.as_deref(),
+        Some("batch-1")
+    );
+    assert_eq!(log.list_runs(&RunFilter::default()).unwrap().len(), 4);
 }
 
 #[test]

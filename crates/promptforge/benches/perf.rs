@@ -170,6 +170,7 @@ impl Bench {
                     store_dir: Some(self.store.display().to_string()),
                     replay_of: None,
                     resumed_from: None,
+                    batch: None,
                 },
             )))
         });

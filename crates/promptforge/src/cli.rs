@@ -27,6 +27,9 @@ pub enum Command {
     /// Run a prompt; ARGS is the run's argument string.
     #[command(after_help = RUN_EXAMPLES)]
     Run(RunArgs),
+    /// Run a prompt over many inputs (JSONL, CSV or stdin), one output line per input.
+    #[command(after_help = BATCH_EXAMPLES)]
+    Batch(BatchArgs),
     /// Check prompt files and folders; print each problem as FILE:LINE:COL: Kind: message.
     #[command(after_help = CHECK_EXAMPLES)]
     Check(CheckArgs),
@@ -63,6 +66,28 @@ pub enum Command {
     #[command(after_help = REPLAY_EXAMPLES)]
     Replay(ReplayArgs),
 }
+
+const BATCH_EXAMPLES: &str = "\
+INPUTS is JSON Lines (each line an args object for the prompt's `args:`, or a
+JSON string: the argument string), a .csv file whose header names declared
+args (each cell typed as --arg types it; an empty cell leaves the arg out), or
+- for JSON Lines on stdin. Bad lines are listed with their line numbers and
+refuse the batch before any run, unless --skip-bad.
+
+OUT gets one line per input as it finishes: index, (repeat,) batch, execution,
+seed, outcome, result or error {kind, message}, usage, duration_ms, and the
+declared output file's text. Every run is logged under the batch id printed at
+the start (`promptforge runs --batch ID`). Exit 0 when every input completed,
+1 otherwise, 130 on Ctrl-C (runs in flight are cancelled and written as
+cancelled; a second Ctrl-C exits at once). --resume skips inputs with a
+completed line and resumes failed or cancelled runs from the log, reusing
+their logged model answers.
+
+Examples:
+  promptforge batch summarise.md tickets.jsonl -o summaries.jsonl -j 16
+  promptforge batch classify.md docs.csv -o labels.csv --format csv
+  promptforge batch summarise.md tickets.jsonl -o summaries.jsonl --resume
+  cat inputs.jsonl | promptforge batch p.md - -o out.jsonl --seed 7 --repeat 3";
 
 const REPLAY_EXAMPLES: &str = "\
 The prompt text, args, seed and start come from the log; so does every
@@ -182,6 +207,63 @@ pub struct ModelsArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct BatchArgs {
+    /// The prompt file.
+    pub prompt: PathBuf,
+    /// The inputs: a JSON Lines file, a .csv file with a header row, or - for JSON Lines on stdin.
+    pub inputs: PathBuf,
+    /// The output file: one line per finished input.
+    #[arg(short = 'o', long = "output", value_name = "OUT")]
+    pub output: PathBuf,
+    /// Runs at once.
+    #[arg(short = 'j', long = "jobs", value_name = "N", default_value_t = 4,
+          value_parser = clap::value_parser!(u16).range(1..=4096))]
+    pub jobs: u16,
+    #[command(flatten)]
+    pub host: HostArgs,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Continue OUT: skip inputs with a completed line; resume failed or
+    /// cancelled runs from the log (their logged model answers reused).
+    #[arg(long)]
+    pub resume: bool,
+    /// How OUT is written.
+    #[arg(long, value_enum, default_value_t = BatchFormat::Jsonl)]
+    pub format: BatchFormat,
+    /// Stop at the first failed input (the runs in flight are cancelled).
+    #[arg(long)]
+    pub fail_fast: bool,
+    /// Only the first N inputs.
+    #[arg(long, value_name = "N")]
+    pub limit: Option<u64>,
+    /// Run each input N times, each with its own seed (OUT lines get `repeat`).
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub repeat: u32,
+    /// The batch seed: each run's seed is derived from it and the input's index
+    /// (and repetition), so a batch repeats exactly. Default: random, printed at the start.
+    #[arg(long, value_name = "S")]
+    pub seed: Option<u64>,
+    /// Leave bad input lines out (each is listed) instead of refusing the batch.
+    #[arg(long)]
+    pub skip_bad: bool,
+    /// No progress line.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+/// `batch --format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BatchFormat {
+    /// One JSON object a line.
+    Jsonl,
+    /// A header row, then one row a run.
+    Csv,
+}
+
+#[derive(Debug, Args)]
 pub struct RunsArgs {
     /// Show at most N runs.
     #[arg(short = 'n', long = "limit", value_name = "N", default_value_t = 20)]
@@ -192,6 +274,9 @@ pub struct RunsArgs {
     /// Only runs that ended this way (`running`: no recorded end yet, or killed).
     #[arg(long, value_enum)]
     pub outcome: Option<OutcomeFilter>,
+    /// Only the runs of this batch (the id `promptforge batch` prints when it starts).
+    #[arg(long, value_name = "ID")]
+    pub batch: Option<String>,
     #[command(flatten)]
     pub output: OutputArgs,
 }

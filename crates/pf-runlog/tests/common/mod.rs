@@ -23,6 +23,7 @@ pub fn start(execution: &str) -> RunStart {
         store_dir: Some("/tmp/store".to_owned()),
         replay_of: None,
         resumed_from: None,
+        batch: None,
     }
 }
 

@@ -1,6 +1,7 @@
 //! One module per subcommand, each `pub fn run(args) -> ExitCode`. Adding a
 //! command: a variant in [`crate::cli::Command`], a module here, an arm below.
 
+pub mod batch;
 pub mod check;
 pub mod completions;
 pub mod info;
@@ -25,6 +26,7 @@ use crate::cli::Command;
 pub fn dispatch(command: Command) -> ExitCode {
     match command {
         Command::Run(args) => run::run(args),
+        Command::Batch(args) => batch::run(args),
         Command::Check(args) => check::run(args),
         Command::Models(args) => models::run(args),
         Command::Runs(args) => runs::run(args),

@@ -18,6 +18,7 @@ pub fn run(args: RunsArgs) -> ExitCode {
         limit: Some(args.limit),
         prompt: args.prompt.clone(),
         outcome: args.outcome.map(|o| o.label().to_string()),
+        batch: args.batch.clone(),
     };
     let runs = match log.as_ref().map(|log| log.list_runs(&filter)) {
         None => Vec::new(),
@@ -69,11 +70,12 @@ pub fn run_json(run: &RunSummary) -> Json {
         "tokens": run.usage.map(|u| json!({"input": u.input, "output": u.output, "total": u.total})),
         "replay_of": run.replay_of,
         "resumed_from": run.resumed_from,
+        "batch": run.batch,
     })
 }
 
 fn write_table(out: &mut impl Write, runs: &[RunSummary]) -> std::io::Result<()> {
-    let rows: Vec<[String; 7]> = runs
+    let rows: Vec<[String; 8]> = runs
         .iter()
         .map(|run| {
             [
@@ -84,6 +86,7 @@ fn write_table(out: &mut impl Write, runs: &[RunSummary]) -> std::io::Result<()>
                 outcome_cell(run),
                 run.duration_ms.map_or("-".into(), duration_text),
                 run.usage.map_or("-".into(), |u| u.total.to_string()),
+                run.batch.as_deref().map_or("-".into(), printable),
             ]
         })
         .collect();
@@ -95,6 +98,7 @@ fn write_table(out: &mut impl Write, runs: &[RunSummary]) -> std::io::Result<()>
         "OUTCOME",
         "DURATION",
         "TOKENS",
+        "BATCH",
     ];
     let mut widths = header.map(str::len);
     for row in &rows {
@@ -102,7 +106,7 @@ fn write_table(out: &mut impl Write, runs: &[RunSummary]) -> std::io::Result<()>
             *width = (*width).max(cell.chars().count());
         }
     }
-    let line = |cells: [&str; 7]| {
+    let line = |cells: [&str; 8]| {
         let mut text = String::new();
         for (i, (cell, width)) in cells.iter().zip(widths).enumerate() {
             let right = matches!(i, 0 | 5 | 6);

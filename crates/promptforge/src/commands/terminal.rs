@@ -78,6 +78,7 @@ pub(crate) fn execute(run: TerminalRun) -> ExitCode {
         quiet,
         replay_of,
         resumed_from,
+        batch: None,
         replay,
         cancel: cancel.clone(),
         watchers: progress

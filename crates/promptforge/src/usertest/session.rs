@@ -157,6 +157,7 @@ fn run_session(
         quiet: true,
         replay_of: None,
         resumed_from: None,
+        batch: None,
         replay: None,
         cancel: CancellationToken::new(),
         watchers: vec![Arc::clone(&collector) as Arc<dyn RunObserver>],
