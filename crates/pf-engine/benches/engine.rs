@@ -114,6 +114,7 @@ fn bench_openai(c: &mut Criterion) {
         kind: pf_models::ProviderKind::OpenAi(pf_models::HttpEndpoint {
             base_url: base,
             api_key_env: None,
+            receive_timeout: None,
         }),
         id: "bench".into(),
         model: "bench".into(),

@@ -745,7 +745,21 @@ pub(crate) async fn call_tool(
     }
     if sec.has_local(name) {
         sec.count_call(name);
-        let text = run_local_reported(lua, sec, name, &args).await?;
+        let text = match run_local_reported(lua, sec, name, &args).await {
+            Ok(text) => text,
+            // A model's call to a handler that raised a plain message: the
+            // message says that the error ends the loop (a local tool's error
+            // is not the model's to read), before the handler's own words.
+            Err(Raise::Value(Value::String(message))) if by_model => {
+                let said = format!(
+                    "local tool `{name}` raised an error, which ends models.loop \
+                     (a local tool's error is not sent back to the model): {}",
+                    message.to_string_lossy()
+                );
+                return Err(Raise::Value(Value::String(lua.create_string(said)?)));
+            }
+            Err(e) => return Err(e),
+        };
         sec.report_tool_result(turn, call_id, name, &text, true);
         return Ok(ToolReply::Text(text));
     }

@@ -13,7 +13,8 @@ use serde::Deserialize;
 pub struct HostFile {
     /// The catalog id of the current model when `--model` is not given.
     pub default_model: Option<String>,
-    /// Stream every `models.loop` round, also when no one watches live output.
+    /// `true`: stream every `models.loop` round, also when no one watches live
+    /// output; `false`: never stream; unset: stream for live output only.
     pub stream: Option<bool>,
     /// A one-model catalog (the model's `model` is its catalog id).
     pub model: Option<ModelTable>,
@@ -50,6 +51,9 @@ pub struct ModelTable {
     pub record: Option<PathBuf>,
     /// Rerun a transient failure or a 429 up to this many times (default 0).
     pub retries: Option<u32>,
+    /// Seconds to wait for a reply's first byte, then for each next chunk
+    /// (HTTP providers; default 120).
+    pub timeout: Option<f64>,
     /// Start the model's own server on first use: the command and its
     /// arguments, `{port}` replaced by a free port.
     pub spawn: Option<Vec<String>>,

@@ -66,8 +66,10 @@ pub struct HostConfig {
     /// `[limits]`: what each run may use.
     pub limits: pf_engine::RunLimits,
     /// `stream = true`: every `models.loop` round is streamed, also with no one
-    /// watching, so the client measures `ttft_ms` and `mean_itl_ms` (guide ch. 16).
-    pub stream: bool,
+    /// watching, so the client measures `ttft_ms` and `mean_itl_ms` (guide ch. 16);
+    /// `stream = false`: never streamed, not even for live output; unset:
+    /// streamed only while a person watches live output.
+    pub stream: Option<bool>,
     /// The catalog was rebuilt from a logged run for a strict replay: its
     /// models are answered from the log and never built as providers.
     pub answered_from_log: bool,
@@ -229,7 +231,7 @@ impl HostConfig {
             mcp_token_env: file.mcp_server.as_ref().and_then(|m| m.token_env.clone()),
             otlp,
             limits: run_limits(file.limits.as_ref()),
-            stream: file.stream.unwrap_or(false),
+            stream: file.stream,
             answered_from_log: false,
         };
         hide_keys(&mut config);
@@ -280,7 +282,7 @@ impl HostConfig {
             mcp_token_env: None,
             otlp: None,
             limits: run_limits(None),
-            stream: false,
+            stream: None,
             answered_from_log: true,
         }
     }
@@ -607,6 +609,17 @@ fn provider_spec(
             format!("{name} provider \"{provider}\" needs `model`, the model name to request")
         })
     };
+    let receive_timeout = match table.timeout {
+        None => None,
+        Some(seconds) => Some(
+            std::time::Duration::try_from_secs_f64(seconds)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| {
+                    format!("host file: {name} `timeout` must be a positive number of seconds")
+                })?,
+        ),
+    };
     let endpoint = |default_base_url: &str, default_key_env: Option<&str>| HttpEndpoint {
         base_url: table
             .base_url
@@ -616,12 +629,18 @@ fn provider_spec(
             .api_key_env
             .clone()
             .or(default_key_env.map(str::to_string)),
+        receive_timeout,
     };
     let (kind, model) = match provider {
         "script" => {
             if table.base_url.is_some() || table.api_key_env.is_some() {
                 return Err(format!(
                     "{name} provider \"script\" takes no `base_url` or `api_key_env`"
+                ));
+            }
+            if table.timeout.is_some() {
+                return Err(format!(
+                    "{name} provider \"script\" takes no `timeout` (it never waits on a server)"
                 ));
             }
             let replies = table.replies.as_ref().ok_or_else(|| {
@@ -847,6 +866,7 @@ mod tests {
             ProviderKind::OpenAi(HttpEndpoint {
                 base_url: "https://api.openai.com/v1".into(),
                 api_key_env: None,
+                receive_timeout: None,
             })
         );
         assert_eq!(
@@ -859,6 +879,7 @@ mod tests {
             ProviderKind::Anthropic(HttpEndpoint {
                 base_url: "https://api.anthropic.com".into(),
                 api_key_env: Some("ANTHROPIC_API_KEY".into()),
+                receive_timeout: None,
             })
         );
     }
@@ -903,7 +924,7 @@ mod tests {
             unknown.as_deref().is_some_and(|e| e.contains(
                 "unknown field `temperature`, expected one of `provider`, `base_url`, `model`, \
                  `api_key_env`, `context`, `thinking`, `description`, `replies`, `record`, \
-                 `retries`"
+                 `retries`, `timeout`, `spawn`, `spawn_timeout`, `tool_format`"
             )),
             "{unknown:?}"
         );

@@ -20,8 +20,10 @@ pub struct HostObserver {
     watchers: Vec<Arc<dyn RunObserver>>,
     sections: Arc<SectionTracker>,
     trace: Option<Arc<OtlpTrace>>,
-    /// The host file's `stream = true`: loop rounds stream with no one watching.
-    stream: bool,
+    /// The host file's `stream` (or `--no-stream`): `Some(true)` loop rounds
+    /// stream with no one watching, `Some(false)` never, `None` while a
+    /// watcher wants live text.
+    stream: Option<bool>,
     /// The prompt file, as the debug log names it in Lua tracebacks.
     prompt_file: Option<PathBuf>,
 }
@@ -37,14 +39,15 @@ impl HostObserver {
             watchers,
             sections,
             trace: None,
-            stream: false,
+            stream: None,
             prompt_file: None,
         }
     }
 
-    /// Ask for every loop round streamed, whether or not anyone watches, so
-    /// the round's `metrics.client` times its first and later fragments.
-    pub fn streaming(mut self, stream: bool) -> HostObserver {
+    /// `Some(true)`: ask for every loop round streamed, whether or not anyone
+    /// watches, so the round's `metrics.client` times its first and later
+    /// fragments; `Some(false)`: never (a server without streaming).
+    pub fn streaming(mut self, stream: Option<bool>) -> HostObserver {
         self.stream = stream;
         self
     }
@@ -85,7 +88,8 @@ impl RunObserver for HostObserver {
     }
 
     fn wants_live_text(&self) -> bool {
-        self.watchers.iter().any(|w| w.wants_live_text()) || self.stream
+        self.stream
+            .unwrap_or_else(|| self.watchers.iter().any(|w| w.wants_live_text()))
     }
 
     fn live_text(&self, text: LiveText<'_>) -> bool {

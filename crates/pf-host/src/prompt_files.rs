@@ -100,7 +100,19 @@ pub fn place_input(prompt: &Prompt, prompt_file: &Path, store_dir: &Path, quiet:
                 .parent()
                 .unwrap_or(Path::new("."))
                 .join(&declared.path);
-            if beside.is_file() {
+            let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+                (Ok(a), Ok(b)) => a == b,
+                _ => false,
+            };
+            if beside.is_file() && same(&beside, prompt_file) {
+                // The prompt is never its own input: copying it would hand the
+                // run its own text as if the operator had written the input.
+                crate::report::warn(&format!(
+                    "the declared input file {} is the prompt file itself; not copied \
+                     (rename the input, or place it in the store directory)",
+                    declared.path
+                ));
+            } else if beside.is_file() {
                 if let Err(why) = pf_engine::place_input(prompt, store_dir, &beside) {
                     crate::report::warn(&why.to_string());
                 }

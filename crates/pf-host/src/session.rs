@@ -115,6 +115,12 @@ impl RunSettings {
             otlp,
         })
     }
+
+    /// `--no-stream`: never stream a round, not even for live output (a
+    /// server without streaming), whatever the host file's `stream` says.
+    pub fn never_stream(&mut self) {
+        Arc::make_mut(&mut self.host).stream = Some(false);
+    }
 }
 
 /// The run's arguments as given.
@@ -189,9 +195,16 @@ pub struct UsageError(pub String);
 /// A session whose log has begun; [`RunSession::run`] runs it.
 pub struct RunSession {
     plan: RunPlan,
+    /// The id the log and the report name the run by: the seed's execution
+    /// id, or for a replay its own id linked to the original by `replay_of`.
     execution: String,
     store_dir: PathBuf,
     log: Arc<SessionLog>,
+    /// The prompt (or its parse error), parsed before the log began.
+    parsed: Result<Arc<Prompt>, pf_syntax::ParseError>,
+    /// The argument string, built (stdin read, `--arg` typed) before the
+    /// log began; `None` when the prompt does not parse.
+    run_args: Option<Result<String, String>>,
 }
 
 /// A session's end: the report, and what is left to do after it is shown.
@@ -199,6 +212,9 @@ pub struct Finished {
     pub report: RunReport,
     /// The prompt did not parse (the report is the parse failure).
     pub parse_failed: bool,
+    /// The prompt has model roles but no model was configured because no
+    /// host file was found ([`no_host_file_note`] says where one was looked for).
+    pub no_model_configured: bool,
     trace: Option<Arc<OtlpTrace>>,
     log: Arc<SessionLog>,
 }
@@ -208,10 +224,35 @@ impl RunSession {
     /// every way out ends the log exactly once.
     pub fn begin(plan: RunPlan) -> Result<RunSession, UsageError> {
         let began = Instant::now();
-        let (execution, _) = pf_engine::seeded_names(plan.seed);
+        let (seeded, _) = pf_engine::seeded_names(plan.seed);
+        // The run itself keeps the seed's execution id (a replay is byte for
+        // byte its original), but the log and the report name a replay by its
+        // own id, linked to the original by `replay_of`, so `show` can tell
+        // them apart.
+        let execution = match &plan.replay_of {
+            Some(_) => replay_execution(&seeded),
+            None => seeded.clone(),
+        };
         let store_dir = match plan.store_dir.clone() {
             Some(dir) => dir,
-            None => private_store_dir(&execution).map_err(UsageError)?,
+            None => private_store_dir(&seeded).map_err(UsageError)?,
+        };
+        // The argument string is built (stdin read, `--arg` typed) before the
+        // log begins, so the log keeps the string the run received and a
+        // replay or resume reproduces it.
+        let parsed = match &plan.parsed {
+            Some(prompt) => Ok(Arc::clone(prompt)),
+            None => parse_prompt(&plan.source).map(Arc::new),
+        };
+        let run_args = parsed.as_ref().ok().map(|prompt| match &plan.args {
+            PlanArgs::CommandLine { text, pairs } => {
+                argument_string(prompt, text.as_deref(), pairs)
+            }
+            PlanArgs::Exact(text) => Ok(text.clone()),
+        });
+        let logged_args = match &run_args {
+            Some(Ok(text)) => text.clone(),
+            _ => plan.args.logged(),
         };
         let sink = (!plan.no_log)
             .then(|| {
@@ -219,7 +260,7 @@ impl RunSession {
                     execution: execution.clone(),
                     prompt_path: display_path(&plan.file),
                     prompt_text: String::from_utf8_lossy(&plan.source).into_owned(),
-                    args: Json::String(plan.args.logged()),
+                    args: Json::String(logged_args),
                     seed: plan.seed,
                     start_rfc3339: pf_engine::format_when(plan.start_ms),
                     start_ms: plan.start_ms,
@@ -237,10 +278,13 @@ impl RunSession {
             execution,
             store_dir,
             log: Arc::new(SessionLog { sink, began }),
+            parsed,
+            run_args,
         })
     }
 
-    /// The run's execution id (from its seed).
+    /// The run's execution id as the log and the report name it (from its
+    /// seed; a replay's own id).
     pub fn execution(&self) -> &str {
         &self.execution
     }
@@ -267,12 +311,12 @@ impl RunSession {
             execution,
             store_dir,
             log,
+            parsed,
+            run_args,
         } = self;
         let RunPlan {
             file,
             source,
-            parsed,
-            args,
             seed,
             start_ms,
             settings,
@@ -286,32 +330,36 @@ impl RunSession {
             ..
         } = plan;
         let prompt = match parsed {
-            Some(prompt) => prompt,
-            None => match parse_prompt(&source) {
-                Ok(p) => Arc::new(p),
-                Err(e) => {
-                    let report = parse_failure_report(&e, &source);
-                    log.end(&report);
-                    return Ok(Finished {
-                        report,
-                        parse_failed: true,
-                        trace: None,
-                        log,
-                    });
-                }
-            },
-        };
-        let run_args = match args {
-            PlanArgs::CommandLine { text, pairs } => {
-                match argument_string(&prompt, text.as_deref(), &pairs) {
-                    Ok(a) => a,
-                    Err(m) => return Err(log.usage(m)),
-                }
+            Ok(prompt) => prompt,
+            Err(e) => {
+                let report = parse_failure_report(&e, &source);
+                log.end(&report);
+                return Ok(Finished {
+                    report,
+                    parse_failed: true,
+                    no_model_configured: false,
+                    trace: None,
+                    log,
+                });
             }
-            PlanArgs::Exact(text) => text,
+        };
+        let run_args = match run_args {
+            Some(Ok(a)) => a,
+            Some(Err(m)) => return Err(log.usage(m)),
+            None => String::new(),
         };
         let host = &settings.host;
         let current = settings.model.as_deref();
+        // A prompt with model roles binds them to the current model: its key is
+        // looked for now, not at the first round after earlier sections ran.
+        if !prompt.frontmatter.models.is_empty() && replay.is_none() {
+            if let Some(m) = current
+                .and_then(|id| host.spec(id))
+                .and_then(|spec| missing_key(spec, settings.host_path.as_deref()))
+            {
+                return Err(log.usage(m));
+            }
+        }
         log_host(settings.host_path.as_deref(), host, current, &prompt);
         tracing::info!("store directory: {}", store_dir.display());
         place_input(&prompt, &file, &store_dir, quiet);
@@ -381,6 +429,7 @@ impl RunSession {
             Err(m) => return Err(log.usage(m)),
         };
         let mut report = RunReport::of_run(seed, &finished, &store_dir);
+        report.execution = Some(execution.clone());
         report.usage = usage
             .totals()
             .map(|(input_tokens, output_tokens)| ReportUsage {
@@ -409,9 +458,13 @@ impl RunSession {
             }
         }
         log.end(&report);
+        let no_model_configured = settings.host_path.is_none()
+            && current.is_none()
+            && !prompt.frontmatter.models.is_empty();
         Ok(Finished {
             report,
             parse_failed: false,
+            no_model_configured,
             trace,
             log,
         })
@@ -480,6 +533,58 @@ impl SessionLog {
         self.settle();
         UsageError(message)
     }
+}
+
+/// The complaint about `spec`'s API key variable when it is unset or blank,
+/// naming the model and the host file (never a value).
+fn missing_key(spec: &pf_models::ProviderSpec, host_path: Option<&Path>) -> Option<String> {
+    let variable = match &spec.kind {
+        pf_models::ProviderKind::OpenAi(endpoint)
+        | pf_models::ProviderKind::Anthropic(endpoint) => endpoint.api_key_env.as_deref()?,
+        pf_models::ProviderKind::Script { .. } => return None,
+    };
+    let set = std::env::var(variable).is_ok_and(|v| !v.trim().is_empty());
+    if set {
+        return None;
+    }
+    let host = host_path.map_or_else(|| "the host file".to_string(), |p| p.display().to_string());
+    Some(format!(
+        "model \"{}\" reads its API key from ${variable}, which is not set \
+         (api_key_env in {host}): export {variable}=... or choose another model with --model",
+        spec.id
+    ))
+}
+
+/// Why a prompt with model roles found no model: no host file, and where one
+/// was looked for.
+pub fn no_host_file_note() -> String {
+    let mut places = vec!["--host FILE".to_string(), "$PROMPTFORGE_HOST".to_string()];
+    if let Some(dir) = std::env::var_os("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .filter(|d| d.is_absolute())
+    {
+        places.push(dir.join("promptforge/host.toml").display().to_string());
+    }
+    if let Some(home) = std::env::var_os("HOME") {
+        places.push(
+            Path::new(&home)
+                .join(".config/promptforge/host.toml")
+                .display()
+                .to_string(),
+        );
+    }
+    format!(
+        "note: no host file was found, so no model is configured for this prompt's roles \
+         (looked at {}); pass --host FILE (`promptforge init NAME` writes one)",
+        places.join(", ")
+    )
+}
+
+/// A replay's own execution id: its original's with a random `-replay-` tag.
+fn replay_execution(original: &str) -> String {
+    use rand::Rng;
+    let tag: u32 = rand::rng().random();
+    format!("{original}-replay-{tag:08x}")
 }
 
 /// A path as the log shows it: absolute when it can be made so.

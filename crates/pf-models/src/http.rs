@@ -87,7 +87,7 @@ pub fn is_transient(error: &ProviderError) -> bool {
     let ProviderError::Failed(message) = error else {
         return false;
     };
-    if message == TRANSPORT_FAILURE
+    if message.starts_with(TRANSPORT_FAILURE)
         || message.starts_with(MALFORMED)
         || message.starts_with(UNREADABLE_BODY)
     {
@@ -96,8 +96,12 @@ pub fn is_transient(error: &ProviderError) -> bool {
     // The status is the digits after the prefix; a 429 may go on with the server's text.
     message
         .strip_prefix(BACKEND_STATUS)
-        .map(|rest| rest.split(':').next().unwrap_or(rest))
-        .and_then(|status| status.parse::<u16>().ok())
+        .and_then(|rest| {
+            let digits = rest
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(rest.len());
+            rest[..digits].parse::<u16>().ok()
+        })
         .is_some_and(|status| status >= 500 || status == 429)
 }
 
@@ -151,11 +155,15 @@ pub(crate) fn log_safe(text: &str, key: Option<&str>) -> String {
     format!("{scrubbed:?}")
 }
 
-/// The failure for a refused or broken connection and for a receive timeout.
-/// The details go to the log; the message is the same for all of them.
-pub(crate) fn transport_failure() -> ProviderError {
-    ProviderError::Failed(TRANSPORT_FAILURE.to_string())
+/// The failure for a refused or broken connection and for a receive timeout:
+/// the guide's fixed text, then what happened (our words and the OS's, never
+/// reply text) and where, so a stored failure keeps its cause.
+pub(crate) fn transport_failure(url: &str, cause: &str) -> ProviderError {
+    ProviderError::Failed(format!("{TRANSPORT_FAILURE}: {cause} ({url})"))
 }
+
+/// The most of a server's error message a failure keeps.
+const SERVER_MESSAGE_CHARS: usize = 300;
 
 /// The failure for a reply that is too large or does not decode. `detail` is
 /// written by this crate and never quotes the reply.
@@ -169,9 +177,29 @@ pub(crate) fn stream_malformed(url: &str, detail: &str) -> ProviderError {
     malformed(detail)
 }
 
-/// The failure for a final non-success status: the number only, never the body.
-pub(crate) fn status_failure(status: StatusCode) -> ProviderError {
-    ProviderError::Failed(format!("{BACKEND_STATUS}{}", status.as_u16()))
+/// The failure for a final non-success status: the number, then the error
+/// message the server gave (its JSON `error.message`, else its text), with
+/// every form of the key replaced, on one line and cut short, so the stored
+/// error says what the server said.
+pub(crate) fn status_failure(
+    status: StatusCode,
+    server_message: &str,
+    key: Option<&str>,
+) -> ProviderError {
+    let scrubbed = Secrets::new(key).scrub(server_message);
+    let one_line: String = scrubbed
+        .split(|c: char| c.is_control() || c.is_whitespace())
+        .filter(|w| !w.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    if one_line.is_empty() {
+        return ProviderError::Failed(format!("{BACKEND_STATUS}{}", status.as_u16()));
+    }
+    let mut said: String = one_line.chars().take(SERVER_MESSAGE_CHARS).collect();
+    if one_line.chars().count() > SERVER_MESSAGE_CHARS {
+        said.push('…');
+    }
+    ProviderError::Failed(format!("{BACKEND_STATUS}{}: {said}", status.as_u16()))
 }
 
 /// Longest server text a status failure keeps, in characters.
@@ -412,16 +440,14 @@ impl HttpClient {
         };
         match sent {
             Err(_) => {
-                tracing::warn!(
-                    %url,
-                    "model request failed: no response within {}",
-                    describe_duration(timeout)
-                );
-                Err(transport_failure())
+                let cause = format!("no response within {}", describe_duration(timeout));
+                tracing::warn!(%url, "model request failed: {cause}");
+                Err(transport_failure(url, &cause))
             }
             Ok(Err(error)) => {
-                tracing::warn!(%url, "model request failed: {}", error_chain(&error));
-                Err(transport_failure())
+                let cause = error_chain(&error);
+                tracing::warn!(%url, "model request failed: {cause}");
+                Err(transport_failure(url, &cause))
             }
             Ok(Ok(response)) => Ok(response),
         }
@@ -466,9 +492,9 @@ impl HttpClient {
             match chunk {
                 Err(_) => return Err(stalled(url, timeout, body.len())),
                 Ok(Err(error)) => {
-                    log_broken(url, &error);
+                    let cause = log_broken(url, &error);
                     return Err(if status.is_success() {
-                        transport_failure()
+                        transport_failure(url, &cause)
                     } else {
                         unreadable_error_body(status)
                     });
@@ -535,8 +561,8 @@ impl EventStream {
             match chunk {
                 Err(_) => return Err(stalled(&self.url, self.timeout, self.received)),
                 Ok(Err(error)) => {
-                    log_broken(&self.url, &error);
-                    return Err(transport_failure());
+                    let cause = log_broken(&self.url, &error);
+                    return Err(transport_failure(&self.url, &cause));
                 }
                 Ok(Ok(None)) => self.ended = true,
                 Ok(Ok(Some(bytes))) => {
@@ -561,7 +587,13 @@ impl EventStream {
             received = self.received,
             "model reply stream ended before the reply was complete"
         );
-        transport_failure()
+        transport_failure(
+            &self.url,
+            &format!(
+                "the reply stream ended before the reply was complete, after {} bytes",
+                self.received
+            ),
+        )
     }
 }
 
@@ -584,21 +616,22 @@ fn stream_too_large(cap: usize) -> ProviderError {
 }
 
 fn stalled(url: &str, timeout: Duration, received: usize) -> ProviderError {
-    tracing::warn!(
-        %url,
-        received,
-        "model reply stalled for more than {}",
+    let cause = format!(
+        "the reply stalled: nothing arrived for {} (after {received} bytes)",
         describe_duration(timeout)
     );
-    transport_failure()
+    tracing::warn!(%url, received, "model {cause}");
+    transport_failure(url, &cause)
 }
 
-fn log_broken(url: &str, error: &reqwest::Error) {
-    tracing::warn!(
-        %url,
-        "model reply connection broke while the response was arriving: {}",
+/// Log a connection that broke mid-reply; the cause, for the failure.
+fn log_broken(url: &str, error: &reqwest::Error) -> String {
+    let cause = format!(
+        "the connection broke while the reply was arriving: {}",
         error_causes(error)
     );
+    tracing::warn!(%url, "model reply {cause}");
+    cause
 }
 
 /// What went wrong and why, `: `-separated, without the URL reqwest repeats.
@@ -668,9 +701,25 @@ mod tests {
     #[test]
     fn failure_messages_are_the_guides() {
         assert_eq!(
-            status_failure(StatusCode::SERVICE_UNAVAILABLE),
+            status_failure(StatusCode::SERVICE_UNAVAILABLE, "", None),
             ProviderError::Failed("non-success backend status 503".into())
         );
+        assert_eq!(
+            status_failure(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "model sk-9 not loaded:\n\x1b[2Jtry later",
+                Some("sk-9")
+            ),
+            ProviderError::Failed(
+                "non-success backend status 500: model [redacted] not loaded: [2Jtry later".into()
+            )
+        );
+        let long = "x".repeat(400);
+        let ProviderError::Failed(cut) = status_failure(StatusCode::BAD_GATEWAY, &long, None)
+        else {
+            panic!("a failure")
+        };
+        assert!(cut.ends_with('…') && cut.chars().count() < 340, "{cut}");
         assert_eq!(
             unreadable_error_body(StatusCode::BAD_GATEWAY),
             ProviderError::Failed("unreadable backend error body (status 502)".into())
@@ -682,8 +731,10 @@ mod tests {
             )
         );
         assert_eq!(
-            transport_failure(),
-            ProviderError::Failed("http transport failure".into())
+            transport_failure("http://h:1/v1/x", "cannot connect: refused"),
+            ProviderError::Failed(
+                "http transport failure: cannot connect: refused (http://h:1/v1/x)".into()
+            )
         );
     }
 
@@ -701,19 +752,19 @@ mod tests {
     #[test]
     fn transient_failures_are_the_guides_plus_429() {
         let transient = [
-            transport_failure(),
+            transport_failure("http://h", "cannot connect"),
             malformed("not JSON"),
             stream_too_large(10),
             unreadable_error_body(StatusCode::BAD_REQUEST),
-            status_failure(StatusCode::INTERNAL_SERVER_ERROR),
-            status_failure(StatusCode::SERVICE_UNAVAILABLE),
-            status_failure(StatusCode::TOO_MANY_REQUESTS),
+            status_failure(StatusCode::INTERNAL_SERVER_ERROR, "", None),
+            status_failure(StatusCode::SERVICE_UNAVAILABLE, "overloaded", None),
+            status_failure(StatusCode::TOO_MANY_REQUESTS, "slow down", None),
             status_failure_saying(StatusCode::TOO_MANY_REQUESTS, "slow: 3 of 3 used", None),
         ];
         assert!(transient.iter().all(is_transient));
         let lasting = [
-            status_failure(StatusCode::BAD_REQUEST),
-            status_failure(StatusCode::UNAUTHORIZED),
+            status_failure(StatusCode::BAD_REQUEST, "", None),
+            status_failure(StatusCode::UNAUTHORIZED, "bad key 500", None),
             status_failure_saying(StatusCode::BAD_REQUEST, "500: no", None),
             ProviderError::Failed("missing environment variable: K".into()),
             ProviderError::ContextOverflow("too long".into()),

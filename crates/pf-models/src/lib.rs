@@ -18,10 +18,13 @@
 //! fragments) is scrubbed of the key and of its re-encoded forms: JSON, `\x`,
 //! percent and HTML escapes, Latin-1, base64, and a key split across fragments.
 //!
-//! A failed call's message is one of a fixed few, never the reply body, so a
-//! hostile payload cannot leak into a message or forge a log line:
-//! `http transport failure` (connection failure, receive timeout, a stream cut
-//! short), `non-success backend status {status}`, `malformed response: {detail}`
+//! A failed call's message starts with one of a fixed few, and carries no
+//! reply body, so a hostile payload cannot leak into a message or forge a log
+//! line: `http transport failure: {cause} ({url})` (connection failure, receive
+//! timeout, a stream cut short; the cause in our words and the OS's),
+//! `non-success backend status {status}[: {server message}]` (the server's
+//! error message only, scrubbed of the key, on one line, cut at 300
+//! characters), `malformed response: {detail}`
 //! (an oversized or undecodable reply), `unreadable backend error body (status {status})`,
 //! `missing environment variable: {name}` and
 //! `environment variable is set but not valid Unicode: {name}`. The URL, the
@@ -122,6 +125,9 @@ pub struct HttpEndpoint {
     pub base_url: String,
     /// The NAME of the environment variable holding the API key; `None` sends no key.
     pub api_key_env: Option<String>,
+    /// How long to wait for the reply's first byte and then for each next
+    /// chunk; `None` is [`RECEIVE_TIMEOUT`] (guide ch. 17).
+    pub receive_timeout: Option<std::time::Duration>,
 }
 
 /// Build the provider `spec` describes, recording to its record file when it
@@ -144,6 +150,7 @@ pub fn build_provider(spec: &ProviderSpec) -> Result<Arc<dyn ModelProvider>, Str
                     started.kind = ProviderKind::OpenAi(HttpEndpoint {
                         base_url,
                         api_key_env: endpoint.api_key_env.clone(),
+                        receive_timeout: endpoint.receive_timeout,
                     });
                     build_direct(&started)
                 },
@@ -178,6 +185,7 @@ fn build_direct(spec: &ProviderSpec) -> Result<Arc<dyn ModelProvider>, String> {
         api_key_env: endpoint.api_key_env.clone(),
         http: HttpSettings {
             max_retries: spec.retries,
+            receive_timeout: endpoint.receive_timeout.unwrap_or(RECEIVE_TIMEOUT),
             ..HttpSettings::default()
         },
     };

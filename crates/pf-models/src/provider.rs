@@ -423,6 +423,21 @@ impl<W: WireFormat> HttpProvider<W> {
             .await?
         {
             Streamed::Events(stream) => stream,
+            // A server without streaming may refuse the `stream` field with a
+            // client error: the same request goes again whole, once.
+            Streamed::Whole(reply) if self.refuses_streaming(&reply) => {
+                tracing::warn!(
+                    %url,
+                    status = %reply.status,
+                    "the model server refused a streamed request; sending it again without streaming"
+                );
+                let mut response = self.send(request, key, cancel).await?;
+                if let Some(text) = response.content.as_deref().filter(|t| !t.is_empty()) {
+                    on_text(text);
+                }
+                response.stream_timing = Some(clock.timing());
+                return Ok(response);
+            }
             // A server that does not stream answers with one body: its text is one fragment.
             Streamed::Whole(reply) => {
                 let mut response =
@@ -510,8 +525,26 @@ impl<W: WireFormat> HttpProvider<W> {
         })
     }
 
+    /// Whether an error reply to a streamed request may mean the server does
+    /// not stream: a client error that is not about the key, the rate or the
+    /// context window.
+    fn refuses_streaming(&self, reply: &HttpReply) -> bool {
+        let refusal = matches!(
+            reply.status,
+            StatusCode::BAD_REQUEST
+                | StatusCode::UNSUPPORTED_MEDIA_TYPE
+                | StatusCode::UNPROCESSABLE_ENTITY
+                | StatusCode::NOT_IMPLEMENTED
+        );
+        if !refusal {
+            return false;
+        }
+        let (message, code) = wire::error_details(&reply.body);
+        !self.wire.is_context_overflow(&message, code.as_deref())
+    }
+
     /// A non-success status as an error; a 400 that says the prompt is too long is a context overflow.
-    /// The server's error text goes to the log only, never into the message.
+    /// The message keeps the server's error message, scrubbed of the key (see `status_failure`).
     fn status_error(&self, url: &str, reply: &HttpReply, key: Option<&str>) -> ProviderError {
         let (message, code) = wire::error_details(&reply.body);
         if reply.status == StatusCode::BAD_REQUEST
@@ -525,12 +558,13 @@ impl<W: WireFormat> HttpProvider<W> {
             server_message = %log_safe(&message, key),
             "model request failed with a non-success status"
         );
-        // A rate limit's text says which limit and for how long: the one
-        // server text a message keeps, quoted, escaped, key-scrubbed and cut short.
+        // A rate limit's text says which limit and for how long: quoted,
+        // escaped, key-scrubbed and cut short. Any other status keeps the
+        // server's error message on one line, key-scrubbed and cut short.
         if reply.status == StatusCode::TOO_MANY_REQUESTS && !message.trim().is_empty() {
             return crate::http::status_failure_saying(reply.status, &message, key);
         }
-        status_failure(reply.status)
+        status_failure(reply.status, &message, key)
     }
 
     /// An error reported inside a stream: a context overflow keeps the server's

@@ -77,6 +77,7 @@ async fn an_openai_model_talks_to_its_base_url() {
         kind: ProviderKind::OpenAi(HttpEndpoint {
             base_url: format!("{}/v1", server.base_url),
             api_key_env: Some("PF_MODELS_TEST_BUILD_KEY".into()),
+            receive_timeout: None,
         }),
         id: "small".into(),
         model: "qwen2.5:7b".into(),
@@ -112,6 +113,7 @@ async fn an_anthropic_model_needs_its_key_variable() {
         kind: ProviderKind::Anthropic(HttpEndpoint {
             base_url: server.base_url.clone(),
             api_key_env: Some("PF_MODELS_TEST_BUILD_ANTHROPIC_UNSET".into()),
+            receive_timeout: None,
         }),
         model: "claude-x".into(),
         ..script_spec("unused".into())

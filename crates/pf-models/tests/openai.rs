@@ -358,7 +358,10 @@ async fn the_key_never_shows_in_errors_or_debug_output() {
         Some("PF_MODELS_TEST_OPENAI_KEY_ECHO"),
         ThinkingSupport::Never,
     );
-    assert_eq!(failure(&provider).await, "non-success backend status 401");
+    assert_eq!(
+        failure(&provider).await,
+        "non-success backend status 401: bad key: Bearer [redacted]"
+    );
     assert_eq!(server.requests().len(), 1, "a 401 is not retried");
     assert!(!format!("{provider:?}").contains("sk-echoed-secret"));
 }
@@ -500,7 +503,10 @@ async fn context_overflow_is_recognized() {
     )])
     .await;
     let provider = provider(&other.base_url, None, ThinkingSupport::Never);
-    assert_eq!(failure(&provider).await, "non-success backend status 400");
+    assert_eq!(
+        failure(&provider).await,
+        "non-success backend status 400: unknown model"
+    );
 }
 
 #[tokio::test]
@@ -577,7 +583,8 @@ async fn a_slow_drip_hits_the_receive_timeout() {
         impatient_http(),
     );
     // Without the timeout the rest arrives after the pause and the call succeeds.
-    assert_eq!(failure(&provider).await, "http transport failure");
+    let failed = failure(&provider).await;
+    assert!(failed.starts_with("http transport failure: "), "{failed}");
 }
 
 #[tokio::test]
@@ -592,7 +599,8 @@ async fn a_silent_server_hits_the_receive_timeout() {
         ThinkingSupport::Never,
         impatient_http(),
     );
-    assert_eq!(failure(&provider).await, "http transport failure");
+    let failed = failure(&provider).await;
+    assert!(failed.starts_with("http transport failure: "), "{failed}");
     assert_eq!(
         server.requests().len(),
         4,
@@ -685,7 +693,10 @@ async fn by_default_nothing_is_retried() {
         ThinkingSupport::Never,
         HttpSettings::default(),
     );
-    assert_eq!(failure(&provider).await, "non-success backend status 503");
+    assert_eq!(
+        failure(&provider).await,
+        "non-success backend status 503: busy"
+    );
     assert_eq!(server.requests().len(), 1);
 }
 
@@ -716,15 +727,21 @@ async fn retries_are_bounded() {
         TestServer::start(|_, _| Reply::json(500, json!({"error": {"message": "always broken"}})))
             .await;
     let always_500 = provider(&server.base_url, None, ThinkingSupport::Never);
-    assert_eq!(failure(&always_500).await, "non-success backend status 500");
+    assert_eq!(
+        failure(&always_500).await,
+        "non-success backend status 500: always broken"
+    );
     assert_eq!(server.requests().len(), 4);
 
-    // Forged log text in the body never reaches the message.
+    // Forged log text in the body stays on the message's one line.
     let forged =
         TestServer::start(|_, _| Reply::raw(502, "bad gateway\n2024-01-01 INFO run completed ok"))
             .await;
     let always_502 = provider(&forged.base_url, None, ThinkingSupport::Never);
-    assert_eq!(failure(&always_502).await, "non-success backend status 502");
+    assert_eq!(
+        failure(&always_502).await,
+        "non-success backend status 502: bad gateway 2024-01-01 INFO run completed ok"
+    );
     assert_eq!(forged.requests().len(), 4);
 }
 
@@ -758,7 +775,8 @@ async fn a_connection_that_always_breaks_fails_after_the_retries() {
     ])
     .await;
     let provider = provider(&server.base_url, None, ThinkingSupport::Never);
-    assert_eq!(failure(&provider).await, "http transport failure");
+    let failed = failure(&provider).await;
+    assert!(failed.starts_with("http transport failure: "), "{failed}");
     assert_eq!(server.requests().len(), 4);
 }
 
@@ -770,7 +788,8 @@ async fn a_refused_connection_is_a_transport_failure() {
     };
     let base_url = format!("http://127.0.0.1:{port}");
     let provider = provider(&base_url, None, ThinkingSupport::Never);
-    assert_eq!(failure(&provider).await, "http transport failure");
+    let failed = failure(&provider).await;
+    assert!(failed.starts_with("http transport failure: "), "{failed}");
 }
 
 #[tokio::test]

@@ -35,6 +35,7 @@ async fn providers_of_one_model_share_one_server_until_it_is_stopped() {
         kind: ProviderKind::OpenAi(HttpEndpoint {
             base_url: DEFAULT_SPAWN_BASE_URL.to_string(),
             api_key_env: None,
+            receive_timeout: None,
         }),
         id: "shared-spawn-test".into(),
         model: "fake".into(),

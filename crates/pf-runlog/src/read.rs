@@ -162,7 +162,7 @@ impl RunLog {
             .prepare_cached(
                 "SELECT id, execution, prompt_path, start_rfc3339, started_at_ms, model,
                     coalesce(outcome, ?4), duration_ms,
-                    input_tokens, output_tokens, total_tokens, batch
+                    input_tokens, output_tokens, total_tokens, replay_of, resumed_from, batch
                  FROM runs
                  WHERE (?1 IS NULL OR instr(prompt_path, ?1) > 0)
                    AND (?2 IS NULL OR coalesce(outcome, ?4) = ?2)
@@ -191,7 +191,9 @@ impl RunLog {
                         outcome: row.get(6)?,
                         duration_ms: optional_u64_column(row, 7)?,
                         usage: usage_columns(row, 8)?,
-                        batch: row.get(11)?,
+                        replay_of: row.get(11)?,
+                        resumed_from: row.get(12)?,
+                        batch: row.get(13)?,
                     })
                 },
             )

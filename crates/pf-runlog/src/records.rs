@@ -220,6 +220,10 @@ pub struct RunSummary {
     pub outcome: String,
     pub duration_ms: Option<u64>,
     pub usage: Option<TokenUsage>,
+    /// The execution id of the run this one replayed.
+    pub replay_of: Option<String>,
+    /// The execution id of the run this one resumed.
+    pub resumed_from: Option<String>,
     /// The batch the run belongs to.
     pub batch: Option<String>,
 }

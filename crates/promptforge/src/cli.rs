@@ -14,7 +14,7 @@ use clap::{Args, Parser, Subcommand};
     after_help = MAIN_EXAMPLES
 )]
 pub struct Cli {
-    /// When to colour diagnostics: auto (stderr is a terminal and NO_COLOR is unset), always, never.
+    /// When to colour output and log lines: auto (where the text goes is a terminal and NO_COLOR is unset), always, never.
     #[arg(long, global = true, value_enum, default_value_t = ColorChoice::Auto)]
     pub color: ColorChoice,
     #[command(subcommand)]
@@ -141,6 +141,10 @@ pub struct RunArgs {
     /// No live output, progress or warnings: only the result and errors.
     #[arg(long, short = 'q')]
     pub quiet: bool,
+    /// Never stream model replies (no live text; for servers without streaming);
+    /// wins over the host file's `stream`.
+    #[arg(long)]
+    pub no_stream: bool,
     #[command(flatten)]
     pub host: HostArgs,
     #[command(flatten)]
@@ -193,7 +197,7 @@ pub struct CheckArgs {
     /// Also make the checks prepare would make against this host file (Plugins' tools, roles).
     #[arg(long = "host", value_name = "FILE")]
     pub host: Option<PathBuf>,
-    /// How problems print: one line each, or rich snippets. Default: rich when stderr is a terminal.
+    /// How problems print: one line each, or rich snippets. Default: rich when stdout is a terminal.
     #[arg(long, value_enum)]
     pub format: Option<CheckFormat>,
     #[command(flatten)]

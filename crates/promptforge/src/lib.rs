@@ -51,13 +51,13 @@ pub fn init_logging_with_default(default_level: &str) {
         .unwrap_or_else(|| default_level.to_string());
     tracing_subscriber::fmt()
         .with_env_filter(log_filter(&spec))
-        // Every line is scrubbed of the keys the host file names: a debug
-        // line may quote a server's words.
+        // Every line is scrubbed of the keys the host file names (a debug
+        // line may quote a server's words), and goes above the progress
+        // spinner, never onto its line.
         .with_writer(ScrubbedStderr)
-        // Colour only on a terminal, and never under NO_COLOR (`--color` is read later).
-        .with_ansi(ui::stderr_color())
         .with_target(false)
-        // No colour codes into a pipe or a file, nor with NO_COLOR.
+        // Colour only on a terminal, never under NO_COLOR or `--color never`
+        // (read before logging starts).
         .with_ansi(crate::ui::stderr_color())
         .init();
 }
@@ -74,7 +74,7 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for ScrubbedStderr {
     }
 }
 
-/// One log line, written to stderr scrubbed when dropped.
+/// One log line, written to stderr scrubbed when dropped (above the spinner).
 struct ScrubbedLine(Vec<u8>);
 
 impl std::io::Write for ScrubbedLine {
@@ -95,7 +95,7 @@ impl Drop for ScrubbedLine {
         }
         let text = String::from_utf8_lossy(&self.0);
         let line = pf_secrets::global().scrub(&text);
-        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+        let _ = std::io::Write::write_all(&mut progress::AboveSpinner, line.as_bytes());
     }
 }
 

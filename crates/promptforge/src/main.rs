@@ -13,14 +13,15 @@ fn main() -> ExitCode {
     let raw: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let flag = |name: &str| raw.iter().skip(1).any(|a| a == name);
     promptforge::ui::set_json_errors(flag("--json"));
-    if flag("--quiet") || flag("-q") {
-        promptforge::init_logging_with_default("error");
-    } else {
-        promptforge::init_logging();
-    }
     match Cli::try_parse() {
         Ok(cli) => {
+            // `--color` first: the log's colour follows it.
             promptforge::ui::set_color_choice(cli.color);
+            if flag("--quiet") || flag("-q") {
+                promptforge::init_logging_with_default("error");
+            } else {
+                promptforge::init_logging();
+            }
             let code = promptforge::commands::dispatch(cli.command);
             // Model servers the catalog spawned end with the process, on every
             // way out of a command (the forced exit of a second signal kills them).

@@ -34,6 +34,46 @@ struct State {
     /// The text the latest round streamed, to avoid printing the reply twice.
     last_round_text: String,
     shown_any: bool,
+    /// A tool call just failed: the `tool_result` that follows (a model's
+    /// call) carries the reason the model reads.
+    failed_tool: Option<String>,
+}
+
+/// The spinner on screen, if any: log lines (`tracing`) are written above it
+/// through [`AboveSpinner`] instead of tearing its line.
+static ACTIVE_BAR: Mutex<Option<ProgressBar>> = Mutex::new(None);
+
+fn active_bar() -> Option<ProgressBar> {
+    ACTIVE_BAR.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+/// Write `bytes` to stderr, above the spinner when one is drawn.
+fn write_stderr(bytes: &[u8]) -> std::io::Result<()> {
+    let write = || {
+        let mut err = std::io::stderr().lock();
+        err.write_all(bytes)?;
+        err.flush()
+    };
+    match active_bar() {
+        Some(bar) => bar.suspend(write),
+        None => write(),
+    }
+}
+
+/// Stderr for log lines: each write clears the spinner first and redraws it
+/// after, so a `WARN` line never lands on the spinner's line.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AboveSpinner;
+
+impl Write for AboveSpinner {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        write_stderr(buf)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 impl RunProgress {
@@ -47,6 +87,7 @@ impl RunProgress {
             bar.set_style(style);
             bar.set_message("preparing");
             bar.enable_steady_tick(Duration::from_millis(120));
+            *ACTIVE_BAR.lock().unwrap_or_else(|p| p.into_inner()) = Some(bar.clone());
             bar
         });
         Arc::new(RunProgress {
@@ -66,9 +107,15 @@ impl RunProgress {
             "section_started" => self.section(&event.section),
             "tool_result" => {
                 if let Some(alias) = event.field("alias").and_then(|a| a.as_str()) {
-                    self.tool_call(alias);
+                    let content = event.field("content").and_then(|c| c.as_str());
+                    self.tool_answered(alias, content);
                 }
             }
+            "tool_call_failed" => self.tool_failed(),
+            // The operator's question gets a clean line: no spinner redrawn
+            // over it while they type.
+            "user_input_wait_started" => self.pause(),
+            "user_input" => self.resume(),
             _ => {}
         }
     }
@@ -122,11 +169,54 @@ impl RunProgress {
         self.update(&state);
     }
 
-    /// A tool call answered.
-    pub fn tool_call(&self, name: &str) {
+    /// A tool call answered: after a failure, the reason the model reads.
+    fn tool_answered(&self, name: &str, content: Option<&str>) {
         let mut state = self.state();
+        if state.failed_tool.take().is_some() {
+            if let Some(reason) = content.and_then(failure_reason) {
+                let _ = self.print(format!("    {reason}\n").as_bytes());
+            }
+        }
         state.last_tool = Some(name.to_string());
         self.update(&state);
+    }
+
+    /// A tool call failed: a line of its own, so a failure is never silent on
+    /// a terminal (a model's call goes on with the failure as its answer).
+    fn tool_failed(&self) {
+        let mut state = self.state();
+        let alias = state.last_tool.clone().unwrap_or_else(|| "tool".into());
+        let State {
+            printer, pending, ..
+        } = &mut *state;
+        let _ = printer.finish(pending);
+        let mut bytes = std::mem::take(pending);
+        let color = crate::ui::stderr_color();
+        let mark = if color { "\x1b[1;31m✗\x1b[0m" } else { "✗" };
+        bytes.extend_from_slice(
+            format!("  {mark} {} failed\n", printable(&alias).replace('\n', " ")).as_bytes(),
+        );
+        let _ = self.print(&bytes);
+        state.failed_tool = Some(alias);
+        self.update(&state);
+    }
+
+    fn pause(&self) {
+        if let Some(bar) = &self.bar {
+            bar.disable_steady_tick();
+            bar.set_draw_target(ProgressDrawTarget::hidden());
+            // The hidden bar no longer owns its line: clear what it drew there.
+            let _ = write_stderr(b"\r\x1b[2K");
+        }
+    }
+
+    fn resume(&self) {
+        if let Some(bar) = &self.bar {
+            if bar.is_hidden() {
+                bar.set_draw_target(ProgressDrawTarget::stderr());
+                bar.enable_steady_tick(Duration::from_millis(120));
+            }
+        }
     }
 
     fn update(&self, state: &State) {
@@ -167,6 +257,7 @@ impl RunProgress {
         let rest: Vec<u8> = std::mem::take(pending);
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
+            *ACTIVE_BAR.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }
         let _ = self.print(&rest);
     }
@@ -179,6 +270,28 @@ impl RunProgress {
             && !result.trim().is_empty()
             && state.last_round_text.trim() == result.trim()
     }
+}
+
+/// The first line of a failed call's answer, without the untrusted-input
+/// envelope around it, cut at 200 characters.
+fn failure_reason(content: &str) -> Option<String> {
+    // The envelope: a preamble line, `<untrusted_input_NONCE>`, the text, the closing tag.
+    let inner = match content.find("<untrusted_input_") {
+        Some(at) => {
+            let body = &content[at..];
+            let start = body.find('\n').map_or(body.len(), |i| i + 1);
+            let end = body.rfind("\n</untrusted_input_").unwrap_or(body.len());
+            body.get(start..end.max(start)).unwrap_or_default()
+        }
+        None => content,
+    };
+    let line = inner.lines().find(|l| !l.trim().is_empty())?;
+    let line = printable(line.trim());
+    let mut shown: String = line.chars().take(200).collect();
+    if line.chars().count() > 200 {
+        shown.push('…');
+    }
+    Some(shown)
 }
 
 /// `alias {arguments}` on one line: compact JSON, control characters made

@@ -87,6 +87,19 @@ pub fn print_stdout(text: &str) {
     let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
 }
 
+/// The exit status after writing a command's output: a closed stdout
+/// (`| head -1`) ends the command quietly with 0, as nobody reads the rest.
+pub fn written(result: std::io::Result<()>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: cannot write the output: {e}");
+            std::process::ExitCode::from(crate::EXIT_FAILED)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -203,6 +203,13 @@ fn the_research_agent_searches_and_fetches_a_local_page() {
     let last: Value =
         serde_json::from_str(requests.lines().last().expect("a request")).expect("json");
     let shown = last["messages"].to_string();
+    // The section's prose is the system message: the instruction reaches the model.
+    assert!(
+        last["messages"][0]["content"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("You are a careful researcher.")),
+        "{shown}"
+    );
     assert!(shown.contains("Tides explained"), "{shown}");
     assert!(shown.contains("two bulges"), "{shown}");
 }

@@ -52,13 +52,14 @@ end
 --]==]
 function H.make_error(...) H.load_part('base') return H.make_error(...) end -- (until the part is in)
 -- Host calls return (true, ...) or (false, err): raise the error value here so
--- pcall sees exactly the value the host built.
+-- pcall sees exactly the value the host built. Level 0: a string here is an
+-- error Lua code raised (a local tool's handler) that already says where it
+-- happened; another position would name this call's line in front of it.
 local function check(ok, ...)
   if ok then return ... end
-  local e = ...
-  -- Host memory refused for the prompt is Lua's memory error, raised as Lua raises it: no position.
-  if e == 'not enough memory' then error(e, 0) end
-  error(e, 2)
+  -- (Host memory refused for the prompt is Lua's memory error, raised as Lua
+  -- raises it: no position, as every error here.)
+  error((...), 0)
 end
 -- (The closures below have the shape the one-off `H.wrap(raw)` gave each host
 -- function before the dispatchers: `function(...) return check(raw(...)) end`.)

@@ -17,9 +17,16 @@ use pf_host::HostConfig;
 pub fn run(args: CheckArgs) -> ExitCode {
     let mut files = Vec::new();
     for path in &args.paths {
-        match collect(path, &mut files) {
-            Ok(()) => {}
-            Err(m) => return super::usage(&m),
+        let before = files.len();
+        if let Err(m) = collect(path, &mut files) {
+            return super::usage(&m);
+        }
+        if files.len() == before {
+            // A folder with no prompt in it: say so, rather than pass in silence.
+            eprintln!(
+                "warning: no prompt files in {} (a prompt is a `.md` file whose first line is `---`)",
+                pf_host::report::terminal_safe(&path.display().to_string())
+            );
         }
     }
     let host = match &args.host {
@@ -191,19 +198,24 @@ impl FileReport {
     fn write(&self, out: &mut impl std::io::Write, rich: bool, color: bool) -> std::io::Result<()> {
         let name = self.name();
         // A message, file name or source line a prompt chose must not drive the
-        // terminal: control characters are shown escaped (and then without colour,
-        // whose own escapes would be escaped too).
+        // terminal: control characters are shown escaped. Colour differs from
+        // the plain rendering only by our own escapes around the same parts, so
+        // it is used exactly when the plain rendering needs no escaping.
         let unsafe_source = String::from_utf8_lossy(&self.source)
             .chars()
             .any(|c| c.is_control() && c != '\n' && c != '\t' && c != '\r');
         for problem in &self.problems {
-            let line = problem.one_line(&name);
-            let risky = unsafe_source || pf_host::report::terminal_safe(&line) != line;
-            if rich {
-                let text = problem.render(&name, &self.source, color && !risky);
-                writeln!(out, "{}", pf_host::report::terminal_safe(&text))?;
-            } else {
+            if !rich {
+                let line = problem.one_line(&name);
                 writeln!(out, "{}", pf_host::report::terminal_safe(&line))?;
+                continue;
+            }
+            let plain = problem.render(&name, &self.source, false);
+            let safe = pf_host::report::terminal_safe(&plain);
+            if color && !unsafe_source && matches!(safe, std::borrow::Cow::Borrowed(_)) {
+                writeln!(out, "{}", problem.render(&name, &self.source, true))?;
+            } else {
+                writeln!(out, "{safe}")?;
             }
         }
         Ok(())

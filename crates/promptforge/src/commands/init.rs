@@ -10,6 +10,14 @@ use crate::cli::InitArgs;
 pub fn run(args: InitArgs) -> ExitCode {
     let stem = match args.name.file_name().and_then(|n| n.to_str()) {
         Some(s) if pf_syntax::is_valid_name(s) || valid_file_stem(s) => s.to_string(),
+        Some(s) if s.ends_with(".md") && valid_file_stem(&s[..s.len() - 3]) => {
+            let bare = args.name.with_file_name(&s[..s.len() - 3]);
+            return super::usage(&format!(
+                "init: give the NAME without `.md` (init writes NAME.md and its companions): \
+                 promptforge init {}",
+                bare.display()
+            ));
+        }
         _ => {
             return super::usage(&format!(
                 "init: {} is not a usable prompt name (letters, digits, `-`, `_`)",
@@ -59,8 +67,10 @@ fn valid_file_stem(s: &str) -> bool {
 
 /// The files `init` writes, by name.
 pub fn scaffold(stem: &str) -> Vec<(String, String)> {
+    // The instruction is the Answer section's prose: `prose` in a block is
+    // its own section's prose, so editing the instruction changes the request.
     let prompt = format!(
-        "---\nname: {stem}\ndescription: Answers a request in one short paragraph\npromptforge: 0\nmodels:\n  writer:\n    description: writes the answer\n---\n\n# {title}\n\nAnswer the request below in one short paragraph.\n\n## Answer\n\n```lua\nmodels.use('writer')\nreturn models.infer(prose .. '\\n\\nRequest: ' .. args)\n```\n",
+        "---\nname: {stem}\ndescription: Answers a request in one short paragraph\npromptforge: 0\nmodels:\n  writer:\n    description: writes the answer\n---\n\n# {title}\n\n## Answer\n\nAnswer the request below in one short paragraph.\n\n```lua\nmodels.use('writer')\nreturn models.infer(prose .. '\\n\\nRequest: ' .. args)\n```\n",
         title = title_of(stem)
     );
     let host = format!(
@@ -70,7 +80,7 @@ pub fn scaffold(stem: &str) -> Vec<(String, String)> {
     // The `promptforge test` format (docs/testing.md): the replies are
     // scripted in the case, so the test needs no host file.
     let test = format!(
-        "# Tests for {stem}.md: run with `promptforge test {stem}.test.yaml`.\ncases:\n  - name: answers in one paragraph\n    args: a first request\n    replies:\n      - Here is a short answer to your request.\n    expect:\n      outcome: completed\n      result: Here is a short answer to your request.\n      events:\n        model_turn_completed: 1\n"
+        "# Tests for {stem}.md: run with `promptforge test {stem}.test.yaml`.\ncases:\n  - name: answers in one paragraph\n    args: a first request\n    replies:\n      - Here is a short answer to your request.\n    expect:\n      outcome: completed\n      result: Here is a short answer to your request.\n      # What the model was sent: the section's instruction, then the request.\n      offered:\n        - request: 0\n          messages:\n            contains: [Answer the request below, \"Request: a first request\"]\n      events:\n        model_turn_completed: 1\n"
     );
     vec![
         (format!("{stem}.md"), prompt),

@@ -20,13 +20,12 @@ pub(crate) struct LoggedRun {
 }
 
 impl LoggedRun {
-    /// The run's argument string as it was given (`None` when it was empty).
-    pub fn args(&self) -> Option<String> {
+    /// The argument string the run received (empty when it had none).
+    pub fn args(&self) -> String {
         match &self.record.start.args {
-            serde_json::Value::String(s) if s.is_empty() => None,
-            serde_json::Value::String(s) => Some(s.clone()),
-            serde_json::Value::Null => None,
-            other => Some(other.to_string()),
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Null => String::new(),
+            other => other.to_string(),
         }
     }
 }
@@ -117,10 +116,7 @@ pub fn run(args: ReplayArgs) -> ExitCode {
     execute(TerminalRun {
         file,
         source,
-        args: PlanArgs::CommandLine {
-            text: logged.args(),
-            pairs: Vec::new(),
-        },
+        args: PlanArgs::Exact(logged.args()),
         seed: start.seed,
         start_ms: start.start_ms,
         settings,

@@ -40,11 +40,15 @@ pub fn run(args: RunArgs) -> ExitCode {
         (None, Some(logged)) => logged.record.start.seed,
         _ => args.seed.seed_or_random(),
     };
+    // A resume hands the run the exact string the logged run received.
     let run_args = match (&args.args, &resumed) {
-        (None, Some(logged)) if args.arg.is_empty() => logged.args(),
-        _ => args.args.clone(),
+        (None, Some(logged)) if args.arg.is_empty() => PlanArgs::Exact(logged.args()),
+        _ => PlanArgs::CommandLine {
+            text: args.args.clone(),
+            pairs: args.arg.clone(),
+        },
     };
-    let settings = match RunSettings::resolve(&SettingsFlags {
+    let mut settings = match RunSettings::resolve(&SettingsFlags {
         host: args.host.host.clone(),
         model: args.model.model.clone(),
         otlp: args.telemetry.otlp.clone(),
@@ -52,16 +56,16 @@ pub fn run(args: RunArgs) -> ExitCode {
         Ok(s) => s,
         Err(m) => return super::usage(&m),
     };
+    if args.no_stream {
+        settings.never_stream();
+    }
     let resumed_from = resumed
         .as_ref()
         .map(|logged| logged.record.start.execution.clone());
     execute(TerminalRun {
         file: file.to_path_buf(),
         source,
-        args: PlanArgs::CommandLine {
-            text: run_args,
-            pairs: args.arg.clone(),
-        },
+        args: run_args,
         seed,
         start_ms,
         settings,

@@ -36,14 +36,27 @@ pub fn run(args: RunsArgs) -> ExitCode {
     let written = match args.output.format() {
         OutputFormat::Json => writeln!(out, "{}", Json::Array(runs.iter().map(run_json).collect())),
         OutputFormat::Human if runs.is_empty() => {
-            eprintln!("no runs logged");
+            eprintln!("{}", nothing_listed(&args));
             Ok(())
         }
         OutputFormat::Human => write_table(&mut out, &runs),
     };
-    match written {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(_) => ExitCode::from(crate::EXIT_FAILED),
+    crate::ui::written(written)
+}
+
+/// Why the list is empty: nothing logged, or nothing the filters let through.
+fn nothing_listed(args: &RunsArgs) -> String {
+    let mut filters = Vec::new();
+    if let Some(prompt) = &args.prompt {
+        filters.push(format!("--prompt {}", printable(prompt)));
+    }
+    if let Some(outcome) = args.outcome {
+        filters.push(format!("--outcome {}", outcome.label()));
+    }
+    if filters.is_empty() {
+        "no runs logged".to_string()
+    } else {
+        format!("no logged run matches {}", filters.join(" "))
     }
 }
 
@@ -59,6 +72,8 @@ pub fn run_json(run: &RunSummary) -> Json {
         "model": run.model,
         "duration_ms": run.duration_ms,
         "tokens": run.usage.map(|u| json!({"input": u.input, "output": u.output, "total": u.total})),
+        "replay_of": run.replay_of,
+        "resumed_from": run.resumed_from,
         "batch": run.batch,
     })
 }
@@ -72,7 +87,7 @@ fn write_table(out: &mut impl Write, runs: &[RunSummary]) -> std::io::Result<()>
                 when_text(run.started_at_ms),
                 run.execution.clone(),
                 short(&printable(&prompt_name(&run.prompt_path)), 40),
-                run.outcome.clone(),
+                outcome_cell(run),
                 run.duration_ms.map_or("-".into(), duration_text),
                 run.usage.map_or("-".into(), |u| u.total.to_string()),
                 run.batch.as_deref().map_or("-".into(), printable),
@@ -120,6 +135,17 @@ fn write_table(out: &mut impl Write, runs: &[RunSummary]) -> std::io::Result<()>
         writeln!(out, "{}", line(row.each_ref().map(String::as_str)))?;
     }
     Ok(())
+}
+
+/// The outcome, marked when the run replayed or resumed another.
+fn outcome_cell(run: &RunSummary) -> String {
+    if run.replay_of.is_some() {
+        format!("{} (replay)", run.outcome)
+    } else if run.resumed_from.is_some() {
+        format!("{} (resume)", run.outcome)
+    } else {
+        run.outcome.clone()
+    }
 }
 
 /// The prompt path relative to the working directory when it lies below it.

@@ -43,10 +43,7 @@ pub fn run(args: ShowArgs) -> ExitCode {
         OutputFormat::Json => writeln!(out, "{}", run_json(&logged)),
         OutputFormat::Human => write_text(&mut out, &logged, args.all),
     };
-    match written {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(_) => ExitCode::from(crate::EXIT_FAILED),
-    }
+    crate::ui::written(written)
 }
 
 /// An unknown or ambiguous RUN, with the candidates to pick from.
@@ -140,6 +137,12 @@ fn write_text(out: &mut impl Write, run: &LoggedRun, all: bool) -> std::io::Resu
     field("start", &r.start.start_rfc3339)?;
     field("started", &format!("{} UTC", when_text(r.started_at_ms)))?;
     field("model", r.start.model.as_deref().unwrap_or("(none)"))?;
+    if let Some(original) = &r.start.replay_of {
+        field("replay of", original)?;
+    }
+    if let Some(original) = &r.start.resumed_from {
+        field("resumes", original)?;
+    }
     if let Some(host) = &r.start.host_file {
         field("host", host)?;
     }

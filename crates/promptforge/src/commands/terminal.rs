@@ -130,6 +130,12 @@ pub(crate) fn execute(run: TerminalRun) -> ExitCode {
         } else {
             print_human(report, &file, quiet, progress.as_deref());
         }
+        if finished.no_model_configured && matches!(report.outcome, ReportOutcome::Failed { .. }) {
+            eprintln!(
+                "{}",
+                pf_host::report::terminal_safe(&pf_host::session::no_host_file_note())
+            );
+        }
     }
     // After the report: the export may take up to its timeout, never the run.
     runtime.block_on(finished.export());

@@ -466,6 +466,9 @@ fn check_offered(o: &Offered, requests: &[Json], bad: &mut Vec<Failure>) {
             bad.push(f);
         }
     }
+    if let Some(want) = &o.messages {
+        check_text(&format!("{name}.messages"), want, &messages_text(q), bad);
+    }
     for (tool, want) in &o.descriptions {
         let got = tools
             .iter()
@@ -487,6 +490,28 @@ fn check_offered(o: &Offered, requests: &[Json], bad: &mut Vec<Failure>) {
             Some(_) => {}
         }
     }
+}
+
+/// A recorded request's messages as `offered.messages` reads them: each
+/// `ROLE: CONTENT` (a content list's text parts joined), blank lines between.
+fn messages_text(request: &Json) -> String {
+    let content = |m: &Json| match &m["content"] {
+        Json::String(s) => s.clone(),
+        Json::Array(parts) => parts
+            .iter()
+            .filter_map(|p| p["text"].as_str())
+            .collect::<Vec<_>>()
+            .join(""),
+        Json::Null => String::new(),
+        other => other.to_string(),
+    };
+    request["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| format!("{}: {}", m["role"].as_str().unwrap_or("?"), content(m)))
+        .collect::<Vec<_>>()
+        .join("\n\n")
 }
 
 #[cfg(test)]

@@ -158,17 +158,20 @@ pub enum TextMatch {
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Matchers {
+    #[serde(default, deserialize_with = "scalar_text")]
     pub equals: Option<String>,
     pub contains: Option<OneOrManyText>,
     pub not_contains: Option<OneOrManyText>,
+    #[serde(default, deserialize_with = "scalar_text")]
     pub regex: Option<String>,
     /// JSON paths (`$.a.b[0]`) into the text parsed as JSON, and their values.
     pub json_path: Option<BTreeMap<String, Json>>,
 }
 
-/// One string or several.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(untagged)]
+/// One string or several. A whole number or a boolean is taken as its text;
+/// a decimal number is refused with the fix, since YAML has already dropped
+/// how it was written (`29.90` reads as 29.9).
+#[derive(Debug, Clone, PartialEq)]
 pub enum OneOrManyText {
     One(String),
     Many(Vec<String>),
@@ -183,20 +186,129 @@ impl OneOrManyText {
     }
 }
 
+fn scalar_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    ScalarText::deserialize(d).map(|ScalarText(s)| Some(s))
+}
+
+/// A text written as a YAML scalar: a string, a whole number or a boolean.
+struct ScalarText(String);
+
+/// The refusal of a decimal number where text is expected, with the fix.
+fn decimal_refused<E: serde::de::Error>(value: f64) -> E {
+    E::custom(format!(
+        "a decimal number ({value}) where text is expected: quote it as written, e.g. \"{value}\" \
+         (YAML reads 29.90 as 29.9)"
+    ))
+}
+
+/// The serde visitor shared by [`ScalarText`], [`OneOrManyText`] and
+/// [`TextMatch`]: scalars become text here, where the YAML reader still
+/// knows the value's line, so a mistake is reported there.
+struct TextVisitor<const LISTS: bool, const MAPS: bool>;
+
+/// What [`TextVisitor`] read.
+enum TextValue {
+    Scalar(String),
+    List(Vec<String>),
+    Map(Matchers),
+}
+
+impl<'de, const LISTS: bool, const MAPS: bool> serde::de::Visitor<'de>
+    for TextVisitor<LISTS, MAPS>
+{
+    type Value = TextValue;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        match (LISTS, MAPS) {
+            (true, _) => f.write_str("text, or a list of texts"),
+            (_, true) => f.write_str(
+                "text, or a map of matchers (equals, contains, not_contains, regex, json_path)",
+            ),
+            _ => f.write_str("text"),
+        }
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<TextValue, E> {
+        Ok(TextValue::Scalar(v.to_string()))
+    }
+
+    fn visit_string<E: serde::de::Error>(self, v: String) -> Result<TextValue, E> {
+        Ok(TextValue::Scalar(v))
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<TextValue, E> {
+        Ok(TextValue::Scalar(v.to_string()))
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<TextValue, E> {
+        Ok(TextValue::Scalar(v.to_string()))
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<TextValue, E> {
+        Err(decimal_refused(v))
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<TextValue, E> {
+        Ok(TextValue::Scalar(v.to_string()))
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<TextValue, A::Error> {
+        if !LISTS {
+            return Err(serde::de::Error::invalid_type(
+                serde::de::Unexpected::Seq,
+                &self,
+            ));
+        }
+        let mut items = Vec::new();
+        while let Some(ScalarText(item)) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(TextValue::List(items))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<TextValue, A::Error> {
+        if !MAPS {
+            return Err(serde::de::Error::invalid_type(
+                serde::de::Unexpected::Map,
+                &self,
+            ));
+        }
+        Matchers::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(TextValue::Map)
+    }
+}
+
+impl<'de> Deserialize<'de> for ScalarText {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match d.deserialize_any(TextVisitor::<false, false>)? {
+            TextValue::Scalar(s) => Ok(ScalarText(s)),
+            TextValue::List(_) | TextValue::Map(_) => {
+                Err(serde::de::Error::custom("expected text"))
+            }
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for OneOrManyText {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match d.deserialize_any(TextVisitor::<true, false>)? {
+            TextValue::Scalar(s) => Ok(OneOrManyText::One(s)),
+            TextValue::List(v) => Ok(OneOrManyText::Many(v)),
+            TextValue::Map(_) => Err(serde::de::Error::custom(
+                "expected text, or a list of texts",
+            )),
+        }
+    }
+}
+
 impl<'de> Deserialize<'de> for TextMatch {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        use serde::de::Error;
-        match Json::deserialize(d)? {
-            Json::String(s) => Ok(TextMatch::Equals(s)),
-            Json::Number(n) => Ok(TextMatch::Equals(n.to_string())),
-            Json::Bool(b) => Ok(TextMatch::Equals(b.to_string())),
-            map @ Json::Object(_) => serde_json::from_value(map)
-                .map(TextMatch::Matchers)
-                .map_err(D::Error::custom),
-            other => Err(D::Error::custom(format!(
-                "a text expectation is a string or a map of matchers \
-                 (equals, contains, not_contains, regex, json_path), not {other}"
-            ))),
+        match d.deserialize_any(TextVisitor::<false, true>)? {
+            TextValue::Scalar(s) => Ok(TextMatch::Equals(s)),
+            TextValue::Map(m) => Ok(TextMatch::Matchers(m)),
+            TextValue::List(_) => Err(serde::de::Error::custom(
+                "a text expectation is text or a map of matchers \
+                 (equals, contains, not_contains, regex, json_path), not a list",
+            )),
         }
     }
 }
@@ -261,6 +373,8 @@ pub struct Offered {
     /// Tool descriptions by tool name.
     #[serde(default)]
     pub descriptions: BTreeMap<String, String>,
+    /// The request's messages as text: each `ROLE: CONTENT`, blank lines between.
+    pub messages: Option<TextMatch>,
 }
 
 /// `budget:`: upper bounds, each inclusive.
