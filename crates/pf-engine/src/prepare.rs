@@ -68,7 +68,9 @@ pub(crate) async fn prepare(
             services: harness.services.clone(),
             config: d.config.clone(),
         };
-        starting.push(Box::pin(async move { (d, Some(plugin.activate(ctx).await)) }));
+        starting.push(Box::pin(
+            async move { (d, Some(plugin.activate(ctx).await)) },
+        ));
     }
     let mut active: Vec<(String, Arc<dyn ActivePlugin>)> = Vec::new();
     for (d, activated) in futures::future::join_all(starting).await {
