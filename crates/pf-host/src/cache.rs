@@ -301,13 +301,15 @@ pub async fn ask_once(
             batch: None,
         });
         if let Some(sink) = sink {
-            let usage = result.as_ref().ok().and_then(|r| r.usage.as_ref()).map(|u| {
-                TokenUsage {
+            let usage = result
+                .as_ref()
+                .ok()
+                .and_then(|r| r.usage.as_ref())
+                .map(|u| TokenUsage {
                     input: u.input_tokens,
                     output: u.output_tokens,
                     total: u.input_tokens.saturating_add(u.output_tokens),
-                }
-            });
+                });
             let duration_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
             sink.exchange(ExchangeRecord {
                 task: work.task.clone(),
@@ -354,9 +356,10 @@ mod tests {
     #[test]
     fn canonical_text_ignores_key_order_but_not_values() {
         let a = json!({"messages": [{"role": "user", "content": "hi"}], "temperature": 0.0});
-        let b: Json =
-            serde_json::from_str(r#"{"temperature":0.0,"messages":[{"content":"hi","role":"user"}]}"#)
-                .unwrap();
+        let b: Json = serde_json::from_str(
+            r#"{"temperature":0.0,"messages":[{"content":"hi","role":"user"}]}"#,
+        )
+        .unwrap();
         assert_eq!(canonical(&a), canonical(&b));
         let c = json!({"messages": [{"role": "user", "content": "hi!"}], "temperature": 0.0});
         assert_ne!(canonical(&a), canonical(&c));

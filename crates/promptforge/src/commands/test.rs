@@ -69,7 +69,8 @@ pub fn run(args: TestArgs) -> ExitCode {
     }
     // A comparison's cells are logged runs: each can be shown, replayed and
     // traced, and `--cache` answers from them.
-    let log = !args.model.is_empty() || !args.prompt.is_empty() || args.cache || args.html.is_some();
+    let log =
+        !args.model.is_empty() || !args.prompt.is_empty() || args.cache || args.html.is_some();
     let batch = log.then(|| format!("test-{:016x}", rand::random::<u64>()));
     let cache = if args.cache {
         match matrix::cache(&loaded, &variants) {
@@ -137,7 +138,9 @@ pub fn run(args: TestArgs) -> ExitCode {
         match usertest::html::write(path, &title, &labels, &outcomes, &totals) {
             Ok(()) => {
                 if args.open {
-                    super::page::open_in_browser(&std::path::absolute(path).unwrap_or(path.clone()));
+                    super::page::open_in_browser(
+                        &std::path::absolute(path).unwrap_or(path.clone()),
+                    );
                 }
             }
             Err(e) => {

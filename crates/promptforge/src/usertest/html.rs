@@ -197,10 +197,20 @@ pub fn render(
         out.push_str("</tr>");
     };
     footer(&mut out, "pass rate", &|t| {
-        format!("{:.0}% ({}/{} cells)", t.pass_rate * 100.0, t.passed, t.cells)
+        format!(
+            "{:.0}% ({}/{} cells)",
+            t.pass_rate * 100.0,
+            t.passed,
+            t.cells
+        )
     });
     footer(&mut out, "tokens", &|t| {
-        format!("{} ({} in, {} out)", t.input_tokens + t.output_tokens, t.input_tokens, t.output_tokens)
+        format!(
+            "{} ({} in, {} out)",
+            t.input_tokens + t.output_tokens,
+            t.input_tokens,
+            t.output_tokens
+        )
     });
     footer(&mut out, "cost", &|t| t.cost.map_or("-".to_string(), money));
     if totals.iter().any(|t| t.cached_rounds > 0) {

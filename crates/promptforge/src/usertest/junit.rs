@@ -57,7 +57,11 @@ pub fn render(outcomes: &[CaseOutcome]) -> String {
         ));
         for c in cases {
             // In a matrix each case runs once per column: the column names the testcase too.
-            let name = match c.cell.as_ref().filter(|cell| !cell.column.is_empty() && matrix) {
+            let name = match c
+                .cell
+                .as_ref()
+                .filter(|cell| !cell.column.is_empty() && matrix)
+            {
                 Some(cell) => format!("{} [{}]", c.name, cell.column),
                 None => c.name.clone(),
             };

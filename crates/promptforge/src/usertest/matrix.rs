@@ -191,9 +191,14 @@ pub fn totals(outcomes: &[CaseOutcome], columns: usize) -> Vec<ColumnTotals> {
     totals
 }
 
-/// A cost for people: four decimals below one, two above.
+/// A cost for people: eval costs are often fractions of a cent, so small
+/// amounts keep six decimals, amounts below one four, larger ones two.
 pub fn money(cost: f64) -> String {
-    if cost < 1.0 {
+    if cost == 0.0 {
+        "0".to_string()
+    } else if cost < 0.01 {
+        format!("{cost:.6}")
+    } else if cost < 1.0 {
         format!("{cost:.4}")
     } else {
         format!("{cost:.2}")
@@ -309,7 +314,9 @@ pub fn cache_note(totals: &[ColumnTotals]) -> Option<String> {
     for t in totals {
         add(&mut cost, t.saved_cost);
     }
-    let cost = cost.map(|c| format!(", cost {}", money(c))).unwrap_or_default();
+    let cost = cost
+        .map(|c| format!(", cost {}", money(c)))
+        .unwrap_or_default();
     Some(format!(
         "cache: {rounds} model rounds answered from the run log, saved {tokens} tokens{cost}"
     ))
@@ -324,10 +331,16 @@ mod tests {
     fn wilson_intervals_match_the_textbook_values() {
         // 4 of 5: the 95% Wilson interval is about [0.376, 0.964].
         let [lo, hi] = wilson(4, 5);
-        assert!((lo - 0.3755).abs() < 1e-3 && (hi - 0.9638).abs() < 1e-3, "{lo} {hi}");
+        assert!(
+            (lo - 0.3755).abs() < 1e-3 && (hi - 0.9638).abs() < 1e-3,
+            "{lo} {hi}"
+        );
         let [lo, hi] = wilson(0, 5);
         assert!(lo == 0.0 && (hi - 0.4345).abs() < 1e-3, "{lo} {hi}");
         let [lo, hi] = wilson(5, 5);
-        assert!((lo - 0.5655).abs() < 1e-3 && (hi - 1.0).abs() < 1e-9, "{lo} {hi}");
+        assert!(
+            (lo - 0.5655).abs() < 1e-3 && (hi - 1.0).abs() < 1e-9,
+            "{lo} {hi}"
+        );
     }
 }

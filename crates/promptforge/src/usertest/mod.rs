@@ -352,7 +352,10 @@ pub fn run_all(
                     Err(e) => {
                         // No runtime: every job this thread takes fails, so none is lost.
                         while let Some(&job) = jobs.get(next.fetch_add(1, Ordering::SeqCst)) {
-                            let _ = tx.send((job, failed_attempt(format!("cannot start the async runtime: {e}"))));
+                            let _ = tx.send((
+                                job,
+                                failed_attempt(format!("cannot start the async runtime: {e}")),
+                            ));
                         }
                         return;
                     }
@@ -537,6 +540,7 @@ async fn judges(
         let name = format!("judge[{}]", j.model);
         let verdict = match catalog::lookup(settings.host.as_deref(), &j.model) {
             Ok(model) => {
+                let cached_before = cache.as_ref().map_or(0, |c| c.tally.rounds());
                 let judged = judge::ask(&model, &j.rubric, &result, asking).await;
                 if let Ok(judge::Judged {
                     usage: Some((input, output)),
@@ -545,7 +549,17 @@ async fn judges(
                 {
                     spent.input_tokens += input;
                     spent.output_tokens += output;
-                    spent.add_cost(model.prices.cost(*input, *output));
+                    let cost = model.prices.cost(*input, *output);
+                    if cache.as_ref().map_or(0, |c| c.tally.rounds()) > cached_before {
+                        spent.cached_rounds += 1;
+                        spent.saved_tokens += input + output;
+                        if let Some(c) = cost {
+                            *spent.saved_cost.get_or_insert(0.0) += c;
+                        }
+                        spent.add_cost(cost.map(|_| 0.0));
+                    } else {
+                        spent.add_cost(cost);
+                    }
                 }
                 judged.map(|j| j.verdict)
             }
@@ -566,11 +580,6 @@ async fn judges(
             expected: None,
             actual: Some(result.clone()),
         });
-    }
-    if let Some(cache) = &cache {
-        let (rounds, (input, output)) = (cache.tally.rounds(), cache.tally.tokens());
-        spent.cached_rounds += rounds;
-        spent.saved_tokens += input + output;
     }
     bad
 }
@@ -628,7 +637,10 @@ fn cell_of(index: usize, variant: &Variant, runs: &[Attempt], passes: u32, total
     Cell {
         column: variant.label.clone(),
         column_index: index,
-        executions: runs.iter().filter_map(|a| a.spent.execution.clone()).collect(),
+        executions: runs
+            .iter()
+            .filter_map(|a| a.spent.execution.clone())
+            .collect(),
         logged: Vec::new(),
         input_tokens: runs.iter().map(|a| a.spent.input_tokens).sum(),
         output_tokens: runs.iter().map(|a| a.spent.output_tokens).sum(),
