@@ -299,6 +299,7 @@ pub async fn ask_once(
             replay_of: None,
             resumed_from: None,
             batch: None,
+            input_index: None,
         });
         if let Some(sink) = sink {
             let usage = result

@@ -255,6 +255,9 @@ impl BatchContext {
             replay_of: None,
             resumed_from,
             batch: Some(self.batch_id.clone()),
+            // One run an input (no `--repeat`): the input is the
+            // exactly-once key's index.
+            input_index: job.repeat.is_none().then_some(job.input.index),
             replay,
             cancel,
             watchers: Vec::new(),

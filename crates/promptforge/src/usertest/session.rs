@@ -156,6 +156,7 @@ async fn run_session(
         replay_of: None,
         resumed_from: None,
         batch: case.batch.clone(),
+        input_index: None,
         replay: None,
         cancel: case.cancel.clone(),
         watchers: vec![Arc::clone(&collector) as Arc<dyn RunObserver>],
