@@ -431,7 +431,10 @@ impl HostConfig {
                     &secrets,
                 )
             };
-            let provider: Arc<dyn ModelProvider> = match cache {
+            // Only a server's answers are cached: a scripted model's replies
+            // file is the test's own, answered afresh so an edit shows.
+            let cached = cache.filter(|_| !matches!(spec.kind, ProviderKind::Script { .. }));
+            let provider: Arc<dyn ModelProvider> = match cached {
                 None => provider,
                 Some(c) => Arc::new(cache::CachingModel::new(
                     provider,
