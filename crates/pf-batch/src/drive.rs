@@ -392,6 +392,43 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn execute_starts_nothing_after_a_cancel_and_waits_for_what_runs() {
+        let cancel = CancellationToken::new();
+        let mut jobs = 0..100u32;
+        let mut finished = Vec::new();
+        let started = Rc::new(Cell::new(0u32));
+        execute(
+            3,
+            &cancel,
+            || jobs.next(),
+            |job, token| {
+                let (started, cancel) = (Rc::clone(&started), cancel.clone());
+                async move {
+                    started.set(started.get() + 1);
+                    if job == 4 {
+                        cancel.cancel();
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    (job, token.is_cancelled())
+                }
+            },
+            |out| finished.push(out),
+        )
+        .await;
+        // Jobs 0-2 start, then each finish starts one more until job 4
+        // cancels: 3 in flight at most, none after the cancel.
+        assert!(started.get() <= 7, "started {}", started.get());
+        assert_eq!(
+            finished.len() as u32,
+            started.get(),
+            "every started job finished"
+        );
+        assert!(finished
+            .iter()
+            .any(|(job, cancelled)| *job == 4 && *cancelled));
+    }
+
+    #[tokio::test]
     async fn resume_skips_completed_and_passes_the_run_to_resume() {
         let dir = tempfile::tempdir().unwrap();
         let inputs = inputs(dir.path(), 6);

@@ -645,6 +645,53 @@ fn bad_matrix_flags_are_usage_errors() {
     assert!(err.contains("a number from 0 up"), "{err}");
 }
 
+#[test]
+fn text_from_a_run_is_only_text_on_the_page() {
+    // A hostile name in the case, echoed back by the model, and a hostile
+    // case name: both must show as text, and nothing of theirs may run.
+    let world = World::new(Duration::from_millis(0));
+    let hostile = "<img/src=x/onerror=document.body.setAttribute('data-pwned','1')>";
+    std::fs::write(
+        world.path("hostile.test.yaml"),
+        format!(
+            "cases:\n  - name: \"<script>document.body.setAttribute('data-pwned','1')</script>\"\n    args: \"{hostile}\"\n    expect: {{result: {{contains: nobody}}}}\n"
+        ),
+    )
+    .unwrap();
+    std::fs::rename(world.path("greet.md"), world.path("hostile.md")).unwrap();
+    let (code, out, err) = world.test(&[
+        "hostile.test.yaml",
+        "--host",
+        "host.toml",
+        "--model",
+        "a",
+        "--model",
+        "b",
+        "--html",
+        "hostile.html",
+    ]);
+    assert_eq!(code, 1, "{out}{err}");
+    let html = std::fs::read_to_string(world.path("hostile.html")).expect("page");
+    assert!(
+        !html.contains(hostile),
+        "the reply reached the page unescaped"
+    );
+    assert!(
+        !html.contains("<script>document"),
+        "the case name reached the page unescaped"
+    );
+    assert!(
+        html.contains("&lt;img/src=x/onerror="),
+        "the reply shows as text"
+    );
+    let browsed = browse(&world.path("hostile.html"), "");
+    assert!(browsed.dom.contains("data-ready=\"1\""));
+    assert!(
+        !browsed.dom.contains("data-pwned=\"1\""),
+        "text from a run ran as script"
+    );
+}
+
 // ---------------------------------------------------------------------------
 // The browser (as tests/trace.rs drives it)
 // ---------------------------------------------------------------------------

@@ -102,7 +102,18 @@ pub fn run(args: TestArgs) -> ExitCode {
             }
         }),
         variants: variants.clone(),
+        cancel: pf_harness::CancellationToken::new(),
     };
+    if log {
+        // Logged runs end as cancelled on a signal, and the cells that ran
+        // are still reported; scripted runs keep the default (exit at once).
+        crate::signals::watch_signals(
+            options.cancel.clone(),
+            Box::new(|| {
+                eprintln!("test: stopped at once; runs in flight may stay `running` in the log")
+            }),
+        );
+    }
     let human = format == OutputFormat::Human;
     let (mut outcomes, updated) = usertest::run_all(&settings, &loaded, &options, |o| {
         if human {
@@ -180,7 +191,9 @@ pub fn run(args: TestArgs) -> ExitCode {
         }
         crate::ui::print_stdout(&format!("{report}\n"));
     }
-    if failed > 0 {
+    if options.cancel.is_cancelled() {
+        ExitCode::from(crate::EXIT_CANCELLED)
+    } else if failed > 0 {
         ExitCode::from(crate::EXIT_FAILED)
     } else {
         ExitCode::SUCCESS

@@ -74,6 +74,8 @@ pub struct Options {
     /// The matrix's columns (one, the cases' own model and prompt, without
     /// `--model` or `--prompt`).
     pub variants: Vec<Variant>,
+    /// Stops starting runs and cancels those in flight (a signal).
+    pub cancel: pf_harness::CancellationToken,
 }
 
 /// One case's outcome over its runs.
@@ -338,11 +340,11 @@ pub fn run_all(
     let cores = std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get);
     let threads = options.jobs.max(1).min(cores).min(jobs.len().max(1));
     let per_thread = options.jobs.max(1).div_ceil(threads);
-    let cancel = pf_harness::CancellationToken::new();
+    let cancel = &options.cancel;
     std::thread::scope(|scope| {
         for _ in 0..threads {
             let tx = tx.clone();
-            let (next, jobs, selected, raw, cancel) = (&next, &jobs, &selected, &raw, &cancel);
+            let (next, jobs, selected, raw) = (&next, &jobs, &selected, &raw);
             scope.spawn(move || {
                 let runtime = match tokio::runtime::Builder::new_current_thread()
                     .enable_all()
