@@ -48,6 +48,12 @@ pub use records::{
     RunRecord, RunStart, RunSummary, StoredRow, TokenUsage, ToolCallRecord, RUNNING,
 };
 pub use sqlite_commit::kept_end;
+
+/// SHA-256 of a prompt's text, lowercase hex, as `RunRecord::prompt_sha256`
+/// holds it (a backend stores it with the run).
+pub fn prompt_sha256(text: &str) -> String {
+    writer::sha256_hex(text)
+}
 pub use writer::{EventQueue, RunWriter, WarningSink, WriterOptions, WriterTail};
 
 /// Writing JSON text directly, byte for byte as `serde_json`'s compact
