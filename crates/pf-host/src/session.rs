@@ -74,6 +74,8 @@ pub struct RunSettings {
     pub model: Option<String>,
     /// The OTLP/HTTP collector, checked to be a usable URL.
     pub otlp: Option<String>,
+    /// Model rounds answered from earlier logged exchanges (`test --cache`).
+    pub cache: Option<crate::cache::CacheUse>,
 }
 
 impl RunSettings {
@@ -113,6 +115,7 @@ impl RunSettings {
             host,
             model,
             otlp,
+            cache: None,
         })
     }
 
@@ -399,7 +402,7 @@ impl RunSession {
             .with_trace(trace.clone())
             .with_prompt_file(&file)
             .streaming(host.stream);
-        let assembled = host.assemble_for(current, &work);
+        let assembled = host.assemble_cached(current, &work, settings.cache.as_ref());
         let finished = match assembled {
             Ok(mut assembled) => {
                 if let (Some(broker), None) = (input_broker, &host.answers) {
