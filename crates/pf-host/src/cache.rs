@@ -259,6 +259,8 @@ pub struct OneRequest<'a> {
     /// Log it as a run of its own.
     pub log: bool,
     pub cache: Option<&'a CacheUse>,
+    /// Where it is logged.
+    pub run_log: &'a crate::data::RunLogTarget,
 }
 
 /// Send `one.request` to `spec`'s model (the host file's keys scrubbed from
@@ -285,22 +287,25 @@ pub async fn ask_once(
         .complete(one.request, &work, CancellationToken::new())
         .await;
     if one.log {
-        let sink = crate::data::begin_run_log(RunStart {
-            execution: pf_engine::seeded_names(rand::random()).0,
-            prompt_path: one.label,
-            prompt_text: one.text,
-            args: Json::String(String::new()),
-            seed: 0,
-            start_rfc3339: pf_engine::format_when(started_ms),
-            start_ms: started_ms,
-            host_file: None,
-            model: Some(spec.id.clone()),
-            store_dir: None,
-            replay_of: None,
-            resumed_from: None,
-            batch: None,
-            input_index: None,
-        });
+        let sink = crate::data::begin_run_log(
+            one.run_log,
+            RunStart {
+                execution: pf_engine::seeded_names(rand::random()).0,
+                prompt_path: one.label,
+                prompt_text: one.text,
+                args: Json::String(String::new()),
+                seed: 0,
+                start_rfc3339: pf_engine::format_when(started_ms),
+                start_ms: started_ms,
+                host_file: None,
+                model: Some(spec.id.clone()),
+                store_dir: None,
+                replay_of: None,
+                resumed_from: None,
+                batch: None,
+                input_index: None,
+            },
+        );
         if let Some(sink) = sink {
             let usage = result
                 .as_ref()

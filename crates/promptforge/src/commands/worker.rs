@@ -55,7 +55,13 @@ pub fn run(args: WorkerArgs) -> ExitCode {
     );
     let runner = InputRunner::new(false, true, live);
     let prompts = PromptCache::default();
-    let ledger = LogLedger::default();
+    let ledger = match RunSettings::run_log_of(&host) {
+        Ok(target) => LogLedger {
+            target,
+            log: std::cell::RefCell::default(),
+        },
+        Err(m) => return super::usage(&m),
+    };
     let served = runtime.block_on(async {
         let queue = Queue::connect(&args.queue, &format!("promptforge worker {name}")).await?;
         eprintln!(
@@ -201,8 +207,8 @@ impl PromptCache {
 /// directory, which the workers of one machine share): whether an input's
 /// run is logged, finished or not. Its run is found by execution id, which
 /// the request's seed fixes, within the request's batch.
-#[derive(Default)]
 struct LogLedger {
+    target: pf_host::data::RunLogTarget,
     log: std::cell::RefCell<Option<pf_runlog::RunLog>>,
 }
 
@@ -211,7 +217,7 @@ impl Ledger for LogLedger {
         let execution = pf_engine::seeded_names(request.seed).0;
         let mut slot = self.log.borrow_mut();
         if slot.is_none() {
-            *slot = pf_host::data::open_run_log().ok().flatten();
+            *slot = pf_host::data::open_run_log(&self.target).ok().flatten();
         }
         let Some(log) = slot.as_ref() else {
             return Logged::Absent;

@@ -59,10 +59,11 @@ fn reason(reply: &str) -> String {
 
 /// How a judge call is made: logged as a run of its own, answered from the
 /// cache when it holds the same question.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 pub struct Asking<'a> {
     pub log: bool,
     pub cache: Option<&'a pf_host::cache::CacheUse>,
+    pub run_log: &'a pf_host::data::RunLogTarget,
 }
 
 /// What the judge said, and the tokens its answer reported.
@@ -109,6 +110,7 @@ pub async fn ask(
             request,
             log: asking.log,
             cache: asking.cache,
+            run_log: asking.run_log,
         },
     )
     .await

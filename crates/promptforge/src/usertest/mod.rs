@@ -536,6 +536,7 @@ async fn judges(
     let asking = judge::Asking {
         log: settings.log,
         cache: cache.as_ref(),
+        run_log: &settings.run_log,
     };
     let mut bad = Vec::new();
     for j in judges.items() {

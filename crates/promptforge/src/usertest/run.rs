@@ -33,6 +33,8 @@ pub struct Settings {
     pub batch: Option<String>,
     /// `--cache`: earlier logged answers, shared by every run.
     pub cache: Option<std::sync::Arc<pf_host::cache::ResponseCache>>,
+    /// Where runs and judge calls are logged and `--cache` reads.
+    pub run_log: pf_host::data::RunLogTarget,
 }
 
 /// One column of the comparison matrix: the model and the prompt version
