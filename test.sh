@@ -36,6 +36,9 @@ trap 'rm -rf "$PROMPTFORGE_HOME"; [ -z "$PROMPTFORGE_TEST_POSTGRES_DIR" ] || bas
 bash crates/promptforge/tests/tools/setup.sh postgres
 eval "$(bash crates/promptforge/tests/tools/postgres.sh start)"
 cargo test --workspace
+echo "== the engine's reference path (issue 44): engine tests and the language data suite again, every fast path off"
+PROMPTFORGE_ENGINE_REFERENCE=1 cargo test -p pf-engine
+PROMPTFORGE_ENGINE_REFERENCE=1 cargo test -p promptforge --test language
 echo "== fuzzing (fixed time, corpora in the repository)"
 bash scripts/fuzz.sh
 echo "== promptforge test examples"
@@ -59,6 +62,8 @@ cargo build -p promptforge
 conformance="${PROMPTFORGE_CONFORMANCE:-../shared/conformance}"
 if [ -d "$conformance/seed" ]; then
   python3 "$conformance/run.py" --bin target/debug/promptforge "$conformance/seed"
+  echo "== conformance (seed), the engine's reference path"
+  PROMPTFORGE_ENGINE_REFERENCE=1 python3 "$conformance/run.py" --bin target/debug/promptforge "$conformance/seed"
 else
   echo "test.sh: conformance suite not found at $conformance (set PROMPTFORGE_CONFORMANCE)" >&2
   exit 1
