@@ -78,6 +78,8 @@ pub struct RunSettings {
     /// Where the run is logged: `PROMPTFORGE_RUNLOG_URL`, else the host
     /// file's `[runlog] url`, else the data directory's SQLite file.
     pub run_log: RunLogTarget,
+    /// Model rounds answered from earlier logged exchanges (`test --cache`).
+    pub cache: Option<crate::cache::CacheUse>,
 }
 
 impl RunSettings {
@@ -119,6 +121,7 @@ impl RunSettings {
             model,
             otlp,
             run_log,
+            cache: None,
         })
     }
 
@@ -438,7 +441,7 @@ impl RunSession {
             .with_trace(trace.clone())
             .with_prompt_file(&file)
             .streaming(host.stream);
-        let assembled = host.assemble_for(current, &work);
+        let assembled = host.assemble_cached(current, &work, settings.cache.as_ref());
         let finished = match assembled {
             Ok(mut assembled) => {
                 if let (Some(broker), None) = (input_broker, &host.answers) {
