@@ -538,9 +538,8 @@ async fn judges(
         .as_ref()
         .map(|c| pf_host::cache::CacheUse::new(std::sync::Arc::clone(c)));
     let asking = judge::Asking {
-        log: settings.log,
+        log: settings.log.then_some(&settings.run_log),
         cache: cache.as_ref(),
-        run_log: &settings.run_log,
     };
     let mut bad = Vec::new();
     for j in judges.items() {

@@ -29,12 +29,13 @@ pub struct Settings {
     pub host: Option<PathBuf>,
     /// Keep every run (and judge call) in the run log, under `batch`.
     pub log: bool,
+    /// Where judge calls are logged (runs go where their settings say,
+    /// which is the same place).
+    pub run_log: pf_host::data::RunLogTarget,
     /// The id this invocation's logged runs share (`runs --batch ID`).
     pub batch: Option<String>,
     /// `--cache`: earlier logged answers, shared by every run.
     pub cache: Option<std::sync::Arc<pf_host::cache::ResponseCache>>,
-    /// Where runs and judge calls are logged and `--cache` reads.
-    pub run_log: pf_host::data::RunLogTarget,
 }
 
 /// One column of the comparison matrix: the model and the prompt version
