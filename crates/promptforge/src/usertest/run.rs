@@ -109,9 +109,17 @@ pub async fn run_case(
     let mut host = Table::new();
     match &catalog_model {
         Some(m) => {
+            // Under its catalog id, as `run --model ID` runs it: the run
+            // queues at the same per-model gate as the judge and every other
+            // run of the process, and its logged exchanges (the cache's key)
+            // name the catalog entry, not the provider's model name, which
+            // two entries (two servers) may share.
             let mut table = m.table.clone();
             table.insert("record".into(), session::path(&record));
-            host.insert("model".into(), Value::Table(table));
+            let mut models = Table::new();
+            models.insert(m.id.clone(), Value::Table(table));
+            host.insert("models".into(), Value::Table(models));
+            host.insert("default_model".into(), session::string(m.id.clone()));
         }
         None => {
             if let Some(model) = scripted(case, &web) {
