@@ -172,6 +172,9 @@ pub struct RunPlan {
     pub resumed_from: Option<String>,
     /// The `promptforge batch` the run belongs to (its id, logged with the run).
     pub batch: Option<String>,
+    /// The run's input within its batch: `(batch, input_index)` has at most
+    /// one completed run in the log (`RunLog::input_run` finds it).
+    pub input_index: Option<u64>,
     /// Host work answered from a logged run, and how.
     pub replay: Option<(LoggedWork, ReplayMode)>,
     /// Cancels the run (a signal, a client's cancel).
@@ -270,6 +273,7 @@ impl RunSession {
                     replay_of: plan.replay_of.clone(),
                     resumed_from: plan.resumed_from.clone(),
                     batch: plan.batch.clone(),
+                    input_index: plan.input_index,
                 })
             })
             .flatten();

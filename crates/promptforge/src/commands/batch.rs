@@ -395,6 +395,9 @@ impl InputRunner {
             replay_of: None,
             resumed_from,
             batch: Some(input.batch_id.clone()),
+            // One run an input (no `--repeat`): the input is the
+            // exactly-once key's index.
+            input_index: input.repeat.is_none().then_some(input.index),
             replay,
             cancel,
             watchers: Vec::new(),

@@ -158,6 +158,7 @@ fn run_session(
         replay_of: None,
         resumed_from: None,
         batch: None,
+        input_index: None,
         replay: None,
         cancel: CancellationToken::new(),
         watchers: vec![Arc::clone(&collector) as Arc<dyn RunObserver>],
