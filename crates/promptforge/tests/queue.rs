@@ -297,7 +297,9 @@ fn three_workers_one_killed_and_a_nats_restart_give_each_input_exactly_one_resul
             std::thread::sleep(Duration::from_millis(20));
         }
     };
+    let t0 = Instant::now();
     wait_for(60);
+    eprintln!("60 lines after {:?}", t0.elapsed());
     // SIGKILL: no nak, no cancel logged; its runs wait out the ack deadline.
     let killed = workers[0].take().unwrap();
     let in_flight_before = server
@@ -306,7 +308,9 @@ fn three_workers_one_killed_and_a_nats_restart_give_each_input_exactly_one_resul
         .load(std::sync::atomic::Ordering::SeqCst);
     stop(killed, "-KILL");
     wait_for(150);
+    eprintln!("150 lines after {:?}", t0.elapsed());
     nats.restart();
+    eprintln!("restarted after {:?}", t0.elapsed());
     let began = Instant::now();
     let status = loop {
         if let Some(status) = batch.try_wait().unwrap() {
@@ -319,6 +323,7 @@ fn three_workers_one_killed_and_a_nats_restart_give_each_input_exactly_one_resul
         );
         std::thread::sleep(Duration::from_millis(50));
     };
+    eprintln!("done after {:?}", t0.elapsed());
     let batch_out = batch.wait_with_output().unwrap();
     let batch_err = String::from_utf8_lossy(&batch_out.stderr).into_owned();
     assert!(status.success(), "{status:?}: {batch_err}");
