@@ -107,6 +107,33 @@ fn unknown_limits_keys_are_named() {
 /// that passes `KILL_PAST_KIB` is killed, so a broken bound cannot take the
 /// machine down. Returns the output and the peak in KiB.
 fn run_measured(dir: &Path, prompt: &str, host: Option<&str>, args: &[&str]) -> (Output, u64) {
+    let (out, peak, _) = run_measured_with_disk(dir, prompt, host, args);
+    (out, peak)
+}
+
+/// The bytes the child's unnamed (deleted) files hold now: the event spool.
+fn deleted_file_bytes(pid: u32) -> u64 {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return 0;
+    };
+    fds.flatten()
+        .filter(|fd| {
+            std::fs::read_link(fd.path())
+                .is_ok_and(|target| target.to_string_lossy().ends_with("(deleted)"))
+        })
+        .filter_map(|fd| std::fs::metadata(fd.path()).ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// [`run_measured`], also sampling the peak bytes of the child's unnamed
+/// temporary files (the event spool): (output, peak RSS KiB, peak spool bytes).
+fn run_measured_with_disk(
+    dir: &Path,
+    prompt: &str,
+    host: Option<&str>,
+    args: &[&str],
+) -> (Output, u64, u64) {
     const KILL_PAST_KIB: u64 = 2 * 1024 * 1024;
     let prompt = write(dir, "prompt.md", prompt);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_promptforge"));
@@ -137,7 +164,14 @@ fn run_measured(dir: &Path, prompt: &str, host: Option<&str>, args: &[&str]) -> 
         std::io::Read::read_to_end(&mut stderr, &mut buf).map(|_| buf)
     });
     let started = std::time::Instant::now();
+    let mut peak_disk = 0u64;
+    let mut polls = 0u64;
     let status = loop {
+        polls += 1;
+        // Listing the descriptors costs more than reading the status: every 20th poll.
+        if polls % 20 == 0 {
+            peak_disk = peak_disk.max(deleted_file_bytes(child.id()));
+        }
         if let Ok(text) = std::fs::read_to_string(&status_file) {
             let hwm = text
                 .lines()
@@ -147,10 +181,10 @@ fn run_measured(dir: &Path, prompt: &str, host: Option<&str>, args: &[&str]) -> 
                 peak = peak.max(kib);
             }
         }
-        if peak > KILL_PAST_KIB || started.elapsed() > std::time::Duration::from_secs(300) {
+        if peak > KILL_PAST_KIB || started.elapsed() > std::time::Duration::from_secs(600) {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("the run passed {peak} KiB of memory (or 300 s); killed");
+            panic!("the run passed {peak} KiB of memory (or 600 s); killed");
         }
         if let Some(status) = child.try_wait().expect("poll") {
             break status;
@@ -166,6 +200,7 @@ fn run_measured(dir: &Path, prompt: &str, host: Option<&str>, args: &[&str]) -> 
             stderr,
         },
         peak,
+        peak_disk,
     )
 }
 
@@ -428,4 +463,28 @@ fn the_output_file_is_collected_within_a_bound() {
     let json: Value = serde_json::from_slice(&out.stdout).expect("one JSON report");
     assert_eq!(json["output"]["path"], "report.md", "{json}");
     assert!(json["output"]["error"].is_null(), "{json}");
+}
+
+/// The event spool on disk is bounded too: 2,000 section entries of 1,024
+/// `log` lines (about 550 MB of history) keep at most its 256 MiB limit
+/// (and one 16 MiB segment) in the run's unnamed temporary files, with the
+/// run log off; `tasks.events` reads the newest window: a task started
+/// after the flood reads its whole history, while the first child's early
+/// lines were let go (the run log has every event).
+#[test]
+fn the_event_spool_on_disk_is_bounded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let prompt = "---\nname: flood\ndescription: logs 2000 x 1024 lines\npromptforge: 0\n---\n\n# Flood\n\n## Start\n\n```lua\nlocal t = tasks.spawn('### Early')\ntasks.when_all({ t })\nvar.early = t.task\n```\n\n### Early\n\n```lua\nfor i = 1, 1024 do log('early ' .. i) end\n```\n\n## Spam\n\n```lua\nfor _ = 1, 2000 do call('### Burst') end\n```\n\n### Burst\n\n```lua\nlocal line = string.rep('l', 240)\nfor i = 1, 1024 do log(line) end\n```\n\n## Read\n\n```lua\nlocal t = tasks.spawn('### Late')\ntasks.when_all({ t })\nlocal late = {}\nfor _, e in ipairs(tasks.events(t)) do\n  if e.kind == 'lua' then late[#late + 1] = e.message end\nend\nlocal early = 0\nfor _, e in ipairs(tasks.events(var.early)) do\n  if e.kind == 'lua' then early = early + 1 end\nend\nreturn #late .. ' ' .. late[1] .. ' ' .. late[#late] .. ' ' .. early\n```\n\n### Late\n\n```lua\nfor i = 1, 10 do log('late ' .. i) end\n```\n";
+    let started = std::time::Instant::now();
+    let (out, peak, disk) = run_measured_with_disk(dir.path(), prompt, None, &["--no-log"]);
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "10 late 1 late 10 0"
+    );
+    eprintln!("2000 x 1024 log lines: peak spool {disk} bytes, peak RSS {peak} KiB, {took:?}");
+    assert!(disk > 64 << 20, "the spool was in use: {disk} bytes");
+    assert!(disk <= (256 + 16 + 1) << 20, "peak spool {disk} bytes");
+    assert!(peak < 256 * 1024, "peak {peak} KiB");
 }
