@@ -59,12 +59,6 @@ impl Spool {
         self.segments.front().is_some_and(|s| s.id <= chunk.segment)
     }
 
-    /// The bytes on file now.
-    #[cfg(test)]
-    pub(super) fn len(&self) -> u64 {
-        self.len
-    }
-
     /// Write `events` (one task's, in order) as one chunk.
     pub(super) fn write(&mut self, events: &[Arc<KeptEvent>]) -> std::io::Result<Chunk> {
         let mut text = String::new();

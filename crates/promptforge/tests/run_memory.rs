@@ -169,7 +169,7 @@ fn run_measured_with_disk(
     let status = loop {
         polls += 1;
         // Listing the descriptors costs more than reading the status: every 20th poll.
-        if polls % 20 == 0 {
+        if polls.is_multiple_of(20) {
             peak_disk = peak_disk.max(deleted_file_bytes(child.id()));
         }
         if let Ok(text) = std::fs::read_to_string(&status_file) {
