@@ -154,7 +154,9 @@ impl ListReader {
             self.snaps = None;
             self.across = AcrossScan::default();
             self.appended.clear();
-            self.records = read_list(lua, value)?;
+            let charge = self.charge(lua);
+            charge.set(0).map_err(|_| MEMORY_ERROR.to_string())?;
+            self.records = read_list(lua, value, charge)?;
             return Ok(0);
         }
         let result = self.read_changes(lua, value, no_prompt_code);
