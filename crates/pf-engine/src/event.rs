@@ -172,6 +172,56 @@ events! {
     }
 }
 
+/// The pattern of every boundary event (the kinds that carry only the
+/// coordinates), for a reader that shows them all alike and matches every
+/// kind with fields on its own: `pf_engine::boundary_event!() => ...`.
+#[macro_export]
+macro_rules! boundary_event {
+    () => {
+        $crate::Event::ParseStarted
+            | $crate::Event::ParseSucceeded
+            | $crate::Event::ParseFailed
+            | $crate::Event::RunStarted
+            | $crate::Event::RunSucceeded
+            | $crate::Event::RunFailed
+            | $crate::Event::SectionStarted
+            | $crate::Event::SectionFinished
+            | $crate::Event::LuaSharedLoadStarted
+            | $crate::Event::LuaSharedLoadSucceeded
+            | $crate::Event::LuaSharedLoadFailed
+            | $crate::Event::LuaChunkStarted
+            | $crate::Event::LuaChunkSucceeded
+            | $crate::Event::LuaChunkFailed
+            | $crate::Event::LuaTeardownStarted
+            | $crate::Event::LuaTeardownSucceeded
+            | $crate::Event::LuaCompilationStarted
+            | $crate::Event::LuaCompilationSucceeded
+            | $crate::Event::LuaCompilationFailed
+            | $crate::Event::ModelTurnFailed
+            | $crate::Event::ModelTurnTruncated
+            | $crate::Event::ToolScopeValidationStarted
+            | $crate::Event::ToolScopeValidationSucceeded
+            | $crate::Event::ToolScopeValidationFailed
+            | $crate::Event::ToolCallSucceeded
+            | $crate::Event::ToolCallFailed
+            | $crate::Event::StoreWriteSucceeded
+            | $crate::Event::StoreWriteFailed
+            | $crate::Event::StoreAppendSucceeded
+            | $crate::Event::StoreAppendFailed
+            | $crate::Event::StoreReadSucceeded
+            | $crate::Event::StoreReadFailed
+            | $crate::Event::StoreReadNumberedSucceeded
+            | $crate::Event::StoreReadNumberedFailed
+            | $crate::Event::StoreReplaceSucceeded
+            | $crate::Event::StoreReplaceFailed
+            | $crate::Event::StoreDeleteSucceeded
+            | $crate::Event::StoreDeleteFailed
+            | $crate::Event::StoreGlobSucceeded
+            | $crate::Event::StoreGlobFailed
+            | $crate::Event::UserInputWaitStarted
+    };
+}
+
 impl EventKind {
     /// The kind a logged name spells, if any.
     pub fn from_name(name: &str) -> Option<EventKind> {
@@ -432,6 +482,8 @@ pub struct TaskStarted {
     pub item: Option<Json>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub index: Option<i64>,
+    /// Null in a row logged before snapshots were (read leniently).
+    #[serde(default)]
     pub var: Json,
 }
 
@@ -485,18 +537,47 @@ pub struct CapturedResponse {
 #[derive(Debug, Clone, PartialEq)]
 pub enum LoggedEvent {
     Typed(Event),
-    Unparsed { kind: String, fields: Map<String, Json> },
+    Unparsed { kind: String, fields: Json },
 }
 
 impl LoggedEvent {
-    /// Read a logged row's kind and fields.
-    pub fn parse(kind: &str, fields: &Map<String, Json>) -> LoggedEvent {
-        match EventKind::from_name(kind).map(|k| Event::parse(k, fields.clone())) {
-            Some(Ok(event)) => LoggedEvent::Typed(event),
-            _ => LoggedEvent::Unparsed {
-                kind: kind.to_string(),
-                fields: fields.clone(),
+    /// Read a logged row's kind and fields (an object, or null for none).
+    pub fn parse(kind: &str, fields: &Json) -> LoggedEvent {
+        let map = match fields {
+            Json::Object(map) => Some(map.clone()),
+            Json::Null => Some(Map::new()),
+            _ => None,
+        };
+        match (EventKind::from_name(kind), map) {
+            (Some(kind), Some(map)) => match Event::parse(kind, map) {
+                Ok(event) => return LoggedEvent::Typed(event),
+                Err(_) => {}
             },
+            _ => {}
+        }
+        LoggedEvent::Unparsed {
+            kind: kind.to_string(),
+            fields: fields.clone(),
+        }
+    }
+
+    /// The kind's name as logged.
+    pub fn kind_name(&self) -> &str {
+        match self {
+            LoggedEvent::Typed(event) => event.kind().as_str(),
+            LoggedEvent::Unparsed { kind, .. } => kind,
+        }
+    }
+}
+
+impl Event {
+    /// A store operation's outcome: the operation's name as its kinds spell
+    /// it (`write`, `read_numbered`, `replace`, ...) and whether it succeeded.
+    pub fn store_outcome(&self) -> Option<(&'static str, bool)> {
+        let name = self.kind().as_str().strip_prefix("store_")?;
+        match name.strip_suffix("_succeeded") {
+            Some(op) => Some((op, true)),
+            None => name.strip_suffix("_failed").map(|op| (op, false)),
         }
     }
 }
@@ -715,9 +796,9 @@ mod tests {
                 "{kind}"
             );
             assert_eq!(Event::parse_text(kind, Some(bytes)).unwrap(), event);
-            let map: Map<String, Json> = serde_json::from_str(bytes).unwrap();
+            let row: Json = serde_json::from_str(bytes).unwrap();
             assert_eq!(
-                LoggedEvent::parse(kind.as_str(), &map),
+                LoggedEvent::parse(kind.as_str(), &row),
                 LoggedEvent::Typed(event)
             );
         }
@@ -738,17 +819,18 @@ mod tests {
         assert_eq!(completed.fields_text(), None);
         assert!(completed.fields().is_empty());
         assert_eq!(
-            LoggedEvent::parse("model_turn_completed", &Map::new()),
+            LoggedEvent::parse("model_turn_completed", &json!({})),
             LoggedEvent::Typed(completed)
         );
         for kind in boundary {
             let event = Event::boundary(kind).unwrap();
+            assert!(matches!(event, crate::boundary_event!()), "{kind}");
             assert_eq!(event.kind(), kind);
             assert_eq!(event.fields_text(), None);
             assert!(event.fields().is_empty());
             assert_eq!(EventKind::from_name(kind.as_str()), Some(kind));
             assert_eq!(
-                LoggedEvent::parse(kind.as_str(), &Map::new()),
+                LoggedEvent::parse(kind.as_str(), &Json::Null),
                 LoggedEvent::Typed(event)
             );
         }
@@ -756,7 +838,7 @@ mod tests {
 
     #[test]
     fn a_row_of_another_shape_is_kept_as_logged() {
-        let odd: Map<String, Json> = serde_json::from_str(r#"{"turn":"two","alias":1}"#).unwrap();
+        let odd: Json = serde_json::from_str(r#"{"turn":"two","alias":1}"#).unwrap();
         assert_eq!(
             LoggedEvent::parse("tool_result", &odd),
             LoggedEvent::Unparsed {
@@ -768,6 +850,15 @@ mod tests {
             LoggedEvent::parse("tool_progress", &odd),
             LoggedEvent::Unparsed { .. }
         ));
+        assert!(matches!(
+            LoggedEvent::parse("lua", &json!("not an object")),
+            LoggedEvent::Unparsed { .. }
+        ));
+        assert_eq!(
+            Event::StoreReadNumberedFailed.store_outcome(),
+            Some(("read_numbered", false))
+        );
+        assert_eq!(Event::LuaChunkFailed.store_outcome(), None);
         // A float the provider could not send as JSON reads back as NaN and writes `null` again.
         let nan = r#"{"e2e_ms":null}"#;
         let client: ClientMeasures = serde_json::from_str(nan).unwrap();

@@ -90,6 +90,20 @@ pub struct ToolCallNotice<'a> {
     pub call_id: Option<&'a str>,
 }
 
+/// A model round's answer as it arrived, for the Host's telemetry: what the
+/// provider said the round cost. Not an event of ch. 16: only a text reply's
+/// `assistant_reply` carries metrics, and a round that ends in tool calls
+/// costs tokens too, so the Host counts every round from this. Told right
+/// after the round's `model_turn_completed`.
+#[derive(Debug, Clone, Copy)]
+pub struct RoundNotice<'a> {
+    pub task: &'a str,
+    pub section: &'a str,
+    pub turn: u32,
+    /// `None` when the provider reported no usage.
+    pub usage: Option<&'a pf_harness::Usage>,
+}
+
 /// The Lua stack when a block raised the error that failed it (debug detail
 /// for the Host's log; the run error itself stays the guide's message).
 #[derive(Debug, Clone, Copy)]
@@ -136,6 +150,11 @@ pub trait RunObserver: Send + Sync {
     /// A tool call about to be dispatched (model or script, every kind of tool).
     fn tool_call(&self, execution: &str, call: &ToolCallNotice<'_>) {
         let _ = (execution, call);
+    }
+
+    /// A model round's answer arrived (every completed round, text reply or tool calls).
+    fn model_round(&self, execution: &str, round: &RoundNotice<'_>) {
+        let _ = (execution, round);
     }
 
     /// A block failed on a raised error: the Lua stack at the raise.

@@ -40,8 +40,8 @@ use rand::{RngCore, SeedableRng};
 pub use ctx::Checkpoint;
 pub use error::{RunError, RunErrorKind};
 pub use events::{
-    EventKind, LiveText, LuaTraceback, Provenance, RunEvent, RunObserver, SharedEvent,
-    ToolCallNotice, MAIN_TASK,
+    EventKind, LiveText, LuaTraceback, Provenance, RoundNotice, RunEvent, RunObserver,
+    SharedEvent, ToolCallNotice, MAIN_TASK,
 };
 pub use event::{Event, LoggedEvent};
 pub use io_files::{collect_output, missing_input, place_input, CollectedOutput};

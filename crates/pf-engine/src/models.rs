@@ -714,6 +714,16 @@ fn complete_round(sec: &SectionCtx, resp: &ChatResponse) -> u32 {
         completed.finish_reason = resp.finish_reason.clone();
     }
     sec.report(Event::ModelTurnCompleted(completed));
+    let task = sec.task();
+    crate::events::notify(sec.run.fixed.observer.as_ref(), |o| {
+        let round = crate::events::RoundNotice {
+            task: &task,
+            section: &sec.name,
+            turn,
+            usage: resp.usage.as_ref(),
+        };
+        o.model_round(&sec.run.fixed.execution, &round);
+    });
     if resp.model.is_none() {
         sec.report(Event::ModelMetadataDegraded(MetadataDegraded {
             turn,
