@@ -24,9 +24,7 @@ use serde_json::Value as Json;
 
 use crate::claims::{ClaimIdentity, ClaimKind, ClaimRegistry, Conflict};
 use crate::error::{error_table, ErrorKind, HostError, HostResult, Raise, RunError, RunErrorKind};
-use crate::events::{
-    Event, EventLog, RunEvent, RunObserver, MAIN_TASK,
-};
+use crate::events::{Event, EventLog, RunEvent, RunObserver, MAIN_TASK};
 use crate::tasks::table::TaskTable;
 
 /// A tool slot bound at prepare.

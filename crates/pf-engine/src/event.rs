@@ -334,8 +334,9 @@ pub struct AssistantReply {
     pub finish_reason: Option<String>,
     pub model: String,
     pub origin: ReplyOrigin,
+    /// Boxed: most of the event's size, and most events are not replies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub metrics: Option<Metrics>,
+    pub metrics: Option<Box<Metrics>>,
 }
 
 /// What was measured about one model call (guide ch. 16, "Model call metrics").
@@ -396,15 +397,35 @@ pub struct LlamaMeasures {
 /// `metrics.vllm`: vLLM's per-request metrics, each unset when not measured.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct VllmMeasures {
-    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "some_float")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "some_float"
+    )]
     pub time_to_first_token_ms: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "some_float")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "some_float"
+    )]
     pub generation_time_ms: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "some_float")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "some_float"
+    )]
     pub queue_time_ms: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "some_float")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "some_float"
+    )]
     pub mean_itl_ms: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "some_float")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "some_float"
+    )]
     pub tokens_per_second: Option<f64>,
 }
 
@@ -413,9 +434,17 @@ pub struct VllmMeasures {
 pub struct ClientMeasures {
     #[serde(deserialize_with = "float")]
     pub e2e_ms: f64,
-    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "some_float")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "some_float"
+    )]
     pub ttft_ms: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "some_float")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "some_float"
+    )]
     pub mean_itl_ms: Option<f64>,
 }
 
@@ -548,12 +577,10 @@ impl LoggedEvent {
             Json::Null => Some(Map::new()),
             _ => None,
         };
-        match (EventKind::from_name(kind), map) {
-            (Some(kind), Some(map)) => match Event::parse(kind, map) {
-                Ok(event) => return LoggedEvent::Typed(event),
-                Err(_) => {}
-            },
-            _ => {}
+        if let (Some(kind), Some(map)) = (EventKind::from_name(kind), map) {
+            if let Ok(event) = Event::parse(kind, map) {
+                return LoggedEvent::Typed(event);
+            }
         }
         LoggedEvent::Unparsed {
             kind: kind.to_string(),
@@ -628,7 +655,7 @@ mod tests {
                     finish_reason: Some("stop".into()),
                     model: "claude".into(),
                     origin: ReplyOrigin::Infer,
-                    metrics: Some(Metrics {
+                    metrics: Some(Box::new(Metrics {
                         usage: Some(TokenCounts {
                             prompt_tokens: 10,
                             completion_tokens: 3,
@@ -656,7 +683,7 @@ mod tests {
                             ttft_ms: Some(3.0),
                             mean_itl_ms: None,
                         }),
-                    }),
+                    })),
                 }),
                 r#"{"turn":3,"text":"13","finish_reason":"stop","model":"claude","origin":"infer","metrics":{"usage":{"prompt_tokens":10,"completion_tokens":3,"total_tokens":13,"cached_tokens":4},"llama":{"prompt_n":10,"prompt_ms":1.5,"prompt_per_second":0.30000000000000004,"predicted_n":3,"predicted_ms":2.0,"predicted_per_second":1e-300,"draft_n":0,"draft_n_accepted":0},"vllm":{"time_to_first_token_ms":4.25,"queue_time_ms":0.5},"client":{"e2e_ms":12.5,"ttft_ms":3.0}}}"#,
             ),
@@ -667,14 +694,14 @@ mod tests {
                     finish_reason: None,
                     model: String::new(),
                     origin: ReplyOrigin::Chat,
-                    metrics: Some(Metrics {
+                    metrics: Some(Box::new(Metrics {
                         client: Some(ClientMeasures {
                             e2e_ms: 0.25,
                             ttft_ms: None,
                             mean_itl_ms: None,
                         }),
                         ..Metrics::default()
-                    }),
+                    })),
                 }),
                 r#"{"turn":1,"text":"","model":"","origin":"chat","metrics":{"client":{"e2e_ms":0.25}}}"#,
             ),

@@ -429,13 +429,7 @@ impl EventLog {
 
     /// Record an event of `task` under `section`, hand it to the observer and
     /// log it at debug level.
-    pub(crate) fn record(
-        &mut self,
-        execution: &str,
-        task: &str,
-        section: &str,
-        event: Event,
-    ) {
+    pub(crate) fn record(&mut self, execution: &str, task: &str, section: &str, event: Event) {
         let event = RunEvent {
             event,
             section: section.to_string(),
@@ -565,7 +559,9 @@ impl EventLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{Checkpoint, CapturedRequest, TaskEnded, TaskOrigin, TaskStarted, ToolResult};
+    use crate::event::{
+        CapturedRequest, Checkpoint, TaskEnded, TaskOrigin, TaskStarted, ToolResult,
+    };
 
     fn lua(message: String) -> Event {
         Event::Lua(Checkpoint { message })
@@ -651,19 +647,9 @@ mod tests {
         let mut log = EventLog::new(Some(Arc::clone(&heard) as Arc<dyn RunObserver>));
         log.set_owner("0.1", "0");
         log.record("run-1", "0.1", "Arm", Event::SectionStarted);
-        log.record(
-            "run-1",
-            "0.1",
-            "Arm",
-            Event::LuaChunkStarted,
-        );
+        log.record("run-1", "0.1", "Arm", Event::LuaChunkStarted);
         log.host_work("0.1");
-        log.record(
-            "run-1",
-            "0.1",
-            "Next",
-            Event::SectionStarted,
-        );
+        log.record("run-1", "0.1", "Next", Event::SectionStarted);
         log.record(
             "run-1",
             "0.1",
@@ -673,12 +659,7 @@ mod tests {
                 "nested": {"z": [1, null, "s", {}], "a": [], "m": {"y": 1, "b": 2}}}),
             ),
         );
-        log.record(
-            "run-1",
-            "0.1",
-            "Arm",
-            Event::SectionFinished,
-        );
+        log.record("run-1", "0.1", "Arm", Event::SectionFinished);
         let kept = log.history("0.1", None);
         assert_eq!(kept, *heard.0.lock().expect("heard"));
         assert_eq!(kept[2].provenance.seq, 3);
@@ -737,12 +718,7 @@ mod tests {
                 }),
             );
             if i % 7 == 0 {
-                log.record(
-                    "run-1",
-                    task,
-                    section,
-                    Event::SectionStarted,
-                );
+                log.record("run-1", task, section, Event::SectionStarted);
             }
         }
         assert!(log.held <= HISTORY_WINDOW, "{}", log.held);
@@ -808,10 +784,7 @@ mod tests {
         assert_eq!(back.len(), 3);
         assert_eq!(back[0].event, recorded);
         assert_eq!(back[1].event, lua("checkpoint".into()));
-        assert_eq!(
-            back[0].event.fields_text(),
-            recorded.fields_text()
-        );
+        assert_eq!(back[0].event.fields_text(), recorded.fields_text());
         let var = back[0].event.fields()["var"].clone();
         for (at, float) in floats.iter().enumerate() {
             let read = var["floats"][at].as_f64().unwrap();

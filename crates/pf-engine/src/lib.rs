@@ -39,11 +39,11 @@ use rand::{RngCore, SeedableRng};
 
 pub use ctx::Checkpoint;
 pub use error::{RunError, RunErrorKind};
-pub use events::{
-    EventKind, LiveText, LuaTraceback, Provenance, RoundNotice, RunEvent, RunObserver,
-    SharedEvent, ToolCallNotice, MAIN_TASK,
-};
 pub use event::{Event, LoggedEvent};
+pub use events::{
+    EventKind, LiveText, LuaTraceback, Provenance, RoundNotice, RunEvent, RunObserver, SharedEvent,
+    ToolCallNotice, MAIN_TASK,
+};
 pub use io_files::{collect_output, missing_input, place_input, CollectedOutput};
 pub use memory::DEFAULT_RUN_MEMORY;
 pub use text::{envelope, format_when};
@@ -201,12 +201,7 @@ async fn run_beside(
     );
     let failed_early = |log: &mut events::EventLog, error: RunError, started: bool| {
         if started {
-            log.record(
-                &execution,
-                MAIN_TASK,
-                &title,
-                Event::RunFailed,
-            );
+            log.record(&execution, MAIN_TASK, &title, Event::RunFailed);
         }
         RunReport {
             outcome: Outcome::Failed(error),
@@ -217,12 +212,7 @@ async fn run_beside(
     if let Err(e) = gate {
         return failed_early(&mut log, e, false);
     }
-    log.record(
-        &execution,
-        MAIN_TASK,
-        &title,
-        Event::RunStarted,
-    );
+    log.record(&execution, MAIN_TASK, &title, Event::RunStarted);
     // A store that fails as the run starts fails the run (kind `Store`), rather
     // than letting it run against a throwaway store.
     let store = match pf_store::Store::open(&setup.store_dir) {

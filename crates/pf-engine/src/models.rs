@@ -766,7 +766,7 @@ fn report_reply(
         finish_reason: resp.finish_reason.clone(),
         model: resp.model.clone().unwrap_or_default(),
         origin,
-        metrics: Some(timing.metrics(resp)),
+        metrics: Some(Box::new(timing.metrics(resp))),
     }));
 }
 

@@ -628,7 +628,7 @@ fn event_html(e: &EventRecord) -> (String, String) {
                  <div class=\"model-text\">{}</div>{}</details>",
                 esc(&short(&reply.text, 100)),
                 text_with_envelopes(&reply.text, true),
-                metrics_html(reply.metrics.as_ref())
+                metrics_html(reply.metrics.as_deref())
             )
         }
         Event::Thinking(thinking) => format!(
@@ -755,7 +755,11 @@ fn raw_body(kind: &str, turn: u32, body: &str) -> String {
 fn raw_html(kind: &str, fields: &Json) -> String {
     let mut text = esc(&kind.replace('_', " "));
     if fields.as_object().is_some_and(|f| !f.is_empty()) {
-        let _ = write!(text, " <code>{}</code>", esc(&short(&fields.to_string(), 200)));
+        let _ = write!(
+            text,
+            " <code>{}</code>",
+            esc(&short(&fields.to_string(), 200))
+        );
     }
     text
 }
@@ -1059,6 +1063,28 @@ const SCRIPT: &str = r#"
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A row an older log wrote in another shape (or a kind this version
+    /// does not know) is drawn as logged, escaped, and never fails the page.
+    #[test]
+    fn a_row_of_another_shape_is_drawn_as_logged() {
+        let row = |kind: &str, fields: Json| EventRecord {
+            kind: kind.into(),
+            section: "Ask".into(),
+            task: "0".into(),
+            seq: 1,
+            fields,
+        };
+        let odd = serde_json::json!({"turn": "two", "alias": "<b>x</b>"});
+        for kind in ["tool_result", "task_started", "tool_progress"] {
+            let (class, body) = event_html(&row(kind, odd.clone()));
+            assert!(class.starts_with("ev k-"), "{class}");
+            assert!(body.contains("&lt;b&gt;x&lt;/b&gt;"), "{body}");
+            assert!(!body.contains("<b>"), "{body}");
+        }
+        let (_, body) = event_html(&row("lua", serde_json::json!({"message": "<i>"})));
+        assert!(body.contains("&lt;i&gt;"), "{body}");
+    }
 
     #[test]
     fn escaping_covers_markup_and_quotes() {

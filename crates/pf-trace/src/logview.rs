@@ -205,8 +205,11 @@ fn event_text(event: &EventRecord, all: bool) -> Option<String> {
         LoggedEvent::Typed(typed) => typed,
         // A row this version does not read as its kind: shown as logged.
         LoggedEvent::Unparsed { kind, fields } => {
-            let text = format!("{} {}", kind.replace('_', " "), short_json(&fields, 80));
-            return Some(printable(text.trim_end()));
+            let mut text = kind.replace('_', " ");
+            if fields.as_object().is_some_and(|f| !f.is_empty()) {
+                text = format!("{text} {}", short_json(&fields, 80));
+            }
+            return Some(printable(&text));
         }
     };
     let text = match &typed {
@@ -328,6 +331,21 @@ mod tests {
             seq,
             fields,
         }
+    }
+
+    /// An older log's row that does not read as its kind is shown as logged.
+    #[test]
+    fn a_row_of_another_shape_is_shown_as_logged() {
+        let odd = event("tool_result", "Ask", "0", 1, json!({"turn": "two"}));
+        assert_eq!(
+            event_text(&odd, false).as_deref(),
+            Some(r#"tool result {"turn":"two"}"#)
+        );
+        let unknown = event("tool_progress", "Ask", "0", 2, Json::Null);
+        assert_eq!(
+            event_text(&unknown, false).as_deref(),
+            Some("tool progress")
+        );
     }
 
     #[test]

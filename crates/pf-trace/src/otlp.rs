@@ -102,7 +102,9 @@ enum What {
         call_id: Option<String>,
     },
     /// A round's answer arrived, with what the provider said it cost.
-    Round { usage: Option<TokenCounts> },
+    Round {
+        usage: Option<TokenCounts>,
+    },
 }
 
 /// One run's trace in the making.
@@ -525,7 +527,13 @@ impl<'a> SpanBuilder<'a> {
 
     /// A tool call dispatched: its span opens now, inside whatever its task
     /// is running (an entry, or a local tool whose handler makes the call).
-    fn dispatched(&mut self, sections: &mut Sections, h: &Heard, alias: &str, call_id: Option<&str>) {
+    fn dispatched(
+        &mut self,
+        sections: &mut Sections,
+        h: &Heard,
+        alias: &str,
+        call_id: Option<&str>,
+    ) {
         let here = match sections.place(&h.task, &h.section, None) {
             Place::Entry(index) => {
                 let entry = self.entry(sections, index, h.at_ns);
@@ -692,7 +700,9 @@ impl<'a> SpanBuilder<'a> {
                 let attributes = vec![KeyValue::new("promptforge.message", message)];
                 self.span_event(here, h, event, attributes);
             }
-            Event::LuaChunkFailed | Event::LuaSharedLoadFailed | Event::ToolScopeValidationFailed => {
+            Event::LuaChunkFailed
+            | Event::LuaSharedLoadFailed
+            | Event::ToolScopeValidationFailed => {
                 self.span_event(here, h, event, Vec::new());
                 self.fail(here, &kind.as_str().replace('_', " "));
             }
@@ -794,7 +804,11 @@ mod tests {
         assert_eq!(percent_decode("Basic%20abc%3D"), "Basic abc=");
     }
 
-    fn notice<'a>(alias: &'a str, arguments: &'a Json, call_id: Option<&'a str>) -> ToolCallNotice<'a> {
+    fn notice<'a>(
+        alias: &'a str,
+        arguments: &'a Json,
+        call_id: Option<&'a str>,
+    ) -> ToolCallNotice<'a> {
         ToolCallNotice {
             task: "0",
             section: "Ask",
@@ -910,9 +924,18 @@ mod tests {
             assert_eq!(s.trace_id, spans[0].trace_id);
         }
         // Every round carries its usage, the tool-call round's too.
-        assert_eq!(attr(&spans[2], "gen_ai.usage.input_tokens"), Some(AnyValue::Int(21)));
-        assert_eq!(attr(&spans[2], "gen_ai.usage.output_tokens"), Some(AnyValue::Int(4)));
-        assert_eq!(attr(&spans[4], "gen_ai.usage.input_tokens"), Some(AnyValue::Int(10)));
+        assert_eq!(
+            attr(&spans[2], "gen_ai.usage.input_tokens"),
+            Some(AnyValue::Int(21))
+        );
+        assert_eq!(
+            attr(&spans[2], "gen_ai.usage.output_tokens"),
+            Some(AnyValue::Int(4))
+        );
+        assert_eq!(
+            attr(&spans[4], "gen_ai.usage.input_tokens"),
+            Some(AnyValue::Int(10))
+        );
         assert_eq!(
             attr(&spans[4], "gen_ai.response.finish_reasons"),
             Some(AnyValue::Array(vec![AnyValue::from("stop")]))
@@ -977,7 +1000,10 @@ mod tests {
             assert!(spans[outer].end_ns >= spans[child].end_ns);
         }
         assert_eq!(spans[outer].events.len(), 1, "the handler's store write");
-        assert_eq!(attr(&spans[outer], "gen_ai.tool.call.id"), Some(AnyValue::from("call_1")));
+        assert_eq!(
+            attr(&spans[outer], "gen_ai.tool.call.id"),
+            Some(AnyValue::from("call_1"))
+        );
         assert_eq!(attr(&spans[inner], "gen_ai.tool.call.id"), None);
         let refused = named("execute_tool nowhere");
         assert_eq!(spans[refused].parent_span_id, Some(spans[1].span_id));

@@ -72,7 +72,10 @@ fn is_run_kind(kind: EventKind) -> bool {
 /// A task's terminal event.
 pub fn is_task_end(kind: EventKind) -> bool {
     use EventKind::*;
-    matches!(kind, TaskSucceeded | TaskFailed | TaskCancelled | TaskAbandoned)
+    matches!(
+        kind,
+        TaskSucceeded | TaskFailed | TaskCancelled | TaskAbandoned
+    )
 }
 
 impl Sections {
@@ -212,10 +215,7 @@ mod tests {
     fn calls_nest_and_tasks_sit_in_their_starting_entry() {
         let mut s = Sections::default();
         assert_eq!(s.place("0", "T", k("run_started")), Place::Run);
-        assert_eq!(
-            s.place("0", "T", k("lua_chunk_started")),
-            Place::Entry(0)
-        );
+        assert_eq!(s.place("0", "T", k("lua_chunk_started")), Place::Entry(0));
         assert_eq!(s.place("0", "A", k("section_started")), Place::Entry(1));
         assert_eq!(s.place("0", "B", k("section_started")), Place::Entry(2));
         assert_eq!(s.place("0", "B", None), Place::Entry(2));
@@ -223,14 +223,8 @@ mod tests {
         let at = s.place("0", "A", k("task_started"));
         assert_eq!(at, Place::Entry(1));
         s.started("0.0", at);
-        assert_eq!(
-            s.place("0.0", "W", k("section_started")),
-            Place::Entry(3)
-        );
-        assert_eq!(
-            s.place("0.0", "W", k("section_finished")),
-            Place::Entry(3)
-        );
+        assert_eq!(s.place("0.0", "W", k("section_started")), Place::Entry(3));
+        assert_eq!(s.place("0.0", "W", k("section_finished")), Place::Entry(3));
         assert_eq!(s.place("0.0", "W", k("task_succeeded")), Place::Lane);
         assert_eq!(s.place("0", "A", k("lua_chunk_failed")), Place::Entry(1));
         assert_eq!(labels(&s), ["0:T<-", "0:A<-", "0:B<1 done", "0.0:W<1 done"]);
