@@ -22,6 +22,8 @@ if [ "${PROMPTFORGE_REAL_TOOLS:-}" = 1 ]; then
 fi
 # The MCP TypeScript SDK and the reference servers (tests/mcp_server.rs, tests/mcp_plugins.rs).
 bash crates/promptforge/tests/tools/setup.sh node-mcp "${CARGO_TARGET_DIR:-target}/tmp/test-tools"
+# NATS with JetStream for the queue tests (tests/queue.rs starts it on a free port).
+bash crates/promptforge/tests/tools/setup.sh nats
 echo "== cargo test"
 # Every test's run log and default stores stay out of the user's data directory.
 PROMPTFORGE_HOME="$(mktemp -d)"

@@ -67,6 +67,35 @@ pub struct ModelTable {
     pub requests_per_minute: Option<Limit>,
     /// Tokens (request and reply) in any 60 seconds, across the process.
     pub tokens_per_minute: Option<Limit>,
+    /// What a million input (prompt) tokens cost, in any one currency:
+    /// `promptforge test` reports each cell's cost from it.
+    pub input_price: Option<Price>,
+    /// What a million output (completion) tokens cost, in the same currency.
+    pub output_price: Option<Price>,
+}
+
+/// A price per million tokens: a finite number from 0 up. Checked while the
+/// file is parsed, so the error carries the file, line and key.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Price(pub f64);
+
+impl<'de> Deserialize<'de> for Price {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = toml::Value::deserialize(d)?;
+        let number = match &raw {
+            toml::Value::Integer(n) => Some(*n as f64),
+            toml::Value::Float(x) => Some(*x),
+            _ => None,
+        };
+        number
+            .filter(|x| x.is_finite() && *x >= 0.0)
+            .map(Price)
+            .ok_or_else(|| {
+                serde::de::Error::custom(format!(
+                    "must be a price per million tokens, a number from 0 up (as in 0.15), got {raw}"
+                ))
+            })
+    }
 }
 
 /// A per-model limit: a whole number from 1 up. Checked while the file is

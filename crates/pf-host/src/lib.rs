@@ -13,6 +13,7 @@
 //! ([`record`]: the run log's recorders). [`data`] finds the run log;
 //! [`observe`] is the Host's one run observer.
 
+pub mod cache;
 pub mod data;
 pub mod file;
 pub mod logged_json;
@@ -345,6 +346,19 @@ impl HostConfig {
     /// decorators `work` names. The one place they are installed, for every
     /// command that runs prompts.
     pub fn assemble_for(&self, current: Option<&str>, work: &HostWork) -> Result<Host, String> {
+        self.assemble_cached(current, work, None)
+    }
+
+    /// [`assemble_for`](HostConfig::assemble_for), with model rounds answered
+    /// from `cache` when it holds them (`test --cache`): the caching
+    /// decorator sits right around each real provider, inside the replay,
+    /// metering and recording.
+    pub fn assemble_cached(
+        &self,
+        current: Option<&str>,
+        work: &HostWork,
+        cache: Option<&cache::CacheUse>,
+    ) -> Result<Host, String> {
         let mut harness = Harness::new();
         // Innermost, around each real part: everything from outside is scrubbed
         // before any recorder, replayer or the Engine sees it.
@@ -400,7 +414,7 @@ impl HostConfig {
             input_broker: Some(broker),
         };
         let totals = Arc::new(usage::UsageTotals::default());
-        // provider, then the replay's answers, then metering (replayed usage
+        // provider, then the cache's, then the replay's answers, then metering (replayed usage
         // counts), then recording (the replayed run is logged too).
         let build = |spec: &ProviderSpec| -> Result<Arc<dyn ModelProvider>, String> {
             let provider: Arc<dyn ModelProvider> = if self.answered_from_log {
@@ -416,6 +430,17 @@ impl HostConfig {
                         .map_err(|e| format!("host file: model \"{}\": {e}", spec.id))?,
                     &secrets,
                 )
+            };
+            // Only a server's answers are cached: a scripted model's replies
+            // file is the test's own, answered afresh so an edit shows.
+            let cached = cache.filter(|_| !matches!(spec.kind, ProviderKind::Script { .. }));
+            let provider: Arc<dyn ModelProvider> = match cached {
+                None => provider,
+                Some(c) => Arc::new(cache::CachingModel::new(
+                    provider,
+                    c.clone(),
+                    spec.record.as_deref(),
+                )),
             };
             let provider: Arc<dyn ModelProvider> = match work.replayer() {
                 None => provider,

@@ -74,6 +74,8 @@ pub struct RunSettings {
     pub model: Option<String>,
     /// The OTLP/HTTP collector, checked to be a usable URL.
     pub otlp: Option<String>,
+    /// Model rounds answered from earlier logged exchanges (`test --cache`).
+    pub cache: Option<crate::cache::CacheUse>,
 }
 
 impl RunSettings {
@@ -113,6 +115,7 @@ impl RunSettings {
             host,
             model,
             otlp,
+            cache: None,
         })
     }
 
@@ -172,6 +175,9 @@ pub struct RunPlan {
     pub resumed_from: Option<String>,
     /// The `promptforge batch` the run belongs to (its id, logged with the run).
     pub batch: Option<String>,
+    /// The run's input within its batch: `(batch, input_index)` has at most
+    /// one completed run in the log (`RunLog::input_run` finds it).
+    pub input_index: Option<u64>,
     /// Host work answered from a logged run, and how.
     pub replay: Option<(LoggedWork, ReplayMode)>,
     /// Cancels the run (a signal, a client's cancel).
@@ -270,6 +276,7 @@ impl RunSession {
                     replay_of: plan.replay_of.clone(),
                     resumed_from: plan.resumed_from.clone(),
                     batch: plan.batch.clone(),
+                    input_index: plan.input_index,
                 })
             })
             .flatten();
@@ -395,7 +402,7 @@ impl RunSession {
             .with_trace(trace.clone())
             .with_prompt_file(&file)
             .streaming(host.stream);
-        let assembled = host.assemble_for(current, &work);
+        let assembled = host.assemble_cached(current, &work, settings.cache.as_ref());
         let finished = match assembled {
             Ok(mut assembled) => {
                 if let (Some(broker), None) = (input_broker, &host.answers) {

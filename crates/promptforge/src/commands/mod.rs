@@ -17,6 +17,7 @@ pub mod runs;
 pub mod show;
 pub mod terminal;
 pub mod test;
+pub mod worker;
 
 use std::process::ExitCode;
 
@@ -39,6 +40,7 @@ pub fn dispatch(command: Command) -> ExitCode {
         Command::Reference => reference::run(),
         Command::Mcp(args) => mcp::run(args),
         Command::Replay(args) => replay::run(args),
+        Command::Worker(args) => worker::run(args),
     }
 }
 
