@@ -196,3 +196,53 @@ impl InputBroker for ElicitationBroker {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+    use rmcp::model::NumberOrString;
+
+    fn at(event: Event) -> RunEvent {
+        RunEvent {
+            event,
+            section: "Ask".into(),
+            provenance: pf_engine::Provenance {
+                task: "0".into(),
+                seq: 0,
+            },
+        }
+    }
+
+    /// A local tool's handler calls a tool: the inner call ends first, and
+    /// each end names its own tool.
+    #[test]
+    fn nested_tool_calls_end_innermost_first() {
+        let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel();
+        let progress = ProgressObserver::new(ProgressToken(NumberOrString::Number(1)), sender);
+        let args = json!({});
+        for alias in ["outer", "inner"] {
+            progress.tool_call(
+                "run-1",
+                &ToolCallNotice {
+                    task: "0",
+                    section: "Ask",
+                    alias,
+                    arguments: &args,
+                    call_id: None,
+                },
+            );
+        }
+        progress.event("run-1", &at(Event::ToolCallFailed));
+        progress.event("run-1", &at(Event::ToolCallSucceeded));
+        progress.event("run-1", &at(Event::StoreWriteSucceeded));
+        let mut said = Vec::new();
+        while let Ok(param) = receiver.try_recv() {
+            said.push(param.message.unwrap_or_default());
+        }
+        assert_eq!(
+            said,
+            ["Ask: tool inner failed", "Ask: tool outer succeeded"]
+        );
+    }
+}
