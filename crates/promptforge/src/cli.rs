@@ -338,6 +338,8 @@ pub struct RunsArgs {
     #[arg(long, value_name = "ID")]
     pub batch: Option<String>,
     #[command(flatten)]
+    pub host: HostArgs,
+    #[command(flatten)]
     pub output: OutputArgs,
 }
 
@@ -373,6 +375,8 @@ pub struct PruneArgs {
     /// Only report what would be deleted.
     #[arg(long)]
     pub dry_run: bool,
+    #[command(flatten)]
+    pub host: HostArgs,
     #[command(flatten)]
     pub output: OutputArgs,
 }
@@ -454,6 +458,8 @@ pub struct ShowArgs {
     /// Show every event in the timeline, the section VM's phases included.
     #[arg(long)]
     pub all: bool,
+    #[command(flatten)]
+    pub host: HostArgs,
     #[command(flatten)]
     pub output: OutputArgs,
     #[command(flatten)]

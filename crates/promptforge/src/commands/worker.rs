@@ -55,7 +55,11 @@ pub fn run(args: WorkerArgs) -> ExitCode {
     );
     let runner = InputRunner::new(false, true, live);
     let prompts = PromptCache::default();
-    let ledger = LogLedger::default();
+    // Where runs are logged: the same rule as every command's.
+    let ledger = match RunSettings::run_log_of(&host) {
+        Ok(target) => LogLedger::new(target),
+        Err(m) => return super::usage(&m),
+    };
     let served = runtime.block_on(async {
         let queue = Queue::connect(&args.queue, &format!("promptforge worker {name}")).await?;
         eprintln!(
@@ -197,13 +201,55 @@ impl PromptCache {
     }
 }
 
-/// The worker's view of the run log (today the SQLite log in the data
-/// directory, which the workers of one machine share): whether an input's
-/// run is logged, finished or not. Its run is found by execution id, which
-/// the request's seed fixes, within the request's batch.
-#[derive(Default)]
+/// The worker's view of the run log (where its host file or
+/// `PROMPTFORGE_RUNLOG_URL` says: a PostgreSQL log shared by every worker,
+/// or the data directory's SQLite file the workers of one machine share):
+/// whether an input's run is logged, finished or not. An input of a batch
+/// without `--repeat` is found by the log's exactly-once key
+/// (`RunLog::input_run`: batch and input index); under `--repeat` an input
+/// has several runs, found by execution id (the request's seed fixes it).
 struct LogLedger {
+    target: pf_host::data::RunLogTarget,
     log: std::cell::RefCell<Option<pf_runlog::RunLog>>,
+}
+
+impl LogLedger {
+    fn new(target: pf_host::data::RunLogTarget) -> LogLedger {
+        LogLedger {
+            target,
+            log: std::cell::RefCell::new(None),
+        }
+    }
+}
+
+/// The run of `request`'s input the log holds: its completed run if any,
+/// else its newest.
+fn logged_run(
+    log: &pf_runlog::RunLog,
+    request: &RunRequest,
+    execution: &str,
+) -> Result<Option<pf_runlog::RunRecord>, pf_runlog::RunLogError> {
+    if request.repeat.is_none() {
+        return log.input_run(&request.batch, request.index);
+    }
+    let filter = pf_runlog::RunFilter {
+        batch: Some(request.batch.clone()),
+        ..pf_runlog::RunFilter::default()
+    };
+    let runs = log.list_runs(&filter)?;
+    let mine: Vec<_> = runs
+        .into_iter()
+        .filter(|run| run.execution == execution)
+        .collect();
+    // Newest first: the latest attempt holds the most answers.
+    match mine
+        .iter()
+        .find(|run| run.outcome == "completed")
+        .or(mine.first())
+    {
+        Some(run) => log.run(run.id),
+        None => Ok(None),
+    }
 }
 
 impl Ledger for LogLedger {
@@ -211,56 +257,45 @@ impl Ledger for LogLedger {
         let execution = pf_engine::seeded_names(request.seed).0;
         let mut slot = self.log.borrow_mut();
         if slot.is_none() {
-            *slot = pf_host::data::open_run_log().ok().flatten();
+            *slot = pf_host::data::open_run_log(&self.target).ok().flatten();
         }
         let Some(log) = slot.as_ref() else {
             return Logged::Absent;
         };
-        let filter = pf_runlog::RunFilter {
-            batch: Some(request.batch.clone()),
-            ..pf_runlog::RunFilter::default()
-        };
-        let runs = match log.list_runs(&filter) {
-            Ok(runs) => runs,
+        let record = match logged_run(log, request, &execution) {
+            Ok(record) => record,
             Err(e) => {
                 tracing::warn!("the run log cannot be read ({e}); running the input afresh");
                 return Logged::Absent;
             }
         };
-        let mine: Vec<_> = runs
-            .into_iter()
-            .filter(|run| run.execution == execution)
-            .collect();
-        if let Some(done) = mine.iter().find(|run| run.outcome == "completed") {
-            let record = log.run(done.id).ok().flatten();
-            let result = record.as_ref().and_then(|r| match &r.end {
-                Some(pf_runlog::RunEnd {
-                    outcome: pf_runlog::Outcome::Completed { result },
-                    ..
-                }) => Some(result.clone()),
-                _ => None,
-            });
-            return Logged::Completed(OutputLine {
+        let Some(record) = record else {
+            return Logged::Absent;
+        };
+        match &record.end {
+            Some(pf_runlog::RunEnd {
+                outcome: pf_runlog::Outcome::Completed { result },
+                duration_ms,
+                usage,
+            }) => Logged::Completed(OutputLine {
                 index: request.index,
                 repeat: request.repeat,
                 batch: Some(request.batch.clone()),
-                execution,
+                execution: record.start.execution.clone(),
                 seed: request.seed,
                 outcome: RunOutcome::Completed,
-                result,
+                result: Some(result.clone()),
                 error: None,
-                usage: done.usage.map(|u| TokenUsage {
-                    input_tokens: u.input,
-                    output_tokens: u.output,
+                usage: Some(TokenUsage {
+                    input_tokens: usage.input,
+                    output_tokens: usage.output,
                 }),
-                duration_ms: done.duration_ms.unwrap_or(0),
+                duration_ms: *duration_ms,
                 output: None,
-            });
-        }
-        // Newest first: the latest attempt holds the most answers.
-        match mine.first() {
-            Some(_) => Logged::Unfinished { execution },
-            None => Logged::Absent,
+            }),
+            _ => Logged::Unfinished {
+                execution: record.start.execution.clone(),
+            },
         }
     }
 

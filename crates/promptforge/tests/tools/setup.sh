@@ -46,6 +46,7 @@ case "$what" in
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
     [ -x "$(pg_bin)/initdb" ] || { echo "setup.sh: postgresql did not install" >&2; exit 1; }
+    ;;
   nats)
     have_nats() { command -v nats-server >/dev/null || [ -x /usr/sbin/nats-server ]; }
     have_nats && exit 0
