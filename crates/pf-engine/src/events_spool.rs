@@ -21,7 +21,7 @@ use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
-use super::{fields_of, EventKind, KeptEvent, Provenance, RunEvent};
+use super::{event_of, EventKind, KeptEvent, Provenance, RunEvent};
 
 /// The most the spool keeps on disk: past it, the oldest segment goes.
 pub(crate) const SPOOL_LIMIT: u64 = 256 << 20;
@@ -150,17 +150,13 @@ impl Spool {
             if after.is_some_and(|last| seq <= last) {
                 continue;
             }
+            let fields = (!fields.is_empty()).then_some(fields);
             let event = RunEvent {
-                kind,
+                event: event_of(kind, fields).map_err(std::io::Error::other)?,
                 section,
                 provenance: Provenance {
                     task: task.to_string(),
                     seq,
-                },
-                fields: if fields.is_empty() {
-                    Default::default()
-                } else {
-                    fields_of(fields)
                 },
             };
             if let Err(e) = each(event) {
