@@ -340,6 +340,8 @@ pub struct RunsArgs {
     #[arg(long, value_name = "ID")]
     pub batch: Option<String>,
     #[command(flatten)]
+    pub host: HostArgs,
+    #[command(flatten)]
     pub output: OutputArgs,
 }
 
@@ -375,6 +377,8 @@ pub struct PruneArgs {
     /// Only report what would be deleted.
     #[arg(long)]
     pub dry_run: bool,
+    #[command(flatten)]
+    pub host: HostArgs,
     #[command(flatten)]
     pub output: OutputArgs,
 }
@@ -457,6 +461,8 @@ pub struct ShowArgs {
     #[arg(long)]
     pub all: bool,
     #[command(flatten)]
+    pub host: HostArgs,
+    #[command(flatten)]
     pub output: OutputArgs,
     #[command(flatten)]
     pub page: PageArgs,
@@ -538,18 +544,38 @@ pub struct TestArgs {
     /// Write a JUnit XML report to FILE.
     #[arg(long, value_name = "FILE")]
     pub junit: Option<PathBuf>,
-    /// Run every case against this catalog model instead of its scripted replies.
+    /// Run every case against this catalog model instead of its scripted
+    /// replies. Repeat it to compare models: each is a column of the matrix.
     #[arg(long = "model", value_name = "ID")]
-    pub model: Option<String>,
-    /// Runs per case; the line shows each case's pass rate.
+    pub model: Vec<String>,
+    /// Run the cases against this edited copy of their prompt instead.
+    /// Repeat it to compare prompt versions: each is a column (times each --model).
+    #[arg(long = "prompt", value_name = "FILE")]
+    pub prompt: Vec<PathBuf>,
+    /// Runs per case (and column); the line shows the pass rate, and the
+    /// matrix its 95% confidence interval.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub repeat: u32,
     /// With --repeat: the share of runs (0 to 1) that must pass for the case to pass.
     #[arg(long, default_value_t = 1.0, value_name = "RATE")]
     pub pass_rate: f64,
-    /// Cases running at once. Default: the number of CPUs.
+    /// Runs at once. Default: the number of CPUs, or 16 with --model (each
+    /// model's catalog `concurrency` still bounds its requests).
     #[arg(long, short = 'j')]
     pub jobs: Option<usize>,
+    /// Write the results as one self-contained HTML page (a grid of cases
+    /// by models and prompt versions), each run's trace page in FILE's
+    /// `NAME.traces/` folder beside it.
+    #[arg(long, value_name = "FILE", conflicts_with = "update")]
+    pub html: Option<PathBuf>,
+    /// Open the --html page in the browser (xdg-open; open on macOS).
+    #[arg(long, requires = "html")]
+    pub open: bool,
+    /// Answer a model round (and a judge call) whose request exactly matches
+    /// one an earlier run logged, without contacting the server; the runs
+    /// are logged. Cached cells are marked, their tokens and cost reported as saved.
+    #[arg(long, conflicts_with = "update")]
+    pub cache: bool,
     /// Run again whenever a test file, a tested prompt, the host file or a
     /// test file added under a searched folder changes, until Ctrl-C.
     #[arg(long, conflicts_with = "update")]
