@@ -415,7 +415,8 @@ impl StoreOp {
 /// The histories are bounded in memory: past [`HISTORY_WINDOW`] bytes of kept
 /// events (all tasks together) they move to an unnamed temporary file (a
 /// chunk a task, `events_spool.rs`), and reads take them back from there, so a
-/// prompt that logs without end costs the run disk, not memory.
+/// prompt that logs without end costs the run disk, not memory; the file keeps
+/// the newest [`spool::SPOOL_LIMIT`] bytes, so the disk it takes is bounded too.
 #[derive(Default)]
 pub(crate) struct EventLog {
     tasks: HashMap<String, TaskHistory>,
@@ -635,6 +636,11 @@ impl EventLog {
             }
         }
         self.held = 0;
+        // Chunks whose segment the spool let go are gone from every history.
+        for history in self.tasks.values_mut() {
+            let spool = &self.spool;
+            history.spilled.retain(|chunk| spool.holds(chunk));
+        }
     }
 
     /// Make room in `task`'s history for `additional` more events (a fanout

@@ -43,7 +43,7 @@ pub use events::{
     EventKind, LiveText, LuaTraceback, Provenance, RunEvent, RunObserver, SharedEvent,
     ToolCallNotice, MAIN_TASK,
 };
-pub use io_files::{collect_output, missing_input, place_input, CollectedOutput};
+pub use io_files::{collect_output, missing_input, place_input, CollectedOutput, MAX_OUTPUT_BYTES};
 pub use memory::DEFAULT_RUN_MEMORY;
 pub use text::{envelope, format_when};
 

@@ -618,6 +618,7 @@ async fn send_round(
         max_tokens: target.max_tokens,
         thinking,
         capture: sec.run.fixed.capture,
+        attempts: None,
     };
     let cancel = sec.run.fixed.cancel.clone();
     let work = sec.host_work();
@@ -1030,15 +1031,25 @@ fn checked_records(
     reader: &mut ListReader,
     list_v: &Value,
     no_prompt_code: bool,
-) -> Result<usize, HostError> {
+) -> Result<usize, Raise> {
     let unchanged = reader
         .read(lua, list_v, no_prompt_code)
-        .map_err(HostError::lua)?;
+        .map_err(list_error)?;
     if let Err(message) = reader.check_across(unchanged) {
         sec.boundary(EventKind::ModelTurnFailed);
-        return Err(HostError::lua(message));
+        return Err(HostError::lua(message).into());
     }
     Ok(unchanged)
+}
+
+/// A list's rule broken (its message), or the memory error when the VM
+/// could not pay for the host's copy of the list.
+fn list_error(message: String) -> Raise {
+    if message == crate::memory::MEMORY_ERROR {
+        Raise::Mlua(mlua::Error::MemoryError(message))
+    } else {
+        HostError::lua(message).into()
+    }
 }
 
 async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
@@ -1109,7 +1120,9 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
             )?;
         }
         let unchanged = checked_records(&lua, &sec, &mut reader, &list_v, no_prompt_code)?;
-        composition.update(reader.records(), unchanged);
+        composition
+            .update(&lua, reader.records(), unchanged)
+            .map_err(list_error)?;
         if composition.estimate_tokens() > target.context {
             return Err(overflow(&lua, compactor.as_ref(), "precheck").await);
         }
@@ -1119,8 +1132,12 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
         } else {
             Some(offered)
         };
-        let (resp, timing) = match send_round(&sec, &target, composition.wire(), tools, true).await
-        {
+        // The request in flight: its body, and the run log's copy of it.
+        let mut in_flight = crate::memory::HostCharge::new(&lua);
+        in_flight.add(2 * composition.wire_bytes())?;
+        let sent = send_round(&sec, &target, composition.wire(), tools, true).await;
+        drop(in_flight);
+        let (resp, timing) = match sent {
             Ok(r) => r,
             Err(RoundFailure::Overflow) => {
                 report_failed_round(&sec);

@@ -17,7 +17,8 @@ use crate::ctx::{
 };
 use crate::error::{ErrorKind, HostError, HostResult, Raise};
 use crate::events::EventKind;
-use crate::json::{json_to_lua, lua_to_json};
+use crate::json::{json_to_lua, lua_to_json_charged, ToJsonError};
+use crate::memory::HostCharge;
 use crate::text::{envelope, lua_type_name, scalar_text};
 
 /// The four names the Engine's own task tools use.
@@ -653,11 +654,16 @@ async fn tools_call(lua: Lua, args: MultiValue) -> HostResult<Value> {
             }
         },
     };
+    // The arguments live in the host until the call ends, and are written
+    // out once more (the Plugin's request, the run log's line): the VM pays
+    // for both while they do.
+    let mut charge = HostCharge::new(&lua);
     let call_args = match arg(&args, 1) {
         Value::Nil => Json::Object(Map::new()),
-        Value::Table(t) => match lua_to_json(&Value::Table(t), "args") {
+        Value::Table(t) => match lua_to_json_charged(&Value::Table(t), "args", &mut charge) {
             Ok(Json::Array(a)) if a.is_empty() => Json::Object(Map::new()),
             Ok(j @ Json::Object(_)) => j,
+            Err(ToJsonError::Memory(e)) => return Err(e.into()),
             _ => return Err(HostError::lua("args must be a JSON-representable table").into()),
         },
         other => {
@@ -670,7 +676,10 @@ async fn tools_call(lua: Lua, args: MultiValue) -> HostResult<Value> {
     };
     // A script call's `tool_result` carries the rounds completed when it was made.
     let turn = sec.turns();
-    match call_tool(&lua, &sec, Caller::Script, &name, call_args, turn).await? {
+    charge.add(charge.bytes())?;
+    let reply = call_tool(&lua, &sec, Caller::Script, &name, call_args, turn).await?;
+    drop(charge);
+    match reply {
         ToolReply::Text(text) => Ok(Value::String(lua.create_string(&text)?)),
         ToolReply::Structured(json) => Ok(json_to_lua(&lua, &json)?),
     }
