@@ -9,7 +9,10 @@
 #   baseline   `batch -j J` in one process, no queue
 #   queue/W    `batch --queue -j N` with W workers of `-j J/W` each (J runs
 #              at once in all), against a nats-server with JetStream started here
-# overhead per run = (queue/1 wall time - baseline wall time) / N, same J.
+# overhead per run = CPU per run of the queue path (batch, workers and
+# nats-server, user + system) - CPU per run of the local batch: the work the
+# queue adds, which wall time on a shared machine hides (the queue path
+# spreads its work over two processes).
 # Then, with the mock holding each answer DELAY_MS (default 50: a model's
 # latency), W workers of `-j J` each: throughput as workers are added.
 # Needs nats-server (tests/tools/setup.sh nats).
@@ -65,17 +68,27 @@ for i in $(seq "$n"); do echo "{\"n\":$i}"; done > "$work/in.jsonl"
 export PROMPTFORGE_HOME="$work/home"
 nats_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 "$nats_bin" -a 127.0.0.1 -p "$nats_port" -js -sd "$work/nats" > /dev/null 2>&1 &
-pids+=($!)
+nats_pid=$!
+pids+=($nats_pid)
 for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$nats_port") 2>/dev/null && break; sleep 0.1; done
 queue="nats://127.0.0.1:$nats_port"
 
 seconds() { python3 -c "print(f'{$2 - $1:.3f}')"; }
+# CPU seconds (user + system) of every waited-for child so far, and of nats-server:
+# on a shared machine wall time says little, CPU per run is the overhead.
+ticks=$(getconf CLK_TCK)
+# `times` must run in this shell (not a $(...) subshell): snapshot() writes it.
+snapshot() { times > "$work/times"; }
+children_cpu() { tail -1 "$work/times" | python3 -c "import re,sys; print(sum(int(m)*60+float(s) for m,s in re.findall(r'(\d+)m([\d.]+)s', sys.stdin.read())))"; }
+nats_cpu() { awk -v t="$ticks" '{print ($14 + $15) / t}' "/proc/$nats_pid/stat"; }
 
+snapshot; cpu0=$(children_cpu)
 began=$(date +%s.%N)
 "$bin" batch "$work/ping.md" "$work/in.jsonl" -o "$work/local.jsonl" -j "$jobs" -q --host "$work/host.toml" 2> "$work/local.err"
 ended=$(date +%s.%N)
 local_s=$(seconds "$began" "$ended")
-echo "baseline: local batch, $n runs, -j $jobs: ${local_s} s ($(tail -1 "$work/local.err"))"
+snapshot; local_cpu=$(python3 -c "print(($(children_cpu) - $cpu0) * 1000 / $n)")
+echo "baseline: local batch, $n runs, -j $jobs: ${local_s} s, CPU $(printf %.2f "$local_cpu") ms a run ($(tail -1 "$work/local.err"))"
 
 run_workers() {
   workers="$1"; per="$2"; label="$3"
@@ -85,18 +98,21 @@ run_workers() {
     wpids+=($!)
   done
   sleep 1
+  snapshot; cpu0=$(children_cpu); ncpu0=$(nats_cpu)
   began=$(date +%s.%N)
   "$bin" batch "$work/ping.md" "$work/in.jsonl" -o "$work/$label$workers.jsonl" -j "$n" -q --queue "$queue" 2> "$work/queue.err"
   ended=$(date +%s.%N)
   for p in "${wpids[@]}"; do kill -TERM "$p"; done
   wait "${wpids[@]}" 2>/dev/null || true
   wpids=()
+  snapshot
+  queue_cpu=$(python3 -c "print(($(children_cpu) - $cpu0 + $(nats_cpu) - $ncpu0) * 1000 / $n)")
   queue_s=$(seconds "$began" "$ended")
   rate=$(python3 -c "print(f'{$n / $queue_s:.1f}')")
-  line="$label/$workers: $workers worker(s) x -j $per: ${queue_s} s, $rate runs/s"
-  if [ "$label" = queue ] && [ "$workers" = 1 ]; then
-    overhead=$(python3 -c "print(f'{($queue_s - $local_s) * 1000 / $n:.2f}')")
-    line="$line; overhead over the baseline: $overhead ms a run"
+  line="$label/$workers: $workers worker(s) x -j $per: ${queue_s} s, $rate runs/s, CPU $(printf %.2f "$queue_cpu") ms a run (batch, workers and nats-server)"
+  if [ "$label" = queue ]; then
+    overhead=$(python3 -c "print(f'{$queue_cpu - $local_cpu:.2f}')")
+    line="$line; overhead over the baseline: $overhead ms CPU a run"
   fi
   echo "$line"
   completed=$(grep -c '"outcome":"completed"' "$work/$label$workers.jsonl" || true)

@@ -148,12 +148,19 @@ impl Drop for Nats {
 
 struct Home {
     dir: tempfile::TempDir,
+    /// The shared PostgreSQL run log; `None`: the data directory's SQLite file.
+    runlog: Option<String>,
 }
 
 impl Home {
     fn new(server: &MockModel) -> Home {
+        Home::with_log(server, None)
+    }
+
+    fn with_log(server: &MockModel, runlog: Option<String>) -> Home {
         let home = Home {
             dir: tempfile::tempdir().unwrap(),
+            runlog,
         };
         home.write("three.md", PROMPT);
         home.write("host.toml", &server.host_file(""));
@@ -171,12 +178,22 @@ impl Home {
     }
 
     fn command(&self) -> Command {
+        self.command_in("data")
+    }
+
+    /// A process whose data directory is `data`: with a PostgreSQL log each
+    /// worker gets its own, as on its own machine; they share only the log.
+    fn command_in(&self, data: &str) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_promptforge"));
-        cmd.env("PROMPTFORGE_HOME", self.path("data"))
+        cmd.env("PROMPTFORGE_HOME", self.path(data))
             .env_remove("PROMPTFORGE_HOST")
             .env_remove("PROMPTFORGE_MODEL")
             .env_remove("PROMPTFORGE_LOG")
+            .env_remove("PROMPTFORGE_RUNLOG_URL")
             .stdin(Stdio::null());
+        if let Some(url) = &self.runlog {
+            cmd.env("PROMPTFORGE_RUNLOG_URL", url);
+        }
         cmd
     }
 
@@ -186,7 +203,11 @@ impl Home {
 
     fn worker(&self, nats: &Nats, name: &str, extra: &[&str]) -> Child {
         let host = self.path("host.toml");
-        self.command()
+        let data = match self.runlog {
+            Some(_) => format!("data-{name}"),
+            None => "data".to_string(),
+        };
+        self.command_in(&data)
             .args(["worker", "--queue", &nats.url(), "--host"])
             .arg(host)
             .args(["--name", name])
@@ -262,9 +283,41 @@ fn logged(home: &Home, batch: &str) -> (BTreeMap<String, usize>, BTreeMap<String
 }
 
 /// The test: three workers, 300 inputs of a three-round prompt, one
-/// worker SIGKILLed mid-batch, NATS restarted once.
+/// worker SIGKILLed mid-batch, NATS restarted once; the workers of one
+/// machine share the data directory's SQLite log.
 #[test]
 fn three_workers_one_killed_and_a_nats_restart_give_each_input_exactly_one_result() {
+    kill_and_restart(None);
+}
+
+/// The same with the run log on PostgreSQL (tests/tools/postgres.sh, which
+/// test.sh starts), each worker with a data directory of its own, as on its
+/// own machine: `runs --batch ID` from a fourth place shows 300 completed.
+#[test]
+fn on_a_postgresql_log_workers_on_three_machines_give_each_input_exactly_one_result() {
+    let server = match std::env::var("PROMPTFORGE_TEST_POSTGRES_URL") {
+        Ok(url) if !url.is_empty() => url,
+        _ if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("PROMPTFORGE_TEST_POSTGRES_URL is not set under CI (test.sh starts PostgreSQL)")
+        }
+        _ => {
+            eprintln!(
+                "SKIPPED: PROMPTFORGE_TEST_POSTGRES_URL is not set (tests/tools/postgres.sh)"
+            );
+            return;
+        }
+    };
+    let name = format!("pf_queue_{}", std::process::id());
+    let made = Command::new("psql")
+        .args([&server, "-q", "-c", &format!("CREATE DATABASE {name}")])
+        .output()
+        .expect("psql");
+    assert!(made.status.success(), "{made:?}");
+    let (base, _) = server.rsplit_once('/').unwrap();
+    kill_and_restart(Some(format!("{base}/{name}")));
+}
+
+fn kill_and_restart(runlog: Option<String>) {
     let Some(mut nats) = Nats::start() else {
         return;
     };
@@ -272,7 +325,7 @@ fn three_workers_one_killed_and_a_nats_restart_give_each_input_exactly_one_resul
         delay: Duration::from_millis(40),
         ..Behaviour::default()
     });
-    let home = Home::new(&server);
+    let home = Home::with_log(&server, runlog);
     home.write("in.jsonl", &topics(300));
     let ack_wait = ["--ack-wait", "5", "-j", "4"];
     let mut workers: Vec<Option<Child>> = ["w1", "w2", "w3"]
