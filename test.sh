@@ -28,8 +28,17 @@ echo "== cargo test"
 # Every test's run log and default stores stay out of the user's data directory.
 PROMPTFORGE_HOME="$(mktemp -d)"
 export PROMPTFORGE_HOME
-trap 'rm -rf "$PROMPTFORGE_HOME"' EXIT
+PROMPTFORGE_TEST_POSTGRES_DIR=""
+trap 'rm -rf "$PROMPTFORGE_HOME"; [ -z "$PROMPTFORGE_TEST_POSTGRES_DIR" ] || bash crates/promptforge/tests/tools/postgres.sh stop "$PROMPTFORGE_TEST_POSTGRES_DIR"' EXIT
+# A PostgreSQL server on 127.0.0.1 for the run log's PostgreSQL tests
+# (pf-runlog-postgres, tests/runlog_postgres*.rs): its URL in
+# PROMPTFORGE_TEST_POSTGRES_URL; stopped and removed at exit.
+bash crates/promptforge/tests/tools/setup.sh postgres
+eval "$(bash crates/promptforge/tests/tools/postgres.sh start)"
 cargo test --workspace
+echo "== the engine's reference path (issue 44): engine tests and the language data suite again, every fast path off"
+PROMPTFORGE_ENGINE_REFERENCE=1 cargo test -p pf-engine
+PROMPTFORGE_ENGINE_REFERENCE=1 cargo test -p promptforge --test language
 echo "== fuzzing (fixed time, corpora in the repository)"
 bash scripts/fuzz.sh
 echo "== promptforge test examples"
@@ -53,6 +62,8 @@ cargo build -p promptforge
 conformance="${PROMPTFORGE_CONFORMANCE:-../shared/conformance}"
 if [ -d "$conformance/seed" ]; then
   python3 "$conformance/run.py" --bin target/debug/promptforge "$conformance/seed"
+  echo "== conformance (seed), the engine's reference path"
+  PROMPTFORGE_ENGINE_REFERENCE=1 python3 "$conformance/run.py" --bin target/debug/promptforge "$conformance/seed"
 else
   echo "test.sh: conformance suite not found at $conformance (set PROMPTFORGE_CONFORMANCE)" >&2
   exit 1

@@ -1220,6 +1220,13 @@ pub(crate) fn internal_chunk_keyed(
     name: &'static str,
     source: impl FnOnce() -> std::borrow::Cow<'static, str>,
 ) -> mlua::Result<mlua::Function> {
+    if !crate::settings::fast(crate::settings::FastPath::BytecodeCaches) {
+        return lua
+            .load(&*source())
+            .set_name(name)
+            .set_mode(mlua::ChunkMode::Text)
+            .into_function();
+    }
     // Shared, not copied: loading never re-enters this cache.
     let cached = INTERNAL_BYTECODE.with(|c| c.borrow().get(key).cloned());
     if let Some(code) = cached {
@@ -1258,6 +1265,13 @@ thread_local! {
 /// Compile one prompt block (text only), from this thread's cache when it was
 /// compiled before.
 pub(crate) fn block_chunk(lua: &Lua, name: &str, source: String) -> mlua::Result<Function> {
+    if !crate::settings::fast(crate::settings::FastPath::BytecodeCaches) {
+        return lua
+            .load(source)
+            .set_name(name)
+            .set_mode(mlua::ChunkMode::Text)
+            .into_function();
+    }
     let key = (name.to_string(), source);
     let cached = BLOCK_BYTECODE.with(|c| c.borrow().get(&key).cloned());
     if let Some(code) = cached {

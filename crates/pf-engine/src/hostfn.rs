@@ -20,6 +20,8 @@ use std::rc::Rc;
 use futures::future::LocalBoxFuture;
 use mlua::{Function, Lua, MultiValue, Value};
 
+use crate::settings::FastPath;
+
 /// A suspending host function, type-erased: what `host_async` built.
 pub(crate) type AsyncEntry =
     Rc<dyn Fn(Lua, MultiValue) -> LocalBoxFuture<'static, mlua::Result<MultiValue>>>;
@@ -82,7 +84,11 @@ fn ensure_table(lua: &Lua) -> mlua::Result<()> {
             })?,
         )?;
         let dispatch_sync = make_sync_dispatcher(lua)?;
-        let (sync_count, async_count) = SETUP_COUNTS.with(std::cell::Cell::get);
+        let (sync_count, async_count) = if crate::settings::fast(FastPath::ClosuresAhead) {
+            SETUP_COUNTS.with(std::cell::Cell::get)
+        } else {
+            (0, 0)
+        };
         let (sync_ahead, async_ahead) = if sync_count + async_count > 0 {
             let make: Function = helpers.get("wrap_hosts_ahead")?;
             let (made_sync, made_async): (mlua::Table, mlua::Table) =
@@ -141,7 +147,7 @@ pub(crate) fn building<T>(
     let expected = BUILD_COUNTS
         .with(|c| c.borrow().get(name).copied())
         .unwrap_or((0, 0));
-    if expected.0 + expected.1 > 0 {
+    if expected.0 + expected.1 > 0 && crate::settings::fast(FastPath::ClosuresAhead) {
         make_ahead(lua, before, expected)?;
     }
     let built = build();

@@ -19,6 +19,7 @@ mod models_check;
 mod prepare;
 mod quiet;
 mod sandbox_guards;
+pub mod settings;
 mod storeapi;
 mod subst;
 mod tasks;

@@ -147,6 +147,18 @@ impl ListReader {
         value: &Value,
         no_prompt_code: bool,
     ) -> Result<usize, String> {
+        if !crate::settings::fast(crate::settings::FastPath::ListSnapshots) {
+            // The reference path: the whole list, read and scanned afresh
+            // (the records the engine appended still held by the loop, as
+            // snapshots would hold them).
+            self.snaps = None;
+            self.across = AcrossScan::default();
+            self.appended.clear();
+            let charge = self.charge(lua);
+            charge.set(0).map_err(|_| MEMORY_ERROR.to_string())?;
+            self.records = read_list(lua, value, charge)?;
+            return Ok(0);
+        }
         let result = self.read_changes(lua, value, no_prompt_code);
         if result.is_err() {
             self.reset();

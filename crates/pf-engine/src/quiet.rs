@@ -389,6 +389,12 @@ impl QuietWatch {
         verdict
     }
 
+    /// A handler ran unwatched (the reference path, settings.rs): the batch
+    /// is not proven quiet.
+    pub(crate) fn unproven(&self) {
+        self.quiet.set(false);
+    }
+
     /// Whether `f` was already found to store into a table: watching its run
     /// again could prove nothing, so it ends the batch's quiet without a watch.
     pub(crate) fn known_to_store(&self, f: &Function) -> bool {

@@ -610,6 +610,10 @@ async fn run_local(
     // In a tool loop's batch, while it is still proven quiet, the handler runs
     // watched, so that the loop can trust its list's snapshots after it.
     let r: MultiValue = match crate::quiet::active(lua) {
+        Some(watch) if !crate::settings::fast(crate::settings::FastPath::QuietProof) => {
+            watch.unproven();
+            pcall_values.call_async((handler, arg_table)).await?
+        }
         Some(watch) if watch.is_quiet() && !watch.known_to_store(&handler) => {
             let poll = crate::vm::cancel_check(sec);
             watch

@@ -616,6 +616,21 @@ mod tests {
         );
     }
 
+    /// The same when the sandbox `pcall`'s part came in with another of its
+    /// chunk first (`pairs` here): found by the reference path (issue 44).
+    #[test]
+    fn pcall_cannot_keep_a_cancelled_run_going_after_pairs() {
+        let body = "## Loop\n\n```lua\nfor _ in pairs({}) do end\nwhile true do pcall(function() while true do end end) end\n```\n";
+        assert_eq!(
+            run_prompt(
+                body,
+                HostServices::default(),
+                Some(Duration::from_millis(200))
+            ),
+            Outcome::Cancelled
+        );
+    }
+
     #[test]
     fn a_busy_h1_pass_is_cancelled() {
         let body = "```lua\nwhile true do end\n```\n\n## Never\n\n```lua\nreturn 'x'\n```\n";

@@ -256,8 +256,8 @@ pub struct OneRequest<'a> {
     /// What the log shows as the run's prompt text (the protocol).
     pub text: String,
     pub request: ChatRequest,
-    /// Log it as a run of its own.
-    pub log: bool,
+    /// Log it as a run of its own, into this log.
+    pub log: Option<&'a crate::data::RunLogTarget>,
     pub cache: Option<&'a CacheUse>,
 }
 
@@ -284,23 +284,26 @@ pub async fn ask_once(
     let result = provider
         .complete(one.request, &work, CancellationToken::new())
         .await;
-    if one.log {
-        let sink = crate::data::begin_run_log(RunStart {
-            execution: pf_engine::seeded_names(rand::random()).0,
-            prompt_path: one.label,
-            prompt_text: one.text,
-            args: Json::String(String::new()),
-            seed: 0,
-            start_rfc3339: pf_engine::format_when(started_ms),
-            start_ms: started_ms,
-            host_file: None,
-            model: Some(spec.id.clone()),
-            store_dir: None,
-            replay_of: None,
-            resumed_from: None,
-            batch: None,
-            input_index: None,
-        });
+    if let Some(target) = one.log {
+        let sink = crate::data::begin_run_log(
+            target,
+            RunStart {
+                execution: pf_engine::seeded_names(rand::random()).0,
+                prompt_path: one.label,
+                prompt_text: one.text,
+                args: Json::String(String::new()),
+                seed: 0,
+                start_rfc3339: pf_engine::format_when(started_ms),
+                start_ms: started_ms,
+                host_file: None,
+                model: Some(spec.id.clone()),
+                store_dir: None,
+                replay_of: None,
+                resumed_from: None,
+                batch: None,
+                input_index: None,
+            },
+        );
         if let Some(sink) = sink {
             let usage = result
                 .as_ref()

@@ -28,6 +28,7 @@ pub struct HostFile {
     pub mcp_server: Option<McpServerTable>,
     pub telemetry: Option<TelemetryTable>,
     pub limits: Option<LimitsTable>,
+    pub runlog: Option<RunLogTable>,
 }
 
 /// `[model]` and each `[models.ID]`. Key order is the order serde lists them in
@@ -200,6 +201,16 @@ pub struct McpServerTable {
 pub struct TelemetryTable {
     /// An OTLP/HTTP collector's base URL (`run --otlp` overrides it).
     pub otlp: Option<String>,
+}
+
+/// `[runlog]`: where runs are logged (and `runs`, `show`, `replay` read).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunLogTable {
+    /// A shared PostgreSQL log, `postgres://USER@HOST:PORT/DB` (no
+    /// password: `PGPASSWORD`, or `?password_env=NAME`); unset: the data
+    /// directory's SQLite file.
+    pub url: Option<String>,
 }
 
 /// `[limits]`: the limits a run observes that the Host sets (guide ch. 17).

@@ -66,6 +66,8 @@ pub struct HostConfig {
     pub otlp: Option<String>,
     /// `[limits]`: what each run may use.
     pub limits: pf_engine::RunLimits,
+    /// `[runlog] url`: a shared PostgreSQL run log (checked: no password).
+    pub runlog_url: Option<String>,
     /// `stream = true`: every `models.loop` round is streamed, also with no one
     /// watching, so the client measures `ttft_ms` and `mean_itl_ms` (guide ch. 16);
     /// `stream = false`: never streamed, not even for live output; unset:
@@ -155,6 +157,7 @@ impl HostConfig {
             .chain(self.web.search_api_key_env.clone())
             .chain(plugins)
             .chain(self.mcp_token_env.clone())
+            .chain(data::run_log_secret_names(self.runlog_url.as_deref()))
             .collect()
     }
 
@@ -222,6 +225,11 @@ impl HostConfig {
             pf_trace::otlp::traces_url(url)
                 .map_err(|e| format!("host file: [telemetry] otlp: {e}"))?;
         }
+        let runlog_url = file.runlog.as_ref().and_then(|r| r.url.clone());
+        if let Some(url) = &runlog_url {
+            data::check_host_file_runlog_url(url)
+                .map_err(|e| format!("host file: [runlog] url: {e}"))?;
+        }
         let mut config = HostConfig {
             catalog,
             default_model: file.default_model.clone(),
@@ -232,6 +240,7 @@ impl HostConfig {
             mcp_token_env: file.mcp_server.as_ref().and_then(|m| m.token_env.clone()),
             otlp,
             limits: run_limits(file.limits.as_ref()),
+            runlog_url,
             stream: file.stream,
             answered_from_log: false,
         };
@@ -283,6 +292,7 @@ impl HostConfig {
             mcp_token_env: None,
             otlp: None,
             limits: run_limits(None),
+            runlog_url: None,
             stream: None,
             answered_from_log: true,
         }
@@ -805,6 +815,7 @@ fn hide_keys(config: &mut HostConfig) {
         })
         .chain(config.web.search_api_key_env.clone())
         .chain(config.mcp_token_env.clone())
+        .chain(data::run_log_secret_names(config.runlog_url.as_deref()))
         .collect();
     keys.sort();
     keys.dedup();

@@ -204,10 +204,12 @@ pub(crate) async fn client(inner: &Inner) -> Result<deadpool_postgres::Object, P
             .map_err(|err| PgFail::from_pg(&err))?
         {
             schema::Migrated::Current => inner.migrated.store(true, Ordering::SeqCst),
-            schema::Migrated::TooNew(found) => return Err(PgFail::fixed(format!(
+            schema::Migrated::TooNew(found) => {
+                return Err(PgFail::fixed(format!(
                 "schema version {found} is newer than this build knows ({}); upgrade promptforge",
                 schema::SCHEMA_VERSION
-            ))),
+            )))
+            }
         }
     }
     Ok(client)

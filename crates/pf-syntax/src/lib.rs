@@ -18,8 +18,9 @@ pub use diagnostics::{
 pub use frontmatter::ROLE_KEYWORDS;
 pub use heading::{heading_of, parse_heading_ref, resolve_heading, HeadingRef};
 pub use names::{
-    check_plugin_id, check_tool_path, is_reserved_name, is_valid_name, is_valid_segment,
-    HOST_GLOBALS, LUA_KEYWORDS, NAME_GRAMMAR, SANDBOX_GLOBALS,
+    check_plugin_id, check_tool_path, host_globals, is_reserved_name, is_valid_name,
+    is_valid_segment, sandbox_globals, Built, GlobalKind, LuaGlobal, Suspends, LUA_GLOBALS,
+    LUA_KEYWORDS, NAME_GRAMMAR,
 };
 
 /// The `Structure` message for a prompt run without a `promptforge:` key

@@ -20,55 +20,173 @@ pub fn is_valid_name(name: &str) -> bool {
     }
 }
 
-/// The sandbox's own globals: its libraries and base functions (and `_ENV`,
-/// which names the environment). The engine's VM holds exactly these beyond
-/// the host globals (a pf-engine test holds its prelude to this list).
-pub const SANDBOX_GLOBALS: &[&str] = &[
-    "string",
-    "table",
-    "math",
-    "assert",
-    "error",
-    "pcall",
-    "xpcall",
-    "getmetatable",
-    "setmetatable",
-    "ipairs",
-    "pairs",
-    "next",
-    "select",
-    "tonumber",
-    "tostring",
-    "type",
-    "_G",
-    "_VERSION",
-    "_ENV",
+/// Who gives a Lua global, and when the engine makes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GlobalKind {
+    /// The sandbox's own (a library or base function), as Lua's state has it.
+    Sandbox,
+    /// The sandbox's, given by the engine and built on first touch.
+    SandboxBuilt(Built),
+    /// The host's, put by the section VM's setup or the walk (some only
+    /// where they apply: `ui` with a snapshot, `item` in a fanout arm).
+    Host,
+    /// The host's, built on first touch.
+    HostBuilt(Built),
+}
+
+/// The globals the engine builds on first touch, one builder each (pf-engine
+/// matches this exhaustively: a new one cannot lack its builder).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Built {
+    Next,
+    Pairs,
+    Pcall,
+    Xpcall,
+    Getmetatable,
+    Setmetatable,
+    Math,
+    Call,
+    Compactors,
+    Fanout,
+    Input,
+    Jump,
+    ListFromSection,
+    Log,
+    Messages,
+    Models,
+    Store,
+    Sys,
+    Tasks,
+    Tools,
+    Untrusted,
+    Var,
+}
+
+/// Which of a global's calls wait on the host (the engine counts them, and
+/// the shared library's top-level code may not make them unless allowed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Suspends {
+    Never,
+    /// The global is a function that suspends.
+    Itself,
+    /// These fields of the global's table suspend.
+    Fields(&'static [&'static str]),
+    /// Every function field of the global's table suspends.
+    EveryField,
+    /// Every function field suspends, and the shared library may call them
+    /// while it loads (the store's).
+    EveryFieldAtLoad,
+}
+
+/// One Lua global a section VM holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LuaGlobal {
+    pub name: &'static str,
+    pub kind: GlobalKind,
+    pub suspends: Suspends,
+}
+
+impl LuaGlobal {
+    /// The builder of a global built on first touch.
+    pub fn built(&self) -> Option<Built> {
+        match self.kind {
+            GlobalKind::SandboxBuilt(b) | GlobalKind::HostBuilt(b) => Some(b),
+            GlobalKind::Sandbox | GlobalKind::Host => None,
+        }
+    }
+
+    /// Whether it is the sandbox's (not the host's).
+    pub fn is_sandbox(&self) -> bool {
+        matches!(self.kind, GlobalKind::Sandbox | GlobalKind::SandboxBuilt(_))
+    }
+}
+
+const fn global(name: &'static str, kind: GlobalKind) -> LuaGlobal {
+    LuaGlobal {
+        name,
+        kind,
+        suspends: Suspends::Never,
+    }
+}
+
+const fn suspending(name: &'static str, built: Built, suspends: Suspends) -> LuaGlobal {
+    LuaGlobal {
+        name,
+        kind: GlobalKind::HostBuilt(built),
+        suspends,
+    }
+}
+
+use GlobalKind::{Host, HostBuilt, Sandbox, SandboxBuilt};
+
+/// Every Lua global of a section VM: the one table from which the engine's
+/// VM setup, its first-touch builds and their guards, and the names a tool
+/// alias may not take are all derived. A new global is one row (and, when
+/// built on first touch, one [`Built`] with its builder in pf-engine). Those
+/// built on first touch are built in this order by a fill.
+pub const LUA_GLOBALS: &[LuaGlobal] = &[
+    global("string", Sandbox),
+    global("table", Sandbox),
+    global("assert", Sandbox),
+    global("error", Sandbox),
+    global("ipairs", Sandbox),
+    global("select", Sandbox),
+    global("tonumber", Sandbox),
+    global("tostring", Sandbox),
+    global("type", Sandbox),
+    global("_G", Sandbox),
+    global("_VERSION", Sandbox),
+    global("_ENV", Sandbox),
+    global("next", SandboxBuilt(Built::Next)),
+    global("pairs", SandboxBuilt(Built::Pairs)),
+    global("pcall", SandboxBuilt(Built::Pcall)),
+    global("xpcall", SandboxBuilt(Built::Xpcall)),
+    global("getmetatable", SandboxBuilt(Built::Getmetatable)),
+    global("setmetatable", SandboxBuilt(Built::Setmetatable)),
+    global("args", Host),
+    global("argv", Host),
+    global("prose", Host),
+    global("user_input", Host),
+    global("ui", Host),
+    global("item", Host),
+    suspending("call", Built::Call, Suspends::Itself),
+    global("compactors", HostBuilt(Built::Compactors)),
+    suspending("fanout", Built::Fanout, Suspends::Itself),
+    suspending("input", Built::Input, Suspends::Fields(&["ask"])),
+    global("jump", HostBuilt(Built::Jump)),
+    global("list_from_section", HostBuilt(Built::ListFromSection)),
+    global("log", HostBuilt(Built::Log)),
+    global("messages", HostBuilt(Built::Messages)),
+    suspending(
+        "models",
+        Built::Models,
+        Suspends::Fields(&["infer", "loop"]),
+    ),
+    suspending("store", Built::Store, Suspends::EveryFieldAtLoad),
+    global("sys", HostBuilt(Built::Sys)),
+    suspending("tasks", Built::Tasks, Suspends::EveryField),
+    suspending("tools", Built::Tools, Suspends::Fields(&["call"])),
+    global("untrusted", HostBuilt(Built::Untrusted)),
+    global("var", HostBuilt(Built::Var)),
+    global("math", SandboxBuilt(Built::Math)),
 ];
 
-/// The host globals the engine installs in every section VM.
-pub const HOST_GLOBALS: &[&str] = &[
-    "args",
-    "argv",
-    "sys",
-    "var",
-    "prose",
-    "log",
-    "input",
-    "user_input",
-    "store",
-    "untrusted",
-    "models",
-    "tools",
-    "messages",
-    "compactors",
-    "call",
-    "jump",
-    "fanout",
-    "list_from_section",
-    "tasks",
-    "ui",
-    "item",
-];
+/// The sandbox's own globals: its libraries and base functions (and `_ENV`,
+/// which names the environment).
+pub fn sandbox_globals() -> impl Iterator<Item = &'static str> {
+    LUA_GLOBALS
+        .iter()
+        .filter(|g| g.is_sandbox())
+        .map(|g| g.name)
+}
+
+/// The host globals the engine installs in section VMs.
+pub fn host_globals() -> impl Iterator<Item = &'static str> {
+    LUA_GLOBALS
+        .iter()
+        .filter(|g| !g.is_sandbox())
+        .map(|g| g.name)
+}
 
 /// Lua's keywords (a global named by one could never be read).
 pub const LUA_KEYWORDS: &[&str] = &[
@@ -80,9 +198,7 @@ pub const LUA_KEYWORDS: &[&str] = &[
 /// becomes a Lua global of its own name: a sandbox global, a host global or a
 /// Lua keyword.
 pub fn is_reserved_name(name: &str) -> bool {
-    [SANDBOX_GLOBALS, HOST_GLOBALS, LUA_KEYWORDS]
-        .iter()
-        .any(|names| names.contains(&name))
+    LUA_GLOBALS.iter().any(|g| g.name == name) || LUA_KEYWORDS.contains(&name)
 }
 
 /// Whether `segment` is a valid Plugin id / tool path segment: one or more of

@@ -276,8 +276,10 @@ pub struct BatchArgs {
     pub log: LogArgs,
     /// Publish the inputs to NATS JetStream at URL (nats://HOST:PORT) for
     /// `promptforge worker`s to run, and collect their results into OUT.
-    /// -j is then how many inputs wait in the queue at once.
-    #[arg(long, value_name = "URL")]
+    /// -j is then how many inputs wait in the queue at once. Workers always
+    /// log their runs (a lost run resumes from the log), so not with --no-log;
+    /// queued runs cannot be called back, so not with --fail-fast.
+    #[arg(long, value_name = "URL", conflicts_with_all = ["no_log", "fail_fast"])]
     pub queue: Option<String>,
 }
 
@@ -338,6 +340,8 @@ pub struct RunsArgs {
     #[arg(long, value_name = "ID")]
     pub batch: Option<String>,
     #[command(flatten)]
+    pub host: HostArgs,
+    #[command(flatten)]
     pub output: OutputArgs,
 }
 
@@ -373,6 +377,8 @@ pub struct PruneArgs {
     /// Only report what would be deleted.
     #[arg(long)]
     pub dry_run: bool,
+    #[command(flatten)]
+    pub host: HostArgs,
     #[command(flatten)]
     pub output: OutputArgs,
 }
@@ -454,6 +460,8 @@ pub struct ShowArgs {
     /// Show every event in the timeline, the section VM's phases included.
     #[arg(long)]
     pub all: bool,
+    #[command(flatten)]
+    pub host: HostArgs,
     #[command(flatten)]
     pub output: OutputArgs,
     #[command(flatten)]

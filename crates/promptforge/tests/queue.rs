@@ -274,7 +274,7 @@ fn three_workers_one_killed_and_a_nats_restart_give_each_input_exactly_one_resul
     });
     let home = Home::new(&server);
     home.write("in.jsonl", &topics(300));
-    let ack_wait = ["--ack-wait", "3", "-j", "4"];
+    let ack_wait = ["--ack-wait", "5", "-j", "4"];
     let mut workers: Vec<Option<Child>> = ["w1", "w2", "w3"]
         .iter()
         .map(|name| Some(home.worker(&nats, name, &ack_wait)))
@@ -297,7 +297,9 @@ fn three_workers_one_killed_and_a_nats_restart_give_each_input_exactly_one_resul
             std::thread::sleep(Duration::from_millis(20));
         }
     };
+    let t0 = Instant::now();
     wait_for(60);
+    eprintln!("60 lines after {:?}", t0.elapsed());
     // SIGKILL: no nak, no cancel logged; its runs wait out the ack deadline.
     let killed = workers[0].take().unwrap();
     let in_flight_before = server
@@ -306,7 +308,9 @@ fn three_workers_one_killed_and_a_nats_restart_give_each_input_exactly_one_resul
         .load(std::sync::atomic::Ordering::SeqCst);
     stop(killed, "-KILL");
     wait_for(150);
+    eprintln!("150 lines after {:?}", t0.elapsed());
     nats.restart();
+    eprintln!("restarted after {:?}", t0.elapsed());
     let began = Instant::now();
     let status = loop {
         if let Some(status) = batch.try_wait().unwrap() {
@@ -319,6 +323,7 @@ fn three_workers_one_killed_and_a_nats_restart_give_each_input_exactly_one_resul
         );
         std::thread::sleep(Duration::from_millis(50));
     };
+    eprintln!("done after {:?}", t0.elapsed());
     let batch_out = batch.wait_with_output().unwrap();
     let batch_err = String::from_utf8_lossy(&batch_out.stderr).into_owned();
     assert!(status.success(), "{status:?}: {batch_err}");
@@ -561,4 +566,45 @@ fn batch_queue_resume_collects_what_workers_did_meanwhile_and_runs_nothing_twice
     assert_eq!(sorted, vec![0, 1, 2, 3, 4], "{written:?}");
     assert_eq!(server.requests(), 15, "no input ran twice");
     stop(worker, "-TERM");
+}
+
+#[test]
+fn sigterm_hands_runs_in_flight_back_and_another_worker_resumes_them() {
+    let Some(nats) = Nats::start() else {
+        return;
+    };
+    let server = MockModel::start(Behaviour {
+        delay: Duration::from_millis(1500),
+        ..Behaviour::default()
+    });
+    let home = Home::new(&server);
+    home.write("in.jsonl", &topics(1));
+    let first = home.worker(&nats, "w1", &[]);
+    let batch = home
+        .batch_command(&nats, "in.jsonl", "out.jsonl", &[])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Stop the first worker during its run's second round.
+    let began = Instant::now();
+    while server.requests() < 2 {
+        assert!(began.elapsed() < Duration::from_secs(30));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stopped = stop(first, "-TERM");
+    let text = String::from_utf8_lossy(&stopped.stderr).into_owned();
+    assert_eq!(stopped.status.code(), Some(130), "{text}");
+    assert!(text.contains("1 handed back"), "{text}");
+    let second = home.worker(&nats, "w2", &[]);
+    let output = batch.wait_with_output().unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let written = lines(&home.path("out.jsonl"));
+    assert_eq!(written.len(), 1);
+    assert_eq!(written[0]["outcome"], "completed");
+    // Round one was paid once (its answer reused); round two's interrupted
+    // request was asked again; round three once: four requests in all.
+    assert_eq!(server.requests(), 4);
+    let text = String::from_utf8_lossy(&stop(second, "-TERM").stderr).into_owned();
+    assert!(text.contains("1 resumed"), "{text}");
 }

@@ -106,42 +106,28 @@ local function guard_all(t, refuse_at_load)
   for k in next, t do names[#names + 1] = k end
   for i = 1, #names do guard(t, names[i], refuse_at_load) end
 end
--- (Before the globals were built on first touch, eager lines here guarded
--- `models.infer`, `models.loop`, `tools.call`, `input.ask`, `call`, `fanout`,
--- every function of `tasks` and, without the load-time refusal, of `store`.)
---
---
---
---
---
-
--- A global built on first touch (vm.rs `LAZY_GLOBALS`) is guarded as those
--- lines did; returns what `_G` gets.
---
-function H.guard_global(name, v)
-  if name == 'models' then
-    guard(v, 'infer', true)
-    guard(v, 'loop', true)
-  elseif name == 'tools' then
-    guard(v, 'call', true)
-  elseif name == 'input' then
-    guard(v, 'ask', true)
-  elseif name == 'tasks' then
+-- A global built on first touch is guarded as pf-syntax's `LUA_GLOBALS` says
+-- its calls suspend (`how`, and the field `names`; vm.rs `guard_spec`);
+-- returns what `_G` gets.
+function H.guard_global(v, how, names)
+  if how == 'itself' then
+    if type(v) == 'function' then return suspending(v, true) end
+  elseif how == 'fields' then
+    for i = 1, #names do guard(v, names[i], true) end
+  elseif how == 'every' then
     guard_all(v, true)
-  elseif name == 'store' then
+  elseif how == 'every_at_load' then
     guard_all(v, false)
-  elseif (name == 'call' or name == 'fanout') and type(v) == 'function' then
-    return suspending(v, true)
   end
   return v
 end
--- Installs built globals (`name, value, ...`), guarded, and clears them from
--- the pending set.
-function H.install_globals(list)
-  for i = 1, #list, 2 do
+-- Installs `n` built globals (name, value, how, field names: four slots each),
+-- guarded, and clears them from the pending set.
+function H.install_globals(list, n)
+  for i = 1, 4 * n, 4 do
     local name = list[i]
     LAZY[name] = nil
-    rawset(G, name, H.guard_global(name, list[i + 1]))
+    rawset(G, name, H.guard_global(list[i + 1], list[i + 2], list[i + 3]))
   end
 end
 --]==]

@@ -518,10 +518,10 @@ local G = _G
 -- prelude's run. A test (vm.rs) holds this list to what such a state has.
 G.collectgarbage, G.dofile, G.load, G.loadfile, G.print, G.warn = nil, nil, nil, nil, nil, nil
 G.rawequal, G.rawget, G.rawlen, G.rawset = nil, nil, nil, nil
-G.pairs = nil -- (built on first touch: vm.rs `LAZY_GLOBALS`)
-G.next = nil -- (built on first touch: vm.rs `LAZY_GLOBALS`)
-G.pcall = nil -- (built on first touch: vm.rs `LAZY_GLOBALS`)
-G.xpcall = nil G.setmetatable = nil G.getmetatable = nil -- (built on first touch: vm.rs `LAZY_GLOBALS`)
+-- (`pairs`, `next`, `pcall`, `xpcall`, `setmetatable` and `getmetatable` are
+-- built on first touch: vm.rs takes them out of `_G` after this chunk.)
+--
+--
 -- The sandbox's own: assert, error, ipairs, select, tonumber, tostring, type, _G,
 -- _VERSION, string, table, math, and the six above, built on first touch (the
 -- host's globals are built on first touch too, and installed later).
@@ -568,6 +568,5 @@ H.raw_tconcat, H.tsort, H.collectgarbage, H.base_pcall, H.base_xpcall, H.globals
 -- part made genuine.
 --
 H.suspends = 0
--- The globals built on first touch (vm.rs `LAZY_GLOBALS`, which a test holds this to), all pending.
-H.lazy_globals = { next = true, pairs = true, pcall = true, xpcall = true, getmetatable = true, setmetatable = true, call = true, compactors = true, fanout = true, input = true, jump = true, list_from_section = true, log = true, messages = true, models = true, store = true, sys = true, tasks = true, tools = true, untrusted = true, var = true, math = true }
+-- (`H.lazy_globals`, the globals built on first touch, all pending: vm.rs, from pf-syntax's `LUA_GLOBALS`.)
 return H

@@ -367,7 +367,7 @@ impl InputRunner {
         if let Some(execution) = &input.resume_from {
             // The earlier run's seed, start and logged answers: what it was
             // paid for is answered from the log, and it goes on from there.
-            match super::replay::read_logged_run(execution) {
+            match super::replay::read_logged_run(&input.settings.run_log, execution) {
                 Ok(logged) => {
                     seed = logged.record.start.seed;
                     start_ms = logged.record.start.start_ms;

@@ -72,8 +72,14 @@ pub fn run(args: TestArgs) -> ExitCode {
     let log =
         !args.model.is_empty() || !args.prompt.is_empty() || args.cache || args.html.is_some();
     let batch = log.then(|| format!("test-{:016x}", rand::random::<u64>()));
+    // Where the cells' runs are logged (as every run: the environment's,
+    // the host file's `[runlog]`, or the data directory), read back there.
+    let run_log = match pf_host::session::RunSettings::run_log_at(host.as_deref()) {
+        Ok(target) => target,
+        Err(m) => return super::usage(&m),
+    };
     let cache = if args.cache {
-        match matrix::cache(&loaded, &variants) {
+        match matrix::cache(&run_log, &loaded, &variants) {
             Ok(c) => Some(Arc::new(c)),
             Err(m) => return super::usage(&m),
         }
@@ -85,6 +91,7 @@ pub fn run(args: TestArgs) -> ExitCode {
         python: "python3".to_string(),
         host,
         log,
+        run_log: run_log.clone(),
         batch: batch.clone(),
         cache,
     };
@@ -127,7 +134,7 @@ pub fn run(args: TestArgs) -> ExitCode {
         }
     });
     if let Some(batch) = &batch {
-        matrix::find_logged(batch, &mut outcomes);
+        matrix::find_logged(&run_log, batch, &mut outcomes);
     }
     let passed = outcomes.iter().filter(|o| o.passed).count();
     let failed = outcomes.len() - passed;
@@ -146,7 +153,7 @@ pub fn run(args: TestArgs) -> ExitCode {
             .map(|p| usertest::shown(p))
             .collect::<Vec<_>>()
             .join(" ");
-        match usertest::html::write(path, &title, &labels, &outcomes, &totals) {
+        match usertest::html::write(&run_log, path, &title, &labels, &outcomes, &totals) {
             Ok(()) => {
                 if args.open {
                     super::page::open_in_browser(

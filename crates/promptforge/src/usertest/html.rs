@@ -99,6 +99,7 @@ fn href_part(name: &str) -> String {
 
 /// Write the page to `path`, and each logged run's trace page beside it.
 pub fn write(
+    run_log: &pf_host::data::RunLogTarget,
     path: &Path,
     title: &str,
     labels: &[String],
@@ -116,7 +117,7 @@ pub fn write(
         .iter()
         .any(|o| o.cell.as_ref().is_some_and(|c| !c.logged.is_empty()));
     if wanted {
-        let log = pf_host::data::open_run_log()?
+        let log = pf_host::data::open_run_log(run_log)?
             .ok_or("the run log is missing: the runs' trace pages cannot be written")?;
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;

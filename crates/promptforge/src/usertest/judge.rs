@@ -59,9 +59,10 @@ fn reason(reply: &str) -> String {
 
 /// How a judge call is made: logged as a run of its own, answered from the
 /// cache when it holds the same question.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 pub struct Asking<'a> {
-    pub log: bool,
+    /// Log the call as a run of its own, into this log.
+    pub log: Option<&'a pf_host::data::RunLogTarget>,
     pub cache: Option<&'a pf_host::cache::CacheUse>,
 }
 

@@ -71,10 +71,11 @@ pub fn variants(
 /// (their own and every `--prompt` version) and for judge calls. No log yet
 /// is an empty cache.
 pub fn cache(
+    run_log: &pf_host::data::RunLogTarget,
     loaded: &[Loaded],
     variants: &[Variant],
 ) -> Result<pf_host::cache::ResponseCache, String> {
-    let Some(log) = pf_host::data::open_run_log()? else {
+    let Some(log) = pf_host::data::open_run_log(run_log)? else {
         return Ok(pf_host::cache::ResponseCache::default());
     };
     let mut paths: Vec<String> = loaded
@@ -96,8 +97,12 @@ pub fn cache(
 
 /// Fill each cell's `logged` with its runs' places in the log (`#N`), found
 /// by the batch id and each run's own store folder.
-pub fn find_logged(batch: &str, outcomes: &mut [CaseOutcome]) {
-    let Ok(Some(log)) = pf_host::data::open_run_log() else {
+pub fn find_logged(
+    run_log: &pf_host::data::RunLogTarget,
+    batch: &str,
+    outcomes: &mut [CaseOutcome],
+) {
+    let Ok(Some(log)) = pf_host::data::open_run_log(run_log) else {
         return;
     };
     let Ok(runs) = log.list_runs(&pf_runlog::RunFilter {

@@ -29,6 +29,9 @@ pub struct Settings {
     pub host: Option<PathBuf>,
     /// Keep every run (and judge call) in the run log, under `batch`.
     pub log: bool,
+    /// Where judge calls are logged (runs go where their settings say,
+    /// which is the same place).
+    pub run_log: pf_host::data::RunLogTarget,
     /// The id this invocation's logged runs share (`runs --batch ID`).
     pub batch: Option<String>,
     /// `--cache`: earlier logged answers, shared by every run.
