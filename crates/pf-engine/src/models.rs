@@ -835,9 +835,15 @@ async fn models_infer(lua: Lua, args: MultiValue) -> HostResult<String> {
     } else {
         (None, arg(&args, 0))
     };
+    // The prompt's copy, its request body and the run log's copy of it live
+    // in the host until the round ends: the VM pays for them meanwhile.
+    let mut in_flight = crate::memory::HostCharge::new(&lua);
     let prompt = match prompt_v {
         Value::String(s) => match s.to_str() {
-            Ok(t) => t.to_string(),
+            Ok(t) => {
+                in_flight.add(3 * t.len())?;
+                t.to_string()
+            }
             Err(_) => return Err(HostError::lua("prompt must be a valid UTF-8 string").into()),
         },
         other => {
@@ -850,7 +856,9 @@ async fn models_infer(lua: Lua, args: MultiValue) -> HostResult<String> {
     };
     let target = pick_target(&sec, handle.as_ref())?;
     let message = ChatMessage::new("user", Json::String(prompt));
-    let (resp, timing) = match send_round(&sec, &target, vec![message], None, false).await {
+    let sent = send_round(&sec, &target, vec![message], None, false).await;
+    drop(in_flight);
+    let (resp, timing) = match sent {
         Ok(r) => r,
         Err(RoundFailure::Error(e)) => {
             report_failed_round(&sec);

@@ -384,6 +384,8 @@ fn host_side_builders_are_within_the_budget() {
          format!("tools.add_local('t', 'd', {{}}, function() return 'ok' end)\n{four_mb}\nlocal inner = {{ s, s, s, s }}\nlocal args = {{ a = {{}} }}\nfor i = 1, 250 do args.a[i] = inner end\nreturn tools.call('t', args)")),
         ("a models.loop list of a thousand records",
          format!("{four_mb}\nlocal msgs = messages.new()\nfor i = 1, 1000 do msgs:user(s) end\nmodels.loop(msgs)\nreturn 'sent'")),
+        ("a models.infer prompt the host copies into its request",
+         "local s = string.rep('x', 24 * 1024 * 1024)\nreturn models.infer(s)".to_string()),
         ("a models.loop record of a thousand content parts",
          format!("{four_mb}\nlocal parts = {{}}\nfor i = 1, 1000 do parts[i] = {{ type = 'text', text = s }} end\nmodels.loop({{ {{ role = 'user', content = parts }} }})\nreturn 'sent'")),
         ("a models.loop tool call's arguments",
