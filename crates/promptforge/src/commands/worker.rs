@@ -201,13 +201,11 @@ impl PromptCache {
     }
 }
 
-/// The worker's view of the run log (where its host file or
-/// `PROMPTFORGE_RUNLOG_URL` says: a PostgreSQL log shared by every worker,
-/// or the data directory's SQLite file the workers of one machine share):
-/// whether an input's run is logged, finished or not. An input of a batch
-/// without `--repeat` is found by the log's exactly-once key
-/// (`RunLog::input_run`: batch and input index); under `--repeat` an input
-/// has several runs, found by execution id (the request's seed fixes it).
+/// The worker's view of the run log (the data directory's, shared by the
+/// workers of one machine, or the PostgreSQL log every machine shares):
+/// whether an input's run is logged, finished or not, found by the log's
+/// (batch, input index) key, or for a `--repeat` repetition by its execution
+/// id, which the request's seed fixes.
 struct LogLedger {
     target: pf_host::data::RunLogTarget,
     log: std::cell::RefCell<Option<pf_runlog::RunLog>>,
@@ -222,36 +220,6 @@ impl LogLedger {
     }
 }
 
-/// The run of `request`'s input the log holds: its completed run if any,
-/// else its newest.
-fn logged_run(
-    log: &pf_runlog::RunLog,
-    request: &RunRequest,
-    execution: &str,
-) -> Result<Option<pf_runlog::RunRecord>, pf_runlog::RunLogError> {
-    if request.repeat.is_none() {
-        return log.input_run(&request.batch, request.index);
-    }
-    let filter = pf_runlog::RunFilter {
-        batch: Some(request.batch.clone()),
-        ..pf_runlog::RunFilter::default()
-    };
-    let runs = log.list_runs(&filter)?;
-    let mine: Vec<_> = runs
-        .into_iter()
-        .filter(|run| run.execution == execution)
-        .collect();
-    // Newest first: the latest attempt holds the most answers.
-    match mine
-        .iter()
-        .find(|run| run.outcome == "completed")
-        .or(mine.first())
-    {
-        Some(run) => log.run(run.id),
-        None => Ok(None),
-    }
-}
-
 impl Ledger for LogLedger {
     fn lookup(&self, request: &RunRequest) -> Logged {
         let execution = pf_engine::seeded_names(request.seed).0;
@@ -262,15 +230,19 @@ impl Ledger for LogLedger {
         let Some(log) = slot.as_ref() else {
             return Logged::Absent;
         };
-        let record = match logged_run(log, request, &execution) {
-            Ok(record) => record,
+        let found = match request.repeat {
+            // The log's exactly-once key: (batch, input index).
+            None => log.input_run(&request.batch, request.index),
+            // Repetitions share an index: find the repetition's own execution.
+            Some(_) => repetition_run(log, &request.batch, &execution),
+        };
+        let record = match found {
+            Ok(Some(record)) => record,
+            Ok(None) => return Logged::Absent,
             Err(e) => {
                 tracing::warn!("the run log cannot be read ({e}); running the input afresh");
                 return Logged::Absent;
             }
-        };
-        let Some(record) = record else {
-            return Logged::Absent;
         };
         match &record.end {
             Some(pf_runlog::RunEnd {
@@ -282,7 +254,7 @@ impl Ledger for LogLedger {
                 repeat: request.repeat,
                 batch: Some(request.batch.clone()),
                 execution: record.start.execution.clone(),
-                seed: request.seed,
+                seed: record.start.seed,
                 outcome: RunOutcome::Completed,
                 result: Some(result.clone()),
                 error: None,
@@ -293,13 +265,35 @@ impl Ledger for LogLedger {
                 duration_ms: *duration_ms,
                 output: None,
             }),
+            // The newest attempt holds the most answers: resume it.
             _ => Logged::Unfinished {
-                execution: record.start.execution.clone(),
+                execution: record.start.execution,
             },
         }
     }
 
     fn execution(&self, seed: u64) -> String {
         pf_engine::seeded_names(seed).0
+    }
+}
+
+/// A repetition's run within its batch: its completed run, else its newest.
+fn repetition_run(
+    log: &pf_runlog::RunLog,
+    batch: &str,
+    execution: &str,
+) -> Result<Option<pf_runlog::RunRecord>, pf_runlog::RunLogError> {
+    let runs = log.list_runs(&pf_runlog::RunFilter {
+        batch: Some(batch.to_owned()),
+        ..pf_runlog::RunFilter::default()
+    })?;
+    let mine: Vec<_> = runs.iter().filter(|r| r.execution == execution).collect();
+    let chosen = mine
+        .iter()
+        .find(|r| r.outcome == "completed")
+        .or_else(|| mine.first());
+    match chosen {
+        Some(run) => log.run(run.id),
+        None => Ok(None),
     }
 }

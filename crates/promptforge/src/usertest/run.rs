@@ -56,7 +56,7 @@ pub struct Observed {
     /// Recorded model requests (chat-completions shape), in order.
     pub requests: Vec<Json>,
     /// The run's events as the engine writes them, in order.
-    pub events: Vec<Json>,
+    pub events: Vec<pf_engine::RunEvent>,
     /// The tool calls made, model and script, in order.
     pub calls: Vec<session::CallMade>,
     /// The store directory after the run.
