@@ -34,7 +34,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value as Json};
 
 use pf_harness::{Harness, HostServices, InputBroker, ModelProvider, Plugin, ThinkingSupport};
-use pf_models::{HttpEndpoint, ProviderKind, ProviderSpec};
+use pf_models::{HttpEndpoint, ProviderKind, ProviderName, ProviderSpec};
 use pf_plugins::{
     FixedAnswersBroker, McpConfig, McpPlugin, McpTransport, SearchBackend, StdinInputBroker,
     WebConfig, WebPlugin,
@@ -143,12 +143,10 @@ impl HostConfig {
     /// key: each model's `api_key_env`, `[web] search_api_key_env`, each MCP
     /// Plugin's `env`, `[mcp_server] token_env`.
     pub fn key_names(&self) -> Vec<String> {
-        let models = self.catalog.iter().filter_map(|spec| match &spec.kind {
-            ProviderKind::OpenAi(endpoint) | ProviderKind::Anthropic(endpoint) => {
-                endpoint.api_key_env.clone()
-            }
-            ProviderKind::Script { .. } => None,
-        });
+        let models = self
+            .catalog
+            .iter()
+            .filter_map(|spec| spec.kind.api_key_env().map(str::to_string));
         let plugins = self.plugins.iter().flat_map(|(_, c)| c.env.iter().cloned());
         models
             .chain(self.web.search_api_key_env.clone())
@@ -332,6 +330,17 @@ impl HostConfig {
         Some(Json::Object(snapshot))
     }
 
+    /// The one list of Plugins this host offers, in registration order: the
+    /// built-in web Plugin, then each `[plugins."id"]` MCP server. Nothing is
+    /// started until a run activates one.
+    pub fn offered_plugins(&self) -> Vec<Arc<dyn Plugin>> {
+        let mut plugins: Vec<Arc<dyn Plugin>> = vec![Arc::new(WebPlugin::new(self.web.clone()))];
+        for (id, config) in &self.plugins {
+            plugins.push(Arc::new(McpPlugin::new(id.clone(), config.clone())));
+        }
+        plugins
+    }
+
     /// Build the Host with `current` (from [`HostConfig::current_id`]) as its
     /// current model: register the Plugins and services and start the model
     /// providers (the other catalog models only with a `ui()` snapshot, the one
@@ -349,16 +358,11 @@ impl HostConfig {
         // Innermost, around each real part: everything from outside is scrubbed
         // before any recorder, replayer or the Engine sees it.
         let secrets = Arc::new(self.secrets());
-        let mut plugins: Vec<Arc<dyn Plugin>> = vec![scrub::ScrubbingPlugin::wrap(
-            Arc::new(WebPlugin::new(self.web.clone())),
-            &secrets,
-        )];
-        for (id, config) in &self.plugins {
-            plugins.push(scrub::ScrubbingPlugin::wrap(
-                Arc::new(McpPlugin::new(id.clone(), config.clone())),
-                &secrets,
-            ));
-        }
+        let mut plugins: Vec<Arc<dyn Plugin>> = self
+            .offered_plugins()
+            .into_iter()
+            .map(|plugin| scrub::ScrubbingPlugin::wrap(plugin, &secrets))
+            .collect();
         if let Some(replayer) = work.replayer() {
             // The logged catalog answers; the real Plugin only goes live. A
             // Plugin the host file no longer has still replays under its id.
@@ -598,8 +602,16 @@ fn provider_spec(
         Some(id) => format!("[models.{}]", toml_key(id)),
         None => "[model]".to_string(),
     };
-    let provider = table.provider.as_deref().unwrap_or("openai");
-    if matches!(provider, "openai" | "anthropic") && table.replies.is_some() {
+    let provider = match table.provider.as_deref() {
+        None => ProviderName::DEFAULT,
+        Some(word) => ProviderName::from_word(word).ok_or_else(|| {
+            format!(
+                "{name} provider \"{word}\" is not known: use {}",
+                ProviderName::known_words()
+            )
+        })?,
+    };
+    if provider.row().http.is_some() && table.replies.is_some() {
         return Err(format!(
             "{name} `replies` applies only to provider \"script\", not \"{provider}\""
         ));
@@ -631,20 +643,20 @@ fn provider_spec(
             .or(default_key_env.map(str::to_string)),
         receive_timeout,
     };
-    let (kind, model) = match provider {
-        "script" => {
+    let (kind, model) = match provider.row().http {
+        None => {
             if table.base_url.is_some() || table.api_key_env.is_some() {
                 return Err(format!(
-                    "{name} provider \"script\" takes no `base_url` or `api_key_env`"
+                    "{name} provider \"{provider}\" takes no `base_url` or `api_key_env`"
                 ));
             }
             if table.timeout.is_some() {
                 return Err(format!(
-                    "{name} provider \"script\" takes no `timeout` (it never waits on a server)"
+                    "{name} provider \"{provider}\" takes no `timeout` (it never waits on a server)"
                 ));
             }
             let replies = table.replies.as_ref().ok_or_else(|| {
-                format!("{name} provider \"script\" needs `replies`, the scripted replies file")
+                format!("{name} provider \"{provider}\" needs `replies`, the scripted replies file")
             })?;
             let model = table
                 .model
@@ -653,21 +665,11 @@ fn provider_spec(
             let replies = resolve(base_dir, replies);
             (ProviderKind::Script { replies }, model)
         }
-        "openai" => (
-            ProviderKind::OpenAi(endpoint(pf_models::DEFAULT_OPENAI_BASE_URL, None)),
-            needs_model()?,
-        ),
-        "anthropic" => (
-            ProviderKind::Anthropic(endpoint(
-                pf_models::DEFAULT_ANTHROPIC_BASE_URL,
-                Some(pf_models::DEFAULT_ANTHROPIC_KEY_ENV),
-            )),
-            needs_model()?,
-        ),
-        other => {
-            return Err(format!(
-            "{name} provider \"{other}\" is not known: use \"openai\", \"anthropic\" or \"script\""
-        ))
+        Some(defaults) => {
+            let endpoint = endpoint(defaults.base_url, defaults.key_env);
+            let kind = ProviderKind::http(provider, endpoint)
+                .ok_or_else(|| format!("{name} provider \"{provider}\" calls no server"))?;
+            (kind, needs_model()?)
         }
     };
     let spawn = match &table.spawn {
@@ -720,12 +722,12 @@ fn provider_spec(
 /// file's folder, where the server also starts.
 fn spawn_spec(
     name: &str,
-    provider: &str,
+    provider: ProviderName,
     command: &[String],
     table: &ModelTable,
     base_dir: &Path,
 ) -> Result<pf_models::SpawnSpec, String> {
-    if provider != "openai" {
+    if !provider.row().http.is_some_and(|http| http.spawns) {
         return Err(format!(
             "{name} `spawn` needs provider \"openai\" (the spawned server must speak the OpenAI API), not \"{provider}\""
         ));
@@ -774,20 +776,14 @@ fn hide_keys(config: &mut HostConfig) {
     let mut keys: Vec<String> = config
         .catalog
         .iter()
-        .filter_map(|spec| match &spec.kind {
-            ProviderKind::OpenAi(e) | ProviderKind::Anthropic(e) => e.api_key_env.clone(),
-            ProviderKind::Script { .. } => None,
-        })
+        .filter_map(|spec| spec.kind.api_key_env().map(str::to_string))
         .chain(config.web.search_api_key_env.clone())
         .chain(config.mcp_token_env.clone())
         .collect();
     keys.sort();
     keys.dedup();
     for spec in &mut config.catalog {
-        let own = match &spec.kind {
-            ProviderKind::OpenAi(e) | ProviderKind::Anthropic(e) => e.api_key_env.clone(),
-            ProviderKind::Script { .. } => None,
-        };
+        let own = spec.kind.api_key_env().map(str::to_string);
         if let Some(spawn) = &mut spec.spawn {
             spawn.hidden_env = keys
                 .iter()

@@ -538,11 +538,7 @@ impl SessionLog {
 /// The complaint about `spec`'s API key variable when it is unset or blank,
 /// naming the model and the host file (never a value).
 fn missing_key(spec: &pf_models::ProviderSpec, host_path: Option<&Path>) -> Option<String> {
-    let variable = match &spec.kind {
-        pf_models::ProviderKind::OpenAi(endpoint)
-        | pf_models::ProviderKind::Anthropic(endpoint) => endpoint.api_key_env.as_deref()?,
-        pf_models::ProviderKind::Script { .. } => return None,
-    };
+    let variable = spec.kind.api_key_env()?;
     let set = std::env::var(variable).is_ok_and(|v| !v.trim().is_empty());
     if set {
         return None;
@@ -754,11 +750,7 @@ fn log_host(path: Option<&Path>, config: &HostConfig, current: Option<&str>, pro
     }
     match current.and_then(|id| config.spec(id)) {
         Some(spec) => {
-            let provider = match &spec.kind {
-                pf_models::ProviderKind::Script { .. } => "script",
-                pf_models::ProviderKind::OpenAi(_) => "openai",
-                pf_models::ProviderKind::Anthropic(_) => "anthropic",
-            };
+            let provider = spec.kind.name();
             tracing::info!(
                 "model: {} (provider {provider}, provider model {}, context {})",
                 spec.id,
@@ -768,8 +760,11 @@ fn log_host(path: Option<&Path>, config: &HostConfig, current: Option<&str>, pro
         }
         None => tracing::info!("model: none configured"),
     }
-    let mut offered = vec!["promptforge/web".to_string()];
-    offered.extend(config.plugins.iter().map(|(id, _)| id.clone()));
+    let offered: Vec<String> = config
+        .offered_plugins()
+        .iter()
+        .map(|plugin| plugin.id().to_string())
+        .collect();
     tracing::info!("Plugins offered: {}", offered.join(", "));
     let declared: Vec<String> = prompt
         .frontmatter

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use pf_harness::ThinkingSupport;
-use pf_models::{ProviderKind, ProviderSpec};
+use pf_models::ProviderSpec;
 use serde::Serialize;
 
 use crate::cli::{ModelsArgs, OutputFormat};
@@ -83,11 +83,8 @@ pub fn run(args: ModelsArgs) -> ExitCode {
 }
 
 fn entry(spec: &ProviderSpec, current: bool) -> Entry {
-    let (provider, endpoint) = match &spec.kind {
-        ProviderKind::OpenAi(endpoint) => ("openai", Some(endpoint)),
-        ProviderKind::Anthropic(endpoint) => ("anthropic", Some(endpoint)),
-        ProviderKind::Script { .. } => ("script", None),
-    };
+    let provider = spec.kind.name().word();
+    let endpoint = spec.kind.endpoint();
     let key_env = endpoint.and_then(|e| e.api_key_env.clone());
     let key_set = key_env
         .as_deref()
