@@ -879,7 +879,7 @@ async fn models_infer(lua: Lua, args: MultiValue) -> HostResult<String> {
         }
     };
     let target = pick_target(&sec, handle.as_ref())?;
-    let message = ChatMessage::new("user", Json::String(prompt));
+    let message = ChatMessage::new(pf_harness::Role::User, Json::String(prompt));
     let (resp, timing) = match send_round(&sec, &target, vec![message], None, false).await {
         Ok(r) => r,
         Err(RoundFailure::Error(e)) => {

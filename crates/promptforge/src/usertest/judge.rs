@@ -63,13 +63,13 @@ pub fn ask(model: &CatalogModel, rubric: &str, output: &str) -> Result<Verdict, 
     let request = ChatRequest {
         messages: vec![
             ChatMessage {
-                role: "system".into(),
+                role: pf_harness::Role::System,
                 content: Json::String(SYSTEM.into()),
                 tool_calls: Vec::new(),
                 tool_call_id: None,
             },
             ChatMessage {
-                role: "user".into(),
+                role: pf_harness::Role::User,
                 content: Json::String(question(rubric, output)),
                 tool_calls: Vec::new(),
                 tool_call_id: None,
