@@ -14,6 +14,7 @@
 //! [`observe`] is the Host's one run observer.
 
 pub mod data;
+pub mod error;
 pub mod file;
 pub mod logged_json;
 pub mod observe;
@@ -26,6 +27,7 @@ pub mod sections;
 pub mod session;
 pub mod usage;
 
+pub use error::{ErrorKind, HostError};
 pub use prompt_files::{read_capped, MAX_INPUT_BYTES};
 
 use std::path::{Path, PathBuf};
@@ -129,12 +131,13 @@ impl HostConfig {
     /// The keys the host file names are registered with the process's
     /// scrubbing layer ([`pf_secrets::register`]) as soon as it is read, so
     /// the debug log is scrubbed of them from then on.
-    pub fn load(path: Option<&Path>) -> Result<HostConfig, String> {
+    pub fn load(path: Option<&Path>) -> Result<HostConfig, HostError> {
         let Some(path) = path else {
             return HostConfig::from_file(&HostFile::default(), Path::new("."));
         };
         let base_dir = path.parent().unwrap_or(Path::new("."));
-        let config = HostConfig::from_file(&file::read(path)?, base_dir)?;
+        let file = file::read(path).map_err(HostError::HostFile)?;
+        let config = HostConfig::from_file(&file, base_dir)?;
         pf_secrets::register(&config.secrets());
         Ok(config)
     }
@@ -162,7 +165,12 @@ impl HostConfig {
     }
 
     /// Check a parsed host file; relative paths resolve against `base_dir`.
-    pub fn from_file(file: &HostFile, base_dir: &Path) -> Result<HostConfig, String> {
+    /// The error quotes the key and says what it takes.
+    pub fn from_file(file: &HostFile, base_dir: &Path) -> Result<HostConfig, HostError> {
+        HostConfig::checked(file, base_dir).map_err(HostError::HostFile)
+    }
+
+    fn checked(file: &HostFile, base_dir: &Path) -> Result<HostConfig, String> {
         let web = file.web.as_ref();
         let web = WebConfig {
             search: match web.and_then(|w| w.search) {
@@ -294,14 +302,14 @@ impl HostConfig {
     /// in the catalog, else `default_model`, else the only model; `None` for an
     /// empty catalog. An unknown id, or a choice left open among several
     /// models, is an error listing the catalog ids.
-    pub fn current_id(&self, chosen: Option<&str>) -> Result<Option<String>, String> {
+    pub fn current_id(&self, chosen: Option<&str>) -> Result<Option<String>, HostError> {
         if let Some(id) = chosen {
             return match self.spec(id) {
                 Some(spec) => Ok(Some(spec.id.clone())),
-                None => Err(format!(
+                None => Err(HostError::Usage(format!(
                     "unknown model \"{id}\"; {}",
                     catalog_list(&self.catalog)
-                )),
+                ))),
             };
         }
         if let Some(id) = &self.default_model {
@@ -310,11 +318,11 @@ impl HostConfig {
         match self.catalog.as_slice() {
             [] => Ok(None),
             [only] => Ok(Some(only.id.clone())),
-            several => Err(format!(
+            several => Err(HostError::Usage(format!(
                 "the host file's catalog has several models and no default_model: \
                  choose one with --model ID or {MODEL_ENV} ({})",
                 ids(several)
-            )),
+            ))),
         }
     }
 
@@ -345,7 +353,7 @@ impl HostConfig {
     /// current model: register the Plugins and services and start the model
     /// providers (the other catalog models only with a `ui()` snapshot, the one
     /// way a prompt reaches them). Call it inside the async runtime the run will use.
-    pub fn assemble(&self, current: Option<&str>) -> Result<Host, String> {
+    pub fn assemble(&self, current: Option<&str>) -> Result<Host, HostError> {
         self.assemble_for(current, &HostWork::Direct)
     }
 
@@ -353,7 +361,7 @@ impl HostConfig {
     /// (model rounds, tool calls, operator answers) going through the
     /// decorators `work` names. The one place they are installed, for every
     /// command that runs prompts.
-    pub fn assemble_for(&self, current: Option<&str>, work: &HostWork) -> Result<Host, String> {
+    pub fn assemble_for(&self, current: Option<&str>, work: &HostWork) -> Result<Host, HostError> {
         let mut harness = Harness::new();
         // Innermost, around each real part: everything from outside is scrubbed
         // before any recorder, replayer or the Engine sees it.
@@ -406,7 +414,7 @@ impl HostConfig {
         let totals = Arc::new(usage::UsageTotals::default());
         // provider, then the replay's answers, then metering (replayed usage
         // counts), then recording (the replayed run is logged too).
-        let build = |spec: &ProviderSpec| -> Result<Arc<dyn ModelProvider>, String> {
+        let build = |spec: &ProviderSpec| -> Result<Arc<dyn ModelProvider>, HostError> {
             let provider: Arc<dyn ModelProvider> = if self.answered_from_log {
                 Arc::new(replay::LoggedOnlyModel::new(pf_harness::ModelInfo {
                     id: spec.id.clone(),
@@ -416,8 +424,9 @@ impl HostConfig {
                 }))
             } else {
                 scrub::ScrubbingModel::wrap(
-                    pf_models::build_provider(spec)
-                        .map_err(|e| format!("host file: model \"{}\": {e}", spec.id))?,
+                    pf_models::build_provider(spec).map_err(|e| {
+                        HostError::HostFile(format!("host file: model \"{}\": {e}", spec.id))
+                    })?,
                     &secrets,
                 )
             };
@@ -820,7 +829,7 @@ mod tests {
 
     fn config(toml_text: &str) -> Result<HostConfig, String> {
         let file: HostFile = toml::from_str(toml_text).map_err(|e| e.to_string())?;
-        HostConfig::from_file(&file, Path::new("/base"))
+        HostConfig::from_file(&file, Path::new("/base")).map_err(|e| e.to_string())
     }
 
     fn model(toml_text: &str) -> Result<ProviderSpec, String> {
@@ -1014,10 +1023,16 @@ mod tests {
             Some(("claude-x", 2))
         );
         assert_eq!(c.spec("small").map(|s| s.model.as_str()), Some("small"));
-        assert_eq!(c.current_id(None), Ok(Some("small".into())));
-        assert_eq!(c.current_id(Some("big")), Ok(Some("big".into())));
         assert_eq!(
-            c.current_id(Some("huge")),
+            c.current_id(None).map_err(|e| e.to_string()),
+            Ok(Some("small".into()))
+        );
+        assert_eq!(
+            c.current_id(Some("big")).map_err(|e| e.to_string()),
+            Ok(Some("big".into()))
+        );
+        assert_eq!(
+            c.current_id(Some("huge")).map_err(|e| e.to_string()),
             Err("unknown model \"huge\"; the catalog has: big, small".into())
         );
         assert_eq!(
@@ -1029,10 +1044,13 @@ mod tests {
         let open = config(&CATALOG.replace("default_model = \"small\"\n", "")).expect("no default");
         assert!(open
             .current_id(None)
-            .is_err_and(|e| e.contains("several models")));
+            .is_err_and(|e| e.to_string().contains("several models")));
         let one = config("[model]\nprovider = \"script\"\nreplies = \"r.json\"\nmodel = \"m\"\n")
             .expect("one");
-        assert_eq!(one.current_id(None), Ok(Some("m".into())));
+        assert_eq!(
+            one.current_id(None).map_err(|e| e.to_string()),
+            Ok(Some("m".into()))
+        );
     }
 
     #[test]
@@ -1058,7 +1076,10 @@ mod tests {
     fn no_host_file_means_the_defaults() {
         let defaults = HostConfig::load(None).expect("defaults");
         assert!(defaults.catalog.is_empty());
-        assert_eq!(defaults.current_id(None), Ok(None));
+        assert_eq!(
+            defaults.current_id(None).map_err(|e| e.to_string()),
+            Ok(None)
+        );
         assert_eq!(defaults.ui_snapshot(None), None);
         assert_eq!(defaults.web, WebConfig::default());
         assert!(defaults.plugins.is_empty());

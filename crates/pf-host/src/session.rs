@@ -45,10 +45,10 @@ use crate::prompt_files::{arg_type_name, collect_output, place_input, private_st
 use crate::record::{Recorder, RunLogSink};
 use crate::replay::{LoggedWork, ReplayMode, Replayer};
 use crate::report::{ReportError, ReportOutcome, ReportUsage, RunReport};
-use crate::{HostConfig, HostWork};
+use crate::{HostConfig, HostError, HostWork};
 
 /// The error kind of a replay stopped by a request the log does not hold.
-pub const REPLAY_ERROR_KIND: &str = "Replay";
+pub const REPLAY_ERROR_KIND: crate::ErrorKind = crate::ErrorKind::Replay;
 
 /// Where the run's settings come from on the command line; the environment
 /// and the host file fill in the rest ([`RunSettings::resolve`]).
@@ -77,9 +77,8 @@ pub struct RunSettings {
 }
 
 impl RunSettings {
-    /// Resolve `flags` against the environment and the host file; the error
-    /// is a usage message.
-    pub fn resolve(flags: &SettingsFlags) -> Result<RunSettings, String> {
+    /// Resolve `flags` against the environment and the host file.
+    pub fn resolve(flags: &SettingsFlags) -> Result<RunSettings, HostError> {
         let host_path = flags.host.clone().or_else(crate::default_host_path);
         let host = HostConfig::load(host_path.as_deref())?;
         RunSettings::with_host(host_path, Arc::new(host), flags)
@@ -91,7 +90,7 @@ impl RunSettings {
         host_path: Option<PathBuf>,
         host: Arc<HostConfig>,
         flags: &SettingsFlags,
-    ) -> Result<RunSettings, String> {
+    ) -> Result<RunSettings, HostError> {
         let model = host.current_id(crate::chosen_model(flags.model.as_deref()).as_deref())?;
         RunSettings::with_model(host_path, host, model, flags.otlp.clone())
     }
@@ -103,10 +102,11 @@ impl RunSettings {
         host: Arc<HostConfig>,
         model: Option<String>,
         otlp: Option<String>,
-    ) -> Result<RunSettings, String> {
+    ) -> Result<RunSettings, HostError> {
         let otlp = otlp.or_else(|| host.otlp.clone());
         if let Some(url) = &otlp {
-            pf_trace::otlp::traces_url(url).map_err(|m| format!("--otlp: {m}"))?;
+            pf_trace::otlp::traces_url(url)
+                .map_err(|m| HostError::Usage(format!("--otlp: {m}")))?;
         }
         Ok(RunSettings {
             host_path,
@@ -187,11 +187,6 @@ pub struct RunPlan {
     pub after_engine: Option<Box<dyn FnOnce()>>,
 }
 
-/// Why a session gave no report: a usage error (exit 2), logged as a failed
-/// run of kind `Usage` when the log had begun.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UsageError(pub String);
-
 /// A session whose log has begun; [`RunSession::run`] runs it.
 pub struct RunSession {
     plan: RunPlan,
@@ -222,7 +217,10 @@ pub struct Finished {
 impl RunSession {
     /// Fix the run's execution id and store, and begin its log. From here on
     /// every way out ends the log exactly once.
-    pub fn begin(plan: RunPlan) -> Result<RunSession, UsageError> {
+    ///
+    /// The error is a usage error (exit 2); once the log has begun, the run
+    /// is logged as failed with kind `Usage`.
+    pub fn begin(plan: RunPlan) -> Result<RunSession, HostError> {
         let began = Instant::now();
         let (seeded, _) = pf_engine::seeded_names(plan.seed);
         // The run itself keeps the seed's execution id (a replay is byte for
@@ -235,7 +233,7 @@ impl RunSession {
         };
         let store_dir = match plan.store_dir.clone() {
             Some(dir) => dir,
-            None => private_store_dir(&seeded).map_err(UsageError)?,
+            None => private_store_dir(&seeded).map_err(HostError::Usage)?,
         };
         // The argument string is built (stdin read, `--arg` typed) before the
         // log begins, so the log keeps the string the run received and a
@@ -305,7 +303,7 @@ impl RunSession {
     }
 
     /// Run the prompt to its report. A `!Send` future (see the module docs).
-    pub async fn run(self) -> Result<Finished, UsageError> {
+    pub async fn run(self) -> Result<Finished, HostError> {
         let RunSession {
             plan,
             execution,
@@ -345,7 +343,7 @@ impl RunSession {
         };
         let run_args = match run_args {
             Some(Ok(a)) => a,
-            Some(Err(m)) => return Err(log.usage(m)),
+            Some(Err(m)) => return Err(log.usage(HostError::Usage(m))),
             None => String::new(),
         };
         let host = &settings.host;
@@ -357,7 +355,7 @@ impl RunSession {
                 .and_then(|id| host.spec(id))
                 .and_then(|spec| missing_key(spec, settings.host_path.as_deref()))
             {
-                return Err(log.usage(m));
+                return Err(log.usage(HostError::Usage(m)));
             }
         }
         log_host(settings.host_path.as_deref(), host, current, &prompt);
@@ -442,7 +440,7 @@ impl RunSession {
         if let Some(diff) = &stopped {
             report.outcome = ReportOutcome::Failed {
                 error: ReportError {
-                    kind: REPLAY_ERROR_KIND.to_string(),
+                    kind: REPLAY_ERROR_KIND,
                     phase: None,
                     message: diff.clone(),
                     line: None,
@@ -525,13 +523,13 @@ impl SessionLog {
     }
 
     /// A usage error after the run began: logged as failed (`Usage`).
-    fn usage(&self, message: String) -> UsageError {
+    fn usage(&self, error: HostError) -> HostError {
         self.end_with(LoggedOutcome::Failed {
-            kind: "Usage".to_string(),
-            message: message.clone(),
+            kind: crate::ErrorKind::Usage.as_str().to_string(),
+            message: error.to_string(),
         });
         self.settle();
-        UsageError(message)
+        error
     }
 }
 

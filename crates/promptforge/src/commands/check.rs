@@ -8,18 +8,20 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use pf_host::HostError;
+
 use pf_syntax::Severity;
 
 use super::prepare_checks::{self, Problem};
 use crate::cli::{CheckArgs, CheckFormat, OutputFormat};
 use pf_host::HostConfig;
 
-pub fn run(args: CheckArgs) -> ExitCode {
+pub fn run(args: CheckArgs) -> Result<ExitCode, HostError> {
     let mut files = Vec::new();
     for path in &args.paths {
         let before = files.len();
         if let Err(m) = collect(path, &mut files) {
-            return super::usage(&m);
+            return Err(HostError::Usage(m));
         }
         if files.len() == before {
             // A folder with no prompt in it: say so, rather than pass in silence.
@@ -32,14 +34,17 @@ pub fn run(args: CheckArgs) -> ExitCode {
     let host = match &args.host {
         Some(path) => match HostConfig::load(Some(path)) {
             Ok(config) => Some(config),
-            Err(m) => return super::usage(&m),
+            Err(e) => return Err(e),
         },
         None => None,
     };
     // A model whose server the Host would start needs that server's command.
     for spec in host.iter().flat_map(|h| &h.catalog) {
         if let Some(Err(why)) = spec.spawn.as_ref().map(pf_models::SpawnSpec::find_program) {
-            return super::usage(&format!("host file: model \"{}\": `spawn`: {why}", spec.id));
+            return Err(HostError::Usage(format!(
+                "host file: model \"{}\": `spawn`: {why}",
+                spec.id
+            )));
         }
     }
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -47,22 +52,23 @@ pub fn run(args: CheckArgs) -> ExitCode {
         .build()
     {
         Ok(r) => r,
-        Err(e) => return super::usage(&format!("cannot start the async runtime: {e}")),
+        Err(e) => {
+            return Err(HostError::Usage(format!(
+                "cannot start the async runtime: {e}"
+            )))
+        }
     };
     // The host's Plugins are activated once and their tools listed for every file.
     let offered = match &host {
         Some(config) => match runtime.block_on(prepare_checks::offered_tools(config, &files)) {
             Ok(offered) => Some(offered),
-            Err(m) => return super::usage(&m),
+            Err(m) => return Err(HostError::Usage(m)),
         },
         None => None,
     };
     let mut reports = Vec::new();
     for file in &files {
-        let source = match pf_host::prompt_files::read_prompt(file) {
-            Ok(s) => s,
-            Err(m) => return super::usage(&m),
-        };
+        let source = pf_host::prompt_files::read_prompt(file)?;
         let problems = check_source(&source, host.as_ref(), offered.as_ref());
         reports.push(FileReport {
             file: file.clone(),
@@ -96,11 +102,11 @@ pub fn run(args: CheckArgs) -> ExitCode {
             );
         }
     }
-    if errors > 0 {
+    Ok(if errors > 0 {
         ExitCode::from(crate::EXIT_FAILED)
     } else {
         ExitCode::SUCCESS
-    }
+    })
 }
 
 fn plural(n: usize) -> &'static str {

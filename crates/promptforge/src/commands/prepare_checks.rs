@@ -582,7 +582,7 @@ pub async fn offered_tools(
     files: &[std::path::PathBuf],
 ) -> Result<OfferedTools, String> {
     // Only the Plugins matter here; no model is started.
-    let assembled = host.assemble(None)?;
+    let assembled = host.assemble(None).map_err(|e| e.to_string())?;
     let harness = assembled.harness;
     let mut offered = OfferedTools {
         registered: harness.ids().map(str::to_string).collect(),

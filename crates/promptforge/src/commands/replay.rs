@@ -5,6 +5,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use pf_host::HostError;
+
 use pf_runlog::{RunLogError, RunRecord};
 
 use super::terminal::{execute, TerminalRun};
@@ -58,17 +60,14 @@ pub(crate) fn read_logged_run(run: &str) -> Result<LoggedRun, String> {
     Ok(LoggedRun { record, work })
 }
 
-pub fn run(args: ReplayArgs) -> ExitCode {
-    let logged = match read_logged_run(&args.run) {
-        Ok(logged) => logged,
-        Err(m) => return super::usage(&m),
-    };
+pub fn run(args: ReplayArgs) -> Result<ExitCode, HostError> {
+    let logged = read_logged_run(&args.run).map_err(HostError::Usage)?;
     let start = &logged.record.start;
     // An edited prompt (`--prompt`) replays until its first different request.
     let (file, source) = match &args.prompt {
         Some(path) => match pf_host::prompt_files::read_prompt(path) {
             Ok(source) => (path.clone(), source),
-            Err(m) => return super::usage(&m),
+            Err(e) => return Err(e),
         },
         None => (
             PathBuf::from(&start.prompt_path),
@@ -86,19 +85,16 @@ pub fn run(args: ReplayArgs) -> ExitCode {
         (None, false) => None,
     };
     let host_config = match &host_path {
-        Some(path) => match HostConfig::load(Some(path)) {
-            Ok(h) => h,
-            Err(m) => return super::usage(&m),
-        },
+        Some(path) => HostConfig::load(Some(path))?,
         None => HostConfig::answered_from_log(logged.work.model_ids().chain(start.model.clone())),
     };
     let current = match &start.model {
         Some(id) if host_config.spec(id).is_some() => Some(id.clone()),
         Some(id) => {
-            return super::usage(&format!(
+            return Err(HostError::Usage(format!(
                 "the logged run's model \"{id}\" is not in the host file's catalog; \
                  give the host file it ran with (--host FILE)"
-            ))
+            )))
         }
         None => None,
     };
@@ -109,10 +105,7 @@ pub fn run(args: ReplayArgs) -> ExitCode {
     };
     // The logged model, not --model or the environment's; the host file's OTLP collector.
     let settings =
-        match RunSettings::with_model(host_path, std::sync::Arc::new(host_config), current, None) {
-            Ok(settings) => settings,
-            Err(m) => return super::usage(&m),
-        };
+        RunSettings::with_model(host_path, std::sync::Arc::new(host_config), current, None)?;
     execute(TerminalRun {
         file,
         source,

@@ -6,6 +6,8 @@
 use std::io::Write;
 use std::process::ExitCode;
 
+use pf_host::HostError;
+
 use crate::cli::{OutputFormat, TestArgs};
 use crate::usertest::fixtures::WorkDir;
 use crate::usertest::{self, catalog, run::Settings, CaseOutcome, Options};
@@ -13,54 +15,46 @@ use crate::usertest::{self, catalog, run::Settings, CaseOutcome, Options};
 /// The stdio MCP server behind `mcp:` fixtures, shipped inside the binary.
 const MCP_FIXTURE: &str = include_str!("../../tests/fixtures/mcp_fixture.py");
 
-pub fn run(args: TestArgs) -> ExitCode {
+pub fn run(args: TestArgs) -> Result<ExitCode, HostError> {
     if args.watch {
         return crate::watch::rerun_on_change(|| crate::watch::test_inputs(&args));
     }
     if args.update && (args.model.is_some() || args.repeat > 1) {
-        return super::usage(
-            "--update writes scripted results; it takes neither --model nor --repeat",
-        );
-    }
-    if !(0.0..=1.0).contains(&args.pass_rate) {
-        return super::usage("--pass-rate is a share of runs, from 0 to 1");
-    }
-    let format = args.output.format();
-    let files = match usertest::discover(&args.paths) {
-        Ok(f) => f,
-        Err(m) => return super::usage(&m),
-    };
-    if files.is_empty() {
-        let paths: Vec<String> = args.paths.iter().map(|p| usertest::shown(p)).collect();
-        return super::usage(&format!(
-            "no test files (NAME.test.yaml, tests/*.yaml) under {}",
-            paths.join(" ")
+        return Err(HostError::Usage(
+            "--update writes scripted results; it takes neither --model nor --repeat".to_string(),
         ));
     }
-    let loaded = match usertest::load_all(&files) {
-        Ok(l) => l,
-        Err(bad) => {
-            for m in bad {
-                eprintln!("error: {m}");
-            }
-            return ExitCode::from(crate::EXIT_USAGE);
-        }
-    };
+    if !(0.0..=1.0).contains(&args.pass_rate) {
+        return Err(HostError::Usage(
+            "--pass-rate is a share of runs, from 0 to 1".to_string(),
+        ));
+    }
+    let format = args.output.format();
+    let files = usertest::discover(&args.paths).map_err(HostError::Usage)?;
+    if files.is_empty() {
+        let paths: Vec<String> = args.paths.iter().map(|p| usertest::shown(p)).collect();
+        return Err(HostError::Usage(format!(
+            "no test files (NAME.test.yaml, tests/*.yaml) under {}",
+            paths.join(" ")
+        )));
+    }
+    let loaded = usertest::load_all(&files)
+        .map_err(|bad| HostError::Inputs(bad.iter().map(ToString::to_string).collect()))?;
     let host = args.host.path();
     let live = match &args.model {
         Some(id) => match catalog::lookup(host.as_deref(), id) {
             Ok(m) => Some(m),
-            Err(e) => return super::usage(&e),
+            Err(e) => return Err(HostError::Usage(e)),
         },
         None => None,
     };
-    let scratch = match WorkDir::new() {
-        Ok(w) => w,
-        Err(e) => return super::usage(&e),
-    };
+    let scratch = WorkDir::new().map_err(HostError::Usage)?;
     let fixture = scratch.0.join("mcp_fixture.py");
     if let Err(e) = std::fs::write(&fixture, MCP_FIXTURE) {
-        return super::usage(&format!("cannot write {}: {e}", fixture.display()));
+        return Err(HostError::Usage(format!(
+            "cannot write {}: {e}",
+            fixture.display()
+        )));
     }
     let settings = Settings {
         mcp_fixture: fixture,
@@ -92,10 +86,8 @@ pub fn run(args: TestArgs) -> ExitCode {
     let passed = outcomes.iter().filter(|o| o.passed).count();
     let failed = outcomes.len() - passed;
     if let Some(path) = &args.junit {
-        if let Err(e) = std::fs::write(path, usertest::junit::render(&outcomes)) {
-            eprintln!("error: cannot write {}: {e}", path.display());
-            return ExitCode::from(crate::EXIT_USAGE);
-        }
+        std::fs::write(path, usertest::junit::render(&outcomes))
+            .map_err(|e| HostError::Usage(format!("cannot write {}: {e}", path.display())))?;
     }
     for file in &updated {
         eprintln!("updated {file}");
@@ -111,11 +103,11 @@ pub fn run(args: TestArgs) -> ExitCode {
         });
         crate::ui::print_stdout(&format!("{report}\n"));
     }
-    if failed > 0 {
+    Ok(if failed > 0 {
         ExitCode::from(crate::EXIT_FAILED)
     } else {
         ExitCode::SUCCESS
-    }
+    })
 }
 
 /// `ok     FILE: NAME (TIME)`, with the pass rate when the case ran more than once.
