@@ -136,7 +136,7 @@ impl HostConfig {
             return HostConfig::from_file(&HostFile::default(), Path::new("."));
         };
         let base_dir = path.parent().unwrap_or(Path::new("."));
-        let file = file::read(path).map_err(HostError::HostFile)?;
+        let file = file::read(path)?;
         let config = HostConfig::from_file(&file, base_dir)?;
         pf_secrets::register(&config.secrets());
         Ok(config)

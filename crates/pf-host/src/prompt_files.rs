@@ -57,7 +57,11 @@ pub fn data_dir() -> Option<PathBuf> {
 /// A fresh, private store directory for a run without `--store`, made like
 /// `mkdtemp`: under `<data dir>/stores`, an unpredictable name, mode 0700, and
 /// never one that already exists (nothing there is reused or followed).
-pub fn private_store_dir(execution: &str) -> Result<PathBuf, String> {
+pub fn private_store_dir(execution: &str) -> Result<PathBuf, crate::HostError> {
+    make_private_store_dir(execution).map_err(crate::HostError::Usage)
+}
+
+fn make_private_store_dir(execution: &str) -> Result<PathBuf, String> {
     use rand::Rng;
     let parent = data_dir()
         .ok_or("no data directory for the default store: set PROMPTFORGE_HOME or pass --store")?

@@ -233,7 +233,7 @@ impl RunSession {
         };
         let store_dir = match plan.store_dir.clone() {
             Some(dir) => dir,
-            None => private_store_dir(&seeded).map_err(HostError::Usage)?,
+            None => private_store_dir(&seeded)?,
         };
         // The argument string is built (stdin read, `--arg` typed) before the
         // log begins, so the log keeps the string the run received and a

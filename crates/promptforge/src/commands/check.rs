@@ -20,9 +20,7 @@ pub fn run(args: CheckArgs) -> Result<ExitCode, HostError> {
     let mut files = Vec::new();
     for path in &args.paths {
         let before = files.len();
-        if let Err(m) = collect(path, &mut files) {
-            return Err(HostError::Usage(m));
-        }
+        collect(path, &mut files)?;
         if files.len() == before {
             // A folder with no prompt in it: say so, rather than pass in silence.
             eprintln!(
@@ -32,38 +30,25 @@ pub fn run(args: CheckArgs) -> Result<ExitCode, HostError> {
         }
     }
     let host = match &args.host {
-        Some(path) => match HostConfig::load(Some(path)) {
-            Ok(config) => Some(config),
-            Err(e) => return Err(e),
-        },
+        Some(path) => Some(HostConfig::load(Some(path))?),
         None => None,
     };
     // A model whose server the Host would start needs that server's command.
     for spec in host.iter().flat_map(|h| &h.catalog) {
         if let Some(Err(why)) = spec.spawn.as_ref().map(pf_models::SpawnSpec::find_program) {
-            return Err(HostError::Usage(format!(
+            return Err(HostError::HostFile(format!(
                 "host file: model \"{}\": `spawn`: {why}",
                 spec.id
             )));
         }
     }
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            return Err(HostError::Usage(format!(
-                "cannot start the async runtime: {e}"
-            )))
-        }
-    };
+        .map_err(|e| HostError::Usage(format!("cannot start the async runtime: {e}")))?;
     // The host's Plugins are activated once and their tools listed for every file.
     let offered = match &host {
-        Some(config) => match runtime.block_on(prepare_checks::offered_tools(config, &files)) {
-            Ok(offered) => Some(offered),
-            Err(m) => return Err(HostError::Usage(m)),
-        },
+        Some(config) => Some(runtime.block_on(prepare_checks::offered_tools(config, &files))?),
         None => None,
     };
     let mut reports = Vec::new();
@@ -141,15 +126,15 @@ pub fn check_source(
 }
 
 /// The files one PATH names: itself, or the prompt-like `*.md` files under it.
-fn collect(path: &Path, files: &mut Vec<PathBuf>) -> Result<(), String> {
-    let meta =
-        std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+fn collect(path: &Path, files: &mut Vec<PathBuf>) -> Result<(), HostError> {
+    let meta = std::fs::metadata(path)
+        .map_err(|e| HostError::Input(format!("cannot read {}: {e}", path.display())))?;
     if !meta.is_dir() {
         files.push(path.to_path_buf());
         return Ok(());
     }
     let mut entries: Vec<PathBuf> = std::fs::read_dir(path)
-        .map_err(|e| format!("cannot read folder {}: {e}", path.display()))?
+        .map_err(|e| HostError::Input(format!("cannot read folder {}: {e}", path.display())))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .collect();
     entries.sort();

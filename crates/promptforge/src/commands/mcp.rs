@@ -16,12 +16,9 @@ use pf_mcp_server::{http, PromptServer, ServeOptions, ServerState};
 
 pub fn run(args: McpArgs) -> Result<ExitCode, HostError> {
     let host = HostConfig::load(args.host.path().as_deref())?;
-    let token = bearer_token(args.token_env.as_deref(), host.mcp_token_env.as_deref())
-        .map_err(HostError::Usage)?;
+    let token = bearer_token(args.token_env.as_deref(), host.mcp_token_env.as_deref())?;
     if let Some(addr) = &args.http {
-        if let Err(m) = http::check_exposure(addr, token.as_deref()) {
-            return Err(HostError::Usage(m));
-        }
+        http::check_exposure(addr, token.as_deref()).map_err(HostError::Usage)?;
     }
     let store = match &args.store {
         Some(dir) => match std::fs::create_dir_all(dir) {
@@ -36,23 +33,13 @@ pub fn run(args: McpArgs) -> Result<ExitCode, HostError> {
         // The per-call stores live in one private directory made like the
         // default run store (mkdtemp-like under the data directory), never a
         // predictable name in the shared temp directory.
-        None => match pf_host::prompt_files::private_store_dir("mcp") {
-            Ok(root) => StorePlace::FreshUnder(root),
-            Err(m) => return Err(HostError::Usage(m)),
-        },
+        None => StorePlace::FreshUnder(pf_host::prompt_files::private_store_dir("mcp")?),
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            return Err(HostError::Usage(format!(
-                "cannot start the async runtime: {e}"
-            )))
-        }
-    };
+        .map_err(|e| HostError::Usage(format!("cannot start the async runtime: {e}")))?;
     let fresh_root = match &store {
         StorePlace::FreshUnder(root) => Some(root.clone()),
         StorePlace::Shared(_) => None,
@@ -91,15 +78,15 @@ pub fn run(args: McpArgs) -> Result<ExitCode, HostError> {
 /// The bearer token: from the variable `--token-env` names, else the one the
 /// host file names. A named variable that is unset or empty is an error, so a
 /// typo never serves without the token the operator meant to require.
-fn bearer_token(flag: Option<&str>, host_file: Option<&str>) -> Result<Option<String>, String> {
+fn bearer_token(flag: Option<&str>, host_file: Option<&str>) -> Result<Option<String>, HostError> {
     let Some(name) = flag.or(host_file) else {
         return Ok(None);
     };
     match std::env::var(name) {
         Ok(token) if !token.is_empty() => Ok(Some(token)),
-        _ => Err(format!(
+        _ => Err(HostError::Usage(format!(
             "the bearer token variable {name} is not set (or empty)"
-        )),
+        ))),
     }
 }
 

@@ -580,9 +580,9 @@ pub struct OfferedTools {
 pub async fn offered_tools(
     host: &HostConfig,
     files: &[std::path::PathBuf],
-) -> Result<OfferedTools, String> {
+) -> Result<OfferedTools, pf_host::HostError> {
     // Only the Plugins matter here; no model is started.
-    let assembled = host.assemble(None).map_err(|e| e.to_string())?;
+    let assembled = host.assemble(None)?;
     let harness = assembled.harness;
     let mut offered = OfferedTools {
         registered: harness.ids().map(str::to_string).collect(),

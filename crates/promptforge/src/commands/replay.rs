@@ -32,9 +32,12 @@ impl LoggedRun {
     }
 }
 
-/// Resolve `run` in the run log and read it with its host work; the error
-/// is a usage message.
-pub(crate) fn read_logged_run(run: &str) -> Result<LoggedRun, String> {
+/// Resolve `run` in the run log and read it with its host work.
+pub(crate) fn read_logged_run(run: &str) -> Result<LoggedRun, HostError> {
+    read_logged(run).map_err(HostError::RunLog)
+}
+
+fn read_logged(run: &str) -> Result<LoggedRun, String> {
     let log = pf_host::data::open_run_log()?
         .ok_or_else(|| format!("no logged run matches `{run}`: no run has been logged yet"))?;
     let id = log.resolve(run).map_err(|e| match e {
@@ -61,7 +64,7 @@ pub(crate) fn read_logged_run(run: &str) -> Result<LoggedRun, String> {
 }
 
 pub fn run(args: ReplayArgs) -> Result<ExitCode, HostError> {
-    let logged = read_logged_run(&args.run).map_err(HostError::Usage)?;
+    let logged = read_logged_run(&args.run)?;
     let start = &logged.record.start;
     // An edited prompt (`--prompt`) replays until its first different request.
     let (file, source) = match &args.prompt {

@@ -23,10 +23,9 @@ pub fn run(args: RunArgs) -> Result<ExitCode, HostError> {
     }
     let file = args.file.as_path();
     let source = pf_host::prompt_files::read_prompt(file)?;
-    let resumed = match args.resume.as_deref().map(super::replay::read_logged_run) {
+    let resumed = match args.resume.as_deref() {
+        Some(run) => Some(super::replay::read_logged_run(run)?),
         None => None,
-        Some(Ok(logged)) => Some(logged),
-        Some(Err(m)) => return Err(HostError::Usage(m)),
     };
     // A resume repeats the logged run's seed, start and args unless told otherwise.
     let start_ms = match (&args.seed.start, &resumed) {
