@@ -20,6 +20,7 @@ pub mod runs;
 pub mod show;
 pub mod terminal;
 pub mod test;
+pub mod worker;
 
 use std::process::ExitCode;
 
@@ -44,7 +45,18 @@ pub fn dispatch(command: Command) -> Result<ExitCode, HostError> {
         Command::Reference => reference::run(),
         Command::Mcp(args) => mcp::run(args),
         Command::Replay(args) => replay::run(args),
+        Command::Worker(args) => worker::run(args),
     }
+}
+
+/// The run log `runs`, `show` and `runs prune` read: where runs are logged
+/// (`PROMPTFORGE_RUNLOG_URL`, else the host file's `[runlog] url`, else the
+/// data directory); `None` when nothing was ever logged in the data directory.
+pub(crate) fn open_log(
+    host: &crate::cli::HostArgs,
+) -> Result<Option<pf_runlog::RunLog>, HostError> {
+    let target = pf_host::session::RunSettings::run_log_at(host.path().as_deref())?;
+    pf_host::data::open_run_log(&target).map_err(HostError::Usage)
 }
 
 /// Show the error that stopped a command, once: `error: …` on stderr (control

@@ -11,6 +11,7 @@ use pf_runlog::{RunLogError, RunRecord};
 
 use super::terminal::{execute, TerminalRun};
 use crate::cli::{LogArgs, ReplayArgs};
+use pf_host::data::RunLogTarget;
 use pf_host::replay::{LoggedWork, ReplayMode};
 use pf_host::session::{PlanArgs, RunSettings};
 use pf_host::HostConfig;
@@ -32,13 +33,13 @@ impl LoggedRun {
     }
 }
 
-/// Resolve `run` in the run log and read it with its host work.
-pub(crate) fn read_logged_run(run: &str) -> Result<LoggedRun, HostError> {
-    read_logged(run).map_err(HostError::RunLog)
+/// Resolve `run` in the run log at `target` and read it with its host work.
+pub(crate) fn read_logged_run(target: &RunLogTarget, run: &str) -> Result<LoggedRun, HostError> {
+    read_logged(target, run).map_err(HostError::RunLog)
 }
 
-fn read_logged(run: &str) -> Result<LoggedRun, String> {
-    let log = pf_host::data::open_run_log()?
+fn read_logged(target: &RunLogTarget, run: &str) -> Result<LoggedRun, String> {
+    let log = pf_host::data::open_run_log(target)?
         .ok_or_else(|| format!("no logged run matches `{run}`: no run has been logged yet"))?;
     let id = log.resolve(run).map_err(|e| match e {
         e @ (RunLogError::Unknown { .. } | RunLogError::Ambiguous { .. }) => {
@@ -64,7 +65,10 @@ fn read_logged(run: &str) -> Result<LoggedRun, String> {
 }
 
 pub fn run(args: ReplayArgs) -> Result<ExitCode, HostError> {
-    let logged = read_logged_run(&args.run)?;
+    // The log is read where `runs` and `show` read it (the environment's,
+    // else the host file's `[runlog]`), and the replay is logged there too.
+    let target = RunSettings::run_log_at(args.host.path().as_deref())?;
+    let logged = read_logged_run(&target, &args.run)?;
     let start = &logged.record.start;
     // An edited prompt (`--prompt`) replays until its first different request.
     let (file, source) = match &args.prompt {
@@ -107,8 +111,9 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode, HostError> {
         ReplayMode::Strict
     };
     // The logged model, not --model or the environment's; the host file's OTLP collector.
-    let settings =
+    let mut settings =
         RunSettings::with_model(host_path, std::sync::Arc::new(host_config), current, None)?;
+    settings.run_log = target;
     execute(TerminalRun {
         file,
         source,

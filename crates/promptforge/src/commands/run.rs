@@ -23,8 +23,13 @@ pub fn run(args: RunArgs) -> Result<ExitCode, HostError> {
     }
     let file = args.file.as_path();
     let source = pf_host::prompt_files::read_prompt(file)?;
+    let mut settings = RunSettings::resolve(&SettingsFlags {
+        host: args.host.host.clone(),
+        model: args.model.model.clone(),
+        otlp: args.telemetry.otlp.clone(),
+    })?;
     let resumed = match args.resume.as_deref() {
-        Some(run) => Some(super::replay::read_logged_run(run)?),
+        Some(run) => Some(super::replay::read_logged_run(&settings.run_log, run)?),
         None => None,
     };
     // A resume repeats the logged run's seed, start and args unless told otherwise.
@@ -44,11 +49,6 @@ pub fn run(args: RunArgs) -> Result<ExitCode, HostError> {
             pairs: args.arg.clone(),
         },
     };
-    let mut settings = RunSettings::resolve(&SettingsFlags {
-        host: args.host.host.clone(),
-        model: args.model.model.clone(),
-        otlp: args.telemetry.otlp.clone(),
-    })?;
     if args.no_stream {
         settings.never_stream();
     }

@@ -15,7 +15,7 @@ pub fn run(args: RunsArgs) -> Result<ExitCode, HostError> {
     if let Some(RunsAction::Prune(prune_args)) = args.action {
         return prune(prune_args);
     }
-    let log = pf_host::data::open_run_log().map_err(HostError::Usage)?;
+    let log = super::open_log(&args.host)?;
     let filter = RunFilter {
         limit: Some(args.limit),
         prompt: args.prompt.clone(),
@@ -160,7 +160,7 @@ fn prompt_name(path: &str) -> String {
 /// `runs prune`: delete finished runs (or, with `--dry-run`, say which would
 /// go), then the default store directories of the runs deleted.
 fn prune(args: PruneArgs) -> Result<ExitCode, HostError> {
-    let log = pf_host::data::open_run_log().map_err(HostError::Usage)?;
+    let log = super::open_log(&args.host)?;
     let selection = match (args.older_than, args.keep) {
         (Some(age), _) => {
             let now = std::time::SystemTime::now()

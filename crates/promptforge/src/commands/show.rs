@@ -17,7 +17,7 @@ use pf_trace::logview::{duration_text, printable, short, timeline, when_rfc3339,
 pub use pf_trace::{load, LoggedRun};
 
 pub fn run(args: ShowArgs) -> Result<ExitCode, HostError> {
-    let log = match pf_host::data::open_run_log() {
+    let log = match super::open_log(&args.host) {
         Ok(Some(log)) => log,
         Ok(None) => {
             return Err(HostError::Usage(format!(
@@ -25,7 +25,7 @@ pub fn run(args: ShowArgs) -> Result<ExitCode, HostError> {
                 args.run
             )))
         }
-        Err(m) => return Err(HostError::Usage(m)),
+        Err(e) => return Err(e),
     };
     let logged = match load(&log, &args.run) {
         Ok(run) => run,

@@ -98,6 +98,7 @@ pub(crate) fn execute(run: TerminalRun) -> Result<ExitCode, HostError> {
         replay_of,
         resumed_from,
         batch: None,
+        input_index: None,
         replay,
         cancel: cancel.clone(),
         watchers: progress
