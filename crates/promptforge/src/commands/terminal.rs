@@ -110,10 +110,7 @@ pub(crate) fn execute(run: TerminalRun) -> Result<ExitCode, HostError> {
             .clone()
             .map(|p| Box::new(move || p.finish()) as Box<dyn FnOnce()>),
     });
-    let session = match session {
-        Ok(s) => s,
-        Err(e) => return Err(e),
-    };
+    let session = session?;
     // A default store (no --store) the run leaves empty goes when this returns.
     let _default_store = default_store.then(|| RemoveIfEmpty(session.store_dir().to_path_buf()));
     // A second Ctrl-C exits at once; the log records the run as cancelled first.
@@ -124,10 +121,7 @@ pub(crate) fn execute(run: TerminalRun) -> Result<ExitCode, HostError> {
         cancel,
         Box::new(move || cancelled_report.print(format, &report_file)),
     );
-    let finished = match runtime.block_on(session.run()) {
-        Ok(f) => f,
-        Err(e) => return Err(e),
-    };
+    let finished = runtime.block_on(session.run())?;
     let report = &finished.report;
     if crate::signals::claim_report() {
         if finished.parse_failed {
