@@ -337,7 +337,10 @@ impl Runner {
                     let replies = work.join("replies.json");
                     std::fs::write(&replies, model.replies.to_string())
                         .map_err(|e| e.to_string())?;
-                    host.push("provider = \"script\"".into());
+                    host.push(format!(
+                        "provider = {}",
+                        toml_str(pf_models::ProviderName::Script.word())
+                    ));
                     host.push(format!(
                         "replies = {}",
                         toml_str(&replies.to_string_lossy())
@@ -345,9 +348,10 @@ impl Runner {
                 }
                 (Some(url), provider) => {
                     let name = match provider {
-                        case::ServedProvider::Openai => "openai",
-                        case::ServedProvider::Anthropic => "anthropic",
-                    };
+                        case::ServedProvider::Openai => pf_models::ProviderName::OpenAi,
+                        case::ServedProvider::Anthropic => pf_models::ProviderName::Anthropic,
+                    }
+                    .word();
                     host.push(format!("provider = {}", toml_str(name)));
                     host.push(format!("base_url = {}", toml_str(url)));
                     host.push(format!("api_key_env = {}", toml_str(MODEL_KEY_ENV)));

@@ -855,7 +855,7 @@ async fn models_infer(lua: Lua, args: MultiValue) -> HostResult<String> {
         }
     };
     let target = pick_target(&sec, handle.as_ref())?;
-    let message = ChatMessage::new("user", Json::String(prompt));
+    let message = ChatMessage::new(pf_harness::Role::User, Json::String(prompt));
     let sent = send_round(&sec, &target, vec![message], None, false).await;
     drop(in_flight);
     let (resp, timing) = match sent {

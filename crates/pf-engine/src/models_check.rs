@@ -12,24 +12,7 @@ use crate::memory::{HostCharge, MEMORY_ERROR};
 /// Deeper nesting than this is treated as not JSON-representable (it also stops cycles).
 const MAX_DEPTH: usize = 200;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Role {
-    System,
-    User,
-    Assistant,
-    Tool,
-}
-
-impl Role {
-    fn as_str(self) -> &'static str {
-        match self {
-            Role::System => "system",
-            Role::User => "user",
-            Role::Assistant => "assistant",
-            Role::Tool => "tool",
-        }
-    }
-}
+pub(crate) use pf_harness::Role;
 
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Part {
@@ -432,8 +415,8 @@ impl Keys {
             id: lua.create_string("id")?,
             name: lua.create_string("name")?,
             arguments: lua.create_string("arguments")?,
-            user: lua.create_string("user")?,
-            assistant: lua.create_string("assistant")?,
+            user: lua.create_string(Role::User.as_str())?,
+            assistant: lua.create_string(Role::Assistant.as_str())?,
         })
     }
 }
@@ -564,15 +547,13 @@ fn read_record(
         return Err(format!("messages[{index}] must be a message table"));
     };
     let role = match field(rec, &keys.role) {
-        Value::String(s) => match &*s.to_string_lossy() {
-            "system" => Role::System,
-            "user" => Role::User,
-            "assistant" => Role::Assistant,
-            "tool" => Role::Tool,
-            other => {
+        Value::String(s) => match Role::from_word(&s.to_string_lossy()) {
+            Some(role) => role,
+            None => {
+                let other = s.to_string_lossy();
                 return Err(format!(
                     "messages[{index}] role \"{other}\" is unknown; known roles: system, user, assistant, tool"
-                ))
+                ));
             }
         },
         _ => {
@@ -1059,7 +1040,7 @@ fn wire_call(call: &CallRecord) -> ToolCall {
 
 fn wire_message(r: &Record) -> ChatMessage {
     ChatMessage {
-        role: r.role.as_str().to_string(),
+        role: r.role,
         content: content_json(&r.content),
         tool_calls: r
             .tool_calls

@@ -211,7 +211,7 @@ mod tests {
     use serde_json::json;
 
     fn user(text: &str) -> ChatMessage {
-        ChatMessage::new("user", json!(text))
+        ChatMessage::new(crate::Role::User, json!(text))
     }
 
     #[test]

@@ -245,11 +245,52 @@ pub struct ToolCall {
     pub arguments: String,
 }
 
+/// Who a message is from: the role keywords of guide ch. 11, as the Engine
+/// checks them, the providers translate them and the run log records them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Instructions from the prompt author.
+    System,
+    /// The prompt's (or a person's) turn.
+    User,
+    /// The model's turn, text or tool calls.
+    Assistant,
+    /// A tool's answer to one call.
+    Tool,
+}
+
+impl Role {
+    /// Every role, in the order messages name them.
+    pub const ALL: [Role; 4] = [Role::System, Role::User, Role::Assistant, Role::Tool];
+
+    /// The role's keyword (`system`, `user`, `assistant`, `tool`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+
+    /// The role a keyword names, if any.
+    pub fn from_word(word: &str) -> Option<Role> {
+        Role::ALL.into_iter().find(|role| role.as_str() == word)
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A message sent to the model, in chat-completions shape.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatMessage {
-    /// `system`, `user`, `assistant` or `tool`.
-    pub role: String,
+    /// Who the message is from.
+    pub role: Role,
     /// A string, an array of content parts, or null (assistant with tool calls only).
     pub content: Json,
     /// An assistant message's tool calls, in the order the model made them.
@@ -262,9 +303,9 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     /// A message with `role` and `content` only (no tool calls, no tool-call id).
-    pub fn new(role: impl Into<String>, content: Json) -> ChatMessage {
+    pub fn new(role: Role, content: Json) -> ChatMessage {
         ChatMessage {
-            role: role.into(),
+            role,
             content,
             tool_calls: Vec::new(),
             tool_call_id: None,

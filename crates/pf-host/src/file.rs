@@ -250,7 +250,11 @@ impl<'de> Deserialize<'de> for RunMemoryMib {
 }
 
 /// Read and parse a host file; errors name the file and the problem.
-pub fn read(path: &Path) -> Result<HostFile, String> {
+pub fn read(path: &Path) -> Result<HostFile, crate::HostError> {
+    read_text(path).map_err(crate::HostError::HostFile)
+}
+
+fn read_text(path: &Path) -> Result<HostFile, String> {
     let cannot = |e: String| format!("cannot read host file {}: {e}", path.display());
     let bytes = std::fs::File::open(path)
         .and_then(crate::prompt_files::read_capped)

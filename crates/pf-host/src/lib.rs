@@ -15,6 +15,7 @@
 
 pub mod cache;
 pub mod data;
+pub mod error;
 pub mod file;
 pub mod logged_json;
 pub mod observe;
@@ -27,6 +28,7 @@ pub mod sections;
 pub mod session;
 pub mod usage;
 
+pub use error::{ErrorKind, HostError};
 pub use prompt_files::{read_capped, MAX_INPUT_BYTES};
 
 use std::path::{Path, PathBuf};
@@ -35,7 +37,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value as Json};
 
 use pf_harness::{Harness, HostServices, InputBroker, ModelProvider, Plugin, ThinkingSupport};
-use pf_models::{HttpEndpoint, ProviderKind, ProviderSpec};
+use pf_models::{HttpEndpoint, ProviderKind, ProviderName, ProviderSpec};
 use pf_plugins::{
     FixedAnswersBroker, McpConfig, McpPlugin, McpTransport, SearchBackend, StdinInputBroker,
     WebConfig, WebPlugin,
@@ -132,12 +134,13 @@ impl HostConfig {
     /// The keys the host file names are registered with the process's
     /// scrubbing layer ([`pf_secrets::register`]) as soon as it is read, so
     /// the debug log is scrubbed of them from then on.
-    pub fn load(path: Option<&Path>) -> Result<HostConfig, String> {
+    pub fn load(path: Option<&Path>) -> Result<HostConfig, HostError> {
         let Some(path) = path else {
             return HostConfig::from_file(&HostFile::default(), Path::new("."));
         };
         let base_dir = path.parent().unwrap_or(Path::new("."));
-        let config = HostConfig::from_file(&file::read(path)?, base_dir)?;
+        let file = file::read(path)?;
+        let config = HostConfig::from_file(&file, base_dir)?;
         pf_secrets::register(&config.secrets());
         Ok(config)
     }
@@ -146,12 +149,10 @@ impl HostConfig {
     /// key: each model's `api_key_env`, `[web] search_api_key_env`, each MCP
     /// Plugin's `env`, `[mcp_server] token_env`.
     pub fn key_names(&self) -> Vec<String> {
-        let models = self.catalog.iter().filter_map(|spec| match &spec.kind {
-            ProviderKind::OpenAi(endpoint) | ProviderKind::Anthropic(endpoint) => {
-                endpoint.api_key_env.clone()
-            }
-            ProviderKind::Script { .. } => None,
-        });
+        let models = self
+            .catalog
+            .iter()
+            .filter_map(|spec| spec.kind.api_key_env().map(str::to_string));
         let plugins = self.plugins.iter().flat_map(|(_, c)| c.env.iter().cloned());
         models
             .chain(self.web.search_api_key_env.clone())
@@ -168,7 +169,12 @@ impl HostConfig {
     }
 
     /// Check a parsed host file; relative paths resolve against `base_dir`.
-    pub fn from_file(file: &HostFile, base_dir: &Path) -> Result<HostConfig, String> {
+    /// The error quotes the key and says what it takes.
+    pub fn from_file(file: &HostFile, base_dir: &Path) -> Result<HostConfig, HostError> {
+        HostConfig::checked(file, base_dir).map_err(HostError::HostFile)
+    }
+
+    fn checked(file: &HostFile, base_dir: &Path) -> Result<HostConfig, String> {
         let web = file.web.as_ref();
         let web = WebConfig {
             search: match web.and_then(|w| w.search) {
@@ -307,14 +313,14 @@ impl HostConfig {
     /// in the catalog, else `default_model`, else the only model; `None` for an
     /// empty catalog. An unknown id, or a choice left open among several
     /// models, is an error listing the catalog ids.
-    pub fn current_id(&self, chosen: Option<&str>) -> Result<Option<String>, String> {
+    pub fn current_id(&self, chosen: Option<&str>) -> Result<Option<String>, HostError> {
         if let Some(id) = chosen {
             return match self.spec(id) {
                 Some(spec) => Ok(Some(spec.id.clone())),
-                None => Err(format!(
+                None => Err(HostError::Usage(format!(
                     "unknown model \"{id}\"; {}",
                     catalog_list(&self.catalog)
-                )),
+                ))),
             };
         }
         if let Some(id) = &self.default_model {
@@ -323,11 +329,11 @@ impl HostConfig {
         match self.catalog.as_slice() {
             [] => Ok(None),
             [only] => Ok(Some(only.id.clone())),
-            several => Err(format!(
+            several => Err(HostError::Usage(format!(
                 "the host file's catalog has several models and no default_model: \
                  choose one with --model ID or {MODEL_ENV} ({})",
                 ids(several)
-            )),
+            ))),
         }
     }
 
@@ -343,11 +349,22 @@ impl HostConfig {
         Some(Json::Object(snapshot))
     }
 
+    /// The one list of Plugins this host offers, in registration order: the
+    /// built-in web Plugin, then each `[plugins."id"]` MCP server. Nothing is
+    /// started until a run activates one.
+    pub fn offered_plugins(&self) -> Vec<Arc<dyn Plugin>> {
+        let mut plugins: Vec<Arc<dyn Plugin>> = vec![Arc::new(WebPlugin::new(self.web.clone()))];
+        for (id, config) in &self.plugins {
+            plugins.push(Arc::new(McpPlugin::new(id.clone(), config.clone())));
+        }
+        plugins
+    }
+
     /// Build the Host with `current` (from [`HostConfig::current_id`]) as its
     /// current model: register the Plugins and services and start the model
     /// providers (the other catalog models only with a `ui()` snapshot, the one
     /// way a prompt reaches them). Call it inside the async runtime the run will use.
-    pub fn assemble(&self, current: Option<&str>) -> Result<Host, String> {
+    pub fn assemble(&self, current: Option<&str>) -> Result<Host, HostError> {
         self.assemble_for(current, &HostWork::Direct)
     }
 
@@ -355,7 +372,7 @@ impl HostConfig {
     /// (model rounds, tool calls, operator answers) going through the
     /// decorators `work` names. The one place they are installed, for every
     /// command that runs prompts.
-    pub fn assemble_for(&self, current: Option<&str>, work: &HostWork) -> Result<Host, String> {
+    pub fn assemble_for(&self, current: Option<&str>, work: &HostWork) -> Result<Host, HostError> {
         self.assemble_cached(current, work, None)
     }
 
@@ -368,21 +385,16 @@ impl HostConfig {
         current: Option<&str>,
         work: &HostWork,
         cache: Option<&cache::CacheUse>,
-    ) -> Result<Host, String> {
+    ) -> Result<Host, HostError> {
         let mut harness = Harness::new();
         // Innermost, around each real part: everything from outside is scrubbed
         // before any recorder, replayer or the Engine sees it.
         let secrets = Arc::new(self.secrets());
-        let mut plugins: Vec<Arc<dyn Plugin>> = vec![scrub::ScrubbingPlugin::wrap(
-            Arc::new(WebPlugin::new(self.web.clone())),
-            &secrets,
-        )];
-        for (id, config) in &self.plugins {
-            plugins.push(scrub::ScrubbingPlugin::wrap(
-                Arc::new(McpPlugin::new(id.clone(), config.clone())),
-                &secrets,
-            ));
-        }
+        let mut plugins: Vec<Arc<dyn Plugin>> = self
+            .offered_plugins()
+            .into_iter()
+            .map(|plugin| scrub::ScrubbingPlugin::wrap(plugin, &secrets))
+            .collect();
         if let Some(replayer) = work.replayer() {
             // The logged catalog answers; the real Plugin only goes live. A
             // Plugin the host file no longer has still replays under its id.
@@ -426,7 +438,7 @@ impl HostConfig {
         let totals = Arc::new(usage::UsageTotals::default());
         // provider, then the cache's, then the replay's answers, then metering (replayed usage
         // counts), then recording (the replayed run is logged too).
-        let build = |spec: &ProviderSpec| -> Result<Arc<dyn ModelProvider>, String> {
+        let build = |spec: &ProviderSpec| -> Result<Arc<dyn ModelProvider>, HostError> {
             let provider: Arc<dyn ModelProvider> = if self.answered_from_log {
                 Arc::new(replay::LoggedOnlyModel::new(pf_harness::ModelInfo {
                     id: spec.id.clone(),
@@ -436,8 +448,9 @@ impl HostConfig {
                 }))
             } else {
                 scrub::ScrubbingModel::wrap(
-                    pf_models::build_provider(spec)
-                        .map_err(|e| format!("host file: model \"{}\": {e}", spec.id))?,
+                    pf_models::build_provider(spec).map_err(|e| {
+                        HostError::HostFile(format!("host file: model \"{}\": {e}", spec.id))
+                    })?,
                     &secrets,
                 )
             };
@@ -633,8 +646,16 @@ fn provider_spec(
         Some(id) => format!("[models.{}]", toml_key(id)),
         None => "[model]".to_string(),
     };
-    let provider = table.provider.as_deref().unwrap_or("openai");
-    if matches!(provider, "openai" | "anthropic") && table.replies.is_some() {
+    let provider = match table.provider.as_deref() {
+        None => ProviderName::DEFAULT,
+        Some(word) => ProviderName::from_word(word).ok_or_else(|| {
+            format!(
+                "{name} provider \"{word}\" is not known: use {}",
+                ProviderName::known_words()
+            )
+        })?,
+    };
+    if provider.row().http.is_some() && table.replies.is_some() {
         return Err(format!(
             "{name} `replies` applies only to provider \"script\", not \"{provider}\""
         ));
@@ -666,20 +687,20 @@ fn provider_spec(
             .or(default_key_env.map(str::to_string)),
         receive_timeout,
     };
-    let (kind, model) = match provider {
-        "script" => {
+    let (kind, model) = match provider.row().http {
+        None => {
             if table.base_url.is_some() || table.api_key_env.is_some() {
                 return Err(format!(
-                    "{name} provider \"script\" takes no `base_url` or `api_key_env`"
+                    "{name} provider \"{provider}\" takes no `base_url` or `api_key_env`"
                 ));
             }
             if table.timeout.is_some() {
                 return Err(format!(
-                    "{name} provider \"script\" takes no `timeout` (it never waits on a server)"
+                    "{name} provider \"{provider}\" takes no `timeout` (it never waits on a server)"
                 ));
             }
             let replies = table.replies.as_ref().ok_or_else(|| {
-                format!("{name} provider \"script\" needs `replies`, the scripted replies file")
+                format!("{name} provider \"{provider}\" needs `replies`, the scripted replies file")
             })?;
             let model = table
                 .model
@@ -688,21 +709,11 @@ fn provider_spec(
             let replies = resolve(base_dir, replies);
             (ProviderKind::Script { replies }, model)
         }
-        "openai" => (
-            ProviderKind::OpenAi(endpoint(pf_models::DEFAULT_OPENAI_BASE_URL, None)),
-            needs_model()?,
-        ),
-        "anthropic" => (
-            ProviderKind::Anthropic(endpoint(
-                pf_models::DEFAULT_ANTHROPIC_BASE_URL,
-                Some(pf_models::DEFAULT_ANTHROPIC_KEY_ENV),
-            )),
-            needs_model()?,
-        ),
-        other => {
-            return Err(format!(
-            "{name} provider \"{other}\" is not known: use \"openai\", \"anthropic\" or \"script\""
-        ))
+        Some(defaults) => {
+            let endpoint = endpoint(defaults.base_url, defaults.key_env);
+            let kind = ProviderKind::http(provider, endpoint)
+                .ok_or_else(|| format!("{name} provider \"{provider}\" calls no server"))?;
+            (kind, needs_model()?)
         }
     };
     let spawn = match &table.spawn {
@@ -755,12 +766,12 @@ fn provider_spec(
 /// file's folder, where the server also starts.
 fn spawn_spec(
     name: &str,
-    provider: &str,
+    provider: ProviderName,
     command: &[String],
     table: &ModelTable,
     base_dir: &Path,
 ) -> Result<pf_models::SpawnSpec, String> {
-    if provider != "openai" {
+    if !provider.row().http.is_some_and(|http| http.spawns) {
         return Err(format!(
             "{name} `spawn` needs provider \"openai\" (the spawned server must speak the OpenAI API), not \"{provider}\""
         ));
@@ -809,10 +820,7 @@ fn hide_keys(config: &mut HostConfig) {
     let mut keys: Vec<String> = config
         .catalog
         .iter()
-        .filter_map(|spec| match &spec.kind {
-            ProviderKind::OpenAi(e) | ProviderKind::Anthropic(e) => e.api_key_env.clone(),
-            ProviderKind::Script { .. } => None,
-        })
+        .filter_map(|spec| spec.kind.api_key_env().map(str::to_string))
         .chain(config.web.search_api_key_env.clone())
         .chain(config.mcp_token_env.clone())
         .chain(data::run_log_secret_names(config.runlog_url.as_deref()))
@@ -820,10 +828,7 @@ fn hide_keys(config: &mut HostConfig) {
     keys.sort();
     keys.dedup();
     for spec in &mut config.catalog {
-        let own = match &spec.kind {
-            ProviderKind::OpenAi(e) | ProviderKind::Anthropic(e) => e.api_key_env.clone(),
-            ProviderKind::Script { .. } => None,
-        };
+        let own = spec.kind.api_key_env().map(str::to_string);
         if let Some(spawn) = &mut spec.spawn {
             spawn.hidden_env = keys
                 .iter()
@@ -860,7 +865,7 @@ mod tests {
 
     fn config(toml_text: &str) -> Result<HostConfig, String> {
         let file: HostFile = toml::from_str(toml_text).map_err(|e| e.to_string())?;
-        HostConfig::from_file(&file, Path::new("/base"))
+        HostConfig::from_file(&file, Path::new("/base")).map_err(|e| e.to_string())
     }
 
     fn model(toml_text: &str) -> Result<ProviderSpec, String> {
@@ -1054,10 +1059,16 @@ mod tests {
             Some(("claude-x", 2))
         );
         assert_eq!(c.spec("small").map(|s| s.model.as_str()), Some("small"));
-        assert_eq!(c.current_id(None), Ok(Some("small".into())));
-        assert_eq!(c.current_id(Some("big")), Ok(Some("big".into())));
         assert_eq!(
-            c.current_id(Some("huge")),
+            c.current_id(None).map_err(|e| e.to_string()),
+            Ok(Some("small".into()))
+        );
+        assert_eq!(
+            c.current_id(Some("big")).map_err(|e| e.to_string()),
+            Ok(Some("big".into()))
+        );
+        assert_eq!(
+            c.current_id(Some("huge")).map_err(|e| e.to_string()),
             Err("unknown model \"huge\"; the catalog has: big, small".into())
         );
         assert_eq!(
@@ -1069,10 +1080,13 @@ mod tests {
         let open = config(&CATALOG.replace("default_model = \"small\"\n", "")).expect("no default");
         assert!(open
             .current_id(None)
-            .is_err_and(|e| e.contains("several models")));
+            .is_err_and(|e| e.to_string().contains("several models")));
         let one = config("[model]\nprovider = \"script\"\nreplies = \"r.json\"\nmodel = \"m\"\n")
             .expect("one");
-        assert_eq!(one.current_id(None), Ok(Some("m".into())));
+        assert_eq!(
+            one.current_id(None).map_err(|e| e.to_string()),
+            Ok(Some("m".into()))
+        );
     }
 
     #[test]
@@ -1098,7 +1112,10 @@ mod tests {
     fn no_host_file_means_the_defaults() {
         let defaults = HostConfig::load(None).expect("defaults");
         assert!(defaults.catalog.is_empty());
-        assert_eq!(defaults.current_id(None), Ok(None));
+        assert_eq!(
+            defaults.current_id(None).map_err(|e| e.to_string()),
+            Ok(None)
+        );
         assert_eq!(defaults.ui_snapshot(None), None);
         assert_eq!(defaults.web, WebConfig::default());
         assert!(defaults.plugins.is_empty());

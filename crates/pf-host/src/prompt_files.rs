@@ -23,10 +23,11 @@ pub fn read_capped(reader: impl std::io::Read) -> std::io::Result<Option<Vec<u8>
 /// The largest prompt file read, so `run /dev/zero` cannot grow without bound.
 pub const MAX_PROMPT_BYTES: u64 = MAX_INPUT_BYTES;
 
-/// The prompt file's bytes, or a message naming it.
-pub fn read_prompt(file: &Path) -> Result<Vec<u8>, String> {
+/// The prompt file's bytes, or an error naming it.
+pub fn read_prompt(file: &Path) -> Result<Vec<u8>, crate::HostError> {
     use std::io::Read;
-    let cannot = |e: std::io::Error| format!("cannot read {}: {e}", file.display());
+    let cannot =
+        |e: std::io::Error| crate::HostError::Input(format!("cannot read {}: {e}", file.display()));
     let mut bytes = Vec::new();
     std::fs::File::open(file)
         .map_err(cannot)?
@@ -34,11 +35,11 @@ pub fn read_prompt(file: &Path) -> Result<Vec<u8>, String> {
         .read_to_end(&mut bytes)
         .map_err(cannot)?;
     if bytes.len() as u64 > MAX_PROMPT_BYTES {
-        return Err(format!(
+        return Err(crate::HostError::Input(format!(
             "cannot read {}: the prompt file is larger than {} MiB",
             file.display(),
             MAX_PROMPT_BYTES / (1024 * 1024)
-        ));
+        )));
     }
     Ok(bytes)
 }
@@ -56,7 +57,11 @@ pub fn data_dir() -> Option<PathBuf> {
 /// A fresh, private store directory for a run without `--store`, made like
 /// `mkdtemp`: under `<data dir>/stores`, an unpredictable name, mode 0700, and
 /// never one that already exists (nothing there is reused or followed).
-pub fn private_store_dir(execution: &str) -> Result<PathBuf, String> {
+pub fn private_store_dir(execution: &str) -> Result<PathBuf, crate::HostError> {
+    make_private_store_dir(execution).map_err(crate::HostError::Usage)
+}
+
+fn make_private_store_dir(execution: &str) -> Result<PathBuf, String> {
     use rand::Rng;
     let parent = data_dir()
         .ok_or("no data directory for the default store: set PROMPTFORGE_HOME or pass --store")?

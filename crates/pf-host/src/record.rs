@@ -484,7 +484,7 @@ impl LoggedRequest<'_> {
 
 fn write_message(out: &mut Vec<u8>, message: &ChatMessage) {
     out.extend_from_slice(b"{\"role\":");
-    json::string(out, &message.role);
+    json::string(out, message.role.as_str());
     out.extend_from_slice(b",\"content\":");
     json::value(out, &message.content);
     if !message.tool_calls.is_empty() {
@@ -926,7 +926,10 @@ mod tests {
     use super::*;
 
     fn message(role: &str, content: Json) -> ChatMessage {
-        ChatMessage::new(role, content)
+        ChatMessage::new(
+            pf_harness::Role::from_word(role).expect("a role keyword"),
+            content,
+        )
     }
 
     fn request(messages: Vec<ChatMessage>) -> ChatRequest {

@@ -55,8 +55,8 @@ pub enum ReportOutcome {
 /// Why a run failed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReportError {
-    /// A run error kind or a parse error kind (`Frontmatter`, `Lua`, …).
-    pub kind: String,
+    /// A run error kind, a parse error kind (`Frontmatter`, `Lua`, …) or the Host's own.
+    pub kind: crate::ErrorKind,
     /// `parse` when the prompt did not parse; absent for a run failure.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<ErrorPhase>,
@@ -95,7 +95,7 @@ impl RunReport {
             },
             Outcome::Failed(e) => ReportOutcome::Failed {
                 error: ReportError {
-                    kind: e.kind.as_str().to_string(),
+                    kind: e.kind.into(),
                     phase: None,
                     message: e.message.clone(),
                     line: None,
@@ -131,7 +131,7 @@ impl RunReport {
         RunReport {
             outcome: ReportOutcome::Failed {
                 error: ReportError {
-                    kind: e.kind.as_str().to_string(),
+                    kind: e.kind.into(),
                     phase: Some(ErrorPhase::Parse),
                     message: e.message.clone(),
                     line: e.line,
@@ -153,7 +153,7 @@ impl RunReport {
                 result: result.clone(),
             },
             ReportOutcome::Failed { error } => pf_runlog::Outcome::Failed {
-                kind: error.kind.clone(),
+                kind: error.kind.as_str().to_string(),
                 message: error.message.clone(),
             },
             ReportOutcome::Cancelled => pf_runlog::Outcome::Cancelled,

@@ -46,10 +46,10 @@ use crate::prompt_files::{arg_type_name, collect_output, place_input, private_st
 use crate::record::{Recorder, RunLogSink};
 use crate::replay::{LoggedWork, ReplayMode, Replayer};
 use crate::report::{ReportError, ReportOutcome, ReportUsage, RunReport};
-use crate::{HostConfig, HostWork};
+use crate::{HostConfig, HostError, HostWork};
 
 /// The error kind of a replay stopped by a request the log does not hold.
-pub const REPLAY_ERROR_KIND: &str = "Replay";
+pub const REPLAY_ERROR_KIND: crate::ErrorKind = crate::ErrorKind::Replay;
 
 /// Where the run's settings come from on the command line; the environment
 /// and the host file fill in the rest ([`RunSettings::resolve`]).
@@ -83,9 +83,8 @@ pub struct RunSettings {
 }
 
 impl RunSettings {
-    /// Resolve `flags` against the environment and the host file; the error
-    /// is a usage message.
-    pub fn resolve(flags: &SettingsFlags) -> Result<RunSettings, String> {
+    /// Resolve `flags` against the environment and the host file.
+    pub fn resolve(flags: &SettingsFlags) -> Result<RunSettings, HostError> {
         let host_path = flags.host.clone().or_else(crate::default_host_path);
         let host = HostConfig::load(host_path.as_deref())?;
         RunSettings::with_host(host_path, Arc::new(host), flags)
@@ -97,7 +96,7 @@ impl RunSettings {
         host_path: Option<PathBuf>,
         host: Arc<HostConfig>,
         flags: &SettingsFlags,
-    ) -> Result<RunSettings, String> {
+    ) -> Result<RunSettings, HostError> {
         let model = host.current_id(crate::chosen_model(flags.model.as_deref()).as_deref())?;
         RunSettings::with_model(host_path, host, model, flags.otlp.clone())
     }
@@ -109,10 +108,11 @@ impl RunSettings {
         host: Arc<HostConfig>,
         model: Option<String>,
         otlp: Option<String>,
-    ) -> Result<RunSettings, String> {
+    ) -> Result<RunSettings, HostError> {
         let otlp = otlp.or_else(|| host.otlp.clone());
         if let Some(url) = &otlp {
-            pf_trace::otlp::traces_url(url).map_err(|m| format!("--otlp: {m}"))?;
+            pf_trace::otlp::traces_url(url)
+                .map_err(|m| HostError::Usage(format!("--otlp: {m}")))?;
         }
         let run_log = RunSettings::run_log_of(&host)?;
         Ok(RunSettings {
@@ -130,15 +130,15 @@ impl RunSettings {
     /// one rule every command follows, those that run prompts (through
     /// [`RunSettings::resolve`]) and those that only read the log (`runs`,
     /// `show`, `replay`, through [`RunSettings::run_log_at`]).
-    pub fn run_log_of(host: &HostConfig) -> Result<RunLogTarget, String> {
+    pub fn run_log_of(host: &HostConfig) -> Result<RunLogTarget, HostError> {
         match std::env::var(crate::data::RUNLOG_URL_ENV) {
             Ok(url) if !url.trim().is_empty() => {
                 RunLogTarget::postgres(&url, pf_runlog_postgres::UrlSource::Environment)
-                    .map_err(|e| format!("{}: {e}", crate::data::RUNLOG_URL_ENV))
+                    .map_err(|e| HostError::Usage(format!("{}: {e}", crate::data::RUNLOG_URL_ENV)))
             }
             _ => match &host.runlog_url {
                 Some(url) => RunLogTarget::postgres(url, pf_runlog_postgres::UrlSource::HostFile)
-                    .map_err(|e| format!("host file: [runlog] url: {e}")),
+                    .map_err(|e| HostError::HostFile(format!("host file: [runlog] url: {e}"))),
                 None => Ok(RunLogTarget::DataDir),
             },
         }
@@ -147,7 +147,7 @@ impl RunSettings {
     /// [`RunSettings::run_log_of`] for a command that reads the log only:
     /// the host file at `host_path` (`--host`, else the default place) is
     /// read for its `[runlog]` table.
-    pub fn run_log_at(host_path: Option<&Path>) -> Result<RunLogTarget, String> {
+    pub fn run_log_at(host_path: Option<&Path>) -> Result<RunLogTarget, HostError> {
         if std::env::var(crate::data::RUNLOG_URL_ENV).is_ok_and(|url| !url.trim().is_empty()) {
             return RunSettings::run_log_of(&HostConfig::load(None)?);
         }
@@ -229,11 +229,6 @@ pub struct RunPlan {
     pub after_engine: Option<Box<dyn FnOnce()>>,
 }
 
-/// Why a session gave no report: a usage error (exit 2), logged as a failed
-/// run of kind `Usage` when the log had begun.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UsageError(pub String);
-
 /// A session whose log has begun; [`RunSession::run`] runs it.
 pub struct RunSession {
     plan: RunPlan,
@@ -264,7 +259,10 @@ pub struct Finished {
 impl RunSession {
     /// Fix the run's execution id and store, and begin its log. From here on
     /// every way out ends the log exactly once.
-    pub fn begin(plan: RunPlan) -> Result<RunSession, UsageError> {
+    ///
+    /// The error is a usage error (exit 2); once the log has begun, the run
+    /// is logged as failed with kind `Usage`.
+    pub fn begin(plan: RunPlan) -> Result<RunSession, HostError> {
         let began = Instant::now();
         let (seeded, _) = pf_engine::seeded_names(plan.seed);
         // The run itself keeps the seed's execution id (a replay is byte for
@@ -277,7 +275,7 @@ impl RunSession {
         };
         let store_dir = match plan.store_dir.clone() {
             Some(dir) => dir,
-            None => private_store_dir(&seeded).map_err(UsageError)?,
+            None => private_store_dir(&seeded)?,
         };
         // The argument string is built (stdin read, `--arg` typed) before the
         // log begins, so the log keeps the string the run received and a
@@ -351,7 +349,7 @@ impl RunSession {
     }
 
     /// Run the prompt to its report. A `!Send` future (see the module docs).
-    pub async fn run(self) -> Result<Finished, UsageError> {
+    pub async fn run(self) -> Result<Finished, HostError> {
         let RunSession {
             plan,
             execution,
@@ -391,7 +389,7 @@ impl RunSession {
         };
         let run_args = match run_args {
             Some(Ok(a)) => a,
-            Some(Err(m)) => return Err(log.usage(m)),
+            Some(Err(m)) => return Err(log.usage(HostError::Usage(m))),
             None => String::new(),
         };
         let host = &settings.host;
@@ -403,7 +401,7 @@ impl RunSession {
                 .and_then(|id| host.spec(id))
                 .and_then(|spec| missing_key(spec, settings.host_path.as_deref()))
             {
-                return Err(log.usage(m));
+                return Err(log.usage(HostError::Usage(m)));
             }
         }
         log_host(settings.host_path.as_deref(), host, current, &prompt);
@@ -488,7 +486,7 @@ impl RunSession {
         if let Some(diff) = &stopped {
             report.outcome = ReportOutcome::Failed {
                 error: ReportError {
-                    kind: REPLAY_ERROR_KIND.to_string(),
+                    kind: REPLAY_ERROR_KIND,
                     phase: None,
                     message: diff.clone(),
                     line: None,
@@ -571,24 +569,20 @@ impl SessionLog {
     }
 
     /// A usage error after the run began: logged as failed (`Usage`).
-    fn usage(&self, message: String) -> UsageError {
+    fn usage(&self, error: HostError) -> HostError {
         self.end_with(LoggedOutcome::Failed {
-            kind: "Usage".to_string(),
-            message: message.clone(),
+            kind: crate::ErrorKind::Usage.as_str().to_string(),
+            message: error.to_string(),
         });
         self.settle();
-        UsageError(message)
+        error
     }
 }
 
 /// The complaint about `spec`'s API key variable when it is unset or blank,
 /// naming the model and the host file (never a value).
 fn missing_key(spec: &pf_models::ProviderSpec, host_path: Option<&Path>) -> Option<String> {
-    let variable = match &spec.kind {
-        pf_models::ProviderKind::OpenAi(endpoint)
-        | pf_models::ProviderKind::Anthropic(endpoint) => endpoint.api_key_env.as_deref()?,
-        pf_models::ProviderKind::Script { .. } => return None,
-    };
+    let variable = spec.kind.api_key_env()?;
     let set = std::env::var(variable).is_ok_and(|v| !v.trim().is_empty());
     if set {
         return None;
@@ -800,11 +794,7 @@ fn log_host(path: Option<&Path>, config: &HostConfig, current: Option<&str>, pro
     }
     match current.and_then(|id| config.spec(id)) {
         Some(spec) => {
-            let provider = match &spec.kind {
-                pf_models::ProviderKind::Script { .. } => "script",
-                pf_models::ProviderKind::OpenAi(_) => "openai",
-                pf_models::ProviderKind::Anthropic(_) => "anthropic",
-            };
+            let provider = spec.kind.name();
             tracing::info!(
                 "model: {} (provider {provider}, provider model {}, context {})",
                 spec.id,
@@ -814,8 +804,11 @@ fn log_host(path: Option<&Path>, config: &HostConfig, current: Option<&str>, pro
         }
         None => tracing::info!("model: none configured"),
     }
-    let mut offered = vec!["promptforge/web".to_string()];
-    offered.extend(config.plugins.iter().map(|(id, _)| id.clone()));
+    let offered: Vec<String> = config
+        .offered_plugins()
+        .iter()
+        .map(|plugin| plugin.id().to_string())
+        .collect();
     tracing::info!("Plugins offered: {}", offered.join(", "));
     let declared: Vec<String> = prompt
         .frontmatter

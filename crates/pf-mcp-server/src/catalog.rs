@@ -139,7 +139,7 @@ pub fn scan(paths: &[PathBuf]) -> Catalog {
         let source = match pf_host::prompt_files::read_prompt(&file) {
             Ok(s) => s,
             Err(e) => {
-                problems.push(e);
+                problems.push(e.to_string());
                 continue;
             }
         };

@@ -13,7 +13,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::catalog::PromptTool;
 use pf_host::report::{ReportOutcome, RunReport};
-use pf_host::session::{PlanArgs, RunPlan, RunSession, RunSettings, SettingsFlags, UsageError};
+use pf_host::session::{PlanArgs, RunPlan, RunSession, RunSettings, SettingsFlags};
 use pf_host::HostConfig;
 
 /// How many runs go at once, and how many calls may wait for a slot.
@@ -161,7 +161,7 @@ fn run_on_this_thread(tool: &PromptTool, args: String, setup: CallSetup) -> RunR
     // `[telemetry] otlp` exports every call's run, as `promptforge run` does.
     let settings = match RunSettings::with_host(None, setup.host, &SettingsFlags::default()) {
         Ok(settings) => settings,
-        Err(m) => return host_failure(m),
+        Err(e) => return host_failure(e.to_string()),
     };
     // Every call is a run of its own in the run log, like `promptforge run`.
     let session = RunSession::begin(RunPlan {
@@ -198,7 +198,7 @@ fn run_on_this_thread(tool: &PromptTool, args: String, setup: CallSetup) -> RunR
             runtime.block_on(finished.export());
             finished.report
         }
-        Err(UsageError(m)) => host_failure(m),
+        Err(e) => host_failure(e.to_string()),
     }
 }
 
@@ -208,7 +208,7 @@ pub fn host_failure(message: String) -> RunReport {
     RunReport {
         outcome: ReportOutcome::Failed {
             error: pf_host::report::ReportError {
-                kind: "Host".to_string(),
+                kind: pf_host::ErrorKind::Host,
                 phase: None,
                 message,
                 line: None,

@@ -22,8 +22,8 @@
 use std::collections::BTreeMap;
 
 use pf_harness::{
-    ChatMessage, ChatRequest, ChatResponse, ModelInfo, OnText, ProviderError, ThinkingSupport,
-    ToolCall,
+    ChatMessage, ChatRequest, ChatResponse, ModelInfo, OnText, ProviderError, Role,
+    ThinkingSupport, ToolCall,
 };
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{json, Map, Value as Json};
@@ -333,17 +333,17 @@ fn convert_messages(messages: &[ChatMessage]) -> Result<(String, Vec<Json>), Pro
     let mut system: Vec<String> = Vec::new();
     let mut turns: Vec<(&'static str, Vec<Json>)> = Vec::new();
     for message in messages {
-        let (role, blocks) = match message.role.as_str() {
-            "system" | "developer" => {
+        let (role, blocks) = match message.role {
+            Role::System => {
                 let text = wire::content_text(&message.content);
                 if !text.is_empty() {
                     system.push(text);
                 }
                 continue;
             }
-            "user" => ("user", user_blocks(&message.content)?),
-            "assistant" => ("assistant", assistant_blocks(message)),
-            "tool" => {
+            Role::User => ("user", user_blocks(&message.content)?),
+            Role::Assistant => ("assistant", assistant_blocks(message)),
+            Role::Tool => {
                 let id = message.tool_call_id.as_deref().ok_or_else(|| {
                     ProviderError::Failed(
                         "a tool message has no tool_call_id to answer".to_string(),
@@ -355,11 +355,6 @@ fn convert_messages(messages: &[ChatMessage]) -> Result<(String, Vec<Json>), Pro
                     "content": wire::content_text(&message.content),
                 });
                 ("user", vec![result])
-            }
-            other => {
-                return Err(ProviderError::Failed(format!(
-                    "message role `{other}` has no place in the Anthropic Messages API"
-                )))
             }
         };
         if blocks.is_empty() {

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use pf_harness::{
     CancellationToken, ChatMessage, ChatRequest, ChatResponse, History, ModelInfo, ModelProvider,
-    OnText, ProviderError, ToolCall, ToolDecl, WorkId,
+    OnText, ProviderError, Role, ToolCall, ToolDecl, WorkId,
 };
 use serde_json::{Map, Value as Json};
 
@@ -137,14 +137,14 @@ pub fn rewrite_request(mut request: ChatRequest) -> ChatRequest {
     let mut messages: Vec<ChatMessage> = Vec::with_capacity(request.messages.len() + 1);
     let mut names: Vec<(String, String)> = Vec::new();
     for message in request.messages.iter() {
-        messages.push(match message.role.as_str() {
-            "assistant" if !message.tool_calls.is_empty() => {
+        messages.push(match message.role {
+            Role::Assistant if !message.tool_calls.is_empty() => {
                 for call in &message.tool_calls {
                     names.push((call.id.clone(), call.name.clone()));
                 }
-                ChatMessage::new("assistant", Json::String(calls_text(message)))
+                ChatMessage::new(Role::Assistant, Json::String(calls_text(message)))
             }
-            "tool" => {
+            Role::Tool => {
                 // No call id here: small models copy what they see, and an
                 // id in the text comes back as a tool name.
                 let id = message.tool_call_id.clone().unwrap_or_default();
@@ -153,7 +153,7 @@ pub fn rewrite_request(mut request: ChatRequest) -> ChatRequest {
                     .find(|(known, _)| *known == id)
                     .map_or("The tool", |(_, name)| name.as_str());
                 ChatMessage::new(
-                    "user",
+                    Role::User,
                     Json::String(format!(
                         "{name} returned:\n{}",
                         content_text(&message.content)
@@ -166,7 +166,7 @@ pub fn rewrite_request(mut request: ChatRequest) -> ChatRequest {
     if !tools.is_empty() {
         let guide = tools_prompt(&tools);
         match messages.first_mut() {
-            Some(first) if first.role == "system" => {
+            Some(first) if first.role == Role::System => {
                 let own = content_text(&first.content);
                 first.content = Json::String(if own.is_empty() {
                     guide
@@ -174,7 +174,7 @@ pub fn rewrite_request(mut request: ChatRequest) -> ChatRequest {
                     format!("{own}\n\n{guide}")
                 });
             }
-            _ => messages.insert(0, ChatMessage::new("system", Json::String(guide))),
+            _ => messages.insert(0, ChatMessage::new(Role::System, Json::String(guide))),
         }
     }
     request.messages = History::from(messages);
@@ -432,18 +432,18 @@ mod tests {
             description: "Adds.".into(),
             parameters: Arc::new(json!({"type": "object"})),
         };
-        let mut call_message = ChatMessage::new("assistant", Json::Null);
+        let mut call_message = ChatMessage::new(pf_harness::Role::Assistant, Json::Null);
         call_message.tool_calls = vec![ToolCall {
             id: "call_1".into(),
             name: "add".into(),
             arguments: r#"{"a":1}"#.into(),
         }];
-        let mut result = ChatMessage::new("tool", json!("2"));
+        let mut result = ChatMessage::new(pf_harness::Role::Tool, json!("2"));
         result.tool_call_id = Some("call_1".into());
         let request = ChatRequest {
             messages: History::from(vec![
-                ChatMessage::new("system", json!("Be brief.")),
-                ChatMessage::new("user", json!("1+1?")),
+                ChatMessage::new(pf_harness::Role::System, json!("Be brief.")),
+                ChatMessage::new(pf_harness::Role::User, json!("1+1?")),
                 call_message,
                 result,
             ]),
@@ -460,13 +460,13 @@ mod tests {
         assert_eq!(
             sent.messages[2],
             ChatMessage::new(
-                "assistant",
+                Role::Assistant,
                 json!(r#"{"name": "add", "arguments": {"a":1}}"#)
             )
         );
         assert_eq!(
             sent.messages[3],
-            ChatMessage::new("user", json!("add returned:\n2"))
+            ChatMessage::new(pf_harness::Role::User, json!("add returned:\n2"))
         );
     }
 }

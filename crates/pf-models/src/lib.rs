@@ -38,6 +38,7 @@ mod metrics;
 mod openai;
 mod provider;
 mod record;
+mod registry;
 mod script;
 mod spawn;
 mod sse;
@@ -59,6 +60,7 @@ pub use limits::{Admission, ModelGate, ModelLimits};
 pub use openai::{ChatCompletions, OpenAiProvider};
 pub use provider::{scrub_reply, HttpProvider, StreamStep, WireFormat};
 pub use record::{RecordFile, RecordingProvider};
+pub use registry::{HttpDefaults, ProviderName, ProviderRow, PROVIDERS};
 pub use script::{ScriptProvider, ScriptedReply, ScriptedToolCall, ScriptedUsage};
 pub use spawn::{
     kill_spawned_servers, stop_spawned_servers, SpawnSpec, SpawnedProvider, DEFAULT_SPAWN_BASE_URL,

@@ -269,7 +269,10 @@ impl Serialize for WireCalls<'_> {
 #[cfg(test)]
 pub(crate) fn message_json(message: &ChatMessage) -> Json {
     let mut object = Map::new();
-    object.insert("role".into(), Json::String(message.role.clone()));
+    object.insert(
+        "role".into(),
+        Json::String(message.role.as_str().to_string()),
+    );
     object.insert("content".into(), message.content.clone());
     if !message.tool_calls.is_empty() {
         let calls = message.tool_calls.iter().map(tool_call_json).collect();
@@ -419,7 +422,10 @@ mod tests {
     use pf_harness::{ModelInfo, ThinkingSupport};
 
     fn message(role: &str, content: Json) -> ChatMessage {
-        ChatMessage::new(role, content)
+        ChatMessage::new(
+            pf_harness::Role::from_word(role).expect("a role keyword"),
+            content,
+        )
     }
 
     /// Requests covering every field the body carries, and text that needs escaping.

@@ -45,7 +45,7 @@ fn provider_with(
 
 fn message(role: &str, content: Json) -> ChatMessage {
     ChatMessage {
-        role: role.to_string(),
+        role: pf_harness::Role::from_word(role).expect("a role keyword"),
         content,
         tool_calls: Vec::new(),
         tool_call_id: None,
@@ -112,7 +112,7 @@ async fn sends_every_field_and_reads_the_reply() {
                 ]),
             ),
             ChatMessage {
-                role: "assistant".into(),
+                role: pf_harness::Role::Assistant,
                 content: Json::Null,
                 tool_calls: vec![ToolCall {
                     id: "call_1".into(),
@@ -122,7 +122,7 @@ async fn sends_every_field_and_reads_the_reply() {
                 tool_call_id: None,
             },
             ChatMessage {
-                role: "tool".into(),
+                role: pf_harness::Role::Tool,
                 content: json!("page text"),
                 tool_calls: Vec::new(),
                 tool_call_id: Some("call_1".into()),

@@ -23,7 +23,7 @@ fn info() -> ModelInfo {
 }
 
 fn user(text: &str) -> ChatMessage {
-    ChatMessage::new("user", json!(text))
+    ChatMessage::new(pf_harness::Role::User, json!(text))
 }
 
 #[tokio::test]
@@ -40,7 +40,7 @@ async fn each_request_is_one_exact_line() {
     let first = ChatRequest {
         messages: vec![
             ChatMessage {
-                role: "system".into(),
+                role: pf_harness::Role::System,
                 content: json!("sys"),
                 tool_calls: Vec::new(),
                 tool_call_id: None,
@@ -70,13 +70,13 @@ async fn each_request_is_one_exact_line() {
         messages: vec![
             user("go"),
             ChatMessage {
-                role: "assistant".into(),
+                role: pf_harness::Role::Assistant,
                 content: serde_json::Value::Null,
                 tool_calls: reply.tool_calls.clone(),
                 tool_call_id: None,
             },
             ChatMessage {
-                role: "tool".into(),
+                role: pf_harness::Role::Tool,
                 content: json!("page"),
                 tool_calls: Vec::new(),
                 tool_call_id: Some(reply.tool_calls[0].id.clone()),
@@ -204,7 +204,7 @@ fn the_record_line_matches_what_is_appended() {
     let provider = RecordingProvider::new(Arc::new(script), "unused.jsonl");
     let request = ChatRequest {
         messages: vec![ChatMessage {
-            role: "assistant".into(),
+            role: pf_harness::Role::Assistant,
             content: json!("calling"),
             tool_calls: vec![ToolCall {
                 id: "call_7".into(),

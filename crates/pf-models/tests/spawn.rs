@@ -60,7 +60,7 @@ async fn providers_of_one_model_share_one_server_until_it_is_stopped() {
         limits: Default::default(),
     };
     let request = ChatRequest {
-        messages: History::from(vec![ChatMessage::new("user", "hi".into())]),
+        messages: History::from(vec![ChatMessage::new(pf_harness::Role::User, "hi".into())]),
         ..Default::default()
     };
     let mut replies = Vec::new();

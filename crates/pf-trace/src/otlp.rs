@@ -58,11 +58,7 @@ pub struct RunInfo {
 
 /// The `gen_ai.provider.name` of a configured model.
 pub fn provider_name(kind: &pf_models::ProviderKind) -> &'static str {
-    match kind {
-        pf_models::ProviderKind::OpenAi(_) => "openai",
-        pf_models::ProviderKind::Anthropic(_) => "anthropic",
-        pf_models::ProviderKind::Script { .. } => "promptforge.script",
-    }
+    kind.name().otlp_name()
 }
 
 /// The traces endpoint for a collector's base URL: `URL/v1/traces`, or URL

@@ -16,10 +16,7 @@ pub mod watch;
 
 pub use pf_host::{read_capped, MAX_INPUT_BYTES};
 
-/// The run failed, or `check` found a problem.
-pub const EXIT_FAILED: u8 = 1;
-/// The command line, the host file or the environment was unusable.
-pub const EXIT_USAGE: u8 = 2;
+pub use pf_host::error::{EXIT_FAILED, EXIT_USAGE};
 /// The run was cancelled (as a shell reports SIGINT).
 pub const EXIT_CANCELLED: u8 = 130;
 

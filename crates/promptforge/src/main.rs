@@ -22,7 +22,8 @@ fn main() -> ExitCode {
             } else {
                 promptforge::init_logging();
             }
-            let code = promptforge::commands::dispatch(cli.command);
+            let code = promptforge::commands::dispatch(cli.command)
+                .unwrap_or_else(|e| promptforge::commands::render_error(&e));
             // Model servers the catalog spawned end with the process, on every
             // way out of a command (the forced exit of a second signal kills them).
             pf_models::stop_spawned_servers();
@@ -41,10 +42,9 @@ fn main() -> ExitCode {
                     .find(|l| l.starts_with("error:"))
                     .map(|l| l.trim_start_matches("error:").trim().to_string())
                     .unwrap_or(message);
-                promptforge::ui::print_stdout(&format!(
-                    "{}\n",
-                    promptforge::ui::usage_error_json(&first)
-                ));
+                if let Some(object) = pf_host::HostError::Usage(first).json_object() {
+                    promptforge::ui::print_stdout(&format!("{object}\n"));
+                }
             } else {
                 let _ = e.print();
             }

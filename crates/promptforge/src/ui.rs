@@ -52,15 +52,6 @@ fn resolve(choice: ColorChoice, is_terminal: bool) -> bool {
     }
 }
 
-/// The usage-error object `--json` prints: `{"outcome":"failed","error":{"kind":"Usage","message":…}}`.
-pub fn usage_error_json(message: &str) -> String {
-    serde_json::json!({
-        "outcome": "failed",
-        "error": {"kind": "Usage", "message": message},
-    })
-    .to_string()
-}
-
 /// A `warning:` line on stderr. Warnings may carry a server's or a file's
 /// words, so control characters are shown escaped, as in error text.
 pub fn warn(message: &str) {
@@ -89,14 +80,11 @@ pub fn print_stdout(text: &str) {
 
 /// The exit status after writing a command's output: a closed stdout
 /// (`| head -1`) ends the command quietly with 0, as nobody reads the rest.
-pub fn written(result: std::io::Result<()>) -> std::process::ExitCode {
+pub fn written(result: std::io::Result<()>) -> Result<std::process::ExitCode, pf_host::HostError> {
     match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: cannot write the output: {e}");
-            std::process::ExitCode::from(crate::EXIT_FAILED)
-        }
+        Ok(()) => Ok(std::process::ExitCode::SUCCESS),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(std::process::ExitCode::SUCCESS),
+        Err(e) => Err(pf_host::HostError::Output(e)),
     }
 }
 
@@ -109,13 +97,5 @@ mod tests {
         assert!(!resolve(ColorChoice::Never, true));
         assert!(resolve(ColorChoice::Always, false));
         assert!(!resolve(ColorChoice::Auto, false));
-    }
-
-    #[test]
-    fn the_usage_object_has_the_report_shape() {
-        assert_eq!(
-            usage_error_json("bad \"flag\""),
-            r#"{"outcome":"failed","error":{"kind":"Usage","message":"bad \"flag\""}}"#
-        );
     }
 }

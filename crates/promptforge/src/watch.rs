@@ -16,6 +16,8 @@ use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+use pf_host::HostError;
 use std::time::Duration;
 
 use notify::{EventKind, RecursiveMode, Watcher};
@@ -173,29 +175,27 @@ fn child_args() -> Vec<OsString> {
 /// progress then stops as it would without `--watch` (the terminal's Ctrl-C
 /// reaches it too; a signal sent to the watch alone is passed on by ending
 /// the run after [`STOP_GRACE`]).
-pub fn rerun_on_change(inputs: impl Fn() -> Watched) -> ExitCode {
+pub fn rerun_on_change(inputs: impl Fn() -> Watched) -> Result<ExitCode, HostError> {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the watch: {e}");
-            return ExitCode::from(crate::EXIT_FAILED);
+            return Err(HostError::Failed(format!("cannot start the watch: {e}")));
         }
     };
     runtime.block_on(watch_loop(inputs))
 }
 
-async fn watch_loop(inputs: impl Fn() -> Watched) -> ExitCode {
+async fn watch_loop(inputs: impl Fn() -> Watched) -> Result<ExitCode, HostError> {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut int), Ok(mut term), Ok(mut hup)) = (
         signal(SignalKind::interrupt()),
         signal(SignalKind::terminate()),
         signal(SignalKind::hangup()),
     ) else {
-        eprintln!("error: cannot watch for Ctrl-C");
-        return ExitCode::from(crate::EXIT_FAILED);
+        return Err(HostError::Failed("cannot watch for Ctrl-C".to_string()));
     };
     let (tx, mut changes) = tokio::sync::mpsc::unbounded_channel::<Vec<PathBuf>>();
     let mut watcher =
@@ -212,15 +212,15 @@ async fn watch_loop(inputs: impl Fn() -> Watched) -> ExitCode {
         }) {
             Ok(w) => w,
             Err(e) => {
-                eprintln!("error: cannot watch files: {e}");
-                return ExitCode::from(crate::EXIT_FAILED);
+                return Err(HostError::Failed(format!("cannot watch files: {e}")));
             }
         };
     let exe = match std::env::current_exe() {
         Ok(exe) => exe,
         Err(e) => {
-            eprintln!("error: cannot find this program to run it again: {e}");
-            return ExitCode::from(crate::EXIT_FAILED);
+            return Err(HostError::Failed(format!(
+                "cannot find this program to run it again: {e}"
+            )));
         }
     };
     let args = child_args();
@@ -237,15 +237,17 @@ async fn watch_loop(inputs: impl Fn() -> Watched) -> ExitCode {
         let mut child = match tokio::process::Command::new(&exe).args(&args).spawn() {
             Ok(child) => child,
             Err(e) => {
-                eprintln!("error: cannot start {}: {e}", exe.display());
-                return ExitCode::from(crate::EXIT_FAILED);
+                return Err(HostError::Failed(format!(
+                    "cannot start {}: {e}",
+                    exe.display()
+                )));
             }
         };
         let status = tokio::select! {
             status = child.wait() => status.ok().and_then(|s| s.code()),
-            _ = int.recv() => return stop(child).await,
-            _ = term.recv() => return stop(child).await,
-            _ = hup.recv() => return stop(child).await,
+            _ = int.recv() => return Ok(stop(child).await),
+            _ = term.recv() => return Ok(stop(child).await),
+            _ = hup.recv() => return Ok(stop(child).await),
         };
         wanted = inputs();
         rewatch(&mut watcher, &mut watching, &wanted);
@@ -267,11 +269,11 @@ async fn watch_loop(inputs: impl Fn() -> Watched) -> ExitCode {
             tokio::select! {
                 paths = changes.recv() => match paths {
                     Some(paths) => changed = paths.iter().any(|p| wanted.wants(p)),
-                    None => return ExitCode::from(crate::EXIT_FAILED),
+                    None => return Ok(ExitCode::from(crate::EXIT_FAILED)),
                 },
-                _ = int.recv() => return ExitCode::from(crate::EXIT_CANCELLED),
-                _ = term.recv() => return ExitCode::from(crate::EXIT_CANCELLED),
-                _ = hup.recv() => return ExitCode::from(crate::EXIT_CANCELLED),
+                _ = int.recv() => return Ok(ExitCode::from(crate::EXIT_CANCELLED)),
+                _ = term.recv() => return Ok(ExitCode::from(crate::EXIT_CANCELLED)),
+                _ = hup.recv() => return Ok(ExitCode::from(crate::EXIT_CANCELLED)),
             }
         }
         tokio::time::sleep(SETTLE).await;

@@ -350,7 +350,7 @@ pub fn impatient_http() -> pf_models::HttpSettings {
 pub fn hello() -> pf_harness::ChatRequest {
     pf_harness::ChatRequest {
         messages: vec![pf_harness::ChatMessage {
-            role: "user".into(),
+            role: pf_harness::Role::User,
             content: serde_json::json!("hello"),
             tool_calls: Vec::new(),
             tool_call_id: None,

@@ -7,6 +7,8 @@
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+use pf_host::HostError;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -26,19 +28,16 @@ use crate::cli::{BatchArgs, BatchFormat};
 /// The most of a declared output file's text a line carries.
 const OUTPUT_TEXT_CAP: u64 = 1024 * 1024;
 
-pub fn run(args: BatchArgs) -> ExitCode {
-    let source = match pf_host::prompt_files::read_prompt(&args.prompt) {
-        Ok(s) => s,
-        Err(m) => return super::usage(&m),
-    };
+pub fn run(args: BatchArgs) -> Result<ExitCode, HostError> {
+    let source = pf_host::prompt_files::read_prompt(&args.prompt)?;
     let prompt = match pf_host::session::parse_prompt(&source) {
         Ok(p) => Arc::new(p),
         Err(e) => {
-            return super::usage(&format!(
+            return Err(HostError::Usage(format!(
                 "{}: the prompt does not parse: {}",
                 args.prompt.display(),
                 e.message
-            ))
+            )))
         }
     };
     let settings = match &args.queue {
@@ -49,26 +48,22 @@ pub fn run(args: BatchArgs) -> ExitCode {
             model: args.model.model.clone(),
             otlp: None,
         }),
-    };
-    let settings = match settings {
-        Ok(s) => s,
-        Err(m) => return super::usage(&m),
-    };
+    }?;
     let inputs = match Inputs::open(
         InputSource::from_arg(&args.inputs),
         prompt.frontmatter.args.as_deref(),
     ) {
         Ok(inputs) => inputs,
-        Err(e) => return super::usage(&e.to_string()),
+        Err(e) => return Err(HostError::Usage(e.to_string())),
     };
     if inputs.bad_count > 0 {
         eprint!("{}", pf_host::report::terminal_safe(&inputs.bad_report()));
         if !args.skip_bad {
-            return super::usage(&format!(
+            return Err(HostError::Usage(format!(
                 "{}: {} bad input lines; fix them, or pass --skip-bad to run the rest",
                 inputs.source_name(),
                 inputs.bad_count
-            ));
+            )));
         }
     }
     let format = match args.format {
@@ -77,7 +72,7 @@ pub fn run(args: BatchArgs) -> ExitCode {
     };
     let (writer, previous) = match OutputWriter::open(&args.output, format, args.resume) {
         Ok(opened) => opened,
-        Err(e) => return super::usage(&e.to_string()),
+        Err(e) => return Err(HostError::Usage(e.to_string())),
     };
     if previous.torn_bytes > 0 {
         eprintln!(
@@ -115,7 +110,11 @@ pub fn run(args: BatchArgs) -> ExitCode {
         .build()
     {
         Ok(r) => r,
-        Err(e) => return super::usage(&format!("cannot start the async runtime: {e}")),
+        Err(e) => {
+            return Err(HostError::Usage(format!(
+                "cannot start the async runtime: {e}"
+            )))
+        }
     };
     // A signal cancels the batch; `--fail-fast`'s first failure cancels
     // only the runs (the child token), so the two end with different statuses.
@@ -152,7 +151,7 @@ pub fn run(args: BatchArgs) -> ExitCode {
     };
     let records = match inputs.records() {
         Ok(records) => records,
-        Err(e) => return super::usage(&e.to_string()),
+        Err(e) => return Err(HostError::Usage(e.to_string())),
     };
     let mut writer = writer;
     let on_line = |line: &OutputLine| {
@@ -201,26 +200,23 @@ pub fn run(args: BatchArgs) -> ExitCode {
     context.runner.settle();
     let summary = match driven {
         Ok(summary) => summary,
-        Err(e) => {
-            eprintln!("error: {}", pf_host::report::terminal_safe(&e.to_string()));
-            return ExitCode::from(crate::EXIT_FAILED);
-        }
+        Err(e) => return Err(HostError::Failed(e.to_string())),
     };
     if crate::signals::claim_report() {
         eprintln!("{} ({batch_id})", summary.line());
     }
     if signalled.is_cancelled() {
-        return ExitCode::from(crate::EXIT_CANCELLED);
+        return Ok(ExitCode::from(crate::EXIT_CANCELLED));
     }
-    if summary.all_completed() {
+    Ok(if summary.all_completed() {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(crate::EXIT_FAILED)
-    }
+    })
 }
 
 /// `batch --queue`'s settings: only the model id, checked by each worker.
-fn queue_settings(args: &BatchArgs) -> Result<RunSettings, String> {
+fn queue_settings(args: &BatchArgs) -> Result<RunSettings, HostError> {
     let host_path = args.host.host.clone().or_else(pf_host::default_host_path);
     let host = pf_host::HostConfig::load(host_path.as_deref())?;
     let model = pf_host::chosen_model(args.model.model.as_deref());
@@ -423,14 +419,14 @@ impl InputRunner {
         };
         let session = match RunSession::begin(plan) {
             Ok(s) => s,
-            Err(e) => return failed("Usage", e.0),
+            Err(e) => return failed(pf_host::ErrorKind::Usage.as_str(), e.to_string()),
         };
         let ticket = self.live.add(Box::new(session.forced_exit_hook()));
         let finished = session.run().await;
         self.live.remove(ticket);
         let finished = match finished {
             Ok(f) => f,
-            Err(e) => return failed("Usage", e.0),
+            Err(e) => return failed(pf_host::ErrorKind::Usage.as_str(), e.to_string()),
         };
         let line = line_for(
             &input.batch_id,
@@ -475,7 +471,7 @@ fn line_for(
             RunOutcome::Failed,
             None,
             Some(RunError {
-                kind: error.kind.clone(),
+                kind: error.kind.as_str().to_string(),
                 message: error.message.clone(),
             }),
         ),

@@ -8,19 +8,19 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use pf_host::HostError;
+
 use pf_syntax::Severity;
 
 use super::prepare_checks::{self, Problem};
 use crate::cli::{CheckArgs, CheckFormat, OutputFormat};
 use pf_host::HostConfig;
 
-pub fn run(args: CheckArgs) -> ExitCode {
+pub fn run(args: CheckArgs) -> Result<ExitCode, HostError> {
     let mut files = Vec::new();
     for path in &args.paths {
         let before = files.len();
-        if let Err(m) = collect(path, &mut files) {
-            return super::usage(&m);
-        }
+        collect(path, &mut files)?;
         if files.len() == before {
             // A folder with no prompt in it: say so, rather than pass in silence.
             eprintln!(
@@ -30,39 +30,30 @@ pub fn run(args: CheckArgs) -> ExitCode {
         }
     }
     let host = match &args.host {
-        Some(path) => match HostConfig::load(Some(path)) {
-            Ok(config) => Some(config),
-            Err(m) => return super::usage(&m),
-        },
+        Some(path) => Some(HostConfig::load(Some(path))?),
         None => None,
     };
     // A model whose server the Host would start needs that server's command.
     for spec in host.iter().flat_map(|h| &h.catalog) {
         if let Some(Err(why)) = spec.spawn.as_ref().map(pf_models::SpawnSpec::find_program) {
-            return super::usage(&format!("host file: model \"{}\": `spawn`: {why}", spec.id));
+            return Err(HostError::HostFile(format!(
+                "host file: model \"{}\": `spawn`: {why}",
+                spec.id
+            )));
         }
     }
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-    {
-        Ok(r) => r,
-        Err(e) => return super::usage(&format!("cannot start the async runtime: {e}")),
-    };
+        .map_err(|e| HostError::Usage(format!("cannot start the async runtime: {e}")))?;
     // The host's Plugins are activated once and their tools listed for every file.
     let offered = match &host {
-        Some(config) => match runtime.block_on(prepare_checks::offered_tools(config, &files)) {
-            Ok(offered) => Some(offered),
-            Err(m) => return super::usage(&m),
-        },
+        Some(config) => Some(runtime.block_on(prepare_checks::offered_tools(config, &files))?),
         None => None,
     };
     let mut reports = Vec::new();
     for file in &files {
-        let source = match pf_host::prompt_files::read_prompt(file) {
-            Ok(s) => s,
-            Err(m) => return super::usage(&m),
-        };
+        let source = pf_host::prompt_files::read_prompt(file)?;
         let problems = check_source(&source, host.as_ref(), offered.as_ref());
         reports.push(FileReport {
             file: file.clone(),
@@ -96,11 +87,11 @@ pub fn run(args: CheckArgs) -> ExitCode {
             );
         }
     }
-    if errors > 0 {
+    Ok(if errors > 0 {
         ExitCode::from(crate::EXIT_FAILED)
     } else {
         ExitCode::SUCCESS
-    }
+    })
 }
 
 fn plural(n: usize) -> &'static str {
@@ -135,15 +126,15 @@ pub fn check_source(
 }
 
 /// The files one PATH names: itself, or the prompt-like `*.md` files under it.
-fn collect(path: &Path, files: &mut Vec<PathBuf>) -> Result<(), String> {
-    let meta =
-        std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+fn collect(path: &Path, files: &mut Vec<PathBuf>) -> Result<(), HostError> {
+    let meta = std::fs::metadata(path)
+        .map_err(|e| HostError::Input(format!("cannot read {}: {e}", path.display())))?;
     if !meta.is_dir() {
         files.push(path.to_path_buf());
         return Ok(());
     }
     let mut entries: Vec<PathBuf> = std::fs::read_dir(path)
-        .map_err(|e| format!("cannot read folder {}: {e}", path.display()))?
+        .map_err(|e| HostError::Input(format!("cannot read folder {}: {e}", path.display())))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .collect();
     entries.sort();

@@ -3,11 +3,13 @@
 
 use std::process::ExitCode;
 
+use pf_host::HostError;
+
 use clap::CommandFactory;
 
 use crate::cli::{Cli, CompletionShell, CompletionsArgs};
 
-pub fn run(args: CompletionsArgs) -> ExitCode {
+pub fn run(args: CompletionsArgs) -> Result<ExitCode, HostError> {
     let shell = match args.shell {
         CompletionShell::Bash => clap_complete::Shell::Bash,
         CompletionShell::Zsh => clap_complete::Shell::Zsh,
@@ -19,18 +21,18 @@ pub fn run(args: CompletionsArgs) -> ExitCode {
     clap_complete::generate(shell, &mut command, "promptforge", &mut script);
     use std::io::Write;
     let _ = std::io::stdout().write_all(&script);
-    ExitCode::SUCCESS
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The man page (roff) for `promptforge` and each subcommand, on stdout.
-pub fn man() -> ExitCode {
+pub fn man() -> Result<ExitCode, HostError> {
     match man_page() {
         Ok(bytes) => {
             use std::io::Write;
             let _ = std::io::stdout().write_all(&bytes);
-            ExitCode::SUCCESS
+            Ok(ExitCode::SUCCESS)
         }
-        Err(e) => super::usage(&format!("cannot render the man page: {e}")),
+        Err(e) => Err(HostError::Usage(format!("cannot render the man page: {e}"))),
     }
 }
 

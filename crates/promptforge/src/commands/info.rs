@@ -5,17 +5,16 @@
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
+use pf_host::HostError;
+
 use pf_syntax::{Prompt, Section};
 use serde_json::{json, Value};
 
 use crate::cli::{InfoArgs, OutputFormat};
 
-pub fn run(args: InfoArgs) -> ExitCode {
+pub fn run(args: InfoArgs) -> Result<ExitCode, HostError> {
     let file = args.file.as_path();
-    let source = match pf_host::prompt_files::read_prompt(file) {
-        Ok(s) => s,
-        Err(m) => return super::usage(&m),
-    };
+    let source = pf_host::prompt_files::read_prompt(file)?;
     let diagnostics = pf_syntax::diagnose(&source);
     let name = file.display().to_string();
     let prompt = match pf_syntax::parse(&source) {
@@ -32,7 +31,7 @@ pub fn run(args: InfoArgs) -> ExitCode {
                 let color = crate::ui::stderr_color();
                 eprintln!("{}", pf_syntax::render_diagnostic(&name, &source, d, color));
             }
-            return ExitCode::from(crate::EXIT_FAILED);
+            return Ok(ExitCode::from(crate::EXIT_FAILED));
         }
     };
     let value = describe(&prompt, &name);
@@ -41,7 +40,7 @@ pub fn run(args: InfoArgs) -> ExitCode {
     } else {
         crate::ui::print_stdout(&text(&prompt, &name));
     }
-    ExitCode::SUCCESS
+    Ok(ExitCode::SUCCESS)
 }
 
 pub use pf_host::prompt_files::arg_type_name;

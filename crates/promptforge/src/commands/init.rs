@@ -5,24 +5,26 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use pf_host::HostError;
+
 use crate::cli::InitArgs;
 
-pub fn run(args: InitArgs) -> ExitCode {
+pub fn run(args: InitArgs) -> Result<ExitCode, HostError> {
     let stem = match args.name.file_name().and_then(|n| n.to_str()) {
         Some(s) if pf_syntax::is_valid_name(s) || valid_file_stem(s) => s.to_string(),
         Some(s) if s.ends_with(".md") && valid_file_stem(&s[..s.len() - 3]) => {
             let bare = args.name.with_file_name(&s[..s.len() - 3]);
-            return super::usage(&format!(
+            return Err(HostError::Usage(format!(
                 "init: give the NAME without `.md` (init writes NAME.md and its companions): \
                  promptforge init {}",
                 bare.display()
-            ));
+            )));
         }
         _ => {
-            return super::usage(&format!(
+            return Err(HostError::Usage(format!(
                 "init: {} is not a usable prompt name (letters, digits, `-`, `_`)",
                 args.name.display()
-            ))
+            )))
         }
     };
     let dir = args
@@ -35,19 +37,25 @@ pub fn run(args: InitArgs) -> ExitCode {
     for (name, _) in &files {
         let path = dir.join(name);
         if path.exists() && !args.force {
-            return super::usage(&format!(
+            return Err(HostError::Usage(format!(
                 "init: {} exists (use --force to overwrite)",
                 path.display()
-            ));
+            )));
         }
     }
     if let Err(e) = std::fs::create_dir_all(&dir) {
-        return super::usage(&format!("init: cannot create {}: {e}", dir.display()));
+        return Err(HostError::Usage(format!(
+            "init: cannot create {}: {e}",
+            dir.display()
+        )));
     }
     for (name, text) in &files {
         let path = dir.join(name);
         if let Err(e) = std::fs::write(&path, text) {
-            return super::usage(&format!("init: cannot write {}: {e}", path.display()));
+            return Err(HostError::Usage(format!(
+                "init: cannot write {}: {e}",
+                path.display()
+            )));
         }
         crate::ui::print_stdout(&format!("wrote {}\n", path.display()));
     }
@@ -56,7 +64,7 @@ pub fn run(args: InitArgs) -> ExitCode {
         dir.join(format!("{stem}.md")).display(),
         dir.join(format!("{stem}.host.toml")).display()
     ));
-    ExitCode::SUCCESS
+    Ok(ExitCode::SUCCESS)
 }
 
 fn valid_file_stem(s: &str) -> bool {

@@ -3,6 +3,8 @@
 //! [`crate::mcp_server`].
 
 use std::process::ExitCode;
+
+use pf_host::HostError;
 use std::sync::Arc;
 
 use rmcp::ServiceExt;
@@ -12,43 +14,32 @@ use pf_host::HostConfig;
 use pf_mcp_server::run_call::StorePlace;
 use pf_mcp_server::{http, PromptServer, ServeOptions, ServerState};
 
-pub fn run(args: McpArgs) -> ExitCode {
-    let host = match HostConfig::load(args.host.path().as_deref()) {
-        Ok(h) => h,
-        Err(m) => return super::usage(&m),
-    };
-    let token = match bearer_token(args.token_env.as_deref(), host.mcp_token_env.as_deref()) {
-        Ok(t) => t,
-        Err(m) => return super::usage(&m),
-    };
+pub fn run(args: McpArgs) -> Result<ExitCode, HostError> {
+    let host = HostConfig::load(args.host.path().as_deref())?;
+    let token = bearer_token(args.token_env.as_deref(), host.mcp_token_env.as_deref())?;
     if let Some(addr) = &args.http {
-        if let Err(m) = http::check_exposure(addr, token.as_deref()) {
-            return super::usage(&m);
-        }
+        http::check_exposure(addr, token.as_deref()).map_err(HostError::Usage)?;
     }
     let store = match &args.store {
         Some(dir) => match std::fs::create_dir_all(dir) {
             Ok(()) => StorePlace::Shared(dir.clone()),
             Err(e) => {
-                return super::usage(&format!("cannot create the store {}: {e}", dir.display()))
+                return Err(HostError::Usage(format!(
+                    "cannot create the store {}: {e}",
+                    dir.display()
+                )))
             }
         },
         // The per-call stores live in one private directory made like the
         // default run store (mkdtemp-like under the data directory), never a
         // predictable name in the shared temp directory.
-        None => match pf_host::prompt_files::private_store_dir("mcp") {
-            Ok(root) => StorePlace::FreshUnder(root),
-            Err(m) => return super::usage(&m),
-        },
+        None => StorePlace::FreshUnder(pf_host::prompt_files::private_store_dir("mcp")?),
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-    {
-        Ok(r) => r,
-        Err(e) => return super::usage(&format!("cannot start the async runtime: {e}")),
-    };
+        .map_err(|e| HostError::Usage(format!("cannot start the async runtime: {e}")))?;
     let fresh_root = match &store {
         StorePlace::FreshUnder(root) => Some(root.clone()),
         StorePlace::Shared(_) => None,
@@ -79,23 +70,23 @@ pub fn run(args: McpArgs) -> ExitCode {
         let _ = std::fs::remove_dir_all(root);
     }
     match served {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(m) => super::usage(&m),
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(m) => Err(HostError::Usage(m)),
     }
 }
 
 /// The bearer token: from the variable `--token-env` names, else the one the
 /// host file names. A named variable that is unset or empty is an error, so a
 /// typo never serves without the token the operator meant to require.
-fn bearer_token(flag: Option<&str>, host_file: Option<&str>) -> Result<Option<String>, String> {
+fn bearer_token(flag: Option<&str>, host_file: Option<&str>) -> Result<Option<String>, HostError> {
     let Some(name) = flag.or(host_file) else {
         return Ok(None);
     };
     match std::env::var(name) {
         Ok(token) if !token.is_empty() => Ok(Some(token)),
-        _ => Err(format!(
+        _ => Err(HostError::Usage(format!(
             "the bearer token variable {name} is not set (or empty)"
-        )),
+        ))),
     }
 }
 

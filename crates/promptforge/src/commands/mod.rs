@@ -1,5 +1,8 @@
-//! One module per subcommand, each `pub fn run(args) -> ExitCode`. Adding a
-//! command: a variant in [`crate::cli::Command`], a module here, an arm below.
+//! One module per subcommand, each `pub fn run(args) -> Result<ExitCode, HostError>`:
+//! the exit status of a command that did its job (a failed run, a problem
+//! `check` found), or the [`HostError`] that stopped it, which `main` renders
+//! once ([`render_error`]). Adding a command: a variant in
+//! [`crate::cli::Command`], a module here, an arm below.
 
 pub mod batch;
 pub mod check;
@@ -21,10 +24,12 @@ pub mod worker;
 
 use std::process::ExitCode;
 
+use pf_host::HostError;
+
 use crate::cli::Command;
 
 /// Run the subcommand the command line chose.
-pub fn dispatch(command: Command) -> ExitCode {
+pub fn dispatch(command: Command) -> Result<ExitCode, HostError> {
     match command {
         Command::Run(args) => run::run(args),
         Command::Batch(args) => batch::run(args),
@@ -44,20 +49,28 @@ pub fn dispatch(command: Command) -> ExitCode {
     }
 }
 
-/// A usage error: the message on stderr (under `--json`, a JSON object on
-/// stdout as well), exit status 2.
 /// The run log `runs`, `show` and `runs prune` read: where runs are logged
 /// (`PROMPTFORGE_RUNLOG_URL`, else the host file's `[runlog] url`, else the
 /// data directory); `None` when nothing was ever logged in the data directory.
-pub(crate) fn open_log(host: &crate::cli::HostArgs) -> Result<Option<pf_runlog::RunLog>, String> {
+pub(crate) fn open_log(
+    host: &crate::cli::HostArgs,
+) -> Result<Option<pf_runlog::RunLog>, HostError> {
     let target = pf_host::session::RunSettings::run_log_at(host.path().as_deref())?;
-    pf_host::data::open_run_log(&target)
+    pf_host::data::open_run_log(&target).map_err(HostError::Usage)
 }
 
-pub(crate) fn usage(msg: &str) -> ExitCode {
+/// Show the error that stopped a command, once: `error: …` on stderr (control
+/// characters escaped) and, under `--json`, a usage error's JSON object on
+/// stdout as well. Returns the exit status it ends the command with.
+pub fn render_error(error: &HostError) -> ExitCode {
     if crate::ui::json_errors() {
-        crate::ui::print_stdout(&format!("{}\n", crate::ui::usage_error_json(msg)));
+        if let Some(object) = error.json_object() {
+            crate::ui::print_stdout(&format!("{object}\n"));
+        }
     }
-    eprintln!("error: {}", pf_host::report::terminal_safe(msg));
-    ExitCode::from(crate::EXIT_USAGE)
+    eprintln!(
+        "error: {}",
+        pf_host::report::terminal_safe(&error.to_string())
+    );
+    ExitCode::from(error.exit_status())
 }

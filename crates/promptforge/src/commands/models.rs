@@ -4,8 +4,10 @@
 use std::io::Write;
 use std::process::ExitCode;
 
+use pf_host::HostError;
+
 use pf_harness::ThinkingSupport;
-use pf_models::{ProviderKind, ProviderSpec};
+use pf_models::ProviderSpec;
 use serde::Serialize;
 
 use crate::cli::{ModelsArgs, OutputFormat};
@@ -44,18 +46,15 @@ struct Entry {
     current: bool,
 }
 
-pub fn run(args: ModelsArgs) -> ExitCode {
+pub fn run(args: ModelsArgs) -> Result<ExitCode, HostError> {
     let path = args.host.path();
-    let config = match HostConfig::load(path.as_deref()) {
-        Ok(c) => c,
-        Err(m) => return super::usage(&m),
-    };
+    let config = HostConfig::load(path.as_deref())?;
     let chosen = args.model.chosen();
     let current = match config.current_id(chosen.as_deref()) {
         Ok(id) => id,
         // An unknown --model or $PROMPTFORGE_MODEL is an error; a choice left
         // open among several models only means none is current.
-        Err(m) if chosen.is_some() => return super::usage(&m),
+        Err(e) if chosen.is_some() => return Err(e),
         Err(_) => None,
     };
     let catalog = Catalog {
@@ -73,21 +72,18 @@ pub fn run(args: ModelsArgs) -> ExitCode {
             Ok(line) => {
                 let _ = writeln!(std::io::stdout(), "{line}");
             }
-            Err(e) => return super::usage(&format!("cannot encode the catalog: {e}")),
+            Err(e) => return Err(HostError::Usage(format!("cannot encode the catalog: {e}"))),
         },
         OutputFormat::Human => {
             let _ = write!(std::io::stdout(), "{}", text(&catalog));
         }
     }
-    ExitCode::SUCCESS
+    Ok(ExitCode::SUCCESS)
 }
 
 fn entry(spec: &ProviderSpec, current: bool) -> Entry {
-    let (provider, endpoint) = match &spec.kind {
-        ProviderKind::OpenAi(endpoint) => ("openai", Some(endpoint)),
-        ProviderKind::Anthropic(endpoint) => ("anthropic", Some(endpoint)),
-        ProviderKind::Script { .. } => ("script", None),
-    };
+    let provider = spec.kind.name().word();
+    let endpoint = spec.kind.endpoint();
     let key_env = endpoint.and_then(|e| e.api_key_env.clone());
     let key_set = key_env
         .as_deref()

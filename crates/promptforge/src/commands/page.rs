@@ -5,37 +5,33 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use pf_host::HostError;
+
 use crate::cli::PageArgs;
 use pf_trace::LoggedRun;
 
 /// Render the page and put it where `args` says.
-pub fn show(run: &LoggedRun, args: &PageArgs) -> ExitCode {
+pub fn show(run: &LoggedRun, args: &PageArgs) -> Result<ExitCode, HostError> {
     let page = pf_trace::html::render(run);
     if args.open {
         return open(run, &page, args.output.as_deref());
     }
     match &args.output {
-        Some(path) => match write_file(path, &page) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(message) => fail(&message),
-        },
+        Some(path) => write_file(path, &page).map(|()| ExitCode::SUCCESS),
         None => {
             let mut out = std::io::stdout().lock();
+            // A closed stdout ends the command unsuccessfully, without a word.
             match out.write_all(page.as_bytes()).and_then(|()| out.flush()) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(_) => ExitCode::from(crate::EXIT_FAILED),
+                Ok(()) => Ok(ExitCode::SUCCESS),
+                Err(_) => Ok(ExitCode::from(crate::EXIT_FAILED)),
             }
         }
     }
 }
 
-fn fail(message: &str) -> ExitCode {
-    eprintln!("error: {message}");
-    ExitCode::from(crate::EXIT_FAILED)
-}
-
-fn write_file(path: &Path, page: &str) -> Result<(), String> {
-    std::fs::write(path, page).map_err(|e| format!("cannot write {}: {e}", path.display()))
+fn write_file(path: &Path, page: &str) -> Result<(), HostError> {
+    std::fs::write(path, page)
+        .map_err(|e| HostError::Failed(format!("cannot write {}: {e}", path.display())))
 }
 
 /// Where `--open` writes when no `--output` is given: `pages/` in the data
@@ -50,15 +46,13 @@ fn default_page_path(run: &LoggedRun) -> PathBuf {
 
 /// Write the page, then open it; a missing or failing opener is not an
 /// error (the page is written and its path printed either way).
-fn open(run: &LoggedRun, page: &str, output: Option<&Path>) -> ExitCode {
+fn open(run: &LoggedRun, page: &str, output: Option<&Path>) -> Result<ExitCode, HostError> {
     let path = output.map_or_else(|| default_page_path(run), Path::to_path_buf);
-    if let Err(message) = write_file(&path, page) {
-        return fail(&message);
-    }
+    write_file(&path, page)?;
     let path = std::path::absolute(&path).unwrap_or(path);
     crate::ui::print_stdout(&format!("{}\n", path.display()));
     open_in_browser(&path);
-    ExitCode::SUCCESS
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Hand a written page to the desktop's opener; a missing or failing opener

@@ -580,7 +580,7 @@ pub struct OfferedTools {
 pub async fn offered_tools(
     host: &HostConfig,
     files: &[std::path::PathBuf],
-) -> Result<OfferedTools, String> {
+) -> Result<OfferedTools, pf_host::HostError> {
     // Only the Plugins matter here; no model is started.
     let assembled = host.assemble(None)?;
     let harness = assembled.harness;

@@ -6,13 +6,15 @@
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
+use pf_host::HostError;
+
 use clap::{Arg, CommandFactory};
 
 use crate::cli::Cli;
 
-pub fn run() -> ExitCode {
+pub fn run() -> Result<ExitCode, HostError> {
     crate::ui::print_stdout(&cli_reference());
-    ExitCode::SUCCESS
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The whole reference page as Markdown.

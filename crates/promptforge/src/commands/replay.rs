@@ -5,6 +5,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use pf_host::HostError;
+
 use pf_runlog::{RunLogError, RunRecord};
 
 use super::terminal::{execute, TerminalRun};
@@ -31,9 +33,12 @@ impl LoggedRun {
     }
 }
 
-/// Resolve `run` in the run log and read it with its host work; the error
-/// is a usage message.
-pub(crate) fn read_logged_run(target: &RunLogTarget, run: &str) -> Result<LoggedRun, String> {
+/// Resolve `run` in the run log at `target` and read it with its host work.
+pub(crate) fn read_logged_run(target: &RunLogTarget, run: &str) -> Result<LoggedRun, HostError> {
+    read_logged(target, run).map_err(HostError::RunLog)
+}
+
+fn read_logged(target: &RunLogTarget, run: &str) -> Result<LoggedRun, String> {
     let log = pf_host::data::open_run_log(target)?
         .ok_or_else(|| format!("no logged run matches `{run}`: no run has been logged yet"))?;
     let id = log.resolve(run).map_err(|e| match e {
@@ -59,23 +64,17 @@ pub(crate) fn read_logged_run(target: &RunLogTarget, run: &str) -> Result<Logged
     Ok(LoggedRun { record, work })
 }
 
-pub fn run(args: ReplayArgs) -> ExitCode {
+pub fn run(args: ReplayArgs) -> Result<ExitCode, HostError> {
     // The log is read where `runs` and `show` read it (the environment's,
     // else the host file's `[runlog]`), and the replay is logged there too.
-    let target = match RunSettings::run_log_at(args.host.path().as_deref()) {
-        Ok(target) => target,
-        Err(m) => return super::usage(&m),
-    };
-    let logged = match read_logged_run(&target, &args.run) {
-        Ok(logged) => logged,
-        Err(m) => return super::usage(&m),
-    };
+    let target = RunSettings::run_log_at(args.host.path().as_deref())?;
+    let logged = read_logged_run(&target, &args.run)?;
     let start = &logged.record.start;
     // An edited prompt (`--prompt`) replays until its first different request.
     let (file, source) = match &args.prompt {
         Some(path) => match pf_host::prompt_files::read_prompt(path) {
             Ok(source) => (path.clone(), source),
-            Err(m) => return super::usage(&m),
+            Err(e) => return Err(e),
         },
         None => (
             PathBuf::from(&start.prompt_path),
@@ -93,19 +92,16 @@ pub fn run(args: ReplayArgs) -> ExitCode {
         (None, false) => None,
     };
     let host_config = match &host_path {
-        Some(path) => match HostConfig::load(Some(path)) {
-            Ok(h) => h,
-            Err(m) => return super::usage(&m),
-        },
+        Some(path) => HostConfig::load(Some(path))?,
         None => HostConfig::answered_from_log(logged.work.model_ids().chain(start.model.clone())),
     };
     let current = match &start.model {
         Some(id) if host_config.spec(id).is_some() => Some(id.clone()),
         Some(id) => {
-            return super::usage(&format!(
+            return Err(HostError::Usage(format!(
                 "the logged run's model \"{id}\" is not in the host file's catalog; \
                  give the host file it ran with (--host FILE)"
-            ))
+            )))
         }
         None => None,
     };
@@ -116,10 +112,7 @@ pub fn run(args: ReplayArgs) -> ExitCode {
     };
     // The logged model, not --model or the environment's; the host file's OTLP collector.
     let mut settings =
-        match RunSettings::with_model(host_path, std::sync::Arc::new(host_config), current, None) {
-            Ok(settings) => settings,
-            Err(m) => return super::usage(&m),
-        };
+        RunSettings::with_model(host_path, std::sync::Arc::new(host_config), current, None)?;
     settings.run_log = target;
     execute(TerminalRun {
         file,

@@ -3,50 +3,39 @@
 
 use std::process::ExitCode;
 
+use pf_host::HostError;
+
 use pf_host::replay::ReplayMode;
 use pf_host::session::{PlanArgs, RunSettings, SettingsFlags};
 
 use super::terminal::{execute, TerminalRun};
 use crate::cli::RunArgs;
 
-pub fn run(args: RunArgs) -> ExitCode {
+pub fn run(args: RunArgs) -> Result<ExitCode, HostError> {
     if args.watch {
         if args.args.as_deref() == Some("-") {
-            return super::usage(
-                "--watch cannot read ARGS from stdin (`-`): it runs the prompt many times",
-            );
+            return Err(HostError::Usage(
+                "--watch cannot read ARGS from stdin (`-`): it runs the prompt many times"
+                    .to_string(),
+            ));
         }
         return crate::watch::rerun_on_change(|| crate::watch::run_inputs(&args));
     }
     let file = args.file.as_path();
-    let source = match pf_host::prompt_files::read_prompt(file) {
-        Ok(s) => s,
-        Err(m) => return super::usage(&m),
-    };
-    let mut settings = match RunSettings::resolve(&SettingsFlags {
+    let source = pf_host::prompt_files::read_prompt(file)?;
+    let mut settings = RunSettings::resolve(&SettingsFlags {
         host: args.host.host.clone(),
         model: args.model.model.clone(),
         otlp: args.telemetry.otlp.clone(),
-    }) {
-        Ok(s) => s,
-        Err(m) => return super::usage(&m),
-    };
-    let resumed = match args
-        .resume
-        .as_deref()
-        .map(|run| super::replay::read_logged_run(&settings.run_log, run))
-    {
+    })?;
+    let resumed = match args.resume.as_deref() {
+        Some(run) => Some(super::replay::read_logged_run(&settings.run_log, run)?),
         None => None,
-        Some(Ok(logged)) => Some(logged),
-        Some(Err(m)) => return super::usage(&m),
     };
     // A resume repeats the logged run's seed, start and args unless told otherwise.
     let start_ms = match (&args.seed.start, &resumed) {
         (None, Some(logged)) => logged.record.start.start_ms,
-        _ => match args.seed.start_ms() {
-            Ok(v) => v,
-            Err(m) => return super::usage(&m),
-        },
+        _ => args.seed.start_ms().map_err(HostError::Usage)?,
     };
     let seed = match (args.seed.seed, &resumed) {
         (None, Some(logged)) => logged.record.start.seed,

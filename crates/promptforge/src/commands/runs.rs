@@ -3,20 +3,19 @@
 use std::io::Write;
 use std::process::ExitCode;
 
+use pf_host::HostError;
+
 use pf_runlog::{PruneReport, PruneSelection, RunFilter, RunSummary};
 use serde_json::{json, Value as Json};
 
 use crate::cli::{OutputFormat, PruneArgs, RunsAction, RunsArgs};
 use pf_trace::logview::{duration_text, printable, short, when_rfc3339, when_text};
 
-pub fn run(args: RunsArgs) -> ExitCode {
+pub fn run(args: RunsArgs) -> Result<ExitCode, HostError> {
     if let Some(RunsAction::Prune(prune_args)) = args.action {
         return prune(prune_args);
     }
-    let log = match super::open_log(&args.host) {
-        Ok(log) => log,
-        Err(m) => return super::usage(&m),
-    };
+    let log = super::open_log(&args.host)?;
     let filter = RunFilter {
         limit: Some(args.limit),
         prompt: args.prompt.clone(),
@@ -27,10 +26,7 @@ pub fn run(args: RunsArgs) -> ExitCode {
     let runs = match log.as_ref().map(|log| log.list_runs(&filter)) {
         None => Vec::new(),
         Some(Ok(runs)) => runs,
-        Some(Err(e)) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(crate::EXIT_FAILED);
-        }
+        Some(Err(e)) => return Err(HostError::Failed(e.to_string())),
     };
     let mut out = std::io::stdout().lock();
     let written = match args.output.format() {
@@ -163,11 +159,8 @@ fn prompt_name(path: &str) -> String {
 
 /// `runs prune`: delete finished runs (or, with `--dry-run`, say which would
 /// go), then the default store directories of the runs deleted.
-fn prune(args: PruneArgs) -> ExitCode {
-    let log = match super::open_log(&args.host) {
-        Ok(log) => log,
-        Err(m) => return super::usage(&m),
-    };
+fn prune(args: PruneArgs) -> Result<ExitCode, HostError> {
+    let log = super::open_log(&args.host)?;
     let selection = match (args.older_than, args.keep) {
         (Some(age), _) => {
             let now = std::time::SystemTime::now()
@@ -178,15 +171,16 @@ fn prune(args: PruneArgs) -> ExitCode {
         }
         (None, Some(keep)) => PruneSelection::KeepNewest(keep),
         // clap's group makes one of the two required.
-        (None, None) => return super::usage("runs prune needs --older-than DURATION or --keep N"),
+        (None, None) => {
+            return Err(HostError::Usage(
+                "runs prune needs --older-than DURATION or --keep N".to_string(),
+            ))
+        }
     };
     let report = match log.map(|mut log| log.prune(selection, args.dry_run)) {
         None => PruneReport::default(),
         Some(Ok(report)) => report,
-        Some(Err(e)) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(crate::EXIT_FAILED);
-        }
+        Some(Err(e)) => return Err(HostError::Failed(e.to_string())),
     };
     let stores_root = pf_host::prompt_files::data_dir().map(|d| d.join("stores"));
     let mut stores = Vec::new();
@@ -268,10 +262,11 @@ fn prune(args: PruneArgs) -> ExitCode {
             out.write_all(text.as_bytes())
         }
     };
-    match written {
+    // A closed stdout ends the command unsuccessfully, without a word.
+    Ok(match written {
         Ok(()) => ExitCode::SUCCESS,
         Err(_) => ExitCode::from(crate::EXIT_FAILED),
-    }
+    })
 }
 
 /// The bytes of the regular files under `dir`, not following symlinks.

@@ -7,6 +7,8 @@
 use std::io::Write;
 use std::process::ExitCode;
 
+use pf_host::HostError;
+
 use pf_runlog::{Outcome, RunLogError};
 use serde_json::{json, Value as Json};
 
@@ -14,26 +16,23 @@ use crate::cli::{OutputFormat, ShowArgs};
 use pf_trace::logview::{duration_text, printable, short, timeline, when_rfc3339, when_text};
 pub use pf_trace::{load, LoggedRun};
 
-pub fn run(args: ShowArgs) -> ExitCode {
+pub fn run(args: ShowArgs) -> Result<ExitCode, HostError> {
     let log = match super::open_log(&args.host) {
         Ok(Some(log)) => log,
         Ok(None) => {
-            return super::usage(&format!(
+            return Err(HostError::Usage(format!(
                 "no logged run matches `{}`: no run has been logged yet",
                 args.run
-            ))
+            )))
         }
-        Err(m) => return super::usage(&m),
+        Err(e) => return Err(e),
     };
     let logged = match load(&log, &args.run) {
         Ok(run) => run,
         Err(e @ (RunLogError::Unknown { .. } | RunLogError::Ambiguous { .. })) => {
-            return super::usage(&resolve_message(&e))
+            return Err(HostError::RunLog(resolve_message(&e)))
         }
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(crate::EXIT_FAILED);
-        }
+        Err(e) => return Err(HostError::Failed(e.to_string())),
     };
     if args.page.wanted() {
         return super::page::show(&logged, &args.page);

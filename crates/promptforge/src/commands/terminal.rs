@@ -5,6 +5,8 @@
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+use pf_host::HostError;
 use std::sync::Arc;
 
 use pf_harness::CancellationToken;
@@ -48,7 +50,7 @@ impl Drop for RemoveIfEmpty {
     }
 }
 
-pub(crate) fn execute(run: TerminalRun) -> ExitCode {
+pub(crate) fn execute(run: TerminalRun) -> Result<ExitCode, HostError> {
     let TerminalRun {
         file,
         source,
@@ -69,7 +71,11 @@ pub(crate) fn execute(run: TerminalRun) -> ExitCode {
         .build()
     {
         Ok(r) => r,
-        Err(e) => return super::usage(&format!("cannot start the async runtime: {e}")),
+        Err(e) => {
+            return Err(HostError::Usage(format!(
+                "cannot start the async runtime: {e}"
+            )))
+        }
     };
     // Live output and progress are for a person watching: never in a report,
     // a pipe or a file, and not under --quiet.
@@ -104,10 +110,7 @@ pub(crate) fn execute(run: TerminalRun) -> ExitCode {
             .clone()
             .map(|p| Box::new(move || p.finish()) as Box<dyn FnOnce()>),
     });
-    let session = match session {
-        Ok(s) => s,
-        Err(e) => return super::usage(&e.0),
-    };
+    let session = session?;
     // A default store (no --store) the run leaves empty goes when this returns.
     let _default_store = default_store.then(|| RemoveIfEmpty(session.store_dir().to_path_buf()));
     // A second Ctrl-C exits at once; the log records the run as cancelled first.
@@ -118,10 +121,7 @@ pub(crate) fn execute(run: TerminalRun) -> ExitCode {
         cancel,
         Box::new(move || cancelled_report.print(format, &report_file)),
     );
-    let finished = match runtime.block_on(session.run()) {
-        Ok(f) => f,
-        Err(e) => return super::usage(&e.0),
-    };
+    let finished = runtime.block_on(session.run())?;
     let report = &finished.report;
     if crate::signals::claim_report() {
         if finished.parse_failed {
@@ -144,11 +144,11 @@ pub(crate) fn execute(run: TerminalRun) -> ExitCode {
     // checkpoint) on its own thread, while the report prints; the process
     // waits for it before it exits.
     finished.settle();
-    match report.outcome {
+    Ok(match report.outcome {
         ReportOutcome::Completed { .. } => ExitCode::SUCCESS,
         ReportOutcome::Failed { .. } => ExitCode::from(crate::EXIT_FAILED),
         ReportOutcome::Cancelled => ExitCode::from(crate::EXIT_CANCELLED),
-    }
+    })
 }
 
 /// The report for a person: the result on stdout (unless the live output

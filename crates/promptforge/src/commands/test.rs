@@ -5,6 +5,7 @@
 
 use std::process::ExitCode;
 
+use pf_host::HostError;
 use std::sync::Arc;
 
 use crate::cli::{OutputFormat, TestArgs};
@@ -14,58 +15,54 @@ use crate::usertest::{self, matrix, run::Settings, CaseOutcome, Options};
 /// The stdio MCP server behind `mcp:` fixtures, shipped inside the binary.
 const MCP_FIXTURE: &str = include_str!("../../tests/fixtures/mcp_fixture.py");
 
-pub fn run(args: TestArgs) -> ExitCode {
+pub fn run(args: TestArgs) -> Result<ExitCode, HostError> {
     if args.watch {
         return crate::watch::rerun_on_change(|| crate::watch::test_inputs(&args));
     }
     if args.update && (!args.model.is_empty() || !args.prompt.is_empty() || args.repeat > 1) {
-        return super::usage(
-            "--update writes scripted results; it takes neither --model, --prompt nor --repeat",
-        );
-    }
-    if !(0.0..=1.0).contains(&args.pass_rate) {
-        return super::usage("--pass-rate is a share of runs, from 0 to 1");
-    }
-    if let Some(twice) = given_twice(args.model.iter().map(String::as_str)) {
-        return super::usage(&format!("--model {twice} is given twice"));
-    }
-    if let Some(twice) = given_twice(args.prompt.iter().map(|p| p.to_str().unwrap_or(""))) {
-        return super::usage(&format!("--prompt {twice} is given twice"));
-    }
-    let format = args.output.format();
-    let files = match usertest::discover(&args.paths) {
-        Ok(f) => f,
-        Err(m) => return super::usage(&m),
-    };
-    if files.is_empty() {
-        let paths: Vec<String> = args.paths.iter().map(|p| usertest::shown(p)).collect();
-        return super::usage(&format!(
-            "no test files (NAME.test.yaml, tests/*.yaml) under {}",
-            paths.join(" ")
+        return Err(HostError::Usage(
+            "--update writes scripted results; it takes neither --model, --prompt nor --repeat"
+                .to_string(),
         ));
     }
-    let loaded = match usertest::load_all(&files) {
-        Ok(l) => l,
-        Err(bad) => {
-            for m in bad {
-                eprintln!("error: {m}");
-            }
-            return ExitCode::from(crate::EXIT_USAGE);
-        }
-    };
+    if !(0.0..=1.0).contains(&args.pass_rate) {
+        return Err(HostError::Usage(
+            "--pass-rate is a share of runs, from 0 to 1".to_string(),
+        ));
+    }
+    if let Some(twice) = given_twice(args.model.iter().map(String::as_str)) {
+        return Err(HostError::Usage(format!("--model {twice} is given twice")));
+    }
+    if let Some(twice) = given_twice(args.prompt.iter().map(|p| p.to_str().unwrap_or(""))) {
+        return Err(HostError::Usage(format!("--prompt {twice} is given twice")));
+    }
+    let format = args.output.format();
+    let files = usertest::discover(&args.paths).map_err(HostError::Usage)?;
+    if files.is_empty() {
+        let paths: Vec<String> = args.paths.iter().map(|p| usertest::shown(p)).collect();
+        return Err(HostError::Usage(format!(
+            "no test files (NAME.test.yaml, tests/*.yaml) under {}",
+            paths.join(" ")
+        )));
+    }
+    let loaded = usertest::load_all(&files)
+        .map_err(|bad| HostError::Inputs(bad.iter().map(ToString::to_string).collect()))?;
     let host = args.host.path();
     let variants = match matrix::variants(&args, host.as_deref(), &loaded) {
         Ok(v) => v,
-        Err(m) => return super::usage(&m),
+        Err(m) => return Err(HostError::Usage(m)),
     };
     let matrix = variants.len() > 1;
     let scratch = match WorkDir::new() {
         Ok(w) => w,
-        Err(e) => return super::usage(&e),
+        Err(e) => return Err(HostError::Usage(e)),
     };
     let fixture = scratch.0.join("mcp_fixture.py");
     if let Err(e) = std::fs::write(&fixture, MCP_FIXTURE) {
-        return super::usage(&format!("cannot write {}: {e}", fixture.display()));
+        return Err(HostError::Usage(format!(
+            "cannot write {}: {e}",
+            fixture.display()
+        )));
     }
     // A comparison's cells are logged runs: each can be shown, replayed and
     // traced, and `--cache` answers from them.
@@ -74,14 +71,11 @@ pub fn run(args: TestArgs) -> ExitCode {
     let batch = log.then(|| format!("test-{:016x}", rand::random::<u64>()));
     // Where the cells' runs are logged (as every run: the environment's,
     // the host file's `[runlog]`, or the data directory), read back there.
-    let run_log = match pf_host::session::RunSettings::run_log_at(host.as_deref()) {
-        Ok(target) => target,
-        Err(m) => return super::usage(&m),
-    };
+    let run_log = pf_host::session::RunSettings::run_log_at(host.as_deref())?;
     let cache = if args.cache {
         match matrix::cache(&run_log, &loaded, &variants) {
             Ok(c) => Some(Arc::new(c)),
-            Err(m) => return super::usage(&m),
+            Err(m) => return Err(HostError::Usage(m)),
         }
     } else {
         None
@@ -139,10 +133,8 @@ pub fn run(args: TestArgs) -> ExitCode {
     let passed = outcomes.iter().filter(|o| o.passed).count();
     let failed = outcomes.len() - passed;
     if let Some(path) = &args.junit {
-        if let Err(e) = std::fs::write(path, usertest::junit::render(&outcomes)) {
-            eprintln!("error: cannot write {}: {e}", path.display());
-            return ExitCode::from(crate::EXIT_USAGE);
-        }
+        std::fs::write(path, usertest::junit::render(&outcomes))
+            .map_err(|e| HostError::Usage(format!("cannot write {}: {e}", path.display())))?;
     }
     let labels: Vec<String> = variants.iter().map(|v| v.label.clone()).collect();
     let totals = matrix::totals(&outcomes, labels.len());
@@ -161,10 +153,7 @@ pub fn run(args: TestArgs) -> ExitCode {
                     );
                 }
             }
-            Err(e) => {
-                eprintln!("error: {e}");
-                return ExitCode::from(crate::EXIT_FAILED);
-            }
+            Err(e) => return Err(HostError::Failed(e.to_string())),
         }
     }
     for file in &updated {
@@ -198,13 +187,13 @@ pub fn run(args: TestArgs) -> ExitCode {
         }
         crate::ui::print_stdout(&format!("{report}\n"));
     }
-    if options.cancel.is_cancelled() {
+    Ok(if options.cancel.is_cancelled() {
         ExitCode::from(crate::EXIT_CANCELLED)
     } else if failed > 0 {
         ExitCode::from(crate::EXIT_FAILED)
     } else {
         ExitCode::SUCCESS
-    }
+    })
 }
 
 /// Runs at once by default when cases run against live models: they wait on

@@ -14,19 +14,16 @@ use std::time::Duration;
 use pf_batch::{OutputLine, RunError, RunOutcome, TokenUsage};
 use pf_harness::CancellationToken;
 use pf_host::session::{RunSettings, SettingsFlags};
-use pf_host::HostConfig;
+use pf_host::{HostConfig, HostError};
 use pf_queue::{Ledger, Logged, Queue, QueueSettings, RunRequest, WorkerPlan};
 use pf_syntax::Prompt;
 
 use super::batch::{InputRunner, LiveSessions, RunInput};
 use crate::cli::WorkerArgs;
 
-pub fn run(args: WorkerArgs) -> ExitCode {
+pub fn run(args: WorkerArgs) -> Result<ExitCode, HostError> {
     let host_path = args.host.host.clone().or_else(pf_host::default_host_path);
-    let host = match HostConfig::load(host_path.as_deref()) {
-        Ok(host) => Arc::new(host),
-        Err(m) => return super::usage(&m),
-    };
+    let host = Arc::new(HostConfig::load(host_path.as_deref())?);
     let name = args.name.clone().unwrap_or_else(default_name);
     let defaults = QueueSettings::default();
     let plan = WorkerPlan {
@@ -38,13 +35,10 @@ pub fn run(args: WorkerArgs) -> ExitCode {
         },
         update_settings: args.max_deliver.is_some() || args.ack_wait.is_some(),
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-    {
-        Ok(r) => r,
-        Err(e) => return super::usage(&format!("cannot start the async runtime: {e}")),
-    };
+        .map_err(|e| HostError::Usage(format!("cannot start the async runtime: {e}")))?;
     let stop = CancellationToken::new();
     let live = Arc::new(LiveSessions::default());
     let on_exit = Arc::clone(&live);
@@ -56,10 +50,7 @@ pub fn run(args: WorkerArgs) -> ExitCode {
     let runner = InputRunner::new(false, true, live);
     let prompts = PromptCache::default();
     // Where runs are logged: the same rule as every command's.
-    let ledger = match RunSettings::run_log_of(&host) {
-        Ok(target) => LogLedger::new(target),
-        Err(m) => return super::usage(&m),
-    };
+    let ledger = LogLedger::new(RunSettings::run_log_of(&host)?);
     let served = runtime.block_on(async {
         let queue = Queue::connect(&args.queue, &format!("promptforge worker {name}")).await?;
         eprintln!(
@@ -89,16 +80,13 @@ pub fn run(args: WorkerArgs) -> ExitCode {
     match served {
         Ok(summary) => {
             eprintln!("{} ({name})", summary.line());
-            if stop.is_cancelled() {
+            Ok(if stop.is_cancelled() {
                 ExitCode::from(crate::EXIT_CANCELLED)
             } else {
                 ExitCode::SUCCESS
-            }
+            })
         }
-        Err(e) => {
-            eprintln!("error: {}", pf_host::report::terminal_safe(&e.to_string()));
-            ExitCode::from(crate::EXIT_FAILED)
-        }
+        Err(e) => Err(HostError::Failed(e.to_string())),
     }
 }
 

@@ -151,7 +151,7 @@ pub fn seen(obs: &Observed) -> Seen {
         ReportOutcome::Failed { error } => (
             "failed",
             String::new(),
-            Some((error.kind.clone(), unweb(obs, &error.message))),
+            Some((error.kind.as_str().to_string(), unweb(obs, &error.message))),
         ),
         ReportOutcome::Cancelled => ("cancelled", String::new(), None),
     };

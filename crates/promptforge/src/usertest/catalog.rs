@@ -62,7 +62,7 @@ pub fn lookup(host: Option<&Path>, id: &str) -> Result<CatalogModel, String> {
             "model {id:?} needs a host file with that model (--host FILE)"
         ));
     };
-    let config = pf_host::HostConfig::load(Some(host))?;
+    let config = pf_host::HostConfig::load(Some(host)).map_err(|e| e.to_string())?;
     let text = std::fs::read_to_string(host)
         .map_err(|e| format!("cannot read host file {}: {e}", host.display()))?;
     let doc: toml::Table =

@@ -82,13 +82,13 @@ pub async fn ask(
     let request = ChatRequest {
         messages: vec![
             ChatMessage {
-                role: "system".into(),
+                role: pf_harness::Role::System,
                 content: Json::String(SYSTEM.into()),
                 tool_calls: Vec::new(),
                 tool_call_id: None,
             },
             ChatMessage {
-                role: "user".into(),
+                role: pf_harness::Role::User,
                 content: Json::String(question(rubric, output)),
                 tool_calls: Vec::new(),
                 tool_call_id: None,

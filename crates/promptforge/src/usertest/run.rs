@@ -235,7 +235,10 @@ fn scripted_table(model: &case::ModelFixture, work: &Path, record: &Path) -> Res
     std::fs::write(&replies, model.replies.to_string())
         .map_err(|e| format!("cannot write {}: {e}", replies.display()))?;
     let mut table = Table::new();
-    table.insert("provider".into(), session::string("script"));
+    table.insert(
+        "provider".into(),
+        session::string(pf_models::ProviderName::Script.word()),
+    );
     table.insert("replies".into(), session::path(&replies));
     table.insert("model".into(), session::string(model.id.clone()));
     table.insert(

@@ -91,7 +91,7 @@ fn usage_report(message: String) -> RunReport {
     RunReport {
         outcome: pf_host::report::ReportOutcome::Failed {
             error: pf_host::report::ReportError {
-                kind: "Usage".to_string(),
+                kind: pf_host::ErrorKind::Usage,
                 phase: None,
                 message,
                 line: None,
@@ -116,9 +116,10 @@ async fn run_checked(mut case: CaseRun<'_>) -> Result<CaseRunEnd, Refused> {
     let file: HostFile = Value::Table(host)
         .try_into()
         .map_err(|e| Refused::Usage(format!("host file: {e}")))?;
-    let config = HostConfig::from_file(&file, case.host_dir).map_err(Refused::Usage)?;
+    let config =
+        HostConfig::from_file(&file, case.host_dir).map_err(|e| Refused::Usage(e.to_string()))?;
     let mut settings = RunSettings::with_host(None, Arc::new(config), &SettingsFlags::default())
-        .map_err(Refused::Usage)?;
+        .map_err(|e| Refused::Usage(e.to_string()))?;
     settings.cache = case.cache.clone();
     run_session(&case, settings)
         .await
@@ -137,7 +138,7 @@ async fn run_session(
         time::OffsetDateTime::parse(case_start, &time::format_description::well_known::Rfc3339)
             .map_err(|e| format!("start {case_start:?} is not an RFC 3339 instant: {e}"))?;
     let start_ms = (start.unix_timestamp_nanos() / 1_000_000) as i64;
-    let source = pf_host::prompt_files::read_prompt(prompt_file)?;
+    let source = pf_host::prompt_files::read_prompt(prompt_file).map_err(|e| e.to_string())?;
     let collector = Arc::new(Collector::default());
     let began = Instant::now();
     let session = RunSession::begin(RunPlan {
@@ -169,7 +170,7 @@ async fn run_session(
     };
     let finished = match finished {
         Ok(finished) => finished,
-        Err(e) => return Ok(Err(e.0)),
+        Err(e) => return Ok(Err(e.to_string())),
     };
     let elapsed = began.elapsed();
     let heard = std::mem::take(
