@@ -22,11 +22,19 @@ if [ "${PROMPTFORGE_REAL_TOOLS:-}" = 1 ]; then
 fi
 # The MCP TypeScript SDK and the reference servers (tests/mcp_server.rs, tests/mcp_plugins.rs).
 bash crates/promptforge/tests/tools/setup.sh node-mcp "${CARGO_TARGET_DIR:-target}/tmp/test-tools"
+# NATS with JetStream for the queue tests (tests/queue.rs starts it on a free port).
+bash crates/promptforge/tests/tools/setup.sh nats
 echo "== cargo test"
 # Every test's run log and default stores stay out of the user's data directory.
 PROMPTFORGE_HOME="$(mktemp -d)"
 export PROMPTFORGE_HOME
-trap 'rm -rf "$PROMPTFORGE_HOME"' EXIT
+PROMPTFORGE_TEST_POSTGRES_DIR=""
+trap 'rm -rf "$PROMPTFORGE_HOME"; [ -z "$PROMPTFORGE_TEST_POSTGRES_DIR" ] || bash crates/promptforge/tests/tools/postgres.sh stop "$PROMPTFORGE_TEST_POSTGRES_DIR"' EXIT
+# A PostgreSQL server on 127.0.0.1 for the run log's PostgreSQL tests
+# (pf-runlog-postgres, tests/runlog_postgres*.rs): its URL in
+# PROMPTFORGE_TEST_POSTGRES_URL; stopped and removed at exit.
+bash crates/promptforge/tests/tools/setup.sh postgres
+eval "$(bash crates/promptforge/tests/tools/postgres.sh start)"
 cargo test --workspace
 echo "== the engine's reference path (issue 44): engine tests and the language data suite again, every fast path off"
 PROMPTFORGE_ENGINE_REFERENCE=1 cargo test -p pf-engine

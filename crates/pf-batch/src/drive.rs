@@ -191,16 +191,52 @@ impl JobQueue<'_> {
     }
 }
 
+/// The executor every command that runs many prompts in one process shares
+/// (`batch`'s inputs, `test`'s cells): take jobs from `next_job` while fewer
+/// than `limit` run and `cancel` is not tripped, start each with `start`
+/// (handing it a child of `cancel`), and pass each result to `finished` as it
+/// comes. The futures run concurrently on the calling task, so they need not
+/// be `Send` (a run is not); per-model limits are kept where every request
+/// of the process passes (the model gate), not here. Returns when every
+/// started job has finished.
+pub async fn execute<J, F, Fut>(
+    limit: usize,
+    cancel: &CancellationToken,
+    mut next_job: impl FnMut() -> Option<J>,
+    mut start: F,
+    mut finished: impl FnMut(Fut::Output),
+) where
+    F: FnMut(J, CancellationToken) -> Fut,
+    Fut: Future,
+{
+    let limit = limit.max(1);
+    let mut running = FuturesUnordered::new();
+    let mut exhausted = false;
+    loop {
+        while !exhausted && !cancel.is_cancelled() && running.len() < limit {
+            match next_job() {
+                Some(job) => running.push(start(job, cancel.child_token())),
+                None => exhausted = true,
+            }
+        }
+        let Some(output) = running.next().await else {
+            break;
+        };
+        finished(output);
+    }
+}
+
 /// Run every job of `records` not done in `previous`, at most `plan.jobs` at
-/// once, writing each finished run's line to `writer` (and handing it to
-/// `on_line`, for progress). Returns when every started run has been written.
+/// once ([`execute`]), writing each finished run's line to `writer` (and
+/// handing it to `on_line`, for progress). Returns when every started run
+/// has been written.
 pub async fn drive<F, Fut>(
     records: Records<'_>,
     previous: &Previous,
     plan: &DrivePlan,
     writer: &mut OutputWriter,
     cancel: &CancellationToken,
-    mut run: F,
+    run: F,
     mut on_line: impl FnMut(&OutputLine),
 ) -> Result<Summary, DriveError>
 where
@@ -208,7 +244,6 @@ where
     Fut: Future<Output = OutputLine>,
 {
     let began = Instant::now();
-    let jobs = plan.jobs.max(1);
     let mut queue = JobQueue {
         records,
         previous,
@@ -220,44 +255,49 @@ where
         already_done: 0,
     };
     let mut summary = Summary::default();
-    let mut running = FuturesUnordered::new();
     let mut exhausted = false;
-    let mut failure: Option<DriveError> = None;
-    loop {
-        while !exhausted && !cancel.is_cancelled() && running.len() < jobs {
-            match queue.next_job() {
-                Ok(Some(job)) => running.push(run(job, cancel.child_token())),
-                Ok(None) => exhausted = true,
-                Err(error) => {
-                    // The inputs broke off: finish what runs, start nothing more.
-                    failure = Some(error.into());
-                    exhausted = true;
-                    cancel.cancel();
-                }
+    let mut input_failure: Option<DriveError> = None;
+    let mut output_failure: Option<DriveError> = None;
+    execute(
+        plan.jobs,
+        cancel,
+        || match queue.next_job() {
+            Ok(Some(job)) => Some(job),
+            Ok(None) => {
+                exhausted = true;
+                None
             }
-        }
-        let Some(line) = running.next().await else {
-            break;
-        };
-        match line.outcome {
-            RunOutcome::Completed => summary.completed += 1,
-            RunOutcome::Failed => summary.failed += 1,
-            RunOutcome::Cancelled => summary.cancelled += 1,
-        }
-        if let Some(usage) = line.usage {
-            summary.input_tokens += usage.input_tokens;
-            summary.output_tokens += usage.output_tokens;
-        }
-        if let Err(error) = writer.write(&line) {
-            // Nothing more can be recorded: stop, and let the runs in flight end.
-            failure.get_or_insert(error.into());
-            cancel.cancel();
-        }
-        on_line(&line);
-        if plan.fail_fast && line.outcome == RunOutcome::Failed {
-            cancel.cancel();
-        }
-    }
+            Err(error) => {
+                // The inputs broke off: finish what runs, start nothing more.
+                input_failure = Some(error.into());
+                exhausted = true;
+                cancel.cancel();
+                None
+            }
+        },
+        run,
+        |line: OutputLine| {
+            match line.outcome {
+                RunOutcome::Completed => summary.completed += 1,
+                RunOutcome::Failed => summary.failed += 1,
+                RunOutcome::Cancelled => summary.cancelled += 1,
+            }
+            if let Some(usage) = line.usage {
+                summary.input_tokens += usage.input_tokens;
+                summary.output_tokens += usage.output_tokens;
+            }
+            if let Err(error) = writer.write(&line) {
+                // Nothing more can be recorded: stop, and let the runs in flight end.
+                output_failure.get_or_insert(error.into());
+                cancel.cancel();
+            }
+            on_line(&line);
+            if plan.fail_fast && line.outcome == RunOutcome::Failed {
+                cancel.cancel();
+            }
+        },
+    )
+    .await;
     if !exhausted || cancel.is_cancelled() {
         summary.not_started = queue.count_rest().unwrap_or(0);
     }
@@ -265,7 +305,7 @@ where
     summary.already_done = queue.already_done;
     summary.elapsed = began.elapsed();
     writer.sync()?;
-    match failure {
+    match input_failure.or(output_failure) {
         Some(error) => Err(error),
         None => Ok(summary),
     }
@@ -349,6 +389,43 @@ mod tests {
         assert_eq!(summary.output_tokens, 100);
         let written = std::fs::read_to_string(&out).unwrap();
         assert_eq!(written.lines().count(), 50);
+    }
+
+    #[tokio::test]
+    async fn execute_starts_nothing_after_a_cancel_and_waits_for_what_runs() {
+        let cancel = CancellationToken::new();
+        let mut jobs = 0..100u32;
+        let mut finished = Vec::new();
+        let started = Rc::new(Cell::new(0u32));
+        execute(
+            3,
+            &cancel,
+            || jobs.next(),
+            |job, token| {
+                let (started, cancel) = (Rc::clone(&started), cancel.clone());
+                async move {
+                    started.set(started.get() + 1);
+                    if job == 4 {
+                        cancel.cancel();
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    (job, token.is_cancelled())
+                }
+            },
+            |out| finished.push(out),
+        )
+        .await;
+        // Jobs 0-2 start, then each finish starts one more until job 4
+        // cancels: 3 in flight at most, none after the cancel.
+        assert!(started.get() <= 7, "started {}", started.get());
+        assert_eq!(
+            finished.len() as u32,
+            started.get(),
+            "every started job finished"
+        );
+        assert!(finished
+            .iter()
+            .any(|(job, cancelled)| *job == 4 && *cancelled));
     }
 
     #[tokio::test]

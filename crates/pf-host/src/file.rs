@@ -28,6 +28,7 @@ pub struct HostFile {
     pub mcp_server: Option<McpServerTable>,
     pub telemetry: Option<TelemetryTable>,
     pub limits: Option<LimitsTable>,
+    pub runlog: Option<RunLogTable>,
 }
 
 /// `[model]` and each `[models.ID]`. Key order is the order serde lists them in
@@ -67,6 +68,35 @@ pub struct ModelTable {
     pub requests_per_minute: Option<Limit>,
     /// Tokens (request and reply) in any 60 seconds, across the process.
     pub tokens_per_minute: Option<Limit>,
+    /// What a million input (prompt) tokens cost, in any one currency:
+    /// `promptforge test` reports each cell's cost from it.
+    pub input_price: Option<Price>,
+    /// What a million output (completion) tokens cost, in the same currency.
+    pub output_price: Option<Price>,
+}
+
+/// A price per million tokens: a finite number from 0 up. Checked while the
+/// file is parsed, so the error carries the file, line and key.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Price(pub f64);
+
+impl<'de> Deserialize<'de> for Price {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = toml::Value::deserialize(d)?;
+        let number = match &raw {
+            toml::Value::Integer(n) => Some(*n as f64),
+            toml::Value::Float(x) => Some(*x),
+            _ => None,
+        };
+        number
+            .filter(|x| x.is_finite() && *x >= 0.0)
+            .map(Price)
+            .ok_or_else(|| {
+                serde::de::Error::custom(format!(
+                    "must be a price per million tokens, a number from 0 up (as in 0.15), got {raw}"
+                ))
+            })
+    }
 }
 
 /// A per-model limit: a whole number from 1 up. Checked while the file is
@@ -171,6 +201,16 @@ pub struct McpServerTable {
 pub struct TelemetryTable {
     /// An OTLP/HTTP collector's base URL (`run --otlp` overrides it).
     pub otlp: Option<String>,
+}
+
+/// `[runlog]`: where runs are logged (and `runs`, `show`, `replay` read).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunLogTable {
+    /// A shared PostgreSQL log, `postgres://USER@HOST:PORT/DB` (no
+    /// password: `PGPASSWORD`, or `?password_env=NAME`); unset: the data
+    /// directory's SQLite file.
+    pub url: Option<String>,
 }
 
 /// `[limits]`: the limits a run observes that the Host sets (guide ch. 17).

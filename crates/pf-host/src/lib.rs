@@ -13,6 +13,7 @@
 //! ([`record`]: the run log's recorders). [`data`] finds the run log;
 //! [`observe`] is the Host's one run observer.
 
+pub mod cache;
 pub mod data;
 pub mod file;
 pub mod logged_json;
@@ -65,6 +66,8 @@ pub struct HostConfig {
     pub otlp: Option<String>,
     /// `[limits]`: what each run may use.
     pub limits: pf_engine::RunLimits,
+    /// `[runlog] url`: a shared PostgreSQL run log (checked: no password).
+    pub runlog_url: Option<String>,
     /// `stream = true`: every `models.loop` round is streamed, also with no one
     /// watching, so the client measures `ttft_ms` and `mean_itl_ms` (guide ch. 16);
     /// `stream = false`: never streamed, not even for live output; unset:
@@ -154,6 +157,7 @@ impl HostConfig {
             .chain(self.web.search_api_key_env.clone())
             .chain(plugins)
             .chain(self.mcp_token_env.clone())
+            .chain(data::run_log_secret_names(self.runlog_url.as_deref()))
             .collect()
     }
 
@@ -221,6 +225,11 @@ impl HostConfig {
             pf_trace::otlp::traces_url(url)
                 .map_err(|e| format!("host file: [telemetry] otlp: {e}"))?;
         }
+        let runlog_url = file.runlog.as_ref().and_then(|r| r.url.clone());
+        if let Some(url) = &runlog_url {
+            data::check_host_file_runlog_url(url)
+                .map_err(|e| format!("host file: [runlog] url: {e}"))?;
+        }
         let mut config = HostConfig {
             catalog,
             default_model: file.default_model.clone(),
@@ -231,6 +240,7 @@ impl HostConfig {
             mcp_token_env: file.mcp_server.as_ref().and_then(|m| m.token_env.clone()),
             otlp,
             limits: run_limits(file.limits.as_ref()),
+            runlog_url,
             stream: file.stream,
             answered_from_log: false,
         };
@@ -282,6 +292,7 @@ impl HostConfig {
             mcp_token_env: None,
             otlp: None,
             limits: run_limits(None),
+            runlog_url: None,
             stream: None,
             answered_from_log: true,
         }
@@ -345,6 +356,19 @@ impl HostConfig {
     /// decorators `work` names. The one place they are installed, for every
     /// command that runs prompts.
     pub fn assemble_for(&self, current: Option<&str>, work: &HostWork) -> Result<Host, String> {
+        self.assemble_cached(current, work, None)
+    }
+
+    /// [`assemble_for`](HostConfig::assemble_for), with model rounds answered
+    /// from `cache` when it holds them (`test --cache`): the caching
+    /// decorator sits right around each real provider, inside the replay,
+    /// metering and recording.
+    pub fn assemble_cached(
+        &self,
+        current: Option<&str>,
+        work: &HostWork,
+        cache: Option<&cache::CacheUse>,
+    ) -> Result<Host, String> {
         let mut harness = Harness::new();
         // Innermost, around each real part: everything from outside is scrubbed
         // before any recorder, replayer or the Engine sees it.
@@ -400,7 +424,7 @@ impl HostConfig {
             input_broker: Some(broker),
         };
         let totals = Arc::new(usage::UsageTotals::default());
-        // provider, then the replay's answers, then metering (replayed usage
+        // provider, then the cache's, then the replay's answers, then metering (replayed usage
         // counts), then recording (the replayed run is logged too).
         let build = |spec: &ProviderSpec| -> Result<Arc<dyn ModelProvider>, String> {
             let provider: Arc<dyn ModelProvider> = if self.answered_from_log {
@@ -416,6 +440,17 @@ impl HostConfig {
                         .map_err(|e| format!("host file: model \"{}\": {e}", spec.id))?,
                     &secrets,
                 )
+            };
+            // Only a server's answers are cached: a scripted model's replies
+            // file is the test's own, answered afresh so an edit shows.
+            let cached = cache.filter(|_| !matches!(spec.kind, ProviderKind::Script { .. }));
+            let provider: Arc<dyn ModelProvider> = match cached {
+                None => provider,
+                Some(c) => Arc::new(cache::CachingModel::new(
+                    provider,
+                    c.clone(),
+                    spec.record.as_deref(),
+                )),
             };
             let provider: Arc<dyn ModelProvider> = match work.replayer() {
                 None => provider,
@@ -780,6 +815,7 @@ fn hide_keys(config: &mut HostConfig) {
         })
         .chain(config.web.search_api_key_env.clone())
         .chain(config.mcp_token_env.clone())
+        .chain(data::run_log_secret_names(config.runlog_url.as_deref()))
         .collect();
     keys.sort();
     keys.dedup();

@@ -117,6 +117,16 @@ impl RunLogSink {
         }
     }
 
+    /// Log one model exchange made outside any prompt (a test's judge).
+    pub fn exchange(&self, exchange: pf_runlog::ExchangeRecord) {
+        if let Some(usage) = &exchange.usage {
+            self.add_usage(usage);
+        }
+        self.with(|w| {
+            w.exchange(exchange);
+        });
+    }
+
     /// Log one event the run keeps: its line is written now (its fields
     /// are kept as JSON text, so that is a few copies), and the event stays
     /// with the run.

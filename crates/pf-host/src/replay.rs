@@ -356,7 +356,7 @@ pub fn request_diff(logged: &Json, now: &Json) -> Option<String> {
 // ---------------------------------------------------------------------------
 
 /// A logged response body back as the Harness type.
-fn response_of(body: &Json) -> ChatResponse {
+pub(crate) fn response_of(body: &Json) -> ChatResponse {
     let text = |key: &str| body.get(key).and_then(Json::as_str).map(str::to_string);
     let tool_calls: Vec<ToolCall> = body
         .get("tool_calls")

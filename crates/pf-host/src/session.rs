@@ -40,6 +40,7 @@ use pf_syntax::{ArgType, Prompt};
 use pf_trace::otlp::{OtlpTrace, RunInfo};
 use serde_json::Value as Json;
 
+use crate::data::RunLogTarget;
 use crate::observe::{HostObserver, SectionTracker};
 use crate::prompt_files::{arg_type_name, collect_output, place_input, private_store_dir};
 use crate::record::{Recorder, RunLogSink};
@@ -74,6 +75,11 @@ pub struct RunSettings {
     pub model: Option<String>,
     /// The OTLP/HTTP collector, checked to be a usable URL.
     pub otlp: Option<String>,
+    /// Model rounds answered from earlier logged exchanges (`test --cache`).
+    pub cache: Option<crate::cache::CacheUse>,
+    /// Where the run is logged: `PROMPTFORGE_RUNLOG_URL`, else the host
+    /// file's `[runlog] url`, else the data directory's SQLite file.
+    pub run_log: RunLogTarget,
 }
 
 impl RunSettings {
@@ -108,12 +114,45 @@ impl RunSettings {
         if let Some(url) = &otlp {
             pf_trace::otlp::traces_url(url).map_err(|m| format!("--otlp: {m}"))?;
         }
+        let run_log = RunSettings::run_log_of(&host)?;
         Ok(RunSettings {
             host_path,
             host,
             model,
             otlp,
+            cache: None,
+            run_log,
         })
+    }
+
+    /// Where runs are logged and read: `PROMPTFORGE_RUNLOG_URL` when set,
+    /// else the host file's `[runlog] url`, else the data directory. The
+    /// one rule every command follows, those that run prompts (through
+    /// [`RunSettings::resolve`]) and those that only read the log (`runs`,
+    /// `show`, `replay`, through [`RunSettings::run_log_at`]).
+    pub fn run_log_of(host: &HostConfig) -> Result<RunLogTarget, String> {
+        match std::env::var(crate::data::RUNLOG_URL_ENV) {
+            Ok(url) if !url.trim().is_empty() => {
+                RunLogTarget::postgres(&url, pf_runlog_postgres::UrlSource::Environment)
+                    .map_err(|e| format!("{}: {e}", crate::data::RUNLOG_URL_ENV))
+            }
+            _ => match &host.runlog_url {
+                Some(url) => RunLogTarget::postgres(url, pf_runlog_postgres::UrlSource::HostFile)
+                    .map_err(|e| format!("host file: [runlog] url: {e}")),
+                None => Ok(RunLogTarget::DataDir),
+            },
+        }
+    }
+
+    /// [`RunSettings::run_log_of`] for a command that reads the log only:
+    /// the host file at `host_path` (`--host`, else the default place) is
+    /// read for its `[runlog]` table.
+    pub fn run_log_at(host_path: Option<&Path>) -> Result<RunLogTarget, String> {
+        if std::env::var(crate::data::RUNLOG_URL_ENV).is_ok_and(|url| !url.trim().is_empty()) {
+            return RunSettings::run_log_of(&HostConfig::load(None)?);
+        }
+        let host = HostConfig::load(host_path)?;
+        RunSettings::run_log_of(&host)
     }
 
     /// `--no-stream`: never stream a round, not even for live output (a
@@ -172,6 +211,9 @@ pub struct RunPlan {
     pub resumed_from: Option<String>,
     /// The `promptforge batch` the run belongs to (its id, logged with the run).
     pub batch: Option<String>,
+    /// The run's input within its batch: `(batch, input_index)` has at most
+    /// one completed run in the log (`RunLog::input_run` finds it).
+    pub input_index: Option<u64>,
     /// Host work answered from a logged run, and how.
     pub replay: Option<(LoggedWork, ReplayMode)>,
     /// Cancels the run (a signal, a client's cancel).
@@ -256,21 +298,25 @@ impl RunSession {
         };
         let sink = (!plan.no_log)
             .then(|| {
-                crate::data::begin_run_log(RunStart {
-                    execution: execution.clone(),
-                    prompt_path: display_path(&plan.file),
-                    prompt_text: String::from_utf8_lossy(&plan.source).into_owned(),
-                    args: Json::String(logged_args),
-                    seed: plan.seed,
-                    start_rfc3339: pf_engine::format_when(plan.start_ms),
-                    start_ms: plan.start_ms,
-                    host_file: plan.settings.host_path.as_deref().map(display_path),
-                    model: plan.settings.model.clone(),
-                    store_dir: Some(display_path(&store_dir)),
-                    replay_of: plan.replay_of.clone(),
-                    resumed_from: plan.resumed_from.clone(),
-                    batch: plan.batch.clone(),
-                })
+                crate::data::begin_run_log(
+                    &plan.settings.run_log,
+                    RunStart {
+                        execution: execution.clone(),
+                        prompt_path: display_path(&plan.file),
+                        prompt_text: String::from_utf8_lossy(&plan.source).into_owned(),
+                        args: Json::String(logged_args),
+                        seed: plan.seed,
+                        start_rfc3339: pf_engine::format_when(plan.start_ms),
+                        start_ms: plan.start_ms,
+                        host_file: plan.settings.host_path.as_deref().map(display_path),
+                        model: plan.settings.model.clone(),
+                        store_dir: Some(display_path(&store_dir)),
+                        replay_of: plan.replay_of.clone(),
+                        resumed_from: plan.resumed_from.clone(),
+                        batch: plan.batch.clone(),
+                        input_index: plan.input_index,
+                    },
+                )
             })
             .flatten();
         Ok(RunSession {
@@ -395,7 +441,7 @@ impl RunSession {
             .with_trace(trace.clone())
             .with_prompt_file(&file)
             .streaming(host.stream);
-        let assembled = host.assemble_for(current, &work);
+        let assembled = host.assemble_cached(current, &work, settings.cache.as_ref());
         let finished = match assembled {
             Ok(mut assembled) => {
                 if let (Some(broker), None) = (input_broker, &host.answers) {

@@ -179,6 +179,7 @@ fn run_on_this_thread(tool: &PromptTool, args: String, setup: CallSetup) -> RunR
         replay_of: None,
         resumed_from: None,
         batch: None,
+        input_index: None,
         replay: None,
         cancel: setup.cancel,
         watchers: setup.observer.into_iter().collect(),

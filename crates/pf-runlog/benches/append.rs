@@ -37,6 +37,7 @@ fn start() -> RunStart {
         replay_of: None,
         resumed_from: None,
         batch: None,
+        input_index: None,
     }
 }
 

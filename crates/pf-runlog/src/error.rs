@@ -29,6 +29,10 @@ pub enum RunLogError {
     },
     #[error("run log {}: {detail}", path.display())]
     Sqlite { path: PathBuf, detail: String },
+    /// A run log on a server (PostgreSQL) could not be reached or read;
+    /// `name` is its URL without the password.
+    #[error("run log {name}: {detail}")]
+    Server { name: String, detail: String },
     /// `RUN` names no logged run. `recent` holds the newest executions, as hints.
     #[error("no logged run matches `{run}`")]
     Unknown { run: String, recent: Vec<String> },

@@ -21,9 +21,10 @@ const HEADER: usize = 1 + 8 + 8;
 /// are a corrupt header, refused before anything is allocated for them.
 const MAX_RATIO: usize = 256;
 
-/// Packing reuses its buffers from one commit to the next.
+/// Compresses a commit's lines for a backend to store (packing reuses its
+/// buffers from one commit to the next).
 #[derive(Debug, Default)]
-pub(crate) struct Packer {
+pub struct Packer {
     joined: Vec<u8>,
     packed: Vec<u8>,
 }
@@ -58,7 +59,7 @@ impl Packer {
 
     /// `lines` and `work` packed, or `None` if they cannot be (the row is
     /// then stored as plain text, as version 5 stored it).
-    pub(crate) fn pack(&mut self, lines: &[u8], work: &[u8]) -> Option<&[u8]> {
+    pub fn pack(&mut self, lines: &[u8], work: &[u8]) -> Option<&[u8]> {
         self.joined.clear();
         self.joined.extend_from_slice(lines);
         self.joined.extend_from_slice(work);

@@ -1,49 +1,39 @@
 //! Reading runs back: listing, resolving `RUN`, and each run's rows in order.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use rusqlite::types::{Type, ValueRef};
 use rusqlite::{params, OptionalExtension, Row};
 use serde_json::Value;
 
-use crate::buffer::parse_line;
+use crate::backend::RunStore;
 use crate::db::from_sql_int;
+use crate::decode::{self, continued_request, BatchRow, DecodeError};
 use crate::error::{classify, RunLogError};
 use crate::records::{
     ActivationRecord, AnswerRecord, EventRecord, ExchangeRecord, Outcome, PruneReport,
     PruneSelection, PrunedRun, RunEnd, RunFilter, RunId, RunRecord, RunStart, RunSummary,
     StoredRow, TokenUsage, ToolCallRecord, RUNNING,
 };
-use crate::{packed, work, RunLog};
 
-/// A request stored as what it adds to `earlier` (the whole request it
-/// continues), made whole: `earlier`'s messages, then the added ones, with
-/// the added body's own other fields in their own order. A base that is
-/// missing (never written) leaves the added messages alone.
-fn continued_request(earlier: Option<&Value>, mut added: Value, same_tools: bool) -> Value {
-    let prefix = earlier
-        .and_then(|base| base.get("messages"))
-        .and_then(Value::as_array);
-    if let (Some(prefix), Some(Value::Array(messages))) = (prefix, added.get_mut("messages")) {
-        let mut whole = Vec::with_capacity(prefix.len() + messages.len());
-        whole.extend(prefix.iter().cloned());
-        whole.append(messages);
-        *messages = whole;
-    }
-    let tools = earlier
-        .and_then(|base| base.get("tools"))
-        .filter(|_| same_tools);
-    match (tools, added) {
-        // The request's own order: `messages`, `tools`, then the rest.
-        (Some(tools), Value::Object(fields)) => {
-            let mut whole = serde_json::Map::with_capacity(fields.len() + 1);
-            let mut fields = fields.into_iter();
-            whole.extend(fields.next());
-            whole.insert("tools".to_owned(), tools.clone());
-            whole.extend(fields);
-            Value::Object(whole)
-        }
-        (_, added) => added,
+/// A run log in one SQLite file, open for reading.
+#[derive(Debug)]
+pub(crate) struct SqliteStore {
+    path: PathBuf,
+    conn: rusqlite::Connection,
+}
+
+impl SqliteStore {
+    /// Open the database at `path`, creating it (and its directory) if it
+    /// does not exist, and migrating it if an older build wrote it.
+    pub(crate) fn open(path: &Path) -> Result<SqliteStore, RunLogError> {
+        let conn = crate::db::connect(path, Duration::from_secs(5), crate::db::BUSY_RETRIES)?;
+        Ok(SqliteStore {
+            path: path.to_owned(),
+            conn,
+        })
     }
 }
 
@@ -107,7 +97,7 @@ fn outcome_columns(row: &Row<'_>, index: usize) -> rusqlite::Result<Option<Outco
 const RUN_COLUMNS: &str = "id, execution, prompt_path, prompt_text, prompt_sha256, args_json, seed,
     start_rfc3339, start_ms, host_file, model, store_dir, replay_of, resumed_from,
     started_at_ms, finished_at_ms, outcome, result, error_kind, error_message, duration_ms,
-    input_tokens, output_tokens, total_tokens, batch";
+    input_tokens, output_tokens, total_tokens, batch, input_index";
 
 fn run_record(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
     let seed_text: String = row.get(6)?;
@@ -128,6 +118,7 @@ fn run_record(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
         replay_of: row.get(12)?,
         resumed_from: row.get(13)?,
         batch: row.get(24)?,
+        input_index: optional_u64_column(row, 25)?,
     };
     let end = outcome_columns(row, 16)?.map(|outcome| -> rusqlite::Result<RunEnd> {
         Ok(RunEnd {
@@ -146,7 +137,7 @@ fn run_record(row: &Row<'_>) -> rusqlite::Result<RunRecord> {
     })
 }
 
-impl RunLog {
+impl SqliteStore {
     fn fail(&self, err: rusqlite::Error) -> RunLogError {
         classify(&self.path, err)
     }
@@ -162,7 +153,8 @@ impl RunLog {
             .prepare_cached(
                 "SELECT id, execution, prompt_path, start_rfc3339, started_at_ms, model,
                     coalesce(outcome, ?4), duration_ms,
-                    input_tokens, output_tokens, total_tokens, replay_of, resumed_from, batch
+                    input_tokens, output_tokens, total_tokens, replay_of, resumed_from, batch,
+                    input_index
                  FROM runs
                  WHERE (?1 IS NULL OR instr(prompt_path, ?1) > 0)
                    AND (?2 IS NULL OR coalesce(outcome, ?4) = ?2)
@@ -194,6 +186,7 @@ impl RunLog {
                         replay_of: row.get(11)?,
                         resumed_from: row.get(12)?,
                         batch: row.get(13)?,
+                        input_index: optional_u64_column(row, 14)?,
                     })
                 },
             )
@@ -305,20 +298,19 @@ impl RunLog {
             .map_err(|e| self.fail(e))
     }
 
-    /// The run's events in the order they were logged.
-    pub fn events(&self, id: RunId) -> Result<Vec<EventRecord>, RunLogError> {
-        self.event_rows(id, None, None)
-    }
-
-    /// One task's events with `provenance.seq` above `after_seq` (all when
-    /// `None`), in the order they were logged: `tasks.events` with `last`.
-    pub fn events_of_task(
-        &self,
-        id: RunId,
-        task: &str,
-        after_seq: Option<u32>,
-    ) -> Result<Vec<EventRecord>, RunLogError> {
-        self.event_rows(id, Some(task), after_seq)
+    /// See [`RunStore::input_run`]: the completed run first, else the newest.
+    pub fn input_run(&self, batch: &str, index: u64) -> Result<Option<RunRecord>, RunLogError> {
+        self.conn
+            .query_row(
+                &format!(
+                    "SELECT {RUN_COLUMNS} FROM runs WHERE batch = ?1 AND input_index = ?2
+                     ORDER BY outcome = 'completed' DESC, started_at_ms DESC, id DESC LIMIT 1"
+                ),
+                params![batch, crate::db::to_sql_int(index)],
+                run_record,
+            )
+            .optional()
+            .map_err(|e| self.fail(e))
     }
 
     fn event_rows(
@@ -354,55 +346,54 @@ impl RunLog {
         let mut events = rows
             .collect::<rusqlite::Result<Vec<_>>>()
             .map_err(|e| self.fail(e))?;
-        // ...and a commit's worth per row since version 4 (dense lines since 5).
-        // Since version 6 most rows are packed (`lines` is then empty).
-        let mut query = self
-            .conn
-            .prepare_cached(
-                "SELECT first_ord, lines, packed FROM event_batches WHERE run_id = ?1 AND count > 0
-                 ORDER BY first_ord",
-            )
-            .map_err(|e| self.fail(e))?;
-        let mut batches = query.query([id.0]).map_err(|e| self.fail(e))?;
-        let wanted =
-            |e: &EventRecord| task.is_none_or(|task| e.task == task && i64::from(e.seq) > after);
+        drop(query);
+        // ...and a commit's worth per row since version 4 (dense lines since
+        // 5, most rows packed since 6).
         let from_rows = events.len();
-        while let Some(row) = batches.next().map_err(|e| self.fail(e))? {
-            let first: i64 = row.get(0).map_err(|e| self.fail(e))?;
-            let unpacked = self.unpacked(id, row, 2)?;
-            let plain: String;
-            let lines = match &unpacked {
-                Some(unpacked) => unpacked.lines(),
-                None => {
-                    plain = row.get(1).map_err(|e| self.fail(e))?;
-                    &plain
-                }
-            };
-            for (at, line) in (first..).zip(lines.lines()) {
-                let (kind, section, task, seq, fields) = parse_line(line).map_err(|err| {
-                    self.fail(rusqlite::Error::FromSqlConversionFailure(
-                        1,
-                        Type::Text,
-                        Box::new(err),
-                    ))
-                })?;
-                let event = EventRecord {
-                    kind,
-                    section,
-                    task,
-                    seq,
-                    fields,
-                };
-                if wanted(&event) {
-                    events.push((at, event));
-                }
-            }
-        }
+        let batches = self.batch_rows(id)?;
+        decode::events(&batches, task, after_seq, &mut events).map_err(|e| self.bad_row(id, e))?;
         if from_rows > 0 && events.len() > from_rows {
             // A run is written by one build, so this does not happen; keep the order if it does.
             events.sort_by_key(|(ord, _)| *ord);
         }
         Ok(events.into_iter().map(|(_, event)| event).collect())
+    }
+
+    /// The run's `event_batches` rows in the order they were written.
+    fn batch_rows(&self, id: RunId) -> Result<Vec<BatchRow>, RunLogError> {
+        let mut query = self
+            .conn
+            .prepare_cached(
+                "SELECT first_ord, lines, work, packed FROM event_batches
+                 WHERE run_id = ?1 ORDER BY first_ord, id",
+            )
+            .map_err(|e| self.fail(e))?;
+        let mut rows = query.query([id.0]).map_err(|e| self.fail(e))?;
+        let mut out = Vec::new();
+        while let Some(row) = rows.next().map_err(|e| self.fail(e))? {
+            out.push(self.batch_row(id, row, 0)?);
+        }
+        Ok(out)
+    }
+
+    /// The four columns from `first`: `first_ord, lines, work, packed`.
+    fn batch_row(&self, id: RunId, row: &Row<'_>, first: usize) -> Result<BatchRow, RunLogError> {
+        let packed = match row.get_ref(first + 3).map_err(|e| self.fail(e))? {
+            ValueRef::Null => None,
+            ValueRef::Blob(bytes) => Some(bytes.to_vec()),
+            _ => {
+                return Err(self.bad_row(
+                    id,
+                    DecodeError("its packed column is not a BLOB".to_owned()),
+                ));
+            }
+        };
+        Ok(BatchRow {
+            first_ord: row.get(first).map_err(|e| self.fail(e))?,
+            lines: row.get(first + 1).map_err(|e| self.fail(e))?,
+            work: row.get(first + 2).map_err(|e| self.fail(e))?,
+            packed,
+        })
     }
 
     /// The run's model exchanges in the order they were logged, each with
@@ -454,111 +445,17 @@ impl RunLog {
             out.push(record);
         }
         drop(query);
-        // Since version 5, work lines; `extends` names a handle of the run.
-        let mut position: HashMap<u64, usize> = HashMap::new();
-        self.work_lines(id, 'x', |line| {
-            let x: work::ExchangeLine = serde_json::from_str(line)?;
-            let mut request = x.request;
-            if let Some(base) = x.extends {
-                let earlier = position.get(&base).map(|&at| &out[at].request);
-                request = continued_request(earlier, request, x.same_tools);
-            }
-            position.insert(x.handle, out.len());
-            out.push(ExchangeRecord {
-                task: x.task,
-                seq: x.seq,
-                section: x.section,
-                model: x.model,
-                attempt: x.attempt,
-                request,
-                response: x.response,
-                error: x.error,
-                status: x.status,
-                started_ms: x.started_ms,
-                duration_ms: x.duration_ms,
-                usage: x.usage.map(|(input, output, total)| TokenUsage {
-                    input,
-                    output,
-                    total,
-                }),
-            });
-            Ok(())
-        })?;
+        // Since version 5, work lines.
+        let batches = self.batch_rows(id)?;
+        decode::exchanges(&batches, &mut out).map_err(|e| self.bad_row(id, e))?;
         Ok(out)
     }
 
-    /// Call `each` with every work line of run `id` whose kind is `tag`,
-    /// in the order they were logged.
-    fn work_lines(
-        &self,
-        id: RunId,
-        tag: char,
-        mut each: impl FnMut(&str) -> serde_json::Result<()>,
-    ) -> Result<(), RunLogError> {
-        let mut query = self
-            .conn
-            .prepare_cached(
-                "SELECT work, packed FROM event_batches
-                 WHERE run_id = ?1 AND (work IS NOT NULL OR packed IS NOT NULL)
-                 ORDER BY first_ord, id",
-            )
-            .map_err(|e| self.fail(e))?;
-        let mut rows = query.query([id.0]).map_err(|e| self.fail(e))?;
-        while let Some(row) = rows.next().map_err(|e| self.fail(e))? {
-            let unpacked = self.unpacked(id, row, 1)?;
-            let text = match &unpacked {
-                Some(unpacked) => unpacked.work(),
-                None => row
-                    .get_ref(0)
-                    .map_err(|e| self.fail(e))?
-                    .as_str()
-                    .map_err(|e| {
-                        self.fail(rusqlite::Error::FromSqlConversionFailure(
-                            0,
-                            Type::Text,
-                            Box::new(e),
-                        ))
-                    })?,
-            };
-            for line in text.lines().filter(|line| work::is(line, tag)) {
-                each(line).map_err(|err| {
-                    self.fail(rusqlite::Error::FromSqlConversionFailure(
-                        0,
-                        Type::Text,
-                        Box::new(err),
-                    ))
-                })?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Column `index` of an `event_batches` row unpacked, `None` when the
-    /// row is not packed (an older build's, or one left as text).
-    fn unpacked(
-        &self,
-        id: RunId,
-        row: &Row<'_>,
-        index: usize,
-    ) -> Result<Option<packed::Unpacked>, RunLogError> {
-        let bytes = row.get_ref(index).map_err(|e| self.fail(e))?;
-        let bytes = match bytes {
-            ValueRef::Null => return Ok(None),
-            ValueRef::Blob(bytes) => bytes,
-            _ => {
-                return Err(self.bad_row(id, "its packed column is not a BLOB".to_owned()));
-            }
-        };
-        packed::unpack(bytes)
-            .map(Some)
-            .map_err(|detail| self.bad_row(id, detail))
-    }
-
-    fn bad_row(&self, id: RunId, detail: String) -> RunLogError {
+    fn bad_row(&self, id: RunId, detail: DecodeError) -> RunLogError {
         RunLogError::BadRow {
             path: self.path.clone(),
             run: id.0,
-            detail,
+            detail: detail.0,
         }
     }
 
@@ -574,27 +471,8 @@ impl RunLog {
         let mut out = Vec::new();
         while let Some(row) = rows.next().map_err(|e| self.fail(e))? {
             let run = RunId(row.get(0).map_err(|e| self.fail(e))?);
-            let first_ord = row.get(1).map_err(|e| self.fail(e))?;
-            let stored = match self.unpacked(run, row, 4)? {
-                Some(unpacked) => StoredRow {
-                    run,
-                    first_ord,
-                    packed: true,
-                    lines: unpacked.lines().to_owned(),
-                    work: unpacked.work().to_owned(),
-                },
-                None => StoredRow {
-                    run,
-                    first_ord,
-                    packed: false,
-                    lines: row.get(2).map_err(|e| self.fail(e))?,
-                    work: row
-                        .get::<_, Option<String>>(3)
-                        .map_err(|e| self.fail(e))?
-                        .unwrap_or_default(),
-                },
-            };
-            out.push(stored);
+            let batch = self.batch_row(run, row, 1)?;
+            out.push(decode::stored(run, batch).map_err(|e| self.bad_row(run, e))?);
         }
         Ok(out)
     }
@@ -627,10 +505,8 @@ impl RunLog {
             .collect::<rusqlite::Result<Vec<_>>>()
             .map_err(|e| self.fail(e))?;
         drop(query);
-        self.work_lines(id, 't', |line| {
-            calls.push(work::tool_call(line)?);
-            Ok(())
-        })?;
+        let batches = self.batch_rows(id)?;
+        decode::tool_calls(&batches, &mut calls).map_err(|e| self.bad_row(id, e))?;
         Ok(calls)
     }
 
@@ -658,10 +534,8 @@ impl RunLog {
             .collect::<rusqlite::Result<Vec<_>>>()
             .map_err(|e| self.fail(e))?;
         drop(query);
-        self.work_lines(id, 'a', |line| {
-            answers.push(work::answer(line)?);
-            Ok(())
-        })?;
+        let batches = self.batch_rows(id)?;
+        decode::answers(&batches, &mut answers).map_err(|e| self.bad_row(id, e))?;
         Ok(answers)
     }
 
@@ -686,10 +560,8 @@ impl RunLog {
             .collect::<rusqlite::Result<Vec<_>>>()
             .map_err(|e| self.fail(e))?;
         drop(query);
-        self.work_lines(id, 'p', |line| {
-            activations.push(work::activation(line)?);
-            Ok(())
-        })?;
+        let batches = self.batch_rows(id)?;
+        decode::activations(&batches, &mut activations).map_err(|e| self.bad_row(id, e))?;
         Ok(activations)
     }
 }
@@ -718,7 +590,7 @@ const RUN_TABLES: &[&str] = &[
     "activations",
 ];
 
-impl RunLog {
+impl SqliteStore {
     /// Delete the finished runs `selection` names, with every row of theirs,
     /// in one transaction; with `dry_run`, only report what would go. Runs
     /// still running (no logged end) are never selected. Newest first.
@@ -794,5 +666,50 @@ impl RunLog {
             tx.commit().map_err(fail)?;
         }
         Ok(PruneReport { runs, rows })
+    }
+}
+
+impl RunStore for SqliteStore {
+    fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, RunLogError> {
+        SqliteStore::list_runs(self, filter)
+    }
+    fn resolve(&self, run: &str) -> Result<RunId, RunLogError> {
+        SqliteStore::resolve(self, run)
+    }
+    fn run(&self, id: RunId) -> Result<Option<RunRecord>, RunLogError> {
+        SqliteStore::run(self, id)
+    }
+    fn input_run(&self, batch: &str, index: u64) -> Result<Option<RunRecord>, RunLogError> {
+        SqliteStore::input_run(self, batch, index)
+    }
+    fn event_rows(
+        &self,
+        id: RunId,
+        task: Option<&str>,
+        after_seq: Option<u32>,
+    ) -> Result<Vec<EventRecord>, RunLogError> {
+        SqliteStore::event_rows(self, id, task, after_seq)
+    }
+    fn exchanges(&self, id: RunId) -> Result<Vec<ExchangeRecord>, RunLogError> {
+        SqliteStore::exchanges(self, id)
+    }
+    fn tool_calls(&self, id: RunId) -> Result<Vec<ToolCallRecord>, RunLogError> {
+        SqliteStore::tool_calls(self, id)
+    }
+    fn answers(&self, id: RunId) -> Result<Vec<AnswerRecord>, RunLogError> {
+        SqliteStore::answers(self, id)
+    }
+    fn activations(&self, id: RunId) -> Result<Vec<ActivationRecord>, RunLogError> {
+        SqliteStore::activations(self, id)
+    }
+    fn stored_rows(&self) -> Result<Vec<StoredRow>, RunLogError> {
+        SqliteStore::stored_rows(self)
+    }
+    fn prune(
+        &mut self,
+        selection: PruneSelection,
+        dry_run: bool,
+    ) -> Result<PruneReport, RunLogError> {
+        SqliteStore::prune(self, selection, dry_run)
     }
 }

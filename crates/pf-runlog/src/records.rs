@@ -42,6 +42,11 @@ pub struct RunStart {
     pub resumed_from: Option<String>,
     /// The `promptforge batch` this run belongs to, by batch id.
     pub batch: Option<String>,
+    /// The run's input within its batch (0-based), when it runs one:
+    /// `(batch, input_index)` has at most one completed run in the log
+    /// ([`RunStore::input_run`](crate::RunStore::input_run) finds it).
+    #[serde(default)]
+    pub input_index: Option<u64>,
 }
 
 /// How a run ended.
@@ -226,6 +231,8 @@ pub struct RunSummary {
     pub resumed_from: Option<String>,
     /// The batch the run belongs to.
     pub batch: Option<String>,
+    /// The run's input within its batch.
+    pub input_index: Option<u64>,
 }
 
 /// Which runs [`RunLog::list_runs`](crate::RunLog::list_runs) returns.

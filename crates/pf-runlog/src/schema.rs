@@ -202,8 +202,19 @@ END;
 INSERT INTO runs_text(runs_text) VALUES ('rebuild');
 ";
 
+/// Version 9, batches run by many workers exactly once: the run's input
+/// within its batch, and at most one completed run per `(batch,
+/// input_index)` (a partial unique index; the writer logs a second
+/// completion as failed, kind `Duplicate`, before it could break it).
+const V9: &str = "
+ALTER TABLE runs ADD COLUMN input_index INTEGER;
+CREATE INDEX runs_by_input ON runs(batch, input_index) WHERE input_index IS NOT NULL;
+CREATE UNIQUE INDEX runs_completed_input ON runs(batch, input_index)
+    WHERE outcome = 'completed' AND batch IS NOT NULL AND input_index IS NOT NULL;
+";
+
 /// Every migration in order; entry `i` takes the database to version `i + 1`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8];
+pub const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9];
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

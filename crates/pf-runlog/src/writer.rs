@@ -11,16 +11,17 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rusqlite::{params, Connection, Transaction, TransactionBehavior};
 use sha2::{Digest, Sha256};
 
+use crate::backend::{
+    CommitConnection, CommitError, ConnectSettings, PendingRun, RunLogBackend, SqliteBackend,
+};
 use crate::buffer::{EventBuffer, LogEvent, Taken};
-use crate::db::{connect, retry_busy, to_sql_int, BUSY_RETRIES};
-use crate::error::is_busy;
+use crate::db::BUSY_RETRIES;
 use crate::packed::Packer;
 use crate::records::{
     ActivationRecord, AnswerRecord, EventRecord, ExchangeDraft, ExchangeHandle, ExchangeParts,
-    ExchangeRecord, Outcome, RunEnd, RunStart, TokenUsage, ToolCallRecord,
+    ExchangeRecord, RunEnd, RunStart, ToolCallRecord,
 };
 
 /// A callback that receives the writer's one warning.
@@ -277,7 +278,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 impl std::fmt::Debug for RunWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RunWriter")
-            .field("path", &self.shared.db.path)
+            .field("log", &self.shared.db.name)
             .finish_non_exhaustive()
     }
 }
@@ -298,7 +299,7 @@ struct Shared {
 
 impl Shared {
     fn warn(&self, problem: &str) {
-        let message = warning_text(&self.db.path, problem);
+        let message = warning_text(&self.db.name, problem);
         if self.warning.set_first(message.clone()) {
             tracing::warn!("{message}");
             if let Some(sink) = &self.options.on_warning {
@@ -329,7 +330,11 @@ impl Shared {
 /// locks and its wake-up, and a run that begins wakes nobody while the
 /// thread is still looking each window.
 struct Database {
-    path: PathBuf,
+    backend: Arc<dyn RunLogBackend>,
+    /// The backend's key: runs on the same key share this database.
+    key: String,
+    /// The backend's name, as warnings say it.
+    name: String,
     /// Runs with other schedule options get a database of their own.
     schedule: Schedule,
     /// The connection and every run's uncommitted rows. Whoever holds it
@@ -391,15 +396,16 @@ impl Database {
     /// its thread if it has none. `make` builds the run's shared part given
     /// the database.
     fn join(
-        path: PathBuf,
+        backend: Arc<dyn RunLogBackend>,
         schedule: Schedule,
         make: impl FnOnce(Arc<Database>) -> Arc<Shared>,
     ) -> (Arc<Shared>, std::io::Result<()>) {
+        let key = backend.key();
         let (db, started) = {
             let mut databases = lock(&DATABASES);
             let found = databases
                 .iter()
-                .find(|db| db.path == path && db.schedule == schedule)
+                .find(|db| db.key == key && db.schedule == schedule)
                 .cloned();
             match found {
                 Some(db) => {
@@ -408,7 +414,9 @@ impl Database {
                 }
                 None => {
                     let db = Arc::new(Database {
-                        path: path.clone(),
+                        name: backend.name(),
+                        backend,
+                        key,
                         schedule,
                         core: Mutex::new(Core::default()),
                         joining: Mutex::new(Vec::new()),
@@ -532,7 +540,7 @@ fn database_thread(db: &Arc<Database>) {
 /// The database side: the connection, opened by whoever commits first, and
 /// every registered run's uncommitted rows.
 struct Core {
-    conn: Option<Connection>,
+    conn: Option<Box<dyn CommitConnection>>,
     /// Whether opening was tried since the last run joined (a connection
     /// that cannot be opened is tried again for the next run, not each window).
     opened: bool,
@@ -550,6 +558,8 @@ struct RunState {
     /// Set once a write failed: everything after is dropped.
     disabled: bool,
     pending_start: Option<(RunStart, i64)>,
+    /// `(batch, input index)` when the run runs one input of a batch.
+    input: Option<(String, u64)>,
     /// The run's row, once inserted.
     run_id: Option<i64>,
     next_ord: i64,
@@ -598,10 +608,10 @@ impl RunState {
         !self.events.is_empty() || self.end.is_some() || self.pending_start.is_some()
     }
 
-    fn give_up(&mut self, path: &std::path::Path, problem: &str) {
+    fn give_up(&mut self, name: &str, problem: &str) {
         self.disabled = true;
         let problem = problem
-            .strip_prefix(&format!("run log {}: ", path.display()))
+            .strip_prefix(&format!("run log {name}: "))
             .unwrap_or(problem);
         self.shared.warn(problem);
         self.drop_queued();
@@ -660,31 +670,17 @@ impl Core {
         self.opened = true;
         let options = &db.schedule;
         db.in_database.store(true, Ordering::SeqCst);
-        match connect(&db.path, options.busy_timeout, options.busy_retries) {
+        let settings = ConnectSettings {
+            busy_timeout: options.busy_timeout,
+            busy_retries: options.busy_retries,
+            max_page_count: options.max_page_count,
+        };
+        match db.backend.connect(&settings) {
             Ok(conn) => {
-                // Closing the last connection would checkpoint the WAL into
-                // the database, fsync both and delete the WAL, which the next
-                // process then recreates (fsyncing the directory): several ms,
-                // and a busy database for a run that starts meanwhile.
-                // Committed rows are in the WAL either way; a run's end
-                // checkpoints it once it grew (`tidy_wal`).
-                let _ = conn.set_db_config(
-                    rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
-                    true,
-                );
-                // A checkpoint that empties the WAL lets the next commit start
-                // it over; this truncates it then to what that commit writes,
-                // so its length tells how much a new connection reads back.
-                // (Keeping its length instead made commits overwrite pages
-                // still under writeback, which stalls them for milliseconds.)
-                let _ = conn.pragma_update(None, "journal_size_limit", 0);
-                if let Some(pages) = options.max_page_count {
-                    let _ = conn.pragma_update(None, "max_page_count", pages);
-                }
                 self.conn = Some(conn);
                 self.open_problem = None;
             }
-            Err(err) => self.open_problem = Some(err.to_string()),
+            Err(problem) => self.open_problem = Some(problem),
         }
         db.in_database.store(false, Ordering::SeqCst);
     }
@@ -713,7 +709,7 @@ impl Core {
                 .unwrap_or_else(|| "cannot open the database".to_owned());
             for run in self.runs.iter_mut().filter(|run| !run.disabled) {
                 if run.has_work() {
-                    run.give_up(&db.path, &problem);
+                    run.give_up(&db.name, &problem);
                 }
             }
             return Committed::Done;
@@ -730,43 +726,40 @@ impl Core {
         let Some(conn) = self.conn.as_mut() else {
             return Committed::Done;
         };
-        let _ = conn.busy_timeout(busy_timeout);
-        let runs = &self.runs;
-        let packer = &mut self.packer;
-        // Each run's row and next event number, as the transaction left them.
-        let mut placed: Vec<(Option<i64>, i64)> = Vec::with_capacity(runs.len());
-        let written = retry_busy(retries, || {
-            placed.clear();
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            for run in runs {
-                let mut id = run.run_id;
-                let mut ord = run.next_ord;
-                if !run.disabled && run.has_work() {
-                    if id.is_none() {
-                        if let Some((start, started_at_ms)) = run.pending_start.as_ref() {
-                            id = Some(insert_run(&tx, start, *started_at_ms)?);
-                        }
-                    }
-                    if let Some(id) = id {
-                        ord = insert_events(&tx, packer, id, ord, &run.events)?;
-                        if let Some(end) = &run.end {
-                            write_end(&tx, id, end)?;
-                        }
-                    }
+        let pending: Vec<PendingRun<'_>> = self
+            .runs
+            .iter()
+            .map(|run| {
+                let active = !run.disabled && run.has_work();
+                PendingRun {
+                    run_id: run.run_id,
+                    start: run
+                        .pending_start
+                        .as_ref()
+                        .filter(|_| active)
+                        .map(|(start, at)| (start, *at)),
+                    next_ord: run.next_ord,
+                    lines: if active { &run.events.lines } else { &[] },
+                    count: if active { run.events.count } else { 0 },
+                    work: if active { &run.events.work } else { &[] },
+                    end: run.end.as_ref().filter(|_| active),
+                    input: run
+                        .input
+                        .as_ref()
+                        .map(|(batch, index)| (batch.as_str(), *index)),
                 }
-                placed.push((id, ord));
-            }
-            tx.commit()?;
-            Ok(())
-        });
+            })
+            .collect();
+        let written = conn.commit(&pending, &mut self.packer, busy_timeout, retries);
+        drop(pending);
         match written {
-            Ok(()) => {
-                for (run, (id, ord)) in self.runs.iter_mut().zip(placed) {
+            Ok(placed) => {
+                for (run, placed) in self.runs.iter_mut().zip(placed) {
                     if run.disabled || !run.has_work() {
                         continue;
                     }
-                    run.run_id = id;
-                    run.next_ord = ord;
+                    run.run_id = placed.run_id;
+                    run.next_ord = placed.next_ord;
                     run.pending_start = None;
                     run.events.clear();
                     if run.end.take().is_some() {
@@ -776,12 +769,11 @@ impl Core {
                 }
                 Committed::Done
             }
-            Err(err) if is_busy(&err) && busy_timeout < db.schedule.busy_timeout => Committed::Busy,
-            Err(err) => {
-                let problem = crate::error::classify(&db.path, err).to_string();
+            Err(CommitError::Busy(_)) if busy_timeout < db.schedule.busy_timeout => Committed::Busy,
+            Err(CommitError::Busy(problem) | CommitError::Failed(problem)) => {
                 for run in self.runs.iter_mut().filter(|run| !run.disabled) {
                     if run.has_work() {
-                        run.give_up(&db.path, &problem);
+                        run.give_up(&db.name, &problem);
                     }
                 }
                 Committed::Done
@@ -802,7 +794,9 @@ impl Core {
             .partition(finished);
         self.runs = kept;
         if done.iter().any(|run| run.ended) {
-            self.tidy_wal(db);
+            if let Some(conn) = self.conn.as_mut() {
+                conn.tidy();
+            }
         }
         for mut run in done {
             run.events.recycle();
@@ -813,50 +807,6 @@ impl Core {
             db.active.fetch_sub(1, Ordering::SeqCst);
         }
     }
-
-    /// After a run's end is committed: checkpoint the WAL if it has grown,
-    /// so later connections do not each read it all back (SQLite recovers
-    /// the WAL when no other connection has the database open). PASSIVE
-    /// never blocks another writer; its fsyncs are paid here, on no run's
-    /// path. A busy database skips it; a later run's end tries again.
-    fn tidy_wal(&self, db: &Database) {
-        let Some(conn) = &self.conn else { return };
-        let mut wal = db.path.clone().into_os_string();
-        wal.push("-wal");
-        let long = std::fs::metadata(&wal).is_ok_and(|m| m.len() > WAL_TIDY_BYTES);
-        if long {
-            let _ = conn.busy_timeout(Duration::from_millis(100));
-            let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
-        }
-    }
-}
-
-/// Insert a run's `events` (and host work) as one `event_batches` row
-/// numbered from `ord`, packed when packing pays; the next number.
-fn insert_events(
-    tx: &Transaction<'_>,
-    packer: &mut Packer,
-    id: i64,
-    ord: i64,
-    events: &Taken,
-) -> rusqlite::Result<i64> {
-    if events.is_empty() {
-        return Ok(ord);
-    }
-    let work = &events.work;
-    let mut insert = tx.prepare_cached(INSERT_EVENTS)?;
-    match packer.pack(&events.lines, work) {
-        Some(packed) => insert.execute(params![id, ord, events.count, "", None::<&str>, packed])?,
-        None => insert.execute(params![
-            id,
-            ord,
-            events.count,
-            JsonText(&events.lines),
-            (!work.is_empty()).then_some(JsonText(work)),
-            None::<&[u8]>
-        ])?,
-    };
-    Ok(ord + i64::from(events.count))
 }
 
 impl RunWriter {
@@ -873,10 +823,22 @@ impl RunWriter {
         start: RunStart,
         options: WriterOptions,
     ) -> RunWriter {
+        RunWriter::begin_on(SqliteBackend::shared(db_path), start, options)
+    }
+
+    /// Begin logging a run into `backend`'s log (SQLite or another; see
+    /// [`RunLogBackend`]). Opening happens on the database's thread, so this
+    /// never fails: an unusable log shows up as the writer's warning.
+    pub fn begin_on(
+        backend: Arc<dyn RunLogBackend>,
+        start: RunStart,
+        options: WriterOptions,
+    ) -> RunWriter {
         let (committed_tx, committed_rx) = mpsc::sync_channel(1);
         let (done_tx, done_rx) = mpsc::sync_channel(1);
         let schedule = Schedule::of(&options);
-        let (shared, started) = Database::join(db_path.into(), schedule, |db| {
+        let input = start.batch.clone().zip(start.input_index);
+        let (shared, started) = Database::join(backend, schedule, |db| {
             Arc::new(Shared {
                 db,
                 options,
@@ -890,6 +852,7 @@ impl RunWriter {
             shared: Arc::clone(&shared),
             disabled: false,
             pending_start: Some((start, wall_ms())),
+            input,
             run_id: None,
             next_ord: 0,
             events: Taken::reusing(),
@@ -1169,19 +1132,11 @@ impl Drop for RunWriter {
     }
 }
 
-fn warning_text(path: &std::path::Path, problem: &str) -> String {
-    format!(
-        "run log {}: {problem}; this run is not fully logged",
-        path.display()
-    )
+fn warning_text(name: &str, problem: &str) -> String {
+    format!("run log {name}: {problem}; this run is not fully logged")
 }
 
-/// A run's end checkpoints the WAL (off the run's path, see `tidy_wal`)
-/// once it is larger than this: every new connection reads the whole WAL
-/// back, so a long one costs every later run.
-const WAL_TIDY_BYTES: u64 = 1024 * 1024;
-
-fn wall_ms() -> i64 {
+pub(crate) fn wall_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |elapsed| {
@@ -1196,99 +1151,12 @@ pub(crate) fn sha256_hex(text: &str) -> String {
         .collect()
 }
 
-fn json_text(value: &serde_json::Value) -> String {
-    // Serializing a `Value` cannot fail (its keys are strings).
-    serde_json::to_string(value).unwrap_or_else(|_| "null".to_owned())
-}
-
-fn insert_run(tx: &Transaction<'_>, start: &RunStart, started_at_ms: i64) -> rusqlite::Result<i64> {
-    tx.prepare_cached(
-        "INSERT INTO runs (execution, prompt_path, prompt_text, prompt_sha256, args_json, seed,
-             start_rfc3339, start_ms, host_file, model, store_dir, started_at_ms, pid,
-             replay_of, resumed_from, batch)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
-    )?
-    .execute(params![
-        start.execution,
-        start.prompt_path,
-        start.prompt_text,
-        sha256_hex(&start.prompt_text),
-        json_text(&start.args),
-        start.seed.to_string(),
-        start.start_rfc3339,
-        start.start_ms,
-        start.host_file,
-        start.model,
-        start.store_dir,
-        started_at_ms,
-        std::process::id(),
-        start.replay_of,
-        start.resumed_from,
-        start.batch,
-    ])?;
-    Ok(tx.last_insert_rowid())
-}
-
-fn usage_columns(usage: Option<&TokenUsage>) -> [Option<i64>; 3] {
-    match usage {
-        Some(u) => [
-            Some(to_sql_int(u.input)),
-            Some(to_sql_int(u.output)),
-            Some(to_sql_int(u.total)),
-        ],
-        None => [None; 3],
-    }
-}
-
-/// Lines the writer encoded as JSON (so UTF-8), bound as TEXT as they are:
-/// `str::from_utf8` over a commit's 40-odd KB, on the commit's path, proved
-/// nothing.
-struct JsonText<'a>(&'a [u8]);
-
-impl rusqlite::ToSql for JsonText<'_> {
-    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
-        Ok(rusqlite::types::ToSqlOutput::Borrowed(
-            rusqlite::types::ValueRef::Text(self.0),
-        ))
-    }
-}
-
-const INSERT_EVENTS: &str =
-    "INSERT INTO event_batches (run_id, first_ord, count, lines, work, packed)
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
-
-fn write_end(tx: &Transaction<'_>, run_id: i64, end: &RunEnd) -> rusqlite::Result<()> {
-    let (result, error_kind, error_message) = match &end.outcome {
-        Outcome::Completed { result } => (Some(result.as_str()), None, None),
-        Outcome::Failed { kind, message } => (None, Some(kind.as_str()), Some(message.as_str())),
-        Outcome::Cancelled => (None, None, None),
-    };
-    let [input, output, total] = usage_columns(Some(&end.usage));
-    tx.prepare_cached(
-        "UPDATE runs SET outcome = ?2, result = ?3, error_kind = ?4, error_message = ?5,
-             finished_at_ms = ?6, duration_ms = ?7,
-             input_tokens = ?8, output_tokens = ?9, total_tokens = ?10
-         WHERE id = ?1",
-    )?
-    .execute(params![
-        run_id,
-        end.outcome.label(),
-        result,
-        error_kind,
-        error_message,
-        wall_ms(),
-        to_sql_int(end.duration_ms),
-        input,
-        output,
-        total
-    ])?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+    use crate::records::{Outcome, TokenUsage};
+    use crate::sqlite_commit::WAL_TIDY_BYTES;
     use crate::RunLog;
 
     fn start(execution: &str) -> RunStart {
@@ -1306,6 +1174,7 @@ mod tests {
             replay_of: None,
             resumed_from: None,
             batch: None,
+            input_index: None,
         }
     }
 

@@ -1124,8 +1124,14 @@ fn a_damaged_packed_row_is_an_error_naming_the_run() {
     assert_eq!(read_back(&log, good), before);
 }
 
-/// Version 8's search index taken away, leaving version 7's schema.
-const WITHOUT_SEARCH_INDEX: &str = "DROP TRIGGER runs_text_insert; DROP TRIGGER runs_text_delete;
+/// Version 9's input index taken away, leaving version 8's schema.
+const WITHOUT_INPUT_INDEX: &str = "DROP INDEX runs_completed_input; DROP INDEX runs_by_input;
+     ALTER TABLE runs DROP COLUMN input_index;";
+
+/// Versions 9 and 8 taken away (8's search index), leaving version 7's schema.
+const WITHOUT_SEARCH_INDEX: &str = "DROP INDEX runs_completed_input; DROP INDEX runs_by_input;
+     ALTER TABLE runs DROP COLUMN input_index;
+     DROP TRIGGER runs_text_insert; DROP TRIGGER runs_text_delete;
      DROP TRIGGER runs_text_update; DROP TABLE runs_text;";
 
 fn search(log: &RunLog, text: &str) -> Vec<String> {
@@ -1272,4 +1278,46 @@ fn prune_deletes_finished_runs_with_every_row_and_spares_running_ones() {
         .unwrap()
         .runs
         .is_empty());
+}
+
+#[test]
+fn a_version_8_database_gains_input_indexes_and_keeps_its_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_in(&dir);
+    let log = RunLog::open(&path).unwrap();
+    let old = log_every_kind(&log, "run-0ld8");
+    let before = read_back(&log, old);
+    drop(log);
+    let conn = Connection::open(&path).unwrap();
+    conn.execute_batch(WITHOUT_INPUT_INDEX).unwrap();
+    conn.execute_batch("PRAGMA user_version = 8;").unwrap();
+    drop(conn);
+    let log = RunLog::open(&path).unwrap();
+    let version: i64 = Connection::open(&path)
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, SCHEMA_VERSION);
+    assert_eq!(read_back(&log, old), before);
+    assert_eq!(log.run(old).unwrap().unwrap().start.input_index, None);
+    // The exactly-once key works on the migrated file: a second completion
+    // of one input is logged as a duplicate.
+    for execution in ["run-in1", "run-in2"] {
+        let writer = log.begin_with(
+            RunStart {
+                batch: Some("batch-8".to_owned()),
+                input_index: Some(4),
+                ..start(execution)
+            },
+            patient(),
+        );
+        assert_eq!(writer.finish(completed("four")), None);
+    }
+    let kept = log.input_run("batch-8", 4).unwrap().unwrap();
+    assert_eq!(kept.start.execution, "run-in1");
+    let second = log.run(log.resolve("run-in2").unwrap()).unwrap().unwrap();
+    assert!(matches!(
+        second.end.unwrap().outcome,
+        pf_runlog::Outcome::Failed { ref kind, .. } if kind == pf_runlog::DUPLICATE_KIND
+    ));
 }

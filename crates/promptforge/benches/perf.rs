@@ -171,6 +171,7 @@ impl Bench {
                     replay_of: None,
                     resumed_from: None,
                     batch: None,
+                    input_index: None,
                 },
             )))
         });

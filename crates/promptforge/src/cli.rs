@@ -65,7 +65,21 @@ pub enum Command {
     /// operator question from the log (offline).
     #[command(after_help = REPLAY_EXAMPLES)]
     Replay(ReplayArgs),
+    /// Run batch inputs from a NATS JetStream queue (`batch --queue`) until SIGINT/SIGTERM.
+    #[command(after_help = WORKER_EXAMPLES)]
+    Worker(WorkerArgs),
 }
+
+const WORKER_EXAMPLES: &str = "\
+A request names its model by catalog id; the model's endpoint and key come
+from this worker's host file. A request whose run began on a worker that was
+lost resumes that logged run (its model answers reused); a request whose
+input already completed is acknowledged without running. SIGINT/SIGTERM stop
+pulling, cancel the runs in flight and hand them back to the queue.
+
+Examples:
+  promptforge worker --queue nats://127.0.0.1:4222 --host gpu1.host.toml -j 8
+  promptforge batch examples/label-ticket.md examples/tickets.csv -o labels.jsonl --queue nats://127.0.0.1:4222";
 
 const BATCH_EXAMPLES: &str = "\
 INPUTS is JSON Lines (each line an args object for the prompt's `args:`, or a
@@ -260,6 +274,37 @@ pub struct BatchArgs {
     pub quiet: bool,
     #[command(flatten)]
     pub log: LogArgs,
+    /// Publish the inputs to NATS JetStream at URL (nats://HOST:PORT) for
+    /// `promptforge worker`s to run, and collect their results into OUT.
+    /// -j is then how many inputs wait in the queue at once.
+    #[arg(long, value_name = "URL")]
+    pub queue: Option<String>,
+}
+
+/// `promptforge worker`: run requests from a NATS JetStream queue.
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    /// The NATS server with JetStream (nats://HOST:PORT).
+    #[arg(long, value_name = "URL")]
+    pub queue: String,
+    #[command(flatten)]
+    pub host: HostArgs,
+    /// Runs at once.
+    #[arg(short = 'j', long = "jobs", value_name = "N", default_value_t = 4,
+          value_parser = clap::value_parser!(u16).range(1..=4096))]
+    pub jobs: u16,
+    /// This worker's name in results and in NATS. Default: host name and process id.
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// Deliveries of one request before it becomes a failed result (sets the
+    /// workers' shared consumer; default: as the consumer has it, else 5).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(1..))]
+    pub max_deliver: Option<i64>,
+    /// Seconds a delivery may go unextended before JetStream gives it to
+    /// another worker (a running run extends it every third of this; sets
+    /// the shared consumer; default: as the consumer has it, else 30).
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub ack_wait: Option<u64>,
 }
 
 /// `batch --format`.
@@ -292,6 +337,8 @@ pub struct RunsArgs {
     /// Only the runs of this batch (the id `promptforge batch` prints when it starts).
     #[arg(long, value_name = "ID")]
     pub batch: Option<String>,
+    #[command(flatten)]
+    pub host: HostArgs,
     #[command(flatten)]
     pub output: OutputArgs,
 }
@@ -328,6 +375,8 @@ pub struct PruneArgs {
     /// Only report what would be deleted.
     #[arg(long)]
     pub dry_run: bool,
+    #[command(flatten)]
+    pub host: HostArgs,
     #[command(flatten)]
     pub output: OutputArgs,
 }
@@ -410,6 +459,8 @@ pub struct ShowArgs {
     #[arg(long)]
     pub all: bool,
     #[command(flatten)]
+    pub host: HostArgs,
+    #[command(flatten)]
     pub output: OutputArgs,
     #[command(flatten)]
     pub page: PageArgs,
@@ -491,18 +542,38 @@ pub struct TestArgs {
     /// Write a JUnit XML report to FILE.
     #[arg(long, value_name = "FILE")]
     pub junit: Option<PathBuf>,
-    /// Run every case against this catalog model instead of its scripted replies.
+    /// Run every case against this catalog model instead of its scripted
+    /// replies. Repeat it to compare models: each is a column of the matrix.
     #[arg(long = "model", value_name = "ID")]
-    pub model: Option<String>,
-    /// Runs per case; the line shows each case's pass rate.
+    pub model: Vec<String>,
+    /// Run the cases against this edited copy of their prompt instead.
+    /// Repeat it to compare prompt versions: each is a column (times each --model).
+    #[arg(long = "prompt", value_name = "FILE")]
+    pub prompt: Vec<PathBuf>,
+    /// Runs per case (and column); the line shows the pass rate, and the
+    /// matrix its 95% confidence interval.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub repeat: u32,
     /// With --repeat: the share of runs (0 to 1) that must pass for the case to pass.
     #[arg(long, default_value_t = 1.0, value_name = "RATE")]
     pub pass_rate: f64,
-    /// Cases running at once. Default: the number of CPUs.
+    /// Runs at once. Default: the number of CPUs, or 16 with --model (each
+    /// model's catalog `concurrency` still bounds its requests).
     #[arg(long, short = 'j')]
     pub jobs: Option<usize>,
+    /// Write the results as one self-contained HTML page (a grid of cases
+    /// by models and prompt versions), each run's trace page in FILE's
+    /// `NAME.traces/` folder beside it.
+    #[arg(long, value_name = "FILE", conflicts_with = "update")]
+    pub html: Option<PathBuf>,
+    /// Open the --html page in the browser (xdg-open; open on macOS).
+    #[arg(long, requires = "html")]
+    pub open: bool,
+    /// Answer a model round (and a judge call) whose request exactly matches
+    /// one an earlier run logged, without contacting the server; the runs
+    /// are logged. Cached cells are marked, their tokens and cost reported as saved.
+    #[arg(long, conflicts_with = "update")]
+    pub cache: bool,
     /// Run again whenever a test file, a tested prompt, the host file or a
     /// test file added under a searched folder changes, until Ctrl-C.
     #[arg(long, conflicts_with = "update")]

@@ -83,7 +83,7 @@ pub fn run_inputs(args: &RunArgs) -> Watched {
 }
 
 /// What `test PATH...` depends on: every test file found, each one's prompt
-/// (and its input file), the host file and its replies files, and the folders
+/// (and its input file), every `--prompt` version, the host file and its replies files, and the folders
 /// searched, for test files added to them.
 pub fn test_inputs(args: &TestArgs) -> Watched {
     let mut watched = Watched::default();
@@ -99,6 +99,9 @@ pub fn test_inputs(args: &TestArgs) -> Watched {
             }
             watched.files.insert(file);
         }
+    }
+    for version in &args.prompt {
+        watched.add_prompt(version);
     }
     watched.add_host(args.host.path());
     watched

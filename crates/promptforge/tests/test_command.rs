@@ -29,6 +29,8 @@ fn pf_test(dir: &Path, args: &[&str]) -> (i32, String, String) {
         .current_dir(dir)
         .env_remove("PROMPTFORGE_LOG")
         .env_remove("PROMPTFORGE_HOST")
+        // Live runs are logged: into the test's own data directory.
+        .env("PROMPTFORGE_HOME", dir.join(".pf-home"))
         .output()
         .expect("run promptforge test");
     (

@@ -24,6 +24,7 @@ pub fn start(execution: &str) -> RunStart {
         replay_of: None,
         resumed_from: None,
         batch: None,
+        input_index: None,
     }
 }
 

@@ -41,11 +41,16 @@ pub fn run(args: BatchArgs) -> ExitCode {
             ))
         }
     };
-    let settings = match RunSettings::resolve(&SettingsFlags {
-        host: args.host.host.clone(),
-        model: args.model.model.clone(),
-        otlp: None,
-    }) {
+    let settings = match &args.queue {
+        // The workers' host files know the models: the id goes as given.
+        Some(_) => queue_settings(&args),
+        None => RunSettings::resolve(&SettingsFlags {
+            host: args.host.host.clone(),
+            model: args.model.model.clone(),
+            otlp: None,
+        }),
+    };
+    let settings = match settings {
         Ok(s) => s,
         Err(m) => return super::usage(&m),
     };
@@ -135,11 +140,8 @@ pub fn run(args: BatchArgs) -> ExitCode {
         settings,
         start_ms: time_now_ms(),
         batch_id: batch_id.clone(),
-        no_log: args.log.no_log,
         capture: args.log.capture,
-        live,
-        last_finished: Mutex::new(None),
-        no_operator: Arc::new(pf_plugins::FixedAnswersBroker::new(Vec::<String>::new())),
+        runner: InputRunner::new(args.log.no_log, false, live),
     };
     let plan = DrivePlan {
         jobs: usize::from(args.jobs),
@@ -153,29 +155,54 @@ pub fn run(args: BatchArgs) -> ExitCode {
         Err(e) => return super::usage(&e.to_string()),
     };
     let mut writer = writer;
-    let driven = runtime.block_on(pf_batch::drive(
-        records,
-        &previous,
-        &plan,
-        &mut writer,
-        &cancel,
-        |job, cancel| context.run_job(job, cancel),
-        |line| {
-            if let Some(progress) = &progress {
-                progress.line(line);
-            }
-        },
-    ));
+    let on_line = |line: &OutputLine| {
+        if let Some(progress) = &progress {
+            progress.line(line);
+        }
+    };
+    let driven = match &args.queue {
+        None => runtime
+            .block_on(pf_batch::drive(
+                records,
+                &previous,
+                &plan,
+                &mut writer,
+                &cancel,
+                |job, cancel| context.run_job(job, cancel),
+                on_line,
+            ))
+            .map_err(|e| e.to_string()),
+        Some(url) => runtime.block_on(async {
+            let queue = pf_queue::Queue::connect(url, &format!("promptforge batch {batch_id}"))
+                .await
+                .map_err(|e| e.to_string())?;
+            let nonce = format!("{:08x}", rand::random::<u32>());
+            let collector = pf_queue::Collector::open(&queue, &batch_id, &nonce)
+                .await
+                .map_err(|e| e.to_string())?;
+            pf_batch::drive(
+                records,
+                &previous,
+                &plan,
+                &mut writer,
+                &cancel,
+                |job, cancel| context.queue_job(&collector, job, cancel),
+                on_line,
+            )
+            .await
+            .map_err(|e| e.to_string())
+        }),
+    };
     if let Some(progress) = &progress {
         progress.finish();
     }
     // Every run's end is queued before its line is written; the last one's
     // commit covers the rest (one writer commits them in order).
-    context.settle();
+    context.runner.settle();
     let summary = match driven {
         Ok(summary) => summary,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", pf_host::report::terminal_safe(&e.to_string()));
             return ExitCode::from(crate::EXIT_FAILED);
         }
     };
@@ -190,6 +217,14 @@ pub fn run(args: BatchArgs) -> ExitCode {
     } else {
         ExitCode::from(crate::EXIT_FAILED)
     }
+}
+
+/// `batch --queue`'s settings: only the model id, checked by each worker.
+fn queue_settings(args: &BatchArgs) -> Result<RunSettings, String> {
+    let host_path = args.host.host.clone().or_else(pf_host::default_host_path);
+    let host = pf_host::HostConfig::load(host_path.as_deref())?;
+    let model = pf_host::chosen_model(args.model.model.as_deref());
+    RunSettings::with_model(host_path, Arc::new(host), model, None)
 }
 
 fn time_now_ms() -> i64 {
@@ -207,27 +242,132 @@ struct BatchContext {
     /// Every run's start instant (`sys.when`): the batch's, so a batch repeats.
     start_ms: i64,
     batch_id: String,
-    no_log: bool,
     capture: bool,
-    live: Arc<LiveSessions>,
-    /// The run that finished last, whose commit the batch waits for at the end.
-    last_finished: Mutex<Option<Finished>>,
-    /// A batch has no operator: `input.ask` gets no answer (unless the host
-    /// file fixes answers), and stdin may be the inputs.
-    no_operator: Arc<dyn InputBroker>,
+    runner: InputRunner,
 }
 
 impl BatchContext {
     async fn run_job(&self, job: Job, cancel: CancellationToken) -> OutputLine {
+        let input = RunInput {
+            file: self.file.clone(),
+            source: self.source.clone(),
+            prompt: Arc::clone(&self.prompt),
+            settings: self.settings.clone(),
+            args: job.input.args,
+            seed: job.seed,
+            start_ms: self.start_ms,
+            batch_id: self.batch_id.clone(),
+            index: job.input.index,
+            repeat: job.repeat,
+            resume_from: job.resume_from,
+            capture: self.capture,
+        };
+        self.runner.run(input, cancel).await
+    }
+
+    /// A job of `batch --queue`: its request published, its result awaited.
+    async fn queue_job(
+        &self,
+        collector: &pf_queue::Collector,
+        job: Job,
+        cancel: CancellationToken,
+    ) -> OutputLine {
+        let request = pf_queue::RunRequest {
+            version: pf_queue::REQUEST_VERSION,
+            batch: self.batch_id.clone(),
+            index: job.input.index,
+            repeat: job.repeat,
+            prompt_path: self.file.display().to_string(),
+            prompt_text: String::from_utf8_lossy(&self.source).into_owned(),
+            args: job.input.args,
+            seed: job.seed,
+            start_ms: self.start_ms,
+            model: self.settings.model.clone(),
+            resume: job.resume_from,
+            capture: self.capture,
+        };
+        let unanswered = |error: Option<RunError>| OutputLine {
+            index: request.index,
+            repeat: request.repeat,
+            batch: Some(self.batch_id.clone()),
+            execution: pf_engine::seeded_names(request.seed).0,
+            seed: request.seed,
+            outcome: if error.is_some() {
+                RunOutcome::Failed
+            } else {
+                RunOutcome::Cancelled
+            },
+            result: None,
+            error,
+            usage: None,
+            duration_ms: 0,
+            output: None,
+        };
+        match collector.submit(&request, &cancel).await {
+            Ok(Some(line)) => line,
+            Ok(None) => unanswered(None),
+            Err(e) => unanswered(Some(RunError {
+                kind: pf_queue::worker::QUEUE_FAILURE_KIND.to_string(),
+                message: e.to_string(),
+            })),
+        }
+    }
+}
+
+/// One input to run: everything a [`RunPlan`] needs that differs between
+/// inputs (a worker's inputs may come from different batches and prompts).
+pub(crate) struct RunInput {
+    pub file: PathBuf,
+    pub source: Vec<u8>,
+    pub prompt: Arc<Prompt>,
+    pub settings: RunSettings,
+    pub args: String,
+    pub seed: u64,
+    pub start_ms: i64,
+    pub batch_id: String,
+    pub index: u64,
+    pub repeat: Option<u32>,
+    /// A logged run of this input to resume, by execution id.
+    pub resume_from: Option<String>,
+    pub capture: bool,
+}
+
+/// Runs one input as a [`RunSession`] and makes its OUT line: the one way
+/// `batch` and `worker` run an input.
+pub(crate) struct InputRunner {
+    pub no_log: bool,
+    /// Wait for each run's end to be committed to the log before returning
+    /// its line (a worker acknowledges its request after that).
+    pub commit_each: bool,
+    pub live: Arc<LiveSessions>,
+    /// The run that finished last, whose commit the batch waits for at the end.
+    pub last_finished: Mutex<Option<Finished>>,
+    /// A batch has no operator: `input.ask` gets no answer (unless the host
+    /// file fixes answers), and stdin may be the inputs.
+    pub no_operator: Arc<dyn InputBroker>,
+}
+
+impl InputRunner {
+    pub fn new(no_log: bool, commit_each: bool, live: Arc<LiveSessions>) -> InputRunner {
+        InputRunner {
+            no_log,
+            commit_each,
+            live,
+            last_finished: Mutex::new(None),
+            no_operator: Arc::new(pf_plugins::FixedAnswersBroker::new(Vec::<String>::new())),
+        }
+    }
+
+    pub async fn run(&self, input: RunInput, cancel: CancellationToken) -> OutputLine {
         let began = Instant::now();
-        let mut seed = job.seed;
-        let mut start_ms = self.start_ms;
+        let mut seed = input.seed;
+        let mut start_ms = input.start_ms;
         let mut replay = None;
         let mut resumed_from = None;
-        if let Some(execution) = &job.resume_from {
+        if let Some(execution) = &input.resume_from {
             // The earlier run's seed, start and logged answers: what it was
             // paid for is answered from the log, and it goes on from there.
-            match super::replay::read_logged_run(execution) {
+            match super::replay::read_logged_run(&input.settings.run_log, execution) {
                 Ok(logged) => {
                     seed = logged.record.start.seed;
                     start_ms = logged.record.start.start_ms;
@@ -236,25 +376,28 @@ impl BatchContext {
                 }
                 Err(m) => tracing::warn!(
                     "input {}: cannot resume {execution} from the log ({m}); running it afresh",
-                    job.input.index
+                    input.index
                 ),
             }
         }
         let plan = RunPlan {
-            file: self.file.clone(),
-            source: self.source.clone(),
-            parsed: Some(Arc::clone(&self.prompt)),
-            args: PlanArgs::Exact(job.input.args.clone()),
+            file: input.file,
+            source: input.source,
+            parsed: Some(input.prompt),
+            args: PlanArgs::Exact(input.args),
             seed,
             start_ms,
-            settings: self.settings.clone(),
+            settings: input.settings,
             store_dir: None,
             no_log: self.no_log,
-            capture: self.capture,
+            capture: input.capture,
             quiet: true,
             replay_of: None,
             resumed_from,
-            batch: Some(self.batch_id.clone()),
+            batch: Some(input.batch_id.clone()),
+            // One run an input (no `--repeat`): the input is the
+            // exactly-once key's index.
+            input_index: input.repeat.is_none().then_some(input.index),
             replay,
             cancel,
             watchers: Vec::new(),
@@ -263,9 +406,9 @@ impl BatchContext {
         };
         let (execution, _) = pf_engine::seeded_names(seed);
         let failed = |kind: &str, message: String| OutputLine {
-            index: job.input.index,
-            repeat: job.repeat,
-            batch: Some(self.batch_id.clone()),
+            index: input.index,
+            repeat: input.repeat,
+            batch: Some(input.batch_id.clone()),
             execution: execution.clone(),
             seed,
             outcome: RunOutcome::Failed,
@@ -289,7 +432,16 @@ impl BatchContext {
             Ok(f) => f,
             Err(e) => return failed("Usage", e.0),
         };
-        let line = self.line_for(&job, seed, &finished.report, began.elapsed());
+        let line = line_for(
+            &input.batch_id,
+            (input.index, input.repeat),
+            seed,
+            &finished.report,
+            began.elapsed(),
+        );
+        if self.commit_each {
+            finished.committed();
+        }
         *self
             .last_finished
             .lock()
@@ -297,48 +449,8 @@ impl BatchContext {
         line
     }
 
-    fn line_for(&self, job: &Job, seed: u64, report: &RunReport, took: Duration) -> OutputLine {
-        let (outcome, result, error) = match &report.outcome {
-            ReportOutcome::Completed { result } => {
-                (RunOutcome::Completed, Some(result.clone()), None)
-            }
-            ReportOutcome::Failed { error } => (
-                RunOutcome::Failed,
-                None,
-                Some(RunError {
-                    kind: error.kind.clone(),
-                    message: error.message.clone(),
-                }),
-            ),
-            ReportOutcome::Cancelled => (RunOutcome::Cancelled, None, None),
-        };
-        OutputLine {
-            index: job.input.index,
-            repeat: job.repeat,
-            batch: Some(self.batch_id.clone()),
-            execution: report
-                .execution
-                .clone()
-                .unwrap_or_else(|| pf_engine::seeded_names(seed).0),
-            seed,
-            outcome,
-            result,
-            error,
-            usage: report.usage.map(|u| TokenUsage {
-                input_tokens: u.input_tokens,
-                output_tokens: u.output_tokens,
-            }),
-            duration_ms: millis(took),
-            output: report
-                .output
-                .as_ref()
-                .and_then(|o| o.file.as_deref())
-                .and_then(output_text),
-        }
-    }
-
     /// Wait (bounded) until the run log holds every run's end.
-    fn settle(&self) {
+    pub fn settle(&self) {
         let last = self
             .last_finished
             .lock()
@@ -347,6 +459,50 @@ impl BatchContext {
         if let Some(finished) = last {
             finished.settle();
         }
+    }
+}
+
+fn line_for(
+    batch_id: &str,
+    key: (u64, Option<u32>),
+    seed: u64,
+    report: &RunReport,
+    took: Duration,
+) -> OutputLine {
+    let (outcome, result, error) = match &report.outcome {
+        ReportOutcome::Completed { result } => (RunOutcome::Completed, Some(result.clone()), None),
+        ReportOutcome::Failed { error } => (
+            RunOutcome::Failed,
+            None,
+            Some(RunError {
+                kind: error.kind.clone(),
+                message: error.message.clone(),
+            }),
+        ),
+        ReportOutcome::Cancelled => (RunOutcome::Cancelled, None, None),
+    };
+    OutputLine {
+        index: key.0,
+        repeat: key.1,
+        batch: Some(batch_id.to_owned()),
+        execution: report
+            .execution
+            .clone()
+            .unwrap_or_else(|| pf_engine::seeded_names(seed).0),
+        seed,
+        outcome,
+        result,
+        error,
+        usage: report.usage.map(|u| TokenUsage {
+            input_tokens: u.input_tokens,
+            output_tokens: u.output_tokens,
+        }),
+        duration_ms: millis(took),
+        output: report
+            .output
+            .as_ref()
+            .and_then(|o| o.file.as_deref())
+            .and_then(output_text),
     }
 }
 
@@ -368,7 +524,7 @@ type ExitHook = Box<dyn Fn() + Send + Sync>;
 /// The runs in flight, so a second Ctrl-C can log each as cancelled before
 /// the process exits.
 #[derive(Default)]
-struct LiveSessions {
+pub(crate) struct LiveSessions {
     hooks: Mutex<(u64, Vec<(u64, ExitHook)>)>,
 }
 
@@ -386,7 +542,7 @@ impl LiveSessions {
         guard.1.retain(|(t, _)| *t != ticket);
     }
 
-    fn end_all(&self) {
+    pub fn end_all(&self) {
         let guard = self.hooks.lock().unwrap_or_else(PoisonError::into_inner);
         for (_, hook) in &guard.1 {
             hook();

@@ -17,6 +17,7 @@ pub mod runs;
 pub mod show;
 pub mod terminal;
 pub mod test;
+pub mod worker;
 
 use std::process::ExitCode;
 
@@ -39,11 +40,20 @@ pub fn dispatch(command: Command) -> ExitCode {
         Command::Reference => reference::run(),
         Command::Mcp(args) => mcp::run(args),
         Command::Replay(args) => replay::run(args),
+        Command::Worker(args) => worker::run(args),
     }
 }
 
 /// A usage error: the message on stderr (under `--json`, a JSON object on
 /// stdout as well), exit status 2.
+/// The run log `runs`, `show` and `runs prune` read: where runs are logged
+/// (`PROMPTFORGE_RUNLOG_URL`, else the host file's `[runlog] url`, else the
+/// data directory); `None` when nothing was ever logged in the data directory.
+pub(crate) fn open_log(host: &crate::cli::HostArgs) -> Result<Option<pf_runlog::RunLog>, String> {
+    let target = pf_host::session::RunSettings::run_log_at(host.path().as_deref())?;
+    pf_host::data::open_run_log(&target)
+}
+
 pub(crate) fn usage(msg: &str) -> ExitCode {
     if crate::ui::json_errors() {
         crate::ui::print_stdout(&format!("{}\n", crate::ui::usage_error_json(msg)));

@@ -57,13 +57,20 @@ fn open(run: &LoggedRun, page: &str, output: Option<&Path>) -> ExitCode {
     }
     let path = std::path::absolute(&path).unwrap_or(path);
     crate::ui::print_stdout(&format!("{}\n", path.display()));
+    open_in_browser(&path);
+    ExitCode::SUCCESS
+}
+
+/// Hand a written page to the desktop's opener; a missing or failing opener
+/// is a warning naming the page.
+pub fn open_in_browser(path: &Path) {
     let opener = if cfg!(target_os = "macos") {
         "open"
     } else {
         "xdg-open"
     };
     let started = std::process::Command::new(opener)
-        .arg(&path)
+        .arg(path)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -79,5 +86,4 @@ fn open(run: &LoggedRun, page: &str, output: Option<&Path>) -> ExitCode {
             path.display()
         ),
     }
-    ExitCode::SUCCESS
 }

@@ -9,6 +9,7 @@ use pf_runlog::{RunLogError, RunRecord};
 
 use super::terminal::{execute, TerminalRun};
 use crate::cli::{LogArgs, ReplayArgs};
+use pf_host::data::RunLogTarget;
 use pf_host::replay::{LoggedWork, ReplayMode};
 use pf_host::session::{PlanArgs, RunSettings};
 use pf_host::HostConfig;
@@ -32,8 +33,8 @@ impl LoggedRun {
 
 /// Resolve `run` in the run log and read it with its host work; the error
 /// is a usage message.
-pub(crate) fn read_logged_run(run: &str) -> Result<LoggedRun, String> {
-    let log = pf_host::data::open_run_log()?
+pub(crate) fn read_logged_run(target: &RunLogTarget, run: &str) -> Result<LoggedRun, String> {
+    let log = pf_host::data::open_run_log(target)?
         .ok_or_else(|| format!("no logged run matches `{run}`: no run has been logged yet"))?;
     let id = log.resolve(run).map_err(|e| match e {
         e @ (RunLogError::Unknown { .. } | RunLogError::Ambiguous { .. }) => {
@@ -59,7 +60,13 @@ pub(crate) fn read_logged_run(run: &str) -> Result<LoggedRun, String> {
 }
 
 pub fn run(args: ReplayArgs) -> ExitCode {
-    let logged = match read_logged_run(&args.run) {
+    // The log is read where `runs` and `show` read it (the environment's,
+    // else the host file's `[runlog]`), and the replay is logged there too.
+    let target = match RunSettings::run_log_at(args.host.path().as_deref()) {
+        Ok(target) => target,
+        Err(m) => return super::usage(&m),
+    };
+    let logged = match read_logged_run(&target, &args.run) {
         Ok(logged) => logged,
         Err(m) => return super::usage(&m),
     };
@@ -108,11 +115,12 @@ pub fn run(args: ReplayArgs) -> ExitCode {
         ReplayMode::Strict
     };
     // The logged model, not --model or the environment's; the host file's OTLP collector.
-    let settings =
+    let mut settings =
         match RunSettings::with_model(host_path, std::sync::Arc::new(host_config), current, None) {
             Ok(settings) => settings,
             Err(m) => return super::usage(&m),
         };
+    settings.run_log = target;
     execute(TerminalRun {
         file,
         source,

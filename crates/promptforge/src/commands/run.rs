@@ -23,7 +23,19 @@ pub fn run(args: RunArgs) -> ExitCode {
         Ok(s) => s,
         Err(m) => return super::usage(&m),
     };
-    let resumed = match args.resume.as_deref().map(super::replay::read_logged_run) {
+    let mut settings = match RunSettings::resolve(&SettingsFlags {
+        host: args.host.host.clone(),
+        model: args.model.model.clone(),
+        otlp: args.telemetry.otlp.clone(),
+    }) {
+        Ok(s) => s,
+        Err(m) => return super::usage(&m),
+    };
+    let resumed = match args
+        .resume
+        .as_deref()
+        .map(|run| super::replay::read_logged_run(&settings.run_log, run))
+    {
         None => None,
         Some(Ok(logged)) => Some(logged),
         Some(Err(m)) => return super::usage(&m),
@@ -47,14 +59,6 @@ pub fn run(args: RunArgs) -> ExitCode {
             text: args.args.clone(),
             pairs: args.arg.clone(),
         },
-    };
-    let mut settings = match RunSettings::resolve(&SettingsFlags {
-        host: args.host.host.clone(),
-        model: args.model.model.clone(),
-        otlp: args.telemetry.otlp.clone(),
-    }) {
-        Ok(s) => s,
-        Err(m) => return super::usage(&m),
     };
     if args.no_stream {
         settings.never_stream();

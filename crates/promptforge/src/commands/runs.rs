@@ -13,7 +13,7 @@ pub fn run(args: RunsArgs) -> ExitCode {
     if let Some(RunsAction::Prune(prune_args)) = args.action {
         return prune(prune_args);
     }
-    let log = match pf_host::data::open_run_log() {
+    let log = match super::open_log(&args.host) {
         Ok(log) => log,
         Err(m) => return super::usage(&m),
     };
@@ -164,7 +164,7 @@ fn prompt_name(path: &str) -> String {
 /// `runs prune`: delete finished runs (or, with `--dry-run`, say which would
 /// go), then the default store directories of the runs deleted.
 fn prune(args: PruneArgs) -> ExitCode {
-    let log = match pf_host::data::open_run_log() {
+    let log = match super::open_log(&args.host) {
         Ok(log) => log,
         Err(m) => return super::usage(&m),
     };

@@ -15,7 +15,7 @@ use pf_trace::logview::{duration_text, printable, short, timeline, when_rfc3339,
 pub use pf_trace::{load, LoggedRun};
 
 pub fn run(args: ShowArgs) -> ExitCode {
-    let log = match pf_host::data::open_run_log() {
+    let log = match super::open_log(&args.host) {
         Ok(Some(log)) => log,
         Ok(None) => {
             return super::usage(&format!(

@@ -92,6 +92,7 @@ pub(crate) fn execute(run: TerminalRun) -> ExitCode {
         replay_of,
         resumed_from,
         batch: None,
+        input_index: None,
         replay,
         cancel: cancel.clone(),
         watchers: progress

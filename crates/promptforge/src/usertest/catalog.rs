@@ -6,6 +6,7 @@
 //! ids mean here what they mean to `run --model`.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use pf_models::ProviderSpec;
 
@@ -16,6 +17,28 @@ pub struct CatalogModel {
     pub id: String,
     pub spec: ProviderSpec,
     pub table: toml::Table,
+    pub prices: Prices,
+    /// The host file's keys, scrubbed from what the judge hears.
+    pub secrets: Arc<pf_secrets::Secrets>,
+}
+
+/// A catalog model's `input_price` and `output_price`, per million tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Prices {
+    pub input: Option<f64>,
+    pub output: Option<f64>,
+}
+
+impl Prices {
+    /// What `input` and `output` tokens cost; `None` when the catalog gives
+    /// no price for this model (a missing half counts as free).
+    pub fn cost(&self, input: u64, output: u64) -> Option<f64> {
+        if self.input.is_none() && self.output.is_none() {
+            return None;
+        }
+        let per = |tokens: u64, price: Option<f64>| tokens as f64 * price.unwrap_or(0.0) / 1e6;
+        Some(per(input, self.input) + per(output, self.output))
+    }
 }
 
 impl CatalogModel {
@@ -68,6 +91,14 @@ pub fn lookup(host: Option<&Path>, id: &str) -> Result<CatalogModel, String> {
     };
     let mut table = table.clone();
     table.remove("record");
+    // The host file was checked above, so its prices read back.
+    let prices = toml::Value::Table(table.clone())
+        .try_into::<pf_host::file::ModelTable>()
+        .map(|t| Prices {
+            input: t.input_price.map(|p| p.0),
+            output: t.output_price.map(|p| p.0),
+        })
+        .unwrap_or_default();
     let base = host.parent().unwrap_or(Path::new("."));
     if let Some(toml::Value::String(replies)) = table.get("replies") {
         let joined = base.join(replies);
@@ -95,5 +126,7 @@ pub fn lookup(host: Option<&Path>, id: &str) -> Result<CatalogModel, String> {
             ..spec
         },
         table,
+        prices,
+        secrets: Arc::new(config.secrets()),
     })
 }

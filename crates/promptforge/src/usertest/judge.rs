@@ -8,7 +8,7 @@
 //! punctuation: `PASS` or `YES` passes, `FAIL` or `NO` fails, anything else
 //! fails as an unclear answer. The rest of the reply is the reason shown.
 
-use pf_harness::{CancellationToken, ChatMessage, ChatRequest};
+use pf_harness::{ChatMessage, ChatRequest};
 use serde_json::Value as Json;
 
 use super::catalog::CatalogModel;
@@ -57,9 +57,28 @@ fn reason(reply: &str) -> String {
     rest.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// How a judge call is made: logged as a run of its own, answered from the
+/// cache when it holds the same question.
+#[derive(Clone, Copy)]
+pub struct Asking<'a> {
+    pub log: bool,
+    pub cache: Option<&'a pf_host::cache::CacheUse>,
+    pub run_log: &'a pf_host::data::RunLogTarget,
+}
+
+/// What the judge said, and the tokens its answer reported.
+pub struct Judged {
+    pub verdict: Verdict,
+    pub usage: Option<(u64, u64)>,
+}
+
 /// Ask `model` the rubric question about `output`.
-pub fn ask(model: &CatalogModel, rubric: &str, output: &str) -> Result<Verdict, String> {
-    let provider = pf_models::build_provider(&model.spec)?;
+pub async fn ask(
+    model: &CatalogModel,
+    rubric: &str,
+    output: &str,
+    asking: Asking<'_>,
+) -> Result<Judged, String> {
     let request = ChatRequest {
         messages: vec![
             ChatMessage {
@@ -82,19 +101,28 @@ pub fn ask(model: &CatalogModel, rubric: &str, output: &str) -> Result<Verdict, 
         thinking: None,
         ..ChatRequest::default()
     };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    let reply = runtime
-        .block_on(provider.complete(
+    let reply = pf_host::cache::ask_once(
+        &model.spec,
+        &model.secrets,
+        pf_host::cache::OneRequest {
+            label: format!("{JUDGE_LABEL}{}", model.id),
+            text: SYSTEM.to_string(),
             request,
-            &pf_harness::WorkId::new("judge", 0),
-            CancellationToken::new(),
-        ))
-        .map_err(|e| format!("the judge model {} failed: {e}", model.id))?;
-    Ok(verdict(reply.content.as_deref().unwrap_or("")))
+            log: asking.log,
+            cache: asking.cache,
+            run_log: asking.run_log,
+        },
+    )
+    .await
+    .map_err(|e| format!("the judge {e}"))?;
+    Ok(Judged {
+        verdict: verdict(reply.content.as_deref().unwrap_or("")),
+        usage: reply.usage.map(|u| (u.input_tokens, u.output_tokens)),
+    })
 }
+
+/// What the run log shows as a judge call's prompt path, before the model id.
+pub const JUDGE_LABEL: &str = "judge:";
 
 #[cfg(test)]
 mod tests {

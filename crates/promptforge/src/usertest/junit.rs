@@ -1,6 +1,7 @@
 //! JUnit XML for CI: one `<testsuite>` per test file, one `<testcase>` per
-//! case (classname the file, time in seconds), a `<failure>` with the
-//! rendered assertions for each failing case.
+//! case (classname the file, time in seconds; in a matrix one per case and
+//! column, named `CASE [COLUMN]`), a `<failure>` with the rendered
+//! assertions for each failing case.
 
 use super::CaseOutcome;
 
@@ -32,6 +33,13 @@ pub fn render(outcomes: &[CaseOutcome]) -> String {
         }
     }
     let total_failed = outcomes.iter().filter(|o| !o.passed).count();
+    let mut columns: Vec<&str> = outcomes
+        .iter()
+        .filter_map(|o| o.cell.as_ref().map(|c| c.column.as_str()))
+        .collect();
+    columns.sort_unstable();
+    columns.dedup();
+    let matrix = columns.len() > 1;
     let total_time: f64 = outcomes.iter().map(|o| o.duration_ms as f64 / 1000.0).sum();
     let mut out = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
     out.push_str(&format!(
@@ -48,9 +56,18 @@ pub fn render(outcomes: &[CaseOutcome]) -> String {
             cases.len()
         ));
         for c in cases {
+            // In a matrix each case runs once per column: the column names the testcase too.
+            let name = match c
+                .cell
+                .as_ref()
+                .filter(|cell| !cell.column.is_empty() && matrix)
+            {
+                Some(cell) => format!("{} [{}]", c.name, cell.column),
+                None => c.name.clone(),
+            };
             out.push_str(&format!(
                 "    <testcase name=\"{}\" classname=\"{}\" time=\"{:.3}\"",
-                esc(&c.name),
+                esc(&name),
                 esc(file),
                 c.duration_ms as f64 / 1000.0
             ));

@@ -27,8 +27,26 @@ pub struct Settings {
     pub python: String,
     /// The host file: the catalog for live and judge models.
     pub host: Option<PathBuf>,
-    /// `--model ID`: every case runs against this model, ignoring its replies.
-    pub live: Option<CatalogModel>,
+    /// Keep every run (and judge call) in the run log, under `batch`.
+    pub log: bool,
+    /// The id this invocation's logged runs share (`runs --batch ID`).
+    pub batch: Option<String>,
+    /// `--cache`: earlier logged answers, shared by every run.
+    pub cache: Option<std::sync::Arc<pf_host::cache::ResponseCache>>,
+    /// Where runs and judge calls are logged and `--cache` reads.
+    pub run_log: pf_host::data::RunLogTarget,
+}
+
+/// One column of the comparison matrix: the model and the prompt version
+/// every case runs against (`None`: the case's own).
+#[derive(Debug, Clone, Default)]
+pub struct Variant {
+    /// The column's name in reports: the model id, the prompt file, or both.
+    pub label: String,
+    /// `--model ID`: cases run against this model, ignoring their replies.
+    pub model: Option<CatalogModel>,
+    /// `--prompt FILE`: cases run this edited copy of their prompt.
+    pub prompt: Option<PathBuf>,
 }
 
 /// What one run did, as the assertions see it.
@@ -45,12 +63,26 @@ pub struct Observed {
     pub wall: Duration,
     /// What `{{WEB}}` stood for in this run.
     pub base: String,
+    /// The catalog model that answered, when the run had one (its prices).
+    pub model: Option<CatalogModel>,
+    /// What `--cache` answered: rounds, then input and output tokens.
+    pub cached: Option<(u64, (u64, u64))>,
+    /// The logged run's end, settled once every cell has run.
+    pub logged: Option<pf_host::session::Finished>,
+    /// The run's scratch folder (its store inside), as the log names it.
+    pub work_dir: PathBuf,
     /// Keeps the scratch folder (and so the store) until the checks are done.
     _work: WorkDir,
 }
 
-/// Run `case` of `loaded` once with `seed`.
-pub fn run_case(settings: &Settings, loaded: &Loaded, case: &TestCase) -> Result<Observed, String> {
+/// Run `case` of `loaded` once, against `variant`'s model and prompt.
+pub async fn run_case(
+    settings: &Settings,
+    loaded: &Loaded,
+    case: &TestCase,
+    variant: &Variant,
+    cancel: pf_harness::CancellationToken,
+) -> Result<Observed, String> {
     let server = match &case.web {
         Some(web) => Some(WebServer::start(case::WebFixture {
             pages: web
@@ -66,7 +98,7 @@ pub fn run_case(settings: &Settings, loaded: &Loaded, case: &TestCase) -> Result
     let web = |s: &str| s.replace("{{WEB}}", &base);
     let work = WorkDir::new()?;
     let record = session::record_path(&work.0);
-    let catalog_model = match (&settings.live, &case.model) {
+    let catalog_model = match (&variant.model, &case.model) {
         (Some(live), _) => Some(live.clone()),
         (None, Some(ModelChoice::Catalog(id))) => {
             Some(catalog::lookup(settings.host.as_deref(), id)?)
@@ -142,7 +174,12 @@ pub fn run_case(settings: &Settings, loaded: &Loaded, case: &TestCase) -> Result
             .map_err(|e| format!("cannot write store file {path}: {e}"))?;
     }
     std::fs::create_dir_all(&store).map_err(|e| format!("cannot create the store: {e}"))?;
-    let prompt_file = std::path::absolute(&loaded.prompt).unwrap_or(loaded.prompt.clone());
+    let prompt = variant.prompt.as_ref().unwrap_or(&loaded.prompt);
+    let prompt_file = std::path::absolute(prompt).unwrap_or(prompt.clone());
+    let cache = settings
+        .cache
+        .as_ref()
+        .map(|c| pf_host::cache::CacheUse::new(std::sync::Arc::clone(c)));
     let ran = session::run(session::CaseRun {
         prompt_file: &prompt_file,
         host,
@@ -152,7 +189,12 @@ pub fn run_case(settings: &Settings, loaded: &Loaded, case: &TestCase) -> Result
         seed: case.seed.unwrap_or(7),
         start: case.start.as_deref().unwrap_or("2026-01-02T03:04:05Z"),
         store: &store,
-    })?;
+        log: settings.log,
+        batch: settings.batch.clone(),
+        cache: cache.clone(),
+        cancel,
+    })
+    .await?;
     drop(server);
     let requests = std::fs::read_to_string(&record)
         .map(|t| {
@@ -170,6 +212,10 @@ pub fn run_case(settings: &Settings, loaded: &Loaded, case: &TestCase) -> Result
         store,
         wall: ran.elapsed,
         base,
+        model: catalog_model,
+        cached: cache.map(|c| (c.tally.rounds(), c.tally.tokens())),
+        logged: ran.logged,
+        work_dir: work.0.clone(),
         _work: work,
     })
 }

@@ -39,6 +39,13 @@ pub struct CaseRun<'a> {
     /// RFC 3339.
     pub start: &'a str,
     pub store: &'a Path,
+    /// Keep the run in the run log (a matrix cell, `--model`, `--cache`).
+    pub log: bool,
+    /// The `promptforge test` invocation the logged run belongs to.
+    pub batch: Option<String>,
+    /// Answer model rounds from earlier logged exchanges (`--cache`).
+    pub cache: Option<pf_host::cache::CacheUse>,
+    pub cancel: CancellationToken,
 }
 
 /// What the run did, as the assertions see it.
@@ -48,20 +55,23 @@ pub struct CaseRunEnd {
     pub events: Vec<Json>,
     pub calls: Vec<CallMade>,
     pub elapsed: Duration,
+    /// A logged run's end, settled once every cell has run.
+    pub logged: Option<pf_host::session::Finished>,
 }
 
-/// Run the case's prompt in place against its host tables, on the calling
-/// thread's own current-thread runtime (a run is `!Send`). A host file or
-/// command line `promptforge run` would refuse (exit 2) is a failed report of
-/// kind `Usage`, as `run --json` reports it.
-pub fn run(case: CaseRun<'_>) -> Result<CaseRunEnd, String> {
+/// Run the case's prompt in place against its host tables (a `!Send`
+/// future: the executor runs it on its own task). A host file or command
+/// line `promptforge run` would refuse (exit 2) is a failed report of kind
+/// `Usage`, as `run --json` reports it.
+pub async fn run(case: CaseRun<'_>) -> Result<CaseRunEnd, String> {
     let began = Instant::now();
-    match run_checked(case) {
+    match run_checked(case).await {
         Err(Refused::Usage(message)) => Ok(CaseRunEnd {
             report: usage_report(message),
             events: Vec::new(),
             calls: Vec::new(),
             elapsed: began.elapsed(),
+            logged: None,
         }),
         Err(Refused::CannotRun(message)) => Err(message),
         Ok(end) => Ok(end),
@@ -96,8 +106,8 @@ fn usage_report(message: String) -> RunReport {
     }
 }
 
-fn run_checked(case: CaseRun<'_>) -> Result<CaseRunEnd, Refused> {
-    let mut host = case.host;
+async fn run_checked(mut case: CaseRun<'_>) -> Result<CaseRunEnd, Refused> {
+    let mut host = std::mem::take(&mut case.host);
     if let Some(extra) = &case.host_extra {
         let extra: Table =
             toml::from_str(extra).map_err(|e| Refused::Usage(format!("host file: {e}")))?;
@@ -107,65 +117,54 @@ fn run_checked(case: CaseRun<'_>) -> Result<CaseRunEnd, Refused> {
         .try_into()
         .map_err(|e| Refused::Usage(format!("host file: {e}")))?;
     let config = HostConfig::from_file(&file, case.host_dir).map_err(Refused::Usage)?;
-    let settings = RunSettings::with_host(None, Arc::new(config), &SettingsFlags::default())
+    let mut settings = RunSettings::with_host(None, Arc::new(config), &SettingsFlags::default())
         .map_err(Refused::Usage)?;
-    run_session(
-        case.prompt_file,
-        settings,
-        case.args,
-        case.seed,
-        case.start,
-        case.store,
-    )
-    .map_err(Refused::CannotRun)?
-    .map_err(Refused::Usage)
+    settings.cache = case.cache.clone();
+    run_session(&case, settings)
+        .await
+        .map_err(Refused::CannotRun)?
+        .map_err(Refused::Usage)
 }
 
 /// The run itself: `Err` the case cannot run, `Ok(Err)` a usage error.
-fn run_session(
-    prompt_file: &Path,
+async fn run_session(
+    case: &CaseRun<'_>,
     settings: RunSettings,
-    args: Option<String>,
-    seed: u64,
-    start: &str,
-    store: &Path,
 ) -> Result<Result<CaseRunEnd, String>, String> {
-    let case_start = start;
+    let (prompt_file, seed, store) = (case.prompt_file, case.seed, case.store);
+    let case_start = case.start;
     let start =
         time::OffsetDateTime::parse(case_start, &time::format_description::well_known::Rfc3339)
             .map_err(|e| format!("start {case_start:?} is not an RFC 3339 instant: {e}"))?;
     let start_ms = (start.unix_timestamp_nanos() / 1_000_000) as i64;
     let source = pf_host::prompt_files::read_prompt(prompt_file)?;
     let collector = Arc::new(Collector::default());
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
     let began = Instant::now();
     let session = RunSession::begin(RunPlan {
         file: prompt_file.to_path_buf(),
         source,
         parsed: None,
         // As a child with no stdin read ARGS `-`: empty.
-        args: PlanArgs::Exact(args.filter(|a| a != "-").unwrap_or_default()),
+        args: PlanArgs::Exact(case.args.clone().filter(|a| a != "-").unwrap_or_default()),
         seed,
         start_ms,
         settings,
         store_dir: Some(store.to_path_buf()),
-        no_log: true,
+        no_log: !case.log,
         capture: false,
         quiet: true,
         replay_of: None,
         resumed_from: None,
-        batch: None,
+        batch: case.batch.clone(),
+        input_index: None,
         replay: None,
-        cancel: CancellationToken::new(),
+        cancel: case.cancel.clone(),
         watchers: vec![Arc::clone(&collector) as Arc<dyn RunObserver>],
         input_broker: Some(Arc::new(NoOperator)),
         after_engine: None,
     });
     let finished = match session {
-        Ok(session) => runtime.block_on(session.run()),
+        Ok(session) => session.run().await,
         Err(e) => Err(e),
     };
     let finished = match finished {
@@ -180,10 +179,11 @@ fn run_session(
             .unwrap_or_else(PoisonError::into_inner),
     );
     Ok(Ok(CaseRunEnd {
-        report: finished.report,
+        report: finished.report.clone(),
         events: heard.events,
         calls: heard.calls,
         elapsed,
+        logged: case.log.then_some(finished),
     }))
 }
 

@@ -1,0 +1,471 @@
+//! The run log on PostgreSQL through the real binary, against a real
+//! server on 127.0.0.1 (tests/tools/postgres.sh, started by test.sh, which
+//! exports `PROMPTFORGE_TEST_POSTGRES_URL`; each test makes a database of
+//! its own) and the counting model server (tests/support/mock_model.rs):
+//! `run` then `runs`, `show --json`, `show --html`, `replay`; `run --resume`
+//! of a killed run; `batch` and `batch --resume`; two processes writing at
+//! once. Without the server the tests are skipped with a note, except under
+//! CI, where they fail.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "support/mock_model.rs"]
+mod mock_model;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use mock_model::{Behaviour, MockModel};
+use serde_json::Value;
+
+const URL_VAR: &str = "PROMPTFORGE_TEST_POSTGRES_URL";
+
+/// A fresh database on the test server: its URL (no password: the test
+/// server trusts local connections), or `None` (skip) outside CI.
+fn database() -> Option<String> {
+    let server = match std::env::var(URL_VAR) {
+        Ok(url) if !url.is_empty() => url,
+        _ if std::env::var("CI").is_ok_and(|v| v == "true") => panic!(
+            "{URL_VAR} is not set under CI: these tests need the PostgreSQL server test.sh starts"
+        ),
+        _ => {
+            eprintln!("note: {URL_VAR} not set; skipped");
+            return None;
+        }
+    };
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let name = format!(
+        "pf_cli_{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    );
+    let made = Command::new("psql")
+        .args([&server, "-q", "-c", &format!("CREATE DATABASE {name}")])
+        .output()
+        .expect("psql");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let (base, _) = server.rsplit_once('/').unwrap();
+    Some(format!("{base}/{name}"))
+}
+
+/// `psql -At` on `url`: the rows as text.
+fn sql(url: &str, query: &str) -> String {
+    let out = Command::new("psql")
+        .args([url, "-At", "-c", query])
+        .output()
+        .expect("psql");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+struct Home {
+    dir: tempfile::TempDir,
+}
+
+impl Home {
+    fn new() -> Home {
+        Home {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.path(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    fn command(&self) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_promptforge"));
+        cmd.env("PROMPTFORGE_HOME", self.path("data"))
+            .env_remove("PROMPTFORGE_HOST")
+            .env_remove("PROMPTFORGE_MODEL")
+            .env_remove("PROMPTFORGE_LOG")
+            .env_remove("PROMPTFORGE_RUNLOG_URL")
+            .env_remove("PGPASSWORD")
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.command().args(args).output().unwrap()
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let out = self.run(args);
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
+            panic!(
+                "{args:?}: no JSON (exit {:?}): {} {}",
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+    }
+
+    /// A host file: the model server and the run log at `url`.
+    fn host(&self, name: &str, model: &MockModel, url: &str) -> String {
+        let host = self.write(
+            name,
+            &model.host_file(&format!("\n[runlog]\nurl = \"{url}\"\n")),
+        );
+        host.display().to_string()
+    }
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+const ROUNDS: &str = r#"---
+name: rounds
+description: three model rounds in a row
+promptforge: 0
+args:
+  topic:
+    type: string
+models:
+  w: {}
+---
+
+# Rounds
+
+## Main
+
+```lua
+models.use('w')
+log('rounds about ' .. argv.topic)
+local out = {}
+for i = 1, 3 do
+  out[#out + 1] = models.infer(argv.topic .. ' round ' .. i)
+end
+return table.concat(out, ',')
+```
+"#;
+
+fn expected(topic: &str) -> String {
+    (1..=3)
+        .map(|i| format!("echo:{topic} round {i}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[test]
+fn run_then_runs_show_and_replay_read_it_from_postgres() {
+    let Some(url) = database() else { return };
+    let home = Home::new();
+    let model = MockModel::start(Behaviour::default());
+    let host = home.host("host.toml", &model, &url);
+    let prompt = home.write("rounds.md", ROUNDS);
+    let prompt = prompt.to_str().unwrap();
+    let ran = home.json(&[
+        "run",
+        prompt,
+        "--host",
+        &host,
+        "--arg",
+        "topic=herons",
+        "--json",
+    ]);
+    assert_eq!(ran["result"], expected("herons"), "{ran}");
+    assert_eq!(model.requests(), 3);
+    // Logged in PostgreSQL, not in the data directory.
+    assert!(!home.path("data/runs.db").exists());
+    assert_eq!(sql(&url, "SELECT count(*) FROM runs"), "1");
+
+    let runs = home.json(&["runs", "--host", &host, "--json"]);
+    assert_eq!(runs.as_array().unwrap().len(), 1, "{runs}");
+    assert_eq!(runs[0]["execution"], ran["execution"]);
+    assert_eq!(runs[0]["outcome"], "completed");
+    let found = home.json(&["runs", "--host", &host, "--search", "HERONS", "--json"]);
+    assert_eq!(found.as_array().unwrap().len(), 1);
+    let none = home.json(&["runs", "--host", &host, "--search", "owls", "--json"]);
+    assert_eq!(none.as_array().unwrap().len(), 0);
+    let failed = home.json(&["runs", "--host", &host, "--outcome", "failed", "--json"]);
+    assert_eq!(failed.as_array().unwrap().len(), 0);
+
+    let shown = home.json(&["show", "last", "--host", &host, "--json"]);
+    assert_eq!(shown["result"], expected("herons"));
+    assert_eq!(shown["exchanges"].as_array().unwrap().len(), 3, "{shown}");
+    let text = home.run(&["show", "last", "--host", &host]);
+    assert_eq!(text.status.code(), Some(0), "{}", stderr(&text));
+    assert!(String::from_utf8_lossy(&text.stdout).contains("log: rounds about herons"));
+    let page = home.path("run.html");
+    let html = home.run(&[
+        "show",
+        "last",
+        "--host",
+        &host,
+        "--html",
+        "-o",
+        page.to_str().unwrap(),
+    ]);
+    assert_eq!(html.status.code(), Some(0), "{}", stderr(&html));
+    assert!(std::fs::read_to_string(&page).unwrap().contains("<html"));
+
+    // The environment's URL is read as the host file's is.
+    let by_env = home
+        .command()
+        .args(["runs", "--json"])
+        .env("PROMPTFORGE_RUNLOG_URL", &url)
+        .output()
+        .unwrap();
+    let by_env: Value = serde_json::from_slice(&by_env.stdout).unwrap();
+    assert_eq!(by_env[0]["execution"], ran["execution"]);
+
+    // A strict replay answers every round from the PostgreSQL log.
+    let replayed = home.json(&["replay", "last", "--host", &host, "--json"]);
+    assert_eq!(replayed["result"], expected("herons"), "{replayed}");
+    assert_eq!(model.requests(), 3, "the replay asked the model");
+    let runs = home.json(&["runs", "--host", &host, "--json"]);
+    assert_eq!(runs.as_array().unwrap().len(), 2);
+    assert_eq!(runs[0]["replay_of"], ran["execution"]);
+}
+
+#[test]
+fn a_password_in_the_host_files_url_is_refused_and_never_printed() {
+    let home = Home::new();
+    let model = MockModel::start(Behaviour::default());
+    let host = home.host(
+        "host.toml",
+        &model,
+        "postgres://pf:hunter2@127.0.0.1:5/runs",
+    );
+    let prompt = home.write("rounds.md", ROUNDS);
+    for args in [
+        vec![
+            "run",
+            prompt.to_str().unwrap(),
+            "--host",
+            &host,
+            "--arg",
+            "topic=x",
+        ],
+        vec!["runs", "--host", &host],
+    ] {
+        let out = home.run(&args);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("[runlog] url"), "{err}");
+        assert!(err.contains("PGPASSWORD"), "{err}");
+        assert!(!err.contains("hunter2"), "{err}");
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("hunter2"));
+    }
+    assert_eq!(model.requests(), 0);
+}
+
+#[test]
+fn a_killed_run_is_read_back_and_resumed_from_postgres() {
+    let Some(url) = database() else { return };
+    let home = Home::new();
+    // Slow enough that the second round is in flight when the run is killed.
+    let slow = MockModel::start(Behaviour {
+        delay: Duration::from_millis(1500),
+        ..Behaviour::default()
+    });
+    let host = home.host("slow.toml", &slow, &url);
+    let prompt = home.write("rounds.md", ROUNDS);
+    let prompt = prompt.to_str().unwrap();
+    let mut child = home
+        .command()
+        .args(["run", prompt, "--host", &host, "--arg", "topic=kill"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until the first round's answer is logged (as it goes: the run is
+    // still running), then SIGKILL it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let logged = loop {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before it was killed"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "the first round was never logged"
+        );
+        let shown = home.run(&["show", "last", "--host", &host, "--json"]);
+        if let Ok(run) = serde_json::from_slice::<Value>(&shown.stdout) {
+            if run["exchanges"].as_array().is_some_and(|x| !x.is_empty()) {
+                break run;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    child.kill().unwrap();
+    let _ = child.wait();
+    assert_eq!(logged["outcome"], "running");
+    let shown = home.json(&["show", "last", "--host", &host, "--json"]);
+    assert_eq!(shown["outcome"], "running", "no end was logged");
+    let running = home.json(&["runs", "--host", &host, "--outcome", "running", "--json"]);
+    assert_eq!(running.as_array().unwrap().len(), 1);
+    let paid = shown["exchanges"].as_array().unwrap().len();
+    assert!(paid >= 1);
+
+    // Resumed against a fast server: only the rounds not logged are sent.
+    let fast = MockModel::start(Behaviour::default());
+    let host = home.host("fast.toml", &fast, &url);
+    let resumed = home.json(&["run", prompt, "--host", &host, "--resume", "last", "--json"]);
+    assert_eq!(resumed["result"], expected("kill"), "{resumed}");
+    assert_eq!(fast.requests(), 3 - paid);
+    assert_eq!(resumed["execution"], shown["execution"]);
+    let last = home.json(&["show", "last", "--host", &host, "--json"]);
+    assert_eq!(last["resumed_from"], shown["execution"]);
+}
+
+fn inputs(count: usize, tag: &str) -> String {
+    (0..count)
+        .map(|i| format!("{{\"topic\":\"{tag}{i}\"}}\n"))
+        .collect()
+}
+
+fn out_lines(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+fn batch_id(err: &str) -> String {
+    let start = err.find("batch batch-").expect("the batch id is printed") + "batch ".len();
+    err[start..]
+        .split(|c: char| c == ':' || c.is_whitespace())
+        .next()
+        .unwrap()
+        .to_owned()
+}
+
+#[test]
+fn two_batches_at_once_and_a_resumed_batch_log_into_one_database() {
+    let Some(url) = database() else { return };
+    let home = Home::new();
+    let model = MockModel::start(Behaviour {
+        delay: Duration::from_millis(5),
+        ..Behaviour::default()
+    });
+    let host = home.host("host.toml", &model, &url);
+    let prompt = home.write("rounds.md", ROUNDS);
+    let prompt = prompt.to_str().unwrap().to_owned();
+    // Two processes writing the one database at once.
+    let children: Vec<_> = ["a", "b"]
+        .iter()
+        .map(|tag| {
+            let file = home.write(&format!("{tag}.jsonl"), &inputs(30, tag));
+            let out = home.path(&format!("{tag}.out.jsonl"));
+            home.command()
+                .args(["batch", &prompt])
+                .arg(&file)
+                .arg("-o")
+                .arg(&out)
+                .args(["--host", &host, "-j", "4"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut ids = Vec::new();
+    for child in children {
+        let done = child.wait_with_output().unwrap();
+        let err = stderr(&done);
+        assert_eq!(done.status.code(), Some(0), "{err}");
+        ids.push(batch_id(&err));
+    }
+    for (tag, id) in ["a", "b"].iter().zip(&ids) {
+        let lines = out_lines(&home.path(&format!("{tag}.out.jsonl")));
+        assert_eq!(lines.len(), 30);
+        assert!(lines.iter().all(|l| l["outcome"] == "completed"));
+        let runs = home.json(&[
+            "runs", "--host", &host, "--batch", id, "-n", "1000", "--json",
+        ]);
+        let runs = runs.as_array().unwrap();
+        assert_eq!(runs.len(), 30, "{id}");
+        assert!(runs.iter().all(|r| r["outcome"] == "completed"));
+    }
+    assert_eq!(sql(&url, "SELECT count(*) FROM runs"), "60");
+    // Every input of a batch is logged with its index: one completed run each.
+    assert_eq!(
+        sql(
+            &url,
+            &format!(
+                "SELECT count(DISTINCT input_index) FROM runs WHERE batch = '{}' AND outcome = 'completed'",
+                ids[0]
+            )
+        ),
+        "30"
+    );
+
+    // A batch interrupted (SIGINT) and resumed from the PostgreSQL log.
+    let before = model.requests();
+    let file = home.write("c.jsonl", &inputs(60, "c"));
+    let out = home.path("c.out.jsonl");
+    let args = [
+        "batch",
+        &prompt,
+        file.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--host",
+        &host,
+        "-j",
+        "4",
+        "--seed",
+        "9",
+    ];
+    let child = home
+        .command()
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while out_lines(&out).len() < 10 {
+        assert!(Instant::now() < deadline, "the batch made no progress");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let interrupted = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(interrupted.success());
+    let first = child.wait_with_output().unwrap();
+    assert_eq!(first.status.code(), Some(130), "{}", stderr(&first));
+    assert!(
+        out_lines(&out).len() < 60,
+        "the batch finished before the Ctrl-C"
+    );
+    let resumed = home.run(&[&args[..], &["--resume"]].concat());
+    assert_eq!(resumed.status.code(), Some(0), "{}", stderr(&resumed));
+    let mut completed: BTreeMap<u64, usize> = BTreeMap::new();
+    for line in out_lines(&out) {
+        if line["outcome"] == "completed" {
+            *completed
+                .entry(line["index"].as_u64().unwrap())
+                .or_default() += 1;
+            let topic = format!("c{}", line["index"]);
+            assert_eq!(line["result"], expected(&topic));
+        }
+    }
+    assert_eq!(completed.len(), 60);
+    assert!(completed.values().all(|n| *n == 1));
+    // Rounds answered before the Ctrl-C were not paid for again: at most
+    // the rounds in flight then (4 runs) were sent twice.
+    let sent = model.requests() - before;
+    assert!(sent <= 60 * 3 + 4, "{sent} requests for 180 rounds");
+}
