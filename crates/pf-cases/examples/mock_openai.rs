@@ -41,7 +41,18 @@ fn read_request(reader: &mut BufReader<TcpStream>) -> Option<()> {
     Some(())
 }
 
+/// `MOCK_OPENAI_DELAY_MS`: hold each answer this long (a model's latency;
+/// bench/queue.sh's scaling run).
+fn delay() -> std::time::Duration {
+    let ms = std::env::var("MOCK_OPENAI_DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    std::time::Duration::from_millis(ms)
+}
+
 fn serve(stream: TcpStream) {
+    let hold = delay();
     let mut writer = stream.try_clone().expect("clone");
     let mut reader = BufReader::new(stream);
     let response = format!(
@@ -49,6 +60,9 @@ fn serve(stream: TcpStream) {
         ANSWER.len()
     );
     while read_request(&mut reader).is_some() {
+        if !hold.is_zero() {
+            std::thread::sleep(hold);
+        }
         if writer.write_all(response.as_bytes()).is_err() {
             return;
         }

@@ -20,13 +20,11 @@ use std::sync::Arc;
 use mlua::{Function, IntoLuaMulti, Lua, MultiValue, Table, Value};
 use pf_harness::{ActivePlugin, CancellationToken, HostServices, ModelProvider, WorkId};
 use pf_syntax::{Prompt, RoleDecl};
-use serde_json::{json, Map, Value as Json};
+use serde_json::Value as Json;
 
 use crate::claims::{ClaimIdentity, ClaimKind, ClaimRegistry, Conflict};
 use crate::error::{error_table, ErrorKind, HostError, HostResult, Raise, RunError, RunErrorKind};
-use crate::events::{
-    fields as event_fields, EventKind, EventLog, RunEvent, RunObserver, MAIN_TASK,
-};
+use crate::events::{Event, EventLog, RunEvent, RunObserver, MAIN_TASK};
 use crate::tasks::table::TaskTable;
 
 /// A tool slot bound at prepare.
@@ -245,10 +243,10 @@ impl RunCtx {
     }
 
     /// Report an event of `task` filed under `section`: the one path every event takes.
-    pub fn report(&self, task: &str, section: &str, kind: EventKind, fields: Map<String, Json>) {
+    pub fn report(&self, task: &str, section: &str, event: Event) {
         self.events
             .borrow_mut()
-            .record(&self.fixed.execution, task, section, kind, fields);
+            .record(&self.fixed.execution, task, section, event);
     }
 
     /// Hand `task`'s events numbered above `after` (all for `None`), as
@@ -372,7 +370,7 @@ impl RunCtx {
 /// What a fanout arm or a task seeds into its chain's first entry: for a fanout
 /// arm, its own copy of the member and its 1-based position; for a task,
 /// whichever its spawn gave.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct ArmSeed {
     pub item: Option<Json>,
     pub index: Option<i64>,
@@ -755,8 +753,8 @@ impl SectionCtx {
     }
 
     /// Report an event under this section, on the task the chain runs inside.
-    pub fn report(&self, kind: EventKind, fields: Map<String, Json>) {
-        self.run.report(self.chain.task(), &self.name, kind, fields);
+    pub fn report(&self, event: Event) {
+        self.run.report(self.chain.task(), &self.name, event);
     }
 
     /// The task the chain runs inside (`sys.taskid`).
@@ -779,11 +777,6 @@ impl SectionCtx {
         self.run.host_work(self.chain.task())
     }
 
-    /// A boundary event: the kind and its coordinates only.
-    pub fn boundary(&self, kind: EventKind) {
-        self.report(kind, Map::new());
-    }
-
     /// A tool call's output as the `tool_result` event reports it. `call_id` is
     /// the model's id, or empty for a script call.
     pub fn report_tool_result(
@@ -794,16 +787,13 @@ impl SectionCtx {
         content: &str,
         trusted: bool,
     ) {
-        self.report(
-            EventKind::ToolResult,
-            event_fields(json!({
-                "turn": turn,
-                "tool_call_id": call_id,
-                "alias": alias,
-                "content": content,
-                "trusted": trusted,
-            })),
-        );
+        self.report(Event::ToolResult(crate::event::ToolResult {
+            turn,
+            tool_call_id: call_id.to_string(),
+            alias: alias.to_string(),
+            content: content.to_string(),
+            trusted,
+        }));
     }
 
     /// `tools.add`: put `aliases` in this section's scope, each once, in the

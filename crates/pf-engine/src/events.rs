@@ -22,140 +22,7 @@ use serde_json::{json, Map, Value as Json};
 /// The id of the main walk's task.
 pub const MAIN_TASK: &str = "0";
 
-/// What an event reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum EventKind {
-    ParseStarted,
-    ParseSucceeded,
-    ParseFailed,
-    RunStarted,
-    RunSucceeded,
-    RunFailed,
-    SectionStarted,
-    SectionFinished,
-    LuaSharedLoadStarted,
-    LuaSharedLoadSucceeded,
-    LuaSharedLoadFailed,
-    LuaChunkStarted,
-    LuaChunkSucceeded,
-    LuaChunkFailed,
-    LuaTeardownStarted,
-    LuaTeardownSucceeded,
-    LuaCompilationStarted,
-    LuaCompilationSucceeded,
-    LuaCompilationFailed,
-    /// An author checkpoint from `log`; `message` holds the logged text.
-    Lua,
-    ModelTurnCompleted,
-    ModelTurnFailed,
-    ModelTurnTruncated,
-    ModelMetadataDegraded,
-    AssistantReply,
-    AssistantToolCalls,
-    ToolScopeValidationStarted,
-    ToolScopeValidationSucceeded,
-    ToolScopeValidationFailed,
-    ToolCallSucceeded,
-    ToolCallFailed,
-    ToolResult,
-    StoreWriteSucceeded,
-    StoreWriteFailed,
-    StoreAppendSucceeded,
-    StoreAppendFailed,
-    StoreReadSucceeded,
-    StoreReadFailed,
-    StoreReadNumberedSucceeded,
-    StoreReadNumberedFailed,
-    StoreReplaceSucceeded,
-    StoreReplaceFailed,
-    StoreDeleteSucceeded,
-    StoreDeleteFailed,
-    StoreGlobSucceeded,
-    StoreGlobFailed,
-    UserInputWaitStarted,
-    UserInput,
-    Thinking,
-    TaskStarted,
-    TaskSucceeded,
-    TaskFailed,
-    TaskCancelled,
-    TaskAbandoned,
-    TaskNotice,
-    Request,
-    Response,
-}
-
-impl EventKind {
-    /// The kind's name in snake_case, as the run log writes it.
-    pub fn as_str(self) -> &'static str {
-        use EventKind::*;
-        match self {
-            ParseStarted => "parse_started",
-            ParseSucceeded => "parse_succeeded",
-            ParseFailed => "parse_failed",
-            RunStarted => "run_started",
-            RunSucceeded => "run_succeeded",
-            RunFailed => "run_failed",
-            SectionStarted => "section_started",
-            SectionFinished => "section_finished",
-            LuaSharedLoadStarted => "lua_shared_load_started",
-            LuaSharedLoadSucceeded => "lua_shared_load_succeeded",
-            LuaSharedLoadFailed => "lua_shared_load_failed",
-            LuaChunkStarted => "lua_chunk_started",
-            LuaChunkSucceeded => "lua_chunk_succeeded",
-            LuaChunkFailed => "lua_chunk_failed",
-            LuaTeardownStarted => "lua_teardown_started",
-            LuaTeardownSucceeded => "lua_teardown_succeeded",
-            LuaCompilationStarted => "lua_compilation_started",
-            LuaCompilationSucceeded => "lua_compilation_succeeded",
-            LuaCompilationFailed => "lua_compilation_failed",
-            Lua => "lua",
-            ModelTurnCompleted => "model_turn_completed",
-            ModelTurnFailed => "model_turn_failed",
-            ModelTurnTruncated => "model_turn_truncated",
-            ModelMetadataDegraded => "model_metadata_degraded",
-            AssistantReply => "assistant_reply",
-            AssistantToolCalls => "assistant_tool_calls",
-            ToolScopeValidationStarted => "tool_scope_validation_started",
-            ToolScopeValidationSucceeded => "tool_scope_validation_succeeded",
-            ToolScopeValidationFailed => "tool_scope_validation_failed",
-            ToolCallSucceeded => "tool_call_succeeded",
-            ToolCallFailed => "tool_call_failed",
-            ToolResult => "tool_result",
-            StoreWriteSucceeded => "store_write_succeeded",
-            StoreWriteFailed => "store_write_failed",
-            StoreAppendSucceeded => "store_append_succeeded",
-            StoreAppendFailed => "store_append_failed",
-            StoreReadSucceeded => "store_read_succeeded",
-            StoreReadFailed => "store_read_failed",
-            StoreReadNumberedSucceeded => "store_read_numbered_succeeded",
-            StoreReadNumberedFailed => "store_read_numbered_failed",
-            StoreReplaceSucceeded => "store_replace_succeeded",
-            StoreReplaceFailed => "store_replace_failed",
-            StoreDeleteSucceeded => "store_delete_succeeded",
-            StoreDeleteFailed => "store_delete_failed",
-            StoreGlobSucceeded => "store_glob_succeeded",
-            StoreGlobFailed => "store_glob_failed",
-            UserInputWaitStarted => "user_input_wait_started",
-            UserInput => "user_input",
-            Thinking => "thinking",
-            TaskStarted => "task_started",
-            TaskSucceeded => "task_succeeded",
-            TaskFailed => "task_failed",
-            TaskCancelled => "task_cancelled",
-            TaskAbandoned => "task_abandoned",
-            TaskNotice => "task_notice",
-            Request => "request",
-            Response => "response",
-        }
-    }
-}
-
-impl std::fmt::Display for EventKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use crate::event::{Event, EventKind};
 
 /// Which task reported an event, and where it falls in that task's count.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -167,37 +34,34 @@ pub struct Provenance {
 /// One report the run made as it worked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunEvent {
-    pub kind: EventKind,
+    /// The kind and its own fields.
+    pub event: Event,
     /// The heading text of the section that reported it (the H1 title for the H1 pass).
     pub section: String,
     pub provenance: Provenance,
-    /// The kind's own fields, in the guide's order; empty for a boundary event.
-    pub fields: Map<String, Json>,
 }
 
 impl RunEvent {
-    pub fn field(&self, name: &str) -> Option<&Json> {
-        self.fields.get(name)
+    pub fn kind(&self) -> EventKind {
+        self.event.kind()
     }
 
     /// The round count the event carries, for the kinds that carry one.
     pub fn turn(&self) -> Option<u32> {
-        self.field("turn")
-            .and_then(Json::as_u64)
-            .and_then(|n| u32::try_from(n).ok())
+        self.event.turn()
     }
 
     /// The run-log line: `kind`, `execution`, `section`, `provenance`, then the kind's fields.
     pub fn to_json(&self, execution: &str) -> Json {
         let mut line = Map::new();
-        line.insert("kind".into(), Json::String(self.kind.as_str().into()));
+        line.insert("kind".into(), Json::String(self.kind().as_str().into()));
         line.insert("execution".into(), Json::String(execution.into()));
         line.insert("section".into(), Json::String(self.section.clone()));
         line.insert(
             "provenance".into(),
             json!({"task": self.provenance.task, "seq": self.provenance.seq}),
         );
-        line.extend(self.fields.clone());
+        line.extend(self.event.fields());
         Json::Object(line)
     }
 }
@@ -224,6 +88,20 @@ pub struct ToolCallNotice<'a> {
     pub arguments: &'a Json,
     /// The model's call id; `None` for a script's `tools.call`.
     pub call_id: Option<&'a str>,
+}
+
+/// A model round's answer as it arrived, for the Host's telemetry: what the
+/// provider said the round cost. Not an event of ch. 16: only a text reply's
+/// `assistant_reply` carries metrics, and a round that ends in tool calls
+/// costs tokens too, so the Host counts every round from this. Told right
+/// after the round's `model_turn_completed`.
+#[derive(Debug, Clone, Copy)]
+pub struct RoundNotice<'a> {
+    pub task: &'a str,
+    pub section: &'a str,
+    pub turn: u32,
+    /// `None` when the provider reported no usage.
+    pub usage: Option<&'a pf_harness::Usage>,
 }
 
 /// The Lua stack when a block raised the error that failed it (debug detail
@@ -272,6 +150,11 @@ pub trait RunObserver: Send + Sync {
     /// A tool call about to be dispatched (model or script, every kind of tool).
     fn tool_call(&self, execution: &str, call: &ToolCallNotice<'_>) {
         let _ = (execution, call);
+    }
+
+    /// A model round's answer arrived (every completed round, text reply or tool calls).
+    fn model_round(&self, execution: &str, round: &RoundNotice<'_>) {
+        let _ = (execution, round);
     }
 
     /// A block failed on a raised error: the Lua stack at the raise.
@@ -339,8 +222,9 @@ impl SharedEvent {
         self.event.fields.as_deref()
     }
 
-    /// The event as a [`RunEvent`] (a copy).
-    pub fn to_event(&self) -> RunEvent {
+    /// The event as a [`RunEvent`] (a copy); an error only if its kept
+    /// fields no longer read as its kind, which the run never writes.
+    pub fn to_event(&self) -> Result<RunEvent, serde_json::Error> {
         self.event.event(&self.task)
     }
 }
@@ -363,14 +247,6 @@ pub(crate) fn deliver(observer: &dyn RunObserver, text: LiveText<'_>) -> bool {
         .unwrap_or(false)
 }
 
-/// The kind's fields from a `json!` object literal (anything else gives none).
-pub(crate) fn fields(value: Json) -> Map<String, Json> {
-    match value {
-        Json::Object(map) => map,
-        _ => Map::new(),
-    }
-}
-
 /// The store operations that report events (`store.exists` reports nothing).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum StoreOp {
@@ -384,8 +260,8 @@ pub(crate) enum StoreOp {
 }
 
 impl StoreOp {
-    pub(crate) fn outcome(self, ok: bool) -> EventKind {
-        use EventKind::*;
+    pub(crate) fn outcome(self, ok: bool) -> Event {
+        use Event::*;
         match (self, ok) {
             (StoreOp::Write, true) => StoreWriteSucceeded,
             (StoreOp::Write, false) => StoreWriteFailed,
@@ -415,7 +291,8 @@ impl StoreOp {
 /// The histories are bounded in memory: past [`HISTORY_WINDOW`] bytes of kept
 /// events (all tasks together) they move to an unnamed temporary file (a
 /// chunk a task, `events_spool.rs`), and reads take them back from there, so a
-/// prompt that logs without end costs the run disk, not memory.
+/// prompt that logs without end costs the run disk, not memory; the file keeps
+/// the newest [`spool::SPOOL_LIMIT`] bytes, so the disk it takes is bounded too.
 #[derive(Default)]
 pub(crate) struct EventLog {
     tasks: HashMap<String, TaskHistory>,
@@ -479,18 +356,9 @@ struct KeptEvent {
     fields: Option<Box<str>>,
 }
 
-/// `fields` as compact JSON text (`None` if `serde_json` refuses it, which
-/// a map of JSON values never gives).
-fn fields_text(fields: &Map<String, Json>) -> Option<Box<str>> {
-    serde_json::to_string(fields)
-        .ok()
-        .map(String::into_boxed_str)
-}
-
-/// Fields kept as text, as a map again (empty if the text is not an
-/// object, which `fields_text` never writes).
-fn fields_of(text: &str) -> Map<String, Json> {
-    serde_json::from_str(text).unwrap_or_default()
+/// An event kept as `kind` and its fields' text, typed again.
+fn event_of(kind: EventKind, fields: Option<&str>) -> Result<Event, serde_json::Error> {
+    Event::parse_text(kind, fields)
 }
 
 impl KeptEvent {
@@ -500,32 +368,28 @@ impl KeptEvent {
     }
 
     fn keep(event: RunEvent, before: Option<&KeptEvent>) -> KeptEvent {
+        let fields = event.event.fields_text().map(String::into_boxed_str);
         let section = match before {
             Some(last) if *last.section == *event.section => Arc::clone(&last.section),
             _ => Arc::from(event.section),
         };
         KeptEvent {
-            kind: event.kind,
+            kind: event.event.kind(),
             seq: event.provenance.seq,
             section,
-            fields: if event.fields.is_empty() {
-                None
-            } else {
-                fields_text(&event.fields)
-            },
+            fields,
         }
     }
 
-    fn event(&self, task: &str) -> RunEvent {
-        RunEvent {
-            kind: self.kind,
+    fn event(&self, task: &str) -> Result<RunEvent, serde_json::Error> {
+        Ok(RunEvent {
+            event: event_of(self.kind, self.fields.as_deref())?,
             section: self.section.to_string(),
             provenance: Provenance {
                 task: task.to_string(),
                 seq: self.seq,
             },
-            fields: self.fields.as_deref().map(fields_of).unwrap_or_default(),
-        }
+        })
     }
 }
 
@@ -566,22 +430,14 @@ impl EventLog {
 
     /// Record an event of `task` under `section`, hand it to the observer and
     /// log it at debug level.
-    pub(crate) fn record(
-        &mut self,
-        execution: &str,
-        task: &str,
-        section: &str,
-        kind: EventKind,
-        fields: Map<String, Json>,
-    ) {
+    pub(crate) fn record(&mut self, execution: &str, task: &str, section: &str, event: Event) {
         let event = RunEvent {
-            kind,
+            event,
             section: section.to_string(),
             provenance: Provenance {
                 task: task.to_string(),
                 seq: self.take_seq(task),
             },
-            fields,
         };
         tracing::debug!(target: "promptforge::events", "{}", event.to_json(execution));
         if let Some(observer) = &self.observer {
@@ -635,6 +491,11 @@ impl EventLog {
             }
         }
         self.held = 0;
+        // Chunks whose segment the spool let go are gone from every history.
+        for history in self.tasks.values_mut() {
+            let spool = &self.spool;
+            history.spilled.retain(|chunk| spool.holds(chunk));
+        }
     }
 
     /// Make room in `task`'s history for `additional` more events (a fanout
@@ -691,7 +552,8 @@ impl EventLog {
         }
         for event in &history.events {
             if after.is_none_or(|last| event.seq > last) {
-                if let Err(e) = each(event.event(task)) {
+                let event = event.event(task).map_err(std::io::Error::other)?;
+                if let Err(e) = each(event) {
                     return Ok(Err(e));
                 }
             }
@@ -703,19 +565,42 @@ impl EventLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::{
+        CapturedRequest, Checkpoint, TaskEnded, TaskOrigin, TaskStarted, ToolResult,
+    };
+
+    fn lua(message: String) -> Event {
+        Event::Lua(Checkpoint { message })
+    }
+
+    /// A `task_started` whose `var` snapshot is `var` (any JSON).
+    fn started(var: Json) -> Event {
+        Event::TaskStarted(TaskStarted {
+            task: "0.1".into(),
+            target: "Arm".into(),
+            origin: TaskOrigin::Author,
+            input: None,
+            item: None,
+            index: None,
+            var,
+        })
+    }
 
     #[test]
     fn the_run_log_line_puts_the_coordinates_first() {
         let event = RunEvent {
-            kind: EventKind::ToolResult,
+            event: Event::ToolResult(ToolResult {
+                turn: 2,
+                tool_call_id: String::new(),
+                alias: "a".into(),
+                content: "x".into(),
+                trusted: true,
+            }),
             section: "Gather".into(),
             provenance: Provenance {
                 task: "0".into(),
                 seq: 9,
             },
-            fields: fields(
-                json!({"turn": 2, "tool_call_id": "", "alias": "a", "content": "x", "trusted": true}),
-            ),
         };
         assert_eq!(
             event.to_json("run-1").to_string(),
@@ -767,67 +652,46 @@ mod tests {
         let heard = Arc::new(Heard(std::sync::Mutex::new(Vec::new())));
         let mut log = EventLog::new(Some(Arc::clone(&heard) as Arc<dyn RunObserver>));
         log.set_owner("0.1", "0");
-        log.record("run-1", "0.1", "Arm", EventKind::SectionStarted, Map::new());
-        log.record(
-            "run-1",
-            "0.1",
-            "Arm",
-            EventKind::LuaChunkStarted,
-            Map::new(),
-        );
+        log.record("run-1", "0.1", "Arm", Event::SectionStarted);
+        log.record("run-1", "0.1", "Arm", Event::LuaChunkStarted);
         log.host_work("0.1");
+        log.record("run-1", "0.1", "Next", Event::SectionStarted);
         log.record(
             "run-1",
             "0.1",
             "Next",
-            EventKind::SectionStarted,
-            Map::new(),
-        );
-        log.record(
-            "run-1",
-            "0.1",
-            "Next",
-            EventKind::TaskSucceeded,
-            fields(
+            started(
                 json!({"task": "0.1", "n": 1.5, "neg": -3, "big": u64::MAX, "t": true,
                 "nested": {"z": [1, null, "s", {}], "a": [], "m": {"y": 1, "b": 2}}}),
             ),
         );
-        log.record(
-            "run-1",
-            "0.1",
-            "Arm",
-            EventKind::SectionFinished,
-            Map::new(),
-        );
+        log.record("run-1", "0.1", "Arm", Event::SectionFinished);
         let kept = log.history("0.1", None);
         assert_eq!(kept, *heard.0.lock().expect("heard"));
         assert_eq!(kept[2].provenance.seq, 3);
         // (maps compare without order: the order is checked on its own)
         let keys = |m: &Map<String, Json>| m.keys().cloned().collect::<Vec<_>>();
-        assert_eq!(
-            keys(&kept[3].fields),
-            ["task", "n", "neg", "big", "t", "nested"]
-        );
-        let nested = kept[3]
-            .field("nested")
-            .and_then(Json::as_object)
-            .expect("nested");
+        let Event::TaskStarted(start) = &kept[3].event else {
+            panic!("{:?}", kept[3]);
+        };
+        let var = start.var.as_object().expect("var");
+        assert_eq!(keys(var), ["task", "n", "neg", "big", "t", "nested"]);
+        let nested = var["nested"].as_object().expect("nested");
         assert_eq!(keys(nested), ["z", "a", "m"]);
         let inner = nested["m"].as_object().expect("m");
         assert_eq!(keys(inner), ["y", "b"]);
-        assert_eq!(kept[3].field("big"), Some(&json!(u64::MAX)));
-        assert_eq!(kept[3].field("n"), Some(&json!(1.5)));
+        assert_eq!(var["big"], json!(u64::MAX));
+        assert_eq!(var["n"], json!(1.5));
         assert_eq!(log.history("0.1", Some(2)), kept[2..].to_vec());
     }
 
     #[test]
     fn each_task_counts_its_own_work_and_events_and_a_panicking_observer_is_survived() {
         let mut log = EventLog::new(Some(Arc::new(Terminal { gone: false })));
-        log.record("run-1", "0", "A", EventKind::Lua, Map::new());
+        log.record("run-1", "0", "A", Event::SectionStarted);
         assert_eq!(log.host_work("0"), WorkId::new("0", 1));
-        log.record("run-1", "0.0", "B", EventKind::Lua, Map::new());
-        log.record("run-1", "0", "A", EventKind::Lua, Map::new());
+        log.record("run-1", "0.0", "B", Event::SectionStarted);
+        log.record("run-1", "0", "A", Event::SectionStarted);
         let seqs = |task| -> Vec<u32> {
             log.history(task, None)
                 .iter()
@@ -854,17 +718,13 @@ mod tests {
                 "run-1",
                 task,
                 section,
-                EventKind::Lua,
-                fields(json!({ "message": format!("{i} {text}"), "f": 0.1 + f64::from(i) })),
+                Event::Request(CapturedRequest {
+                    turn: i,
+                    body: format!("{i} {text}"),
+                }),
             );
             if i % 7 == 0 {
-                log.record(
-                    "run-1",
-                    task,
-                    section,
-                    EventKind::SectionStarted,
-                    Map::new(),
-                );
+                log.record("run-1", task, section, Event::SectionStarted);
             }
         }
         assert!(log.held <= HISTORY_WINDOW, "{}", log.held);
@@ -872,12 +732,20 @@ mod tests {
         let all = log.history("0", None);
         let seqs: Vec<u32> = all.iter().map(|e| e.provenance.seq).collect();
         assert!(seqs.windows(2).all(|w| w[0] < w[1]));
-        let messages = all.iter().filter(|e| e.kind == EventKind::Lua).count();
+        let messages = all
+            .iter()
+            .filter(|e| e.kind() == EventKind::Request)
+            .count();
         assert_eq!(messages, 26_666);
         let first = &all[0];
         assert_eq!(first.section, "S");
-        assert_eq!(first.field("message"), Some(&json!(format!("1 {text}"))));
-        assert_eq!(first.field("f"), Some(&json!(0.1 + 1.0)));
+        assert_eq!(
+            first.event,
+            Event::Request(CapturedRequest {
+                turn: 1,
+                body: format!("1 {text}"),
+            })
+        );
         let tab = all.iter().find(|e| e.section != "S").expect("tab");
         assert_eq!(tab.section, "Tab\there");
         let later = log.history("0", Some(seqs[20_000]));
@@ -902,7 +770,7 @@ mod tests {
             -0.0,
             1.0 / 3.0,
         ];
-        let recorded = fields(json!({
+        let recorded = started(json!({
             "floats": floats,
             "ints": [i64::MIN, -1, 0, u64::MAX],
             "text": "tab\t quote\" nul\u{0} é 🦀 \u{2028}",
@@ -910,16 +778,22 @@ mod tests {
         }));
         let mut log = EventLog::new(None);
         log.set_owner("0", "main");
-        log.record("run-1", "0", "S", EventKind::Lua, recorded.clone());
-        let back = log.history("0", None);
-        assert_eq!(back.len(), 1);
-        assert_eq!(back[0].fields, recorded);
-        assert_eq!(
-            serde_json::to_string(&back[0].fields).unwrap(),
-            serde_json::to_string(&recorded).unwrap()
+        log.record("run-1", "0", "S", recorded.clone());
+        log.record("run-1", "0", "S", lua("checkpoint".into()));
+        log.record(
+            "run-1",
+            "0",
+            "S",
+            Event::TaskSucceeded(TaskEnded { task: "0.1".into() }),
         );
+        let back = log.history("0", None);
+        assert_eq!(back.len(), 3);
+        assert_eq!(back[0].event, recorded);
+        assert_eq!(back[1].event, lua("checkpoint".into()));
+        assert_eq!(back[0].event.fields_text(), recorded.fields_text());
+        let var = back[0].event.fields()["var"].clone();
         for (at, float) in floats.iter().enumerate() {
-            let read = back[0].fields["floats"][at].as_f64().unwrap();
+            let read = var["floats"][at].as_f64().unwrap();
             assert_eq!(read.to_bits(), float.to_bits(), "{float:e}");
         }
     }

@@ -22,7 +22,8 @@ use crate::ctx::{
     ArmSeed, Chain, ChainWalk, Failure, RunCtx, SectionCtx, DEPTH_CAP,
 };
 use crate::error::{ErrorKind, HostError, HostResult, Raise};
-use crate::events::EventKind;
+use crate::event::{TaskAbandoned, TaskEnded};
+use crate::events::Event;
 use crate::json::lua_to_json;
 use crate::tasks::AbandonReason;
 use crate::text::lua_type_name;
@@ -65,23 +66,29 @@ struct ArmEnd {
 }
 
 impl ArmEnd {
-    fn report(&mut self, kind: EventKind, reason: Option<AbandonReason>) {
+    fn report(&mut self, end: fn(TaskEnded) -> Event) {
+        let ended = TaskEnded {
+            task: self.task.clone(),
+        };
         self.reported = true;
-        let mut fields = serde_json::Map::new();
-        fields.insert("task".into(), Json::String(self.task.clone()));
-        if let Some(reason) = reason {
-            fields.insert("reason".into(), Json::String(reason.as_str().into()));
-        }
-        self.run.report(&self.task, &self.target, kind, fields);
+        self.run.report(&self.task, &self.target, end(ended));
+    }
+
+    fn abandon(&mut self, reason: AbandonReason) {
+        let abandoned = Event::TaskAbandoned(TaskAbandoned {
+            task: self.task.clone(),
+            reason,
+        });
+        self.reported = true;
+        self.run.report(&self.task, &self.target, abandoned);
     }
 
     fn finished(mut self, ok: bool) {
-        let kind = if ok {
-            EventKind::TaskSucceeded
+        self.report(if ok {
+            Event::TaskSucceeded
         } else {
-            EventKind::TaskFailed
-        };
-        self.report(kind, None);
+            Event::TaskFailed
+        });
     }
 }
 
@@ -91,11 +98,11 @@ impl Drop for ArmEnd {
             return;
         }
         if self.run.fixed.cancel.is_cancelled() || self.run.has_ended() {
-            self.report(EventKind::TaskAbandoned, Some(AbandonReason::RunTerminated));
+            self.abandon(AbandonReason::RunTerminated);
         } else if self.cancelled.get() {
-            self.report(EventKind::TaskCancelled, None);
+            self.report(Event::TaskCancelled);
         } else {
-            self.report(EventKind::TaskAbandoned, Some(AbandonReason::OwnerAborted));
+            self.abandon(AbandonReason::OwnerAborted);
         }
     }
 }
@@ -263,9 +270,8 @@ fn start_arm(sec: &Rc<SectionCtx>, arm: Arm<'_>, cancelled: Rc<Cell<bool>>) -> A
         Some(arm.seed),
     ));
     run.set_task_owner(&chain.id, &parent.id);
-    let started =
-        crate::tasks::task_started_fields(&chain.id, arm.target, false, &None, &chain, sec);
-    sec.report(EventKind::TaskStarted, started);
+    let started = crate::tasks::task_started(&chain.id, arm.target, false, &None, &chain, sec);
+    sec.report(started);
     let claims = ArmClaims {
         run: Rc::clone(&run),
         identity: chain.identity().clone(),

@@ -59,16 +59,21 @@ pub fn place_input(
     Ok(Some(declared.path.clone()))
 }
 
+/// The most a collected output file may hold: a run's appends can grow a
+/// store file without end, and the Host never loads more than this of it.
+pub const MAX_OUTPUT_BYTES: u64 = 64 * 1024 * 1024;
+
 /// After the run: collects the declared output file. `None` when the prompt
 /// declares no output; an error with `output file not found: {path}` when the
-/// run never wrote it, or the store's message when it cannot be read.
+/// run never wrote it, one naming the file and [`MAX_OUTPUT_BYTES`] when it
+/// is larger (it is not read), or the store's message when it cannot be read.
 pub fn collect_output(
     prompt: &Prompt,
     store_dir: &Path,
 ) -> Option<Result<CollectedOutput, String>> {
     let declared = prompt.frontmatter.output.as_ref()?;
     let collected = Store::open(store_dir).and_then(|store| {
-        let contents = store.read_out(&declared.path)?;
+        let contents = store.read_out(&declared.path, MAX_OUTPUT_BYTES)?;
         let candidate = store.root().join(&declared.path);
         let is_file = std::fs::symlink_metadata(&candidate)
             .map(|m| m.is_file())

@@ -3,6 +3,7 @@
 use mlua::{Lua, Table, Value};
 use serde_json::{Map, Number, Value as Json};
 
+use crate::memory::HostCharge;
 use crate::text::lua_type_name;
 
 /// Why a Lua value is not JSON data: the path of the bad part and its type.
@@ -11,11 +12,49 @@ pub(crate) struct NotJson {
     pub found: &'static str,
 }
 
+/// Why a conversion stopped: the value is not JSON data, or the JSON would
+/// pass what the VM it is built for can pay for.
+pub(crate) enum ToJsonError {
+    NotJson(NotJson),
+    Memory(mlua::Error),
+}
+
+impl From<NotJson> for ToJsonError {
+    fn from(e: NotJson) -> Self {
+        ToJsonError::NotJson(e)
+    }
+}
+
 const MAX_DEPTH: usize = 200;
 
+/// What a JSON node costs the host beyond its text: [`held_size`]'s count.
+const NODE: usize = 32;
+
 /// Convert a Lua value to JSON. `path` names the value in messages (`var.t`).
+/// For small engine data only: what a prompt's tables make goes through
+/// [`lua_to_json_charged`].
 pub(crate) fn lua_to_json(value: &Value, path: &str) -> Result<Json, NotJson> {
-    to_json(value, Path::Root(path), 0)
+    match to_json(value, Path::Root(path), 0, &mut HostCharge::unaccounted()) {
+        Ok(json) => Ok(json),
+        Err(ToJsonError::NotJson(e)) => Err(e),
+        // Nothing is refused without an account.
+        Err(ToJsonError::Memory(_)) => Err(NotJson {
+            path: path.to_string(),
+            found: "table",
+        }),
+    }
+}
+
+/// [`lua_to_json`], charging what it builds ([`held_size`]'s count) to
+/// `charge` as it goes: a table that names one big string a thousand times
+/// fails with the memory error at the first copy its VM could not hold, not
+/// after the host built them all.
+pub(crate) fn lua_to_json_charged(
+    value: &Value,
+    path: &str,
+    charge: &mut HostCharge,
+) -> Result<Json, ToJsonError> {
+    to_json(value, Path::Root(path), 0, charge)
 }
 
 /// Where a value sits, written out only for a message: most conversions
@@ -35,13 +74,23 @@ impl Path<'_> {
     }
 }
 
-fn to_json(value: &Value, path: Path<'_>, depth: usize) -> Result<Json, NotJson> {
+fn to_json(
+    value: &Value,
+    path: Path<'_>,
+    depth: usize,
+    charge: &mut HostCharge,
+) -> Result<Json, ToJsonError> {
     let bad = |found| {
-        Err(NotJson {
+        Err(ToJsonError::NotJson(NotJson {
             path: path.render(),
             found,
-        })
+        }))
     };
+    let text_len = match value {
+        Value::String(s) => s.as_bytes().len(),
+        _ => 0,
+    };
+    charge.add(NODE + text_len).map_err(ToJsonError::Memory)?;
     match value {
         Value::Nil => Ok(Json::Null),
         Value::Boolean(b) => Ok(Json::Bool(*b)),
@@ -58,7 +107,7 @@ fn to_json(value: &Value, path: Path<'_>, depth: usize) -> Result<Json, NotJson>
             if depth > MAX_DEPTH {
                 return bad("table");
             }
-            table_to_json(t, path, depth)
+            table_to_json(t, path, depth, charge)
         }
         other => bad(lua_type_name(other)),
     }
@@ -74,17 +123,22 @@ fn key_path(path: &str, key: &Value) -> String {
     }
 }
 
-fn table_to_json(t: &Table, path: Path<'_>, depth: usize) -> Result<Json, NotJson> {
+fn table_to_json(
+    t: &Table,
+    path: Path<'_>,
+    depth: usize,
+    charge: &mut HostCharge,
+) -> Result<Json, ToJsonError> {
     let len = t.raw_len();
     let mut pairs: Vec<(Value, Value)> = Vec::new();
     for pair in t.clone().pairs::<Value, Value>() {
         match pair {
             Ok(p) => pairs.push(p),
             Err(_) => {
-                return Err(NotJson {
+                return Err(ToJsonError::NotJson(NotJson {
                     path: path.render(),
                     found: "table",
-                })
+                }))
             }
         }
     }
@@ -98,7 +152,7 @@ fn table_to_json(t: &Table, path: Path<'_>, depth: usize) -> Result<Json, NotJso
         for (k, v) in &pairs {
             if let Value::Integer(i) = k {
                 let idx = (*i as usize) - 1;
-                items[idx] = to_json(v, Path::Key(&path, k), depth + 1)?;
+                items[idx] = to_json(v, Path::Key(&path, k), depth + 1, charge)?;
             }
         }
         return Ok(Json::Array(items));
@@ -110,23 +164,24 @@ fn table_to_json(t: &Table, path: Path<'_>, depth: usize) -> Result<Json, NotJso
             Value::String(s) => match s.to_str() {
                 Ok(text) => text.to_string(),
                 Err(_) => {
-                    return Err(NotJson {
+                    return Err(ToJsonError::NotJson(NotJson {
                         path: Path::Key(&path, k).render(),
                         found: "string",
-                    })
+                    }))
                 }
             },
             Value::Integer(i) => i.to_string(),
             Value::Number(n) => crate::text::float_text(*n),
             Value::Boolean(b) => b.to_string(),
             other => {
-                return Err(NotJson {
+                return Err(ToJsonError::NotJson(NotJson {
                     path: path.render(),
                     found: lua_type_name(other),
-                })
+                }))
             }
         };
-        let value = to_json(v, Path::Key(&path, k), depth + 1)?;
+        charge.add(NODE + key.len()).map_err(ToJsonError::Memory)?;
+        let value = to_json(v, Path::Key(&path, k), depth + 1, charge)?;
         entries.push((key, value));
     }
     entries.sort_by(|a, b| a.0.cmp(&b.0));
@@ -244,7 +299,6 @@ pub(crate) fn compact_sorted(value: &Json) -> String {
 /// keys plus a fixed cost a node): what a run's budget counts for JSON data
 /// the host keeps on a prompt's behalf (`var`).
 pub(crate) fn held_size(value: &Json) -> usize {
-    const NODE: usize = 32;
     match value {
         Json::String(s) => NODE + s.len(),
         Json::Array(items) => NODE + items.iter().map(held_size).sum::<usize>(),

@@ -7,6 +7,7 @@
 mod claims;
 mod ctx;
 mod error;
+pub mod event;
 mod events;
 mod fanout;
 mod flow;
@@ -39,11 +40,12 @@ use rand::{RngCore, SeedableRng};
 
 pub use ctx::Checkpoint;
 pub use error::{RunError, RunErrorKind};
+pub use event::{Event, LoggedEvent};
 pub use events::{
-    EventKind, LiveText, LuaTraceback, Provenance, RunEvent, RunObserver, SharedEvent,
+    EventKind, LiveText, LuaTraceback, Provenance, RoundNotice, RunEvent, RunObserver, SharedEvent,
     ToolCallNotice, MAIN_TASK,
 };
-pub use io_files::{collect_output, missing_input, place_input, CollectedOutput};
+pub use io_files::{collect_output, missing_input, place_input, CollectedOutput, MAX_OUTPUT_BYTES};
 pub use memory::DEFAULT_RUN_MEMORY;
 pub use text::{envelope, format_when};
 
@@ -200,13 +202,7 @@ async fn run_beside(
     );
     let failed_early = |log: &mut events::EventLog, error: RunError, started: bool| {
         if started {
-            log.record(
-                &execution,
-                MAIN_TASK,
-                &title,
-                EventKind::RunFailed,
-                Default::default(),
-            );
+            log.record(&execution, MAIN_TASK, &title, Event::RunFailed);
         }
         RunReport {
             outcome: Outcome::Failed(error),
@@ -217,13 +213,7 @@ async fn run_beside(
     if let Err(e) = gate {
         return failed_early(&mut log, e, false);
     }
-    log.record(
-        &execution,
-        MAIN_TASK,
-        &title,
-        EventKind::RunStarted,
-        Default::default(),
-    );
+    log.record(&execution, MAIN_TASK, &title, Event::RunStarted);
     // A store that fails as the run starts fails the run (kind `Store`), rather
     // than letting it run against a throwaway store.
     let store = match pf_store::Store::open(&setup.store_dir) {
@@ -324,10 +314,10 @@ async fn run_beside(
     // The closing event comes after every task's terminal event; a cancelled
     // run closes with `run_failed` too (there is no run-cancelled kind).
     let closing = match outcome {
-        Outcome::Completed(_) => EventKind::RunSucceeded,
-        _ => EventKind::RunFailed,
+        Outcome::Completed(_) => Event::RunSucceeded,
+        _ => Event::RunFailed,
     };
-    run_ctx.report(MAIN_TASK, &title, closing, Default::default());
+    run_ctx.report(MAIN_TASK, &title, closing);
     for a in active {
         a.shutdown().await;
     }
@@ -365,17 +355,17 @@ fn report_parse(log: &mut events::EventLog, execution: &str, prompt: &Prompt, pa
     section_blocks(&prompt.sections, &mut blocks);
     blocks.sort_by_key(|(line, _)| *line);
     let mut report = |section: &str, kind| {
-        log.record(execution, MAIN_TASK, section, kind, Default::default());
+        log.record(execution, MAIN_TASK, section, kind);
     };
-    report(PARSE_SECTION, EventKind::ParseStarted);
+    report(PARSE_SECTION, Event::ParseStarted);
     for (_, section) in blocks {
-        report(section, EventKind::LuaCompilationStarted);
-        report(section, EventKind::LuaCompilationSucceeded);
+        report(section, Event::LuaCompilationStarted);
+        report(section, Event::LuaCompilationSucceeded);
     }
     let closing = if parsed {
-        EventKind::ParseSucceeded
+        Event::ParseSucceeded
     } else {
-        EventKind::ParseFailed
+        Event::ParseFailed
     };
     report(PARSE_SECTION, closing);
 }
@@ -387,15 +377,14 @@ const PARSE_SECTION: &str = "Prompt";
 /// run log shows it: `parse_started` then `parse_failed`, on the main walk's
 /// count, under `Prompt`. The file never runs, so no prompt reads them.
 pub fn report_parse_failure(observer: &dyn RunObserver, execution: &str) {
-    for (seq, kind) in [(0, EventKind::ParseStarted), (1, EventKind::ParseFailed)] {
+    for (seq, event) in [(0, Event::ParseStarted), (1, Event::ParseFailed)] {
         let event = RunEvent {
-            kind,
+            event,
             section: PARSE_SECTION.to_string(),
             provenance: Provenance {
                 task: MAIN_TASK.to_string(),
                 seq,
             },
-            fields: Default::default(),
         };
         observer.event(execution, &event);
     }

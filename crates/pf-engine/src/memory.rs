@@ -50,14 +50,21 @@ struct Reservation {
     /// The reservation: the VM's Lua heap plus `host`.
     limit: usize,
     /// Host-side data the VM's entry holds and its reservation pays for
-    /// (its `var`, [`hold`]); the VM's mlua limit is `limit - host`.
+    /// (its `var`, [`hold`]); the VM's mlua limit is `limit - host - charged`.
     host: usize,
+    /// Host-side data built on the VM's behalf and alive now ([`HostCharge`]s:
+    /// tool arguments, a `models.loop` list's snapshots, a request in flight,
+    /// a `string.rep` result before Lua copies it).
+    charged: usize,
 }
 
 impl Reservation {
     /// The mlua limit this reservation leaves the VM's heap (never 0, which mlua reads as none).
     fn heap_limit(&self) -> usize {
-        self.limit.saturating_sub(self.host).max(1)
+        self.limit
+            .saturating_sub(self.host)
+            .saturating_sub(self.charged)
+            .max(1)
     }
 }
 
@@ -98,6 +105,7 @@ impl MemoryAccount {
             lua: weak.clone(),
             limit: 0,
             host: 0,
+            charged: 0,
         });
         lua.set_app_data(Member {
             account: Rc::clone(self),
@@ -155,7 +163,8 @@ impl MemoryAccount {
                     let keep = handle
                         .used_memory()
                         .saturating_add(PARKED_SLACK)
-                        .saturating_add(other.host);
+                        .saturating_add(other.host)
+                        .saturating_add(other.charged);
                     if keep < other.limit {
                         *reserved -= other.limit - keep;
                         other.limit = keep;
@@ -187,7 +196,9 @@ impl MemoryAccount {
                 return Ok(());
             };
             let r = &mut state.vms[mine];
-            if r.limit.saturating_sub(bytes) <= lua.used_memory() && bytes > r.host {
+            if r.limit.saturating_sub(bytes).saturating_sub(r.charged) <= lua.used_memory()
+                && bytes > r.host
+            {
                 return Err(mlua::Error::MemoryError(MEMORY_ERROR.to_string()));
             }
             r.host = bytes;
@@ -195,6 +206,154 @@ impl MemoryAccount {
         };
         lua.set_memory_limit(limit)?;
         Ok(())
+    }
+    /// Charge `bytes` more host-side data to the VM `lua`'s reservation: its
+    /// heap's limit shrinks by as much. Refused with the memory error, and
+    /// nothing charged, when the heap already uses more than that leaves it
+    /// (after one collection, as Lua's own allocator would try).
+    fn charge_for(&self, lua: &Lua, bytes: usize) -> mlua::Result<()> {
+        self.claim_for(lua)?;
+        let me = lua.weak();
+        let fits = |state: &State| {
+            state.vms.iter().find(|r| r.lua == me).is_none_or(|r| {
+                r.limit
+                    .saturating_sub(r.host)
+                    .saturating_sub(r.charged)
+                    .checked_sub(bytes)
+                    .is_some_and(|left| left > lua.used_memory())
+            })
+        };
+        if !fits(&self.state.borrow()) {
+            lua.gc_collect()?;
+            if !fits(&self.state.borrow()) {
+                return Err(mlua::Error::MemoryError(MEMORY_ERROR.to_string()));
+            }
+        }
+        let limit = {
+            let mut state = self.state.borrow_mut();
+            let Some(r) = state.vms.iter_mut().find(|r| r.lua == me) else {
+                return Ok(());
+            };
+            r.charged += bytes;
+            r.heap_limit()
+        };
+        lua.set_memory_limit(limit)?;
+        Ok(())
+    }
+
+    /// Return `bytes` a [`HostCharge`] held for the VM `lua` (gone or not).
+    fn release(&self, lua: &WeakLua, bytes: usize) {
+        let limit = match self.state.try_borrow_mut() {
+            Ok(mut state) => match state.vms.iter_mut().find(|r| &r.lua == lua) {
+                Some(r) => {
+                    r.charged = r.charged.saturating_sub(bytes);
+                    r.heap_limit()
+                }
+                None => return,
+            },
+            Err(_) => return,
+        };
+        if let Some(handle) = lua.try_upgrade() {
+            // Raising a limit cannot fail for want of memory.
+            let _ = handle.set_memory_limit(limit);
+        }
+    }
+}
+
+/// What a [`HostCharge`] reserves at a time beyond what it was asked for, so
+/// builders that charge string by string touch the account rarely.
+const CHARGE_STEP: usize = 64 * 1024;
+
+/// Host-side data the host builds on a VM's behalf (JSON converted from its
+/// tables, a message list's snapshots, a request body in flight, a guard's
+/// result before Lua copies it), paid for by that VM's reservation while this
+/// lives: the one path such builders take, so the VM's ceiling and the run's
+/// budget hold for what they build, and a build past them fails with the
+/// memory error as it grows, never after. Outside any account it only counts.
+pub(crate) struct HostCharge {
+    account: Option<(Rc<MemoryAccount>, WeakLua)>,
+    /// What is in use; `reserved - used` is charged ahead.
+    used: usize,
+    reserved: usize,
+}
+
+impl HostCharge {
+    /// An empty charge against the VM `lua`'s reservation.
+    pub(crate) fn new(lua: &Lua) -> HostCharge {
+        let account = lua
+            .app_data_ref::<Member>()
+            .map(|member| (Rc::clone(&member.account), lua.weak()));
+        HostCharge {
+            account,
+            used: 0,
+            reserved: 0,
+        }
+    }
+
+    /// A charge against no VM: it only counts (engine data, unit tests).
+    pub(crate) fn unaccounted() -> HostCharge {
+        HostCharge {
+            account: None,
+            used: 0,
+            reserved: 0,
+        }
+    }
+
+    /// Count `bytes` more; the memory error when the VM cannot pay for them.
+    pub(crate) fn add(&mut self, bytes: usize) -> mlua::Result<()> {
+        let used = self.used.saturating_add(bytes);
+        if used > self.reserved {
+            if let Some((account, weak)) = &self.account {
+                let Some(lua) = weak.try_upgrade() else {
+                    return Err(mlua::Error::MemoryError(MEMORY_ERROR.to_string()));
+                };
+                let step = (used - self.reserved).max(CHARGE_STEP);
+                match account.charge_for(&lua, step) {
+                    Ok(()) => self.reserved += step,
+                    // Near the limit, the step itself may be what does not fit.
+                    Err(_) if step > used - self.reserved => {
+                        account.charge_for(&lua, used - self.reserved)?;
+                        self.reserved = used;
+                    }
+                    Err(e) => return Err(e),
+                }
+            } else {
+                self.reserved = used;
+            }
+        }
+        self.used = used;
+        Ok(())
+    }
+
+    /// Count exactly `bytes` from now on (what is held shrank or grew).
+    pub(crate) fn set(&mut self, bytes: usize) -> mlua::Result<()> {
+        if bytes >= self.used {
+            return self.add(bytes - self.used);
+        }
+        self.used = bytes;
+        let spare = self.reserved - self.used;
+        if spare > CHARGE_STEP {
+            if let Some((account, weak)) = &self.account {
+                account.release(weak, spare);
+            }
+            self.reserved = self.used;
+        }
+        Ok(())
+    }
+
+    /// What is counted now.
+    pub(crate) fn bytes(&self) -> usize {
+        self.used
+    }
+}
+
+impl Drop for HostCharge {
+    fn drop(&mut self) {
+        if let Some((account, weak)) = &self.account {
+            if self.reserved > 0 {
+                account.release(weak, self.reserved);
+            }
+        }
     }
 }
 

@@ -17,7 +17,12 @@ use crate::ctx::{
     arg, cancelled_error, helpers, host_async, host_fn, section, RoleChoice, RunCtx, SectionCtx,
 };
 use crate::error::{ErrorKind, HostError, HostResult, Raise, RunErrorKind};
-use crate::events::{deliver, fields, EventKind, LiveText};
+use crate::event::{
+    AssistantReply, AssistantToolCalls, CapturedRequest, CapturedResponse, ClientMeasures,
+    LlamaMeasures, MetadataDegraded, Metrics, ReplyOrigin, RequestedCall, Thinking, TokenCounts,
+    TurnCompleted, VllmMeasures,
+};
+use crate::events::{deliver, Event, LiveText};
 use crate::json::{json_to_lua, read_back};
 use crate::models_check::{built_record, CallRecord, Composition, Keys, ListReader, Record, Role};
 use crate::text::{float_text, lua_type_name};
@@ -517,61 +522,32 @@ impl ClientTiming {
     /// llama.cpp's timings and vLLM's metrics when the backend reported them,
     /// and the client's clock. Counts are integers, times and rates floats; an
     /// optional field the source left out is absent.
-    fn metrics(&self, resp: &ChatResponse) -> Json {
-        let mut metrics = serde_json::Map::new();
-        if let Some(u) = &resp.usage {
-            let mut usage = fields(serde_json::json!({
-                "prompt_tokens": u.input_tokens,
-                "completion_tokens": u.output_tokens,
-                "total_tokens": u.input_tokens.saturating_add(u.output_tokens),
-            }));
-            if let Some(n) = u.cached_tokens {
-                usage.insert("cached_tokens".into(), n.into());
-            }
-            if let Some(n) = u.reasoning_tokens {
-                usage.insert("reasoning_tokens".into(), n.into());
-            }
-            metrics.insert("usage".into(), Json::Object(usage));
+    fn metrics(&self, resp: &ChatResponse) -> Metrics {
+        Metrics {
+            usage: resp.usage.as_ref().map(TokenCounts::of),
+            llama: resp.llama.as_ref().map(|t| LlamaMeasures {
+                prompt_n: t.prompt_n,
+                prompt_ms: t.prompt_ms,
+                prompt_per_second: t.prompt_per_second,
+                predicted_n: t.predicted_n,
+                predicted_ms: t.predicted_ms,
+                predicted_per_second: t.predicted_per_second,
+                draft_n: t.draft_n,
+                draft_n_accepted: t.draft_n_accepted,
+            }),
+            vllm: resp.vllm.as_ref().map(|v| VllmMeasures {
+                time_to_first_token_ms: v.time_to_first_token_ms,
+                generation_time_ms: v.generation_time_ms,
+                queue_time_ms: v.queue_time_ms,
+                mean_itl_ms: v.mean_itl_ms,
+                tokens_per_second: v.tokens_per_second,
+            }),
+            client: Some(ClientMeasures {
+                e2e_ms: self.e2e_ms,
+                ttft_ms: self.ttft_ms,
+                mean_itl_ms: self.mean_itl_ms,
+            }),
         }
-        if let Some(t) = &resp.llama {
-            metrics.insert(
-                "llama".into(),
-                serde_json::json!({
-                    "prompt_n": t.prompt_n,
-                    "prompt_ms": t.prompt_ms,
-                    "prompt_per_second": t.prompt_per_second,
-                    "predicted_n": t.predicted_n,
-                    "predicted_ms": t.predicted_ms,
-                    "predicted_per_second": t.predicted_per_second,
-                    "draft_n": t.draft_n,
-                    "draft_n_accepted": t.draft_n_accepted,
-                }),
-            );
-        }
-        if let Some(v) = &resp.vllm {
-            let measured = [
-                ("time_to_first_token_ms", v.time_to_first_token_ms),
-                ("generation_time_ms", v.generation_time_ms),
-                ("queue_time_ms", v.queue_time_ms),
-                ("mean_itl_ms", v.mean_itl_ms),
-                ("tokens_per_second", v.tokens_per_second),
-            ];
-            let vllm = measured
-                .into_iter()
-                .filter_map(|(key, value)| Some((key.to_string(), serde_json::json!(value?))))
-                .collect();
-            metrics.insert("vllm".into(), Json::Object(vllm));
-        }
-        let mut client = serde_json::Map::new();
-        client.insert("e2e_ms".into(), serde_json::json!(self.e2e_ms));
-        if let Some(t) = self.ttft_ms {
-            client.insert("ttft_ms".into(), serde_json::json!(t));
-        }
-        if let Some(t) = self.mean_itl_ms {
-            client.insert("mean_itl_ms".into(), serde_json::json!(t));
-        }
-        metrics.insert("client".into(), Json::Object(client));
-        Json::Object(metrics)
     }
 }
 
@@ -618,6 +594,7 @@ async fn send_round(
         max_tokens: target.max_tokens,
         thinking,
         capture: sec.run.fixed.capture,
+        attempts: None,
     };
     let cancel = sec.run.fixed.cancel.clone();
     let work = sec.host_work();
@@ -708,7 +685,7 @@ async fn send_round(
 /// Report a round that failed (never a cancelled one: the run is ending).
 fn report_failed_round(sec: &SectionCtx) {
     if !sec.run.fixed.cancel.is_cancelled() {
-        sec.boundary(EventKind::ModelTurnFailed);
+        sec.report(Event::ModelTurnFailed);
     }
 }
 
@@ -719,59 +696,59 @@ fn complete_round(sec: &SectionCtx, resp: &ChatResponse) -> u32 {
     // Debug capture: the bodies exchanged, ahead of the round's other events.
     if let (true, Some(capture)) = (sec.run.fixed.capture, &resp.capture) {
         let turn = sec.turns().saturating_add(1);
-        sec.report(
-            EventKind::Request,
-            fields(serde_json::json!({"turn": turn, "body": capture.request})),
-        );
-        let mut response = fields(serde_json::json!({"turn": turn, "body": capture.response}));
-        if let Some(f) = &resp.finish_reason {
-            response.insert("finish_reason".into(), Json::String(f.clone()));
-        }
-        if let Some(r) = &resp.reasoning {
-            response.insert("reasoning_content".into(), Json::String(r.clone()));
-        }
-        sec.report(EventKind::Response, response);
+        sec.report(Event::Request(CapturedRequest {
+            turn,
+            body: capture.request.clone(),
+        }));
+        sec.report(Event::Response(CapturedResponse {
+            turn,
+            body: capture.response.clone(),
+            finish_reason: resp.finish_reason.clone(),
+            reasoning_content: resp.reasoning.clone(),
+        }));
     }
     let turn = sec.complete_turn();
     let text_reply = resp.tool_calls.is_empty();
-    let mut completed = serde_json::Map::new();
+    let mut completed = TurnCompleted::default();
     if text_reply && is_empty_reply(resp.content.as_deref()) {
-        completed.insert("detail".into(), Json::String(EMPTY_REPLY.into()));
-        if let Some(f) = &resp.finish_reason {
-            completed.insert("finish_reason".into(), Json::String(f.clone()));
-        }
+        completed.detail = Some(EMPTY_REPLY.into());
+        completed.finish_reason = resp.finish_reason.clone();
     }
-    sec.report(EventKind::ModelTurnCompleted, completed);
+    sec.report(Event::ModelTurnCompleted(completed));
+    let task = sec.task();
+    crate::events::notify(sec.run.fixed.observer.as_ref(), |o| {
+        let round = crate::events::RoundNotice {
+            task: &task,
+            section: &sec.name,
+            turn,
+            usage: resp.usage.as_ref(),
+        };
+        o.model_round(&sec.run.fixed.execution, &round);
+    });
     if resp.model.is_none() {
-        sec.report(
-            EventKind::ModelMetadataDegraded,
-            fields(serde_json::json!({
-                "turn": turn,
-                "message": "completion response named no string `model`; recorded as empty",
-            })),
-        );
+        sec.report(Event::ModelMetadataDegraded(MetadataDegraded {
+            turn,
+            message: "completion response named no string `model`; recorded as empty".into(),
+        }));
     }
     for message in &resp.degraded {
-        sec.report(
-            EventKind::ModelMetadataDegraded,
-            fields(serde_json::json!({"turn": turn, "message": message})),
-        );
+        sec.report(Event::ModelMetadataDegraded(MetadataDegraded {
+            turn,
+            message: message.clone(),
+        }));
     }
     if let Some(text) = resp.reasoning.as_deref().filter(|t| !t.is_empty()) {
-        sec.report(
-            EventKind::Thinking,
-            fields(serde_json::json!({
-                "turn": turn,
-                "model": resp.model.clone().unwrap_or_default(),
-                "text": text,
-            })),
-        );
+        sec.report(Event::Thinking(Thinking {
+            turn,
+            model: resp.model.clone().unwrap_or_default(),
+            text: text.to_string(),
+        }));
     }
     if text_reply
         && !is_empty_reply(resp.content.as_deref())
         && resp.finish_reason.as_deref() == Some("length")
     {
-        sec.boundary(EventKind::ModelTurnTruncated);
+        sec.report(Event::ModelTurnTruncated);
     }
     turn
 }
@@ -781,41 +758,34 @@ fn report_reply(
     sec: &SectionCtx,
     turn: u32,
     resp: &ChatResponse,
-    origin: &str,
+    origin: ReplyOrigin,
     timing: &ClientTiming,
 ) {
-    let mut reply = fields(serde_json::json!({
-        "turn": turn,
-        "text": resp.content.as_deref().unwrap_or_default(),
+    sec.report(Event::AssistantReply(AssistantReply {
+        turn,
+        text: resp.content.clone().unwrap_or_default(),
+        finish_reason: resp.finish_reason.clone(),
+        model: resp.model.clone().unwrap_or_default(),
+        origin,
+        metrics: Some(Box::new(timing.metrics(resp))),
     }));
-    if let Some(f) = &resp.finish_reason {
-        reply.insert("finish_reason".into(), Json::String(f.clone()));
-    }
-    reply.insert(
-        "model".into(),
-        Json::String(resp.model.clone().unwrap_or_default()),
-    );
-    reply.insert("origin".into(), Json::String(origin.into()));
-    reply.insert("metrics".into(), timing.metrics(resp));
-    sec.report(EventKind::AssistantReply, reply);
 }
 
 /// The `assistant_tool_calls` event: the batch as the model produced it.
 fn report_tool_calls(sec: &SectionCtx, turn: u32, resp: &ChatResponse, calls: &[(ToolCall, Json)]) {
-    let calls: Vec<Json> = calls
+    let calls = calls
         .iter()
-        .map(|(call, arguments)| {
-            serde_json::json!({"id": call.id, "name": call.name, "arguments": arguments})
+        .map(|(call, arguments)| RequestedCall {
+            id: call.id.clone(),
+            name: call.name.clone(),
+            arguments: arguments.clone(),
         })
         .collect();
-    sec.report(
-        EventKind::AssistantToolCalls,
-        fields(serde_json::json!({
-            "turn": turn,
-            "model": resp.model.clone().unwrap_or_default(),
-            "calls": calls,
-        })),
-    );
+    sec.report(Event::AssistantToolCalls(AssistantToolCalls {
+        turn,
+        model: resp.model.clone().unwrap_or_default(),
+        calls,
+    }));
 }
 
 const EMPTY_REPLY: &str = "empty model reply";
@@ -865,9 +835,15 @@ async fn models_infer(lua: Lua, args: MultiValue) -> HostResult<String> {
     } else {
         (None, arg(&args, 0))
     };
+    // The prompt's copy, its request body and the run log's copy of it live
+    // in the host until the round ends: the VM pays for them meanwhile.
+    let mut in_flight = crate::memory::HostCharge::new(&lua);
     let prompt = match prompt_v {
         Value::String(s) => match s.to_str() {
-            Ok(t) => t.to_string(),
+            Ok(t) => {
+                in_flight.add(3 * t.len())?;
+                t.to_string()
+            }
             Err(_) => return Err(HostError::lua("prompt must be a valid UTF-8 string").into()),
         },
         other => {
@@ -880,7 +856,9 @@ async fn models_infer(lua: Lua, args: MultiValue) -> HostResult<String> {
     };
     let target = pick_target(&sec, handle.as_ref())?;
     let message = ChatMessage::new("user", Json::String(prompt));
-    let (resp, timing) = match send_round(&sec, &target, vec![message], None, false).await {
+    let sent = send_round(&sec, &target, vec![message], None, false).await;
+    drop(in_flight);
+    let (resp, timing) = match sent {
         Ok(r) => r,
         Err(RoundFailure::Error(e)) => {
             report_failed_round(&sec);
@@ -908,7 +886,7 @@ async fn models_infer(lua: Lua, args: MultiValue) -> HostResult<String> {
     if is_empty_reply(resp.content.as_deref()) {
         return Err(empty_reply(&resp).into());
     }
-    report_reply(&sec, turn, &resp, "infer", &timing);
+    report_reply(&sec, turn, &resp, ReplyOrigin::Infer, &timing);
     Ok(resp.content.unwrap_or_default())
 }
 
@@ -1030,15 +1008,25 @@ fn checked_records(
     reader: &mut ListReader,
     list_v: &Value,
     no_prompt_code: bool,
-) -> Result<usize, HostError> {
+) -> Result<usize, Raise> {
     let unchanged = reader
         .read(lua, list_v, no_prompt_code)
-        .map_err(HostError::lua)?;
+        .map_err(list_error)?;
     if let Err(message) = reader.check_across(unchanged) {
-        sec.boundary(EventKind::ModelTurnFailed);
-        return Err(HostError::lua(message));
+        sec.report(Event::ModelTurnFailed);
+        return Err(HostError::lua(message).into());
     }
     Ok(unchanged)
+}
+
+/// A list's rule broken (its message), or the memory error when the VM
+/// could not pay for the host's copy of the list.
+fn list_error(message: String) -> Raise {
+    if message == crate::memory::MEMORY_ERROR {
+        Raise::Mlua(mlua::Error::MemoryError(message))
+    } else {
+        HostError::lua(message).into()
+    }
 }
 
 async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
@@ -1087,14 +1075,14 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
     let mut answered_any = false;
     for _round in 0..sec.run.fixed.max_rounds {
         let target = pick_target(&sec, handle.as_ref())?;
-        sec.boundary(EventKind::ToolScopeValidationStarted);
+        sec.report(Event::ToolScopeValidationStarted);
         let offered = match offered_tools(&sec) {
             Ok(offered) => {
-                sec.boundary(EventKind::ToolScopeValidationSucceeded);
+                sec.report(Event::ToolScopeValidationSucceeded);
                 offered
             }
             Err(e) => {
-                sec.boundary(EventKind::ToolScopeValidationFailed);
+                sec.report(Event::ToolScopeValidationFailed);
                 return Err(e.into());
             }
         };
@@ -1109,7 +1097,9 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
             )?;
         }
         let unchanged = checked_records(&lua, &sec, &mut reader, &list_v, no_prompt_code)?;
-        composition.update(reader.records(), unchanged);
+        composition
+            .update(&lua, reader.records(), unchanged)
+            .map_err(list_error)?;
         if composition.estimate_tokens() > target.context {
             return Err(overflow(&lua, compactor.as_ref(), "precheck").await);
         }
@@ -1119,8 +1109,12 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
         } else {
             Some(offered)
         };
-        let (resp, timing) = match send_round(&sec, &target, composition.wire(), tools, true).await
-        {
+        // The request in flight: its body, and the run log's copy of it.
+        let mut in_flight = crate::memory::HostCharge::new(&lua);
+        in_flight.add(2 * composition.wire_bytes())?;
+        let sent = send_round(&sec, &target, composition.wire(), tools, true).await;
+        drop(in_flight);
+        let (resp, timing) = match sent {
             Ok(r) => r,
             Err(RoundFailure::Overflow) => {
                 report_failed_round(&sec);
@@ -1136,13 +1130,13 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
             if is_empty_reply(resp.content.as_deref()) {
                 // The clean exit: an empty "stop" after the loop answered a tool call.
                 if answered_any && resp.finish_reason.as_deref() == Some("stop") {
-                    report_reply(&sec, turn, &resp, "chat", &timing);
+                    report_reply(&sec, turn, &resp, ReplyOrigin::Chat, &timing);
                     append_record(list, text_record(&lua, &keys, &keys.assistant, "")?)?;
                     return Ok(());
                 }
                 return Err(empty_reply(&resp).into());
             }
-            report_reply(&sec, turn, &resp, "chat", &timing);
+            report_reply(&sec, turn, &resp, ReplyOrigin::Chat, &timing);
             append_record(
                 list,
                 text_record(
@@ -1181,7 +1175,7 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
                         " (alias is a bound tool slot but was not added to this section's scope)",
                     );
                 }
-                sec.boundary(EventKind::ToolCallFailed);
+                sec.report(Event::ToolCallFailed);
                 return Err(HostError::new(ErrorKind::OutOfScopeTool, msg)
                     .with("name", call.name.clone())
                     .into());

@@ -6,7 +6,8 @@ use mlua::{Lua, Table, Value};
 use pf_harness::{ChatMessage, History, ToolCall};
 use serde_json::{json, Map, Value as Json};
 
-use crate::json::{compact_sorted, lua_to_json};
+use crate::json::{compact_sorted, lua_to_json_charged, ToJsonError};
+use crate::memory::{HostCharge, MEMORY_ERROR};
 
 /// Deeper nesting than this is treated as not JSON-representable (it also stops cycles).
 const MAX_DEPTH: usize = 200;
@@ -68,7 +69,11 @@ pub(crate) struct Record {
 /// `models.loop` reads its whole list every round, so this is on the hot path:
 /// the whole-list walks run in Lua (the prelude's `list_shape`) and the field
 /// names are created once per read.
-pub(crate) fn read_list(lua: &Lua, value: &Value) -> Result<Vec<Record>, String> {
+pub(crate) fn read_list(
+    lua: &Lua,
+    value: &Value,
+    charge: &mut HostCharge,
+) -> Result<Vec<Record>, String> {
     let Value::Table(list) = value else {
         return Err(format!(
             "messages must be a table of message tables, got {}",
@@ -97,7 +102,7 @@ pub(crate) fn read_list(lua: &Lua, value: &Value) -> Result<Vec<Record>, String>
     let mut records = Vec::with_capacity(len);
     for index in 1..=len {
         let value: Value = list.raw_get(index).unwrap_or(Value::Nil);
-        records.push(read_record(&keys, index, &value)?);
+        records.push(read_record(&keys, index, &value, charge)?);
     }
     Ok(records)
 }
@@ -127,6 +132,8 @@ pub(crate) struct ListReader {
     held: Option<Table>,
     /// The prelude's `append_round`, fetched on first use.
     append_round: Option<mlua::Function>,
+    /// What `records` costs the host, paid for by the loop's VM.
+    charge: Option<HostCharge>,
 }
 
 impl ListReader {
@@ -147,7 +154,9 @@ impl ListReader {
             self.snaps = None;
             self.across = AcrossScan::default();
             self.appended.clear();
-            self.records = read_list(lua, value)?;
+            let charge = self.charge(lua);
+            charge.set(0).map_err(|_| MEMORY_ERROR.to_string())?;
+            self.records = read_list(lua, value, charge)?;
             return Ok(0);
         }
         let result = self.read_changes(lua, value, no_prompt_code);
@@ -234,6 +243,10 @@ impl ListReader {
         Ok(())
     }
 
+    fn charge(&mut self, lua: &Lua) -> &mut HostCharge {
+        self.charge.get_or_insert_with(|| HostCharge::new(lua))
+    }
+
     fn held(&mut self, lua: &Lua) -> mlua::Result<Table> {
         match &self.held {
             Some(held) => Ok(held.clone()),
@@ -244,6 +257,10 @@ impl ListReader {
     fn reset(&mut self) {
         self.snaps = None;
         self.records.clear();
+        if let Some(charge) = &mut self.charge {
+            // Shrinking never fails.
+            let _ = charge.set(0);
+        }
         self.across = AcrossScan::default();
         self.appended.clear();
         self.held = None;
@@ -274,6 +291,10 @@ impl ListReader {
             && appended.iter().all(Option::is_some)
         {
             let unchanged = self.records.len();
+            let more: usize = appended.iter().flatten().map(record_size).sum();
+            self.charge(lua)
+                .add(more)
+                .map_err(|_| MEMORY_ERROR.to_string())?;
             self.records.extend(appended.into_iter().flatten());
             return Ok(unchanged);
         }
@@ -281,7 +302,9 @@ impl ListReader {
         let Some((is_representable, len, first)) = self.list_read(lua, list, no_prompt_code) else {
             // No helper, or it was interrupted: read everything, and snapshot afresh next time.
             self.reset();
-            self.records = read_list(lua, value)?;
+            let charge = self.charge(lua);
+            charge.set(0).map_err(|_| MEMORY_ERROR.to_string())?;
+            self.records = read_list(lua, value, charge)?;
             return Ok(0);
         };
         if !is_representable {
@@ -299,13 +322,20 @@ impl ListReader {
         }
         let unchanged = first.saturating_sub(1).min(self.records.len());
         self.records.truncate(unchanged);
-        let keys = match &self.keys {
-            Some(keys) => keys,
-            None => self.keys.insert(Keys::new(lua).map_err(|e| e.to_string())?),
+        if self.keys.is_none() {
+            self.keys = Some(Keys::new(lua).map_err(|e| e.to_string())?);
+        }
+        // The records kept are what the host holds: the VM pays for them.
+        let kept: usize = self.records.iter().map(record_size).sum();
+        self.charge(lua)
+            .set(kept)
+            .map_err(|_| MEMORY_ERROR.to_string())?;
+        let (Some(keys), Some(charge)) = (&self.keys, &mut self.charge) else {
+            return Err(MEMORY_ERROR.to_string());
         };
         for index in unchanged + 1..=len {
             let value: Value = list.raw_get(index).unwrap_or(Value::Nil);
-            self.records.push(read_record(keys, index, &value)?);
+            self.records.push(read_record(keys, index, &value, charge)?);
         }
         Ok(unchanged)
     }
@@ -479,7 +509,57 @@ fn text_of(value: &Value) -> Option<String> {
     }
 }
 
-fn read_record(keys: &Keys, index: usize, value: &Value) -> Result<Record, String> {
+/// What a kept string costs the host: its bytes plus [`json::held_size`]'s node.
+const NODE: usize = 32;
+
+/// Charge the copy of `s` the host is about to keep; the memory error's text when the VM cannot pay.
+fn charge_text(charge: &mut HostCharge, s: &mlua::String) -> Result<(), String> {
+    charge
+        .add(NODE + s.as_bytes().len())
+        .map_err(|_| MEMORY_ERROR.to_string())
+}
+
+/// [`text_of`], charged.
+fn charged_text(charge: &mut HostCharge, value: &Value) -> Result<Option<String>, String> {
+    match value {
+        Value::String(s) => {
+            charge_text(charge, s)?;
+            Ok(Some(s.to_string_lossy()))
+        }
+        _ => Ok(None),
+    }
+}
+
+fn text_size(text: &str) -> usize {
+    NODE + text.len()
+}
+
+/// What a record read from a list costs the host (as [`read_record`] charged it).
+fn record_size(r: &Record) -> usize {
+    let content = match &r.content {
+        Content::Text(t) => text_size(t),
+        Content::Parts(parts) => parts
+            .iter()
+            .map(|p| match p {
+                Part::Text(t) | Part::Image(t) => NODE + text_size(t),
+            })
+            .sum(),
+    };
+    let calls = r
+        .tool_calls
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .map(|c| text_size(&c.id) + text_size(&c.name) + crate::json::held_size(&c.arguments));
+    NODE + content + r.tool_call_id.as_deref().map_or(0, text_size) + calls.sum::<usize>()
+}
+
+fn read_record(
+    keys: &Keys,
+    index: usize,
+    value: &Value,
+    charge: &mut HostCharge,
+) -> Result<Record, String> {
     let Value::Table(rec) = value else {
         return Err(format!("messages[{index}] must be a message table"));
     };
@@ -501,10 +581,14 @@ fn read_record(keys: &Keys, index: usize, value: &Value) -> Result<Record, Strin
             ))
         }
     };
-    let content = read_content(index, &field(rec, &keys.content))?;
+    charge.add(NODE).map_err(|_| MEMORY_ERROR.to_string())?;
+    let content = read_content(index, &field(rec, &keys.content), charge)?;
     let tool_call_id = match field(rec, &keys.tool_call_id) {
         Value::Nil => None,
-        Value::String(s) => Some(s.to_string_lossy()),
+        Value::String(s) => {
+            charge_text(charge, &s)?;
+            Some(s.to_string_lossy())
+        }
         _ => return Err(format!("messages[{index}] tool_call_id must be a string")),
     };
     if role == Role::Tool && tool_call_id.is_none() {
@@ -521,7 +605,7 @@ fn read_record(keys: &Keys, index: usize, value: &Value) -> Result<Record, Strin
             let mut out = Vec::with_capacity(len);
             for call_index in 1..=len {
                 let call: Value = calls.raw_get(call_index).unwrap_or(Value::Nil);
-                out.push(read_call(keys, index, call_index, &call)?);
+                out.push(read_call(keys, index, call_index, &call, charge)?);
             }
             Some(out)
         }
@@ -535,12 +619,15 @@ fn read_record(keys: &Keys, index: usize, value: &Value) -> Result<Record, Strin
     })
 }
 
-fn read_content(index: usize, value: &Value) -> Result<Content, String> {
+fn read_content(index: usize, value: &Value, charge: &mut HostCharge) -> Result<Content, String> {
     let bad_content = || {
         format!("messages[{index}] content must be a string or a non-empty array of content parts")
     };
     match value {
-        Value::String(s) => Ok(Content::Text(s.to_string_lossy())),
+        Value::String(s) => {
+            charge_text(charge, s)?;
+            Ok(Content::Text(s.to_string_lossy()))
+        }
         Value::Table(parts) => {
             let len = match sequence_len(parts) {
                 Some(n) if n > 0 => n,
@@ -549,7 +636,7 @@ fn read_content(index: usize, value: &Value) -> Result<Content, String> {
             let mut out = Vec::with_capacity(len);
             for part_index in 1..=len {
                 let part: Value = parts.raw_get(part_index).unwrap_or(Value::Nil);
-                out.push(read_part(index, part_index, &part)?);
+                out.push(read_part(index, part_index, &part, charge)?);
             }
             Ok(Content::Parts(out))
         }
@@ -557,7 +644,12 @@ fn read_content(index: usize, value: &Value) -> Result<Content, String> {
     }
 }
 
-fn read_part(index: usize, part_index: usize, value: &Value) -> Result<Part, String> {
+fn read_part(
+    index: usize,
+    part_index: usize,
+    value: &Value,
+    charge: &mut HostCharge,
+) -> Result<Part, String> {
     let prefix = format!("messages[{index}] content part {part_index}");
     let type_error = || format!("{prefix} must be a table with a string type field");
     let Value::Table(part) = value else {
@@ -567,7 +659,7 @@ fn read_part(index: usize, part_index: usize, value: &Value) -> Result<Part, Str
         return Err(type_error());
     };
     match kind.as_str() {
-        "text" => match text_of(&string_field(part, "text")) {
+        "text" => match charged_text(charge, &string_field(part, "text"))? {
             Some(text) => Ok(Part::Text(text)),
             None => Err(format!(
                 "{prefix} is a text part and must set a string text field"
@@ -575,7 +667,7 @@ fn read_part(index: usize, part_index: usize, value: &Value) -> Result<Part, Str
         },
         "image_url" => {
             let url = match string_field(part, "image_url") {
-                Value::Table(image) => text_of(&string_field(&image, "url")),
+                Value::Table(image) => charged_text(charge, &string_field(&image, "url"))?,
                 _ => None,
             };
             url.map(Part::Image).ok_or_else(|| {
@@ -595,25 +687,29 @@ fn read_call(
     index: usize,
     call_index: usize,
     value: &Value,
+    charge: &mut HostCharge,
 ) -> Result<CallRecord, String> {
     let prefix = || format!("messages[{index}] tool_calls[{call_index}]");
     let Value::Table(call) = value else {
         return Err(format!("{} must be a table", prefix()));
     };
-    let Some(id) = text_of(&field(call, &keys.id)) else {
+    let Some(id) = charged_text(charge, &field(call, &keys.id))? else {
         return Err(format!("{} must set a string id", prefix()));
     };
-    let Some(name) = text_of(&field(call, &keys.name)) else {
+    let Some(name) = charged_text(charge, &field(call, &keys.name))? else {
         return Err(format!("{} must set a string name", prefix()));
     };
     let arguments = match field(call, &keys.arguments) {
         Value::Nil => Json::Object(Map::new()),
         // A keyed table: no sequence part (an empty table is an empty object).
-        Value::Table(t) if t.raw_len() == 0 => match lua_to_json(&Value::Table(t), "arguments") {
-            Ok(j @ Json::Object(_)) => j,
-            Ok(Json::Array(a)) if a.is_empty() => Json::Object(Map::new()),
-            _ => return Err(format!("{} arguments must be a table", prefix())),
-        },
+        Value::Table(t) if t.raw_len() == 0 => {
+            match lua_to_json_charged(&Value::Table(t), "arguments", charge) {
+                Ok(j @ Json::Object(_)) => j,
+                Ok(Json::Array(a)) if a.is_empty() => Json::Object(Map::new()),
+                Err(ToJsonError::Memory(_)) => return Err(MEMORY_ERROR.to_string()),
+                _ => return Err(format!("{} arguments must be a table", prefix())),
+            }
+        }
         _ => return Err(format!("{} arguments must be a table", prefix())),
     };
     Ok(CallRecord {
@@ -865,12 +961,20 @@ pub(crate) struct Composition {
     wire: History,
     bytes: Vec<usize>,
     leading: usize,
+    /// What the composed records and their wire messages cost the host
+    /// (two copies of the text), paid for by the loop's VM.
+    charge: Option<HostCharge>,
 }
 
 impl Composition {
     /// Bring the composition up to date with `records`, of which the first
     /// `unchanged` are the records of the last update.
-    pub(crate) fn update(&mut self, records: &[Record], unchanged: usize) {
+    pub(crate) fn update(
+        &mut self,
+        lua: &Lua,
+        records: &[Record],
+        unchanged: usize,
+    ) -> Result<(), String> {
         let leading = leading_system(records);
         // A composed record is final once an unchanged record started the next one.
         let keep = if leading == self.leading {
@@ -883,6 +987,17 @@ impl Composition {
             0
         };
         let from = self.starts.get(keep).copied().unwrap_or(0);
+        // Composing never makes more text than it reads: charge both copies
+        // of what is kept and of what is read before they are built.
+        let kept: usize = self.records[..keep.min(self.records.len())]
+            .iter()
+            .map(record_size)
+            .sum();
+        let more: usize = records.iter().skip(from).map(record_size).sum();
+        self.charge
+            .get_or_insert_with(|| HostCharge::new(lua))
+            .set(2 * (kept + more))
+            .map_err(|_| MEMORY_ERROR.to_string())?;
         self.records.truncate(keep);
         self.starts.truncate(keep);
         self.wire.truncate(keep);
@@ -894,6 +1009,17 @@ impl Composition {
             self.bytes.push(estimate_bytes_of(r, &message.tool_calls));
             self.wire.push(message);
         }
+        let held: usize = self.records.iter().map(record_size).sum();
+        if let Some(charge) = &mut self.charge {
+            // No more than was charged above: shrinking never fails.
+            let _ = charge.set(2 * held);
+        }
+        Ok(())
+    }
+
+    /// About how many bytes the messages take as one request's JSON text.
+    pub(crate) fn wire_bytes(&self) -> usize {
+        self.charge.as_ref().map_or(0, |c| c.bytes() / 2)
     }
 
     /// The messages as the provider receives them.
@@ -1107,7 +1233,12 @@ mod tests {
                     assert_eq!(x.raw_len(), y.raw_len());
                 }
                 let read = |t: &Table| {
-                    read_record(&Keys::new(&lua).unwrap(), index, &Value::Table(t.clone()))
+                    read_record(
+                        &Keys::new(&lua).unwrap(),
+                        index,
+                        &Value::Table(t.clone()),
+                        &mut HostCharge::unaccounted(),
+                    )
                 };
                 assert_eq!(read(&a), read(&b));
             }
@@ -1362,8 +1493,9 @@ mod tests {
             (vec![text(Role::User, "edited")], 0),
         ];
         let mut kept = Composition::default();
+        let lua = Lua::new();
         for (records, unchanged) in steps {
-            kept.update(&records, unchanged);
+            assert_eq!(kept.update(&lua, &records, unchanged), Ok(()));
             let fresh = compose(&records);
             assert_eq!(kept.wire(), to_wire(&fresh));
             assert_eq!(kept.estimate_tokens(), estimate_tokens(&fresh));

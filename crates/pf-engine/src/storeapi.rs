@@ -183,7 +183,7 @@ async fn glob_with_claims(lua: &Lua, pattern: String) -> HostResult<Vec<String>>
 
 fn report(sec: &SectionCtx, reports: Option<StoreOp>, succeeded: bool) {
     if let Some(op) = reports {
-        sec.boundary(op.outcome(succeeded));
+        sec.report(op.outcome(succeeded));
     }
 }
 

@@ -16,8 +16,9 @@ use crate::ctx::{
     arg, cancelled_error, helpers, host_async, host_fn, section, LocalTool, SectionCtx,
 };
 use crate::error::{ErrorKind, HostError, HostResult, Raise};
-use crate::events::EventKind;
-use crate::json::{json_to_lua, lua_to_json};
+use crate::events::Event;
+use crate::json::{json_to_lua, lua_to_json_charged, ToJsonError};
+use crate::memory::HostCharge;
 use crate::text::{envelope, lua_type_name, scalar_text};
 
 /// The four names the Engine's own task tools use.
@@ -653,11 +654,16 @@ async fn tools_call(lua: Lua, args: MultiValue) -> HostResult<Value> {
             }
         },
     };
+    // The arguments live in the host until the call ends, and are written
+    // out once more (the Plugin's request, the run log's line): the VM pays
+    // for both while they do.
+    let mut charge = HostCharge::new(&lua);
     let call_args = match arg(&args, 1) {
         Value::Nil => Json::Object(Map::new()),
-        Value::Table(t) => match lua_to_json(&Value::Table(t), "args") {
+        Value::Table(t) => match lua_to_json_charged(&Value::Table(t), "args", &mut charge) {
             Ok(Json::Array(a)) if a.is_empty() => Json::Object(Map::new()),
             Ok(j @ Json::Object(_)) => j,
+            Err(ToJsonError::Memory(e)) => return Err(e.into()),
             _ => return Err(HostError::lua("args must be a JSON-representable table").into()),
         },
         other => {
@@ -670,7 +676,10 @@ async fn tools_call(lua: Lua, args: MultiValue) -> HostResult<Value> {
     };
     // A script call's `tool_result` carries the rounds completed when it was made.
     let turn = sec.turns();
-    match call_tool(&lua, &sec, Caller::Script, &name, call_args, turn).await? {
+    charge.add(charge.bytes())?;
+    let reply = call_tool(&lua, &sec, Caller::Script, &name, call_args, turn).await?;
+    drop(charge);
+    match reply {
         ToolReply::Text(text) => Ok(Value::String(lua.create_string(&text)?)),
         ToolReply::Structured(json) => Ok(json_to_lua(&lua, &json)?),
     }
@@ -733,16 +742,16 @@ pub(crate) async fn call_tool(
     });
     if ENGINE_TOOL_NAMES.contains(&name) {
         if !by_model {
-            sec.boundary(EventKind::ToolCallFailed);
+            sec.report(Event::ToolCallFailed);
             return Err(unbound(sec, name).into());
         }
         sec.count_call(name);
         // The Engine's own task tools: every fault is text the model reads.
         let (ok, text) = crate::tasks::model_builtin(lua, sec, name, &args).await?;
-        sec.boundary(if ok {
-            EventKind::ToolCallSucceeded
+        sec.report(if ok {
+            Event::ToolCallSucceeded
         } else {
-            EventKind::ToolCallFailed
+            Event::ToolCallFailed
         });
         sec.report_tool_result(turn, call_id, name, &text, true);
         return Ok(ToolReply::Text(text));
@@ -771,7 +780,7 @@ pub(crate) async fn call_tool(
         if by_model {
             sec.count_call(name);
         }
-        sec.boundary(EventKind::ToolCallFailed);
+        sec.report(Event::ToolCallFailed);
         return Err(unbound(sec, name).into());
     };
     let structured = b.structured;
@@ -781,7 +790,7 @@ pub(crate) async fn call_tool(
         Ok(outcome) => outcome,
         Err(e) => {
             if !sec.run.fixed.cancel.is_cancelled() {
-                sec.boundary(EventKind::ToolCallFailed);
+                sec.report(Event::ToolCallFailed);
             }
             return Err(e.into());
         }
@@ -791,12 +800,12 @@ pub(crate) async fn call_tool(
         BoundOutcome::Output(text) if structured && !by_model => {
             match serde_json::from_str::<Json>(&text) {
                 Ok(json) => {
-                    sec.boundary(EventKind::ToolCallSucceeded);
+                    sec.report(Event::ToolCallSucceeded);
                     sec.report_tool_result(turn, call_id, name, &text, trusted);
                     Ok(ToolReply::Structured(json))
                 }
                 Err(_) => {
-                    sec.boundary(EventKind::ToolCallFailed);
+                    sec.report(Event::ToolCallFailed);
                     Err(HostError::new(
                         ErrorKind::Tool,
                         format!(
@@ -808,19 +817,19 @@ pub(crate) async fn call_tool(
             }
         }
         BoundOutcome::Output(text) => {
-            sec.boundary(EventKind::ToolCallSucceeded);
+            sec.report(Event::ToolCallSucceeded);
             sec.report_tool_result(turn, call_id, name, &text, trusted);
             Ok(ToolReply::Text(text))
         }
         BoundOutcome::Failed(message) if by_model => {
             // Reported before it becomes the failure text the model reads.
-            sec.boundary(EventKind::ToolCallFailed);
+            sec.report(Event::ToolCallFailed);
             let text = envelope(&message, &sec.run.fixed.nonce);
             sec.report_tool_result(turn, call_id, name, &text, false);
             Ok(ToolReply::Text(text))
         }
         BoundOutcome::Failed(message) => {
-            sec.boundary(EventKind::ToolCallFailed);
+            sec.report(Event::ToolCallFailed);
             Err(HostError::new(ErrorKind::Tool, format!("tool call failure: {message}")).into())
         }
     }
@@ -836,10 +845,10 @@ async fn run_local_reported(
 ) -> HostResult<String> {
     let outcome = run_local(lua, sec, alias, args).await;
     match &outcome {
-        Ok(_) => sec.boundary(EventKind::ToolCallSucceeded),
+        Ok(_) => sec.report(Event::ToolCallSucceeded),
         // A cancelled run reports nothing more for the call it interrupted.
         Err(_) if sec.run.fixed.cancel.is_cancelled() => {}
-        Err(_) => sec.boundary(EventKind::ToolCallFailed),
+        Err(_) => sec.report(Event::ToolCallFailed),
     }
     outcome
 }

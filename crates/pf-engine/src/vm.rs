@@ -846,10 +846,9 @@ fn make_log(lua: &Lua) -> mlua::Result<mlua::Function> {
                 .into());
         }
         tracing::info!(section = %sec.name, "checkpoint: {msg}");
-        sec.report(
-            crate::EventKind::Lua,
-            crate::events::fields(serde_json::json!({ "message": msg })),
-        );
+        sec.report(crate::Event::Lua(crate::event::Checkpoint {
+            message: msg.clone(),
+        }));
         sec.run.record_checkpoint(crate::Checkpoint {
             section: sec.name.clone(),
             message: msg,
@@ -871,7 +870,7 @@ fn make_input(lua: &Lua) -> mlua::Result<Table> {
                 _ => string_arg(&args, 0, "question")?,
             };
             // Every wait reports its start, even in a host with no operator.
-            sec.boundary(crate::EventKind::UserInputWaitStarted);
+            sec.report(crate::Event::UserInputWaitStarted);
             let _blocked = crate::tasks::blocked_on(&sec, crate::tasks::Blocked::UserInput);
             let Some(broker) = sec.run.fixed.services.input_broker.clone() else {
                 return Ok((INPUT_UNAVAILABLE.to_string(), false));
@@ -884,10 +883,9 @@ fn make_input(lua: &Lua) -> mlua::Result<Table> {
             };
             match answer {
                 Ok(Some(text)) => {
-                    sec.report(
-                        crate::EventKind::UserInput,
-                        crate::events::fields(serde_json::json!({ "text": text })),
-                    );
+                    sec.report(crate::Event::UserInput(crate::event::UserInput {
+                        text: text.clone(),
+                    }));
                     Ok((text, true))
                 }
                 Ok(None) => Ok((INPUT_UNAVAILABLE.to_string(), false)),

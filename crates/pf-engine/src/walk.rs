@@ -13,7 +13,7 @@ use serde_json::Value as Json;
 use crate::claims::ClaimIdentity;
 use crate::ctx::{helpers, Chain, ChainWalk, EntryPlace, Failure, RunCtx, SectionCtx};
 use crate::error::{read_error_value, ErrorKind, HostError, RunError, RunErrorKind};
-use crate::events::EventKind;
+use crate::events::Event;
 use crate::text::{lua_type_name, scalar_text};
 use crate::vm::{install_name_globals, new_vm};
 use crate::Outcome;
@@ -220,7 +220,7 @@ fn run_entry(
 /// The H1 pass reports only its VM's phases.
 async fn run_entry_in(sec: &Rc<SectionCtx>, blocks: &[Block]) -> EntryEnd {
     if !sec.is_h1 {
-        sec.boundary(EventKind::SectionStarted);
+        sec.report(Event::SectionStarted);
     }
     let lua = match new_vm(Rc::clone(sec)) {
         Ok(l) => l,
@@ -233,11 +233,11 @@ async fn run_entry_in(sec: &Rc<SectionCtx>, blocks: &[Block]) -> EntryEnd {
     let end = run_vm(&lua, sec, blocks).await;
     // The model tasks this entry started end with it (guide ch. 15).
     crate::tasks::section_ended(sec, matches!(end, EntryEnd::Fail(_)));
-    sec.boundary(EventKind::LuaTeardownStarted);
+    sec.report(Event::LuaTeardownStarted);
     drop(lua);
-    sec.boundary(EventKind::LuaTeardownSucceeded);
+    sec.report(Event::LuaTeardownSucceeded);
     if !sec.is_h1 && !matches!(end, EntryEnd::Fail(_)) {
-        sec.boundary(EventKind::SectionFinished);
+        sec.report(Event::SectionFinished);
     }
     end
 }
@@ -245,7 +245,7 @@ async fn run_entry_in(sec: &Rc<SectionCtx>, blocks: &[Block]) -> EntryEnd {
 async fn run_vm(lua: &Lua, sec: &Rc<SectionCtx>, blocks: &[Block]) -> EntryEnd {
     // The shared library replays in every section VM; a VM without one still
     // reports the (empty) load.
-    sec.boundary(EventKind::LuaSharedLoadStarted);
+    sec.report(Event::LuaSharedLoadStarted);
     if let Some(shared) = sec.run.fixed.prompt.shared.clone() {
         let loading = sec.begin_shared_load();
         let flag = helpers(lua).and_then(|h| h.raw_set("loading_shared", true));
@@ -258,18 +258,18 @@ async fn run_vm(lua: &Lua, sec: &Rc<SectionCtx>, blocks: &[Block]) -> EntryEnd {
         match end {
             BlockEnd::Value(_) => {}
             BlockEnd::Jump(_) => {
-                sec.boundary(EventKind::LuaSharedLoadFailed);
+                sec.report(Event::LuaSharedLoadFailed);
                 return EntryEnd::Fail(Failure::lua(
                     "jump is not available during shared library load",
                 ));
             }
             BlockEnd::Fail(f) => {
-                sec.boundary(EventKind::LuaSharedLoadFailed);
+                sec.report(Event::LuaSharedLoadFailed);
                 return EntryEnd::Fail(f);
             }
         }
     }
-    sec.boundary(EventKind::LuaSharedLoadSucceeded);
+    sec.report(Event::LuaSharedLoadSucceeded);
     if let Err(e) = install_name_globals(lua) {
         return EntryEnd::Fail(Failure::internal(e));
     }
@@ -279,7 +279,7 @@ async fn run_vm(lua: &Lua, sec: &Rc<SectionCtx>, blocks: &[Block]) -> EntryEnd {
             Block::Prose(p) => pending = p.text.clone(),
             Block::Lua(b) => {
                 sec.begin_block(std::mem::take(&mut pending));
-                sec.boundary(EventKind::LuaChunkStarted);
+                sec.report(Event::LuaChunkStarted);
                 let end = run_block(lua, sec, b).await;
                 // Nothing more runs after a cancel or a run-ending failure;
                 // otherwise a broken `var` global fails the block.
@@ -289,9 +289,9 @@ async fn run_vm(lua: &Lua, sec: &Rc<SectionCtx>, blocks: &[Block]) -> EntryEnd {
                     Err(m) if !stopped => BlockEnd::Fail(Failure::lua(m)),
                     _ => end,
                 };
-                sec.boundary(match end {
-                    BlockEnd::Fail(_) => EventKind::LuaChunkFailed,
-                    _ => EventKind::LuaChunkSucceeded,
+                sec.report(match end {
+                    BlockEnd::Fail(_) => Event::LuaChunkFailed,
+                    _ => Event::LuaChunkSucceeded,
                 });
                 match end {
                     BlockEnd::Value(Some(text)) => return EntryEnd::Return(text),

@@ -303,6 +303,54 @@ pub struct ChatRequest {
     /// The Host switched debug capture on: the provider fills
     /// [`ChatResponse::capture`] with the bodies it exchanged.
     pub capture: bool,
+    /// Who hears of each attempt the provider makes at this round (a Host
+    /// that logs every retry as its own exchange); `None`: nobody.
+    pub attempts: Option<AttemptHook>,
+}
+
+/// One attempt a provider made at a round, reported as it ends.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Attempt {
+    /// 1 for the first try, counting retries.
+    pub number: u32,
+    /// The server's status code, when an answer arrived (HTTP).
+    pub status: Option<u16>,
+    /// Why the attempt failed (the error the round would end with), or
+    /// `None` for the attempt that succeeded.
+    pub error: Option<ProviderError>,
+    /// When the attempt started, in milliseconds since the Unix epoch.
+    pub started_ms: i64,
+    /// How long it took.
+    pub duration: std::time::Duration,
+}
+
+/// Hears each [`Attempt`] a provider makes, in order, as it ends.
+pub trait AttemptObserver: Send + Sync {
+    /// One attempt ended; a later one may follow (a retry).
+    fn attempt_ended(&self, attempt: &Attempt);
+}
+
+/// A request's [`AttemptObserver`]: requests compare equal whoever listens.
+#[derive(Clone)]
+pub struct AttemptHook(pub Arc<dyn AttemptObserver>);
+
+impl AttemptHook {
+    /// Report `attempt` to the observer.
+    pub fn report(&self, attempt: &Attempt) {
+        self.0.attempt_ended(attempt);
+    }
+}
+
+impl std::fmt::Debug for AttemptHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AttemptHook")
+    }
+}
+
+impl PartialEq for AttemptHook {
+    fn eq(&self, _other: &Self) -> bool {
+        true
+    }
 }
 
 /// The tokens one round used, as the provider counted them (guide ch. 16,

@@ -256,11 +256,9 @@ pub struct OneRequest<'a> {
     /// What the log shows as the run's prompt text (the protocol).
     pub text: String,
     pub request: ChatRequest,
-    /// Log it as a run of its own.
-    pub log: bool,
+    /// Log it as a run of its own, into this log.
+    pub log: Option<&'a crate::data::RunLogTarget>,
     pub cache: Option<&'a CacheUse>,
-    /// Where it is logged.
-    pub run_log: &'a crate::data::RunLogTarget,
 }
 
 /// Send `one.request` to `spec`'s model (the host file's keys scrubbed from
@@ -286,9 +284,9 @@ pub async fn ask_once(
     let result = provider
         .complete(one.request, &work, CancellationToken::new())
         .await;
-    if one.log {
+    if let Some(target) = one.log {
         let sink = crate::data::begin_run_log(
-            one.run_log,
+            target,
             RunStart {
                 execution: pf_engine::seeded_names(rand::random()).0,
                 prompt_path: one.label,

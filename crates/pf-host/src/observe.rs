@@ -6,7 +6,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use pf_engine::{LiveText, LuaTraceback, RunEvent, RunObserver, SharedEvent, ToolCallNotice};
+use pf_engine::{
+    LiveText, LuaTraceback, RoundNotice, RunEvent, RunObserver, SharedEvent, ToolCallNotice,
+};
 
 use super::record::RunLogSink;
 
@@ -104,6 +106,18 @@ impl RunObserver for HostObserver {
         tracing::debug!(target: TOOL_CALLS_TARGET, "{}", tool_call_json(call));
         for watcher in &self.watchers {
             watcher.tool_call(execution, call);
+        }
+        if let Some(trace) = &self.trace {
+            trace.tool_call(call);
+        }
+    }
+
+    fn model_round(&self, execution: &str, round: &RoundNotice<'_>) {
+        for watcher in &self.watchers {
+            watcher.model_round(execution, round);
+        }
+        if let Some(trace) = &self.trace {
+            trace.model_round(round);
         }
     }
 

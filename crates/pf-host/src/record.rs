@@ -14,9 +14,10 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use pf_harness::{
-    ActivationContext, ActivePlugin, CancellationToken, ChatMessage, ChatRequest, ChatResponse,
-    History, HistoryMark, InputBroker, LlamaTimings, ModelInfo, ModelProvider, OnText, Plugin,
-    ProviderError, ToolCall, ToolDecl, ToolFailure, ToolSpec, Usage, VllmMetrics, WorkId,
+    ActivationContext, ActivePlugin, Attempt, AttemptHook, AttemptObserver, CancellationToken,
+    ChatMessage, ChatRequest, ChatResponse, History, HistoryMark, InputBroker, LlamaTimings,
+    ModelInfo, ModelProvider, OnText, Plugin, ProviderError, ToolCall, ToolDecl, ToolFailure,
+    ToolSpec, Usage, VllmMetrics, WorkId,
 };
 use pf_runlog::{
     json, ActivationRecord, AnswerRecord, ExchangeHandle, ExchangeParts, RunEnd, RunWriter,
@@ -604,6 +605,42 @@ pub fn provider_error_text(error: &ProviderError) -> String {
     }
 }
 
+/// The attempts a provider reported at one round, in order (the request's
+/// [`AttemptHook`]); an observer that was listening already hears them too.
+#[derive(Default)]
+struct AttemptLog {
+    heard: Mutex<Vec<Attempt>>,
+    also: Option<AttemptHook>,
+}
+
+impl AttemptLog {
+    /// Listen to `request`'s attempts.
+    fn listen(request: &mut ChatRequest) -> Arc<AttemptLog> {
+        let log = Arc::new(AttemptLog {
+            heard: Mutex::default(),
+            also: request.attempts.take(),
+        });
+        request.attempts = Some(AttemptHook(Arc::clone(&log) as Arc<dyn AttemptObserver>));
+        log
+    }
+
+    fn take(&self) -> Vec<Attempt> {
+        std::mem::take(&mut *self.heard.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+impl AttemptObserver for AttemptLog {
+    fn attempt_ended(&self, attempt: &Attempt) {
+        self.heard
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(attempt.clone());
+        if let Some(also) = &self.also {
+            also.report(attempt);
+        }
+    }
+}
+
 /// The model provider, recording each round.
 pub struct RecordingModel {
     inner: Arc<dyn ModelProvider>,
@@ -622,13 +659,43 @@ impl RecordingModel {
         }
     }
 
+    /// The exchanges of one round: each attempt the provider reported but
+    /// the last as a failed exchange of its own (its number, status and
+    /// error), then the round's outcome under its last attempt.
     fn record(
         &self,
         work: &WorkId,
         plan: RequestPlan,
         started: (i64, Instant),
         result: &Result<ChatResponse, ProviderError>,
+        attempts: Vec<Attempt>,
     ) {
+        let section = self.recorder.section(work);
+        let request = plan.logged();
+        let (retried, last) = match attempts.split_last() {
+            Some((last, retried)) => (retried, Some(last)),
+            None => (&[][..], None),
+        };
+        for attempt in retried {
+            let error = attempt.error.as_ref().map(provider_error_text);
+            let parts = ExchangeParts {
+                task: &work.task,
+                seq: work.seq,
+                section: &section,
+                model: &self.model,
+                attempt: attempt.number,
+                extends: plan.extends,
+                same_tools: plan.same_tools,
+                error: error.as_deref(),
+                status: attempt.status,
+                started_ms: attempt.started_ms,
+                duration_ms: u64::try_from(attempt.duration.as_millis()).unwrap_or(u64::MAX),
+                usage: None,
+            };
+            self.recorder.sink.with(|w| {
+                w.exchange_written(&parts, |out| request.write(out), None::<fn(&mut Vec<u8>)>);
+            });
+        }
         let usage = match result {
             Ok(response) => response.usage.as_ref().map(|u| TokenUsage {
                 input: u.input_tokens,
@@ -640,25 +707,23 @@ impl RecordingModel {
         if let Some(usage) = &usage {
             self.recorder.sink.add_usage(usage);
         }
-        let section = self.recorder.section(work);
         let error = result.as_ref().err().map(provider_error_text);
         let parts = ExchangeParts {
             task: &work.task,
             seq: work.seq,
             section: &section,
             model: &self.model,
-            attempt: 1,
+            attempt: last.map_or(1, |a| a.number),
             extends: plan.extends,
             same_tools: plan.same_tools,
             error: error.as_deref(),
-            status: None,
-            started_ms: started.0,
+            status: last.and_then(|a| a.status),
+            started_ms: last.map_or(started.0, |a| a.started_ms),
             duration_ms: elapsed_ms(started.1),
             usage,
         };
         let response = result.as_ref().ok().map(LoggedResponse::of);
         let mut logged = None;
-        let request = plan.logged();
         self.recorder.sink.with(|w| {
             logged = Some(
                 w.exchange_written(
@@ -684,31 +749,33 @@ impl ModelProvider for RecordingModel {
 
     async fn complete(
         &self,
-        request: ChatRequest,
+        mut request: ChatRequest,
         work: &WorkId,
         cancel: CancellationToken,
     ) -> Result<ChatResponse, ProviderError> {
         let body = self.recorder.plan_request(&request, work);
         let started = (wall_ms(), Instant::now());
+        let attempts = AttemptLog::listen(&mut request);
         let result = self.inner.complete(request, work, cancel).await;
-        self.record(work, body, started, &result);
+        self.record(work, body, started, &result, attempts.take());
         result
     }
 
     async fn complete_streaming(
         &self,
-        request: ChatRequest,
+        mut request: ChatRequest,
         work: &WorkId,
         cancel: CancellationToken,
         on_text: &mut OnText<'_>,
     ) -> Result<ChatResponse, ProviderError> {
         let body = self.recorder.plan_request(&request, work);
         let started = (wall_ms(), Instant::now());
+        let attempts = AttemptLog::listen(&mut request);
         let result = self
             .inner
             .complete_streaming(request, work, cancel, on_text)
             .await;
-        self.record(work, body, started, &result);
+        self.record(work, body, started, &result, attempts.take());
         result
     }
 }
@@ -875,6 +942,7 @@ mod tests {
             max_tokens: Some(64),
             thinking: None,
             capture: false,
+            attempts: None,
         }
     }
 

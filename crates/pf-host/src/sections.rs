@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
-use pf_engine::{EventKind, RunEvent};
+use pf_engine::{Event, RunEvent};
 
 /// Which section each task is running, as its events tell: host work (a
 /// model round, a tool call, an operator wait) names only its task, and the
@@ -66,9 +66,9 @@ impl SectionTracker {
         let section = event.section.as_str();
         let mut tasks = self.tasks.lock().unwrap_or_else(PoisonError::into_inner);
         let task = tasks.of(&event.provenance.task);
-        match event.kind {
-            EventKind::SectionStarted => task.open.push(section.to_string()),
-            EventKind::SectionFinished if task.open.last().is_some_and(|open| open == section) => {
+        match event.event {
+            Event::SectionStarted => task.open.push(section.to_string()),
+            Event::SectionFinished if task.open.last().is_some_and(|open| open == section) => {
                 task.open.pop();
             }
             _ => {}
@@ -95,39 +95,38 @@ mod tests {
     #[test]
     fn a_called_section_hands_back_to_its_caller() {
         let tracker = SectionTracker::default();
-        let heard = |kind: EventKind, section: &str, task: &str| {
+        let heard = |event: Event, section: &str, task: &str| {
             tracker.heard(&RunEvent {
-                kind,
+                event,
                 section: section.to_string(),
                 provenance: pf_engine::Provenance {
                     task: task.to_string(),
                     seq: 0,
                 },
-                fields: serde_json::Map::new(),
             });
         };
-        heard(EventKind::RunStarted, "Title", "0");
+        heard(Event::RunStarted, "Title", "0");
         assert_eq!(tracker.current("0"), "Title");
-        heard(EventKind::SectionStarted, "Outer", "0");
-        heard(EventKind::SectionStarted, "Inner", "0");
-        heard(EventKind::LuaChunkStarted, "Inner", "0");
+        heard(Event::SectionStarted, "Outer", "0");
+        heard(Event::SectionStarted, "Inner", "0");
+        heard(Event::LuaChunkStarted, "Inner", "0");
         assert_eq!(tracker.current("0"), "Inner");
-        heard(EventKind::SectionFinished, "Inner", "0");
+        heard(Event::SectionFinished, "Inner", "0");
         assert_eq!(tracker.current("0"), "Outer");
-        heard(EventKind::SectionStarted, "Arm", "0.1");
+        heard(Event::SectionStarted, "Arm", "0.1");
         assert_eq!(tracker.current("0.1"), "Arm");
         assert_eq!(tracker.current("0"), "Outer");
         assert_eq!(tracker.current("0.7"), "");
         // Back and forth between tasks: each keeps its own stack.
-        heard(EventKind::SectionStarted, "Deeper", "0.1");
-        heard(EventKind::LuaChunkStarted, "Outer", "0");
+        heard(Event::SectionStarted, "Deeper", "0.1");
+        heard(Event::LuaChunkStarted, "Outer", "0");
         assert_eq!(tracker.current("0.1"), "Deeper");
-        heard(EventKind::SectionFinished, "Deeper", "0.1");
+        heard(Event::SectionFinished, "Deeper", "0.1");
         assert_eq!(tracker.current("0.1"), "Arm");
         assert_eq!(tracker.current("0"), "Outer");
-        heard(EventKind::SectionFinished, "Outer", "0");
+        heard(Event::SectionFinished, "Outer", "0");
         assert_eq!(tracker.current("0"), "Outer");
-        heard(EventKind::RunSucceeded, "Title", "0");
+        heard(Event::RunSucceeded, "Title", "0");
         assert_eq!(tracker.current("0"), "Title");
     }
 }

@@ -75,11 +75,11 @@ pub struct RunSettings {
     pub model: Option<String>,
     /// The OTLP/HTTP collector, checked to be a usable URL.
     pub otlp: Option<String>,
-    /// Model rounds answered from earlier logged exchanges (`test --cache`).
-    pub cache: Option<crate::cache::CacheUse>,
     /// Where the run is logged: `PROMPTFORGE_RUNLOG_URL`, else the host
     /// file's `[runlog] url`, else the data directory's SQLite file.
     pub run_log: RunLogTarget,
+    /// Model rounds answered from earlier logged exchanges (`test --cache`).
+    pub cache: Option<crate::cache::CacheUse>,
 }
 
 impl RunSettings {
@@ -120,8 +120,8 @@ impl RunSettings {
             host,
             model,
             otlp,
-            cache: None,
             run_log,
+            cache: None,
         })
     }
 

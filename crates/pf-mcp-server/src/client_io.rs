@@ -5,7 +5,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use pf_engine::{EventKind, RunEvent, RunObserver, ToolCallNotice};
+use pf_engine::{Event, RunEvent, RunObserver, ToolCallNotice};
 use pf_harness::{CancellationToken, InputBroker, WorkId};
 use rmcp::model::{
     ElicitRequestParams, ElicitationAction, ElicitationSchema, ProgressNotificationParam,
@@ -20,37 +20,36 @@ use tokio::sync::mpsc::UnboundedSender;
 /// from the call's notice), a `log` line, a question.
 pub fn progress_message(event: &RunEvent, tool: Option<&str>) -> Option<String> {
     let section = &event.section;
-    let text = |name: &str| {
-        event
-            .field(name)
-            .and_then(|v| v.as_str())
-            .map(str::to_string)
+    let tool_ended = |outcome: &str| match tool {
+        Some(tool) => format!("tool {tool} {outcome}"),
+        None => format!("tool call {outcome}"),
     };
-    let what = match event.kind {
-        EventKind::SectionStarted => return Some(format!("section {section}")),
-        EventKind::ModelTurnCompleted => match event.turn() {
-            Some(turn) => format!("model round {turn} completed"),
-            None => "model round completed".to_string(),
-        },
-        EventKind::ModelTurnFailed => "model round failed".to_string(),
-        EventKind::ModelTurnTruncated => "model round cut short".to_string(),
-        EventKind::ToolCallSucceeded | EventKind::ToolCallFailed => {
-            let outcome = if event.kind == EventKind::ToolCallSucceeded {
-                "succeeded"
-            } else {
-                "failed"
-            };
-            match tool {
-                Some(tool) => format!("tool {tool} {outcome}"),
-                None => format!("tool call {outcome}"),
-            }
-        }
-        EventKind::Lua => match text("message") {
-            Some(message) => format!("log: {message}"),
-            None => "log".to_string(),
-        },
-        EventKind::UserInputWaitStarted => "waiting for operator input".to_string(),
-        _ => return None,
+    let what = match &event.event {
+        Event::SectionStarted => return Some(format!("section {section}")),
+        Event::ModelTurnCompleted(_) => "model round completed".to_string(),
+        Event::ModelTurnFailed => "model round failed".to_string(),
+        Event::ModelTurnTruncated => "model round cut short".to_string(),
+        Event::ToolCallSucceeded => tool_ended("succeeded"),
+        Event::ToolCallFailed => tool_ended("failed"),
+        Event::Lua(checkpoint) => format!("log: {}", checkpoint.message),
+        Event::UserInputWaitStarted => "waiting for operator input".to_string(),
+        // What a caller follows is above; the rest (and every boundary
+        // not named above) would only be noise in a client's progress.
+        Event::ModelMetadataDegraded(_)
+        | Event::Thinking(_)
+        | Event::AssistantReply(_)
+        | Event::AssistantToolCalls(_)
+        | Event::ToolResult(_)
+        | Event::UserInput(_)
+        | Event::TaskStarted(_)
+        | Event::TaskSucceeded(_)
+        | Event::TaskFailed(_)
+        | Event::TaskCancelled(_)
+        | Event::TaskAbandoned(_)
+        | Event::TaskNotice(_)
+        | Event::Request(_)
+        | Event::Response(_)
+        | pf_engine::boundary_event!() => return None,
     };
     Some(format!("{section}: {what}"))
 }
@@ -85,11 +84,12 @@ impl ProgressObserver {
 impl RunObserver for ProgressObserver {
     fn event(&self, _execution: &str, event: &RunEvent) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let tool = match event.kind {
-            EventKind::ToolCallSucceeded | EventKind::ToolCallFailed => state
+        // The innermost call ends first (a local tool's handler may call tools).
+        let tool = match event.event {
+            Event::ToolCallSucceeded | Event::ToolCallFailed => state
                 .calling
                 .get_mut(&event.section)
-                .and_then(VecDeque::pop_front),
+                .and_then(VecDeque::pop_back),
             _ => None,
         };
         let Some(message) = progress_message(event, tool.as_deref()) else {
@@ -194,5 +194,55 @@ impl InputBroker for ElicitationBroker {
             serde_json::Value::String(text) => Some(text),
             _ => None,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+    use rmcp::model::NumberOrString;
+
+    fn at(event: Event) -> RunEvent {
+        RunEvent {
+            event,
+            section: "Ask".into(),
+            provenance: pf_engine::Provenance {
+                task: "0".into(),
+                seq: 0,
+            },
+        }
+    }
+
+    /// A local tool's handler calls a tool: the inner call ends first, and
+    /// each end names its own tool.
+    #[test]
+    fn nested_tool_calls_end_innermost_first() {
+        let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel();
+        let progress = ProgressObserver::new(ProgressToken(NumberOrString::Number(1)), sender);
+        let args = json!({});
+        for alias in ["outer", "inner"] {
+            progress.tool_call(
+                "run-1",
+                &ToolCallNotice {
+                    task: "0",
+                    section: "Ask",
+                    alias,
+                    arguments: &args,
+                    call_id: None,
+                },
+            );
+        }
+        progress.event("run-1", &at(Event::ToolCallFailed));
+        progress.event("run-1", &at(Event::ToolCallSucceeded));
+        progress.event("run-1", &at(Event::StoreWriteSucceeded));
+        let mut said = Vec::new();
+        while let Ok(param) = receiver.try_recv() {
+            said.push(param.message.unwrap_or_default());
+        }
+        assert_eq!(
+            said,
+            ["Ask: tool inner failed", "Ask: tool outer succeeded"]
+        );
     }
 }

@@ -542,6 +542,11 @@ pub(crate) struct EventStream {
 }
 
 impl EventStream {
+    /// The status the stream's response came with.
+    pub(crate) fn status(&self) -> u16 {
+        self.response.status().as_u16()
+    }
+
     /// The next event; `None` once the stream has ended.
     pub(crate) async fn next_event(
         &mut self,

@@ -83,9 +83,9 @@ pub const DEFAULT_ANTHROPIC_KEY_ENV: &str = "ANTHROPIC_API_KEY";
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProviderSpec {
     pub kind: ProviderKind,
-    /// The catalog id (`sys.model`, `models.get`, the record's `model`).
+    /// The catalog id (`sys.model`, `models.get`).
     pub id: String,
-    /// The provider's model name, sent in each request.
+    /// The provider's model name, sent in each request (and the record's `model`).
     pub model: String,
     /// Context window in tokens.
     pub context: u64,
@@ -207,7 +207,9 @@ fn build_direct(spec: &ProviderSpec) -> Result<Arc<dyn ModelProvider>, String> {
             let script: Arc<dyn ModelProvider> =
                 Arc::new(ScriptProvider::from_file(replies, info)?);
             match &spec.record {
-                Some(path) => Arc::new(RecordingProvider::new(script, path.clone())),
+                Some(path) => Arc::new(
+                    RecordingProvider::new(script, path.clone()).with_model_name(&spec.model),
+                ),
                 None => script,
             }
         }

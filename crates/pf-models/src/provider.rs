@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use pf_harness::{
-    CancellationToken, ChatRequest, ChatResponse, History, ModelInfo, ModelProvider, OnText,
-    ProviderError, StreamTiming, WireCapture, WorkId,
+    Attempt, CancellationToken, ChatRequest, ChatResponse, History, ModelInfo, ModelProvider,
+    OnText, ProviderError, StreamTiming, WireCapture, WorkId,
 };
 use reqwest::header::{HeaderMap, HeaderName};
 use reqwest::StatusCode;
@@ -132,10 +132,12 @@ impl FragmentClock {
     }
 }
 
-/// One failed attempt, with the wait the server asked for before the next.
+/// One failed attempt, with the wait the server asked for before the next
+/// and the status it answered with, if it answered.
 struct AttemptFailure {
     error: ProviderError,
     retry_after: Option<Duration>,
+    status: Option<u16>,
 }
 
 impl From<ProviderError> for AttemptFailure {
@@ -143,8 +145,30 @@ impl From<ProviderError> for AttemptFailure {
         AttemptFailure {
             error,
             retry_after: None,
+            status: None,
         }
     }
+}
+
+impl AttemptFailure {
+    /// A failure of an attempt the server answered with `reply`'s status.
+    fn answered(error: ProviderError, reply: &HttpReply) -> Self {
+        AttemptFailure {
+            error,
+            retry_after: reply.retry_after,
+            status: Some(reply.status.as_u16()),
+        }
+    }
+}
+
+/// A successful attempt's reply and the status it came with.
+type Answered = (ChatResponse, u16);
+
+/// Now, in milliseconds since the Unix epoch (an attempt's start).
+fn wall_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// The detail for an error the server reported inside a stream that began well:
@@ -283,7 +307,8 @@ impl<W: WireFormat> HttpProvider<W> {
 
     /// Run `attempt` once, and again after a transient failure while retries
     /// remain ([`crate::HttpSettings::max_retries`], default none), waiting the
-    /// server's `Retry-After` or a backoff. Every attempt is recorded and logged.
+    /// server's `Retry-After` or a backoff. Every attempt is recorded, logged
+    /// and reported to the request's [`pf_harness::AttemptHook`] with its status.
     /// A streamed attempt that already showed text is never rerun.
     async fn with_retries<'a, F, Fut>(
         &'a self,
@@ -294,21 +319,37 @@ impl<W: WireFormat> HttpProvider<W> {
     ) -> Result<ChatResponse, ProviderError>
     where
         F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = (Result<ChatResponse, AttemptFailure>, bool)>,
+        Fut: std::future::Future<Output = (Result<Answered, AttemptFailure>, bool)>,
     {
         let settings = self.http.settings();
         let mut attempts: u32 = 0;
         loop {
             attempts += 1;
             if let Some(record) = &self.record {
-                record.append(&self.info.id, request)?;
+                record.append(&self.config.model, request)?;
             }
+            let started = (wall_ms(), Instant::now());
             let (outcome, showed_text) = attempt().await;
+            let report = |status: Option<u16>, error: Option<&ProviderError>| {
+                if let Some(hook) = &request.attempts {
+                    hook.report(&Attempt {
+                        number: attempts,
+                        status,
+                        error: error.cloned(),
+                        started_ms: started.0,
+                        duration: started.1.elapsed(),
+                    });
+                }
+            };
             let failure = match outcome {
-                Ok(response) => return Ok(response),
+                Ok((response, status)) => {
+                    report(Some(status), None);
+                    return Ok(response);
+                }
                 Err(failure) => failure,
             };
             let error = scrub_key(failure.error, key);
+            report(failure.status, Some(&error));
             // The server asked everyone to wait, not only this call.
             if let (Some(gate), Some(wanted)) = (&self.gate, failure.retry_after) {
                 gate.pause(wanted.min(settings.max_retry_after));
@@ -357,7 +398,7 @@ impl<W: WireFormat> HttpProvider<W> {
         request: &ChatRequest,
         key: Option<&str>,
         cancel: &CancellationToken,
-    ) -> Result<ChatResponse, AttemptFailure> {
+    ) -> Result<Answered, AttemptFailure> {
         let url = self.url.as_str();
         let body = encode(
             &self.request_body(request)?,
@@ -375,10 +416,7 @@ impl<W: WireFormat> HttpProvider<W> {
             .await?;
         let mut response = self
             .whole_reply(url, &reply, key)
-            .map_err(|error| AttemptFailure {
-                error,
-                retry_after: reply.retry_after,
-            })?;
+            .map_err(|error| AttemptFailure::answered(error, &reply))?;
         settle(admission, &response);
         if let Some(sent) = sent {
             response.capture = Some(WireCapture {
@@ -386,7 +424,7 @@ impl<W: WireFormat> HttpProvider<W> {
                 response: String::from_utf8_lossy(&reply.body).into_owned(),
             });
         }
-        Ok(response)
+        Ok((response, reply.status.as_u16()))
     }
 
     async fn send_streaming(
@@ -395,7 +433,7 @@ impl<W: WireFormat> HttpProvider<W> {
         key: Option<&str>,
         cancel: &CancellationToken,
         on_text: &mut OnText<'_>,
-    ) -> Result<ChatResponse, AttemptFailure> {
+    ) -> Result<Answered, AttemptFailure> {
         let url = self.url.as_str();
         let mut body = self.request_body(request)?;
         self.wire.ask_for_stream(&mut body);
@@ -431,21 +469,18 @@ impl<W: WireFormat> HttpProvider<W> {
                     status = %reply.status,
                     "the model server refused a streamed request; sending it again without streaming"
                 );
-                let mut response = self.send(request, key, cancel).await?;
+                let (mut response, status) = self.send(request, key, cancel).await?;
                 if let Some(text) = response.content.as_deref().filter(|t| !t.is_empty()) {
                     on_text(text);
                 }
                 response.stream_timing = Some(clock.timing());
-                return Ok(response);
+                return Ok((response, status));
             }
             // A server that does not stream answers with one body: its text is one fragment.
             Streamed::Whole(reply) => {
-                let mut response =
-                    self.whole_reply(url, &reply, key)
-                        .map_err(|error| AttemptFailure {
-                            error,
-                            retry_after: reply.retry_after,
-                        })?;
+                let mut response = self
+                    .whole_reply(url, &reply, key)
+                    .map_err(|error| AttemptFailure::answered(error, &reply))?;
                 settle(admission, &response);
                 if let Some(sent) = sent {
                     response.capture = Some(WireCapture {
@@ -457,13 +492,19 @@ impl<W: WireFormat> HttpProvider<W> {
                     on_text(text);
                 }
                 response.stream_timing = Some(clock.timing());
-                return Ok(response);
+                return Ok((response, reply.status.as_u16()));
             }
         };
+        let status = stream.status();
         let mut received = sent.is_some().then(String::new);
         let reply = self
             .read_stream(url, key, &mut stream, cancel, on_text, received.as_mut())
-            .await?;
+            .await
+            .map_err(|error| AttemptFailure {
+                error,
+                retry_after: None,
+                status: Some(status),
+            })?;
         let mut response = self.wire.finish_stream(reply);
         settle(admission, &response);
         response.stream_timing = Some(clock.timing());
@@ -471,7 +512,7 @@ impl<W: WireFormat> HttpProvider<W> {
         response.capture = sent
             .zip(received)
             .map(|(request, response)| WireCapture { request, response });
-        Ok(response)
+        Ok((response, status))
     }
 
     /// Read events until the wire format says the reply is complete; a stream

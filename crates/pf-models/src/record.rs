@@ -73,6 +73,9 @@ impl RecordFile {
 pub struct RecordingProvider {
     inner: Arc<dyn ModelProvider>,
     file: RecordFile,
+    /// The `model` each line names: the provider's model name (its catalog
+    /// id unless [`RecordingProvider::with_model_name`] says otherwise).
+    model: String,
 }
 
 impl std::fmt::Debug for RecordingProvider {
@@ -86,10 +89,19 @@ impl std::fmt::Debug for RecordingProvider {
 
 impl RecordingProvider {
     pub fn new(inner: Arc<dyn ModelProvider>, path: impl Into<PathBuf>) -> Self {
+        let model = inner.info().id;
         RecordingProvider {
             inner,
             file: RecordFile::new(path),
+            model,
         }
+    }
+
+    /// Name `model` in each line: the provider's own model name, as an HTTP
+    /// provider's lines name the model its body sends.
+    pub fn with_model_name(mut self, model: impl Into<String>) -> Self {
+        self.model = model.into();
+        self
     }
 
     pub fn path(&self) -> &Path {
@@ -98,11 +110,11 @@ impl RecordingProvider {
 
     /// The record line for `request`, without the newline.
     pub fn record_line(&self, request: &ChatRequest) -> String {
-        RecordFile::record_line(&self.inner.info().id, request)
+        RecordFile::record_line(&self.model, request)
     }
 
     fn append(&self, request: &ChatRequest) -> Result<(), ProviderError> {
-        self.file.append(&self.inner.info().id, request)
+        self.file.append(&self.model, request)
     }
 }
 

@@ -495,6 +495,7 @@ mod tests {
                         max_tokens,
                         thinking,
                         capture: false,
+                        attempts: None,
                     });
                 }
             }

@@ -155,6 +155,7 @@ async fn sends_every_field_and_reads_the_reply() {
         max_tokens: None,
         thinking: Some(true),
         capture: false,
+        attempts: None,
     };
 
     let response = provider

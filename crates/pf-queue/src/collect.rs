@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull::OrderedConfig, DeliverPolicy};
+use async_nats::jetstream::stream::Stream;
 use futures::StreamExt;
 use pf_batch::{ItemKey, OutputLine};
 use tokio::sync::{oneshot, watch};
@@ -22,6 +23,8 @@ use crate::queue::{results_subject, runs_subject, Queue};
 /// How long publishing a request may wait for NATS (a restart) before the
 /// batch gives up on the queue.
 const PUBLISH_GIVE_UP: Duration = Duration::from_secs(300);
+/// How often the reader checks that it is not stalled behind stored results.
+const WATCHDOG: Duration = Duration::from_secs(2);
 
 #[derive(Default)]
 struct Routes {
@@ -58,42 +61,13 @@ impl Collector {
             .await
             .map(|m| m.sequence)
             .ok();
-        let consumer = queue
-            .results
-            .create_consumer(OrderedConfig {
-                filter_subject: subject.clone(),
-                deliver_policy: DeliverPolicy::All,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| QueueError::nats("follow the results", e))?;
-        let mut messages = consumer
-            .messages()
-            .await
-            .map_err(|e| QueueError::nats("follow the results", e))?;
+        let messages = follow(&queue.results, &subject, 1).await?;
         let routes = Arc::new(Mutex::new(Routes::default()));
         let (caught_up, mut ready) = watch::channel(last_stored.is_none());
         let into = Arc::clone(&routes);
+        let results = queue.results.clone();
         let reader = tokio::spawn(async move {
-            // The ordered consumer recreates itself across a server restart;
-            // an error item is reported and reading goes on.
-            while let Some(item) = messages.next().await {
-                let message = match item {
-                    Ok(m) => m,
-                    Err(e) => {
-                        tracing::debug!("results: {e}");
-                        continue;
-                    }
-                };
-                let sequence = message.info().map(|i| i.stream_sequence).unwrap_or(0);
-                match serde_json::from_slice::<RunResult>(&message.payload) {
-                    Ok(result) => route(&into, result.line),
-                    Err(e) => tracing::warn!("a result that does not read: {e}"),
-                }
-                if last_stored.is_some_and(|last| sequence >= last) {
-                    let _ = caught_up.send(true);
-                }
-            }
+            read_results(results, subject, messages, last_stored, caught_up, into).await;
         });
         let _ = ready.wait_for(|caught| *caught).await;
         Ok(Collector {
@@ -154,6 +128,91 @@ impl Collector {
         tokio::select! {
             line = told => Ok(line.ok()),
             () = cancel.cancelled() => Ok(None),
+        }
+    }
+}
+
+type Results = async_nats::jetstream::consumer::pull::Ordered;
+
+/// An ordered consumer of `subject`'s results from stream sequence `from`.
+async fn follow(stream: &Stream, subject: &str, from: u64) -> Result<Results, QueueError> {
+    let consumer = stream
+        .create_consumer(OrderedConfig {
+            filter_subject: subject.to_owned(),
+            deliver_policy: if from <= 1 {
+                DeliverPolicy::All
+            } else {
+                DeliverPolicy::ByStartSequence {
+                    start_sequence: from,
+                }
+            },
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| QueueError::nats("follow the results", e))?;
+    consumer
+        .messages()
+        .await
+        .map_err(|e| QueueError::nats("follow the results", e))
+}
+
+/// Route every result of the batch, in stream order, each once. The client
+/// follows a server restart by itself, but can go quiet for a long while
+/// after one: a watchdog compares what was read with what the stream holds
+/// and, when results wait unread, follows again from the first unread one.
+async fn read_results(
+    stream: Stream,
+    subject: String,
+    mut messages: Results,
+    last_stored: Option<u64>,
+    caught_up: watch::Sender<bool>,
+    routes: Arc<Mutex<Routes>>,
+) {
+    let mut last_read = 0u64;
+    let mut read_at_check = 0u64;
+    let mut check = tokio::time::interval(WATCHDOG);
+    loop {
+        tokio::select! {
+            item = messages.next() => match item {
+                Some(Ok(message)) => {
+                    let sequence = message.info().map(|i| i.stream_sequence).unwrap_or(0);
+                    if sequence != 0 && sequence <= last_read {
+                        continue;
+                    }
+                    last_read = last_read.max(sequence);
+                    match serde_json::from_slice::<RunResult>(&message.payload) {
+                        Ok(result) => route(&routes, result.line),
+                        Err(e) => tracing::warn!("a result that does not read: {e}"),
+                    }
+                    if last_stored.is_some_and(|last| sequence >= last) {
+                        let _ = caught_up.send(true);
+                    }
+                }
+                Some(Err(e)) => tracing::debug!("results: {e}"),
+                None => {
+                    if let Ok(again) = follow(&stream, &subject, last_read + 1).await {
+                        messages = again;
+                    } else {
+                        tokio::time::sleep(WATCHDOG).await;
+                    }
+                }
+            },
+            _ = check.tick() => {
+                if last_read == read_at_check {
+                    let newest = stream
+                        .get_last_raw_message_by_subject(&subject)
+                        .await
+                        .map(|m| m.sequence)
+                        .unwrap_or(0);
+                    if newest > last_read {
+                        tracing::debug!("results stalled at {last_read} of {newest}; following again");
+                        if let Ok(again) = follow(&stream, &subject, last_read + 1).await {
+                            messages = again;
+                        }
+                    }
+                }
+                read_at_check = last_read;
+            }
         }
     }
 }

@@ -31,6 +31,8 @@ pub const QUEUE_FAILURE_KIND: &str = "Queue";
 const RESULT_GIVE_UP: Duration = Duration::from_secs(300);
 /// How long one pull request waits for messages.
 const PULL_EXPIRES: Duration = Duration::from_secs(2);
+/// How long past its expiry a pull request's batch is waited for.
+const PULL_SLACK: Duration = Duration::from_millis(500);
 
 /// What the run log says of a request's input: the worker's one question to
 /// the log, so the log's backend can change behind it.
@@ -239,7 +241,10 @@ async fn pull(
                 continue;
             }
         };
-        while let Some(item) = batch.next().await {
+        // A pull request the server lost (a restart) never ends its batch:
+        // stop waiting when it should have expired, and ask again.
+        let deadline = tokio::time::Instant::now() + PULL_EXPIRES + PULL_SLACK;
+        while let Ok(Some(item)) = tokio::time::timeout_at(deadline, batch.next()).await {
             match item {
                 Ok(message) => {
                     let Some(slot) = held.pop() else { break };

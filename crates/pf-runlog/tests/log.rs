@@ -1321,3 +1321,73 @@ fn a_version_8_database_gains_input_indexes_and_keeps_its_runs() {
         pf_runlog::Outcome::Failed { ref kind, .. } if kind == pf_runlog::DUPLICATE_KIND
     ));
 }
+
+/// A database at each earlier schema version (the shipped migrations up to
+/// it, and a run as every version's writer could store one: a row of
+/// `runs` and one old-style event row) is migrated to the current version
+/// by opening it: the old run reads back, and new runs, batch inputs
+/// included, log and read beside it.
+#[test]
+fn a_database_at_each_earlier_version_is_migrated_and_keeps_its_run() {
+    for version in 1..SCHEMA_VERSION {
+        let dir = tempfile::tempdir().unwrap();
+        let path = db_in(&dir);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        {
+            let conn = Connection::open(&path).unwrap();
+            let applied = usize::try_from(version).unwrap();
+            for migration in &pf_runlog::schema::MIGRATIONS[..applied] {
+                conn.execute_batch(migration).unwrap();
+            }
+            conn.pragma_update(None, "user_version", version).unwrap();
+            conn.execute_batch(
+                "INSERT INTO runs (execution, prompt_path, prompt_text, prompt_sha256, args_json,
+                     seed, start_rfc3339, start_ms, started_at_ms, outcome, result, duration_ms,
+                     input_tokens, output_tokens, total_tokens)
+                 VALUES ('run-0ld', 'old.md', '# Old', 'x', '{\"a\":1}', '18446744073709551615',
+                     '2025-01-02T03:04:05Z', 5, 6, 'completed', 'kept', 7, 1, 2, 3);
+                 INSERT INTO events (run_id, ord, kind, section, task, seq, fields_json)
+                 VALUES (1, 0, 'lua', 'Old', '0', 0, '{\"message\":\"old\"}');",
+            )
+            .unwrap();
+        }
+        let log = RunLog::open(&path).unwrap();
+        let found: i64 = Connection::open(&path)
+            .unwrap()
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(found, SCHEMA_VERSION, "from version {version}");
+        let old = log.resolve("run-0ld").unwrap();
+        let run = log.run(old).unwrap().unwrap();
+        assert_eq!(run.start.seed, u64::MAX, "from version {version}");
+        assert_eq!(
+            run.end.unwrap().outcome,
+            Outcome::Completed {
+                result: "kept".to_owned()
+            }
+        );
+        let events = log.events(old).unwrap();
+        assert_eq!(events.len(), 1, "from version {version}");
+        assert_eq!(events[0].fields, json!({"message": "old"}));
+        if version >= 8 {
+            // Version 8's search index holds the run it was inserted with.
+            assert_eq!(search(&log, "old"), ["run-0ld"]);
+        }
+        for execution in ["run-n1", "run-n2"] {
+            let writer = log.begin_with(
+                RunStart {
+                    batch: Some("b".to_owned()),
+                    input_index: Some(0),
+                    ..start(execution)
+                },
+                patient(),
+            );
+            writer.event(event("0", 0, "lua"));
+            assert_eq!(writer.finish(completed("new")), None);
+        }
+        let kept = log.input_run("b", 0).unwrap().unwrap();
+        assert_eq!(kept.start.execution, "run-n1", "from version {version}");
+        assert_eq!(log.list_runs(&RunFilter::default()).unwrap().len(), 3);
+        assert_eq!(search(&log, "old"), ["run-0ld"], "from version {version}");
+    }
+}

@@ -165,4 +165,12 @@ pub mod messages {
     pub fn output_file_missing(path: &str) -> String {
         format!("output file not found: {path}")
     }
+
+    /// `output file {path} is {size} bytes, over the {limit}-byte limit for
+    /// a collected output`, when the declared output file is too large to load.
+    pub fn output_file_too_large(path: &str, size: u64, limit: u64) -> String {
+        format!(
+            "output file {path} is {size} bytes, over the {limit}-byte limit for a collected output (it stays in the store)"
+        )
+    }
 }

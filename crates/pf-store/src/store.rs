@@ -330,11 +330,46 @@ impl Store {
 
     /// Collects a store file's bytes, for a frontmatter `output:` declaration.
     /// A file the run never wrote is kind `Host` with the message
-    /// `output file not found: {path}`.
-    pub fn read_out(&self, store_path: &str) -> Result<Vec<u8>, StoreError> {
+    /// `output file not found: {path}`; one over `max_bytes` (a run's appends
+    /// can grow a file without end) is kind `Host` too, naming the file and
+    /// the limit, and is never loaded.
+    pub fn read_out(&self, store_path: &str, max_bytes: u64) -> Result<Vec<u8>, StoreError> {
         validate_path(store_path)?;
-        self.load(store_path, "read_out")?
-            .ok_or_else(|| StoreError::host(messages::output_file_missing(store_path)))
+        let operation = "read_out";
+        let entry = match self.probe(&physical_names(store_path), operation)? {
+            Probe::Missing { .. } => {
+                return Err(StoreError::host(messages::output_file_missing(store_path)))
+            }
+            Probe::File(entry) => entry,
+            Probe::Dir(_) | Probe::Other => {
+                return Err(StoreError::backend(operation, &"the path is not a file"))
+            }
+        };
+        let mut file = open_file_at(&entry.parent, &entry.name, OFlags::RDONLY, Mode::empty())
+            .map_err(|e| StoreError::backend(operation, &e))?;
+        let metadata = file
+            .metadata()
+            .map_err(|e| StoreError::backend(operation, &e))?;
+        if !metadata.is_file() {
+            return Err(StoreError::backend(operation, &"not a regular file"));
+        }
+        let too_big = |size: u64| {
+            StoreError::host(messages::output_file_too_large(store_path, size, max_bytes))
+        };
+        if metadata.len() > max_bytes {
+            return Err(too_big(metadata.len()));
+        }
+        // The file may still grow while it is read (another writer): read no
+        // more than the limit and one byte.
+        let mut bytes = Vec::new();
+        (&mut file)
+            .take(max_bytes.saturating_add(1))
+            .read_to_end(&mut bytes)
+            .map_err(|e| StoreError::backend(operation, &e))?;
+        if bytes.len() as u64 > max_bytes {
+            return Err(too_big(bytes.len() as u64));
+        }
+        Ok(bytes)
     }
 
     // -- internals ---------------------------------------------------------

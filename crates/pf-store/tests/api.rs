@@ -256,7 +256,7 @@ fn every_call_rejects_a_bad_path_and_touches_nothing() {
     assert_eq!(store.str_replace(bad, "", "x"), Err(user(message)));
     assert_eq!(store.delete(bad), Err(user(message)));
     assert_eq!(store.exists(bad), Err(user(message)));
-    assert_eq!(store.read_out(bad), Err(user(message)));
+    assert_eq!(store.read_out(bad, u64::MAX), Err(user(message)));
     let source = tempfile::NamedTempFile::new().expect("temp file");
     assert_eq!(store.copy_in(source.path(), bad), Err(user(message)));
     assert_eq!(tree(&store), before);
@@ -569,7 +569,7 @@ fn directory_used_as_a_file_is_a_backend_failure_and_changes_nothing() {
     assert_eq!(store.write("a.txt/b.txt", "x"), Err(backend()));
     assert_eq!(store.append("a.txt/b.txt", "x"), Err(backend()));
     assert_eq!(store.write("a.txt/deeper/b.txt", "x"), Err(backend()));
-    assert_eq!(store.read_out("notes"), Err(backend()));
+    assert_eq!(store.read_out("notes", u64::MAX), Err(backend()));
     assert_eq!(tree(&store), before);
 }
 
@@ -584,7 +584,7 @@ fn non_utf8_text_is_a_backend_failure() {
     // Appending adds text without needing to decode; the bytes survive.
     store.append("bin.dat", "tail").expect("append");
     assert_eq!(
-        store.read_out("bin.dat"),
+        store.read_out("bin.dat", u64::MAX),
         Ok(vec![0xff, 0xfe, b'a', b'\n', b't', b'a', b'i', b'l'])
     );
     assert_eq!(store.exists("bin.dat"), Ok(true));
@@ -699,7 +699,7 @@ fn copy_in_and_read_out() {
         .write("report.md", &format!("report on: {body}"))
         .expect("write");
     assert_eq!(
-        store.read_out("report.md"),
+        store.read_out("report.md", u64::MAX),
         Ok(b"report on: the paper body".to_vec())
     );
 
@@ -713,11 +713,34 @@ fn copy_in_and_read_out() {
     assert_eq!(store.exists("absent.md"), Ok(false));
 
     assert_eq!(
-        store.read_out("never.md"),
+        store.read_out("never.md", u64::MAX),
         Err(StoreError {
             message: "output file not found: never.md".to_owned(),
             kind: StoreErrorKind::Host,
         })
+    );
+}
+
+/// An output file past the limit is refused unread, naming the file and the
+/// limit; at the limit it is read.
+#[test]
+fn read_out_is_bounded() {
+    let (_dir, store) = fresh();
+    store.write("out/report.md", "0123456789").expect("write");
+    assert_eq!(
+        store.read_out("out/report.md", 10),
+        Ok(b"0123456789".to_vec())
+    );
+    assert_eq!(
+        store.read_out("out/report.md", 9),
+        Err(StoreError {
+            message: "output file out/report.md is 10 bytes, over the 9-byte limit for a collected output (it stays in the store)".to_owned(),
+            kind: StoreErrorKind::Host,
+        })
+    );
+    assert_eq!(
+        store.read_out("out/report.md", 0).map(|b| b.len()).ok(),
+        None
     );
 }
 

@@ -12,6 +12,8 @@ use std::fmt::Write as _;
 use pf_runlog::{AnswerRecord, EventRecord, ExchangeRecord, Outcome, RunRecord, ToolCallRecord};
 use serde_json::Value as Json;
 
+use pf_engine::{Event, EventKind, LoggedEvent};
+
 use super::sections::{is_task_end, Place, Sections};
 use super::{ordered, Item};
 use crate::logview::{duration_text, short, when_text};
@@ -107,15 +109,9 @@ fn text_with_envelopes(text: &str, untrusted: bool) -> String {
     out
 }
 
-fn field_str<'a>(event: &'a EventRecord, name: &str) -> &'a str {
-    event.fields.get(name).and_then(Json::as_str).unwrap_or("")
-}
-
-fn field_num(event: &EventRecord, name: &str) -> String {
-    event
-        .fields
-        .get(name)
-        .map_or_else(|| "?".to_string(), Json::to_string)
+/// A logged event, typed when its row reads as its kind.
+fn typed(event: &EventRecord) -> LoggedEvent {
+    LoggedEvent::parse(&event.kind, &event.fields)
 }
 
 /// What the page knows about one lane (task).
@@ -136,12 +132,14 @@ pub fn render(run: &LoggedRun) -> String {
     let mut sections = Sections::default();
     let mut places = Vec::with_capacity(items.len());
     for item in &items {
-        let place = sections.place(item.task(), item.section(), item.kind());
+        let kind = match item {
+            Item::Event(e) => EventKind::from_name(&e.kind),
+            _ => None,
+        };
+        let place = sections.place(item.task(), item.section(), kind);
         if let Item::Event(e) = item {
-            if e.kind == "task_started" {
-                if let Some(child) = e.fields.get("task").and_then(Json::as_str) {
-                    sections.started(child, place);
-                }
+            if let LoggedEvent::Typed(Event::TaskStarted(started)) = typed(e) {
+                sections.started(&started.task, place);
             }
         }
         places.push(place);
@@ -184,16 +182,16 @@ pub fn render(run: &LoggedRun) -> String {
             }
         }
         if let Item::Event(e) = item {
-            if e.kind == "task_started" {
-                if let Some(child) = e.fields.get("task").and_then(Json::as_str) {
-                    let lane = lanes.entry(child.to_string()).or_default();
-                    lane.target = field_str(e, "target").to_string();
-                    lane.origin = field_str(e, "origin").to_string();
+            if let LoggedEvent::Typed(event) = typed(e) {
+                if let Event::TaskStarted(started) = &event {
+                    let lane = lanes.entry(started.task.clone()).or_default();
+                    lane.target = started.target.clone();
+                    lane.origin = started.origin.as_str().to_string();
                 }
-            }
-            if is_task_end(&e.kind) {
-                if let Some(lane) = lanes.get_mut(item.task()) {
-                    lane.end = Some(e.kind.trim_start_matches("task_").to_string());
+                if is_task_end(event.kind()) {
+                    if let Some(lane) = lanes.get_mut(item.task()) {
+                        lane.end = Some(e.kind.trim_start_matches("task_").to_string());
+                    }
                 }
             }
         }
@@ -601,95 +599,91 @@ fn event_html(e: &EventRecord) -> (String, String) {
     if kind.ends_with("_failed") || kind == "task_abandoned" {
         class.push_str(" fail");
     }
-    let body = match kind {
-        "lua" => format!("{} {}", tag("log"), esc(field_str(e, "message"))),
-        "assistant_reply" => {
+    let event = match typed(e) {
+        LoggedEvent::Typed(event) => event,
+        LoggedEvent::Unparsed { kind, fields } => return (class, raw_html(&kind, &fields)),
+    };
+    let body = match &event {
+        Event::Lua(checkpoint) => format!("{} {}", tag("log"), esc(&checkpoint.message)),
+        Event::AssistantReply(reply) => {
             let mut head = format!(
                 "{} round {} · {} · {}",
                 tag("reply"),
-                esc(&field_num(e, "turn")),
-                esc(field_str(e, "origin")),
-                esc(field_str(e, "model"))
+                reply.turn,
+                esc(reply.origin.as_str()),
+                esc(&reply.model)
             );
-            if let Some(reason) = e.fields.get("finish_reason").and_then(Json::as_str) {
+            if let Some(reason) = &reply.finish_reason {
                 let _ = write!(head, " · finish {}", esc(reason));
             }
-            if let Some(usage) = e.fields.get("metrics").and_then(|m| m.get("usage")) {
+            if let Some(usage) = reply.metrics.as_ref().and_then(|m| m.usage) {
                 let _ = write!(
                     head,
                     " · {} in / {} out tokens",
-                    esc(&usage.get("prompt_tokens").map_or("?".into(), Json::to_string)),
-                    esc(&usage
-                        .get("completion_tokens")
-                        .map_or("?".into(), Json::to_string))
+                    usage.prompt_tokens, usage.completion_tokens
                 );
             }
-            let text = field_str(e, "text");
             format!(
                 "<details><summary>{head}: <span class=\"gist\">{}</span></summary>\
                  <div class=\"model-text\">{}</div>{}</details>",
-                esc(&short(text, 100)),
-                text_with_envelopes(text, true),
-                metrics_html(e)
+                esc(&short(&reply.text, 100)),
+                text_with_envelopes(&reply.text, true),
+                metrics_html(reply.metrics.as_deref())
             )
         }
-        "thinking" => format!(
+        Event::Thinking(thinking) => format!(
             "<details><summary>{} round {}</summary><pre class=\"untrusted-text\">{}</pre></details>",
             tag("thinking"),
-            esc(&field_num(e, "turn")),
-            esc_capped(field_str(e, "text"))
+            thinking.turn,
+            esc_capped(&thinking.text)
         ),
-        "assistant_tool_calls" => {
-            let calls = e.fields.get("calls").and_then(Json::as_array);
-            let names: Vec<String> = calls
-                .into_iter()
-                .flatten()
-                .map(|c| c.get("name").and_then(Json::as_str).unwrap_or("?").to_string())
-                .collect();
+        Event::AssistantToolCalls(batch) => {
+            let names: Vec<&str> = batch.calls.iter().map(|c| c.name.as_str()).collect();
+            let calls = serde_json::to_value(&batch.calls).unwrap_or(Json::Null);
             format!(
                 "<details><summary>{} round {} · {} asks for {}</summary><pre class=\"untrusted-text\">{}</pre></details>",
                 tag("tool calls"),
-                esc(&field_num(e, "turn")),
-                esc(field_str(e, "model")),
+                batch.turn,
+                esc(&batch.model),
                 esc(&names.join(", ")),
-                esc_capped(&pretty(e.fields.get("calls").unwrap_or(&Json::Null)))
+                esc_capped(&pretty(&calls))
             )
         }
-        "tool_result" => {
-            let trusted = e.fields.get("trusted").and_then(Json::as_bool) == Some(true);
-            let call_id = field_str(e, "tool_call_id");
-            let content = field_str(e, "content");
+        Event::ToolResult(result) => {
+            let content = &result.content;
             format!(
                 "<details><summary>{} {} {}{} · <span class=\"gist\">{}</span></summary>{}</details>",
                 tag("tool result"),
-                esc(field_str(e, "alias")),
-                trust_badge(trusted),
-                if call_id.is_empty() {
+                esc(&result.alias),
+                trust_badge(result.trusted),
+                if result.tool_call_id.is_empty() {
                     String::new()
                 } else {
-                    format!(" · {}", esc(call_id))
+                    format!(" · {}", esc(&result.tool_call_id))
                 },
                 esc(&short(content, 80)),
-                text_with_envelopes(content, !trusted)
+                text_with_envelopes(content, !result.trusted)
             )
         }
-        "user_input_wait_started" => format!("{} waiting for the operator", tag("input")),
-        "user_input" => format!(
+        Event::UserInputWaitStarted => format!("{} waiting for the operator", tag("input")),
+        Event::UserInput(input) => format!(
             "{} operator answered <pre class=\"untrusted-text\">{}</pre>",
             tag("input"),
-            esc_capped(field_str(e, "text"))
+            esc_capped(&input.text)
         ),
-        "task_started" => {
+        Event::TaskStarted(started) => {
             let mut text = format!(
                 "{} {} at {} ({})",
                 tag("task started"),
-                esc(field_str(e, "task")),
-                esc(field_str(e, "target")),
-                esc(field_str(e, "origin"))
+                esc(&started.task),
+                esc(&started.target),
+                esc(started.origin.as_str())
             );
-            let seeds: serde_json::Map<String, Json> = ["input", "item", "index", "var"]
-                .iter()
-                .filter_map(|k| e.fields.get(*k).map(|v| (k.to_string(), v.clone())))
+            // The seeds, as logged (the fields past `origin`).
+            let seeds: serde_json::Map<String, Json> = event
+                .fields()
+                .into_iter()
+                .filter(|(k, _)| matches!(k.as_str(), "input" | "item" | "index" | "var"))
                 .collect();
             if !seeds.is_empty() {
                 let _ = write!(
@@ -700,75 +694,83 @@ fn event_html(e: &EventRecord) -> (String, String) {
             }
             text
         }
-        "task_abandoned" => format!(
+        Event::TaskAbandoned(abandoned) => format!(
             "{} {} abandoned: {}",
             tag("task"),
-            esc(field_str(e, "task")),
-            esc(field_str(e, "reason"))
+            esc(&abandoned.task),
+            esc(abandoned.reason.as_str())
         ),
-        k if is_task_end(k) => format!(
-            "{} {} {}",
-            tag("task"),
-            esc(field_str(e, "task")),
-            esc(k.trim_start_matches("task_"))
-        ),
-        "task_notice" => format!(
-            "{} round {} · {}<pre>{}</pre>",
-            tag("task notice"),
-            esc(&field_num(e, "turn")),
-            esc(field_str(e, "task")),
-            esc_capped(field_str(e, "text"))
-        ),
-        "model_metadata_degraded" => format!(
-            "{} round {}: {}",
-            tag("degraded metadata"),
-            esc(&field_num(e, "turn")),
-            esc(field_str(e, "message"))
-        ),
-        "request" | "response" => format!(
-            "<details><summary>{} round {} raw body</summary><pre class=\"untrusted-text\">{}</pre></details>",
-            tag(kind),
-            esc(&field_num(e, "turn")),
-            esc_capped(&match e.fields.get("body") {
-                Some(Json::String(s)) => s.clone(),
-                Some(other) => pretty(other),
-                None => String::new(),
-            })
-        ),
-        store if store.starts_with("store_") => {
-            let (op, ok) = match store.strip_suffix("_failed") {
-                Some(op) => (op, false),
-                None => (store.strip_suffix("_succeeded").unwrap_or(store), true),
-            };
+        Event::TaskSucceeded(ended) | Event::TaskFailed(ended) | Event::TaskCancelled(ended) => {
             format!(
                 "{} {} {}",
+                tag("task"),
+                esc(&ended.task),
+                esc(kind.trim_start_matches("task_"))
+            )
+        }
+        Event::TaskNotice(notice) => format!(
+            "{} round {} · {}<pre>{}</pre>",
+            tag("task notice"),
+            notice.turn,
+            esc(&notice.task),
+            esc_capped(&notice.text)
+        ),
+        Event::ModelMetadataDegraded(degraded) => format!(
+            "{} round {}: {}",
+            tag("degraded metadata"),
+            degraded.turn,
+            esc(&degraded.message)
+        ),
+        Event::Request(request) => raw_body(kind, request.turn, &request.body),
+        Event::Response(response) => raw_body(kind, response.turn, &response.body),
+        // An empty reply's detail, shown as logged.
+        Event::ModelTurnCompleted(_) => raw_html(kind, &Json::Object(event.fields())),
+        pf_engine::boundary_event!() => match event.store_outcome() {
+            Some((op, ok)) => format!(
+                "{} {} {}",
                 tag("store"),
-                esc(&op.trim_start_matches("store_").replace('_', " ")),
+                esc(&op.replace('_', " ")),
                 if ok {
                     "<span class=\"ok\">ok</span>"
                 } else {
                     "<span class=\"bad\">failed</span>"
                 }
-            )
-        }
-        other => {
-            let mut text = esc(&other.replace('_', " "));
-            if e.fields.as_object().is_some_and(|f| !f.is_empty()) {
-                let _ = write!(text, " <code>{}</code>", esc(&short(&e.fields.to_string(), 200)));
-            }
-            text
-        }
+            ),
+            None => esc(&kind.replace('_', " ")),
+        },
     };
     (class, body)
 }
 
-fn metrics_html(e: &EventRecord) -> String {
-    match e.fields.get("metrics") {
-        Some(m) if !m.is_null() => format!(
+/// A debug capture's raw body.
+fn raw_body(kind: &str, turn: u32, body: &str) -> String {
+    format!(
+        "<details><summary>{} round {turn} raw body</summary><pre class=\"untrusted-text\">{}</pre></details>",
+        tag(kind),
+        esc_capped(body)
+    )
+}
+
+/// A logged event whose row does not read as its kind: its name and fields as logged.
+fn raw_html(kind: &str, fields: &Json) -> String {
+    let mut text = esc(&kind.replace('_', " "));
+    if fields.as_object().is_some_and(|f| !f.is_empty()) {
+        let _ = write!(
+            text,
+            " <code>{}</code>",
+            esc(&short(&fields.to_string(), 200))
+        );
+    }
+    text
+}
+
+fn metrics_html(metrics: Option<&pf_engine::event::Metrics>) -> String {
+    match metrics.and_then(|m| serde_json::to_value(m).ok()) {
+        Some(m) => format!(
             "<details><summary>metrics</summary><pre>{}</pre></details>",
-            esc(&pretty(m))
+            esc(&pretty(&m))
         ),
-        _ => String::new(),
+        None => String::new(),
     }
 }
 
@@ -1061,6 +1063,28 @@ const SCRIPT: &str = r#"
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A row an older log wrote in another shape (or a kind this version
+    /// does not know) is drawn as logged, escaped, and never fails the page.
+    #[test]
+    fn a_row_of_another_shape_is_drawn_as_logged() {
+        let row = |kind: &str, fields: Json| EventRecord {
+            kind: kind.into(),
+            section: "Ask".into(),
+            task: "0".into(),
+            seq: 1,
+            fields,
+        };
+        let odd = serde_json::json!({"turn": "two", "alias": "<b>x</b>"});
+        for kind in ["tool_result", "task_started", "tool_progress"] {
+            let (class, body) = event_html(&row(kind, odd.clone()));
+            assert!(class.starts_with("ev k-"), "{class}");
+            assert!(body.contains("&lt;b&gt;x&lt;/b&gt;"), "{body}");
+            assert!(!body.contains("<b>"), "{body}");
+        }
+        let (_, body) = event_html(&row("lua", serde_json::json!({"message": "<i>"})));
+        assert!(body.contains("&lt;i&gt;"), "{body}");
+    }
 
     #[test]
     fn escaping_covers_markup_and_quotes() {

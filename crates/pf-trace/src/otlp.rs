@@ -13,10 +13,15 @@
 //! one per task (inside the entry that started it), one per model round and
 //! one per tool call (inside the entry that made it). Model rounds follow the
 //! OpenTelemetry GenAI semantic conventions (`chat {model}`, kind client,
-//! `gen_ai.*` attributes); tool calls are `execute_tool {alias}`. Events carry
-//! no start instant of their own, so a round or a tool call spans from its
-//! task's previous event to the event that closed it. Store operations, log
-//! checkpoints, operator input and failures are span events on their entry.
+//! `gen_ai.*` attributes, every round's token usage from the Engine's round
+//! notice, tool-call rounds included); tool calls are `execute_tool {alias}`.
+//! A tool call spans from its dispatch (the Engine's tool-call notice) to its
+//! outcome, so a local tool's span covers its handler's whole run and is the
+//! parent of the rounds, tool calls and tasks the handler makes. Events carry
+//! no start instant of their own, so a round spans from its task's previous
+//! event to the event that closed it. Store operations, log checkpoints,
+//! operator input and failures are span events on their entry (or on the
+//! local tool whose handler did them).
 //! No prompt, reply or tool text is exported: only names, counts and kinds.
 //!
 //! Ids are random (a trace id per run, a span id per span), because a
@@ -27,11 +32,11 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use pf_engine::RunEvent;
-use serde_json::{Map, Value as Json};
+use pf_engine::event::TokenCounts;
+use pf_engine::{Event, RoundNotice, RunEvent, ToolCallNotice};
 
 use super::protobuf::{self, AnyValue, KeyValue, Span, SpanEvent, SpanKind, StatusCode};
-use super::sections::{is_task_end, Place, Sections};
+use super::sections::{Place, Sections};
 use pf_runlog::Outcome;
 
 /// How long the export may take in all, after the run has ended.
@@ -79,14 +84,27 @@ pub fn traces_url(base: &str) -> Result<String, String> {
     })
 }
 
-/// One event as heard, with its wall-clock instant.
+/// One thing heard from the run, with its wall-clock instant.
 #[derive(Debug, Clone)]
 struct Heard {
     at_ns: u64,
-    kind: String,
     section: String,
     task: String,
-    fields: Map<String, Json>,
+    what: What,
+}
+
+#[derive(Debug, Clone)]
+enum What {
+    Event(Event),
+    /// A tool call dispatched (its outcome event closes it).
+    ToolCall {
+        alias: String,
+        call_id: Option<String>,
+    },
+    /// A round's answer arrived, with what the provider said it cost.
+    Round {
+        usage: Option<TokenCounts>,
+    },
 }
 
 /// One run's trace in the making.
@@ -121,21 +139,36 @@ impl OtlpTrace {
 
     /// Note one event (from the Host's observer).
     pub fn event(&self, event: &RunEvent) {
-        self.heard_kind(
-            event.kind.as_str(),
+        self.heard(
             &event.section,
             &event.provenance.task,
-            event.fields.clone(),
+            What::Event(event.event.clone()),
         );
     }
 
-    fn heard_kind(&self, kind: &str, section: &str, task: &str, fields: Map<String, Json>) {
+    /// Note a tool call's dispatch (from the Host's observer).
+    pub fn tool_call(&self, call: &ToolCallNotice<'_>) {
+        let what = What::ToolCall {
+            alias: call.alias.to_string(),
+            call_id: call.call_id.map(str::to_string),
+        };
+        self.heard(call.section, call.task, what);
+    }
+
+    /// Note a round's answer (from the Host's observer).
+    pub fn model_round(&self, round: &RoundNotice<'_>) {
+        let what = What::Round {
+            usage: round.usage.map(TokenCounts::of),
+        };
+        self.heard(round.section, round.task, what);
+    }
+
+    fn heard(&self, section: &str, task: &str, what: What) {
         let heard = Heard {
             at_ns: now_ns(),
-            kind: kind.to_string(),
             section: section.to_string(),
             task: task.to_string(),
-            fields,
+            what,
         };
         self.heard
             .lock()
@@ -272,10 +305,6 @@ fn random_id<const N: usize>() -> [u8; N] {
     }
 }
 
-fn str_field<'a>(fields: &'a Map<String, Json>, name: &str) -> &'a str {
-    fields.get(name).and_then(Json::as_str).unwrap_or("")
-}
-
 /// Turns the heard events into spans.
 struct SpanBuilder<'a> {
     info: &'a RunInfo,
@@ -287,10 +316,15 @@ struct SpanBuilder<'a> {
     last_at: HashMap<String, u64>,
     /// The round whose reply events are still to come, per task.
     open_round: HashMap<String, usize>,
-    /// Tool spans waiting for their `tool_result`, per task.
-    open_tools: HashMap<String, Vec<usize>>,
-    /// The names the latest batch of model tool calls asked for, per task.
-    pending_calls: HashMap<String, VecDeque<String>>,
+    /// Tool calls dispatched and not yet ended, per task, innermost last:
+    /// the parent of what their handlers do.
+    running_tools: HashMap<String, Vec<usize>>,
+    /// The tool span whose `tool_result` may come next, per task.
+    ended_tool: HashMap<String, usize>,
+    /// The names the latest batch of model tool calls asked for, per task,
+    /// while none of the batch has been dispatched (a call refused for its
+    /// scope ends without a dispatch, right after its batch).
+    fresh_batch: HashMap<String, VecDeque<String>>,
 }
 
 impl<'a> SpanBuilder<'a> {
@@ -333,8 +367,9 @@ impl<'a> SpanBuilder<'a> {
             task_span: HashMap::new(),
             last_at: HashMap::new(),
             open_round: HashMap::new(),
-            open_tools: HashMap::new(),
-            pending_calls: HashMap::new(),
+            running_tools: HashMap::new(),
+            ended_tool: HashMap::new(),
+            fresh_batch: HashMap::new(),
         }
     }
 
@@ -389,6 +424,10 @@ impl<'a> SpanBuilder<'a> {
         let entry = &sections.entries[index];
         let task_span = self.task_span.get(&entry.task).copied();
         let parent = match entry.parent {
+            // A section a local tool's handler entered (`call`) sits in the tool.
+            _ if self.running_tool(&entry.task).is_some() => {
+                self.running_tool(&entry.task).unwrap_or(0)
+            }
             Some(p) if sections.entries[p].task != entry.task && task_span.is_some() => {
                 task_span.unwrap_or(0)
             }
@@ -408,22 +447,52 @@ impl<'a> SpanBuilder<'a> {
         span
     }
 
+    /// The innermost tool call `task` is running, if any.
+    fn running_tool(&self, task: &str) -> Option<usize> {
+        self.running_tools
+            .get(task)
+            .and_then(|stack| stack.last().copied())
+    }
+
     fn build(mut self, heard: &[Heard], outcome: &Outcome) -> Vec<Span> {
         let mut sections = Sections::default();
         for h in heard {
-            let place = sections.place(&h.task, &h.section, Some(&h.kind));
-            if h.kind == "task_started" {
-                sections.started(str_field(&h.fields, "task"), place);
+            let event = match &h.what {
+                What::Event(event) => event,
+                What::ToolCall { alias, call_id } => {
+                    self.dispatched(&mut sections, h, alias, call_id.as_deref());
+                    continue;
+                }
+                What::Round { usage } => {
+                    if let (Some(&span), Some(usage)) = (self.open_round.get(&h.task), usage) {
+                        self.attr(span, "gen_ai.usage.input_tokens", usage.prompt_tokens);
+                        self.attr(span, "gen_ai.usage.output_tokens", usage.completion_tokens);
+                    }
+                    continue;
+                }
+            };
+            let place = sections.place(&h.task, &h.section, Some(event.kind()));
+            if let Event::TaskStarted(started) = event {
+                sections.started(&started.task, place);
             }
             let here = match place {
                 Place::Run => 0,
                 Place::Lane => self.task_span.get(&h.task).copied().unwrap_or(0),
-                Place::Entry(index) => self.entry(&sections, index, h.at_ns),
+                Place::Entry(index) => {
+                    let entry = self.entry(&sections, index, h.at_ns);
+                    self.running_tool(&h.task).unwrap_or(entry)
+                }
             };
             self.extend_to(here, h.at_ns);
             let previous = self.last_at.get(&h.task).copied().unwrap_or(h.at_ns);
-            self.heard(h, here, previous);
+            self.heard_event(h, event, here, previous);
             self.last_at.insert(h.task.clone(), h.at_ns);
+        }
+        // A run cancelled mid-call: its calls end with the run.
+        let running: Vec<usize> = self.running_tools.values().flatten().copied().collect();
+        let run_end = self.spans[0].end_ns;
+        for span in running {
+            self.extend_to(span, run_end);
         }
         if matches!(outcome, Outcome::Failed { .. }) {
             for index in sections.unfinished() {
@@ -448,45 +517,105 @@ impl<'a> SpanBuilder<'a> {
         self.spans
     }
 
-    fn span_event(&mut self, span: usize, h: &Heard, attributes: Vec<KeyValue>) {
+    fn span_event(&mut self, span: usize, h: &Heard, event: &Event, attributes: Vec<KeyValue>) {
         self.spans[span].events.push(SpanEvent {
             time_ns: h.at_ns,
-            name: h.kind.clone(),
+            name: event.kind().as_str().to_string(),
             attributes,
         });
     }
 
-    fn heard(&mut self, h: &Heard, here: usize, previous: u64) {
-        let kind = h.kind.as_str();
-        match kind {
-            "task_started" => {
-                let id = str_field(&h.fields, "task").to_string();
-                let target = str_field(&h.fields, "target").to_string();
+    /// A tool call dispatched: its span opens now, inside whatever its task
+    /// is running (an entry, or a local tool whose handler makes the call).
+    fn dispatched(
+        &mut self,
+        sections: &mut Sections,
+        h: &Heard,
+        alias: &str,
+        call_id: Option<&str>,
+    ) {
+        let here = match sections.place(&h.task, &h.section, None) {
+            Place::Entry(index) => {
+                let entry = self.entry(sections, index, h.at_ns);
+                self.running_tool(&h.task).unwrap_or(entry)
+            }
+            Place::Run | Place::Lane => self.task_span.get(&h.task).copied().unwrap_or(0),
+        };
+        self.fresh_batch.remove(&h.task);
+        let span = self.tool_span(here, alias, h.at_ns);
+        if let Some(id) = call_id.filter(|id| !id.is_empty()) {
+            self.attr(span, "gen_ai.tool.call.id", id.to_string());
+        }
+        self.running_tools
+            .entry(h.task.clone())
+            .or_default()
+            .push(span);
+        self.last_at.insert(h.task.clone(), h.at_ns);
+    }
+
+    fn tool_span(&mut self, parent: usize, name: &str, start: u64) -> usize {
+        let span = self.child(parent, String::new(), SpanKind::Internal, start);
+        self.name_tool(span, name);
+        self.attr(span, "gen_ai.operation.name", "execute_tool");
+        self.attr(span, "gen_ai.tool.type", "function");
+        self.attr(span, "openinference.span.kind", "TOOL");
+        span
+    }
+
+    /// The span a tool call's outcome ends: the call its task is running,
+    /// or, for a model's call refused before any of its batch ran (a call
+    /// outside the round's scope), a span of its own from the batch.
+    fn tool_ended(&mut self, h: &Heard, here: usize, previous: u64) -> usize {
+        let refused = self
+            .fresh_batch
+            .get_mut(&h.task)
+            .map(|names| names.pop_front().unwrap_or_default());
+        let running = match refused {
+            Some(_) => None,
+            None => self.running_tools.get_mut(&h.task).and_then(Vec::pop),
+        };
+        let span = match running {
+            Some(span) => span,
+            None => self.tool_span(here, &refused.unwrap_or_default(), previous),
+        };
+        self.extend_to(span, h.at_ns);
+        self.ended_tool.insert(h.task.clone(), span);
+        span
+    }
+
+    fn heard_event(&mut self, h: &Heard, event: &Event, here: usize, previous: u64) {
+        let kind = event.kind();
+        if !matches!(event, Event::ToolResult(_)) {
+            self.ended_tool.remove(&h.task);
+        }
+        match event {
+            Event::TaskStarted(started) => {
+                let id = started.task.clone();
                 let span = self.child(here, format!("task {id}"), SpanKind::Internal, h.at_ns);
                 self.attr(span, "promptforge.task", id.clone());
-                self.attr(span, "promptforge.task.target", target);
-                self.attr(
-                    span,
-                    "promptforge.task.origin",
-                    str_field(&h.fields, "origin").to_string(),
-                );
+                self.attr(span, "promptforge.task.target", started.target.clone());
+                self.attr(span, "promptforge.task.origin", started.origin.as_str());
                 self.attr(span, "openinference.span.kind", "CHAIN");
                 self.task_span.insert(id, span);
             }
-            k if is_task_end(k) => {
+            Event::TaskSucceeded(_)
+            | Event::TaskFailed(_)
+            | Event::TaskCancelled(_)
+            | Event::TaskAbandoned(_) => {
                 if let Some(&span) = self.task_span.get(&h.task) {
                     self.extend_to(span, h.at_ns);
-                    self.attr(span, "promptforge.task.end", k.trim_start_matches("task_"));
-                    if k == "task_failed" {
+                    let end = kind.as_str().trim_start_matches("task_");
+                    self.attr(span, "promptforge.task.end", end);
+                    if let Event::TaskFailed(_) = event {
                         self.fail(span, "the task failed");
                     }
-                    if k == "task_abandoned" {
-                        let reason = str_field(&h.fields, "reason").to_string();
+                    if let Event::TaskAbandoned(abandoned) = event {
+                        let reason = abandoned.reason.as_str();
                         self.attr(span, "promptforge.task.abandoned", reason);
                     }
                 }
             }
-            "model_turn_completed" | "model_turn_failed" => {
+            Event::ModelTurnCompleted(_) | Event::ModelTurnFailed => {
                 let model = self.info.model.clone().unwrap_or_default();
                 let name = if model.is_empty() {
                     "chat".to_string()
@@ -504,125 +633,132 @@ impl<'a> SpanBuilder<'a> {
                 if !model.is_empty() {
                     self.attr(span, "gen_ai.request.model", model);
                 }
-                if kind == "model_turn_failed" {
+                if let Event::ModelTurnFailed = event {
                     self.attr(span, "error.type", "model_turn_failed");
                     self.fail(span, "the model round failed");
                 }
                 self.open_round.insert(h.task.clone(), span);
             }
-            "model_turn_truncated" | "model_metadata_degraded" | "thinking" => {
+            Event::ModelTurnTruncated => {
                 if let Some(&span) = self.open_round.get(&h.task) {
-                    if kind == "model_turn_truncated" {
-                        self.attr(span, "promptforge.truncated", true);
-                    }
-                    if kind == "model_metadata_degraded" {
-                        self.span_event(span, h, Vec::new());
-                    }
+                    self.attr(span, "promptforge.truncated", true);
                 }
             }
-            "assistant_reply" | "assistant_tool_calls" => {
+            Event::ModelMetadataDegraded(_) => {
+                if let Some(&span) = self.open_round.get(&h.task) {
+                    self.span_event(span, h, event, Vec::new());
+                }
+            }
+            Event::Thinking(_) => {}
+            Event::AssistantToolCalls(calls) => {
                 let Some(span) = self.open_round.remove(&h.task) else {
                     return;
                 };
-                let model = str_field(&h.fields, "model");
-                if !model.is_empty() {
-                    self.attr(span, "gen_ai.response.model", model.to_string());
-                    let named = format!("chat {model}");
-                    if self.spans[span].name == "chat" {
-                        self.spans[span].name = named;
-                    }
-                }
-                if let Some(turn) = h.fields.get("turn").and_then(Json::as_u64) {
-                    self.attr(span, "promptforge.turn", turn);
-                }
-                if kind == "assistant_tool_calls" {
-                    self.attr(
-                        span,
-                        "gen_ai.response.finish_reasons",
-                        AnyValue::Array(vec![AnyValue::from("tool_calls")]),
-                    );
-                    let names: VecDeque<String> = h
-                        .fields
-                        .get("calls")
-                        .and_then(Json::as_array)
-                        .into_iter()
-                        .flatten()
-                        .map(|c| str_field_of(c, "name"))
-                        .collect();
-                    self.pending_calls.insert(h.task.clone(), names);
-                    return;
-                }
+                self.replied(span, &calls.model, calls.turn);
                 self.attr(
                     span,
-                    "promptforge.origin",
-                    str_field(&h.fields, "origin").to_string(),
+                    "gen_ai.response.finish_reasons",
+                    AnyValue::Array(vec![AnyValue::from("tool_calls")]),
                 );
-                if let Some(reason) = h.fields.get("finish_reason").and_then(Json::as_str) {
+                let names = calls.calls.iter().map(|c| c.name.clone()).collect();
+                self.fresh_batch.insert(h.task.clone(), names);
+            }
+            Event::AssistantReply(reply) => {
+                let Some(span) = self.open_round.remove(&h.task) else {
+                    return;
+                };
+                self.replied(span, &reply.model, reply.turn);
+                self.attr(span, "promptforge.origin", reply.origin.as_str());
+                if let Some(reason) = &reply.finish_reason {
                     self.attr(
                         span,
                         "gen_ai.response.finish_reasons",
-                        AnyValue::Array(vec![AnyValue::from(reason)]),
+                        AnyValue::Array(vec![AnyValue::from(reason.as_str())]),
                     );
                 }
-                let usage = h.fields.get("metrics").and_then(|m| m.get("usage"));
-                for (from, to) in [
-                    ("prompt_tokens", "gen_ai.usage.input_tokens"),
-                    ("completion_tokens", "gen_ai.usage.output_tokens"),
-                ] {
-                    if let Some(n) = usage.and_then(|u| u.get(from)).and_then(Json::as_u64) {
-                        self.attr(span, to, n);
-                    }
-                }
             }
-            "tool_call_succeeded" | "tool_call_failed" => {
-                let name = self
-                    .pending_calls
-                    .get_mut(&h.task)
-                    .and_then(VecDeque::pop_front)
-                    .unwrap_or_default();
-                let span = self.child(here, String::new(), SpanKind::Internal, previous);
-                self.extend_to(span, h.at_ns);
-                self.name_tool(span, &name);
-                self.attr(span, "gen_ai.operation.name", "execute_tool");
-                self.attr(span, "gen_ai.tool.type", "function");
-                self.attr(span, "openinference.span.kind", "TOOL");
-                if kind == "tool_call_failed" {
-                    self.attr(span, "error.type", "tool_call_failed");
-                    self.fail(span, "the tool call failed");
-                }
-                self.open_tools
-                    .entry(h.task.clone())
-                    .or_default()
-                    .push(span);
+            Event::ToolCallSucceeded => {
+                self.tool_ended(h, here, previous);
             }
-            "tool_result" => {
-                let Some(span) = self.open_tools.get_mut(&h.task).and_then(Vec::pop) else {
+            Event::ToolCallFailed => {
+                let span = self.tool_ended(h, here, previous);
+                self.attr(span, "error.type", "tool_call_failed");
+                self.fail(span, "the tool call failed");
+            }
+            Event::ToolResult(result) => {
+                let Some(span) = self.ended_tool.remove(&h.task) else {
                     return;
                 };
-                let alias = str_field(&h.fields, "alias").to_string();
-                self.name_tool(span, &alias);
-                let id = str_field(&h.fields, "tool_call_id");
-                if !id.is_empty() {
-                    self.attr(span, "gen_ai.tool.call.id", id.to_string());
+                self.name_tool(span, &result.alias);
+                if !result.tool_call_id.is_empty() {
+                    self.attr(span, "gen_ai.tool.call.id", result.tool_call_id.clone());
                 }
-                if let Some(trusted) = h.fields.get("trusted").and_then(Json::as_bool) {
-                    self.attr(span, "promptforge.tool.trusted", trusted);
-                }
+                self.attr(span, "promptforge.tool.trusted", result.trusted);
             }
-            "lua" => {
-                let message = str_field(&h.fields, "message").to_string();
-                self.span_event(here, h, vec![KeyValue::new("promptforge.message", message)]);
+            Event::Lua(checkpoint) => {
+                let message = checkpoint.message.clone();
+                let attributes = vec![KeyValue::new("promptforge.message", message)];
+                self.span_event(here, h, event, attributes);
             }
-            "lua_chunk_failed" | "lua_shared_load_failed" | "tool_scope_validation_failed" => {
-                self.span_event(here, h, Vec::new());
-                self.fail(here, &kind.replace('_', " "));
+            Event::LuaChunkFailed
+            | Event::LuaSharedLoadFailed
+            | Event::ToolScopeValidationFailed => {
+                self.span_event(here, h, event, Vec::new());
+                self.fail(here, &kind.as_str().replace('_', " "));
             }
-            "user_input_wait_started" | "user_input" | "task_notice" => {
-                self.span_event(here, h, Vec::new());
+            Event::UserInputWaitStarted | Event::UserInput(_) | Event::TaskNotice(_) => {
+                self.span_event(here, h, event, Vec::new());
             }
-            store if store.starts_with("store_") => self.span_event(here, h, Vec::new()),
-            _ => {}
+            Event::StoreWriteSucceeded
+            | Event::StoreWriteFailed
+            | Event::StoreAppendSucceeded
+            | Event::StoreAppendFailed
+            | Event::StoreReadSucceeded
+            | Event::StoreReadFailed
+            | Event::StoreReadNumberedSucceeded
+            | Event::StoreReadNumberedFailed
+            | Event::StoreReplaceSucceeded
+            | Event::StoreReplaceFailed
+            | Event::StoreDeleteSucceeded
+            | Event::StoreDeleteFailed
+            | Event::StoreGlobSucceeded
+            | Event::StoreGlobFailed => self.span_event(here, h, event, Vec::new()),
+            // The run, its parse and its sections are spans of their own;
+            // the section VM's phases, the scope check's start and success and
+            // the debug capture add nothing a trace shows.
+            Event::ParseStarted
+            | Event::ParseSucceeded
+            | Event::ParseFailed
+            | Event::RunStarted
+            | Event::RunSucceeded
+            | Event::RunFailed
+            | Event::SectionStarted
+            | Event::SectionFinished
+            | Event::LuaSharedLoadStarted
+            | Event::LuaSharedLoadSucceeded
+            | Event::LuaChunkStarted
+            | Event::LuaChunkSucceeded
+            | Event::LuaTeardownStarted
+            | Event::LuaTeardownSucceeded
+            | Event::LuaCompilationStarted
+            | Event::LuaCompilationSucceeded
+            | Event::LuaCompilationFailed
+            | Event::ToolScopeValidationStarted
+            | Event::ToolScopeValidationSucceeded
+            | Event::Request(_)
+            | Event::Response(_) => {}
         }
+    }
+
+    /// What a round's reply says of the round: the model that served it and its number.
+    fn replied(&mut self, span: usize, model: &str, turn: u32) {
+        if !model.is_empty() {
+            self.attr(span, "gen_ai.response.model", model.to_string());
+            if self.spans[span].name == "chat" {
+                self.spans[span].name = format!("chat {model}");
+            }
+        }
+        self.attr(span, "promptforge.turn", u64::from(turn));
     }
 
     fn name_tool(&mut self, span: usize, name: &str) {
@@ -637,14 +773,6 @@ impl<'a> SpanBuilder<'a> {
     }
 }
 
-fn str_field_of(value: &Json, name: &str) -> String {
-    value
-        .get(name)
-        .and_then(Json::as_str)
-        .unwrap_or("")
-        .to_string()
-}
-
 fn outcome_label(outcome: &Outcome) -> &'static str {
     match outcome {
         Outcome::Completed { .. } => "completed",
@@ -656,14 +784,10 @@ fn outcome_label(outcome: &Outcome) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    fn fields(v: Json) -> Map<String, Json> {
-        match v {
-            Json::Object(m) => m,
-            _ => Map::new(),
-        }
-    }
+    use pf_engine::event::{
+        AssistantReply, AssistantToolCalls, ReplyOrigin, RequestedCall, ToolResult,
+    };
+    use serde_json::{json, Value as Json};
 
     #[test]
     fn the_endpoint_gets_the_traces_path_once() {
@@ -680,8 +804,76 @@ mod tests {
         assert_eq!(percent_decode("Basic%20abc%3D"), "Basic abc=");
     }
 
-    #[test]
-    fn rounds_and_tools_nest_in_their_section_with_genai_attributes() {
+    fn notice<'a>(
+        alias: &'a str,
+        arguments: &'a Json,
+        call_id: Option<&'a str>,
+    ) -> ToolCallNotice<'a> {
+        ToolCallNotice {
+            task: "0",
+            section: "Ask",
+            alias,
+            arguments,
+            call_id,
+        }
+    }
+
+    fn round(trace: &OtlpTrace, input: u64, output: u64) {
+        let usage = pf_harness::Usage {
+            input_tokens: input,
+            output_tokens: output,
+            cached_tokens: None,
+            reasoning_tokens: None,
+        };
+        trace.model_round(&RoundNotice {
+            task: "0",
+            section: "Ask",
+            turn: 1,
+            usage: Some(&usage),
+        });
+    }
+
+    fn tool_calls(turn: u32, id: &str, name: &str) -> Event {
+        Event::AssistantToolCalls(AssistantToolCalls {
+            turn,
+            model: "m1-resp".into(),
+            calls: vec![RequestedCall {
+                id: id.into(),
+                name: name.into(),
+                arguments: json!({}),
+            }],
+        })
+    }
+
+    fn result(turn: u32, id: &str, alias: &str) -> Event {
+        Event::ToolResult(ToolResult {
+            turn,
+            tool_call_id: id.into(),
+            alias: alias.into(),
+            content: "42".into(),
+            trusted: true,
+        })
+    }
+
+    fn reply(turn: u32, origin: ReplyOrigin) -> Event {
+        Event::AssistantReply(AssistantReply {
+            turn,
+            text: "42".into(),
+            finish_reason: Some("stop".into()),
+            model: "m1-resp".into(),
+            origin,
+            metrics: None,
+        })
+    }
+
+    fn attr(s: &Span, k: &str) -> Option<AnyValue> {
+        s.attributes
+            .iter()
+            .find(|kv| kv.key == k)
+            .map(|kv| kv.value.clone())
+    }
+
+    fn demo() -> Arc<OtlpTrace> {
         let info = RunInfo {
             execution: "run-x".into(),
             prompt_name: "demo".into(),
@@ -689,34 +881,25 @@ mod tests {
             provider: Some("openai".into()),
             ..RunInfo::default()
         };
-        let trace = OtlpTrace::new("http://127.0.0.1:9", info).expect("trace");
-        let hear = |kind: &str, section: &str, task: &str, f: Json| {
-            trace.heard_kind(kind, section, task, fields(f))
-        };
-        hear("section_started", "Ask", "0", json!({}));
-        hear("model_turn_completed", "Ask", "0", json!({}));
-        hear(
-            "assistant_tool_calls",
-            "Ask",
-            "0",
-            json!({"turn": 1, "model": "m1-resp", "calls": [{"id": "call_1", "name": "add", "arguments": {}}]}),
-        );
-        hear("tool_call_succeeded", "Ask", "0", json!({}));
-        hear(
-            "tool_result",
-            "Ask",
-            "0",
-            json!({"turn": 1, "tool_call_id": "call_1", "alias": "add", "content": "42", "trusted": true}),
-        );
-        hear("model_turn_completed", "Ask", "0", json!({}));
-        hear(
-            "assistant_reply",
-            "Ask",
-            "0",
-            json!({"turn": 2, "text": "42", "model": "m1-resp", "origin": "chat", "finish_reason": "stop",
-                   "metrics": {"usage": {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}}}),
-        );
-        hear("store_write_succeeded", "Ask", "0", json!({}));
+        OtlpTrace::new("http://127.0.0.1:9", info).expect("trace")
+    }
+
+    #[test]
+    fn rounds_and_tools_nest_in_their_section_with_genai_attributes() {
+        let trace = demo();
+        let hear = |event: Event| trace.heard("Ask", "0", What::Event(event));
+        let args = json!({});
+        hear(Event::SectionStarted);
+        hear(Event::ModelTurnCompleted(Default::default()));
+        round(&trace, 21, 4);
+        hear(tool_calls(1, "call_1", "add"));
+        trace.tool_call(&notice("add", &args, Some("call_1")));
+        hear(Event::ToolCallSucceeded);
+        hear(result(1, "call_1", "add"));
+        hear(Event::ModelTurnCompleted(Default::default()));
+        round(&trace, 10, 3);
+        hear(reply(2, ReplyOrigin::Chat));
+        hear(Event::StoreWriteSucceeded);
         let spans = trace.spans(
             &Outcome::Completed {
                 result: "42".into(),
@@ -740,12 +923,15 @@ mod tests {
             assert_eq!(s.parent_span_id, Some(section), "{}", s.name);
             assert_eq!(s.trace_id, spans[0].trace_id);
         }
-        let attr = |s: &Span, k: &str| {
-            s.attributes
-                .iter()
-                .find(|kv| kv.key == k)
-                .map(|kv| kv.value.clone())
-        };
+        // Every round carries its usage, the tool-call round's too.
+        assert_eq!(
+            attr(&spans[2], "gen_ai.usage.input_tokens"),
+            Some(AnyValue::Int(21))
+        );
+        assert_eq!(
+            attr(&spans[2], "gen_ai.usage.output_tokens"),
+            Some(AnyValue::Int(4))
+        );
         assert_eq!(
             attr(&spans[4], "gen_ai.usage.input_tokens"),
             Some(AnyValue::Int(10))
@@ -764,5 +950,72 @@ mod tests {
         );
         assert_eq!(spans[1].events.len(), 1);
         assert_eq!(spans[0].status, StatusCode::Ok);
+    }
+
+    /// A local tool's span lasts from its dispatch to its outcome and holds
+    /// what its handler did: a round, a script's tool call, a store write;
+    /// a call refused for its scope gets a span of its own.
+    #[test]
+    fn a_local_tools_span_covers_its_handler_and_parents_its_calls() {
+        let trace = demo();
+        let hear = |event: Event| trace.heard("Ask", "0", What::Event(event));
+        let args = json!({});
+        hear(Event::SectionStarted);
+        hear(Event::ModelTurnCompleted(Default::default()));
+        round(&trace, 5, 1);
+        hear(tool_calls(1, "call_1", "outer"));
+        trace.tool_call(&notice("outer", &args, Some("call_1")));
+        hear(Event::ModelTurnCompleted(Default::default()));
+        round(&trace, 7, 2);
+        hear(reply(2, ReplyOrigin::Infer));
+        trace.tool_call(&notice("inner", &args, None));
+        hear(Event::ToolCallSucceeded);
+        hear(result(2, "", "inner"));
+        hear(Event::StoreWriteSucceeded);
+        hear(Event::ToolCallSucceeded);
+        hear(result(1, "call_1", "outer"));
+        hear(Event::ModelTurnCompleted(Default::default()));
+        round(&trace, 9, 3);
+        hear(tool_calls(3, "call_2", "nowhere"));
+        hear(Event::ToolCallFailed);
+        let spans = trace.spans(&Outcome::Cancelled, u64::MAX / 2);
+        let named = |name: &str| {
+            spans
+                .iter()
+                .position(|s| s.name == name)
+                .unwrap_or_else(|| panic!("no span {name}"))
+        };
+        let outer = named("execute_tool outer");
+        let inner = named("execute_tool inner");
+        let chats: Vec<usize> = (0..spans.len())
+            .filter(|&i| spans[i].name == "chat m1")
+            .collect();
+        assert_eq!(chats.len(), 3);
+        assert_eq!(spans[chats[1]].parent_span_id, Some(spans[outer].span_id));
+        assert_eq!(spans[inner].parent_span_id, Some(spans[outer].span_id));
+        assert_eq!(spans[outer].parent_span_id, Some(spans[1].span_id));
+        assert_eq!(spans[chats[2]].parent_span_id, Some(spans[1].span_id));
+        for child in [chats[1], inner] {
+            assert!(spans[outer].start_ns <= spans[child].start_ns);
+            assert!(spans[outer].end_ns >= spans[child].end_ns);
+        }
+        assert_eq!(spans[outer].events.len(), 1, "the handler's store write");
+        assert_eq!(
+            attr(&spans[outer], "gen_ai.tool.call.id"),
+            Some(AnyValue::from("call_1"))
+        );
+        assert_eq!(attr(&spans[inner], "gen_ai.tool.call.id"), None);
+        let refused = named("execute_tool nowhere");
+        assert_eq!(spans[refused].parent_span_id, Some(spans[1].span_id));
+        assert_eq!(spans[refused].status, StatusCode::Error);
+        assert_eq!(spans[outer].status, StatusCode::Unset);
+        let tokens: u64 = chats
+            .iter()
+            .filter_map(|&i| match attr(&spans[i], "gen_ai.usage.input_tokens") {
+                Some(AnyValue::Int(n)) => Some(n as u64),
+                _ => None,
+            })
+            .sum();
+        assert_eq!(tokens, 5 + 7 + 9);
     }
 }

@@ -10,6 +10,8 @@
 
 use std::collections::HashMap;
 
+use pf_engine::EventKind;
+
 /// Where one event or piece of host work belongs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Place {
@@ -51,22 +53,36 @@ pub struct Sections {
 }
 
 /// Kinds that belong to the run rather than to a section.
-fn is_run_kind(kind: &str) -> bool {
-    kind.starts_with("run_") || kind.starts_with("parse_") || kind.starts_with("lua_compilation_")
+fn is_run_kind(kind: EventKind) -> bool {
+    use EventKind::*;
+    matches!(
+        kind,
+        RunStarted
+            | RunSucceeded
+            | RunFailed
+            | ParseStarted
+            | ParseSucceeded
+            | ParseFailed
+            | LuaCompilationStarted
+            | LuaCompilationSucceeded
+            | LuaCompilationFailed
+    )
 }
 
 /// A task's terminal event.
-pub fn is_task_end(kind: &str) -> bool {
+pub fn is_task_end(kind: EventKind) -> bool {
+    use EventKind::*;
     matches!(
         kind,
-        "task_succeeded" | "task_failed" | "task_cancelled" | "task_abandoned"
+        TaskSucceeded | TaskFailed | TaskCancelled | TaskAbandoned
     )
 }
 
 impl Sections {
-    /// Place one item: an event (`kind`) or a piece of host work (`None`),
-    /// reported by `task` under `section`.
-    pub fn place(&mut self, task: &str, section: &str, kind: Option<&str>) -> Place {
+    /// Place one item: an event (`kind`) or a piece of host work (`None`,
+    /// as is a logged kind this version does not know), reported by `task`
+    /// under `section`.
+    pub fn place(&mut self, task: &str, section: &str, kind: Option<EventKind>) -> Place {
         if !self.tasks.iter().any(|t| t == task) {
             self.tasks.push(task.to_string());
         }
@@ -76,11 +92,11 @@ impl Sections {
                 self.close_implicit(task);
                 return Place::Lane;
             }
-            Some("section_started") => {
+            Some(EventKind::SectionStarted) => {
                 self.close_implicit(task);
                 return Place::Entry(self.open_entry(task, section, true));
             }
-            Some("section_finished") => {
+            Some(EventKind::SectionFinished) => {
                 self.close_implicit_unless(task, section);
                 let top = self.top(task);
                 if let Some(index) = top.filter(|&i| self.entries[i].section == section) {
@@ -176,6 +192,10 @@ impl Sections {
 mod tests {
     use super::*;
 
+    fn k(name: &str) -> Option<EventKind> {
+        EventKind::from_name(name)
+    }
+
     fn labels(s: &Sections) -> Vec<String> {
         s.entries
             .iter()
@@ -194,28 +214,19 @@ mod tests {
     #[test]
     fn calls_nest_and_tasks_sit_in_their_starting_entry() {
         let mut s = Sections::default();
-        assert_eq!(s.place("0", "T", Some("run_started")), Place::Run);
-        assert_eq!(
-            s.place("0", "T", Some("lua_chunk_started")),
-            Place::Entry(0)
-        );
-        assert_eq!(s.place("0", "A", Some("section_started")), Place::Entry(1));
-        assert_eq!(s.place("0", "B", Some("section_started")), Place::Entry(2));
+        assert_eq!(s.place("0", "T", k("run_started")), Place::Run);
+        assert_eq!(s.place("0", "T", k("lua_chunk_started")), Place::Entry(0));
+        assert_eq!(s.place("0", "A", k("section_started")), Place::Entry(1));
+        assert_eq!(s.place("0", "B", k("section_started")), Place::Entry(2));
         assert_eq!(s.place("0", "B", None), Place::Entry(2));
-        assert_eq!(s.place("0", "B", Some("section_finished")), Place::Entry(2));
-        let at = s.place("0", "A", Some("task_started"));
+        assert_eq!(s.place("0", "B", k("section_finished")), Place::Entry(2));
+        let at = s.place("0", "A", k("task_started"));
         assert_eq!(at, Place::Entry(1));
         s.started("0.0", at);
-        assert_eq!(
-            s.place("0.0", "W", Some("section_started")),
-            Place::Entry(3)
-        );
-        assert_eq!(
-            s.place("0.0", "W", Some("section_finished")),
-            Place::Entry(3)
-        );
-        assert_eq!(s.place("0.0", "W", Some("task_succeeded")), Place::Lane);
-        assert_eq!(s.place("0", "A", Some("lua_chunk_failed")), Place::Entry(1));
+        assert_eq!(s.place("0.0", "W", k("section_started")), Place::Entry(3));
+        assert_eq!(s.place("0.0", "W", k("section_finished")), Place::Entry(3));
+        assert_eq!(s.place("0.0", "W", k("task_succeeded")), Place::Lane);
+        assert_eq!(s.place("0", "A", k("lua_chunk_failed")), Place::Entry(1));
         assert_eq!(labels(&s), ["0:T<-", "0:A<-", "0:B<1 done", "0.0:W<1 done"]);
         assert_eq!(s.entries[2].depth, 1);
         assert_eq!(s.unfinished().collect::<Vec<_>>(), vec![1]);
@@ -224,11 +235,11 @@ mod tests {
     #[test]
     fn without_boundaries_a_heading_change_starts_an_implicit_entry() {
         let mut s = Sections::default();
-        s.place("0", "A", Some("store_write_succeeded"));
-        s.place("0", "A", Some("lua"));
-        s.place("0.0", "W", Some("store_write_succeeded"));
+        s.place("0", "A", k("store_write_succeeded"));
+        s.place("0", "A", k("lua"));
+        s.place("0.0", "W", k("store_write_succeeded"));
         s.place("0.1", "W", None);
-        s.place("0", "B", Some("lua"));
+        s.place("0", "B", k("lua"));
         assert_eq!(labels(&s), ["0:A<-", "0.0:W<0", "0.1:W<0", "0:B<-"]);
         assert_eq!(s.tasks, ["0", "0.0", "0.1"]);
         assert_eq!(s.unfinished().count(), 0);

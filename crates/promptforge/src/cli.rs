@@ -276,8 +276,10 @@ pub struct BatchArgs {
     pub log: LogArgs,
     /// Publish the inputs to NATS JetStream at URL (nats://HOST:PORT) for
     /// `promptforge worker`s to run, and collect their results into OUT.
-    /// -j is then how many inputs wait in the queue at once.
-    #[arg(long, value_name = "URL")]
+    /// -j is then how many inputs wait in the queue at once. Workers always
+    /// log their runs (a lost run resumes from the log), so not with --no-log;
+    /// queued runs cannot be called back, so not with --fail-fast.
+    #[arg(long, value_name = "URL", conflicts_with_all = ["no_log", "fail_fast"])]
     pub queue: Option<String>,
 }
 

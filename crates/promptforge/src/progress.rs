@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use pf_engine::{LiveText, RunEvent};
+use pf_engine::{Event, LiveText, RunEvent};
 
 use crate::live::{printable, LivePrinter};
 
@@ -103,20 +103,30 @@ impl RunProgress {
 
     /// A run event: a section starting or a tool call's result moves the line on.
     pub fn event(&self, event: &RunEvent) {
-        match event.kind.as_str() {
-            "section_started" => self.section(&event.section),
-            "tool_result" => {
-                if let Some(alias) = event.field("alias").and_then(|a| a.as_str()) {
-                    let content = event.field("content").and_then(|c| c.as_str());
-                    self.tool_answered(alias, content);
-                }
-            }
-            "tool_call_failed" => self.tool_failed(),
+        match &event.event {
+            Event::SectionStarted => self.section(&event.section),
+            Event::ToolResult(result) => self.tool_answered(&result.alias, Some(&result.content)),
+            Event::ToolCallFailed => self.tool_failed(),
             // The operator's question gets a clean line: no spinner redrawn
             // over it while they type.
-            "user_input_wait_started" => self.pause(),
-            "user_input" => self.resume(),
-            _ => {}
+            Event::UserInputWaitStarted => self.pause(),
+            Event::UserInput(_) => self.resume(),
+            // Rounds show through their live text; the rest does not move the line.
+            Event::Lua(_)
+            | Event::ModelTurnCompleted(_)
+            | Event::ModelMetadataDegraded(_)
+            | Event::Thinking(_)
+            | Event::AssistantReply(_)
+            | Event::AssistantToolCalls(_)
+            | Event::TaskStarted(_)
+            | Event::TaskSucceeded(_)
+            | Event::TaskFailed(_)
+            | Event::TaskCancelled(_)
+            | Event::TaskAbandoned(_)
+            | Event::TaskNotice(_)
+            | Event::Request(_)
+            | Event::Response(_)
+            | pf_engine::boundary_event!() => {}
         }
     }
 

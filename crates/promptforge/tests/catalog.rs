@@ -115,8 +115,8 @@ fn roles_bind_to_the_default_model_unless_another_is_chosen() {
     assert_eq!(env["result"], "from big|big");
     let (flag_wins, _) = f.run_with(&ask, &["--model", "small"], &[("PROMPTFORGE_MODEL", "big")]);
     assert_eq!(flag_wins["result"], "from small|small");
-    // The record names the catalog id; the provider's own name is for the wire.
-    assert_eq!(f.recorded("big")[0]["model"], "big");
+    // The record names the provider's model name, as the wire body would.
+    assert_eq!(f.recorded("big")[0]["model"], "big-model-v2");
 }
 
 #[test]
@@ -449,5 +449,69 @@ fn both_providers_reach_their_endpoint_with_either_base_url_form() {
                 "{provider} with base_url suffix {suffix:?}"
             );
         }
+    }
+}
+
+/// Every attempt at a round is its own exchange in the run log, with its
+/// status: a 503 and then a success are attempts 1 (503, the server's words
+/// in its error) and 2 (200, the reply), and the `record` file has both
+/// requests under the model name the body sent (`m`), not the catalog id.
+#[test]
+fn each_attempt_is_logged_with_its_status() {
+    let (base, paths) = serve(|n| match n {
+        0 => (
+            503,
+            "",
+            json!({"error": {"message": "the backend is warming up"}}),
+        ),
+        _ => (200, "", openai_text("done")),
+    });
+    let f = Fixture::new(&http_host("openai", &base, Some(1)));
+    let home = f.path("home");
+    let home_text = home.display().to_string();
+    let (report, out) = f.run_with(
+        &writer("return models.infer('one')"),
+        &[],
+        &[
+            ("PF_CATALOG_HTTP_KEY", "sk-test"),
+            ("PROMPTFORGE_HOME", home_text.as_str()),
+        ],
+    );
+    assert_eq!(report["result"], "done", "{report} {out:?}");
+    assert_eq!(paths.lock().expect("lock").len(), 2);
+    let execution = report["execution"].as_str().expect("execution");
+    let shown = Command::new(env!("CARGO_BIN_EXE_promptforge"))
+        .args(["show", execution, "--json"])
+        .env("PROMPTFORGE_HOME", &home)
+        .output()
+        .expect("show");
+    let run: Value = serde_json::from_slice(&shown.stdout).expect("show --json");
+    let exchanges = run["exchanges"].as_array().expect("exchanges");
+    let summary: Vec<(Value, Value, bool)> = exchanges
+        .iter()
+        .map(|x| {
+            (
+                x["attempt"].clone(),
+                x["status"].clone(),
+                x["response"].is_null(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        vec![(json!(1), json!(503), true), (json!(2), json!(200), false)],
+        "{run}"
+    );
+    let first_error = exchanges[0]["error"].as_str().unwrap_or_default();
+    assert!(
+        first_error.contains("503") && first_error.contains("the backend is warming up"),
+        "{first_error}"
+    );
+    assert_eq!(exchanges[0]["seq"], exchanges[1]["seq"], "one round");
+    assert_eq!(exchanges[1]["response"]["content"], "done");
+    let recorded = f.recorded("remote");
+    assert_eq!(recorded.len(), 2, "{recorded:?}");
+    for line in &recorded {
+        assert_eq!(line["model"], "m", "the wire model name: {line}");
     }
 }

@@ -162,15 +162,17 @@ impl World {
         let (a_url, a) = serve(Voice::Polite, hold);
         let (b_url, b) = serve(Voice::Terse, hold);
         let write = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
+        // Both servers serve a model of one name: the catalog ids tell them
+        // apart, for the per-model limits and for the cache.
         write("greet.md", HELLO);
         write("greet-v2.md", GOODBYE);
         write("greet.test.yaml", CASES);
         write(
             "host.toml",
             &format!(
-                "[models.a]\nprovider = \"openai\"\nbase_url = \"{a_url}\"\nmodel = \"polite-1\"\n\
+                "[models.a]\nprovider = \"openai\"\nbase_url = \"{a_url}\"\nmodel = \"shared-1\"\n\
                  input_price = 1.0\noutput_price = 2.0\nconcurrency = 3\n\n\
-                 [models.b]\nprovider = \"openai\"\nbase_url = \"{b_url}\"\nmodel = \"terse-1\"\n\
+                 [models.b]\nprovider = \"openai\"\nbase_url = \"{b_url}\"\nmodel = \"shared-1\"\n\
                  input_price = 0.5\noutput_price = 4\nconcurrency = 2\n"
             ),
         );
@@ -286,8 +288,14 @@ fn a_matrix_of_models_and_prompt_versions_in_every_format_then_from_the_cache() 
     // 3 cases × 2 prompts each way; model a also judged 4 runs.
     assert_eq!(world.requests(), (6 + 4, 6));
     // Each model's `concurrency` holds for test cells, and cells do overlap.
-    assert!(world.a.peak.load(Ordering::SeqCst) <= 3);
-    assert!(world.b.peak.load(Ordering::SeqCst) <= 2);
+    let peaks = (
+        world.a.peak.load(Ordering::SeqCst),
+        world.b.peak.load(Ordering::SeqCst),
+    );
+    assert!(
+        peaks.0 <= 3 && peaks.1 <= 2,
+        "peak requests in flight {peaks:?}"
+    );
     assert!(
         world.a.peak.load(Ordering::SeqCst) >= 2,
         "cells run concurrently"

@@ -536,6 +536,35 @@ fn a_stdio_server_gets_a_clean_environment_and_only_what_env_names() {
     kill_leftover(s.pid("helper.pid"));
 }
 
+/// Tool names that break the tool path segment grammar (camelCase, common
+/// in servers) are left out, as the seed requires, with one warning that
+/// names them and says why; the other tools work (issue 42).
+#[test]
+fn camel_case_tool_names_are_left_out_with_a_warning_naming_them() {
+    let s = mcp(
+        "return tools.call('echo', {})",
+        "",
+        json!({"tools": [
+            {"name": "hang", "description": "Never answers", "result": {"behaviour": "silent"}},
+            {"name": "echo", "description": "Answers", "result": {"texts": ["echoed"]}},
+            {"name": "leak", "description": "Answers", "result": {"texts": ["leaked"]}},
+            {"name": "getSum", "description": "camelCase", "result": {"texts": ["3"]}},
+            {"name": "readFile", "description": "camelCase", "result": {"texts": ["x"]}}
+        ]}),
+    );
+    let out = s.run().output().expect("run");
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout} {stderr}");
+    assert!(stdout.contains("echoed"), "{stdout}");
+    assert!(
+        stderr.contains(
+            "MCP server acme/life: 2 tools left out, their names cannot be a tool path segment (only lowercase a-z, 0-9, '-', '_', '.'; camelCase is not allowed): getSum, readFile"
+        ),
+        "{stderr}"
+    );
+    kill_leftover(s.pid("helper.pid"));
+}
+
 #[test]
 fn check_host_checks_the_env_key() {
     for (extra, says) in [

@@ -5,7 +5,8 @@
 //! 401 body), and an MCP server handed a key by name. Every form of the key
 //! (as sent, JSON-escaped, percent-encoded, base64) is then looked for in
 //! stdout, stderr (with `PROMPTFORGE_LOG=debug`), `--capture`, the run log's
-//! stored rows and tables, `show --json` and `show --html`.
+//! stored rows and tables, `show --json`, `show --html` and the OTLP export
+//! received by a collector on 127.0.0.1.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -387,4 +388,156 @@ fn an_mcp_server_echoing_a_key_it_was_given_never_gets_it_out() {
     assert_eq!(out.status.code(), Some(0), "{said}");
     assert!(said.contains("raw [redacted] model [redacted]"), "{said}");
     assert_nowhere(&home, &out, dir.path());
+}
+
+// ---------------------------------------------------------------------------
+// The OTLP export
+// ---------------------------------------------------------------------------
+
+/// A collector on 127.0.0.1 that answers every POST 200 and hands its body
+/// over (the OTLP/HTTP export, protobuf).
+fn collector() -> (u16, std::sync::mpsc::Receiver<Vec<u8>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a collector");
+    let port = listener.local_addr().expect("addr").port();
+    let (sender, received) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+            let mut request_line = String::new();
+            if reader.read_line(&mut request_line).is_err() {
+                continue;
+            }
+            let mut length = 0usize;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).is_err() || line.trim().is_empty() {
+                    break;
+                }
+                if let Some((name, value)) = line.split_once(':') {
+                    if name.eq_ignore_ascii_case("content-length") {
+                        length = value.trim().parse().unwrap_or(0);
+                    }
+                }
+            }
+            let mut body = vec![0; length];
+            if reader.read_exact(&mut body).is_err() {
+                continue;
+            }
+            let _ = stream.write_all(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n",
+            );
+            let _ = sender.send(body);
+        }
+    });
+    (port, received)
+}
+
+/// Every export the collector received for one run, as text (protobuf
+/// strings are their UTF-8 bytes).
+fn exported_text(received: &std::sync::mpsc::Receiver<Vec<u8>>) -> String {
+    let mut text = String::new();
+    let mut wait = std::time::Duration::from_secs(10);
+    while let Ok(body) = received.recv_timeout(wait) {
+        text.push_str(&String::from_utf8_lossy(&body));
+        wait = std::time::Duration::from_millis(500);
+    }
+    text
+}
+
+/// Keys never reach the OTLP export either: the runs above (a model echoing
+/// its key in content, `model`, `id`, tool-call arguments and `usage`, in a
+/// 401 body; search backends echoing theirs in results and a 401), with
+/// `[telemetry] otlp` pointed at a collector on 127.0.0.1, export spans
+/// (checked: the model rounds' and tool calls' spans arrive) holding no form
+/// of any key.
+#[test]
+fn keys_never_reach_the_otlp_export() {
+    let infer =
+        "models.use('w')\nlocal ok, said = pcall(models.infer, 'hello')\nreturn tostring(said)";
+    let tool_round = "models.use('w')\ntools.add_local('note', 'Take a note', { text = 'string' }, function(a) return 'noted ' .. a.text end)\nlocal msgs = messages.new():user('go')\nlocal ok, err = pcall(models.loop, msgs)\nreturn tostring(err) .. '|' .. tostring(msgs[#msgs].content)";
+    for (answer, body, echoed_in_spans) in [
+        (model_echo as Answer, infer, true),
+        (model_refusal, infer, false),
+        (model_tool_echo, tool_round, true),
+    ] {
+        let base = serve(answer);
+        let (port, received) = collector();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let home = dir.path().join("home");
+        let host = write(
+            dir.path(),
+            "host.toml",
+            &format!("[model]\nprovider = \"openai\"\nbase_url = \"{base}/v1\"\nmodel = \"m-1\"\napi_key_env = \"PF_MODEL_KEY\"\n\n[telemetry]\notlp = \"http://127.0.0.1:{port}\"\n"),
+        );
+        let prompt = write(
+            dir.path(),
+            "p.md",
+            &format!("---\nname: echoing\ndescription: a model that echoes\npromptforge: 0\nmodels:\n  w: {{}}\n---\n\n# Echo\n\n## Only\n\n```lua\n{body}\n```\n"),
+        );
+        for capture in [false, true] {
+            let mut cmd = pf(&home);
+            cmd.arg("run").arg(&prompt).arg("--host").arg(&host);
+            if capture {
+                cmd.arg("--capture");
+            }
+            let out = cmd.output().expect("run");
+            let spans = exported_text(&received);
+            assert!(
+                spans.contains("chat m-1"),
+                "no model span exported: {}",
+                all_output(&out)
+            );
+            assert_no_key("the OTLP export", &spans);
+            // The echoed `model` and call id reached the spans, scrubbed.
+            if echoed_in_spans {
+                assert!(
+                    spans.contains("[redacted]"),
+                    "the echo never reached the spans"
+                );
+            }
+        }
+    }
+    for answer in [search_results as Answer, search_refusal] {
+        let base = serve(answer);
+        for (backend, path) in [
+            ("gateway", "/gateway"),
+            ("brave", "/brave"),
+            ("searxng", "/searxng"),
+        ] {
+            let (port, received) = collector();
+            let dir = tempfile::tempdir().expect("tempdir");
+            let home = dir.path().join("home");
+            let host = write(
+                dir.path(),
+                "host.toml",
+                &format!("[web]\nsearch = \"{backend}\"\nsearch_url = \"{base}{path}\"\nsearch_api_key_env = \"PF_SEARCH_KEY\"\nallow_loopback = true\n\n[telemetry]\notlp = \"http://127.0.0.1:{port}\"\n"),
+            );
+            let prompt = write(
+                dir.path(),
+                "p.md",
+                "---\nname: searching\ndescription: searches\npromptforge: 0\nplugins:\n  - promptforge/web\ntools:\n  search: promptforge/web/search\n---\n\n# Search\n\n## Only\n\n```lua\nlocal ok, found = pcall(tools.call, 'search', {query = 'anything'})\nreturn (ok and '' or 'failed: ') .. tostring(found)\n```\n",
+            );
+            let out = pf(&home)
+                .arg("run")
+                .arg(&prompt)
+                .arg("--host")
+                .arg(&host)
+                .output()
+                .expect("run");
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "{backend}: {}",
+                all_output(&out)
+            );
+            let spans = exported_text(&received);
+            assert!(
+                spans.contains("search"),
+                "{backend}: no tool span exported: {}",
+                all_output(&out)
+            );
+            assert_no_key("the OTLP export", &spans);
+        }
+    }
 }

@@ -148,12 +148,19 @@ impl Drop for Nats {
 
 struct Home {
     dir: tempfile::TempDir,
+    /// The shared PostgreSQL run log; `None`: the data directory's SQLite file.
+    runlog: Option<String>,
 }
 
 impl Home {
     fn new(server: &MockModel) -> Home {
+        Home::with_log(server, None)
+    }
+
+    fn with_log(server: &MockModel, runlog: Option<String>) -> Home {
         let home = Home {
             dir: tempfile::tempdir().unwrap(),
+            runlog,
         };
         home.write("three.md", PROMPT);
         home.write("host.toml", &server.host_file(""));
@@ -171,12 +178,22 @@ impl Home {
     }
 
     fn command(&self) -> Command {
+        self.command_in("data")
+    }
+
+    /// A process whose data directory is `data`: with a PostgreSQL log each
+    /// worker gets its own, as on its own machine; they share only the log.
+    fn command_in(&self, data: &str) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_promptforge"));
-        cmd.env("PROMPTFORGE_HOME", self.path("data"))
+        cmd.env("PROMPTFORGE_HOME", self.path(data))
             .env_remove("PROMPTFORGE_HOST")
             .env_remove("PROMPTFORGE_MODEL")
             .env_remove("PROMPTFORGE_LOG")
+            .env_remove("PROMPTFORGE_RUNLOG_URL")
             .stdin(Stdio::null());
+        if let Some(url) = &self.runlog {
+            cmd.env("PROMPTFORGE_RUNLOG_URL", url);
+        }
         cmd
     }
 
@@ -186,7 +203,11 @@ impl Home {
 
     fn worker(&self, nats: &Nats, name: &str, extra: &[&str]) -> Child {
         let host = self.path("host.toml");
-        self.command()
+        let data = match self.runlog {
+            Some(_) => format!("data-{name}"),
+            None => "data".to_string(),
+        };
+        self.command_in(&data)
             .args(["worker", "--queue", &nats.url(), "--host"])
             .arg(host)
             .args(["--name", name])
@@ -262,9 +283,41 @@ fn logged(home: &Home, batch: &str) -> (BTreeMap<String, usize>, BTreeMap<String
 }
 
 /// The test: three workers, 300 inputs of a three-round prompt, one
-/// worker SIGKILLed mid-batch, NATS restarted once.
+/// worker SIGKILLed mid-batch, NATS restarted once; the workers of one
+/// machine share the data directory's SQLite log.
 #[test]
 fn three_workers_one_killed_and_a_nats_restart_give_each_input_exactly_one_result() {
+    kill_and_restart(None);
+}
+
+/// The same with the run log on PostgreSQL (tests/tools/postgres.sh, which
+/// test.sh starts), each worker with a data directory of its own, as on its
+/// own machine: `runs --batch ID` from a fourth place shows 300 completed.
+#[test]
+fn on_a_postgresql_log_workers_on_three_machines_give_each_input_exactly_one_result() {
+    let server = match std::env::var("PROMPTFORGE_TEST_POSTGRES_URL") {
+        Ok(url) if !url.is_empty() => url,
+        _ if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("PROMPTFORGE_TEST_POSTGRES_URL is not set under CI (test.sh starts PostgreSQL)")
+        }
+        _ => {
+            eprintln!(
+                "SKIPPED: PROMPTFORGE_TEST_POSTGRES_URL is not set (tests/tools/postgres.sh)"
+            );
+            return;
+        }
+    };
+    let name = format!("pf_queue_{}", std::process::id());
+    let made = Command::new("psql")
+        .args([&server, "-q", "-c", &format!("CREATE DATABASE {name}")])
+        .output()
+        .expect("psql");
+    assert!(made.status.success(), "{made:?}");
+    let (base, _) = server.rsplit_once('/').unwrap();
+    kill_and_restart(Some(format!("{base}/{name}")));
+}
+
+fn kill_and_restart(runlog: Option<String>) {
     let Some(mut nats) = Nats::start() else {
         return;
     };
@@ -272,9 +325,9 @@ fn three_workers_one_killed_and_a_nats_restart_give_each_input_exactly_one_resul
         delay: Duration::from_millis(40),
         ..Behaviour::default()
     });
-    let home = Home::new(&server);
+    let home = Home::with_log(&server, runlog);
     home.write("in.jsonl", &topics(300));
-    let ack_wait = ["--ack-wait", "3", "-j", "4"];
+    let ack_wait = ["--ack-wait", "5", "-j", "4"];
     let mut workers: Vec<Option<Child>> = ["w1", "w2", "w3"]
         .iter()
         .map(|name| Some(home.worker(&nats, name, &ack_wait)))
@@ -297,7 +350,9 @@ fn three_workers_one_killed_and_a_nats_restart_give_each_input_exactly_one_resul
             std::thread::sleep(Duration::from_millis(20));
         }
     };
+    let t0 = Instant::now();
     wait_for(60);
+    eprintln!("60 lines after {:?}", t0.elapsed());
     // SIGKILL: no nak, no cancel logged; its runs wait out the ack deadline.
     let killed = workers[0].take().unwrap();
     let in_flight_before = server
@@ -306,7 +361,9 @@ fn three_workers_one_killed_and_a_nats_restart_give_each_input_exactly_one_resul
         .load(std::sync::atomic::Ordering::SeqCst);
     stop(killed, "-KILL");
     wait_for(150);
+    eprintln!("150 lines after {:?}", t0.elapsed());
     nats.restart();
+    eprintln!("restarted after {:?}", t0.elapsed());
     let began = Instant::now();
     let status = loop {
         if let Some(status) = batch.try_wait().unwrap() {
@@ -319,6 +376,7 @@ fn three_workers_one_killed_and_a_nats_restart_give_each_input_exactly_one_resul
         );
         std::thread::sleep(Duration::from_millis(50));
     };
+    eprintln!("done after {:?}", t0.elapsed());
     let batch_out = batch.wait_with_output().unwrap();
     let batch_err = String::from_utf8_lossy(&batch_out.stderr).into_owned();
     assert!(status.success(), "{status:?}: {batch_err}");
@@ -561,4 +619,45 @@ fn batch_queue_resume_collects_what_workers_did_meanwhile_and_runs_nothing_twice
     assert_eq!(sorted, vec![0, 1, 2, 3, 4], "{written:?}");
     assert_eq!(server.requests(), 15, "no input ran twice");
     stop(worker, "-TERM");
+}
+
+#[test]
+fn sigterm_hands_runs_in_flight_back_and_another_worker_resumes_them() {
+    let Some(nats) = Nats::start() else {
+        return;
+    };
+    let server = MockModel::start(Behaviour {
+        delay: Duration::from_millis(1500),
+        ..Behaviour::default()
+    });
+    let home = Home::new(&server);
+    home.write("in.jsonl", &topics(1));
+    let first = home.worker(&nats, "w1", &[]);
+    let batch = home
+        .batch_command(&nats, "in.jsonl", "out.jsonl", &[])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Stop the first worker during its run's second round.
+    let began = Instant::now();
+    while server.requests() < 2 {
+        assert!(began.elapsed() < Duration::from_secs(30));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stopped = stop(first, "-TERM");
+    let text = String::from_utf8_lossy(&stopped.stderr).into_owned();
+    assert_eq!(stopped.status.code(), Some(130), "{text}");
+    assert!(text.contains("1 handed back"), "{text}");
+    let second = home.worker(&nats, "w2", &[]);
+    let output = batch.wait_with_output().unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let written = lines(&home.path("out.jsonl"));
+    assert_eq!(written.len(), 1);
+    assert_eq!(written[0]["outcome"], "completed");
+    // Round one was paid once (its answer reused); round two's interrupted
+    // request was asked again; round three once: four requests in all.
+    assert_eq!(server.requests(), 4);
+    let text = String::from_utf8_lossy(&stop(second, "-TERM").stderr).into_owned();
+    assert!(text.contains("1 resumed"), "{text}");
 }

@@ -5,6 +5,9 @@
 //! `tests/data/limits/`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "support/mock_model.rs"]
+mod mock_model;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -104,6 +107,33 @@ fn unknown_limits_keys_are_named() {
 /// that passes `KILL_PAST_KIB` is killed, so a broken bound cannot take the
 /// machine down. Returns the output and the peak in KiB.
 fn run_measured(dir: &Path, prompt: &str, host: Option<&str>, args: &[&str]) -> (Output, u64) {
+    let (out, peak, _) = run_measured_with_disk(dir, prompt, host, args);
+    (out, peak)
+}
+
+/// The bytes the child's unnamed (deleted) files hold now: the event spool.
+fn deleted_file_bytes(pid: u32) -> u64 {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return 0;
+    };
+    fds.flatten()
+        .filter(|fd| {
+            std::fs::read_link(fd.path())
+                .is_ok_and(|target| target.to_string_lossy().ends_with("(deleted)"))
+        })
+        .filter_map(|fd| std::fs::metadata(fd.path()).ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// [`run_measured`], also sampling the peak bytes of the child's unnamed
+/// temporary files (the event spool): (output, peak RSS KiB, peak spool bytes).
+fn run_measured_with_disk(
+    dir: &Path,
+    prompt: &str,
+    host: Option<&str>,
+    args: &[&str],
+) -> (Output, u64, u64) {
     const KILL_PAST_KIB: u64 = 2 * 1024 * 1024;
     let prompt = write(dir, "prompt.md", prompt);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_promptforge"));
@@ -134,7 +164,14 @@ fn run_measured(dir: &Path, prompt: &str, host: Option<&str>, args: &[&str]) -> 
         std::io::Read::read_to_end(&mut stderr, &mut buf).map(|_| buf)
     });
     let started = std::time::Instant::now();
+    let mut peak_disk = 0u64;
+    let mut polls = 0u64;
     let status = loop {
+        polls += 1;
+        // Listing the descriptors costs more than reading the status: every 20th poll.
+        if polls.is_multiple_of(20) {
+            peak_disk = peak_disk.max(deleted_file_bytes(child.id()));
+        }
         if let Ok(text) = std::fs::read_to_string(&status_file) {
             let hwm = text
                 .lines()
@@ -144,10 +181,10 @@ fn run_measured(dir: &Path, prompt: &str, host: Option<&str>, args: &[&str]) -> 
                 peak = peak.max(kib);
             }
         }
-        if peak > KILL_PAST_KIB || started.elapsed() > std::time::Duration::from_secs(300) {
+        if peak > KILL_PAST_KIB || started.elapsed() > std::time::Duration::from_secs(600) {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("the run passed {peak} KiB of memory (or 300 s); killed");
+            panic!("the run passed {peak} KiB of memory (or 600 s); killed");
         }
         if let Some(status) = child.try_wait().expect("poll") {
             break status;
@@ -163,6 +200,7 @@ fn run_measured(dir: &Path, prompt: &str, host: Option<&str>, args: &[&str]) -> 
             stderr,
         },
         peak,
+        peak_disk,
     )
 }
 
@@ -299,7 +337,7 @@ fn a_long_event_history_stays_out_of_memory() {
 #[test]
 fn store_files_too_big_for_the_vm_are_not_loaded() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let prompt = "---\nname: store\ndescription: grows a file\npromptforge: 0\n---\n\n# Store\n\n## Grow\n\n```lua\nlocal chunk = string.rep('s', 4 * 1024 * 1024)\nlocal n = 0\nlocal ok, e = pcall(function() for i = 1, 100 do store.append('big.txt', chunk) n = i end end)\nchunk = nil\nvar.grow = tostring(ok) .. ' ' .. e.message .. ' ' .. tostring(n > 3 and n < 100)\n```\n\n## Load\n\n```lua\nlocal hold = string.rep('h', 40 * 1024 * 1024)\nlocal out = { var.grow }\nfor _, call in ipairs({ function() return store.read('big.txt') end, function() return store.read_numbered('big.txt', 1, 1) end, function() return store.str_replace('big.txt', 'q', 'r') end, function() return store.append('big.txt', 'more') end }) do\n  local ok, e = pcall(call)\n  out[#out + 1] = ok and 'loaded' or e.message\nend\nlocal failed = 0\nfor _, ev in ipairs(tasks.events(sys.taskid)) do\n  if ev.kind:match('^store_.*_failed$') and ev.section == 'Load' then failed = failed + 1 end\nend\nreturn table.concat(out, ',') .. ',' .. failed .. ',' .. #hold\n```\n";
+    let prompt = "---\nname: store\ndescription: grows a file\npromptforge: 0\n---\n\n# Store\n\n## Grow\n\n```lua\nlocal chunk = string.rep('s', 4 * 1024 * 1024)\nlocal n = 0\nlocal ok, e = pcall(function() for i = 1, 100 do store.append('big.txt', chunk) n = i end end)\nchunk = nil\nvar.grow = tostring(ok) .. ' ' .. e.message .. ' ' .. tostring(n > 3 and n < 100)\n```\n\n## Load\n\n```lua\nlocal hold = string.rep('h', 30 * 1024 * 1024)\nlocal out = { var.grow }\nfor _, call in ipairs({ function() return store.read('big.txt') end, function() return store.read_numbered('big.txt', 1, 1) end, function() return store.str_replace('big.txt', 'q', 'r') end, function() return store.append('big.txt', 'more') end }) do\n  local ok, e = pcall(call)\n  out[#out + 1] = ok and 'loaded' or e.message\nend\nlocal failed = 0\nfor _, ev in ipairs(tasks.events(sys.taskid)) do\n  if ev.kind:match('^store_.*_failed$') and ev.section == 'Load' then failed = failed + 1 end\nend\nreturn table.concat(out, ',') .. ',' .. failed .. ',' .. #hold\n```\n";
     let (out, peak) = run_measured(dir.path(), prompt, Some(BUDGET_64), &[]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let text = String::from_utf8_lossy(&out.stdout);
@@ -308,9 +346,147 @@ fn store_files_too_big_for_the_vm_are_not_loaded() {
         text.trim(),
         format!(
             "false {refused} true,{refused},{refused},{refused},{refused},4,{}",
-            40 * 1024 * 1024
+            30 * 1024 * 1024
         ),
     );
     eprintln!("store: peak {peak} KiB");
     assert!(peak < 512 * 1024, "peak {peak} KiB");
+}
+
+/// A prompt with a model role bound to the mock server, whose `## Go`
+/// section runs `body`.
+fn model_prompt(body: &str) -> String {
+    format!(
+        "---\nname: host-side\ndescription: host-side copies\npromptforge: 0\nmodels:\n  writer: {{}}\n---\n\n# Host side\n\n```lua\nmodels.default('writer')\n```\n\n## Go\n\n```lua\n{body}\n```\n"
+    )
+}
+
+/// What the host builds from a prompt's tables is paid for by the VM that
+/// asked, through one account (`memory::HostCharge`): a tool call's
+/// arguments (converted to JSON, written to the run log), a `models.loop`
+/// list (the host's records, their composition and wire messages, the
+/// request in flight) and `string.rep`/`string.gsub` results as they are
+/// built. Tables that name one 4 MB string a thousand times, or results
+/// kept past the budget, fail with the memory error under a 64 MiB budget,
+/// and the process stays small (4.3 GB and an abort at 6 GB before, for the
+/// tool call and the loop).
+#[test]
+fn host_side_builders_are_within_the_budget() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = mock_model::MockModel::start(mock_model::Behaviour::default());
+    // A context window the 3 MiB conversation below fits in.
+    let host = format!("{BUDGET_64}{}", server.host_file("context = 4000000"));
+    let four_mb = "local s = string.rep('x', 4 * 1024 * 1024)";
+    let refused = [
+        ("a tool argument table naming one string a thousand times",
+         format!("tools.add_local('t', 'd', {{}}, function() return 'ok' end)\n{four_mb}\nlocal args = {{}}\nfor i = 1, 1000 do args['k' .. i] = s end\nreturn tools.call('t', args)")),
+        ("a nested tool argument table",
+         format!("tools.add_local('t', 'd', {{}}, function() return 'ok' end)\n{four_mb}\nlocal inner = {{ s, s, s, s }}\nlocal args = {{ a = {{}} }}\nfor i = 1, 250 do args.a[i] = inner end\nreturn tools.call('t', args)")),
+        ("a models.loop list of a thousand records",
+         format!("{four_mb}\nlocal msgs = messages.new()\nfor i = 1, 1000 do msgs:user(s) end\nmodels.loop(msgs)\nreturn 'sent'")),
+        ("a models.infer prompt the host copies into its request",
+         "local s = string.rep('x', 24 * 1024 * 1024)\nreturn models.infer(s)".to_string()),
+        ("a models.loop record of a thousand content parts",
+         format!("{four_mb}\nlocal parts = {{}}\nfor i = 1, 1000 do parts[i] = {{ type = 'text', text = s }} end\nmodels.loop({{ {{ role = 'user', content = parts }} }})\nreturn 'sent'")),
+        ("a models.loop tool call's arguments",
+         format!("{four_mb}\nlocal args = {{}}\nfor i = 1, 1000 do args['k' .. i] = s end\nmodels.loop({{ {{ role = 'user', content = 'go' }}, {{ role = 'assistant', content = '', tool_calls = {{ {{ id = 'c1', name = 't', arguments = args }} }} }}, {{ role = 'tool', tool_call_id = 'c1', content = 'ok' }} }})\nreturn 'sent'")),
+        ("string.rep results kept past the budget",
+         "local keep = {}\nfor i = 1, 100 do keep[i] = string.rep('x', 24 * 1024 * 1024 + i) end\nreturn #keep".to_string()),
+        ("a string.rep with a separator past the VM",
+         "local s = string.rep('x', 4 * 1024 * 1024, string.rep('y', 39))\nreturn #s".to_string()),
+        ("string.gsub results kept past the budget",
+         "local s = string.rep('x', 8 * 1024 * 1024)\nlocal keep = {}\nfor i = 1, 100 do keep[i] = s:gsub('x', 'xy') end\nreturn #keep".to_string()),
+        ("a string.gsub growing through %0",
+         "local s = string.rep('x', 4 * 1024 * 1024)\nlocal r = s:gsub('x', '%0%0%0%0%0%0%0%0%0%0%0%0%0%0%0%0')\nreturn #r".to_string()),
+    ];
+    let mut peaks = Vec::new();
+    for (what, body) in &refused {
+        let (out, peak) = run_measured(dir.path(), &model_prompt(body), Some(&host), &["--json"]);
+        assert_eq!(out.status.code(), Some(1), "{what}: {out:?}");
+        let report: Value = serde_json::from_slice(&out.stdout).expect("one JSON report");
+        assert_eq!(report["error"]["kind"], "Lua", "{what}: {report}");
+        assert_eq!(
+            report["error"]["message"], "not enough memory",
+            "{what}: {report}"
+        );
+        assert!(peak < 384 * 1024, "{what}: peak {peak} KiB");
+        peaks.push((*what, peak));
+    }
+    eprintln!("peak resident memory (KiB) of the refused runs: {peaks:#?}");
+    // What fits is built, and caught it is the ordinary error value.
+    let fits = [
+        ("tools.add_local('t', 'd', {}, function(a) return #a.k1 + #a.k2 end)\nlocal s = string.rep('x', 4 * 1024 * 1024)\nreturn tools.call('t', { k1 = s, k2 = s })", (8 * 1024 * 1024).to_string()),
+        // Merged into one user message of 3 MiB and two separators, echoed.
+        ("local s = string.rep('x', 1024 * 1024)\nlocal msgs = messages.new()\nfor i = 1, 3 do msgs:user(s) end\nmodels.loop(msgs)\nreturn #msgs[#msgs].content", (5 + 3 * 1024 * 1024 + 4).to_string()),
+        ("local ok, e = pcall(string.rep, 'x', 80 * 1024 * 1024)\nreturn tostring(ok) .. ' ' .. e.kind .. ' ' .. e.message .. ' ' .. #string.rep('x', 40 * 1024 * 1024)", format!("false lua not enough memory {}", 40 * 1024 * 1024)),
+    ];
+    for (body, want) in &fits {
+        let (out, _) = run_measured(dir.path(), &model_prompt(body), Some(&host), &[]);
+        assert_eq!(out.status.code(), Some(0), "{body}: {out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.trim().starts_with(want.as_str()), "{body}: {text}");
+    }
+}
+
+/// The declared `output:` file is collected within a bound: one past it
+/// (here a 70 MiB file a Plugin or another writer left in the store) is
+/// refused unread with a warning naming the file and the limit, the run
+/// still completes, and the file stays where it is; a small one is named.
+#[test]
+fn the_output_file_is_collected_within_a_bound() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let prompt = "---\nname: out\ndescription: declares an output\npromptforge: 0\noutput:\n  path: report.md\n  description: The report\n---\n\n# Out\n\n```lua\nreturn 'done'\n```\n";
+    let store = dir.path().join("store");
+    std::fs::create_dir_all(&store).expect("store dir");
+    let report = store.join("report.md");
+    let file = std::fs::File::create(&report).expect("create");
+    file.set_len(70 * 1024 * 1024)
+        .expect("a sparse 70 MiB file");
+    drop(file);
+    let (out, peak) = run_measured(dir.path(), prompt, None, &["--json"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let json: Value = serde_json::from_slice(&out.stdout).expect("one JSON report");
+    let message = json["output"]["error"].as_str().unwrap_or_default();
+    let want = format!(
+        "output file report.md is {} bytes, over the {}-byte limit for a collected output (it stays in the store)",
+        70 * 1024 * 1024,
+        64 * 1024 * 1024
+    );
+    assert_eq!(message, want, "{json}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&want), "{err}");
+    assert!(peak < 64 * 1024, "the file was not loaded: peak {peak} KiB");
+    assert_eq!(
+        std::fs::metadata(&report).map(|m| m.len()).ok(),
+        Some(70 * 1024 * 1024)
+    );
+    std::fs::write(&report, "short").expect("rewrite");
+    let (out, _) = run_measured(dir.path(), prompt, None, &["--json"]);
+    let json: Value = serde_json::from_slice(&out.stdout).expect("one JSON report");
+    assert_eq!(json["output"]["path"], "report.md", "{json}");
+    assert!(json["output"]["error"].is_null(), "{json}");
+}
+
+/// The event spool on disk is bounded too: 2,000 section entries of 1,024
+/// `log` lines (about 550 MB of history) keep at most its 256 MiB limit
+/// (and one 16 MiB segment) in the run's unnamed temporary files, with the
+/// run log off; `tasks.events` reads the newest window: a task started
+/// after the flood reads its whole history, while the first child's early
+/// lines were let go (the run log has every event).
+#[test]
+fn the_event_spool_on_disk_is_bounded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let prompt = "---\nname: flood\ndescription: logs 2000 x 1024 lines\npromptforge: 0\n---\n\n# Flood\n\n## Start\n\n```lua\nlocal t = tasks.spawn('### Early')\ntasks.when_all({ t })\nvar.early = t.task\n```\n\n### Early\n\n```lua\nfor i = 1, 1024 do log('early ' .. i) end\n```\n\n## Spam\n\n```lua\nfor _ = 1, 2000 do call('### Burst') end\n```\n\n### Burst\n\n```lua\nlocal line = string.rep('l', 240)\nfor i = 1, 1024 do log(line) end\n```\n\n## Read\n\n```lua\nlocal t = tasks.spawn('### Late')\ntasks.when_all({ t })\nlocal late = {}\nfor _, e in ipairs(tasks.events(t)) do\n  if e.kind == 'lua' then late[#late + 1] = e.message end\nend\nlocal early = 0\nfor _, e in ipairs(tasks.events(var.early)) do\n  if e.kind == 'lua' then early = early + 1 end\nend\nreturn #late .. ' ' .. late[1] .. ' ' .. late[#late] .. ' ' .. early\n```\n\n### Late\n\n```lua\nfor i = 1, 10 do log('late ' .. i) end\n```\n";
+    let started = std::time::Instant::now();
+    let (out, peak, disk) = run_measured_with_disk(dir.path(), prompt, None, &["--no-log"]);
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "10 late 1 late 10 0"
+    );
+    eprintln!("2000 x 1024 log lines: peak spool {disk} bytes, peak RSS {peak} KiB, {took:?}");
+    assert!(disk > 64 << 20, "the spool was in use: {disk} bytes");
+    assert!(disk <= (256 + 16 + 1) << 20, "peak spool {disk} bytes");
+    assert!(peak < 256 * 1024, "peak {peak} KiB");
 }

@@ -4,7 +4,7 @@
 //! its own) and the counting model server (tests/support/mock_model.rs):
 //! `run` then `runs`, `show --json`, `show --html`, `replay`; `run --resume`
 //! of a killed run; `batch` and `batch --resume`; two processes writing at
-//! once. Without the server the tests are skipped with a note, except under
+//! once; `mcp` servers on two machines sharing the log. Without the server the tests are skipped with a note, except under
 //! CI, where they fail.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -468,4 +468,98 @@ fn two_batches_at_once_and_a_resumed_batch_log_into_one_database() {
     // the rounds in flight then (4 runs) were sent twice.
     let sent = model.requests() - before;
     assert!(sent <= 60 * 3 + 4, "{sent} requests for 180 rounds");
+}
+
+const ASK: &str = "---\nname: ask\ndescription: one model round\npromptforge: 0\nmodels:\n  w: {}\n---\n\n# Ask\n\n## Main\n\n```lua\nmodels.use('w')\nreturn models.infer('hello')\n```\n";
+
+/// One `tools/call` of `ask` through a `promptforge mcp` process (stdio).
+fn call_over_mcp(home: &Home, prompts: &Path, host: &str) -> Value {
+    use std::io::{BufRead, BufReader, Write};
+    let mut child = home
+        .command()
+        .arg("mcp")
+        .arg(prompts)
+        .args(["--host", host])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    let mut output = BufReader::new(child.stdout.take().unwrap());
+    let mut send = |message: Value| {
+        writeln!(input, "{message}").unwrap();
+        input.flush().unwrap();
+    };
+    let mut answer = |id: u64| -> Value {
+        loop {
+            let mut line = String::new();
+            assert!(
+                output.read_line(&mut line).unwrap() > 0,
+                "the server closed stdout"
+            );
+            let message: Value = serde_json::from_str(&line).unwrap();
+            if message["id"] == serde_json::json!(id) {
+                return message;
+            }
+        }
+    };
+    send(
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "runlog-postgres-test", "version": "1"}}}),
+    );
+    assert!(answer(1).get("result").is_some());
+    send(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    send(
+        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "ask", "arguments": {}}}),
+    );
+    let called = answer(2);
+    drop(input);
+    let _ = child.wait();
+    called
+}
+
+/// `mcp` servers on two machines (each its own data directory) pointed at
+/// one PostgreSQL log: each one's runs are listed and shown from a third.
+#[test]
+fn mcp_servers_on_two_machines_log_into_one_postgres_log() {
+    let Some(url) = database() else { return };
+    let model = MockModel::start(Behaviour::default());
+    for machine in ["one", "two"] {
+        let home = Home::new();
+        let host = home.host("host.toml", &model, &url);
+        let prompts = home.path("prompts");
+        std::fs::create_dir_all(&prompts).unwrap();
+        std::fs::write(prompts.join("ask.md"), ASK).unwrap();
+        let called = call_over_mcp(&home, &prompts, &host);
+        let report = &called["result"]["structuredContent"];
+        assert_eq!(report["outcome"], "completed", "{machine}: {called}");
+        assert_eq!(report["result"], "echo:hello", "{machine}: {called}");
+        assert!(
+            !home.path("data/runs.db").exists(),
+            "{machine} logged locally"
+        );
+    }
+    let elsewhere = Home::new();
+    let runs = elsewhere
+        .command()
+        .args(["runs", "--json"])
+        .env("PROMPTFORGE_RUNLOG_URL", &url)
+        .output()
+        .unwrap();
+    let runs: Value = serde_json::from_slice(&runs.stdout).unwrap();
+    let runs = runs.as_array().unwrap();
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert!(runs.iter().all(|r| r["outcome"] == "completed"));
+    let shown = elsewhere
+        .command()
+        .args(["show", "last", "--json"])
+        .env("PROMPTFORGE_RUNLOG_URL", &url)
+        .output()
+        .unwrap();
+    let shown: Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(shown["result"], "echo:hello");
+    assert_eq!(shown["exchanges"].as_array().map(Vec::len), Some(1));
 }

@@ -547,6 +547,65 @@ fn show_open_writes_the_page_and_survives_a_missing_opener() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+/// Every event a busy run logged (rounds with capture, reasoning, tool calls,
+/// a fanout, a spawned task, operator input, store operations) reads back
+/// from the run log as its typed variant, and the typed event writes the
+/// very bytes the log holds: `show --json`'s fields are the logged line's.
+#[test]
+fn every_logged_event_reads_back_typed_and_writes_its_logged_bytes() {
+    let world = World::new();
+    let web = serve("Page text");
+    let out = world.run(BUSY_PROMPT, &busy_replies(&web), "", &["--capture"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown = world
+        .cmd()
+        .args(["show", "last", "--json"])
+        .output()
+        .expect("show --json");
+    let shown: Value = serde_json::from_slice(&shown.stdout).expect("show --json is JSON");
+    let events = shown["events"].as_array().expect("events");
+    let mut kinds = std::collections::BTreeSet::new();
+    for line in events {
+        let kind = line["kind"].as_str().expect("kind").to_string();
+        // The line past its coordinates, in order.
+        let fields: serde_json::Map<String, Value> = line
+            .as_object()
+            .expect("an event is an object")
+            .iter()
+            .filter(|(k, _)| !matches!(k.as_str(), "kind" | "execution" | "section" | "provenance"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let logged = Value::Object(fields.clone());
+        let typed = match pf_engine::LoggedEvent::parse(&kind, &logged) {
+            pf_engine::LoggedEvent::Typed(event) => event,
+            other => panic!("{kind} did not read back typed: {other:?}"),
+        };
+        assert_eq!(typed.kind().as_str(), kind);
+        let bytes = (!fields.is_empty()).then(|| serde_json::to_string(&fields).expect("json"));
+        assert_eq!(typed.fields_text(), bytes, "{kind}");
+        kinds.insert(kind);
+    }
+    for kind in [
+        "request",
+        "response",
+        "assistant_tool_calls",
+        "tool_result",
+        "assistant_reply",
+        "lua",
+        "user_input",
+        "task_started",
+        "task_succeeded",
+        "store_write_succeeded",
+    ] {
+        assert!(kinds.contains(kind), "{kind} not logged: {kinds:?}");
+    }
+}
+
 // ---------------------------------------------------------------------------
 // OpenTelemetry
 // ---------------------------------------------------------------------------
@@ -765,6 +824,8 @@ fn each_run_reaches_phoenix_as_a_trace_with_genai_spans() {
             )
         })
         .collect();
+    // Every round carries its usage, the one that ended in a tool call too.
+    assert!(tokens.contains(&(Some(21), Some(4))), "{tokens:?}");
     assert!(tokens.contains(&(Some(40), Some(9))), "{tokens:?}");
     assert!(tokens.contains(&(Some(12), Some(2))), "{tokens:?}");
 
@@ -790,6 +851,150 @@ fn each_run_reaches_phoenix_as_a_trace_with_genai_spans() {
             Some("section Spread"),
             "an arm inside Spread"
         );
+    }
+}
+
+const NESTED_PROMPT: &str = r#"---
+name: nested
+description: A local tool whose handler asks the model and calls another tool
+promptforge: 0
+models:
+  writer: {}
+---
+
+# Nested
+
+```lua
+models.default('writer')
+```
+
+## Ask
+
+```lua
+tools.add_local('helper', 'Echo a text', { s = 'string' }, function(p)
+  return 'echo ' .. p.s
+end)
+tools.add_local('outer', 'Ask the model, then echo its answer', { q = 'string' }, function(p)
+  local said = models.infer('Answer ' .. p.q)
+  store.write('said.txt', said)
+  return tools.call('helper', { s = said })
+end)
+local m = messages.new():user('Use outer')
+models.loop(m)
+return m[#m].content
+```
+"#;
+
+/// A span's start or end (`start`, `end`) in nanoseconds, as OTLP JSON writes it.
+fn nanos(span: &Value, which: &str) -> u128 {
+    match &span[format!("{which}_time_unix_nano")] {
+        Value::String(s) => s.parse().unwrap_or(0),
+        Value::Number(n) => n.as_u64().map_or(0, u128::from),
+        other => panic!("no {which} time in {span} ({other})"),
+    }
+}
+
+/// Phoenix's spans and token totals for a run whose local tool runs a
+/// round and calls a tool from its handler: every `chat` span carries its
+/// usage (the tool-call round's too), Phoenix's totals equal the run log's,
+/// and the local tool's span lasts its handler's whole run and is the
+/// parent of the round and the tool call the handler made.
+#[test]
+fn a_local_tools_span_nests_its_handlers_calls_and_every_round_counts_in_phoenix() {
+    let phoenix = start_phoenix();
+    let world = World::new();
+    let replies = serde_json::json!([
+        {"tool_calls": [{"name": "outer", "arguments": {"q": "six times seven"}}],
+         "usage": {"input_tokens": 21, "output_tokens": 4}},
+        {"content": "42", "usage": {"input_tokens": 7, "output_tokens": 2}},
+        {"content": "done", "usage": {"input_tokens": 30, "output_tokens": 5}}
+    ])
+    .to_string();
+    let out = world.run(
+        NESTED_PROMPT,
+        &replies,
+        "",
+        &["--otlp", &format!("http://127.0.0.1:{}", phoenix.port)],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "done\n");
+    // run, section, 3 rounds, 2 tool calls.
+    let spans = phoenix_spans(&phoenix, 7);
+    let by_id = |id: &str| spans.iter().find(|s| s["span_id"] == id);
+    let parent_name = |s: &Value| {
+        by_id(s["parent_span_id"].as_str().unwrap_or(""))
+            .and_then(|p| p["name"].as_str())
+            .unwrap_or("")
+            .to_string()
+    };
+    let named = |name: &str| -> Vec<&Value> {
+        spans
+            .iter()
+            .filter(|s| s["name"].as_str().unwrap_or("") == name)
+            .collect()
+    };
+    let chats = named("chat scripted-7b");
+    assert_eq!(chats.len(), 3, "three rounds");
+    let mut totals = (0, 0);
+    for chat in &chats {
+        let input = attr_int(chat, "gen_ai.usage.input_tokens");
+        let output = attr_int(chat, "gen_ai.usage.output_tokens");
+        assert!(input.is_some() && output.is_some(), "{chat}");
+        totals.0 += input.unwrap_or(0);
+        totals.1 += output.unwrap_or(0);
+    }
+    assert_eq!(totals, (21 + 7 + 30, 4 + 2 + 5));
+    // The run log's totals are the same.
+    let shown = world
+        .cmd()
+        .args(["show", "last", "--json"])
+        .output()
+        .expect("show --json");
+    let shown: Value = serde_json::from_slice(&shown.stdout).expect("show --json is JSON");
+    assert_eq!(
+        shown["tokens"]["input"].as_i64(),
+        Some(totals.0),
+        "{}",
+        shown["tokens"]
+    );
+    assert_eq!(
+        shown["tokens"]["output"].as_i64(),
+        Some(totals.1),
+        "{}",
+        shown["tokens"]
+    );
+
+    let outer = named("execute_tool outer");
+    assert_eq!(outer.len(), 1);
+    let outer = outer[0];
+    assert_eq!(parent_name(outer), "section Ask");
+    let helper = named("execute_tool helper");
+    assert_eq!(helper.len(), 1);
+    let inside: Vec<&Value> = chats
+        .iter()
+        .copied()
+        .filter(|c| c["parent_span_id"] == outer["span_id"])
+        .collect();
+    assert_eq!(inside.len(), 1, "the handler's round sits in the tool");
+    assert_eq!(attr_int(inside[0], "gen_ai.usage.input_tokens"), Some(7));
+    assert_eq!(helper[0]["parent_span_id"], outer["span_id"]);
+    for child in [inside[0], helper[0]] {
+        assert!(
+            nanos(outer, "start") <= nanos(child, "start")
+                && nanos(outer, "end") >= nanos(child, "end"),
+            "the tool's span covers its handler's work: {outer} {child}"
+        );
+    }
+    for chat in chats
+        .iter()
+        .filter(|c| c["parent_span_id"] != outer["span_id"])
+    {
+        assert_eq!(parent_name(chat), "section Ask");
     }
 }
 

@@ -30,6 +30,7 @@ use std::rc::Rc;
 
 use mlua::{Function, Lua, MultiValue, Table, Value};
 
+use crate::memory::HostCharge;
 use matcher::{no_specials, Capture, MatchError, Matcher};
 
 pub(crate) const GUARDS: &str = include_str!("../lua/guards.lua");
@@ -618,8 +619,12 @@ fn gsub(
             Value::String(subject),
         ]));
     };
-    // The result is built outside Lua's heap: bound it by what the VM may still use.
+    // The result is built outside Lua's heap, then copied into it: the VM
+    // pays for the buffer as it grows (its capacity, what the host holds),
+    // and the copy must fit its heap. The one moment both exist is the copy
+    // (see `into_lua`).
     let budget = vm_headroom(lua, memory_limit);
+    let mut charge = HostCharge::new(lua);
     let src = subject.as_bytes();
     let repl = repl_text.as_bytes();
     let pat_bytes = pattern.as_bytes();
@@ -646,7 +651,7 @@ fn gsub(
             }
             _ => break,
         }
-        if out.len() > budget {
+        if out.len() > budget || charge.set(out.capacity()).is_err() {
             return Err(Raised::memory());
         }
         if anchor {
@@ -655,10 +660,10 @@ fn gsub(
     }
     let first = if changed {
         out.extend_from_slice(&src[pos..]);
-        if out.len() > budget {
+        if out.len() > budget || charge.set(out.capacity()).is_err() {
             return Err(Raised::memory());
         }
-        Value::String(lua.create_string(&out)?)
+        Value::String(into_lua(lua, out, charge)?)
     } else {
         // The subject as checked: a number comes back as its string, like C's.
         Value::String(subject.clone())
@@ -701,6 +706,20 @@ fn add_replacement(
         }
     }
     Ok(())
+}
+
+/// Copy a guard's result, built outside Lua's heap under `charge`, into the
+/// VM. The charge ends just before the copy, which must fit the heap as any
+/// Lua string does: as in C Lua, whose `string.rep` and `gsub` hand their
+/// buffer over as the string, a result may take what the VM has left (the
+/// guide's 40 MiB `string.rep` in a 64 MiB VM); the host's buffer outlives
+/// that copy by one `memcpy`, never a prompt's next step, so at most one
+/// such transient (bounded by the VM's headroom) exists in a run at a time.
+fn into_lua(lua: &Lua, out: Vec<u8>, charge: HostCharge) -> mlua::Result<mlua::String> {
+    drop(charge);
+    let result = lua.create_string(&out);
+    drop(out);
+    result
 }
 
 /// What a guard may build outside Lua's heap for the VM `lua`: what the VM
@@ -767,6 +786,11 @@ fn rep(
     if total > vm_headroom(lua, memory_limit) {
         return Err(Raised::memory());
     }
+    // Built outside Lua's heap, then copied into it: the VM pays for both.
+    let mut charge = HostCharge::new(lua);
+    if charge.add(total).is_err() {
+        return Err(Raised::memory());
+    }
     let mut out: Vec<u8> = Vec::new();
     if out.try_reserve_exact(total).is_err() {
         return Err(Raised::memory());
@@ -787,9 +811,9 @@ fn rep(
         }
     }
     out.truncate(total);
-    Ok(MultiValue::from_iter([Value::String(
-        lua.create_string(&out)?,
-    )]))
+    Ok(MultiValue::from_iter([Value::String(into_lua(
+        lua, out, charge,
+    )?)]))
 }
 
 // table.insert / table.remove over a `__len` ------------------------------------

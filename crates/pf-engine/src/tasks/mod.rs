@@ -23,7 +23,8 @@ use crate::ctx::{
     SectionCtx, DEPTH_CAP,
 };
 use crate::error::{ErrorKind, HostError, HostResult, Raise};
-use crate::events::EventKind;
+use crate::event::{TaskAbandoned, TaskEnded, TaskNotice, TaskStarted};
+use crate::events::Event;
 use crate::json::lua_to_json;
 use crate::text::{envelope, lua_type_name};
 
@@ -131,18 +132,17 @@ pub(crate) fn end_task(run: &RunCtx, key: &TaskKey, end: TaskEnd) {
     };
     drop(future);
     let id = key_text(key);
-    let mut fields = serde_json::Map::new();
-    fields.insert("task".into(), Json::String(id.clone()));
-    let kind = match &end {
-        TaskEnd::Finished(Ok(_)) => EventKind::TaskSucceeded,
-        TaskEnd::Finished(Err(_)) => EventKind::TaskFailed,
-        TaskEnd::Cancelled { .. } => EventKind::TaskCancelled,
-        TaskEnd::Abandoned(reason) => {
-            fields.insert("reason".into(), Json::String(reason.as_str().into()));
-            EventKind::TaskAbandoned
-        }
+    let ended = TaskEnded { task: id.clone() };
+    let terminal = match &end {
+        TaskEnd::Finished(Ok(_)) => Event::TaskSucceeded(ended),
+        TaskEnd::Finished(Err(_)) => Event::TaskFailed(ended),
+        TaskEnd::Cancelled { .. } => Event::TaskCancelled(ended),
+        TaskEnd::Abandoned(reason) => Event::TaskAbandoned(TaskAbandoned {
+            task: id.clone(),
+            reason: *reason,
+        }),
     };
-    run.report(&id, &target, kind, fields);
+    run.report(&id, &target, terminal);
     let head = format!("Task id={id} (## {target})");
     let notice = match &end {
         TaskEnd::Finished(Ok(text)) => Some(format!(
@@ -161,8 +161,11 @@ pub(crate) fn end_task(run: &RunCtx, key: &TaskKey, end: TaskEnd) {
         run.report(
             &owner_task,
             &label,
-            EventKind::TaskNotice,
-            crate::events::fields(serde_json::json!({"turn": turn, "task": id, "text": text})),
+            Event::TaskNotice(TaskNotice {
+                turn,
+                task: id.clone(),
+                text: text.clone(),
+            }),
         );
         if let Ok(mut table) = run.task_table().try_borrow_mut() {
             if let Some(entry) = table.entries.get_mut(key) {
@@ -443,7 +446,7 @@ fn start_task(
     ));
     let id = chain.id.clone();
     let key = parse_key(&id).ok_or_else(|| HostError::new(ErrorKind::Internal, "bad task id"))?;
-    let started = task_started_fields(
+    let started = task_started(
         &id,
         &resolved.name,
         model_section.is_some(),
@@ -478,41 +481,33 @@ fn start_task(
         },
     );
     run.set_task_owner(&id, &parent.id);
-    sec.report(EventKind::TaskStarted, started);
+    sec.report(started);
     Ok(id)
 }
 
-/// The fields of `task_started`, in the guide's order; unset seeds are left out.
-pub(crate) fn task_started_fields(
+/// The `task_started` event of a new task; unset seeds are left out.
+pub(crate) fn task_started(
     id: &str,
     target: &str,
     by_model: bool,
     input: &Option<String>,
     chain: &Chain,
     owner: &SectionCtx,
-) -> serde_json::Map<String, Json> {
-    let mut fields = serde_json::Map::new();
-    fields.insert("task".into(), Json::String(id.into()));
-    fields.insert("target".into(), Json::String(target.into()));
-    let origin = if by_model {
-        TaskOrigin::Model
-    } else {
-        TaskOrigin::Author
-    };
-    fields.insert("origin".into(), Json::String(origin.as_str().into()));
-    if let Some(text) = input {
-        fields.insert("input".into(), Json::String(text.clone()));
-    }
-    if let Some(seed) = chain.seed_preview() {
-        if let Some(item) = seed.item {
-            fields.insert("item".into(), item);
-        }
-        if let Some(index) = seed.index {
-            fields.insert("index".into(), Json::from(index));
-        }
-    }
-    fields.insert("var".into(), owner.var());
-    fields
+) -> Event {
+    let seed = chain.seed_preview().unwrap_or_default();
+    Event::TaskStarted(TaskStarted {
+        task: id.into(),
+        target: target.into(),
+        origin: if by_model {
+            TaskOrigin::Model
+        } else {
+            TaskOrigin::Author
+        },
+        input: input.clone(),
+        item: seed.item,
+        index: seed.index,
+        var: owner.var(),
+    })
 }
 
 fn task_future(run: &Rc<RunCtx>, chain: Rc<Chain>, key: TaskKey, start: Vec<usize>) -> TaskFuture {
@@ -798,14 +793,14 @@ fn events(lua: &Lua, args: MultiValue) -> HostResult<Table> {
 /// One event as a prompt reads it: a plain table with the run-log line's keys.
 fn event_table(lua: &Lua, execution: &str, event: &crate::events::RunEvent) -> mlua::Result<Table> {
     let t = lua.create_table()?;
-    t.raw_set("kind", event.kind.as_str())?;
+    t.raw_set("kind", event.kind().as_str())?;
     t.raw_set("execution", execution)?;
     t.raw_set("section", event.section.as_str())?;
     let provenance = lua.create_table()?;
     provenance.raw_set("task", event.provenance.task.as_str())?;
     provenance.raw_set("seq", event.provenance.seq)?;
     t.raw_set("provenance", provenance)?;
-    for (name, value) in &event.fields {
+    for (name, value) in &event.event.fields() {
         t.raw_set(name.as_str(), crate::json::json_to_lua(lua, value)?)?;
     }
     Ok(t)

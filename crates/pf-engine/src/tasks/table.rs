@@ -11,8 +11,9 @@ use std::task::Waker;
 use crate::error::HostError;
 
 /// Who started a task: block code (`tasks.spawn`) or a model (the `task` tool).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum TaskOrigin {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskOrigin {
     Author,
     Model,
 }
@@ -22,7 +23,7 @@ impl TaskOrigin {
         [(TaskOrigin::Author, "author"), (TaskOrigin::Model, "model")];
 
     /// The origin's name, as `tasks.status` and the `pending` filter spell it.
-    pub(crate) fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         Self::NAMES
             .iter()
             .find(|(origin, _)| *origin == self)
@@ -187,8 +188,9 @@ impl TaskTable {
 }
 
 /// Why a live task was ended along with its owner (`task_abandoned.reason`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum AbandonReason {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AbandonReason {
     OwnerReturned,
     OwnerFailed,
     ToolLoopExhausted,
@@ -198,7 +200,7 @@ pub(crate) enum AbandonReason {
 
 impl AbandonReason {
     /// The reason's name in `task_abandoned`.
-    pub(crate) fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             AbandonReason::OwnerReturned => "owner_returned",
             AbandonReason::OwnerFailed => "owner_failed",

@@ -72,6 +72,8 @@ pub fn run(args: TestArgs) -> ExitCode {
     let log =
         !args.model.is_empty() || !args.prompt.is_empty() || args.cache || args.html.is_some();
     let batch = log.then(|| format!("test-{:016x}", rand::random::<u64>()));
+    // Where the cells' runs are logged (as every run: the environment's,
+    // the host file's `[runlog]`, or the data directory), read back there.
     let run_log = match pf_host::session::RunSettings::run_log_at(host.as_deref()) {
         Ok(target) => target,
         Err(m) => return super::usage(&m),
@@ -89,9 +91,9 @@ pub fn run(args: TestArgs) -> ExitCode {
         python: "python3".to_string(),
         host,
         log,
+        run_log: run_log.clone(),
         batch: batch.clone(),
         cache,
-        run_log: run_log.clone(),
     };
     let options = Options {
         filter: args.filter.clone(),

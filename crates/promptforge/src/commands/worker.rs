@@ -55,11 +55,9 @@ pub fn run(args: WorkerArgs) -> ExitCode {
     );
     let runner = InputRunner::new(false, true, live);
     let prompts = PromptCache::default();
+    // Where runs are logged: the same rule as every command's.
     let ledger = match RunSettings::run_log_of(&host) {
-        Ok(target) => LogLedger {
-            target,
-            log: std::cell::RefCell::default(),
-        },
+        Ok(target) => LogLedger::new(target),
         Err(m) => return super::usage(&m),
     };
     let served = runtime.block_on(async {
@@ -203,13 +201,23 @@ impl PromptCache {
     }
 }
 
-/// The worker's view of the run log (today the SQLite log in the data
-/// directory, which the workers of one machine share): whether an input's
-/// run is logged, finished or not. Its run is found by execution id, which
-/// the request's seed fixes, within the request's batch.
+/// The worker's view of the run log (the data directory's, shared by the
+/// workers of one machine, or the PostgreSQL log every machine shares):
+/// whether an input's run is logged, finished or not, found by the log's
+/// (batch, input index) key, or for a `--repeat` repetition by its execution
+/// id, which the request's seed fixes.
 struct LogLedger {
     target: pf_host::data::RunLogTarget,
     log: std::cell::RefCell<Option<pf_runlog::RunLog>>,
+}
+
+impl LogLedger {
+    fn new(target: pf_host::data::RunLogTarget) -> LogLedger {
+        LogLedger {
+            target,
+            log: std::cell::RefCell::new(None),
+        }
+    }
 }
 
 impl Ledger for LogLedger {
@@ -222,55 +230,70 @@ impl Ledger for LogLedger {
         let Some(log) = slot.as_ref() else {
             return Logged::Absent;
         };
-        let filter = pf_runlog::RunFilter {
-            batch: Some(request.batch.clone()),
-            ..pf_runlog::RunFilter::default()
+        let found = match request.repeat {
+            // The log's exactly-once key: (batch, input index).
+            None => log.input_run(&request.batch, request.index),
+            // Repetitions share an index: find the repetition's own execution.
+            Some(_) => repetition_run(log, &request.batch, &execution),
         };
-        let runs = match log.list_runs(&filter) {
-            Ok(runs) => runs,
+        let record = match found {
+            Ok(Some(record)) => record,
+            Ok(None) => return Logged::Absent,
             Err(e) => {
                 tracing::warn!("the run log cannot be read ({e}); running the input afresh");
                 return Logged::Absent;
             }
         };
-        let mine: Vec<_> = runs
-            .into_iter()
-            .filter(|run| run.execution == execution)
-            .collect();
-        if let Some(done) = mine.iter().find(|run| run.outcome == "completed") {
-            let record = log.run(done.id).ok().flatten();
-            let result = record.as_ref().and_then(|r| match &r.end {
-                Some(pf_runlog::RunEnd {
-                    outcome: pf_runlog::Outcome::Completed { result },
-                    ..
-                }) => Some(result.clone()),
-                _ => None,
-            });
-            return Logged::Completed(OutputLine {
+        match &record.end {
+            Some(pf_runlog::RunEnd {
+                outcome: pf_runlog::Outcome::Completed { result },
+                duration_ms,
+                usage,
+            }) => Logged::Completed(OutputLine {
                 index: request.index,
                 repeat: request.repeat,
                 batch: Some(request.batch.clone()),
-                execution,
-                seed: request.seed,
+                execution: record.start.execution.clone(),
+                seed: record.start.seed,
                 outcome: RunOutcome::Completed,
-                result,
+                result: Some(result.clone()),
                 error: None,
-                usage: done.usage.map(|u| TokenUsage {
-                    input_tokens: u.input,
-                    output_tokens: u.output,
+                usage: Some(TokenUsage {
+                    input_tokens: usage.input,
+                    output_tokens: usage.output,
                 }),
-                duration_ms: done.duration_ms.unwrap_or(0),
+                duration_ms: *duration_ms,
                 output: None,
-            });
-        }
-        // Newest first: the latest attempt holds the most answers.
-        match mine.first() {
-            Some(_) => Logged::Unfinished { execution },
-            None => Logged::Absent,
+            }),
+            // The newest attempt holds the most answers: resume it.
+            _ => Logged::Unfinished {
+                execution: record.start.execution,
+            },
         }
     }
 
     fn execution(&self, seed: u64) -> String {
         pf_engine::seeded_names(seed).0
+    }
+}
+
+/// A repetition's run within its batch: its completed run, else its newest.
+fn repetition_run(
+    log: &pf_runlog::RunLog,
+    batch: &str,
+    execution: &str,
+) -> Result<Option<pf_runlog::RunRecord>, pf_runlog::RunLogError> {
+    let runs = log.list_runs(&pf_runlog::RunFilter {
+        batch: Some(batch.to_owned()),
+        ..pf_runlog::RunFilter::default()
+    })?;
+    let mine: Vec<_> = runs.iter().filter(|r| r.execution == execution).collect();
+    let chosen = mine
+        .iter()
+        .find(|r| r.outcome == "completed")
+        .or_else(|| mine.first());
+    match chosen {
+        Some(run) => log.run(run.id),
+        None => Ok(None),
     }
 }

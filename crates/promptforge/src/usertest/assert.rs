@@ -10,6 +10,7 @@ use serde_json::Value as Json;
 use super::format::{Expect, Matchers, Offered, TextMatch, ToolCallExpect};
 use super::run::{Observed, NO_WEB};
 pub use super::session::CallMade;
+use pf_engine::{Event, RunEvent};
 use pf_host::report::ReportOutcome;
 
 /// One expectation that did not hold.
@@ -114,22 +115,24 @@ pub fn line_diff(expected: &str, actual: &str) -> String {
 }
 
 /// How many events of each kind the run reported.
-pub fn event_counts(events: &[Json]) -> BTreeMap<String, u64> {
+pub fn event_counts(events: &[RunEvent]) -> BTreeMap<String, u64> {
     let mut counts = BTreeMap::new();
     for e in events {
-        if let Some(kind) = e["kind"].as_str() {
-            *counts.entry(kind.to_string()).or_insert(0) += 1;
-        }
+        *counts.entry(e.kind().as_str().to_string()).or_insert(0) += 1;
     }
     counts
 }
 
 /// Tokens the provider reported over the run (`metrics.usage.total_tokens`
-/// of every event that carries it); `None` when no event did.
-pub fn tokens_used(events: &[Json]) -> Option<u64> {
+/// of every reply that carries it); `None` when no reply did.
+pub fn tokens_used(events: &[RunEvent]) -> Option<u64> {
     let counts: Vec<u64> = events
         .iter()
-        .filter_map(|e| e["metrics"]["usage"]["total_tokens"].as_u64())
+        .filter_map(|e| match &e.event {
+            Event::AssistantReply(reply) => reply.metrics.as_ref()?.usage,
+            _ => None,
+        })
+        .map(|usage| usage.total_tokens)
         .collect();
     (!counts.is_empty()).then(|| counts.iter().sum())
 }

@@ -61,9 +61,9 @@ fn reason(reply: &str) -> String {
 /// cache when it holds the same question.
 #[derive(Clone, Copy)]
 pub struct Asking<'a> {
-    pub log: bool,
+    /// Log the call as a run of its own, into this log.
+    pub log: Option<&'a pf_host::data::RunLogTarget>,
     pub cache: Option<&'a pf_host::cache::CacheUse>,
-    pub run_log: &'a pf_host::data::RunLogTarget,
 }
 
 /// What the judge said, and the tokens its answer reported.
@@ -110,7 +110,6 @@ pub async fn ask(
             request,
             log: asking.log,
             cache: asking.cache,
-            run_log: asking.run_log,
         },
     )
     .await

@@ -339,10 +339,14 @@ pub fn run_all(
     // `jobs` runs in flight, so live cells wait on the model, not a thread.
     let cores = std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get);
     let threads = options.jobs.max(1).min(cores).min(jobs.len().max(1));
-    let per_thread = options.jobs.max(1).div_ceil(threads);
+    // `jobs` in flight over all threads: the first `jobs % threads` take one more.
+    let share = |thread: usize| {
+        options.jobs.max(1) / threads + usize::from(thread < options.jobs.max(1) % threads)
+    };
     let cancel = &options.cancel;
     std::thread::scope(|scope| {
-        for _ in 0..threads {
+        for thread in 0..threads {
+            let per_thread = share(thread);
             let tx = tx.clone();
             let (next, jobs, selected, raw) = (&next, &jobs, &selected, &raw);
             scope.spawn(move || {
@@ -534,9 +538,8 @@ async fn judges(
         .as_ref()
         .map(|c| pf_host::cache::CacheUse::new(std::sync::Arc::clone(c)));
     let asking = judge::Asking {
-        log: settings.log,
+        log: settings.log.then_some(&settings.run_log),
         cache: cache.as_ref(),
-        run_log: &settings.run_log,
     };
     let mut bad = Vec::new();
     for j in judges.items() {

@@ -29,12 +29,13 @@ pub struct Settings {
     pub host: Option<PathBuf>,
     /// Keep every run (and judge call) in the run log, under `batch`.
     pub log: bool,
+    /// Where judge calls are logged (runs go where their settings say,
+    /// which is the same place).
+    pub run_log: pf_host::data::RunLogTarget,
     /// The id this invocation's logged runs share (`runs --batch ID`).
     pub batch: Option<String>,
     /// `--cache`: earlier logged answers, shared by every run.
     pub cache: Option<std::sync::Arc<pf_host::cache::ResponseCache>>,
-    /// Where runs and judge calls are logged and `--cache` reads.
-    pub run_log: pf_host::data::RunLogTarget,
 }
 
 /// One column of the comparison matrix: the model and the prompt version
@@ -55,7 +56,7 @@ pub struct Observed {
     /// Recorded model requests (chat-completions shape), in order.
     pub requests: Vec<Json>,
     /// The run's events as the engine writes them, in order.
-    pub events: Vec<Json>,
+    pub events: Vec<pf_engine::RunEvent>,
     /// The tool calls made, model and script, in order.
     pub calls: Vec<session::CallMade>,
     /// The store directory after the run.
@@ -108,9 +109,17 @@ pub async fn run_case(
     let mut host = Table::new();
     match &catalog_model {
         Some(m) => {
+            // Under its catalog id, as `run --model ID` runs it: the run
+            // queues at the same per-model gate as the judge and every other
+            // run of the process, and its logged exchanges (the cache's key)
+            // name the catalog entry, not the provider's model name, which
+            // two entries (two servers) may share.
             let mut table = m.table.clone();
             table.insert("record".into(), session::path(&record));
-            host.insert("model".into(), Value::Table(table));
+            let mut models = Table::new();
+            models.insert(m.id.clone(), Value::Table(table));
+            host.insert("models".into(), Value::Table(models));
+            host.insert("default_model".into(), session::string(m.id.clone()));
         }
         None => {
             if let Some(model) = scripted(case, &web) {

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use pf_engine::{RunEvent, RunObserver, ToolCallNotice};
+use pf_engine::{Event, RunEvent, RunObserver, ToolCallNotice};
 use pf_harness::{CancellationToken, InputBroker, WorkId};
 use pf_host::file::HostFile;
 use pf_host::report::RunReport;
@@ -51,8 +51,8 @@ pub struct CaseRun<'a> {
 /// What the run did, as the assertions see it.
 pub struct CaseRunEnd {
     pub report: RunReport,
-    /// The run's events as the engine reports them (`RunEvent::to_json`), in order.
-    pub events: Vec<Json>,
+    /// The run's events as the engine reports them, in order.
+    pub events: Vec<RunEvent>,
     pub calls: Vec<CallMade>,
     pub elapsed: Duration,
     /// A logged run's end, settled once every cell has run.
@@ -190,7 +190,7 @@ async fn run_session(
 /// What a case's run reported, in order.
 #[derive(Default)]
 struct Heard {
-    events: Vec<Json>,
+    events: Vec<RunEvent>,
     calls: Vec<CallMade>,
 }
 
@@ -203,18 +203,17 @@ pub struct Collector {
 }
 
 impl RunObserver for Collector {
-    fn event(&self, execution: &str, event: &RunEvent) {
-        let json = event.to_json(execution);
+    fn event(&self, _execution: &str, event: &RunEvent) {
         let mut heard = self.heard.lock().unwrap_or_else(PoisonError::into_inner);
-        if json["kind"] == "assistant_tool_calls" {
-            for call in json["calls"].as_array().into_iter().flatten() {
+        if let Event::AssistantToolCalls(batch) = &event.event {
+            for call in &batch.calls {
                 heard.calls.push(CallMade {
-                    alias: call["name"].as_str().unwrap_or_default().to_string(),
-                    arguments: Some(call["arguments"].clone()),
+                    alias: call.name.clone(),
+                    arguments: Some(call.arguments.clone()),
                 });
             }
         }
-        heard.events.push(json);
+        heard.events.push(event.clone());
     }
 
     fn tool_call(&self, _execution: &str, call: &ToolCallNotice<'_>) {
@@ -282,21 +281,24 @@ mod tests {
     #[test]
     fn calls_come_from_model_batches_and_script_notices() {
         let collector = Collector::default();
-        let mut fields = serde_json::Map::new();
-        fields.insert(
-            "calls".into(),
-            json!([{"id": "call_1", "name": "save", "arguments": {"t": 1}}]),
-        );
+        let batch = pf_engine::event::AssistantToolCalls {
+            turn: 1,
+            model: "m".into(),
+            calls: vec![pf_engine::event::RequestedCall {
+                id: "call_1".into(),
+                name: "save".into(),
+                arguments: json!({"t": 1}),
+            }],
+        };
         collector.event(
             "x",
             &RunEvent {
-                kind: pf_engine::EventKind::AssistantToolCalls,
+                event: Event::AssistantToolCalls(batch),
                 section: "Ask".into(),
                 provenance: pf_engine::Provenance {
                     task: "0".into(),
                     seq: 3,
                 },
-                fields,
             },
         );
         let (model_args, script_args) = (json!({"t": 1}), json!({"url": "u"}));
@@ -324,11 +326,11 @@ mod tests {
             ]
         );
         assert_eq!(heard.events.len(), 1);
-        assert_eq!(heard.events[0]["kind"], "assistant_tool_calls");
         assert_eq!(
-            heard.events[0]["provenance"],
-            json!({"task": "0", "seq": 3})
+            heard.events[0].kind(),
+            pf_engine::EventKind::AssistantToolCalls
         );
+        assert_eq!(heard.events[0].provenance.seq, 3);
     }
 
     #[test]

@@ -12,13 +12,13 @@
 #                          server-everything and server-filesystem, from npm
 #                          into DIR/node-mcp (about 40 MB; needs Node >= 18;
 #                          tests/mcp_server.rs, tests/mcp_plugins.rs)
-#   setup.sh postgres      Debian's postgresql (apt-get; needs root); postgres.sh
-#                          starts a server for the PostgreSQL run-log tests
 #   setup.sh nats          Debian's nats-server 2.9 (apt-get; needs root;
 #                          tests/queue.rs starts it with JetStream itself)
+#   setup.sh postgres      Debian's postgresql (apt-get; needs root); postgres.sh
+#                          starts a server for the PostgreSQL run-log tests
 # Safe to run concurrently and repeatedly; fails loudly when it cannot install.
 set -euo pipefail
-what="${1:?usage: setup.sh chromium | phoenix DIR | llama DIR | qwen DIR | node-mcp DIR | postgres | nats}"
+what="${1:?usage: setup.sh chromium | phoenix DIR | llama DIR | qwen DIR | node-mcp DIR | nats | postgres}"
 case "$what" in
   chromium)
     command -v chromium >/dev/null && exit 0
@@ -33,19 +33,6 @@ case "$what" in
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
     command -v chromium >/dev/null || { echo "setup.sh: chromium did not install" >&2; exit 1; }
     ;;
-  postgres)
-    pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1; }
-    [ -x "$(pg_bin)/initdb" ] && exit 0
-    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
-      echo "setup.sh: PostgreSQL is missing; install it (Debian: apt-get install -y postgresql)" >&2
-      exit 1
-    fi
-    exec 9>/tmp/promptforge-apt-postgresql.lock
-    flock 9
-    [ -x "$(pg_bin)/initdb" ] && exit 0
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
-    [ -x "$(pg_bin)/initdb" ] || { echo "setup.sh: postgresql did not install" >&2; exit 1; }
   nats)
     have_nats() { command -v nats-server >/dev/null || [ -x /usr/sbin/nats-server ]; }
     have_nats && exit 0
@@ -59,6 +46,20 @@ case "$what" in
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nats-server >/dev/null
     have_nats || { echo "setup.sh: nats-server did not install" >&2; exit 1; }
+    ;;
+  postgres)
+    pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1; }
+    [ -x "$(pg_bin)/initdb" ] && exit 0
+    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+      echo "setup.sh: PostgreSQL is missing; install it (Debian: apt-get install -y postgresql)" >&2
+      exit 1
+    fi
+    exec 9>/tmp/promptforge-apt-postgresql.lock
+    flock 9
+    [ -x "$(pg_bin)/initdb" ] && exit 0
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+    [ -x "$(pg_bin)/initdb" ] || { echo "setup.sh: postgresql did not install" >&2; exit 1; }
     ;;
   phoenix)
     dir="${2:?usage: setup.sh phoenix DIR}"
