@@ -68,3 +68,5 @@ else
   echo "test.sh: conformance suite not found at $conformance (set PROMPTFORGE_CONFORMANCE)" >&2
   exit 1
 fi
+echo "== the short bench (issue 44): ratios printed for the log, no timed assertion (release build)"
+PF_PERF_QUICK=1 PF_PERF_ONLY=short cargo bench -p promptforge --bench perf

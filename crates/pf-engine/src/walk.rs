@@ -331,6 +331,21 @@ fn freeze_argv(lua: &Lua, sec: &SectionCtx, end: EntryEnd) -> EntryEnd {
     end
 }
 
+/// For a message that starts at a line of the engine's own Lua
+/// (`[promptforge env]:71: ...`): the engine part's name and the rest.
+fn engine_position(msg: &str) -> Option<(&str, &str)> {
+    let rest = msg.strip_prefix('[')?;
+    let close = rest.find("]:")?;
+    let part = &rest[..close];
+    if !part.starts_with("promptforge ") {
+        return None;
+    }
+    let after = &rest[close + 2..];
+    let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+    let text = after[digits..].strip_prefix(": ")?;
+    (digits > 0).then_some((part, text))
+}
+
 /// `label:line: ` from the first `[string "label"]:line:` marker in a message.
 fn location_tag(msg: &str) -> Option<String> {
     let start = msg.find("[string \"")?;
@@ -472,9 +487,19 @@ async fn run_block(lua: &Lua, sec: &Rc<SectionCtx>, block: &LuaBlock) -> BlockEn
         return fail(sec, info.run_kind, message, Some(value));
     }
     let message = raised_text(lua, &payload);
-    let message = match location_tag(&message) {
-        Some(tag) => format!("{tag}{message}"),
-        None => message,
+    // An error raised at a line of the engine's own Lua names the prompt's
+    // line under it instead (or the engine part, when no prompt line is).
+    let message = match engine_position(&message) {
+        Some((part, rest)) => match (values.get(2), values.get(3)) {
+            (Some(Value::String(src)), Some(Value::Integer(line))) => {
+                format!("{}:{line}: {rest}", src.to_string_lossy())
+            }
+            _ => format!("{part}: {rest}"),
+        },
+        None => match location_tag(&message) {
+            Some(tag) => format!("{tag}{message}"),
+            None => message,
+        },
     };
     report_traceback(sec, block, traceback.as_deref());
     fail(sec, RunErrorKind::Lua, message, None)
@@ -730,6 +755,34 @@ mod tests {
             Some("section `Check` epilog:14: ")
         );
         assert_eq!(location_tag("no marker here"), None);
+    }
+
+    #[test]
+    fn engine_positions_are_recognised() {
+        assert_eq!(
+            engine_position("[promptforge env]:71: cannot change a protected metatable"),
+            Some(("promptforge env", "cannot change a protected metatable"))
+        );
+        assert_eq!(engine_position("[string \"x\"]:3: boom"), None);
+        assert_eq!(engine_position("[promptforge env]: no line"), None);
+    }
+
+    /// An error raised inside the engine's Lua (an error value's `__concat`)
+    /// names the prompt's line, never a line of the engine's chunks.
+    #[test]
+    fn errors_in_engine_lua_name_the_prompts_line() {
+        let body = "## Cat\n\n```lua\nlocal ok, e = pcall(error, 'x')\nlocal v = e\nreturn tostring(#'ab') .. (setmetatable(5, {}) or '')\n```\n";
+        let outcome = run_prompt(body, HostServices::default(), None);
+        let Outcome::Failed(e) = outcome else {
+            panic!("{outcome:?}")
+        };
+        assert!(!e.message.contains("[promptforge"), "{}", e.message);
+        assert!(
+            e.message
+                .ends_with("bad argument #1 to 'setmetatable' (table expected, got number)"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]

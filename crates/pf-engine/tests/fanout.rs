@@ -7,10 +7,9 @@ mod support;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use pf_engine::Outcome;
-use support::{run, SlowModel};
+use support::{run, run_cancelled, CancelWhen, SlowModel};
 
 const WORKER: &str = "### Worker\n\n```lua\nreturn models.infer(item)\n```\n";
 
@@ -58,12 +57,8 @@ fn a_host_cancel_ends_the_run_while_arms_wait() {
         "## Main\n\n```lua\nlocal ok = pcall(fanout, '### Worker', {{'x', 'y', 'z'}})\nreturn 'kept going'\n```\n\n{WORKER}"
     );
     // Only the host cancel can end the run: the outcome proves it came.
-    let outcome = run(
-        "Fanout",
-        &body,
-        Arc::clone(&model),
-        Some(Duration::from_millis(200)),
-    );
+    // (Once every arm waits: a fixed delay raced slow builds, issue 44.)
+    let outcome = run_cancelled("Fanout", &body, Arc::clone(&model), CancelWhen::Prompts(3));
     assert_eq!(outcome, Outcome::Cancelled);
     assert_eq!(model.prompts(), ["x", "y", "z"]);
     assert_eq!(model.in_flight.load(Ordering::SeqCst), 0);

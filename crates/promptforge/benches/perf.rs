@@ -545,8 +545,19 @@ fn main() {
     );
 
     // `PF_PERF_ONLY=runlog` runs only the run log's on/off rows, `loop` only
-    // the tool loop against the bare loop, `entry` only section entry.
+    // the tool loop against the bare loop, `entry` only section entry, and
+    // `short` (test.sh's run) section entry, the tool loop and the 1,000
+    // scripted arms.
     let only = std::env::var("PF_PERF_ONLY").unwrap_or_default();
+    println!(
+        "engine fast paths: {}",
+        if pf_engine::settings::settings().is_reference() {
+            "off (PROMPTFORGE_ENGINE_REFERENCE)"
+        } else {
+            "on"
+        }
+    );
+    let only_short = only == "short";
     let only_runlog = only == "runlog";
     let only_loop = only == "loop";
     let defaults = HostConfig::load(None).expect("defaults");
@@ -570,6 +581,10 @@ fn main() {
         tool_loop_against_bare(&bench, &looping, &text, &openai, &base);
     }
     if only_loop {
+        return;
+    }
+    if only_short {
+        let _floor = scripted_arms_row();
         return;
     }
 
@@ -910,7 +925,13 @@ fn run_log_on_off(
 
 /// (c) and (d): time and memory in child processes.
 fn memory_rows() {
-    // (c) 1,000 arms with one scripted round each, in a child process
+    let floor = scripted_arms_row();
+    memory_per_task_rows(floor);
+}
+
+/// (c) 1,000 arms with one scripted round each, in a child process; the
+/// floor's peak RSS.
+fn scripted_arms_row() -> u64 {
     let (_, floor) = in_child("floor");
     let runs: Vec<(Duration, u64)> = (0..if quick() { 1 } else { 3 })
         .map(|_| in_child("model_fanout:1000"))
@@ -927,8 +948,11 @@ fn memory_rows() {
         ),
         String::new(),
     );
+    floor
+}
 
-    // (d) memory per parked task and per live arm
+/// (d) memory per parked task and per live arm, over the floor's peak RSS.
+fn memory_per_task_rows(floor: u64) {
     let tasks = 1000;
     let (_, parked) = in_child(&format!("parked:{tasks}:0"));
     row(

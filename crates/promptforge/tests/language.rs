@@ -79,3 +79,34 @@ fn bless_rewrites_snapshots_and_keeps_assertions() {
     let checked = runner().run_case(dir.path(), Mode::Check).expect("runs");
     assert!(checked.problems.is_empty(), "{:?}", checked.problems);
 }
+
+/// No case expects a line of the engine's own Lua (`[promptforge env]:71:`)
+/// in a message: engine errors name the prompt's line or the engine part.
+#[test]
+fn no_case_expects_an_engine_line() {
+    fn walk(dir: &Path, found: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).expect("dir").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(&path, found);
+            } else if path.file_name().is_some_and(|n| n == "case.json") {
+                let text = std::fs::read_to_string(&path).expect("case");
+                for part in [
+                    "[promptforge env]:",
+                    "[promptforge prelude]:",
+                    "[promptforge guards]:",
+                ] {
+                    if text.contains(part) {
+                        found.push(format!("{}: {part}", path.display()));
+                    }
+                }
+            }
+        }
+    }
+    let mut found = Vec::new();
+    walk(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data"),
+        &mut found,
+    );
+    assert!(found.is_empty(), "{found:#?}");
+}

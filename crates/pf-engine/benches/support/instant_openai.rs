@@ -2,13 +2,20 @@
 //! `engine` bench and `promptforge`'s `perf` bench (included with `#[path]`):
 //! it answers at once with a `tick` tool call until the request holds 50 tool
 //! results, then with a text reply, so every round of a run sees the same
-//! conversation.
+//! conversation. `PF_PERF_MODEL_DELAY_MS=N` makes every answer take N ms,
+//! as a real model round does (issue 44 measures the fast paths at 50 ms).
 
 /// Starts the server on 127.0.0.1 and returns its base URL (ending in `/v1`).
 pub fn instant_openai_server() -> String {
     use std::io::{BufRead, BufReader, Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let base = format!("http://{}/v1", listener.local_addr().expect("addr"));
+    let delay = std::time::Duration::from_millis(
+        std::env::var("PF_PERF_MODEL_DELAY_MS")
+            .ok()
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or(0),
+    );
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(stream) = stream else { continue };
@@ -48,6 +55,9 @@ pub fn instant_openai_server() -> String {
                     } else {
                         serde_json::json!({"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "done"}}]})
                     };
+                    if !delay.is_zero() {
+                        std::thread::sleep(delay);
+                    }
                     let text = reply.to_string();
                     let head = format!("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", text.len());
                     // One write: a split head and body would stall on Nagle plus delayed ACK.

@@ -68,7 +68,17 @@ function H.env_setmetatable(t, mt)
     install(fresh)
     return t
   end local libs = H.lib_lazy if libs and libs[t] then H.fill_lib(t) end -- (a library's pending fields first: guards.lua)
-  return base_setmetatable(t, mt)
+  -- Lua's own refusals, raised at the caller's line as Lua's setmetatable
+  -- raises them (never at a line of this chunk).
+  if type(t) ~= 'table' then
+    error("bad argument #1 to 'setmetatable' (table expected, got " .. (t == nil and 'no value' or type(t)) .. ')', 2)
+  end
+  if mt ~= nil and type(mt) ~= 'table' then
+    error("bad argument #2 to 'setmetatable' (nil or table expected)", 2)
+  end
+  local ok, e = H.base_pcall(base_setmetatable, t, mt)
+  if not ok then error(e, 2) end
+  return t
 end
 
 function H.env_getmetatable(t)

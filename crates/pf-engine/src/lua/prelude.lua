@@ -26,7 +26,7 @@ local WEAK_KEYS = { __mode = 'k' } -- (one metatable for every weak-keyed table 
 -- writes it. The metatable is protected so a prompt can neither take it nor
 -- strip it; a table carrying it, or a genuine value whose fields were edited,
 -- is the prompt's own value and ends a block as a plain Lua error.
-local H = ... local setmetatable, rawget, rawset, next, WEAK_KEYS = H.setmetatable, H.rawget, H.rawset, H.next, H.weak_keys local GENUINE = setmetatable({}, WEAK_KEYS) -- (one metatable for every weak-keyed table here)
+local H = ... local setmetatable, rawget, rawset, next, WEAK_KEYS, type, error = H.setmetatable, H.rawget, H.rawset, H.next, H.weak_keys, H.type, H.error local GENUINE = setmetatable({}, WEAK_KEYS) -- (one metatable for every weak-keyed table here)
 H.genuine = GENUINE H.run_kinds, H.located, H.born = setmetatable({}, WEAK_KEYS), setmetatable({}, WEAK_KEYS), setmetatable({}, WEAK_KEYS) -- (error.rs's bookkeeping, below)
 local ERR_MT = {}
 ERR_MT.__tostring = function(e) return rawget(e, 'message') end
@@ -35,6 +35,10 @@ ERR_MT.__tostring = function(e) return rawget(e, 'message') end
 ERR_MT.__concat = function(a, b)
   if GENUINE[a] ~= nil then a = rawget(a, 'message') end
   if GENUINE[b] ~= nil then b = rawget(b, 'message') end
+  -- (Lua's own refusal, at the prompt's line: not a line of this chunk.)
+  local ta, tb = type(a), type(b)
+  if ta ~= 'string' and ta ~= 'number' then error('attempt to concatenate a ' .. ta .. ' value', 2) end
+  if tb ~= 'string' and tb ~= 'number' then error('attempt to concatenate a ' .. tb .. ' value', 2) end
   return a .. b
 end
 ERR_MT.__name = 'error value'

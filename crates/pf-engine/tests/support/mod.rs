@@ -122,6 +122,16 @@ fn prompt(title: &str, body: &str) -> Arc<pf_syntax::Prompt> {
 /// into a clear failure.
 const HANG_GUARD: Duration = Duration::from_secs(60);
 
+/// When a test's host cancels its run, from another thread.
+#[allow(dead_code)] // not every test binary cancels on prompts
+#[derive(Clone, Copy)]
+pub enum CancelWhen {
+    Never,
+    After(Duration),
+    /// Once the model has been sent this many prompts (however slow the build).
+    Prompts(usize),
+}
+
 /// Run `body` with `model`; `cancel_after` cancels the run from another
 /// thread. Panics with "hung" if the run does not end within [`HANG_GUARD`].
 pub fn run(
@@ -130,10 +140,17 @@ pub fn run(
     model: Arc<SlowModel>,
     cancel_after: Option<Duration>,
 ) -> Outcome {
+    let when = cancel_after.map_or(CancelWhen::Never, CancelWhen::After);
+    run_cancelled(title, body, model, when)
+}
+
+/// [`run`], cancelled `when`.
+#[allow(dead_code)] // not every test binary cancels on prompts
+pub fn run_cancelled(title: &str, body: &str, model: Arc<SlowModel>, when: CancelWhen) -> Outcome {
     let (title, body) = (title.to_string(), body.to_string());
     let (done, outcome) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let _ = done.send(run_to_end(&title, &body, model, cancel_after));
+        let _ = done.send(run_to_end(&title, &body, model, when));
     });
     match outcome.recv_timeout(HANG_GUARD) {
         Ok(outcome) => outcome,
@@ -146,12 +163,7 @@ pub fn run(
     }
 }
 
-fn run_to_end(
-    title: &str,
-    body: &str,
-    model: Arc<SlowModel>,
-    cancel_after: Option<Duration>,
-) -> Outcome {
+fn run_to_end(title: &str, body: &str, model: Arc<SlowModel>, when: CancelWhen) -> Outcome {
     let store = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
     let cancel = CancellationToken::new();
     let setup = RunSetup {
@@ -160,7 +172,7 @@ fn run_to_end(
         args: String::new(),
         store_dir: store.path().to_path_buf(),
         harness: Harness::new(),
-        model: Some(model),
+        model: Some(Arc::clone(&model) as Arc<dyn pf_harness::ModelProvider>),
         catalog: Vec::new(),
         cancel: cancel.clone(),
         ui: None,
@@ -168,11 +180,23 @@ fn run_to_end(
         capture: false,
         limits: Default::default(),
     };
-    if let Some(delay) = cancel_after {
-        std::thread::spawn(move || {
-            std::thread::sleep(delay);
-            cancel.cancel();
-        });
+    match when {
+        CancelWhen::Never => {}
+        CancelWhen::After(delay) => {
+            std::thread::spawn(move || {
+                std::thread::sleep(delay);
+                cancel.cancel();
+            });
+        }
+        CancelWhen::Prompts(n) => {
+            let model = Arc::clone(&model);
+            std::thread::spawn(move || {
+                while model.prompts().len() < n {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                cancel.cancel();
+            });
+        }
     }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
