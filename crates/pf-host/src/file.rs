@@ -250,8 +250,8 @@ impl<'de> Deserialize<'de> for RunMemoryMib {
 }
 
 /// Read and parse a host file; errors name the file and the problem.
-pub fn read(path: &Path) -> Result<HostFile, crate::HostError> {
-    read_text(path).map_err(crate::HostError::HostFile)
+pub fn read(path: &Path) -> Result<HostFile, crate::error::HostError> {
+    read_text(path).map_err(crate::error::HostError::HostFile)
 }
 
 fn read_text(path: &Path) -> Result<HostFile, String> {

@@ -24,10 +24,11 @@ pub fn read_capped(reader: impl std::io::Read) -> std::io::Result<Option<Vec<u8>
 pub const MAX_PROMPT_BYTES: u64 = MAX_INPUT_BYTES;
 
 /// The prompt file's bytes, or an error naming it.
-pub fn read_prompt(file: &Path) -> Result<Vec<u8>, crate::HostError> {
+pub fn read_prompt(file: &Path) -> Result<Vec<u8>, crate::error::HostError> {
     use std::io::Read;
-    let cannot =
-        |e: std::io::Error| crate::HostError::Input(format!("cannot read {}: {e}", file.display()));
+    let cannot = |e: std::io::Error| {
+        crate::error::HostError::Input(format!("cannot read {}: {e}", file.display()))
+    };
     let mut bytes = Vec::new();
     std::fs::File::open(file)
         .map_err(cannot)?
@@ -35,7 +36,7 @@ pub fn read_prompt(file: &Path) -> Result<Vec<u8>, crate::HostError> {
         .read_to_end(&mut bytes)
         .map_err(cannot)?;
     if bytes.len() as u64 > MAX_PROMPT_BYTES {
-        return Err(crate::HostError::Input(format!(
+        return Err(crate::error::HostError::Input(format!(
             "cannot read {}: the prompt file is larger than {} MiB",
             file.display(),
             MAX_PROMPT_BYTES / (1024 * 1024)
@@ -57,8 +58,8 @@ pub fn data_dir() -> Option<PathBuf> {
 /// A fresh, private store directory for a run without `--store`, made like
 /// `mkdtemp`: under `<data dir>/stores`, an unpredictable name, mode 0700, and
 /// never one that already exists (nothing there is reused or followed).
-pub fn private_store_dir(execution: &str) -> Result<PathBuf, crate::HostError> {
-    make_private_store_dir(execution).map_err(crate::HostError::Usage)
+pub fn private_store_dir(execution: &str) -> Result<PathBuf, crate::error::HostError> {
+    make_private_store_dir(execution).map_err(crate::error::HostError::Usage)
 }
 
 fn make_private_store_dir(execution: &str) -> Result<PathBuf, String> {

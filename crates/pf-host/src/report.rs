@@ -56,7 +56,7 @@ pub enum ReportOutcome {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReportError {
     /// A run error kind, a parse error kind (`Frontmatter`, `Lua`, …) or the Host's own.
-    pub kind: crate::ErrorKind,
+    pub kind: crate::error::ErrorKind,
     /// `parse` when the prompt did not parse; absent for a run failure.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<ErrorPhase>,

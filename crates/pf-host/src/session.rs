@@ -49,7 +49,7 @@ use crate::report::{ReportError, ReportOutcome, ReportUsage, RunReport};
 use crate::{HostConfig, HostError, HostWork};
 
 /// The error kind of a replay stopped by a request the log does not hold.
-pub const REPLAY_ERROR_KIND: crate::ErrorKind = crate::ErrorKind::Replay;
+pub const REPLAY_ERROR_KIND: crate::error::ErrorKind = crate::error::ErrorKind::Replay;
 
 /// Where the run's settings come from on the command line; the environment
 /// and the host file fill in the rest ([`RunSettings::resolve`]).
@@ -571,7 +571,7 @@ impl SessionLog {
     /// A usage error after the run began: logged as failed (`Usage`).
     fn usage(&self, error: HostError) -> HostError {
         self.end_with(LoggedOutcome::Failed {
-            kind: crate::ErrorKind::Usage.as_str().to_string(),
+            kind: crate::error::ErrorKind::Usage.as_str().to_string(),
             message: error.to_string(),
         });
         self.settle();
