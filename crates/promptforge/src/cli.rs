@@ -78,7 +78,7 @@ input already completed is acknowledged without running. SIGINT/SIGTERM stop
 pulling, cancel the runs in flight and hand them back to the queue.
 
 Examples:
-  promptforge worker --queue nats://127.0.0.1:4222 --host gpu1.host.toml -j 8
+  promptforge worker --queue nats://127.0.0.1:4222 --host examples/label-ticket.host.toml -j 8   # on each machine
   promptforge batch examples/label-ticket.md examples/tickets.csv -o labels.jsonl --queue nats://127.0.0.1:4222";
 
 const BATCH_EXAMPLES: &str = "\

@@ -8,11 +8,16 @@
 //! before each: `promptforge run examples/hello.md reader`, so `show last`,
 //! `replay '#1'` and the rest have a run to read. `show --open` meets an
 //! `xdg-open` that only records the page; `run --watch` is stopped with
-//! Ctrl-C after its first run.
+//! Ctrl-C after its first run. A page whose examples name
+//! `nats://127.0.0.1:4222` gets a nats-server with JetStream there (started
+//! here unless one already listens), and a `promptforge worker` line runs in
+//! the background while the page's later lines use it, then is stopped with
+//! Ctrl-C.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -207,6 +212,152 @@ impl Sandbox {
     }
 }
 
+/// The address the help texts' queue examples use.
+const EXAMPLE_NATS: &str = "nats://127.0.0.1:4222";
+
+/// A NATS server with JetStream on 127.0.0.1:4222 for a page's queue
+/// examples: one already listening is used as it is; otherwise nats-server
+/// is started here (and stopped on drop). `Err` when neither can be had.
+struct ExampleNats {
+    child: Option<Child>,
+    _store: Option<tempfile::TempDir>,
+}
+
+impl ExampleNats {
+    fn listening() -> bool {
+        std::net::TcpStream::connect(("127.0.0.1", 4222)).is_ok()
+    }
+
+    fn ensure() -> Result<ExampleNats, String> {
+        if Self::listening() {
+            return Ok(ExampleNats {
+                child: None,
+                _store: None,
+            });
+        }
+        let bin = ["/usr/sbin/nats-server", "/usr/bin/nats-server"]
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.is_file())
+            .or_else(|| {
+                let out = Command::new("sh")
+                    .args(["-c", "command -v nats-server"])
+                    .output()
+                    .ok()?;
+                let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
+                (!path.is_empty()).then(|| PathBuf::from(path))
+            })
+            .ok_or("nats-server is not installed (tests/tools/setup.sh nats)")?;
+        let store = tempfile::tempdir().expect("tempdir");
+        let child = Command::new(bin)
+            .args(["-a", "127.0.0.1", "-p", "4222", "-js", "-sd"])
+            .arg(store.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start nats-server: {e}"))?;
+        let nats = ExampleNats {
+            child: Some(child),
+            _store: Some(store),
+        };
+        let began = Instant::now();
+        while !Self::listening() {
+            if began.elapsed() > Duration::from_secs(20) {
+                return Err("nats-server did not listen on 127.0.0.1:4222".into());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(nats)
+    }
+}
+
+impl Drop for ExampleNats {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A `promptforge worker` example running in the background.
+struct BackgroundWorker {
+    line: String,
+    child: Child,
+    stderr: std::sync::mpsc::Receiver<String>,
+}
+
+impl BackgroundWorker {
+    /// Starts `line` and waits for the worker to say it is pulling.
+    fn start(sandbox: &Sandbox, line: &str) -> Result<BackgroundWorker, String> {
+        let mut child = sandbox
+            .shell(&format!("exec {line}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("sh");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let began = Instant::now();
+        let mut heard = Vec::new();
+        loop {
+            let left = Duration::from_secs(30).saturating_sub(began.elapsed());
+            match rx.recv_timeout(left) {
+                Ok(said) if said.contains("pulling from") => break,
+                Ok(said) => heard.push(said),
+                Err(_) => {
+                    let _ = child.kill();
+                    let code = child.wait().ok().and_then(|s| s.code());
+                    return Err(format!(
+                        "the worker did not start pulling (exit {code:?}): {}",
+                        heard.join("\n")
+                    ));
+                }
+            }
+        }
+        Ok(BackgroundWorker {
+            line: line.to_string(),
+            child,
+            stderr: rx,
+        })
+    }
+
+    /// Ctrl-C, as a user stops it: it must exit 130 within a few seconds.
+    fn stop(mut self) -> Result<(), String> {
+        let _ = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status();
+        let began = Instant::now();
+        let code = loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                break status.code();
+            }
+            if began.elapsed() > Duration::from_secs(15) {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                return Err(format!("`{}` did not stop on Ctrl-C", self.line));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let said: Vec<String> = self.stderr.try_iter().collect();
+        match code {
+            Some(130) => Ok(()),
+            other => Err(format!(
+                "`{}` exited {other:?} on Ctrl-C: {}",
+                self.line,
+                said.join("\n")
+            )),
+        }
+    }
+}
+
 #[test]
 fn every_help_example_names_existing_files_and_runs() {
     let mut ran = 0;
@@ -217,7 +368,23 @@ fn every_help_example_names_existing_files_and_runs() {
         // reader would try them one after another.
         let sandbox = Sandbox::new();
         let page = format!("promptforge {} --help", command.join(" "));
-        for line in examples(&text) {
+        let lines = examples(&text);
+        let _nats = if lines.iter().any(|l| l.contains(EXAMPLE_NATS)) {
+            match ExampleNats::ensure() {
+                Ok(nats) => Some(nats),
+                Err(why) if std::env::var("CI").as_deref() == Ok("true") => {
+                    panic!("{page}: {why}, and CI=true (test.sh installs it)")
+                }
+                Err(why) => {
+                    eprintln!("SKIPPED {page}'s queue examples: {why}");
+                    continue;
+                }
+            }
+        } else {
+            None
+        };
+        let mut workers = Vec::new();
+        for line in lines {
             // Files as the line names them, from the repository's root (or
             // made by an earlier example in the sandbox).
             for file in named_files(&line) {
@@ -230,10 +397,20 @@ fn every_help_example_names_existing_files_and_runs() {
             sandbox
                 .run("promptforge run examples/hello.md reader > /dev/null")
                 .expect("a run for `last`");
-            if let Err(why) = sandbox.run(&line) {
+            let ran_line = if line.starts_with("promptforge worker ") {
+                BackgroundWorker::start(&sandbox, &line).map(|worker| workers.push(worker))
+            } else {
+                sandbox.run(&line)
+            };
+            if let Err(why) = ran_line {
                 problems.push(format!("{page}: `{line}` failed: {why}"));
             }
             ran += 1;
+        }
+        for worker in workers {
+            if let Err(why) = worker.stop() {
+                problems.push(format!("{page}: {why}"));
+            }
         }
         opened +=
             &std::fs::read_to_string(sandbox.dir.path().join("home/opened")).unwrap_or_default();

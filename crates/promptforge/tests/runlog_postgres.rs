@@ -10,158 +10,17 @@
 
 #[path = "support/mock_model.rs"]
 mod mock_model;
+#[path = "support/postgres_cli.rs"]
+mod postgres_cli;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use mock_model::{Behaviour, MockModel};
+use postgres_cli::{database, expected, sql, stderr, Home, ROUNDS};
 use serde_json::Value;
-
-const URL_VAR: &str = "PROMPTFORGE_TEST_POSTGRES_URL";
-
-/// A fresh database on the test server: its URL (no password: the test
-/// server trusts local connections), or `None` (skip) outside CI.
-fn database() -> Option<String> {
-    let server = match std::env::var(URL_VAR) {
-        Ok(url) if !url.is_empty() => url,
-        _ if std::env::var("CI").is_ok_and(|v| v == "true") => panic!(
-            "{URL_VAR} is not set under CI: these tests need the PostgreSQL server test.sh starts"
-        ),
-        _ => {
-            eprintln!("note: {URL_VAR} not set; skipped");
-            return None;
-        }
-    };
-    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let name = format!(
-        "pf_cli_{}_{}",
-        std::process::id(),
-        NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
-    );
-    let made = Command::new("psql")
-        .args([&server, "-q", "-c", &format!("CREATE DATABASE {name}")])
-        .output()
-        .expect("psql");
-    assert!(
-        made.status.success(),
-        "{}",
-        String::from_utf8_lossy(&made.stderr)
-    );
-    let (base, _) = server.rsplit_once('/').unwrap();
-    Some(format!("{base}/{name}"))
-}
-
-/// `psql -At` on `url`: the rows as text.
-fn sql(url: &str, query: &str) -> String {
-    let out = Command::new("psql")
-        .args([url, "-At", "-c", query])
-        .output()
-        .expect("psql");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
-struct Home {
-    dir: tempfile::TempDir,
-}
-
-impl Home {
-    fn new() -> Home {
-        Home {
-            dir: tempfile::tempdir().unwrap(),
-        }
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn write(&self, name: &str, text: &str) -> PathBuf {
-        let path = self.path(name);
-        std::fs::write(&path, text).unwrap();
-        path
-    }
-
-    fn command(&self) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_promptforge"));
-        cmd.env("PROMPTFORGE_HOME", self.path("data"))
-            .env_remove("PROMPTFORGE_HOST")
-            .env_remove("PROMPTFORGE_MODEL")
-            .env_remove("PROMPTFORGE_LOG")
-            .env_remove("PROMPTFORGE_RUNLOG_URL")
-            .env_remove("PGPASSWORD")
-            .stdin(Stdio::null());
-        cmd
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        self.command().args(args).output().unwrap()
-    }
-
-    fn json(&self, args: &[&str]) -> Value {
-        let out = self.run(args);
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
-            panic!(
-                "{args:?}: no JSON (exit {:?}): {} {}",
-                out.status.code(),
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            )
-        })
-    }
-
-    /// A host file: the model server and the run log at `url`.
-    fn host(&self, name: &str, model: &MockModel, url: &str) -> String {
-        let host = self.write(
-            name,
-            &model.host_file(&format!("\n[runlog]\nurl = \"{url}\"\n")),
-        );
-        host.display().to_string()
-    }
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-const ROUNDS: &str = r#"---
-name: rounds
-description: three model rounds in a row
-promptforge: 0
-args:
-  topic:
-    type: string
-models:
-  w: {}
----
-
-# Rounds
-
-## Main
-
-```lua
-models.use('w')
-log('rounds about ' .. argv.topic)
-local out = {}
-for i = 1, 3 do
-  out[#out + 1] = models.infer(argv.topic .. ' round ' .. i)
-end
-return table.concat(out, ',')
-```
-"#;
-
-fn expected(topic: &str) -> String {
-    (1..=3)
-        .map(|i| format!("echo:{topic} round {i}"))
-        .collect::<Vec<_>>()
-        .join(",")
-}
 
 #[test]
 fn run_then_runs_show_and_replay_read_it_from_postgres() {
