@@ -9,7 +9,7 @@ use pf_host::HostError;
 use std::sync::Arc;
 
 use crate::cli::{OutputFormat, TestArgs};
-use crate::usertest::fixtures::WorkDir;
+use crate::usertest::fixtures::{ScratchPool, WorkDir};
 use crate::usertest::{self, matrix, run::Settings, CaseOutcome, Options};
 
 /// The stdio MCP server behind `mcp:` fixtures, shipped inside the binary.
@@ -88,6 +88,7 @@ pub fn run(args: TestArgs) -> Result<ExitCode, HostError> {
         run_log: run_log.clone(),
         batch: batch.clone(),
         cache,
+        scratch: ScratchPool::new(scratch.0.clone()),
     };
     let options = Options {
         filter: args.filter.clone(),

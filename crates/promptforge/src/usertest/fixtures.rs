@@ -4,8 +4,9 @@
 //! and the scratch folder a run works in.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::Deserialize;
 use serde_json::Value as Json;
@@ -146,5 +147,126 @@ impl WorkDir {
 impl Drop for WorkDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The cases' scratch folders of one `promptforge test`, all inside the
+/// command's own scratch folder, so they go with it. A case's folder left
+/// clean (an empty `store/`, loose files removed) is handed to a later case
+/// instead of making and removing two folders a case, which on ext4 was
+/// most of a one-round case's cost.
+#[derive(Debug)]
+pub struct ScratchPool {
+    parent: PathBuf,
+    next: AtomicU64,
+    spare: Mutex<Vec<PathBuf>>,
+}
+
+/// Spare folders kept at most (one per case in flight is enough).
+const SPARE_LIMIT: usize = 256;
+
+impl ScratchPool {
+    pub fn new(parent: PathBuf) -> Arc<ScratchPool> {
+        Arc::new(ScratchPool {
+            parent,
+            next: AtomicU64::new(0),
+            spare: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// A folder for one case: a clean spare, or a new one.
+    pub fn take(self: &Arc<Self>) -> Result<CaseDir, String> {
+        let spare = self
+            .spare
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        let path = match spare {
+            Some(path) => path,
+            None => {
+                let n = self.next.fetch_add(1, Ordering::SeqCst);
+                let path = self.parent.join(format!("case-{n}"));
+                std::fs::create_dir_all(&path)
+                    .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+                path
+            }
+        };
+        Ok(CaseDir(path, Arc::clone(self)))
+    }
+}
+
+/// One case's scratch folder (its store in `store/`): back to the pool when
+/// left clean, else removed.
+#[derive(Debug)]
+pub struct CaseDir(pub PathBuf, Arc<ScratchPool>);
+
+impl Drop for CaseDir {
+    fn drop(&mut self) {
+        if left_clean(&self.0) {
+            let mut spare = self.1.spare.lock().unwrap_or_else(PoisonError::into_inner);
+            if spare.len() < SPARE_LIMIT {
+                spare.push(std::mem::take(&mut self.0));
+                return;
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Whether `dir` holds nothing a later case could see: loose files are
+/// removed; any folder but an empty `store` (or a store file) makes it unclean.
+fn left_clean(dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    for entry in entries {
+        let Ok(entry) = entry else { return false };
+        let Ok(kind) = entry.file_type() else {
+            return false;
+        };
+        if kind.is_dir() {
+            let empty_store = entry.file_name() == "store"
+                && std::fs::read_dir(entry.path()).is_ok_and(|mut e| e.next().is_none());
+            if !empty_store {
+                return false;
+            }
+        } else if std::fs::remove_file(entry.path()).is_err() {
+            return false;
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    #[test]
+    fn a_clean_case_folder_is_reused_and_a_used_store_never_is() {
+        let parent = tempfile::tempdir().unwrap();
+        let pool = ScratchPool::new(parent.path().to_path_buf());
+        let first = pool.take().unwrap();
+        let path = first.0.clone();
+        std::fs::create_dir_all(path.join("store")).unwrap();
+        std::fs::write(path.join("replies.json"), "[]").unwrap();
+        drop(first);
+        // Loose files go; the empty store stays; the folder is handed out again.
+        let again = pool.take().unwrap();
+        assert_eq!(again.0, path);
+        assert!(!path.join("replies.json").exists());
+        assert!(path.join("store").is_dir());
+        // A store a case wrote into is removed with its folder, never reused.
+        std::fs::write(path.join("store/notes.md"), "left behind").unwrap();
+        drop(again);
+        assert!(!path.exists());
+        let fresh = pool.take().unwrap();
+        assert_ne!(fresh.0, path);
+        assert!(std::fs::read_dir(&fresh.0).unwrap().next().is_none());
+        // Any other folder makes it unclean too.
+        std::fs::create_dir_all(fresh.0.join("store/sub")).unwrap();
+        let fresh_path = fresh.0.clone();
+        drop(fresh);
+        assert!(!fresh_path.exists());
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::Value as Json;
 
 use super::catalog::{self, CatalogModel};
-use super::fixtures::{self as case, WorkDir};
+use super::fixtures::{self as case, CaseDir, ScratchPool};
 use super::format::{Loaded, ModelChoice, TestCase};
 use super::session;
 use super::web::WebServer;
@@ -36,6 +36,8 @@ pub struct Settings {
     pub batch: Option<String>,
     /// `--cache`: earlier logged answers, shared by every run.
     pub cache: Option<std::sync::Arc<pf_host::cache::ResponseCache>>,
+    /// Where each case's scratch folder comes from.
+    pub scratch: std::sync::Arc<ScratchPool>,
 }
 
 /// One column of the comparison matrix: the model and the prompt version
@@ -53,7 +55,8 @@ pub struct Variant {
 /// What one run did, as the assertions see it.
 pub struct Observed {
     pub report: RunReport,
-    /// Recorded model requests (chat-completions shape), in order.
+    /// Recorded model requests (chat-completions shape), in order; recorded
+    /// only when a check reads them (`offered`, `budget`, `--cache`).
     pub requests: Vec<Json>,
     /// The run's events as the engine writes them, in order.
     pub events: Vec<pf_engine::RunEvent>,
@@ -73,7 +76,7 @@ pub struct Observed {
     /// The run's scratch folder (its store inside), as the log names it.
     pub work_dir: PathBuf,
     /// Keeps the scratch folder (and so the store) until the checks are done.
-    _work: WorkDir,
+    _work: CaseDir,
 }
 
 /// Run `case` of `loaded` once, against `variant`'s model and prompt.
@@ -97,8 +100,13 @@ pub async fn run_case(
     };
     let base = server.as_ref().map_or(NO_WEB.to_string(), WebServer::base);
     let web = |s: &str| s.replace("{{WEB}}", &base);
-    let work = WorkDir::new()?;
-    let record = session::record_path(&work.0);
+    let work = settings.scratch.take()?;
+    // The model's requests are written to a file only for the checks that
+    // read them (`offered`, `budget`, the cache's tally): a file per case
+    // is most of a one-round case's cost.
+    let needs_requests =
+        case.expect.offered.is_some() || case.expect.budget.is_some() || settings.cache.is_some();
+    let record = needs_requests.then(|| session::record_path(&work.0));
     let catalog_model = match (&variant.model, &case.model) {
         (Some(live), _) => Some(live.clone()),
         (None, Some(ModelChoice::Catalog(id))) => {
@@ -115,7 +123,9 @@ pub async fn run_case(
             // name the catalog entry, not the provider's model name, which
             // two entries (two servers) may share.
             let mut table = m.table.clone();
-            table.insert("record".into(), session::path(&record));
+            if let Some(record) = &record {
+                table.insert("record".into(), session::path(record));
+            }
             let mut models = Table::new();
             models.insert(m.id.clone(), Value::Table(table));
             host.insert("models".into(), Value::Table(models));
@@ -125,7 +135,7 @@ pub async fn run_case(
             if let Some(model) = scripted(case, &web) {
                 host.insert(
                     "model".into(),
-                    Value::Table(scripted_table(&model, &work.0, &record)?),
+                    Value::Table(scripted_table(&model, &work.0, record.as_deref())?),
                 );
             }
         }
@@ -205,7 +215,8 @@ pub async fn run_case(
     })
     .await?;
     drop(server);
-    let requests = std::fs::read_to_string(&record)
+    let requests = record
+        .and_then(|record| std::fs::read_to_string(record).ok())
         .map(|t| {
             t.lines()
                 .filter(|l| !l.trim().is_empty())
@@ -230,7 +241,11 @@ pub async fn run_case(
 }
 
 /// The `[model]` table of a scripted model: its replies written beside the run.
-fn scripted_table(model: &case::ModelFixture, work: &Path, record: &Path) -> Result<Table, String> {
+fn scripted_table(
+    model: &case::ModelFixture,
+    work: &Path,
+    record: Option<&Path>,
+) -> Result<Table, String> {
     let replies = work.join("replies.json");
     std::fs::write(&replies, model.replies.to_string())
         .map_err(|e| format!("cannot write {}: {e}", replies.display()))?;
@@ -246,7 +261,9 @@ fn scripted_table(model: &case::ModelFixture, work: &Path, record: &Path) -> Res
         Value::Integer(i64::try_from(model.context).unwrap_or(i64::MAX)),
     );
     table.insert("thinking".into(), session::string(model.thinking.clone()));
-    table.insert("record".into(), session::path(record));
+    if let Some(record) = record {
+        table.insert("record".into(), session::path(record));
+    }
     if let Some(d) = &model.description {
         table.insert("description".into(), session::string(d.clone()));
     }
