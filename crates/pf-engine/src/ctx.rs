@@ -25,6 +25,7 @@ use serde_json::Value as Json;
 use crate::claims::{ClaimIdentity, ClaimKind, ClaimRegistry, Conflict};
 use crate::error::{error_table, ErrorKind, HostError, HostResult, Raise, RunError, RunErrorKind};
 use crate::events::{Event, EventLog, RunEvent, RunObserver, MAIN_TASK};
+use crate::setup::{Checkpoint, REPORTED_CHECKPOINTS};
 use crate::tasks::table::TaskTable;
 
 /// A tool slot bound at prepare.
@@ -43,13 +44,6 @@ impl BoundTool {
     pub fn short_name(&self) -> &str {
         self.path.rsplit('/').next().unwrap_or(&self.path)
     }
-}
-
-/// A checkpoint recorded by `log`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Checkpoint {
-    pub section: String,
-    pub message: String,
 }
 
 /// What a run fixes at prepare: read by every chain, never changed while it runs.
@@ -227,12 +221,12 @@ impl RunCtx {
     }
 
     /// Keep a checkpoint for the run's report: the first
-    /// [`crate::REPORTED_CHECKPOINTS`] of them (every one is an event of
+    /// [`REPORTED_CHECKPOINTS`] of them (every one is an event of
     /// kind `lua` too, in the history and the run log), so a prompt that logs
     /// without end does not grow the report without end.
     pub fn record_checkpoint(&self, checkpoint: Checkpoint) {
         let mut kept = self.checkpoints.borrow_mut();
-        if kept.len() < crate::REPORTED_CHECKPOINTS {
+        if kept.len() < REPORTED_CHECKPOINTS {
             kept.push(checkpoint);
         }
     }

@@ -21,6 +21,7 @@ mod prepare;
 mod quiet;
 mod sandbox_guards;
 pub mod settings;
+mod setup;
 mod storeapi;
 mod subst;
 mod tasks;
@@ -30,15 +31,12 @@ mod var;
 mod vm;
 mod walk;
 
-use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use pf_harness::{CancellationToken, Harness, ModelProvider};
 use pf_syntax::{Prompt, VersionProblem};
 use rand::{RngCore, SeedableRng};
 
-pub use ctx::Checkpoint;
 pub use error::{RunError, RunErrorKind};
 pub use event::{Event, LoggedEvent};
 pub use events::{
@@ -47,74 +45,8 @@ pub use events::{
 };
 pub use io_files::{collect_output, missing_input, place_input, CollectedOutput, MAX_OUTPUT_BYTES};
 pub use memory::DEFAULT_RUN_MEMORY;
+pub use setup::{Checkpoint, Outcome, RunLimits, RunReport, RunSetup, REPORTED_CHECKPOINTS};
 pub use text::{envelope, format_when};
-
-/// Everything the Host supplies for one run.
-pub struct RunSetup {
-    pub seed: u64,
-    /// The run's start instant, in milliseconds since the Unix epoch.
-    pub start_ms: i64,
-    /// The run's argument string.
-    pub args: String,
-    pub store_dir: PathBuf,
-    pub harness: Harness,
-    /// The current model: every role binds to it (guide ch. 10).
-    pub model: Option<Arc<dyn ModelProvider>>,
-    /// The Host's catalog models, by their `info().id`: with a `ui` snapshot,
-    /// a `models.get(id)` handle for one of them runs its rounds on it (ch. 10
-    /// "Model ids from the host"); an id not listed runs on the current model.
-    pub catalog: Vec<Arc<dyn ModelProvider>>,
-    pub cancel: CancellationToken,
-    /// The host-state snapshot for `ui()`, when the Host has one.
-    pub ui: Option<serde_json::Value>,
-    /// The Host's observer: hears every event as it happens, and live output
-    /// when it asks for it ([`RunObserver::wants_live_text`]).
-    pub observer: Option<Arc<dyn RunObserver>>,
-    /// Debug capture: when true, each model round also reports `request` and
-    /// `response` events with the bodies exchanged (guide ch. 16).
-    pub capture: bool,
-    /// The limits the Host sets for this run.
-    pub limits: RunLimits,
-}
-
-/// Limits the Host sets (guide ch. 17 "Limits at a glance"); the defaults are the guide's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RunLimits {
-    /// The run-wide memory budget, in bytes: the Lua heaps of every VM the run
-    /// holds at once (section VMs, `call` chains, fanout arms, tasks) together.
-    /// Past it an allocation fails with Lua's `not enough memory`, as past a
-    /// VM's own ceiling.
-    pub memory_budget: usize,
-}
-
-impl Default for RunLimits {
-    fn default() -> Self {
-        RunLimits {
-            memory_budget: DEFAULT_RUN_MEMORY,
-        }
-    }
-}
-
-/// How a run ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    Completed(String),
-    Failed(RunError),
-    Cancelled,
-}
-
-/// How many checkpoints a [`RunReport`] keeps, the first ones (each is an
-/// event of kind `lua` as well, which the run log keeps however many).
-pub const REPORTED_CHECKPOINTS: usize = 4096;
-
-/// The outcome with what the run recorded.
-#[derive(Debug, Clone)]
-pub struct RunReport {
-    pub outcome: Outcome,
-    pub execution: String,
-    /// The run's first [`REPORTED_CHECKPOINTS`] checkpoints.
-    pub checkpoints: Vec<Checkpoint>,
-}
 
 /// The version rules (`pf_syntax::check_version`) as a run error: `Parse`
 /// for a file that is not a prompt, `Version` for a major this build does not run.

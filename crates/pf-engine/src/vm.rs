@@ -818,7 +818,7 @@ fn make_log(lua: &Lua) -> mlua::Result<mlua::Function> {
         let quota = sec.run.fixed.log_event_quota;
         if !sec.take_log_event(quota) {
             return Err(HostError::lua("lua log event budget exceeded")
-                .run_kind(crate::RunErrorKind::Quota)
+                .run_kind(crate::error::RunErrorKind::Quota)
                 .into());
         }
         let msg = match arg(&args, 0) {
@@ -842,14 +842,14 @@ fn make_log(lua: &Lua) -> mlua::Result<mlua::Function> {
         }
         if !sec.take_log_bytes(msg.len() as u64, u64::from(quota) * 256) {
             return Err(HostError::lua("lua log cumulative byte budget exceeded")
-                .run_kind(crate::RunErrorKind::Quota)
+                .run_kind(crate::error::RunErrorKind::Quota)
                 .into());
         }
         tracing::info!(section = %sec.name, "checkpoint: {msg}");
-        sec.report(crate::Event::Lua(crate::event::Checkpoint {
+        sec.report(crate::events::Event::Lua(crate::event::Checkpoint {
             message: msg.clone(),
         }));
-        sec.run.record_checkpoint(crate::Checkpoint {
+        sec.run.record_checkpoint(crate::setup::Checkpoint {
             section: sec.name.clone(),
             message: msg,
         });
@@ -870,7 +870,7 @@ fn make_input(lua: &Lua) -> mlua::Result<Table> {
                 _ => string_arg(&args, 0, "question")?,
             };
             // Every wait reports its start, even in a host with no operator.
-            sec.report(crate::Event::UserInputWaitStarted);
+            sec.report(crate::events::Event::UserInputWaitStarted);
             let _blocked = crate::tasks::blocked_on(&sec, crate::tasks::Blocked::UserInput);
             let Some(broker) = sec.run.fixed.services.input_broker.clone() else {
                 return Ok((INPUT_UNAVAILABLE.to_string(), false));
@@ -883,7 +883,7 @@ fn make_input(lua: &Lua) -> mlua::Result<Table> {
             };
             match answer {
                 Ok(Some(text)) => {
-                    sec.report(crate::Event::UserInput(crate::event::UserInput {
+                    sec.report(crate::events::Event::UserInput(crate::event::UserInput {
                         text: text.clone(),
                     }));
                     Ok((text, true))
@@ -893,7 +893,7 @@ fn make_input(lua: &Lua) -> mlua::Result<Table> {
                     ErrorKind::Internal,
                     format!("user input request was not answered: {msg}"),
                 )
-                .run_kind(crate::RunErrorKind::Input)
+                .run_kind(crate::error::RunErrorKind::Input)
                 .into()),
             }
         })?,

@@ -14,9 +14,9 @@ use crate::claims::ClaimIdentity;
 use crate::ctx::{helpers, Chain, ChainWalk, EntryPlace, Failure, RunCtx, SectionCtx};
 use crate::error::{read_error_value, ErrorKind, HostError, RunError, RunErrorKind};
 use crate::events::Event;
+use crate::setup::Outcome;
 use crate::text::{lua_type_name, scalar_text};
 use crate::vm::{install_name_globals, new_vm};
-use crate::Outcome;
 
 /// How one section entry ended.
 pub(crate) enum EntryEnd {
