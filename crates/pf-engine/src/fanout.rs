@@ -18,12 +18,13 @@ use serde_json::Value as Json;
 
 use crate::claims::ClaimIdentity;
 use crate::ctx::{
-    arg, cancelled_error, frozen_newindex, helpers, host_async, mlua_message, section, target_arg,
-    ArmSeed, Chain, ChainWalk, Failure, RunCtx, SectionCtx, DEPTH_CAP,
+    helpers, section, ArmSeed, Chain, ChainWalk, Failure, RunCtx, SectionCtx, DEPTH_CAP,
 };
+use crate::error::cancelled_error;
 use crate::error::{ErrorKind, HostError, HostResult, Raise};
 use crate::event::{TaskAbandoned, TaskEnded};
 use crate::events::Event;
+use crate::hostfn::{arg, frozen_newindex, host_async, mlua_message, target_arg};
 use crate::json::lua_to_json;
 use crate::tasks::AbandonReason;
 use crate::text::lua_type_name;
@@ -298,7 +299,8 @@ fn start_arm(sec: &Rc<SectionCtx>, arm: Arm<'_>, cancelled: Rc<Cell<bool>>) -> A
 /// be built from it: an array member as itself, a keyed member as a
 /// `{ key, value }` pair table.
 fn members(lua: &Lua, collection: &Table) -> HostResult<Vec<Value>> {
-    let ordered: Function = crate::vm::part_helper(lua, crate::vm::Deferred::Iter, "ordered_keys")?;
+    let ordered: Function =
+        crate::deferred::part_helper(lua, crate::deferred::Deferred::Iter, "ordered_keys")?;
     let keys: Table = ordered.call(collection.clone())?;
     let border = collection.raw_len();
     let mut out = Vec::new();
@@ -407,7 +409,7 @@ fn results(lua: &Lua, members: &[Value], slots: Vec<Option<ArmResult>>) -> HostR
     let out = lua.create_table_with_capacity(members.len(), 0)?;
     let set_metatable: Function = helpers(lua)?.get("setmetatable")?;
     let build: Function =
-        crate::ctx::internal_chunk(lua, "=[promptforge fanout results]", RESULTS_BUILDER)?
+        crate::caches::internal_chunk(lua, "=[promptforge fanout results]", RESULTS_BUILDER)?
             .call((set_metatable, newindex, to_string, stand_in))?;
     let mut batch: Vec<Value> = Vec::with_capacity(3 + 3 * RESULTS_BATCH);
     let mut first = 1usize;
@@ -440,7 +442,7 @@ fn results(lua: &Lua, members: &[Value], slots: Vec<Option<ArmResult>>) -> HostR
             }
             // The engine's own bounded loop: the cancel poll stays off, as
             // while the results were built from Rust (a cancel is seen next).
-            crate::vm::without_cancel_poll(lua, || {
+            crate::cancel::without_cancel_poll(lua, || {
                 build.call::<()>(MultiValue::from_iter(batch.drain(..)))
             })?;
             first = n + 2;

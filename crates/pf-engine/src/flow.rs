@@ -10,8 +10,9 @@ use std::sync::Arc;
 use mlua::{Function, Lua, MultiValue, Table, Value};
 use pf_syntax::resolve_heading;
 
-use crate::ctx::{arg, host_async, host_fn, section, target_arg, Chain, DEPTH_CAP};
+use crate::ctx::{section, Chain, DEPTH_CAP};
 use crate::error::{HostError, HostResult, Raise};
+use crate::hostfn::{arg, host_async, host_fn, target_arg};
 
 pub(crate) fn make_jump(lua: &Lua) -> mlua::Result<Function> {
     let sentinel = lua.create_table()?;
@@ -63,7 +64,7 @@ pub(crate) fn make_call(lua: &Lua) -> mlua::Result<Function> {
         let target = target_arg(&args)?;
         let input = match arg(&args, 1) {
             Value::Nil => None,
-            _ => Some(crate::ctx::string_arg(&args, 1, "input")?),
+            _ => Some(crate::hostfn::string_arg(&args, 1, "input")?),
         };
         let prompt = Arc::clone(&sec.run.fixed.prompt);
         let caller = sec.path.clone();

@@ -4,8 +4,11 @@
 //! providers only through the `pf-harness` traits; it never reads the host file,
 //! never prints, and knows nothing of the CLI or the JSON report.
 
+mod caches;
+mod cancel;
 mod claims;
 mod ctx;
+mod deferred;
 mod error;
 pub mod event;
 mod events;
@@ -22,6 +25,7 @@ mod quiet;
 mod sandbox_guards;
 pub mod settings;
 mod setup;
+mod sources;
 mod storeapi;
 mod subst;
 mod tasks;

@@ -13,9 +13,8 @@ use pf_harness::{
 };
 use serde_json::Value as Json;
 
-use crate::ctx::{
-    arg, cancelled_error, helpers, host_async, host_fn, section, RoleChoice, RunCtx, SectionCtx,
-};
+use crate::ctx::{helpers, section, RoleChoice, RunCtx, SectionCtx};
+use crate::error::cancelled_error;
 use crate::error::{ErrorKind, HostError, HostResult, Raise, RunErrorKind};
 use crate::event::{
     AssistantReply, AssistantToolCalls, CapturedRequest, CapturedResponse, ClientMeasures,
@@ -23,6 +22,7 @@ use crate::event::{
     TurnCompleted, VllmMeasures,
 };
 use crate::events::{deliver, Event, LiveText};
+use crate::hostfn::{arg, host_async, host_fn};
 use crate::json::{json_to_lua, read_back};
 use crate::models_check::{built_record, CallRecord, Composition, Keys, ListReader, Record, Role};
 use crate::text::{float_text, lua_type_name};
@@ -100,7 +100,7 @@ impl UserData for ModelHandle {
             })
         });
         fields.add_meta_field_with("__newindex", |lua| {
-            crate::ctx::frozen_newindex(lua, |key| {
+            crate::hostfn::frozen_newindex(lua, |key| {
                 format!("model handles are read-only: cannot assign field '{key}'")
             })
         });
@@ -259,7 +259,7 @@ fn parse_options(v: &Value) -> Result<(Option<f64>, Option<u64>), HostError> {
     let mut bad_key_types: Vec<&'static str> = Vec::new();
     let mut named: Vec<(Vec<u8>, Value)> = Vec::new();
     for pair in table.clone().pairs::<Value, Value>() {
-        let (k, val) = pair.map_err(|e| HostError::lua(crate::ctx::mlua_message(&e)))?;
+        let (k, val) = pair.map_err(|e| HostError::lua(crate::hostfn::mlua_message(&e)))?;
         match &k {
             Value::String(s) => named.push((s.as_bytes().to_vec(), val)),
             other => bad_key_types.push(lua_type_name(other)),
@@ -444,7 +444,7 @@ return messages, M
 
 pub(crate) fn make_messages(lua: &Lua) -> mlua::Result<Table> {
     let (messages, mt): (Table, Table) =
-        crate::ctx::internal_chunk(lua, "=[promptforge messages]", MESSAGES_METHODS)?.call(())?;
+        crate::caches::internal_chunk(lua, "=[promptforge messages]", MESSAGES_METHODS)?.call(())?;
     lua.set_named_registry_value("pf.messages_mt", mt)?;
     Ok(messages)
 }

@@ -33,10 +33,7 @@ use mlua::{
     VmState,
 };
 
-use crate::vm::CANCEL_POLL_INSTRUCTIONS;
-
-/// The cancel poll's check, run on the count events of a watched thread.
-pub(crate) type PollCheck = Rc<dyn Fn(&Lua) -> mlua::Result<VmState>>;
+use crate::cancel::{PollCheck, CANCEL_POLL_INSTRUCTIONS};
 
 /// Lua's library functions that write no table that existed before the call
 /// (`table.pack` fills only the table it makes). Those that call back into Lua

@@ -17,9 +17,11 @@ use mlua::{FromLua, Lua, MultiValue, Table, Value};
 use pf_store::{Store, StoreError};
 
 use crate::claims::ClaimKind;
-use crate::ctx::{arg, cancelled_error, host_async, section, string_arg, SectionCtx};
+use crate::ctx::{section, SectionCtx};
+use crate::error::cancelled_error;
 use crate::error::{HostError, HostResult, RunError, RunErrorKind};
 use crate::events::StoreOp;
+use crate::hostfn::{arg, host_async, string_arg};
 use crate::text::lua_type_name;
 
 /// What a `store.*` function needs to know about the section that calls it.

@@ -12,11 +12,11 @@ use pf_harness::ToolDecl;
 use pf_syntax::{is_valid_name, NAME_GRAMMAR};
 use serde_json::{json, Map, Value as Json};
 
-use crate::ctx::{
-    arg, cancelled_error, helpers, host_async, host_fn, section, LocalTool, SectionCtx,
-};
+use crate::ctx::{helpers, section, LocalTool, SectionCtx};
+use crate::error::cancelled_error;
 use crate::error::{ErrorKind, HostError, HostResult, Raise};
 use crate::events::Event;
+use crate::hostfn::{arg, host_async, host_fn};
 use crate::json::{json_to_lua, lua_to_json_charged, ToJsonError};
 use crate::memory::HostCharge;
 use crate::text::{envelope, lua_type_name, scalar_text};
@@ -54,7 +54,7 @@ pub(crate) struct ToolObject {
 impl UserData for ToolObject {
     fn add_fields<F: UserDataFields<Self>>(fields: &mut F) {
         fields.add_meta_field_with("__newindex", |lua| {
-            crate::ctx::frozen_newindex(lua, |key| {
+            crate::hostfn::frozen_newindex(lua, |key| {
                 format!("Tool objects are frozen: cannot assign field \"{key}\"")
             })
         });
@@ -615,7 +615,7 @@ async fn run_local(
             pcall_values.call_async((handler, arg_table)).await?
         }
         Some(watch) if watch.is_quiet() && !watch.known_to_store(&handler) => {
-            let poll = crate::vm::cancel_check(sec);
+            let poll = crate::cancel::cancel_check(sec);
             watch
                 .call(lua, &pcall_values, (handler, arg_table), poll)
                 .await?

@@ -6,8 +6,9 @@
 use mlua::{Lua, Table, Value};
 use serde_json::{Map, Value as Json};
 
-use crate::ctx::{arg, host_method, section};
+use crate::ctx::section;
 use crate::error::{HostError, Raise};
+use crate::hostfn::{arg, host_method};
 use crate::json::json_to_lua;
 
 #[derive(Clone, Debug)]

@@ -226,7 +226,7 @@ async fn run_entry_in(sec: &Rc<SectionCtx>, blocks: &[Block]) -> EntryEnd {
         Ok(l) => l,
         // The run's memory budget could not hold a fresh VM: the ceiling's error.
         Err(e) if crate::memory::is_memory_error(&e) => {
-            return EntryEnd::Fail(Failure::lua(crate::ctx::mlua_message(&e)))
+            return EntryEnd::Fail(Failure::lua(crate::hostfn::mlua_message(&e)))
         }
         Err(e) => return EntryEnd::Fail(Failure::internal(e)),
     };
@@ -315,7 +315,7 @@ fn freeze_argv(lua: &Lua, sec: &SectionCtx, end: EntryEnd) -> EntryEnd {
         Ok(v) => v,
         Err(e) => return EntryEnd::Fail(Failure::internal(e)),
     };
-    if let Err(e) = crate::hostfn::fill_if_table(lua, &value) {
+    if let Err(e) = crate::hostfn::dispatch::fill_if_table(lua, &value) {
         return EntryEnd::Fail(Failure::internal(e));
     }
     match crate::json::lua_to_json(&value, "argv") {
@@ -402,9 +402,16 @@ async fn run_block(lua: &Lua, sec: &Rc<SectionCtx>, block: &LuaBlock) -> BlockEn
     // Pad with newlines so Lua's own line numbers are the prompt file's lines.
     let padding = "\n".repeat(block.first_line.saturating_sub(1) as usize);
     let source = format!("{padding}{}", block.source);
-    let func = match crate::ctx::block_chunk(lua, &block.label, source) {
+    let func = match crate::caches::block_chunk(lua, &block.label, source) {
         Ok(f) => f,
-        Err(e) => return fail(sec, RunErrorKind::Lua, crate::ctx::mlua_message(&e), None),
+        Err(e) => {
+            return fail(
+                sec,
+                RunErrorKind::Lua,
+                crate::hostfn::mlua_message(&e),
+                None,
+            )
+        }
     };
     let h = match helpers(lua) {
         Ok(h) => h,
@@ -428,7 +435,14 @@ async fn run_block(lua: &Lua, sec: &Rc<SectionCtx>, block: &LuaBlock) -> BlockEn
     }
     let values = match result {
         Ok(v) => v,
-        Err(e) => return fail(sec, RunErrorKind::Lua, crate::ctx::mlua_message(&e), None),
+        Err(e) => {
+            return fail(
+                sec,
+                RunErrorKind::Lua,
+                crate::hostfn::mlua_message(&e),
+                None,
+            )
+        }
     };
     let ok = matches!(values.front(), Some(Value::Boolean(true)));
     let payload = values.get(1).cloned().unwrap_or(Value::Nil);

@@ -31,9 +31,8 @@ use std::rc::Rc;
 use mlua::{Function, Lua, MultiValue, Table, Value};
 
 use crate::memory::HostCharge;
+use crate::sources::{deferred_source, GUARDS};
 use matcher::{no_specials, Capture, MatchError, Matcher};
-
-pub(crate) const GUARDS: &str = include_str!("../lua/guards.lua");
 
 /// What a C call interrupted by a cancel raises (the hook raises the same text).
 const INTERRUPTED: &str = "interrupted by Ctrl-C";
@@ -240,7 +239,7 @@ pub(crate) fn guard_library(lua: &Lua, interrupted: Interrupted) -> mlua::Result
         )
         .eval()?;
     h.raw_set("guard_raw", raw_table(lua, 64 * 1024 * 1024, interrupted)?)?;
-    lua.load(crate::vm::deferred_source(GUARDS, "guards"))
+    lua.load(deferred_source(GUARDS, "guards"))
         .set_name("=[promptforge guards]")
         .call::<()>(&h)?;
     // The sandbox `setmetatable`/`getmetatable`, over the base ones here.

@@ -18,13 +18,12 @@ use serde_json::Value as Json;
 
 use crate::claims::ClaimIdentity;
 use crate::ctx::ArmSeed;
-use crate::ctx::{
-    arg, cancelled_error, host_async, host_fn, section, target_arg, Chain, Failure, RunCtx,
-    SectionCtx, DEPTH_CAP,
-};
+use crate::ctx::{section, Chain, Failure, RunCtx, SectionCtx, DEPTH_CAP};
+use crate::error::cancelled_error;
 use crate::error::{ErrorKind, HostError, HostResult, Raise};
 use crate::event::{TaskAbandoned, TaskEnded, TaskNotice, TaskStarted};
 use crate::events::Event;
+use crate::hostfn::{arg, host_async, host_fn, target_arg};
 use crate::json::lua_to_json;
 use crate::text::{envelope, lua_type_name};
 
@@ -959,14 +958,14 @@ fn deliver(lua: &Lua, run: &RunCtx, key: &TaskKey) -> HostResult<(bool, Value)> 
         Some(Ok(text)) => (true, Value::String(lua.create_string(&text)?)),
         Some(Err(e)) => (
             false,
-            Value::Table(crate::error::error_table(lua, &helpers, &e)?),
+            Value::Table(crate::hostfn::error_table(lua, &helpers, &e)?),
         ),
         None => {
             let e = HostError::new(ErrorKind::Cancelled, format!("task `{id}` was cancelled"))
                 .with("task", id);
             (
                 false,
-                Value::Table(crate::error::error_table(lua, &helpers, &e)?),
+                Value::Table(crate::hostfn::error_table(lua, &helpers, &e)?),
             )
         }
     })
@@ -1061,7 +1060,7 @@ pub(crate) fn model_start(
     match started {
         Ok(id) => Ok(format!("Task id={id} started")),
         Err(Raise::Host(e)) => Err(format!("task: {}", e.message)),
-        Err(Raise::Mlua(e)) => Err(format!("task: {}", crate::ctx::mlua_message(&e))),
+        Err(Raise::Mlua(e)) => Err(format!("task: {}", crate::hostfn::mlua_message(&e))),
         Err(Raise::Value(_)) => Err("task: the task could not start".to_string()),
     }
 }
