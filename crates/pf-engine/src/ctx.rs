@@ -1,13 +1,15 @@
 //! Run-wide, chain and section-entry state.
 //!
-//! It imports only leaves (`error`, `events`, `claims`, `json`, `memory`,
-//! `setup`, `hostfn::dispatch` and the task table), never a namespace, the VM
-//! or the walk. The walk reaches it as a function value
+//! It imports only leaves (`error`, `event`, `events`, `claims`, `json`,
+//! `memory`, `setup`, `vm::hostfn::dispatch` and its task table), never a
+//! namespace, the VM or the walk. The walk reaches it as a function value
 //! ([`WalkFn`], handed to [`RunCtx::new`]), so the modules that start chains
 //! (`call`, `fanout`, `tasks`) do not import the module that runs them.
 //!
 //! State is private and changes only through methods; each says which rule it
 //! keeps. What prepare fixed ([`RunFixed`]) never changes.
+
+pub(crate) mod task_table;
 
 use std::cell::{Cell, Ref, RefCell};
 use std::collections::HashMap;
@@ -22,10 +24,10 @@ use pf_syntax::{Prompt, RoleDecl};
 use serde_json::Value as Json;
 
 use crate::claims::{ClaimIdentity, ClaimKind, ClaimRegistry, Conflict};
+use crate::ctx::task_table::TaskTable;
 use crate::error::{cancelled_error, ErrorKind, HostError, Raise, RunError, RunErrorKind};
 use crate::events::{Event, EventLog, RunEvent, RunObserver, MAIN_TASK};
 use crate::setup::{Checkpoint, REPORTED_CHECKPOINTS};
-use crate::tasks::table::TaskTable;
 
 /// A tool slot bound at prepare.
 pub(crate) struct BoundTool {
@@ -699,7 +701,7 @@ impl SectionCtx {
         if self.is_h1 {
             // From the H1 pass, `argv` is an ordinary global: hand on what it holds now.
             let current: Value = lua.globals().raw_get("argv")?;
-            crate::hostfn::dispatch::fill_if_table(lua, &current)?;
+            crate::vm::hostfn::dispatch::fill_if_table(lua, &current)?;
             return match crate::json::lua_to_json(&current, "argv") {
                 Ok(Json::Null) => Ok(None),
                 Ok(j) => Ok(Some(j)),

@@ -14,7 +14,7 @@
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value as Json};
 
-pub use crate::tasks::table::{AbandonReason, TaskOrigin};
+pub use crate::ctx::task_table::{AbandonReason, TaskOrigin};
 
 macro_rules! events {
     (

@@ -4,10 +4,10 @@ use std::rc::Rc;
 
 use mlua::{Lua, StdLib, Table, Value};
 
-use crate::cancel::without_cancel_poll;
 use crate::ctx::{helpers, section};
 use crate::json::json_to_lua;
-use crate::sources::{deferred_source, ENV, GUARDS, PRELUDE};
+use crate::vm::cancel::without_cancel_poll;
+use crate::vm::sources::{deferred_source, ENV, GUARDS, PRELUDE};
 
 /// The standard library `lib` (global `name`), opened now, without touching
 /// the prompt's `_G`: Lua's own global write is made raw (`_G[name]` present
@@ -95,7 +95,7 @@ pub(crate) enum Deferred {
     /// `install_globals`), loaded by the first build.
     EnvGlobals,
     /// The error values (prelude `ERR_MT`, `make_error`, `H.genuine`), loaded
-    /// by the first one built (error.rs `error_table`, the prelude's stand-in
+    /// by the first one built (hostfn/mod.rs `error_table`, the prelude's stand-in
     /// `H.make_error`), or by a part whose errors are error values.
     Errors,
 }
@@ -250,7 +250,7 @@ pub(crate) fn ensure_part(lua: &Lua, h: &Table, part: Deferred) -> mlua::Result<
             let sec = section(lua)?;
             let cancel = sec.run.fixed.cancel.clone();
             let abort = sec.run.abort_signal();
-            let raw = crate::sandbox_guards::raw_table(
+            let raw = crate::vm::sandbox_guards::raw_table(
                 lua,
                 sec.run.fixed.memory.ceiling(),
                 Rc::new(move || cancel.is_cancelled() || abort.is_cancelled()),
@@ -290,7 +290,7 @@ pub(crate) fn load_deferred(lua: &Lua, h: &Table, part: Deferred) -> mlua::Resul
     };
     let loaded = libraries
         .and_then(|()| {
-            crate::caches::internal_chunk_keyed(lua, part.key(), part.name(), || {
+            crate::vm::caches::internal_chunk_keyed(lua, part.key(), part.name(), || {
                 deferred_source(part.file(), part.tag()).into()
             })
         })

@@ -1,18 +1,31 @@
 //! Building a section VM: the sandbox, the host globals in their fixed order.
+//!
+//! This module sits above the namespaces (it builds their globals); its
+//! children are leaves below them, which import neither this module nor a
+//! namespace.
+
+pub(crate) mod caches;
+pub(crate) mod cancel;
+pub(crate) mod deferred;
+pub(crate) mod hostfn;
+pub(crate) mod sandbox_guards;
+pub(crate) mod sources;
 
 use std::rc::Rc;
 
 use mlua::{Lua, LuaOptions, MultiValue, StdLib, Table, Value};
 
-use crate::caches::internal_chunk;
-use crate::cancel::install_cancel_poll;
 use crate::ctx::{section, SectionCtx};
-use crate::deferred::{ensure_part, load_deferred, load_part, math_library, part_helper, Deferred};
 use crate::error::{ErrorKind, HostError, Raise};
-use crate::hostfn::{arg, host_async, host_fn, host_method, string_arg};
 use crate::json::json_to_lua;
-use crate::sources::{ENV, PRELUDE};
 use crate::text::{envelope, float_text, lua_type_name};
+use crate::vm::caches::internal_chunk;
+use crate::vm::cancel::install_cancel_poll;
+use crate::vm::deferred::{
+    ensure_part, load_deferred, load_part, math_library, part_helper, Deferred,
+};
+use crate::vm::hostfn::{arg, host_async, host_fn, host_method, string_arg};
+use crate::vm::sources::{ENV, PRELUDE};
 use pf_syntax::{Built, LuaGlobal, Suspends};
 
 /// The collector's pause (percent of the live heap) for the collection on the
@@ -57,7 +70,7 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     // The helper table; the prelude fills in its own bookkeeping (sized for
     // what the setup puts in it, so it is not grown step by step).
     let h = lua.create_table_with_capacity(0, HELPER_FIELDS)?;
-    crate::sandbox_guards::introspect::install(&lua, &h)?;
+    crate::vm::sandbox_guards::introspect::install(&lua, &h)?;
     let h: Table = internal_chunk(&lua, "=[promptforge prelude]", PRELUDE)?.call(h)?;
     // Every global built on first touch starts pending, absent from `_G`
     // (the sandbox's own are the prelude's to capture first).
@@ -130,11 +143,11 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
     // prose
     h.raw_set(
         "prose_read",
-        host_fn(&lua, |lua, _| crate::flow::read_prose(lua))?,
+        host_fn(&lua, |lua, _| crate::namespaces::flow::read_prose(lua))?,
     )?;
     internal_chunk(&lua, "=[promptforge env]", ENV)?.call::<()>(h.clone())?;
-    crate::hostfn::dispatch::setup_done(&lua);
-    crate::hostfn::dispatch::set_fill_pending(&lua, Some(fill_lazy_globals));
+    crate::vm::hostfn::dispatch::setup_done(&lua);
+    crate::vm::hostfn::dispatch::set_fill_pending(&lua, Some(fill_lazy_globals));
     build_eagerly(&lua, &h)?;
     // The cancel poll and the memory limit go on last, before any prompt code:
     // with a count hook Lua traces every instruction, and under a memory limit
@@ -178,7 +191,7 @@ fn build_eagerly(lua: &Lua, h: &Table) -> mlua::Result<()> {
 /// until `_G`'s engine metatable (env.lua) builds it on a read, or drops it on
 /// a write; whatever else could see `_G`'s key set builds every pending one
 /// first: the ordered `pairs`/`next` over `_G` (prelude `ordered_keys`), a host
-/// call given a table or a function (hostfn.rs dispatchers: whatever Rust
+/// call given a table or a function (hostfn/dispatch.rs dispatchers: whatever Rust
 /// reads, walks or calls back is reached from its arguments), and the Rust
 /// reads of `argv` and prose substitution (`hostfn::fill_if_table`). Only `_G`'s raw
 /// hash layout differs, which nothing a prompt holds walks in a set order
@@ -212,23 +225,25 @@ fn make_lazy_global(lua: &Lua, built: Built) -> mlua::Result<Value> {
         Built::Xpcall => part_helper(lua, Deferred::Pcall, "sandbox_xpcall")?,
         Built::Getmetatable => part_helper(lua, Deferred::GuardsMeta, "sandbox_getmetatable")?,
         Built::Setmetatable => part_helper(lua, Deferred::GuardsMeta, "sandbox_setmetatable")?,
-        Built::Call => Value::Function(crate::flow::make_call(lua)?),
-        Built::Compactors => Value::Table(crate::models::make_compactors(lua)?),
-        Built::Fanout => Value::Function(crate::fanout::make_fanout(lua)?),
+        Built::Call => Value::Function(crate::namespaces::flow::make_call(lua)?),
+        Built::Compactors => Value::Table(crate::namespaces::models::make_compactors(lua)?),
+        Built::Fanout => Value::Function(crate::namespaces::fanout::make_fanout(lua)?),
         Built::Input => Value::Table(make_input(lua)?),
-        Built::Jump => Value::Function(crate::flow::make_jump(lua)?),
-        Built::ListFromSection => Value::Function(crate::flow::make_list_from_section(lua)?),
+        Built::Jump => Value::Function(crate::namespaces::flow::make_jump(lua)?),
+        Built::ListFromSection => {
+            Value::Function(crate::namespaces::flow::make_list_from_section(lua)?)
+        }
         Built::Log => Value::Function(make_log(lua)?),
-        Built::Messages => Value::Table(crate::models::make_messages(lua)?),
-        Built::Models => Value::Table(crate::models::make_models(lua)?),
-        Built::Store => Value::Table(crate::storeapi::make_store(lua)?),
+        Built::Messages => Value::Table(crate::namespaces::models::make_messages(lua)?),
+        Built::Models => Value::Table(crate::namespaces::models::make_models(lua)?),
+        Built::Store => Value::Table(crate::namespaces::storeapi::make_store(lua)?),
         Built::Sys => Value::Table(make_sys(lua)?),
-        Built::Tasks => Value::Table(crate::tasks::make_tasks(lua)?),
-        Built::Tools => Value::Table(crate::tools::make_tools(lua)?),
+        Built::Tasks => Value::Table(crate::namespaces::tasks::make_tasks(lua)?),
+        Built::Tools => Value::Table(crate::namespaces::tools::make_tools(lua)?),
         Built::Untrusted => Value::Function(make_untrusted(lua)?),
         Built::Math => Value::Table(math_library(lua)?),
         Built::Var => {
-            let root = crate::var::make_proxy(lua, Vec::new())?;
+            let root = crate::namespaces::var::make_proxy(lua, Vec::new())?;
             lua.set_named_registry_value("pf.var_root", &root)?;
             Value::Table(root)
         }
@@ -289,19 +304,20 @@ fn build_lazy_global(lua: &Lua, name: &str) -> mlua::Result<Value> {
         .ok_or_else(|| mlua::Error::runtime("internal invariant violated: unknown lazy global"))?;
     // mlua reads a limit of 0 as "no limit".
     let limit = lua.set_memory_limit(0)?;
-    let made = crate::hostfn::dispatch::building(lua, global.name, || make_lazy_global(lua, built))
-        .and_then(|made| {
-            let guarded: Value = if global.suspends == Suspends::Never {
-                made
-            } else {
-                ensure_part(lua, &h, Deferred::EnvGlobals)?;
-                let (how, names) = guard_spec(lua, global.suspends)?;
-                let guard: mlua::Function = h.raw_get("guard_global")?;
-                guard.call((made, how, names))?
-            };
-            lua.globals().raw_set(name, guarded.clone())?;
-            Ok(guarded)
-        });
+    let made =
+        crate::vm::hostfn::dispatch::building(lua, global.name, || make_lazy_global(lua, built))
+            .and_then(|made| {
+                let guarded: Value = if global.suspends == Suspends::Never {
+                    made
+                } else {
+                    ensure_part(lua, &h, Deferred::EnvGlobals)?;
+                    let (how, names) = guard_spec(lua, global.suspends)?;
+                    let guard: mlua::Function = h.raw_get("guard_global")?;
+                    guard.call((made, how, names))?
+                };
+                lua.globals().raw_set(name, guarded.clone())?;
+                Ok(guarded)
+            });
     lua.set_memory_limit(limit)?;
     made
 }
@@ -310,7 +326,7 @@ fn build_lazy_global(lua: &Lua, name: &str) -> mlua::Result<Value> {
 /// batch: one lifted limit, one Lua call making the closures ahead and one
 /// installing them all (one build each cost twice what the eager setup did).
 pub(crate) fn fill_lazy_globals(lua: &Lua) -> mlua::Result<()> {
-    crate::hostfn::dispatch::set_fill_pending(lua, None);
+    crate::vm::hostfn::dispatch::set_fill_pending(lua, None);
     let h = crate::ctx::helpers(lua)?;
     let pending: Table = h.raw_get("lazy_globals")?;
     let mut todo = Vec::with_capacity(lazy_globals().count());
@@ -328,7 +344,7 @@ pub(crate) fn fill_lazy_globals(lua: &Lua) -> mlua::Result<()> {
     }
     // mlua reads a limit of 0 as "no limit".
     let limit = lua.set_memory_limit(0)?;
-    let built = crate::hostfn::dispatch::building(lua, "(all pending)", || {
+    let built = crate::vm::hostfn::dispatch::building(lua, "(all pending)", || {
         todo.iter()
             .map(|(_, built)| make_lazy_global(lua, *built))
             .collect::<mlua::Result<Vec<Value>>>()
@@ -374,7 +390,7 @@ pub(crate) fn install_name_globals(lua: &Lua) -> mlua::Result<()> {
             pending.raw_set(label.as_str(), Value::Nil)?;
             g.raw_set(
                 label.as_str(),
-                crate::models::make_handle(lua, &label, None)?,
+                crate::namespaces::models::make_handle(lua, &label, None)?,
             )?;
         }
     }
@@ -382,7 +398,7 @@ pub(crate) fn install_name_globals(lua: &Lua) -> mlua::Result<()> {
         pending.raw_set(b.alias.as_str(), Value::Nil)?;
         g.raw_set(
             b.alias.as_str(),
-            crate::tools::make_tool_object(lua, &b.alias)?,
+            crate::namespaces::tools::make_tool_object(lua, &b.alias)?,
         )?;
     }
     Ok(())
@@ -500,7 +516,10 @@ fn make_input(lua: &Lua) -> mlua::Result<Table> {
             };
             // Every wait reports its start, even in a host with no operator.
             sec.report(crate::events::Event::UserInputWaitStarted);
-            let _blocked = crate::tasks::blocked_on(&sec, crate::tasks::Blocked::UserInput);
+            let _blocked = crate::namespaces::tasks::blocked_on(
+                &sec,
+                crate::namespaces::tasks::Blocked::UserInput,
+            );
             let Some(broker) = sec.run.fixed.services.input_broker.clone() else {
                 return Ok((INPUT_UNAVAILABLE.to_string(), false));
             };
@@ -533,7 +552,7 @@ fn make_input(lua: &Lua) -> mlua::Result<Table> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sources::deferred_source;
+    use crate::vm::sources::deferred_source;
 
     /// env.lua's `guard_global` knows every way `guard_spec` names.
     #[test]

@@ -11,8 +11,8 @@ use std::rc::Rc;
 use mlua::{Function, IntoLuaMulti, Lua, MultiValue, Table, Value};
 
 use crate::ctx::{helpers, section};
-use crate::deferred::{ensure_part, Deferred};
 use crate::error::{cancelled_error, HostError, HostResult, Raise};
+use crate::vm::deferred::{ensure_part, Deferred};
 
 /// Turn a raise into the `(false, value)` pair the Lua shim re-raises.
 pub(crate) fn raise_values(lua: &Lua, raise: Raise) -> mlua::Result<MultiValue> {
@@ -62,7 +62,7 @@ where
 
 /// `host_fn` for a metamethod of one of the engine's proxy tables (`sys`,
 /// `var`): its first argument is the proxy itself, which the host never
-/// walks, so it alone does not build the pending globals (hostfn.rs).
+/// walks, so it alone does not build the pending globals (dispatch.rs).
 pub(crate) fn host_method<R, F>(lua: &Lua, f: F) -> mlua::Result<Function>
 where
     R: IntoLuaMulti,

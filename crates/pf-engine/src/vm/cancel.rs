@@ -32,11 +32,11 @@ pub(crate) fn cancel_check(sec: &SectionCtx) -> PollCheck {
     let abort = sec.run.abort_signal();
     Rc::new(move |lua: &Lua| {
         if cancel.is_cancelled() {
-            crate::sandbox_guards::disarm_close_handlers(lua);
+            crate::vm::sandbox_guards::disarm_close_handlers(lua);
             Err(mlua::Error::runtime("interrupted by Ctrl-C"))
         } else if abort.is_cancelled() {
             // The run already ended on the spot; the walk reports why.
-            crate::sandbox_guards::disarm_close_handlers(lua);
+            crate::vm::sandbox_guards::disarm_close_handlers(lua);
             Err(mlua::Error::runtime("run ended"))
         } else {
             Ok(VmState::Continue)

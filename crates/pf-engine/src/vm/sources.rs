@@ -1,9 +1,9 @@
 //! The engine's own Lua chunks (loaded under their `=[promptforge ...]`
 //! names) and the reader of their deferred parts.
 
-pub(crate) const PRELUDE: &str = include_str!("lua/prelude.lua");
-pub(crate) const ENV: &str = include_str!("lua/env.lua");
-pub(crate) const GUARDS: &str = include_str!("lua/guards.lua");
+pub(crate) const PRELUDE: &str = include_str!("../lua/prelude.lua");
+pub(crate) const ENV: &str = include_str!("../lua/env.lua");
+pub(crate) const GUARDS: &str = include_str!("../lua/guards.lua");
 
 /// The deferred part `tag` of `file`: every line up to its
 /// `--[==[ deferred TAG:` line blank, then the lines up to the next `--]==]`.
