@@ -9,6 +9,8 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== no import circles between modules (issue 38)"
 python3 .ci/import_circles.py crates/pf-host/src crates/pf-trace/src crates/pf-mcp-server/src crates/promptforge/src
+# The engine: no circle through more than three modules (issue 44).
+python3 .ci/import_circles.py --max-len 3 crates/pf-engine/src
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== test tools (headless Chromium, Arize Phoenix, llama.cpp with SmolLM2, the MCP SDK and servers from npm)"

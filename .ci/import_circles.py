@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Import circles between the modules (files) of a crate, outside tests.
 An edge A -> B when A's code names a path into module B (crate::, super::,
-self::, or a child module's name in a `use`). Usage: cycles.py CRATE/src..."""
+self::, or a child module's name in a `use`). Usage: cycles.py [--max-len N] CRATE/src...
+With --max-len N only circles through more than N modules count."""
 import re, sys, os
 def modules(src):
     out={}
@@ -18,7 +19,11 @@ def resolve(path, mods):
         if tuple(path[:i]) in mods: return tuple(path[:i])
     return ()
 bad=False
-for src in sys.argv[1:]:
+args=sys.argv[1:]
+max_len=0
+if args[:1]==['--max-len']:
+    max_len=int(args[1]); args=args[2:]
+for src in args:
     mods=modules(src); edges={m:set() for m in mods}
     for m,p in mods.items():
         text=open(p).read().split('#[cfg(test)]')[0]
@@ -49,8 +54,9 @@ for src in sys.argv[1:]:
                 i=cyc.index(min(cyc)); found.add(tuple(cyc[i:]+cyc[:i]))
             elif len(stack)<12: dfs(x,stack+[x])
     for n in edges: dfs(n,[n])
+    found={c for c in found if len(c)>max_len}
     # a parent declaring a child is not an import; drop cycles through the root that only come from declarations
     show=lambda c: ' -> '.join('::'.join(x) or 'crate' for x in c)
-    print(src+':', 'no circles' if not found else '')
+    print(src+':', ('no circles' if not max_len else f'no circle of more than {max_len} modules') if not found else '')
     for c in sorted(found): print('  ', show(c)); bad=True
 sys.exit(1 if bad else 0)

@@ -1,14 +1,15 @@
-//! Run-wide, chain and section-entry state, and the helpers that register host
-//! functions.
+//! Run-wide, chain and section-entry state.
 //!
-//! A leaf the other engine modules build on: it imports only the other leaves
-//! (`error`, `events`, `claims`, `text`, `json`, `memory`, `hostfn` and the task table), never a
+//! It imports only leaves (`error`, `event`, `events`, `claims`, `json`,
+//! `memory`, `setup`, `vm::hostfn::dispatch` and its task table), never a
 //! namespace, the VM or the walk. The walk reaches it as a function value
 //! ([`WalkFn`], handed to [`RunCtx::new`]), so the modules that start chains
 //! (`call`, `fanout`, `tasks`) do not import the module that runs them.
 //!
 //! State is private and changes only through methods; each says which rule it
 //! keeps. What prepare fixed ([`RunFixed`]) never changes.
+
+pub(crate) mod task_table;
 
 use std::cell::{Cell, Ref, RefCell};
 use std::collections::HashMap;
@@ -17,15 +18,16 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use mlua::{Function, IntoLuaMulti, Lua, MultiValue, Table, Value};
+use mlua::{Function, Lua, Table, Value};
 use pf_harness::{ActivePlugin, CancellationToken, HostServices, ModelProvider, WorkId};
 use pf_syntax::{Prompt, RoleDecl};
 use serde_json::Value as Json;
 
 use crate::claims::{ClaimIdentity, ClaimKind, ClaimRegistry, Conflict};
-use crate::error::{error_table, ErrorKind, HostError, HostResult, Raise, RunError, RunErrorKind};
+use crate::ctx::task_table::TaskTable;
+use crate::error::{cancelled_error, ErrorKind, HostError, Raise, RunError, RunErrorKind};
 use crate::events::{Event, EventLog, RunEvent, RunObserver, MAIN_TASK};
-use crate::tasks::table::TaskTable;
+use crate::setup::{Checkpoint, REPORTED_CHECKPOINTS};
 
 /// A tool slot bound at prepare.
 pub(crate) struct BoundTool {
@@ -43,13 +45,6 @@ impl BoundTool {
     pub fn short_name(&self) -> &str {
         self.path.rsplit('/').next().unwrap_or(&self.path)
     }
-}
-
-/// A checkpoint recorded by `log`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Checkpoint {
-    pub section: String,
-    pub message: String,
 }
 
 /// What a run fixes at prepare: read by every chain, never changed while it runs.
@@ -227,12 +222,12 @@ impl RunCtx {
     }
 
     /// Keep a checkpoint for the run's report: the first
-    /// [`crate::REPORTED_CHECKPOINTS`] of them (every one is an event of
+    /// [`REPORTED_CHECKPOINTS`] of them (every one is an event of
     /// kind `lua` too, in the history and the run log), so a prompt that logs
     /// without end does not grow the report without end.
     pub fn record_checkpoint(&self, checkpoint: Checkpoint) {
         let mut kept = self.checkpoints.borrow_mut();
-        if kept.len() < crate::REPORTED_CHECKPOINTS {
+        if kept.len() < REPORTED_CHECKPOINTS {
             kept.push(checkpoint);
         }
     }
@@ -706,7 +701,7 @@ impl SectionCtx {
         if self.is_h1 {
             // From the H1 pass, `argv` is an ordinary global: hand on what it holds now.
             let current: Value = lua.globals().raw_get("argv")?;
-            crate::hostfn::fill_if_table(lua, &current)?;
+            crate::vm::hostfn::dispatch::fill_if_table(lua, &current)?;
             return match crate::json::lua_to_json(&current, "argv") {
                 Ok(Json::Null) => Ok(None),
                 Ok(j) => Ok(Some(j)),
@@ -1022,267 +1017,4 @@ pub(crate) fn section(lua: &Lua) -> mlua::Result<Rc<SectionCtx>> {
 
 pub(crate) fn helpers(lua: &Lua) -> mlua::Result<Table> {
     lua.named_registry_value("pf.helpers")
-}
-
-/// Turn a raise into the `(false, value)` pair the Lua shim re-raises.
-pub(crate) fn raise_values(lua: &Lua, raise: Raise) -> mlua::Result<MultiValue> {
-    let h = helpers(lua)?;
-    let value = match raise {
-        Raise::Host(e) => Value::Table(error_table(lua, &h, &e)?),
-        Raise::Value(v) => v,
-        // Host memory refused on the prompt's behalf (`memory::headroom`,
-        // `memory::hold`) is Lua's own memory error: the shim raises it
-        // without a position, as Lua raises a refused allocation.
-        Raise::Mlua(e) if crate::memory::is_memory_error(&e) => {
-            Value::String(lua.create_string(crate::memory::MEMORY_ERROR)?)
-        }
-        Raise::Mlua(e) => {
-            let e = HostError::lua(mlua_message(&e));
-            Value::Table(error_table(lua, &h, &e)?)
-        }
-    };
-    Ok(MultiValue::from(vec![Value::Boolean(false), value]))
-}
-
-/// The message of an mlua error without mlua's decorations.
-pub(crate) fn mlua_message(e: &mlua::Error) -> String {
-    match e {
-        mlua::Error::RuntimeError(m) => m.clone(),
-        mlua::Error::MemoryError(m) => m.clone(),
-        mlua::Error::CallbackError { cause, .. } => mlua_message(cause),
-        mlua::Error::WithContext { cause, .. } => mlua_message(cause),
-        other => other.to_string(),
-    }
-}
-
-fn ok_values(lua: &Lua, r: impl IntoLuaMulti) -> mlua::Result<MultiValue> {
-    let mut mv = r.into_lua_multi(lua)?;
-    mv.push_front(Value::Boolean(true));
-    Ok(mv)
-}
-
-/// Register a host function whose failures raise error values.
-pub(crate) fn host_fn<R, F>(lua: &Lua, f: F) -> mlua::Result<Function>
-where
-    R: IntoLuaMulti,
-    F: Fn(&Lua, MultiValue) -> HostResult<R> + 'static,
-{
-    register_host_fn(lua, f, false)
-}
-
-/// `host_fn` for a metamethod of one of the engine's proxy tables (`sys`,
-/// `var`): its first argument is the proxy itself, which the host never
-/// walks, so it alone does not build the pending globals (hostfn.rs).
-pub(crate) fn host_method<R, F>(lua: &Lua, f: F) -> mlua::Result<Function>
-where
-    R: IntoLuaMulti,
-    F: Fn(&Lua, MultiValue) -> HostResult<R> + 'static,
-{
-    register_host_fn(lua, f, true)
-}
-
-fn register_host_fn<R, F>(lua: &Lua, f: F, on_proxy: bool) -> mlua::Result<Function>
-where
-    R: IntoLuaMulti,
-    F: Fn(&Lua, MultiValue) -> HostResult<R> + 'static,
-{
-    let entry: crate::hostfn::SyncEntry =
-        Rc::new(move |lua: &Lua, args: MultiValue| match f(lua, args) {
-            Ok(r) => ok_values(lua, r),
-            Err(e) => raise_values(lua, e),
-        });
-    crate::hostfn::register_sync(lua, entry, on_proxy)
-}
-
-/// Register a suspending host function.
-pub(crate) fn host_async<R, F, Fut>(lua: &Lua, f: F) -> mlua::Result<Function>
-where
-    R: IntoLuaMulti + 'static,
-    F: Fn(Lua, MultiValue) -> Fut + 'static,
-    Fut: Future<Output = HostResult<R>> + 'static,
-{
-    let entry: crate::hostfn::AsyncEntry = Rc::new(move |lua: Lua, args: MultiValue| {
-        let fut = f(lua.clone(), args);
-        let claim_for = lua.clone();
-        let fut = async move {
-            let run = section(&lua)?.run.clone();
-            let abort = run.abort_signal();
-            // Once the run has ended on the spot, no suspending call starts or
-            // finishes: the abort wins the race and the call's work is dropped.
-            let result = tokio::select! {
-                biased;
-                _ = abort.cancelled() => Err(Raise::Host(run.abort_error().unwrap_or_else(cancelled_error))),
-                r = fut => {
-                    // Give every other ready chain (a sibling fanout arm) its turn
-                    // before this one resumes, so concurrent arms interleave at each
-                    // suspending call instead of running one after another.
-                    tokio::task::yield_now().await;
-                    match run.abort_error() {
-                        Some(e) => Err(Raise::Host(e)),
-                        None => r,
-                    }
-                },
-            };
-            // Whatever ran meanwhile (a `call` chain, fanout arms) may have
-            // shrunk this VM's memory reservation: claim before writing into it.
-            crate::memory::claim(&lua)?;
-            match result {
-                Ok(r) => ok_values(&lua, r),
-                Err(e) => raise_values(&lua, e),
-            }
-        };
-        Box::pin(async move { crate::memory::claimed(&claim_for, fut).await })
-    });
-    crate::hostfn::register_async(lua, entry)
-}
-
-/// The `n`th argument (0-based), nil when absent.
-pub(crate) fn arg(args: &MultiValue, n: usize) -> Value {
-    args.get(n).cloned().unwrap_or(Value::Nil)
-}
-
-/// A string argument, with the guide's two message shapes.
-pub(crate) fn string_arg(args: &MultiValue, n: usize, name: &str) -> Result<String, HostError> {
-    match arg(args, n) {
-        Value::String(s) => match s.to_str() {
-            Ok(t) => Ok(t.to_string()),
-            Err(_) => Err(HostError::lua(format!(
-                "{name} must be a valid UTF-8 string"
-            ))),
-        },
-        other => Err(HostError::lua(format!(
-            "{name} must be a string, got {}",
-            crate::text::lua_type_name(&other)
-        ))),
-    }
-}
-
-/// The target of `call`, `jump` and `list_from_section`: a string.
-pub(crate) fn target_arg(args: &MultiValue) -> Result<String, HostError> {
-    match arg(args, 0) {
-        Value::String(s) => Ok(s.to_string_lossy()),
-        other => Err(HostError::lua(format!(
-            "section target must be a string, got {}",
-            crate::text::lua_type_name(&other)
-        ))),
-    }
-}
-
-/// A cancelled error value.
-pub(crate) fn cancelled_error() -> HostError {
-    HostError::new(ErrorKind::Cancelled, "interrupted by Ctrl-C")
-}
-
-/// A `__newindex` metamethod that refuses every assignment; `message` builds the
-/// refusal from the key's text (the key itself, or its type for a non-string key).
-pub(crate) fn frozen_newindex(lua: &Lua, message: fn(&str) -> String) -> mlua::Result<Function> {
-    host_fn(lua, move |_, args| -> HostResult<()> {
-        let key = match arg(&args, 1) {
-            Value::String(s) => s.to_string_lossy(),
-            other => crate::text::lua_type_name(&other).to_string(),
-        };
-        Err(HostError::lua(message(&key)).into())
-    })
-}
-
-thread_local! {
-    /// Bytecode of the engine's own Lua chunks, compiled once per thread: every
-    /// section VM runs them, and lexing them again for each VM was most of a VM's cost.
-    static INTERNAL_BYTECODE: std::cell::RefCell<std::collections::HashMap<&'static str, Rc<[u8]>>> =
-        std::cell::RefCell::new(std::collections::HashMap::new());
-}
-
-/// Load one of the engine's own chunks (never prompt code: prompt chunks stay text-only).
-pub(crate) fn internal_chunk(
-    lua: &Lua,
-    name: &'static str,
-    source: &'static str,
-) -> mlua::Result<mlua::Function> {
-    internal_chunk_keyed(lua, name, name, || source.into())
-}
-
-/// [`internal_chunk`] for a chunk cached under `key`, which need not be its
-/// name (a deferred part of an engine chunk has that chunk's name), and whose
-/// source is made only when this thread has not compiled it yet.
-pub(crate) fn internal_chunk_keyed(
-    lua: &Lua,
-    key: &'static str,
-    name: &'static str,
-    source: impl FnOnce() -> std::borrow::Cow<'static, str>,
-) -> mlua::Result<mlua::Function> {
-    if !crate::settings::fast(crate::settings::FastPath::BytecodeCaches) {
-        return lua
-            .load(&*source())
-            .set_name(name)
-            .set_mode(mlua::ChunkMode::Text)
-            .into_function();
-    }
-    // Shared, not copied: loading never re-enters this cache.
-    let cached = INTERNAL_BYTECODE.with(|c| c.borrow().get(key).cloned());
-    if let Some(code) = cached {
-        return lua
-            .load(&*code)
-            .set_name(name)
-            .set_mode(mlua::ChunkMode::Binary)
-            .into_function();
-    }
-    let source = source();
-    let f = lua
-        .load(&*source)
-        .set_name(name)
-        .set_mode(mlua::ChunkMode::Text)
-        .into_function()?;
-    let code = f.dump(false);
-    INTERNAL_BYTECODE.with(|c| c.borrow_mut().insert(key, Rc::from(code)));
-    Ok(f)
-}
-
-/// A prompt block's chunk name and source.
-type BlockKey = (String, String);
-
-/// How many prompt blocks' bytecode one thread keeps (a long-lived Host runs many prompts).
-const BLOCK_CACHE_LIMIT: usize = 512;
-
-thread_local! {
-    /// Bytecode of prompt blocks this thread compiled, by chunk name and source:
-    /// a fanout enters the same block once per arm, and compiling it again each
-    /// time was a tenth of a section entry. Only the engine's own dump of text
-    /// it compiled is ever loaded as binary; the function is new in every VM.
-    static BLOCK_BYTECODE: RefCell<HashMap<BlockKey, Rc<[u8]>>> =
-        RefCell::new(HashMap::new());
-}
-
-/// Compile one prompt block (text only), from this thread's cache when it was
-/// compiled before.
-pub(crate) fn block_chunk(lua: &Lua, name: &str, source: String) -> mlua::Result<Function> {
-    if !crate::settings::fast(crate::settings::FastPath::BytecodeCaches) {
-        return lua
-            .load(source)
-            .set_name(name)
-            .set_mode(mlua::ChunkMode::Text)
-            .into_function();
-    }
-    let key = (name.to_string(), source);
-    let cached = BLOCK_BYTECODE.with(|c| c.borrow().get(&key).cloned());
-    if let Some(code) = cached {
-        return lua
-            .load(&*code)
-            .set_name(name)
-            .set_mode(mlua::ChunkMode::Binary)
-            .into_function();
-    }
-    let f = lua
-        .load(key.1.as_str())
-        .set_name(name)
-        .set_mode(mlua::ChunkMode::Text)
-        .into_function()?;
-    let code = f.dump(false);
-    BLOCK_BYTECODE.with(|c| {
-        let mut cache = c.borrow_mut();
-        if cache.len() >= BLOCK_CACHE_LIMIT {
-            cache.clear();
-        }
-        cache.insert(key, Rc::from(code));
-    });
-    Ok(f)
 }

@@ -1,6 +1,6 @@
 //! Error values (the twelve kinds Lua sees) and run error kinds (how a run fails).
 
-use mlua::{Lua, Table, Value};
+use mlua::{Table, Value};
 
 /// How a failed run is classified (guide ch. 17).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -197,40 +197,9 @@ impl From<mlua::Error> for Raise {
 
 pub(crate) type HostResult<T> = Result<T, Raise>;
 
-/// Build the Lua table for an error value.
-pub(crate) fn error_table(lua: &Lua, helpers: &Table, e: &HostError) -> mlua::Result<Table> {
-    crate::vm::ensure_part(lua, helpers, crate::vm::Deferred::Errors)?;
-    let t = lua.create_table()?;
-    t.raw_set("kind", e.kind.as_str())?;
-    t.raw_set("message", e.message.as_str())?;
-    for (k, v) in &e.fields {
-        t.raw_set(*k, v.as_str())?;
-    }
-    // The snapshot the classification reads: only values listed here are host errors.
-    let snapshot = lua.create_table()?;
-    for pair in t.pairs::<Value, Value>() {
-        let (k, v) = pair?;
-        snapshot.raw_set(k, v)?;
-    }
-    let genuine: Table = helpers.get("genuine")?;
-    genuine.raw_set(t.clone(), snapshot)?;
-    let mt: Table = helpers.get("ERR_MT")?;
-    t.set_metatable(Some(mt))?;
-    if let Some(rk) = e.run_kind {
-        let kinds: Table = helpers.get("run_kinds")?;
-        kinds.raw_set(t.clone(), rk.as_str())?;
-    }
-    if e.located {
-        let located: Table = helpers.get("located")?;
-        located.raw_set(t.clone(), true)?;
-    }
-    // Remember how many suspending calls the section had made when the value was built.
-    let born: Table = helpers.get("born")?;
-    born.raw_set(
-        t.clone(),
-        helpers.get::<Option<i64>>("suspends")?.unwrap_or(0),
-    )?;
-    Ok(t)
+/// A cancelled error value.
+pub(crate) fn cancelled_error() -> HostError {
+    HostError::new(ErrorKind::Cancelled, "interrupted by Ctrl-C")
 }
 
 /// How a value raised again after another suspending call ends the run: rebuilt

@@ -14,7 +14,7 @@
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value as Json};
 
-pub use crate::tasks::table::{AbandonReason, TaskOrigin};
+pub use crate::ctx::task_table::{AbandonReason, TaskOrigin};
 
 macro_rules! events {
     (
@@ -178,47 +178,47 @@ events! {
 #[macro_export]
 macro_rules! boundary_event {
     () => {
-        $crate::Event::ParseStarted
-            | $crate::Event::ParseSucceeded
-            | $crate::Event::ParseFailed
-            | $crate::Event::RunStarted
-            | $crate::Event::RunSucceeded
-            | $crate::Event::RunFailed
-            | $crate::Event::SectionStarted
-            | $crate::Event::SectionFinished
-            | $crate::Event::LuaSharedLoadStarted
-            | $crate::Event::LuaSharedLoadSucceeded
-            | $crate::Event::LuaSharedLoadFailed
-            | $crate::Event::LuaChunkStarted
-            | $crate::Event::LuaChunkSucceeded
-            | $crate::Event::LuaChunkFailed
-            | $crate::Event::LuaTeardownStarted
-            | $crate::Event::LuaTeardownSucceeded
-            | $crate::Event::LuaCompilationStarted
-            | $crate::Event::LuaCompilationSucceeded
-            | $crate::Event::LuaCompilationFailed
-            | $crate::Event::ModelTurnFailed
-            | $crate::Event::ModelTurnTruncated
-            | $crate::Event::ToolScopeValidationStarted
-            | $crate::Event::ToolScopeValidationSucceeded
-            | $crate::Event::ToolScopeValidationFailed
-            | $crate::Event::ToolCallSucceeded
-            | $crate::Event::ToolCallFailed
-            | $crate::Event::StoreWriteSucceeded
-            | $crate::Event::StoreWriteFailed
-            | $crate::Event::StoreAppendSucceeded
-            | $crate::Event::StoreAppendFailed
-            | $crate::Event::StoreReadSucceeded
-            | $crate::Event::StoreReadFailed
-            | $crate::Event::StoreReadNumberedSucceeded
-            | $crate::Event::StoreReadNumberedFailed
-            | $crate::Event::StoreReplaceSucceeded
-            | $crate::Event::StoreReplaceFailed
-            | $crate::Event::StoreDeleteSucceeded
-            | $crate::Event::StoreDeleteFailed
-            | $crate::Event::StoreGlobSucceeded
-            | $crate::Event::StoreGlobFailed
-            | $crate::Event::UserInputWaitStarted
+        $crate::event::Event::ParseStarted
+            | $crate::event::Event::ParseSucceeded
+            | $crate::event::Event::ParseFailed
+            | $crate::event::Event::RunStarted
+            | $crate::event::Event::RunSucceeded
+            | $crate::event::Event::RunFailed
+            | $crate::event::Event::SectionStarted
+            | $crate::event::Event::SectionFinished
+            | $crate::event::Event::LuaSharedLoadStarted
+            | $crate::event::Event::LuaSharedLoadSucceeded
+            | $crate::event::Event::LuaSharedLoadFailed
+            | $crate::event::Event::LuaChunkStarted
+            | $crate::event::Event::LuaChunkSucceeded
+            | $crate::event::Event::LuaChunkFailed
+            | $crate::event::Event::LuaTeardownStarted
+            | $crate::event::Event::LuaTeardownSucceeded
+            | $crate::event::Event::LuaCompilationStarted
+            | $crate::event::Event::LuaCompilationSucceeded
+            | $crate::event::Event::LuaCompilationFailed
+            | $crate::event::Event::ModelTurnFailed
+            | $crate::event::Event::ModelTurnTruncated
+            | $crate::event::Event::ToolScopeValidationStarted
+            | $crate::event::Event::ToolScopeValidationSucceeded
+            | $crate::event::Event::ToolScopeValidationFailed
+            | $crate::event::Event::ToolCallSucceeded
+            | $crate::event::Event::ToolCallFailed
+            | $crate::event::Event::StoreWriteSucceeded
+            | $crate::event::Event::StoreWriteFailed
+            | $crate::event::Event::StoreAppendSucceeded
+            | $crate::event::Event::StoreAppendFailed
+            | $crate::event::Event::StoreReadSucceeded
+            | $crate::event::Event::StoreReadFailed
+            | $crate::event::Event::StoreReadNumberedSucceeded
+            | $crate::event::Event::StoreReadNumberedFailed
+            | $crate::event::Event::StoreReplaceSucceeded
+            | $crate::event::Event::StoreReplaceFailed
+            | $crate::event::Event::StoreDeleteSucceeded
+            | $crate::event::Event::StoreDeleteFailed
+            | $crate::event::Event::StoreGlobSucceeded
+            | $crate::event::Event::StoreGlobFailed
+            | $crate::event::Event::UserInputWaitStarted
     };
 }
 

@@ -13,7 +13,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-#[path = "events_spool.rs"]
 mod spool;
 
 use pf_harness::WorkId;
@@ -290,7 +289,7 @@ impl StoreOp {
 ///
 /// The histories are bounded in memory: past [`HISTORY_WINDOW`] bytes of kept
 /// events (all tasks together) they move to an unnamed temporary file (a
-/// chunk a task, `events_spool.rs`), and reads take them back from there, so a
+/// chunk a task, `events/spool.rs`), and reads take them back from there, so a
 /// prompt that logs without end costs the run disk, not memory; the file keeps
 /// the newest [`spool::SPOOL_LIMIT`] bytes, so the disk it takes is bounded too.
 #[derive(Default)]

@@ -13,9 +13,9 @@ use std::sync::OnceLock;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FastPath {
     /// The host globals (and the guarded `string`/`table` fields) built on
-    /// first touch (vm.rs `LAZY_GLOBALS`); plain: all built by the setup.
+    /// first touch (vm/mod.rs `lazy_globals`); plain: all built by the setup.
     LazyGlobals,
-    /// The engine's Lua parts loaded on first use (vm.rs `Deferred`); plain:
+    /// The engine's Lua parts loaded on first use (vm/deferred.rs `Deferred`); plain:
     /// all loaded by the setup.
     DeferredParts,
     /// `models.loop` reads only the records its snapshots cannot prove
@@ -27,13 +27,13 @@ pub enum FastPath {
     /// handler reads the list as after any prompt code.
     QuietProof,
     /// A VM's host-function closures made in one Lua call, sized by the last
-    /// VM on the thread (hostfn.rs); plain: one call each.
+    /// VM on the thread (vm/hostfn/dispatch.rs); plain: one call each.
     ClosuresAhead,
     /// The engine's own Lua chunks and prompt blocks loaded from bytecode
-    /// compiled once per thread (ctx.rs); plain: compiled from text each time.
+    /// compiled once per thread (vm/caches.rs); plain: compiled from text each time.
     BytecodeCaches,
     /// The engine's bounded Lua (a part's load, the loop's list read) run
-    /// without the cancel poll's count hook (vm.rs `without_cancel_poll`);
+    /// without the cancel poll's count hook (vm/cancel.rs `without_cancel_poll`);
     /// plain: the hook stays on.
     HooklessEngineLua,
 }

@@ -13,9 +13,8 @@ use pf_harness::{
 };
 use serde_json::Value as Json;
 
-use crate::ctx::{
-    arg, cancelled_error, helpers, host_async, host_fn, section, RoleChoice, RunCtx, SectionCtx,
-};
+use crate::ctx::{helpers, section, RoleChoice, RunCtx, SectionCtx};
+use crate::error::cancelled_error;
 use crate::error::{ErrorKind, HostError, HostResult, Raise, RunErrorKind};
 use crate::event::{
     AssistantReply, AssistantToolCalls, CapturedRequest, CapturedResponse, ClientMeasures,
@@ -24,9 +23,12 @@ use crate::event::{
 };
 use crate::events::{deliver, Event, LiveText};
 use crate::json::{json_to_lua, read_back};
-use crate::models_check::{built_record, CallRecord, Composition, Keys, ListReader, Record, Role};
+use crate::namespaces::models_check::{
+    built_record, CallRecord, Composition, Keys, ListReader, Record, Role,
+};
+use crate::namespaces::tools::{call_tool, list_text, Caller, ENGINE_TOOL_NAMES};
 use crate::text::{float_text, lua_type_name};
-use crate::tools::{call_tool, list_text, Caller, ENGINE_TOOL_NAMES};
+use crate::vm::hostfn::{arg, host_async, host_fn};
 
 /// The context window of a handle made for a raw model id.
 const MODEL_ID_CONTEXT: u64 = 8192;
@@ -100,7 +102,7 @@ impl UserData for ModelHandle {
             })
         });
         fields.add_meta_field_with("__newindex", |lua| {
-            crate::ctx::frozen_newindex(lua, |key| {
+            crate::vm::hostfn::frozen_newindex(lua, |key| {
                 format!("model handles are read-only: cannot assign field '{key}'")
             })
         });
@@ -185,7 +187,7 @@ fn label_text(args: &MultiValue, call: &str) -> Result<String, HostError> {
 /// A label for `models.use` / `models.default`: the grammar, then a bound role.
 fn bound_label(sec: &SectionCtx, args: &MultiValue, call: &str) -> Result<String, HostError> {
     let label = label_text(args, call)?;
-    crate::tools::check_alias(&label)?;
+    crate::namespaces::tools::check_alias(&label)?;
     if !is_bound(&sec.run, &label) {
         return Err(HostError::lua(format!(
             "{call} label \"{label}\" is not a bound model role"
@@ -259,7 +261,7 @@ fn parse_options(v: &Value) -> Result<(Option<f64>, Option<u64>), HostError> {
     let mut bad_key_types: Vec<&'static str> = Vec::new();
     let mut named: Vec<(Vec<u8>, Value)> = Vec::new();
     for pair in table.clone().pairs::<Value, Value>() {
-        let (k, val) = pair.map_err(|e| HostError::lua(crate::ctx::mlua_message(&e)))?;
+        let (k, val) = pair.map_err(|e| HostError::lua(crate::vm::hostfn::mlua_message(&e)))?;
         match &k {
             Value::String(s) => named.push((s.as_bytes().to_vec(), val)),
             other => bad_key_types.push(lua_type_name(other)),
@@ -356,7 +358,7 @@ fn models_get(lua: &Lua, args: MultiValue) -> HostResult<AnyUserData> {
         };
         return Ok(lua.create_userdata(handle)?);
     }
-    crate::tools::check_alias(&name)?;
+    crate::namespaces::tools::check_alias(&name)?;
     Err(HostError::lua(format!(
         "models.get alias \"{name}\" is not a bound model role"
     ))
@@ -444,7 +446,8 @@ return messages, M
 
 pub(crate) fn make_messages(lua: &Lua) -> mlua::Result<Table> {
     let (messages, mt): (Table, Table) =
-        crate::ctx::internal_chunk(lua, "=[promptforge messages]", MESSAGES_METHODS)?.call(())?;
+        crate::vm::caches::internal_chunk(lua, "=[promptforge messages]", MESSAGES_METHODS)?
+            .call(())?;
     lua.set_named_registry_value("pf.messages_mt", mt)?;
     Ok(messages)
 }
@@ -606,7 +609,8 @@ async fn send_round(
         .clone()
         .filter(|o| stream && o.wants_live_text());
     let mut fragments = Fragments::default();
-    let blocked = crate::tasks::blocked_on(sec, crate::tasks::Blocked::Chat);
+    let blocked =
+        crate::namespaces::tasks::blocked_on(sec, crate::namespaces::tasks::Blocked::Chat);
     let reply = match &live {
         None => tokio::select! {
             _ = cancel.cancelled() => return Err(RoundFailure::Error(cancelled_error())),
@@ -926,7 +930,7 @@ fn offered_tools(sec: &SectionCtx) -> Result<Vec<ToolDecl>, HostError> {
             parameters: Arc::clone(&l.parameters),
         });
     }
-    out.extend(crate::tools::task_tool_decls(sec));
+    out.extend(crate::namespaces::tools::task_tool_decls(sec));
     Ok(out)
 }
 
@@ -1058,7 +1062,7 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
     };
     let mut reader = ListReader::default();
     let mut composition = Composition::default();
-    let watch = Rc::new(crate::quiet::QuietWatch::default());
+    let watch = Rc::new(crate::namespaces::quiet::QuietWatch::default());
     checked_records(&lua, &sec, &mut reader, &list_v, false)?;
     // Whether no prompt code ran since the last read: true before the
     // first round (only the Engine runs between), then whether the last
@@ -1087,7 +1091,7 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
             }
         };
         // Notices of the model's tasks that ended since the last gathering.
-        for notice in crate::tasks::take_notices(&sec.run, &sec.id) {
+        for notice in crate::namespaces::tasks::take_notices(&sec.run, &sec.id) {
             let rec = text_record(&lua, &keys, &keys.user, &notice)?;
             reader.append(
                 &lua,
@@ -1187,7 +1191,7 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
         let engine_tools = calls
             .iter()
             .any(|(call, _)| ENGINE_TOOL_NAMES.contains(&call.name.as_str()));
-        let watching = crate::quiet::activate(&lua, &watch);
+        let watching = crate::namespaces::quiet::activate(&lua, &watch);
         // Run the batch in call order, then append it whole.
         let mut results: Vec<String> = Vec::with_capacity(calls.len());
         for (call, arguments) in &calls {
@@ -1229,7 +1233,10 @@ async fn models_loop(lua: Lua, args: MultiValue) -> HostResult<()> {
         reader.append_round(&lua, list, content, call_args, read_as)?;
     }
     // The model's tasks end with its loop (guide ch. 16 "Abandoned tasks").
-    crate::tasks::abandon_model_tasks(&sec, crate::tasks::AbandonReason::ToolLoopExhausted);
+    crate::namespaces::tasks::abandon_model_tasks(
+        &sec,
+        crate::namespaces::tasks::AbandonReason::ToolLoopExhausted,
+    );
     Err(HostError::new(
         ErrorKind::ToolLoopExhausted,
         "tool-call loop did not converge",

@@ -33,10 +33,7 @@ use mlua::{
     VmState,
 };
 
-use crate::vm::CANCEL_POLL_INSTRUCTIONS;
-
-/// The cancel poll's check, run on the count events of a watched thread.
-pub(crate) type PollCheck = Rc<dyn Fn(&Lua) -> mlua::Result<VmState>>;
+use crate::vm::cancel::{PollCheck, CANCEL_POLL_INSTRUCTIONS};
 
 /// Lua's library functions that write no table that existed before the call
 /// (`table.pack` fills only the table it makes). Those that call back into Lua
@@ -377,7 +374,7 @@ impl QuietWatch {
         let verdict = (what == "Lua" || what == "main") && {
             // `lua_dump` allocates (a table of the strings it wrote) outside any
             // protected call: the engine's own bounded work, with the limit
-            // lifted as for the lazy globals (hostfn.rs), put back after.
+            // lifted as for the lazy globals (hostfn/dispatch.rs), put back after.
             let limit = lua.set_memory_limit(0).ok();
             let dump = f.dump(true);
             if let Some(limit) = limit {

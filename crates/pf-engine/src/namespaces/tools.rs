@@ -12,14 +12,14 @@ use pf_harness::ToolDecl;
 use pf_syntax::{is_valid_name, NAME_GRAMMAR};
 use serde_json::{json, Map, Value as Json};
 
-use crate::ctx::{
-    arg, cancelled_error, helpers, host_async, host_fn, section, LocalTool, SectionCtx,
-};
+use crate::ctx::{helpers, section, LocalTool, SectionCtx};
+use crate::error::cancelled_error;
 use crate::error::{ErrorKind, HostError, HostResult, Raise};
 use crate::events::Event;
 use crate::json::{json_to_lua, lua_to_json_charged, ToJsonError};
 use crate::memory::HostCharge;
 use crate::text::{envelope, lua_type_name, scalar_text};
+use crate::vm::hostfn::{arg, host_async, host_fn};
 
 /// The four names the Engine's own task tools use.
 pub(crate) const ENGINE_TOOL_NAMES: [&str; 4] =
@@ -54,7 +54,7 @@ pub(crate) struct ToolObject {
 impl UserData for ToolObject {
     fn add_fields<F: UserDataFields<Self>>(fields: &mut F) {
         fields.add_meta_field_with("__newindex", |lua| {
-            crate::ctx::frozen_newindex(lua, |key| {
+            crate::vm::hostfn::frozen_newindex(lua, |key| {
                 format!("Tool objects are frozen: cannot assign field \"{key}\"")
             })
         });
@@ -457,7 +457,8 @@ async fn run_bound(
     alias: &str,
     args: Json,
 ) -> Result<BoundOutcome, HostError> {
-    let _blocked = crate::tasks::blocked_on(sec, crate::tasks::Blocked::ToolCall);
+    let _blocked =
+        crate::namespaces::tasks::blocked_on(sec, crate::namespaces::tasks::Blocked::ToolCall);
     let Some(b) = sec.run.fixed.bound(alias) else {
         return Err(unbound(sec, alias));
     };
@@ -609,13 +610,13 @@ async fn run_local(
     let guard = sec.enter_local_handler();
     // In a tool loop's batch, while it is still proven quiet, the handler runs
     // watched, so that the loop can trust its list's snapshots after it.
-    let r: MultiValue = match crate::quiet::active(lua) {
+    let r: MultiValue = match crate::namespaces::quiet::active(lua) {
         Some(watch) if !crate::settings::fast(crate::settings::FastPath::QuietProof) => {
             watch.unproven();
             pcall_values.call_async((handler, arg_table)).await?
         }
         Some(watch) if watch.is_quiet() && !watch.known_to_store(&handler) => {
-            let poll = crate::vm::cancel_check(sec);
+            let poll = crate::vm::cancel::cancel_check(sec);
             watch
                 .call(lua, &pcall_values, (handler, arg_table), poll)
                 .await?
@@ -747,7 +748,7 @@ pub(crate) async fn call_tool(
         }
         sec.count_call(name);
         // The Engine's own task tools: every fault is text the model reads.
-        let (ok, text) = crate::tasks::model_builtin(lua, sec, name, &args).await?;
+        let (ok, text) = crate::namespaces::tasks::model_builtin(lua, sec, name, &args).await?;
         sec.report(if ok {
             Event::ToolCallSucceeded
         } else {

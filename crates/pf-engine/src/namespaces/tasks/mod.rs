@@ -18,20 +18,17 @@ use serde_json::Value as Json;
 
 use crate::claims::ClaimIdentity;
 use crate::ctx::ArmSeed;
-use crate::ctx::{
-    arg, cancelled_error, host_async, host_fn, section, target_arg, Chain, Failure, RunCtx,
-    SectionCtx, DEPTH_CAP,
-};
+use crate::ctx::{section, Chain, Failure, RunCtx, SectionCtx, DEPTH_CAP};
+use crate::error::cancelled_error;
 use crate::error::{ErrorKind, HostError, HostResult, Raise};
 use crate::event::{TaskAbandoned, TaskEnded, TaskNotice, TaskStarted};
 use crate::events::Event;
 use crate::json::lua_to_json;
 use crate::text::{envelope, lua_type_name};
+use crate::vm::hostfn::{arg, host_async, host_fn, target_arg};
 
-pub(crate) mod table;
-
-use table::{key_text, parse_key, State, TaskEntry, TaskFuture, TaskOrigin};
-pub(crate) use table::{AbandonReason, Blocked, TaskKey};
+use crate::ctx::task_table::{key_text, parse_key, State, TaskEntry, TaskFuture, TaskOrigin};
+pub(crate) use crate::ctx::task_table::{AbandonReason, Blocked, TaskKey};
 
 /// Poll every live task once, in spawn order (tasks spawned meanwhile included).
 pub(crate) fn drive(run: &RunCtx, cx: &mut Context<'_>) {
@@ -435,7 +432,7 @@ fn start_task(
     let run = Rc::clone(&sec.run);
     let parent = Rc::clone(&sec.chain);
     // The task takes its copy of var now: the var global must still be in place.
-    crate::var::check_var_global(lua).map_err(HostError::lua)?;
+    crate::namespaces::var::check_var_global(lua).map_err(HostError::lua)?;
     let argv = sec.child_argv(lua, &input)?;
     let chain = Rc::new(Chain::spawned(
         &parent,
@@ -959,14 +956,14 @@ fn deliver(lua: &Lua, run: &RunCtx, key: &TaskKey) -> HostResult<(bool, Value)> 
         Some(Ok(text)) => (true, Value::String(lua.create_string(&text)?)),
         Some(Err(e)) => (
             false,
-            Value::Table(crate::error::error_table(lua, &helpers, &e)?),
+            Value::Table(crate::vm::hostfn::error_table(lua, &helpers, &e)?),
         ),
         None => {
             let e = HostError::new(ErrorKind::Cancelled, format!("task `{id}` was cancelled"))
                 .with("task", id);
             (
                 false,
-                Value::Table(crate::error::error_table(lua, &helpers, &e)?),
+                Value::Table(crate::vm::hostfn::error_table(lua, &helpers, &e)?),
             )
         }
     })
@@ -1061,7 +1058,7 @@ pub(crate) fn model_start(
     match started {
         Ok(id) => Ok(format!("Task id={id} started")),
         Err(Raise::Host(e)) => Err(format!("task: {}", e.message)),
-        Err(Raise::Mlua(e)) => Err(format!("task: {}", crate::ctx::mlua_message(&e))),
+        Err(Raise::Mlua(e)) => Err(format!("task: {}", crate::vm::hostfn::mlua_message(&e))),
         Err(Raise::Value(_)) => Err("task: the task could not start".to_string()),
     }
 }

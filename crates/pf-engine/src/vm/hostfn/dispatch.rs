@@ -41,11 +41,11 @@ struct HostFns {
     /// The closure for sync entry `i` at `i` (taken when it registers).
     sync_ahead: RefCell<Vec<Option<Function>>>,
     async_ahead: RefCell<Vec<Option<Function>>>,
-    /// Builds the globals still pending (vm.rs `LAZY_GLOBALS`) while some may be.
+    /// Builds the globals still pending (vm/mod.rs `lazy_globals`) while some may be.
     fill_pending: Cell<Option<FillGlobals>>,
 }
 
-/// What builds a VM's pending globals (vm.rs).
+/// What builds a VM's pending globals (vm/mod.rs).
 pub(crate) type FillGlobals = fn(&Lua) -> mlua::Result<()>;
 
 thread_local! {
@@ -53,7 +53,7 @@ thread_local! {
     /// thread registered during its setup: the next one makes that many
     /// closures in one Lua call instead of one call each.
     static SETUP_COUNTS: std::cell::Cell<(usize, usize)> = const { std::cell::Cell::new((0, 0)) };
-    /// The same for each global built on first touch (vm.rs `LAZY_GLOBALS`),
+    /// The same for each global built on first touch (vm/mod.rs `lazy_globals`),
     /// from its last build on this thread.
     static BUILD_COUNTS: RefCell<HashMap<&'static str, (usize, usize)>> =
         RefCell::new(HashMap::new());
@@ -215,7 +215,7 @@ pub(crate) fn fill_pending(lua: &Lua) -> Option<FillGlobals> {
 }
 
 /// Build the pending globals first when `value` is a table Rust is about to
-/// walk (through the filler vm.rs set, so the modules below the VM need not
+/// walk (through the filler vm/mod.rs set, so the modules below the VM need not
 /// import it).
 pub(crate) fn fill_if_table(lua: &Lua, value: &Value) -> mlua::Result<()> {
     match (value, fill_pending(lua)) {

@@ -220,7 +220,7 @@ impl ListReader {
             args.push_back(Value::String(lua.create_string(result)?));
         }
         // Raw sets on the tables it makes: bounded, no prompt code.
-        crate::vm::without_cancel_poll(lua, || append.call::<()>(args))?;
+        crate::vm::cancel::without_cancel_poll(lua, || append.call::<()>(args))?;
         self.appended.push(read_as);
         self.appended.extend(results.into_iter().map(Some));
         Ok(())
@@ -352,7 +352,7 @@ impl ListReader {
         // Bounded by the list and reaching no prompt code: raw accesses,
         // `==` never between two tables, no `__gc` (prompts cannot set one).
         let (ok, len, first): (bool, Option<i64>, i64) =
-            crate::vm::without_cancel_poll(lua, || {
+            crate::vm::cancel::without_cancel_poll(lua, || {
                 read.call((list, MAX_DEPTH, snaps, known, trusted))
             })
             .ok()?;
@@ -1134,7 +1134,7 @@ mod tests {
     /// hash seed of the state (a fresh one each time).
     #[test]
     fn append_round_builds_the_tables_rust_built() {
-        let source = crate::vm::deferred_source(include_str!("lua/prelude.lua"), "loop");
+        let source = crate::vm::sources::deferred_source(crate::vm::sources::PRELUDE, "loop");
         for seed_round in 0..40 {
             let lua = Lua::new();
             let h = lua.create_table().unwrap();

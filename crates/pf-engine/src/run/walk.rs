@@ -14,9 +14,9 @@ use crate::claims::ClaimIdentity;
 use crate::ctx::{helpers, Chain, ChainWalk, EntryPlace, Failure, RunCtx, SectionCtx};
 use crate::error::{read_error_value, ErrorKind, HostError, RunError, RunErrorKind};
 use crate::events::Event;
+use crate::setup::Outcome;
 use crate::text::{lua_type_name, scalar_text};
 use crate::vm::{install_name_globals, new_vm};
-use crate::Outcome;
 
 /// How one section entry ended.
 pub(crate) enum EntryEnd {
@@ -44,7 +44,7 @@ pub(crate) async fn run_main(run: Rc<RunCtx>) -> Outcome {
     let prompt = Arc::clone(&run.fixed.prompt);
     let main = Rc::new(Chain::main(run.fixed.args.clone(), run.fixed.argv.clone()));
     // Tasks the H1 pass or the walk spawned end with the main chain.
-    let owned = crate::tasks::OwnedTasks::new(&run, &main.id);
+    let owned = crate::namespaces::tasks::OwnedTasks::new(&run, &main.id);
     // The H1 pass is always entry 0.0, whether or not it runs.
     let h1_id = main.next_entry_id();
     let mut start = if prompt.sections.is_empty() {
@@ -98,11 +98,11 @@ pub(crate) async fn run_main(run: Rc<RunCtx>) -> Outcome {
 fn finish(
     run: &RunCtx,
     main: &Chain,
-    owned: &crate::tasks::OwnedTasks,
+    owned: &crate::namespaces::tasks::OwnedTasks,
     outcome: Outcome,
 ) -> Outcome {
     owned.chain_ended(matches!(outcome, Outcome::Completed(_)));
-    let outcome = match (outcome, crate::tasks::settle(run, &main.id)) {
+    let outcome = match (outcome, crate::namespaces::tasks::settle(run, &main.id)) {
         (Outcome::Completed(_), Err(e)) => {
             Outcome::Failed(RunError::new(RunErrorKind::Lua, e.message))
         }
@@ -208,7 +208,7 @@ fn run_entry(
 ) -> Pin<Box<dyn Future<Output = EntryEnd>>> {
     Box::pin(async move {
         let sec = Rc::new(SectionCtx::new(run, Rc::clone(&chain), place));
-        crate::tasks::entered_section(&sec);
+        crate::namespaces::tasks::entered_section(&sec);
         let end = run_entry_in(&sec, &blocks).await;
         sec.end_entry();
         end
@@ -226,13 +226,13 @@ async fn run_entry_in(sec: &Rc<SectionCtx>, blocks: &[Block]) -> EntryEnd {
         Ok(l) => l,
         // The run's memory budget could not hold a fresh VM: the ceiling's error.
         Err(e) if crate::memory::is_memory_error(&e) => {
-            return EntryEnd::Fail(Failure::lua(crate::ctx::mlua_message(&e)))
+            return EntryEnd::Fail(Failure::lua(crate::vm::hostfn::mlua_message(&e)))
         }
         Err(e) => return EntryEnd::Fail(Failure::internal(e)),
     };
     let end = run_vm(&lua, sec, blocks).await;
     // The model tasks this entry started end with it (guide ch. 15).
-    crate::tasks::section_ended(sec, matches!(end, EntryEnd::Fail(_)));
+    crate::namespaces::tasks::section_ended(sec, matches!(end, EntryEnd::Fail(_)));
     sec.report(Event::LuaTeardownStarted);
     drop(lua);
     sec.report(Event::LuaTeardownSucceeded);
@@ -285,7 +285,7 @@ async fn run_vm(lua: &Lua, sec: &Rc<SectionCtx>, blocks: &[Block]) -> EntryEnd {
                 // otherwise a broken `var` global fails the block.
                 let stopped = matches!(&end, BlockEnd::Fail(f)
                     if matches!(f, Failure::Cancelled) || sec.run.has_ended());
-                let end = match crate::var::check_var_global(lua) {
+                let end = match crate::namespaces::var::check_var_global(lua) {
                     Err(m) if !stopped => BlockEnd::Fail(Failure::lua(m)),
                     _ => end,
                 };
@@ -315,7 +315,7 @@ fn freeze_argv(lua: &Lua, sec: &SectionCtx, end: EntryEnd) -> EntryEnd {
         Ok(v) => v,
         Err(e) => return EntryEnd::Fail(Failure::internal(e)),
     };
-    if let Err(e) = crate::hostfn::fill_if_table(lua, &value) {
+    if let Err(e) = crate::vm::hostfn::dispatch::fill_if_table(lua, &value) {
         return EntryEnd::Fail(Failure::internal(e));
     }
     match crate::json::lua_to_json(&value, "argv") {
@@ -402,9 +402,16 @@ async fn run_block(lua: &Lua, sec: &Rc<SectionCtx>, block: &LuaBlock) -> BlockEn
     // Pad with newlines so Lua's own line numbers are the prompt file's lines.
     let padding = "\n".repeat(block.first_line.saturating_sub(1) as usize);
     let source = format!("{padding}{}", block.source);
-    let func = match crate::ctx::block_chunk(lua, &block.label, source) {
+    let func = match crate::vm::caches::block_chunk(lua, &block.label, source) {
         Ok(f) => f,
-        Err(e) => return fail(sec, RunErrorKind::Lua, crate::ctx::mlua_message(&e), None),
+        Err(e) => {
+            return fail(
+                sec,
+                RunErrorKind::Lua,
+                crate::vm::hostfn::mlua_message(&e),
+                None,
+            )
+        }
     };
     let h = match helpers(lua) {
         Ok(h) => h,
@@ -428,7 +435,14 @@ async fn run_block(lua: &Lua, sec: &Rc<SectionCtx>, block: &LuaBlock) -> BlockEn
     }
     let values = match result {
         Ok(v) => v,
-        Err(e) => return fail(sec, RunErrorKind::Lua, crate::ctx::mlua_message(&e), None),
+        Err(e) => {
+            return fail(
+                sec,
+                RunErrorKind::Lua,
+                crate::vm::hostfn::mlua_message(&e),
+                None,
+            )
+        }
     };
     let ok = matches!(values.front(), Some(Value::Boolean(true)));
     let payload = values.get(1).cloned().unwrap_or(Value::Nil);

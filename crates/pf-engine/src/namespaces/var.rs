@@ -6,9 +6,10 @@
 use mlua::{Lua, Table, Value};
 use serde_json::{Map, Value as Json};
 
-use crate::ctx::{arg, host_method, section};
+use crate::ctx::section;
 use crate::error::{HostError, Raise};
 use crate::json::json_to_lua;
+use crate::vm::hostfn::{arg, host_method};
 
 #[derive(Clone, Debug)]
 pub(crate) enum Key {
@@ -225,7 +226,7 @@ pub(crate) fn make_proxy(lua: &Lua, path: Vec<Key>) -> mlua::Result<Table> {
 
 /// Check the `var` global was not reassigned (the read-back rule).
 pub(crate) fn check_var_global(lua: &Lua) -> Result<(), String> {
-    // Still pending (built on first touch, vm.rs `LAZY_GLOBALS`): never read,
+    // Still pending (built on first touch, vm/mod.rs `lazy_globals`): never read,
     // so never reassigned either.
     let pending = crate::ctx::helpers(lua)
         .and_then(|h| h.raw_get::<Table>("lazy_globals"))

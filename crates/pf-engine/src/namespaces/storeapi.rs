@@ -17,10 +17,12 @@ use mlua::{FromLua, Lua, MultiValue, Table, Value};
 use pf_store::{Store, StoreError};
 
 use crate::claims::ClaimKind;
-use crate::ctx::{arg, cancelled_error, host_async, section, string_arg, SectionCtx};
+use crate::ctx::{section, SectionCtx};
+use crate::error::cancelled_error;
 use crate::error::{HostError, HostResult, RunError, RunErrorKind};
 use crate::events::StoreOp;
 use crate::text::lua_type_name;
+use crate::vm::hostfn::{arg, host_async, string_arg};
 
 /// What a `store.*` function needs to know about the section that calls it.
 struct CallSite {
@@ -131,7 +133,8 @@ async fn with_store<T: Send + 'static>(
     if sec.run.fixed.cancel.is_cancelled() {
         return Err(cancelled_error().into());
     }
-    let _blocked = crate::tasks::blocked_on(&sec, crate::tasks::Blocked::Store);
+    let _blocked =
+        crate::namespaces::tasks::blocked_on(&sec, crate::namespaces::tasks::Blocked::Store);
     let done = match take_claims(&sec, kind, &[&path]) {
         Ok(()) => run_op(&sec, move |s| op(s, &path)).await,
         Err(lost) => Err(lost),
@@ -169,7 +172,8 @@ async fn glob_with_claims(lua: &Lua, pattern: String) -> HostResult<Vec<String>>
     if sec.run.fixed.cancel.is_cancelled() {
         return Err(cancelled_error().into());
     }
-    let _blocked = crate::tasks::blocked_on(&sec, crate::tasks::Blocked::Store);
+    let _blocked =
+        crate::namespaces::tasks::blocked_on(&sec, crate::namespaces::tasks::Blocked::Store);
     let done = match run_op(&sec, move |s| s.glob(&pattern)).await {
         Ok(found) => {
             let paths: Vec<&str> = found.iter().map(String::as_str).collect();

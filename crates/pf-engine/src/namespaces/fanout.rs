@@ -18,15 +18,16 @@ use serde_json::Value as Json;
 
 use crate::claims::ClaimIdentity;
 use crate::ctx::{
-    arg, cancelled_error, frozen_newindex, helpers, host_async, mlua_message, section, target_arg,
-    ArmSeed, Chain, ChainWalk, Failure, RunCtx, SectionCtx, DEPTH_CAP,
+    helpers, section, ArmSeed, Chain, ChainWalk, Failure, RunCtx, SectionCtx, DEPTH_CAP,
 };
+use crate::error::cancelled_error;
 use crate::error::{ErrorKind, HostError, HostResult, Raise};
 use crate::event::{TaskAbandoned, TaskEnded};
 use crate::events::Event;
 use crate::json::lua_to_json;
-use crate::tasks::AbandonReason;
+use crate::namespaces::tasks::AbandonReason;
 use crate::text::lua_type_name;
+use crate::vm::hostfn::{arg, frozen_newindex, host_async, mlua_message, target_arg};
 
 /// At most this many arms of one `fanout` call are live at once (guide ch. 17).
 pub(crate) const CONCURRENCY_CAP: usize = 8;
@@ -156,7 +157,7 @@ async fn fanout(lua: &Lua, args: &MultiValue) -> HostResult<Table> {
         );
     }
     // Every arm takes its copy of var now: the var global must still be in place.
-    crate::var::check_var_global(lua).map_err(HostError::lua)?;
+    crate::namespaces::var::check_var_global(lua).map_err(HostError::lua)?;
     let argv = sec.child_argv(lua, &None)?;
     let var = sec.var();
 
@@ -270,7 +271,8 @@ fn start_arm(sec: &Rc<SectionCtx>, arm: Arm<'_>, cancelled: Rc<Cell<bool>>) -> A
         Some(arm.seed),
     ));
     run.set_task_owner(&chain.id, &parent.id);
-    let started = crate::tasks::task_started(&chain.id, arm.target, false, &None, &chain, sec);
+    let started =
+        crate::namespaces::tasks::task_started(&chain.id, arm.target, false, &None, &chain, sec);
     sec.report(started);
     let claims = ArmClaims {
         run: Rc::clone(&run),
@@ -287,7 +289,7 @@ fn start_arm(sec: &Rc<SectionCtx>, arm: Arm<'_>, cancelled: Rc<Cell<bool>>) -> A
     Box::pin(async move {
         let _claims = claims;
         let arm_end = end;
-        let result = crate::tasks::walk_owned(&run, &chain, worker).await;
+        let result = crate::namespaces::tasks::walk_owned(&run, &chain, worker).await;
         arm_end.finished(result.is_ok());
         result
     })
@@ -298,7 +300,8 @@ fn start_arm(sec: &Rc<SectionCtx>, arm: Arm<'_>, cancelled: Rc<Cell<bool>>) -> A
 /// be built from it: an array member as itself, a keyed member as a
 /// `{ key, value }` pair table.
 fn members(lua: &Lua, collection: &Table) -> HostResult<Vec<Value>> {
-    let ordered: Function = crate::vm::part_helper(lua, crate::vm::Deferred::Iter, "ordered_keys")?;
+    let ordered: Function =
+        crate::vm::deferred::part_helper(lua, crate::vm::deferred::Deferred::Iter, "ordered_keys")?;
     let keys: Table = ordered.call(collection.clone())?;
     let border = collection.raw_len();
     let mut out = Vec::new();
@@ -407,7 +410,7 @@ fn results(lua: &Lua, members: &[Value], slots: Vec<Option<ArmResult>>) -> HostR
     let out = lua.create_table_with_capacity(members.len(), 0)?;
     let set_metatable: Function = helpers(lua)?.get("setmetatable")?;
     let build: Function =
-        crate::ctx::internal_chunk(lua, "=[promptforge fanout results]", RESULTS_BUILDER)?
+        crate::vm::caches::internal_chunk(lua, "=[promptforge fanout results]", RESULTS_BUILDER)?
             .call((set_metatable, newindex, to_string, stand_in))?;
     let mut batch: Vec<Value> = Vec::with_capacity(3 + 3 * RESULTS_BATCH);
     let mut first = 1usize;
@@ -440,7 +443,7 @@ fn results(lua: &Lua, members: &[Value], slots: Vec<Option<ArmResult>>) -> HostR
             }
             // The engine's own bounded loop: the cancel poll stays off, as
             // while the results were built from Rust (a cancel is seen next).
-            crate::vm::without_cancel_poll(lua, || {
+            crate::vm::cancel::without_cancel_poll(lua, || {
                 build.call::<()>(MultiValue::from_iter(batch.drain(..)))
             })?;
             first = n + 2;
@@ -453,7 +456,7 @@ fn results(lua: &Lua, members: &[Value], slots: Vec<Option<ArmResult>>) -> HostR
 fn exhausted_text(item: &Json) -> String {
     format!(
         "## {}\n\nUNKNOWN\n\n(section incomplete: tool loop exhausted)",
-        crate::subst::render_json(item)
+        crate::namespaces::subst::render_json(item)
     )
 }
 

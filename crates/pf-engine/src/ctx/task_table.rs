@@ -70,11 +70,11 @@ impl Blocked {
     }
 }
 
-pub(super) type TaskFuture = Pin<Box<dyn Future<Output = ()>>>;
+pub(crate) type TaskFuture = Pin<Box<dyn Future<Output = ()>>>;
 
 /// How a task stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum State {
+pub(crate) enum State {
     Running,
     Done,
     Cancelled,
@@ -82,7 +82,7 @@ pub(super) enum State {
 }
 
 impl State {
-    pub(super) fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             State::Running => "running",
             State::Done => "done",
@@ -93,32 +93,32 @@ impl State {
 }
 
 /// One task's record; it lasts for the whole run.
-pub(super) struct TaskEntry {
+pub(crate) struct TaskEntry {
     /// The id of the chain that spawned it (only that chain may use it).
-    pub(super) owner: String,
-    pub(super) origin: TaskOrigin,
-    pub(super) target: String,
-    pub(super) depth: u32,
-    pub(super) state: State,
+    pub(crate) owner: String,
+    pub(crate) origin: TaskOrigin,
+    pub(crate) target: String,
+    pub(crate) depth: u32,
+    pub(crate) state: State,
     /// The section's result or failure, once it has ended as `Done`.
-    pub(super) result: Option<Result<String, HostError>>,
-    pub(super) delivered: bool,
-    pub(super) note: Option<String>,
-    pub(super) future: Option<TaskFuture>,
+    pub(crate) result: Option<Result<String, HostError>>,
+    pub(crate) delivered: bool,
+    pub(crate) note: Option<String>,
+    pub(crate) future: Option<TaskFuture>,
     /// For a model task, the section entry whose model started it.
-    pub(super) owner_section: String,
+    pub(crate) owner_section: String,
     /// The owner section's heading and the task its chain runs inside: where
     /// the model task's notices are reported.
-    pub(super) owner_label: String,
-    pub(super) owner_task: String,
+    pub(crate) owner_label: String,
+    pub(crate) owner_task: String,
     /// When the task ended, in the run's end order (notices arrive in it).
-    pub(super) ended_seq: Option<u64>,
+    pub(crate) ended_seq: Option<u64>,
     /// The model task's notice, queued when it ended and not yet taken.
-    pub(super) notice: Option<String>,
+    pub(crate) notice: Option<String>,
     /// The section the task's own chain is in now (`section` in its status).
-    pub(super) section: Option<String>,
+    pub(crate) section: Option<String>,
     /// What the task's own chain waits on now (`blocked` in its status).
-    pub(super) blocked: Option<Blocked>,
+    pub(crate) blocked: Option<Blocked>,
 }
 
 /// A task id as its numeric components, so ids order in spawn order (`0.9` before `0.10`).
@@ -127,16 +127,16 @@ pub(crate) type TaskKey = Vec<u32>;
 /// Every task of the run, and the wakers of the waits parked on them.
 #[derive(Default)]
 pub(crate) struct TaskTable {
-    pub(super) entries: BTreeMap<TaskKey, TaskEntry>,
-    pub(super) waiters: Vec<Waker>,
-    pub(super) ends: u64,
+    pub(crate) entries: BTreeMap<TaskKey, TaskEntry>,
+    pub(crate) waiters: Vec<Waker>,
+    pub(crate) ends: u64,
 }
 
-pub(super) fn key_text(key: &[u32]) -> String {
+pub(crate) fn key_text(key: &[u32]) -> String {
     key.iter().map(u32::to_string).collect::<Vec<_>>().join(".")
 }
 
-pub(super) fn parse_key(text: &str) -> Option<TaskKey> {
+pub(crate) fn parse_key(text: &str) -> Option<TaskKey> {
     text.split('.')
         .map(|part| {
             if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
@@ -149,7 +149,7 @@ pub(super) fn parse_key(text: &str) -> Option<TaskKey> {
 
 impl TaskTable {
     /// Record that the task behind `key` ended now.
-    pub(super) fn mark_ended(&mut self, key: &TaskKey) {
+    pub(crate) fn mark_ended(&mut self, key: &TaskKey) {
         let seq = self.ends;
         self.ends += 1;
         if let Some(entry) = self.entries.get_mut(key) {
@@ -157,7 +157,7 @@ impl TaskTable {
         }
     }
 
-    pub(super) fn wake_waiters(&mut self) {
+    pub(crate) fn wake_waiters(&mut self) {
         for waker in self.waiters.drain(..) {
             waker.wake();
         }
@@ -165,7 +165,7 @@ impl TaskTable {
 
     /// The ids of the live tasks `owner` spawned, in spawn order: running, or
     /// ended with a result no wait has taken yet.
-    pub(super) fn live_owned(&self, owner: &str, origin: Option<TaskOrigin>) -> Vec<String> {
+    pub(crate) fn live_owned(&self, owner: &str, origin: Option<TaskOrigin>) -> Vec<String> {
         self.entries
             .iter()
             .filter(|(_, e)| {
@@ -178,7 +178,7 @@ impl TaskTable {
     }
 
     /// The running tasks `owner` spawned, in spawn order.
-    pub(super) fn running_owned(&self, owner: &str) -> Vec<TaskKey> {
+    pub(crate) fn running_owned(&self, owner: &str) -> Vec<TaskKey> {
         self.entries
             .iter()
             .filter(|(_, e)| e.owner == owner && e.state == State::Running)

@@ -219,7 +219,7 @@ fn resolve(lua: &Lua, sec: &SectionCtx, path: &str) -> Result<String, Failure> {
             if v.is_nil() {
                 return Err(unknown());
             }
-            crate::hostfn::fill_if_table(lua, &v).map_err(|_| unknown())?;
+            crate::vm::hostfn::dispatch::fill_if_table(lua, &v).map_err(|_| unknown())?;
             lua_to_json(&v, name).map_err(|_| {
                 failure(
                     "Serialize",

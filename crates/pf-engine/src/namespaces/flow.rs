@@ -10,8 +10,9 @@ use std::sync::Arc;
 use mlua::{Function, Lua, MultiValue, Table, Value};
 use pf_syntax::resolve_heading;
 
-use crate::ctx::{arg, host_async, host_fn, section, target_arg, Chain, DEPTH_CAP};
+use crate::ctx::{section, Chain, DEPTH_CAP};
 use crate::error::{HostError, HostResult, Raise};
+use crate::vm::hostfn::{arg, host_async, host_fn, target_arg};
 
 pub(crate) fn make_jump(lua: &Lua) -> mlua::Result<Function> {
     let sentinel = lua.create_table()?;
@@ -63,7 +64,7 @@ pub(crate) fn make_call(lua: &Lua) -> mlua::Result<Function> {
         let target = target_arg(&args)?;
         let input = match arg(&args, 1) {
             Value::Nil => None,
-            _ => Some(crate::ctx::string_arg(&args, 1, "input")?),
+            _ => Some(crate::vm::hostfn::string_arg(&args, 1, "input")?),
         };
         let prompt = Arc::clone(&sec.run.fixed.prompt);
         let caller = sec.path.clone();
@@ -78,7 +79,7 @@ pub(crate) fn make_call(lua: &Lua) -> mlua::Result<Function> {
             );
         }
         // The called chain takes its copy of var now: the var global must still be in place.
-        crate::var::check_var_global(&lua).map_err(HostError::lua)?;
+        crate::namespaces::var::check_var_global(&lua).map_err(HostError::lua)?;
         let argv = sec.child_argv(&lua, &input)?;
         // A called chain claims as its caller: same identity, nothing released at its end.
         let chain = Rc::new(Chain::called(
@@ -87,8 +88,9 @@ pub(crate) fn make_call(lua: &Lua) -> mlua::Result<Function> {
             argv,
             sec.var(),
         ));
-        let blocked = crate::tasks::blocked_on(&sec, crate::tasks::Blocked::Call);
-        let end = crate::tasks::walk_owned(&sec.run, &chain, target_path).await;
+        let blocked =
+            crate::namespaces::tasks::blocked_on(&sec, crate::namespaces::tasks::Blocked::Call);
+        let end = crate::namespaces::tasks::walk_owned(&sec.run, &chain, target_path).await;
         drop(blocked);
         match end {
             Ok(result) => Ok(result.unwrap_or_default()),
@@ -101,9 +103,9 @@ pub(crate) fn make_call(lua: &Lua) -> mlua::Result<Function> {
 pub(crate) fn read_prose(lua: &Lua) -> Result<String, Raise> {
     let sec = section(lua)?;
     sec.prose(|raw| {
-        if let Err(m) = crate::var::check_var_global(lua) {
+        if let Err(m) = crate::namespaces::var::check_var_global(lua) {
             return Err(HostError::lua(m).into());
         }
-        crate::subst::render(lua, &sec, raw)
+        crate::namespaces::subst::render(lua, &sec, raw)
     })
 }

@@ -19,7 +19,7 @@
 //!   once (mlua closes the interrupted frame's to-be-closed variables inside
 //!   the hook, with hooks off).
 //!
-//! Kept apart from `vm.rs` so the VM's construction can change around it:
+//! Kept apart from `vm/mod.rs` so the VM's construction can change around it:
 //! `guards.lua` is loaded in parts, on first use (see [`raw_table`]).
 
 pub(crate) mod introspect;
@@ -31,9 +31,8 @@ use std::rc::Rc;
 use mlua::{Function, Lua, MultiValue, Table, Value};
 
 use crate::memory::HostCharge;
+use crate::vm::sources::{deferred_source, GUARDS};
 use matcher::{no_specials, Capture, MatchError, Matcher};
-
-pub(crate) const GUARDS: &str = include_str!("../lua/guards.lua");
 
 /// What a C call interrupted by a cancel raises (the hook raises the same text).
 const INTERRUPTED: &str = "interrupted by Ctrl-C";
@@ -106,7 +105,7 @@ thread_local! {
 }
 
 /// Nothing of the guards runs in a fresh section VM: `guards.lua` is two
-/// deferred parts (vm.rs `Deferred`). `strings` and `tables`, the guarded
+/// deferred parts (deferred.rs `Deferred`). `strings` and `tables`, the guarded
 /// `string` and `table` functions, load on the first touch of one of them (env.lua `LIB_MT`),
 /// with [`raw_table`] as `H.guard_raw`; `meta`, the sandbox
 /// `setmetatable`/`getmetatable`, on the first touch of either. The Rust
@@ -240,7 +239,7 @@ pub(crate) fn guard_library(lua: &Lua, interrupted: Interrupted) -> mlua::Result
         )
         .eval()?;
     h.raw_set("guard_raw", raw_table(lua, 64 * 1024 * 1024, interrupted)?)?;
-    lua.load(crate::vm::deferred_source(GUARDS, "guards"))
+    lua.load(deferred_source(GUARDS, "guards"))
         .set_name("=[promptforge guards]")
         .call::<()>(&h)?;
     // The sandbox `setmetatable`/`getmetatable`, over the base ones here.
