@@ -371,8 +371,16 @@ impl RunSession {
             watchers,
             input_broker,
             after_engine,
+            store_dir: given_store,
             ..
         } = plan;
+        // A private store (no --store) the run leaves empty goes when the
+        // run is over, on every way out, for every command: most runs write
+        // no file, and a batch of a million inputs would otherwise leave a
+        // million empty folders in the data directory.
+        let _private_store = given_store
+            .is_none()
+            .then(|| RemoveIfEmpty(store_dir.clone()));
         let prompt = match parsed {
             Ok(prompt) => prompt,
             Err(e) => {
@@ -512,6 +520,16 @@ impl RunSession {
             trace,
             log,
         })
+    }
+}
+
+/// A folder removed on drop if it is empty: `remove_dir` removes only an
+/// empty folder, so a file written at any moment is never lost.
+struct RemoveIfEmpty(PathBuf);
+
+impl Drop for RemoveIfEmpty {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
     }
 }
 

@@ -107,6 +107,11 @@ impl Home {
     }
 }
 
+/// How many private store folders the data directory holds.
+fn stores(home: &Home) -> usize {
+    std::fs::read_dir(home.path("data/stores")).map_or(0, Iterator::count)
+}
+
 fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
@@ -182,6 +187,8 @@ fn every_input_runs_once_and_is_logged_under_the_batch_id() {
     assert_eq!(by_index[&5]["result"], "echo:Tell me about t5.");
     assert_eq!(by_index[&12]["result"], "echo:Tell me about from a string.");
     assert_eq!(server.requests(), 13);
+    // Completed runs that wrote nothing leave no empty store folders.
+    assert_eq!(stores(&home), 0);
 
     let listed = home.run(&["runs", "--batch", &id, "--json", "-n", "100"]);
     let runs: Value = serde_json::from_slice(&listed.stdout).unwrap();
@@ -326,6 +333,8 @@ fn stdin_inputs_stream_and_a_failure_never_stops_the_batch_unless_fail_fast() {
     assert_eq!(failed.len(), 1);
     assert_eq!(failed[0]["index"], 13);
     assert_eq!(failed[0]["error"]["kind"], "Lua");
+    // A failed run that wrote nothing leaves no store either.
+    assert_eq!(stores(&home), 0);
     assert!(failed[0]["error"]["message"]
         .as_str()
         .unwrap()

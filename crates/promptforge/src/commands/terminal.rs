@@ -38,18 +38,6 @@ pub(crate) struct TerminalRun {
 
 /// Run through a session with the terminal's parts around it: signals, the
 /// progress line, the report on stdout/stderr, the exit status.
-/// A run's default store directory, removed when the run is over if the run
-/// left nothing in it (most runs write no file), on every way out of
-/// [`execute`]: `remove_dir` removes only an empty directory, so a file
-/// written at any moment is never lost.
-struct RemoveIfEmpty(std::path::PathBuf);
-
-impl Drop for RemoveIfEmpty {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir(&self.0);
-    }
-}
-
 pub(crate) fn execute(run: TerminalRun) -> Result<ExitCode, HostError> {
     let TerminalRun {
         file,
@@ -82,7 +70,6 @@ pub(crate) fn execute(run: TerminalRun) -> Result<ExitCode, HostError> {
     let watching = format == OutputFormat::Human && !quiet && std::io::stderr().is_terminal();
     let progress = watching.then(|| RunProgress::new(true));
     let cancel = CancellationToken::new();
-    let default_store = store_dir.is_none();
     let session = RunSession::begin(RunPlan {
         file: file.clone(),
         source: source.clone(),
@@ -111,8 +98,6 @@ pub(crate) fn execute(run: TerminalRun) -> Result<ExitCode, HostError> {
             .map(|p| Box::new(move || p.finish()) as Box<dyn FnOnce()>),
     });
     let session = session?;
-    // A default store (no --store) the run leaves empty goes when this returns.
-    let _default_store = default_store.then(|| RemoveIfEmpty(session.store_dir().to_path_buf()));
     // A second Ctrl-C exits at once; the log records the run as cancelled first.
     crate::signals::before_forced_exit(session.forced_exit_hook());
     let cancelled_report = RunReport::of_cancelled(seed, session.execution(), session.store_dir());
