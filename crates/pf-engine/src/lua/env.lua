@@ -43,7 +43,7 @@ end
 -- is copied into it, the guards first. Their keys are always there, so those
 -- writes cannot fail for memory, whatever the prompt left free.
 local combined = build(nil) base_setmetatable(G, combined) H.env_combined, H.env_guarded, H.env_build = combined, GUARDED, build
---[==[ deferred env: (meta) the sandbox setmetatable/getmetatable's `_G` half, a second chunk of this name (vm.rs `Deferred`)
+--[==[ deferred env: (meta) the sandbox setmetatable/getmetatable's `_G` half, a second chunk of this name (vm/deferred.rs `Deferred`)
 local H = ... local rawget, rawset, rawequal, type, next, error, base_setmetatable, base_getmetatable, G, combined, GUARDED, build, user_mt = H.rawget, H.rawset, H.rawequal, H.type, H.next, H.error, H.setmetatable, H.getmetatable, H.globals_table, H.env_combined, H.env_guarded, H.env_build, nil local function install(fresh)
   rawset(combined, '__index', rawget(fresh, '__index'))
   rawset(combined, '__newindex', rawget(fresh, '__newindex'))
@@ -93,7 +93,7 @@ end
 --]==]
 -- The sandbox has no coroutine library, whatever the runtime loaded for itself.
 if rawget(G, 'coroutine') ~= nil then rawset(G, 'coroutine', nil) end
---[==[ deferred env: (globals) the guards of the globals built on first touch, a second chunk of this name (vm.rs `Deferred`)
+--[==[ deferred env: (globals) the guards of the globals built on first touch, a second chunk of this name (vm/deferred.rs `Deferred`)
 -- Suspending calls are counted, so an error value raised again after a later one is
 -- classified from its kind alone. The shared library's top-level code runs directly,
 -- not as a block: there the calls that wait on the host, other than the store's,
@@ -117,7 +117,7 @@ local function guard_all(t, refuse_at_load)
   for i = 1, #names do guard(t, names[i], refuse_at_load) end
 end
 -- A global built on first touch is guarded as pf-syntax's `LUA_GLOBALS` says
--- its calls suspend (`how`, and the field `names`; vm.rs `guard_spec`);
+-- its calls suspend (`how`, and the field `names`; vm/mod.rs `guard_spec`);
 -- returns what `_G` gets.
 function H.guard_global(v, how, names)
   if how == 'itself' then
@@ -144,12 +144,12 @@ end
 local next_raw = next
 -- Library fields built on first touch: the guarded `string` and `table` functions (guards.lua's
 -- part, and the prelude's `concat`) are absent from their library until a read of one
--- loads its part (vm.rs `Deferred`, with the memory limit lifted), which installs every field of
+-- loads its part (vm/deferred.rs `Deferred`, with the memory limit lifted), which installs every field of
 -- it still pending; a write clears a pending field as a raw write over the eager value would
 -- have. Until the last one is built, the library's only metatable is LIB_MT. Whatever could see
 -- a library's key set or its metatable builds them all first: the ordered `next`/`pairs`
 -- (prelude `ordered_keys`), `getmetatable`/`setmetatable` (above) and the Rust fill
--- (vm.rs `fill_lazy_globals`). Method calls on strings reach `string` through its own
+-- (vm/mod.rs `fill_lazy_globals`). Method calls on strings reach `string` through its own
 -- `__index`, and so this one.
 local S, T = string, table
 local LIB_LAZY = { [S] = { find = 'guards', match = 'guards', gmatch = 'guards', gsub = 'guards', rep = 'guards' },

@@ -2,13 +2,13 @@
 -- run's cancel, no `__gc` finalizers, `__close` handlers disarmed by a cancel. Runs after env.lua, before any
 -- prompt code. `R.make(name)` makes each Rust half on first use; each returns (true, values...) or
 -- (false, message, level), raised here at the prompt's call site.
--- Nothing here runs in every VM: each part below is loaded on first use (vm.rs `Deferred`), the
+-- Nothing here runs in every VM: each part below is loaded on first use (vm/deferred.rs `Deferred`), the
 -- library fields through env.lua `LIB_MT`, the metatable functions as lazy globals.
 --
 
 
 
---[==[ deferred guards: (strings) the guarded `string` functions, a second chunk of this name (vm.rs `Deferred`)
+--[==[ deferred guards: (strings) the guarded `string` functions, a second chunk of this name (vm/deferred.rs `Deferred`)
 local H = ... local R, error, type, rawget, rawequal, select, tpack, tunpack, C = H.guard_raw, H.error, H.type, H.rawget, H.rawequal, H.select, H.tpack, H.tunpack, H.c_libs local ssub, raw_concat, S, T = C.sub, H.raw_tconcat, C.string, C.table -- (ck is tail-called, so level 2 is the prompt's frame, as luaL_error would place it)
 local function ck(ok, ...)
   if ok then return ... end
@@ -124,7 +124,7 @@ local rep = function(...)
   if not raw_rep then raw_rep = make_raw('rep') end return ck(raw_rep(...))
 end H.install_lib(S, 'find', find) H.install_lib(S, 'match', match) H.install_lib(S, 'gmatch', gmatch) H.install_lib(S, 'gsub', gsub) H.install_lib(S, 'rep', rep)
 --]==]
---[==[ deferred guards: (tables) the guarded `table` functions, a second chunk of this name (vm.rs `Deferred`); table.move over chunks of the C function: between two chunks Lua runs
+--[==[ deferred guards: (tables) the guarded `table` functions, a second chunk of this name (vm/deferred.rs `Deferred`); table.move over chunks of the C function: between two chunks Lua runs
 -- instructions again, so the count hook fires even for table.move({}, 1, 1e15, 2).
 local H = ... local error, rawequal, C, make_raw, T = H.error, H.rawequal, H.c_libs, H.guard_raw.make, H.c_libs.table local c_move = C.move
 -- (small enough that the hook, every 10 000 instructions, comes within a few
@@ -235,7 +235,7 @@ end H.install_lib(T, 'move', move) H.install_lib(T, 'sort', sort) H.install_lib(
 -- one it reads back) is remembered weakly, in `H.watched_metatables` (made on
 -- first use: most section entries never need it); before the hook raises, the
 -- Rust half replaces each `__close` in them with `H.disarmed_close`, which returns at once
---[==[ deferred guards: (meta) the sandbox setmetatable/getmetatable, a second chunk of this name (vm.rs `Deferred`); (`disarm_close_handlers`). Until then nothing changes.
+--[==[ deferred guards: (meta) the sandbox setmetatable/getmetatable, a second chunk of this name (vm/deferred.rs `Deferred`); (`disarm_close_handlers`). Until then nothing changes.
 local H = ... local type, rawget, error, inner_setmetatable, inner_getmetatable = H.type, H.rawget, H.error, H.env_setmetatable, H.env_getmetatable
 local watched = nil
 local function watch(mt)

@@ -9,7 +9,7 @@ local H = ...
 local rawget, rawset, rawequal, rawlen, next = rawget, rawset, rawequal, rawlen, next; local GLOBALS = _G
 local type, error, select, tostring, pcall, xpcall = type, error, select, tostring, pcall, xpcall
 local setmetatable, getmetatable = setmetatable, getmetatable
-local error_place = H.error_place local tsort, tpack, tunpack = table.sort, table.pack, table.unpack -- (`H.math_type`: vm.rs `math_library`)
+local error_place = H.error_place local tsort, tpack, tunpack = table.sort, table.pack, table.unpack -- (`H.math_type`: vm/deferred.rs `math_library`)
 --[==[ deferred base: (metafield) the raw field `name` of v's metatable, past any `__metatable`; only the part's own functions use it
 local H = ... local getmetatable, rust_metafield = H.getmetatable, H.metafield -- A value `getmetatable` gives nil for has no metatable at all, so most calls stay here.
 local function metafield(v, name)
@@ -20,7 +20,7 @@ end H.metafield_lua = metafield
 -- (`H.utf8_len` too, for the ordered `pairs`; no VM opens `utf8` for the prompt)
 local collectgarbage = collectgarbage
 local WEAK_KEYS = { __mode = 'k' } -- (one metatable for every weak-keyed table here)
---[==[ deferred base: (errors) the error values, a second chunk of this name (vm.rs `Deferred`)
+--[==[ deferred base: (errors) the error values, a second chunk of this name (vm/deferred.rs `Deferred`)
 -- Only values the engine built classify as host errors: GENUINE maps each one
 -- (weakly) to a snapshot of its fields as built, and nothing a prompt can reach
 -- writes it. The metatable is protected so a prompt can neither take it nor
@@ -69,7 +69,7 @@ end
 -- function before the dispatchers: `function(...) return check(raw(...)) end`.)
 --
 --
--- Host functions share one sync and one async dispatcher per VM (hostfn.rs).
+-- Host functions share one sync and one async dispatcher per VM (vm/hostfn/dispatch.rs).
 function H.wrap_host(dispatch, id)
   return function(...) return check(dispatch(id, ...)) end
 end
@@ -90,7 +90,7 @@ function H.wrap_hosts_ahead(dispatch, n_sync, n_async, first_sync, first_async)
   return made_sync, made_async
 end
 
---[==[ deferred base: (iter) the ordered `next`/`pairs`, a second chunk of this name (vm.rs `Deferred`)
+--[==[ deferred base: (iter) the ordered `next`/`pairs`, a second chunk of this name (vm/deferred.rs `Deferred`)
 local H = ... local type, error, rawget, rawequal, rawlen, next, math_type, tsort, utf8_len, metafield, GLOBALS = H.type, H.error, H.rawget, H.rawequal, H.rawlen, H.next, H.math_type, H.tsort, H.utf8_len, H.metafield_lua, H.globals_table local function key_class(k) -- Deterministic iteration
   local t = type(k)
   if t == 'boolean' then return 1 end
@@ -207,7 +207,7 @@ local function ordered_pairs(t)
   return iter, t, nil
 end H.ordered_next, H.ordered_pairs = ordered_next, ordered_pairs
 --]==]
---[==[ deferred base: (pcall) the sandbox pcall/xpcall (vm.rs `Deferred`): running past the memory ceiling comes back as a `lua` error value
+--[==[ deferred base: (pcall) the sandbox pcall/xpcall (vm/deferred.rs `Deferred`): running past the memory ceiling comes back as a `lua` error value
 -- (Lua itself raises a bare string); everything else comes back exactly as raised.
 -- A cancel needs nothing here: the instruction hook raises again at the next poll.
 local H = ... local type, error, rawequal, collectgarbage, pcall, xpcall = H.type, H.error, H.rawequal, H.collectgarbage, H.base_pcall, H.base_xpcall local MEMORY = 'not enough memory'
@@ -260,7 +260,7 @@ function H.pcall_values(f, ...)
   if r[1] then return true, tpack(tunpack(r, 2, r.n)) end
   return false, r[2]
 end
---[==[ deferred loop: models.loop's list helpers, a second chunk of this name (vm.rs `Deferred`)
+--[==[ deferred loop: models.loop's list helpers, a second chunk of this name (vm/deferred.rs `Deferred`)
 local H = ... local type, math_type, next, rawequal, rawlen, rawget, rawset, select = H.type, H.math_type, H.next, H.rawequal, H.rawlen, H.rawget, H.rawset, H.select
 -- A message list's shape for models.loop, which reads its whole list every round (walking
 -- it here is far cheaper than key by key from Rust): whether every key and value is a string,
@@ -294,7 +294,7 @@ function H.list_shape(list, max)
   return true, count
 end
 
--- models.loop reads its list every round (models_check.rs `ListReader`). A
+-- models.loop reads its list every round (namespaces/models_check.rs `ListReader`). A
 -- snapshot of each record read, `snaps[i]`, lets the next read prove record i
 -- unchanged without Rust reading it again. A snapshot is a flat array of nodes,
 -- one per table of the record (the record first, then each table met in its
@@ -312,7 +312,7 @@ end
 -- aside, which is compared. A node's table is the one its parent's pair
 -- proved the value, so the nodes are checked in turn, without recursion.
 -- Nothing here can run prompt code (raw access only, no metamethod), so the
--- engine runs it without the cancel poll (vm.rs `without_cancel_poll`).
+-- engine runs it without the cancel poll (vm/cancel.rs `without_cancel_poll`).
 local NAN = 0 / 0
 local function snap_node(t, s, n)
   local head = n
@@ -455,7 +455,7 @@ end
 -- layouts): the assistant record `{ role, content, tool_calls }` with a call
 -- `{ id, name, arguments }` per call, then a `{ role, content, tool_call_id }`
 -- per result; `...` is `id, name, arguments, result` per call. Each is also
--- put in `held` (models_check.rs `ListReader`), which holds them until a read
+-- put in `held` (namespaces/models_check.rs `ListReader`), which holds them until a read
 -- snapshots them. Raw sets only, on tables made here: no prompt code.
 function H.append_round(list, held, content, ...)
   local rec = {}
@@ -489,7 +489,7 @@ function H.append_round(list, held, content, ...)
 end
 --]==]
 local function loop_helpers() if not H.loop_helpers_loaded then H.load_loop_helpers() H.loop_helpers_loaded = true end return H end function H.list_shape(...) return loop_helpers().list_shape(...) end function H.list_read(...) return loop_helpers().list_read(...) end function H.append_round(...) return loop_helpers().append_round(...) end local tconcat = table.concat -- (a stand-in kept by a caller stays valid)
---[==[ deferred base: (concat) table.concat honouring __tostring (ch. 05), a second chunk of this name (vm.rs `Deferred`)
+--[==[ deferred base: (concat) table.concat honouring __tostring (ch. 05), a second chunk of this name (vm/deferred.rs `Deferred`)
 local H = ... local type, error, tostring, tconcat, metafield = H.type, H.error, H.tostring, H.raw_tconcat, H.metafield_lua local function concat(list, sep, i, j)
   sep = sep or ''
   i = i or 1
@@ -518,12 +518,12 @@ H.install_lib(H.c_libs.table, 'concat', concat)
 local G = _G
 -- What a fresh state of the VM's libraries has beyond the sandbox's globals (the
 -- base library's loaders, printers and raw functions; `utf8` and `math` are opened
--- only when needed, vm.rs `open_library`), removed by name: walking `_G` was a tenth of the
--- prelude's run. A test (vm.rs) holds this list to what such a state has.
+-- only when needed, vm/deferred.rs `open_library`), removed by name: walking `_G` was a tenth of the
+-- prelude's run. A test (vm/mod.rs) holds this list to what such a state has.
 G.collectgarbage, G.dofile, G.load, G.loadfile, G.print, G.warn = nil, nil, nil, nil, nil, nil
 G.rawequal, G.rawget, G.rawlen, G.rawset = nil, nil, nil, nil
 -- (`pairs`, `next`, `pcall`, `xpcall`, `setmetatable` and `getmetatable` are
--- built on first touch: vm.rs takes them out of `_G` after this chunk.)
+-- built on first touch: vm/mod.rs takes them out of `_G` after this chunk.)
 --
 --
 -- The sandbox's own: assert, error, ipairs, select, tonumber, tostring, type, _G,
@@ -531,7 +531,7 @@ G.rawequal, G.rawget, G.rawlen, G.rawset = nil, nil, nil, nil
 -- host's globals are built on first touch too, and installed later).
 --
 string.dump = nil
---[==[ deferred argv: the frozen `argv`, a second chunk of this name (vm.rs `Deferred`)
+--[==[ deferred argv: the frozen `argv`, a second chunk of this name (vm/deferred.rs `Deferred`)
 local H = ... local type, math_type, tostring, setmetatable, rawget, error = H.type, H.math_type, H.tostring, H.setmetatable, H.rawget, H.error
 -- A frozen `argv` (outside the H1 body): empty stand-ins that forward reads to the data and refuse every write.
 local function frozen_key(k)
@@ -572,5 +572,5 @@ H.raw_tconcat, H.tsort, H.collectgarbage, H.base_pcall, H.base_xpcall, H.globals
 -- part made genuine.
 --
 H.suspends = 0
--- (`H.lazy_globals`, the globals built on first touch, all pending: vm.rs, from pf-syntax's `LUA_GLOBALS`.)
+-- (`H.lazy_globals`, the globals built on first touch, all pending: vm/mod.rs, from pf-syntax's `LUA_GLOBALS`.)
 return H
