@@ -26,28 +26,19 @@ pub enum FastPath {
     /// the snapshots stay trusted after it; plain: a round with a local
     /// handler reads the list as after any prompt code.
     QuietProof,
-    /// A VM's host-function closures made in one Lua call, sized by the last
-    /// VM on the thread (vm/hostfn/dispatch.rs); plain: one call each.
-    ClosuresAhead,
     /// The engine's own Lua chunks and prompt blocks loaded from bytecode
     /// compiled once per thread (vm/caches.rs); plain: compiled from text each time.
     BytecodeCaches,
-    /// The engine's bounded Lua (a part's load, the loop's list read) run
-    /// without the cancel poll's count hook (vm/cancel.rs `without_cancel_poll`);
-    /// plain: the hook stays on.
-    HooklessEngineLua,
 }
 
 impl FastPath {
     /// Every fast path, in the order the bench reports them.
-    pub const ALL: [FastPath; 7] = [
+    pub const ALL: [FastPath; 5] = [
         FastPath::LazyGlobals,
         FastPath::DeferredParts,
         FastPath::ListSnapshots,
         FastPath::QuietProof,
-        FastPath::ClosuresAhead,
         FastPath::BytecodeCaches,
-        FastPath::HooklessEngineLua,
     ];
 
     /// Its name in `PROMPTFORGE_ENGINE_PLAIN`.
@@ -57,9 +48,7 @@ impl FastPath {
             FastPath::DeferredParts => "deferred_parts",
             FastPath::ListSnapshots => "list_snapshots",
             FastPath::QuietProof => "quiet_proof",
-            FastPath::ClosuresAhead => "closures_ahead",
             FastPath::BytecodeCaches => "bytecode_caches",
-            FastPath::HooklessEngineLua => "hookless_engine_lua",
         }
     }
 
@@ -163,7 +152,7 @@ mod tests {
     fn plain_names_turn_off_one_each_and_unknown_ones_are_reported() {
         let (s, unknown) = Settings::parse(None, Some("bytecode_caches, nonsense"));
         assert!(!s.fast(FastPath::BytecodeCaches));
-        assert!(s.fast(FastPath::HooklessEngineLua));
+        assert!(s.fast(FastPath::LazyGlobals));
         assert_eq!(unknown.len(), 1);
         assert!(unknown[0].contains("nonsense"), "{unknown:?}");
     }

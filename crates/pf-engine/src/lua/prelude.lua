@@ -80,15 +80,6 @@ function H.wrap_async(id)
     return check(dispatch(id, ...))
   end
 end
--- The closures for n_sync sync and n_async async ids from first_sync and first_async (or 0)
--- on, in one call: the same closures wrap_host and wrap_async make.
-function H.wrap_hosts_ahead(dispatch, n_sync, n_async, first_sync, first_async)
-  local wrap_host, wrap_async, s0, a0 = H.wrap_host, H.wrap_async, first_sync or 0, first_async or 0
-  local made_sync, made_async = {}, {}
-  for i = 1, n_sync do made_sync[i] = wrap_host(dispatch, s0 + i - 1) end
-  for i = 1, n_async do made_async[i] = wrap_async(a0 + i - 1) end
-  return made_sync, made_async
-end
 
 --[==[ deferred base: (iter) the ordered `next`/`pairs`, a second chunk of this name (vm/deferred.rs `Deferred`)
 local H = ... local type, error, rawget, rawequal, rawlen, next, math_type, tsort, utf8_len, metafield, GLOBALS = H.type, H.error, H.rawget, H.rawequal, H.rawlen, H.next, H.math_type, H.tsort, H.utf8_len, H.metafield_lua, H.globals_table local function key_class(k) -- Deterministic iteration
@@ -312,7 +303,7 @@ end
 -- aside, which is compared. A node's table is the one its parent's pair
 -- proved the value, so the nodes are checked in turn, without recursion.
 -- Nothing here can run prompt code (raw access only, no metamethod), so the
--- engine runs it without the cancel poll (vm/cancel.rs `without_cancel_poll`).
+-- a cancel is seen by the poll as in any other Lua (vm/cancel.rs).
 local NAN = 0 / 0
 local function snap_node(t, s, n)
   local head = n

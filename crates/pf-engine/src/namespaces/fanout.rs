@@ -441,11 +441,7 @@ fn results(lua: &Lua, members: &[Value], slots: Vec<Option<ArmResult>>) -> HostR
             if let Some(c) = batch.get_mut(2) {
                 *c = Value::Integer(i64::try_from(count).unwrap_or(0));
             }
-            // The engine's own bounded loop: the cancel poll stays off, as
-            // while the results were built from Rust (a cancel is seen next).
-            crate::vm::cancel::without_cancel_poll(lua, || {
-                build.call::<()>(MultiValue::from_iter(batch.drain(..)))
-            })?;
+            build.call::<()>(MultiValue::from_iter(batch.drain(..)))?;
             first = n + 2;
         }
     }

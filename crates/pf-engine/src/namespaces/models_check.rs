@@ -219,8 +219,7 @@ impl ListReader {
             args.push_back(Value::Table(arguments));
             args.push_back(Value::String(lua.create_string(result)?));
         }
-        // Raw sets on the tables it makes: bounded, no prompt code.
-        crate::vm::cancel::without_cancel_poll(lua, || append.call::<()>(args))?;
+        append.call::<()>(args)?;
         self.appended.push(read_as);
         self.appended.extend(results.into_iter().map(Some));
         Ok(())
@@ -352,10 +351,7 @@ impl ListReader {
         // Bounded by the list and reaching no prompt code: raw accesses,
         // `==` never between two tables, no `__gc` (prompts cannot set one).
         let (ok, len, first): (bool, Option<i64>, i64) =
-            crate::vm::cancel::without_cancel_poll(lua, || {
-                read.call((list, MAX_DEPTH, snaps, known, trusted))
-            })
-            .ok()?;
+            read.call((list, MAX_DEPTH, snaps, known, trusted)).ok()?;
         if self.helper.is_none() {
             // The first call loads the prelude's deferred list helpers, which
             // replace the stand-in in `pf.helpers`: keep the real one, so later

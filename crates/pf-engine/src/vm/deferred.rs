@@ -6,7 +6,6 @@ use mlua::{Lua, StdLib, Table, Value};
 
 use crate::ctx::{helpers, section};
 use crate::json::json_to_lua;
-use crate::vm::cancel::without_cancel_poll;
 use crate::vm::sources::{deferred_source, ENV, GUARDS, PRELUDE};
 
 /// The standard library `lib` (global `name`), opened now, without touching
@@ -257,10 +256,7 @@ pub(crate) fn ensure_part(lua: &Lua, h: &Table, part: Deferred) -> mlua::Result<
             )?;
             h.raw_set("guard_raw", raw)?;
         }
-        // A part's main chunk only defines functions and runs no prompt
-        // code, so it runs without the count hook, which would send each of
-        // its instructions through Lua's hook dispatch.
-        without_cancel_poll(lua, || load_deferred(lua, h, part))?;
+        load_deferred(lua, h, part)?;
         h.raw_set(part.key(), true)
     })();
     lua.set_memory_limit(limit)?;

@@ -146,7 +146,6 @@ pub(crate) fn new_vm(sec: Rc<SectionCtx>) -> mlua::Result<Lua> {
         host_fn(&lua, |lua, _| crate::namespaces::flow::read_prose(lua))?,
     )?;
     internal_chunk(&lua, "=[promptforge env]", ENV)?.call::<()>(h.clone())?;
-    crate::vm::hostfn::dispatch::setup_done(&lua);
     crate::vm::hostfn::dispatch::set_fill_pending(&lua, Some(fill_lazy_globals));
     build_eagerly(&lua, &h)?;
     // The cancel poll and the memory limit go on last, before any prompt code:
@@ -304,27 +303,25 @@ fn build_lazy_global(lua: &Lua, name: &str) -> mlua::Result<Value> {
         .ok_or_else(|| mlua::Error::runtime("internal invariant violated: unknown lazy global"))?;
     // mlua reads a limit of 0 as "no limit".
     let limit = lua.set_memory_limit(0)?;
-    let made =
-        crate::vm::hostfn::dispatch::building(lua, global.name, || make_lazy_global(lua, built))
-            .and_then(|made| {
-                let guarded: Value = if global.suspends == Suspends::Never {
-                    made
-                } else {
-                    ensure_part(lua, &h, Deferred::EnvGlobals)?;
-                    let (how, names) = guard_spec(lua, global.suspends)?;
-                    let guard: mlua::Function = h.raw_get("guard_global")?;
-                    guard.call((made, how, names))?
-                };
-                lua.globals().raw_set(name, guarded.clone())?;
-                Ok(guarded)
-            });
+    let made = make_lazy_global(lua, built).and_then(|made| {
+        let guarded: Value = if global.suspends == Suspends::Never {
+            made
+        } else {
+            ensure_part(lua, &h, Deferred::EnvGlobals)?;
+            let (how, names) = guard_spec(lua, global.suspends)?;
+            let guard: mlua::Function = h.raw_get("guard_global")?;
+            guard.call((made, how, names))?
+        };
+        lua.globals().raw_set(name, guarded.clone())?;
+        Ok(guarded)
+    });
     lua.set_memory_limit(limit)?;
     made
 }
 
 /// Build every global still pending (before anything walks `_G`), in one
-/// batch: one lifted limit, one Lua call making the closures ahead and one
-/// installing them all (one build each cost twice what the eager setup did).
+/// batch: one lifted limit and one Lua call installing them all (one build
+/// each cost twice what the eager setup did).
 pub(crate) fn fill_lazy_globals(lua: &Lua) -> mlua::Result<()> {
     crate::vm::hostfn::dispatch::set_fill_pending(lua, None);
     let h = crate::ctx::helpers(lua)?;
@@ -344,27 +341,26 @@ pub(crate) fn fill_lazy_globals(lua: &Lua) -> mlua::Result<()> {
     }
     // mlua reads a limit of 0 as "no limit".
     let limit = lua.set_memory_limit(0)?;
-    let built = crate::vm::hostfn::dispatch::building(lua, "(all pending)", || {
-        todo.iter()
-            .map(|(_, built)| make_lazy_global(lua, *built))
-            .collect::<mlua::Result<Vec<Value>>>()
-    })
-    .and_then(|values| {
-        // name, value, how, field names: four slots a global.
-        let list = lua.create_table_with_capacity(todo.len() * 4, 0)?;
-        for (at, ((global, _), value)) in todo.iter().zip(values).enumerate() {
-            let (how, names) = guard_spec(lua, global.suspends)?;
-            // (by index: the nil slots leave the sequence with holes)
-            let at = 4 * at;
-            list.raw_set(at + 1, global.name)?;
-            list.raw_set(at + 2, value)?;
-            list.raw_set(at + 3, how)?;
-            list.raw_set(at + 4, names)?;
-        }
-        ensure_part(lua, &h, Deferred::EnvGlobals)?;
-        let install: mlua::Function = h.raw_get("install_globals")?;
-        install.call::<()>((list, todo.len()))
-    });
+    let built = todo
+        .iter()
+        .map(|(_, built)| make_lazy_global(lua, *built))
+        .collect::<mlua::Result<Vec<Value>>>()
+        .and_then(|values| {
+            // name, value, how, field names: four slots a global.
+            let list = lua.create_table_with_capacity(todo.len() * 4, 0)?;
+            for (at, ((global, _), value)) in todo.iter().zip(values).enumerate() {
+                let (how, names) = guard_spec(lua, global.suspends)?;
+                // (by index: the nil slots leave the sequence with holes)
+                let at = 4 * at;
+                list.raw_set(at + 1, global.name)?;
+                list.raw_set(at + 2, value)?;
+                list.raw_set(at + 3, how)?;
+                list.raw_set(at + 4, names)?;
+            }
+            ensure_part(lua, &h, Deferred::EnvGlobals)?;
+            let install: mlua::Function = h.raw_get("install_globals")?;
+            install.call::<()>((list, todo.len()))
+        });
     lua.set_memory_limit(limit)?;
     built
 }

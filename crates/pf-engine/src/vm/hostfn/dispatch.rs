@@ -9,18 +9,13 @@
 //! (the prelude's `wrap_host`, and `wrap_async`, which finds its dispatcher
 //! at call time) over its entry in this table. Nothing a prompt
 //! can reach tells them apart from before: the closure has the shape `H.wrap`
-//! gave, and the dispatcher is only its upvalue. The closures a VM's setup
-//! will need are made in one Lua call (`wrap_hosts_ahead`), sized by what the
-//! previous VM's setup registered: one call each was a tenth of the setup.
+//! gave, and the dispatcher is only its upvalue.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 use std::rc::Rc;
 
 use futures::future::LocalBoxFuture;
 use mlua::{Function, Lua, MultiValue, Value};
-
-use crate::settings::FastPath;
 
 /// A suspending host function, type-erased: what `host_async` built.
 pub(crate) type AsyncEntry =
@@ -29,8 +24,7 @@ pub(crate) type AsyncEntry =
 /// A plain host function, type-erased: what `host_fn` built.
 pub(crate) type SyncEntry = Rc<dyn Fn(&Lua, MultiValue) -> mlua::Result<MultiValue>>;
 
-/// The VM's dispatchers, the prelude's closure maker, every entry so far, and
-/// the closures made ahead for the entries to come.
+/// The VM's dispatchers, the prelude's closure makers and every entry so far.
 struct HostFns {
     dispatch_sync: Function,
     wrap_host: Function,
@@ -38,26 +32,12 @@ struct HostFns {
     async_entries: RefCell<Vec<AsyncEntry>>,
     /// Each with whether it is a metamethod of an engine proxy (`register_sync`).
     sync_entries: RefCell<Vec<(SyncEntry, bool)>>,
-    /// The closure for sync entry `i` at `i` (taken when it registers).
-    sync_ahead: RefCell<Vec<Option<Function>>>,
-    async_ahead: RefCell<Vec<Option<Function>>>,
     /// Builds the globals still pending (vm/mod.rs `lazy_globals`) while some may be.
     fill_pending: Cell<Option<FillGlobals>>,
 }
 
 /// What builds a VM's pending globals (vm/mod.rs).
 pub(crate) type FillGlobals = fn(&Lua) -> mlua::Result<()>;
-
-thread_local! {
-    /// How many sync and async host functions the last section VM built on this
-    /// thread registered during its setup: the next one makes that many
-    /// closures in one Lua call instead of one call each.
-    static SETUP_COUNTS: std::cell::Cell<(usize, usize)> = const { std::cell::Cell::new((0, 0)) };
-    /// The same for each global built on first touch (vm/mod.rs `lazy_globals`),
-    /// from its last build on this thread.
-    static BUILD_COUNTS: RefCell<HashMap<&'static str, (usize, usize)>> =
-        RefCell::new(HashMap::new());
-}
 
 fn ensure_table(lua: &Lua) -> mlua::Result<()> {
     if lua.app_data_ref::<HostFns>().is_none() {
@@ -84,119 +64,16 @@ fn ensure_table(lua: &Lua) -> mlua::Result<()> {
             })?,
         )?;
         let dispatch_sync = make_sync_dispatcher(lua)?;
-        let (sync_count, async_count) = if crate::settings::fast(FastPath::ClosuresAhead) {
-            SETUP_COUNTS.with(std::cell::Cell::get)
-        } else {
-            (0, 0)
-        };
-        let (sync_ahead, async_ahead) = if sync_count + async_count > 0 {
-            let make: Function = helpers.get("wrap_hosts_ahead")?;
-            let (made_sync, made_async): (mlua::Table, mlua::Table) =
-                make.call((dispatch_sync.clone(), sync_count, async_count))?;
-            (
-                closures(&made_sync, sync_count)?,
-                closures(&made_async, async_count)?,
-            )
-        } else {
-            (Vec::new(), Vec::new())
-        };
         let table = HostFns {
             dispatch_sync,
             wrap_host: helpers.get("wrap_host")?,
             wrap_async: helpers.get("wrap_async")?,
             async_entries: RefCell::new(Vec::new()),
             sync_entries: RefCell::new(Vec::new()),
-            sync_ahead: RefCell::new(sync_ahead),
-            async_ahead: RefCell::new(async_ahead),
             fill_pending: Cell::new(None),
         };
         lua.set_app_data(table);
     }
-    Ok(())
-}
-
-/// `made[1..=count]`, the closures for ids `0..count`.
-fn closures(made: &mlua::Table, count: usize) -> mlua::Result<Vec<Option<Function>>> {
-    (1..=count).map(|i| made.raw_get(i)).collect()
-}
-
-/// The end of a section VM's setup: what it registered sizes the next VM's
-/// closures made ahead, and those it did not take are let go.
-pub(crate) fn setup_done(lua: &Lua) {
-    if let Some(table) = lua.app_data_ref::<HostFns>() {
-        let counts = (
-            table.sync_entries.borrow().len(),
-            table.async_entries.borrow().len(),
-        );
-        SETUP_COUNTS.with(|c| c.set(counts));
-        table.sync_ahead.borrow_mut().clear();
-        table.async_ahead.borrow_mut().clear();
-    }
-}
-
-/// Run `build`, the building of the lazy global `name`, with the closures for
-/// what its last build on this thread registered made ahead in one Lua call,
-/// as a setup's are.
-pub(crate) fn building<T>(
-    lua: &Lua,
-    name: &'static str,
-    build: impl FnOnce() -> mlua::Result<T>,
-) -> mlua::Result<T> {
-    ensure_table(lua)?;
-    let before = registered(lua)?;
-    let expected = BUILD_COUNTS
-        .with(|c| c.borrow().get(name).copied())
-        .unwrap_or((0, 0));
-    if expected.0 + expected.1 > 0 && crate::settings::fast(FastPath::ClosuresAhead) {
-        make_ahead(lua, before, expected)?;
-    }
-    let built = build();
-    let after = registered(lua)?;
-    let counts = (
-        after.0.saturating_sub(before.0),
-        after.1.saturating_sub(before.1),
-    );
-    BUILD_COUNTS.with(|c| c.borrow_mut().insert(name, counts));
-    if let Some(table) = lua.app_data_ref::<HostFns>() {
-        table.sync_ahead.borrow_mut().clear();
-        table.async_ahead.borrow_mut().clear();
-    }
-    built
-}
-
-/// How many sync and async host functions the VM has registered.
-fn registered(lua: &Lua) -> mlua::Result<(usize, usize)> {
-    let table = lua.app_data_ref::<HostFns>().ok_or_else(missing)?;
-    let counts = (
-        table.sync_entries.borrow().len(),
-        table.async_entries.borrow().len(),
-    );
-    Ok(counts)
-}
-
-/// The closures for the next `count` sync and async ids, from `first` on.
-fn make_ahead(lua: &Lua, first: (usize, usize), count: (usize, usize)) -> mlua::Result<()> {
-    let dispatch = lua
-        .app_data_ref::<HostFns>()
-        .ok_or_else(missing)?
-        .dispatch_sync
-        .clone();
-    let make: Function = helper_table(lua)?.get("wrap_hosts_ahead")?;
-    let (made_sync, made_async): (mlua::Table, mlua::Table) =
-        make.call((dispatch, count.0, count.1, first.0, first.1))?;
-    let (made_sync, made_async) = (
-        closures(&made_sync, count.0)?,
-        closures(&made_async, count.1)?,
-    );
-    let table = lua.app_data_ref::<HostFns>().ok_or_else(missing)?;
-    let mut sync = table.sync_ahead.borrow_mut();
-    sync.clear();
-    sync.resize(first.0, None);
-    sync.extend(made_sync);
-    let mut asynchronous = table.async_ahead.borrow_mut();
-    asynchronous.clear();
-    asynchronous.resize(first.1, None);
-    asynchronous.extend(made_async);
     Ok(())
 }
 
@@ -239,11 +116,6 @@ fn fill_before(lua: &Lua, args: &MultiValue, skip: usize) -> mlua::Result<()> {
     Ok(())
 }
 
-/// The closure made ahead for entry `id`, if there is one left.
-fn take_ahead(ahead: &RefCell<Vec<Option<Function>>>, id: usize) -> Option<Function> {
-    ahead.borrow_mut().get_mut(id).and_then(Option::take)
-}
-
 fn missing() -> mlua::Error {
     mlua::Error::runtime("internal invariant violated: host function table missing")
 }
@@ -251,21 +123,13 @@ fn missing() -> mlua::Error {
 /// Register a suspending host function in this VM; the Lua function prompts call.
 pub(crate) fn register_async(lua: &Lua, entry: AsyncEntry) -> mlua::Result<Function> {
     ensure_table(lua)?;
-    let (wrap_async, id, made) = {
+    let (wrap_async, id) = {
         let table = lua.app_data_ref::<HostFns>().ok_or_else(missing)?;
         let mut entries = table.async_entries.borrow_mut();
         entries.push(entry);
-        let id = entries.len() - 1;
-        (
-            table.wrap_async.clone(),
-            id,
-            take_ahead(&table.async_ahead, id),
-        )
+        (table.wrap_async.clone(), entries.len() - 1)
     };
-    match made {
-        Some(f) => Ok(f),
-        None => wrap_async.call(id),
-    }
+    wrap_async.call(id)
 }
 
 /// Register a plain host function in this VM; the Lua function prompts call.
@@ -273,22 +137,17 @@ pub(crate) fn register_async(lua: &Lua, entry: AsyncEntry) -> mlua::Result<Funct
 /// whose first argument is that proxy, which the host never walks.
 pub(crate) fn register_sync(lua: &Lua, entry: SyncEntry, on_proxy: bool) -> mlua::Result<Function> {
     ensure_table(lua)?;
-    let (dispatch, wrap_host, id, made) = {
+    let (dispatch, wrap_host, id) = {
         let table = lua.app_data_ref::<HostFns>().ok_or_else(missing)?;
         let mut entries = table.sync_entries.borrow_mut();
         entries.push((entry, on_proxy));
-        let id = entries.len() - 1;
         (
             table.dispatch_sync.clone(),
             table.wrap_host.clone(),
-            id,
-            take_ahead(&table.sync_ahead, id),
+            entries.len() - 1,
         )
     };
-    match made {
-        Some(f) => Ok(f),
-        None => wrap_host.call((dispatch, id)),
-    }
+    wrap_host.call((dispatch, id))
 }
 
 fn entry_id(args: &mut MultiValue) -> Option<usize> {
