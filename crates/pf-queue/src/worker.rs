@@ -31,6 +31,10 @@ pub const QUEUE_FAILURE_KIND: &str = "Queue";
 const RESULT_GIVE_UP: Duration = Duration::from_secs(300);
 /// How long one pull request waits for messages.
 const PULL_EXPIRES: Duration = Duration::from_secs(2);
+/// How long a stopping worker waits for NATS to take its last hand-backs and
+/// flush: a server that is gone redelivers those requests after their ack
+/// deadline anyway, and a worker told to stop must not wait for it forever.
+const STOP_GIVE_UP: Duration = Duration::from_secs(5);
 /// How long past its expiry a pull request's batch is waited for.
 const PULL_SLACK: Duration = Duration::from_millis(500);
 
@@ -180,8 +184,9 @@ where
                 puller.abort();
                 // Taken but not started: hand back at once.
                 delivered.close();
+                let give_up = tokio::time::Instant::now() + STOP_GIVE_UP;
                 while let Some((message, _slot)) = delivered.recv().await {
-                    let _ = message.ack_with(AckKind::Nak(None)).await;
+                    let _ = tokio::time::timeout_at(give_up, message.ack_with(AckKind::Nak(None))).await;
                     summary.handed_back += 1;
                 }
             }
@@ -190,7 +195,7 @@ where
             break;
         }
     }
-    queue.client.flush().await.ok();
+    let _ = tokio::time::timeout(STOP_GIVE_UP, queue.client.flush()).await;
     Ok(summary)
 }
 

@@ -465,6 +465,36 @@ fn kill_and_restart(runlog: Option<String>) {
 }
 
 #[test]
+fn a_worker_whose_nats_is_gone_still_stops_on_sigterm() {
+    let _serial = one_at_a_time();
+    let Some(mut nats) = Nats::start() else {
+        return;
+    };
+    let server = MockModel::start(Behaviour::default());
+    let home = Home::new(&server);
+    home.write("in.jsonl", &topics(1));
+    let worker = home.worker(&nats, "w1", &[]);
+    // One input run through it: the worker is connected and pulling.
+    let output = home
+        .batch_command(&nats, "in.jsonl", "out.jsonl", &[])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    if let Some(mut child) = nats.child.take() {
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+    let began = Instant::now();
+    let stopped = stop(worker, "-TERM");
+    assert_eq!(stopped.status.code(), Some(130), "{stopped:?}");
+    assert!(
+        began.elapsed() < Duration::from_secs(15),
+        "the worker took {:?} to stop without NATS",
+        began.elapsed()
+    );
+}
+
+#[test]
 fn an_unknown_model_id_is_a_failed_result_naming_it_not_a_crash() {
     let _serial = one_at_a_time();
     let Some(nats) = Nats::start() else {
