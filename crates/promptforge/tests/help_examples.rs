@@ -14,6 +14,9 @@
 //! the background while the page's later lines use it, then is stopped with
 //! Ctrl-C.
 
+#[path = "support/nats_server.rs"]
+mod nats_server;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -235,18 +238,7 @@ impl ExampleNats {
                 _store: None,
             });
         }
-        let bin = ["/usr/sbin/nats-server", "/usr/bin/nats-server"]
-            .iter()
-            .map(PathBuf::from)
-            .find(|p| p.is_file())
-            .or_else(|| {
-                let out = Command::new("sh")
-                    .args(["-c", "command -v nats-server"])
-                    .output()
-                    .ok()?;
-                let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
-                (!path.is_empty()).then(|| PathBuf::from(path))
-            })
+        let bin = nats_server::nats_server_bin()
             .ok_or("nats-server is not installed (tests/tools/setup.sh nats)")?;
         let store = tempfile::tempdir().expect("tempdir");
         let child = Command::new(bin)

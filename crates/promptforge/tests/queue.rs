@@ -9,6 +9,8 @@
 
 #[path = "support/mock_model.rs"]
 mod mock_model;
+#[path = "support/nats_server.rs"]
+mod nats_server;
 
 use std::collections::BTreeMap;
 use std::net::TcpStream;
@@ -68,18 +70,7 @@ struct Nats {
 impl Nats {
     /// `None` (with a note) when nats-server is not installed, outside CI.
     fn start() -> Option<Nats> {
-        let bin = ["/usr/sbin/nats-server", "/usr/bin/nats-server"]
-            .iter()
-            .map(PathBuf::from)
-            .find(|p| p.is_file())
-            .or_else(|| {
-                let out = Command::new("sh")
-                    .args(["-c", "command -v nats-server"])
-                    .output()
-                    .ok()?;
-                let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
-                (!path.is_empty()).then(|| PathBuf::from(path))
-            });
+        let bin = nats_server::nats_server_bin();
         let Some(bin) = bin else {
             if std::env::var("CI").as_deref() == Ok("true") {
                 panic!(
